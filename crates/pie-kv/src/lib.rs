@@ -1,0 +1,26 @@
+//! Paged KV cache.
+//!
+//! - [`KvPool`]: the page storage (K and V for every layer, f32) and the page
+//!   bookkeeping: reference counts, block hashes, the prefix index and LRU
+//!   eviction of unreferenced cached pages.
+//! - [`PageTable`]: one context's pages and how many of its tokens have KV.
+//! - [`transfer`]: a page to bytes and back, with a header and a checksum, so
+//!   pages can move between workers, a pool and disk.
+//!
+//! Invariant (tested): a page referenced by a live page table is never evicted or
+//! handed out again; once every table is released, every refcount is zero.
+
+mod pool;
+mod table;
+pub mod transfer;
+
+pub use pool::{KvLayout, KvPool, PageId, PoolStats};
+pub use table::PageTable;
+
+/// Not enough free or evictable pages for a request.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("out of KV pages: need {needed}, {available} available")]
+pub struct OutOfPages {
+    pub needed: usize,
+    pub available: usize,
+}

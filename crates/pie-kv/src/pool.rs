@@ -1,0 +1,298 @@
+use std::collections::{BTreeMap, HashMap};
+
+use pie_core::{BlockHash, ModelFingerprint};
+
+use crate::OutOfPages;
+
+/// Shape of one page: `page_size` tokens of K and V for each of `layers` layers,
+/// each token `kv_dim` (= kv heads x head dim) floats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    pub layers: usize,
+    pub page_size: usize,
+    pub kv_dim: usize,
+}
+
+impl KvLayout {
+    /// Floats of K (or of V) for one page in one layer.
+    pub fn page_floats(&self) -> usize {
+        self.page_size * self.kv_dim
+    }
+
+    /// Bytes one page takes in memory (K and V, all layers).
+    pub fn page_bytes(&self) -> usize {
+        2 * self.layers * self.page_floats() * std::mem::size_of::<f32>()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PageId(pub u32);
+
+#[derive(Clone, Debug, Default)]
+struct PageMeta {
+    refcount: u32,
+    /// Set once the page is full and its block hash is in the prefix index.
+    hash: Option<BlockHash>,
+    /// Key in `lru` while the page is cached (hashed, unreferenced).
+    lru_tick: Option<u64>,
+}
+
+/// Counts of pages by state; `used + cached + free == total` always.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    pub total: usize,
+    /// Referenced by at least one page table.
+    pub used: usize,
+    /// Unreferenced but hashed: reusable by a prefix match, evictable.
+    pub cached: usize,
+    pub free: usize,
+}
+
+/// The page pool of one worker.
+pub struct KvPool {
+    layout: KvLayout,
+    fingerprint: ModelFingerprint,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    meta: Vec<PageMeta>,
+    free: Vec<PageId>,
+    index: HashMap<BlockHash, PageId>,
+    lru: BTreeMap<u64, PageId>,
+    tick: u64,
+}
+
+impl KvPool {
+    pub fn new(layout: KvLayout, num_pages: usize, fingerprint: ModelFingerprint) -> Self {
+        let floats = num_pages * layout.page_floats();
+        Self {
+            layout,
+            fingerprint,
+            k: (0..layout.layers).map(|_| vec![0.0; floats]).collect(),
+            v: (0..layout.layers).map(|_| vec![0.0; floats]).collect(),
+            meta: vec![PageMeta::default(); num_pages],
+            free: (0..num_pages as u32).rev().map(PageId).collect(),
+            index: HashMap::new(),
+            lru: BTreeMap::new(),
+            tick: 0,
+        }
+    }
+
+    pub fn layout(&self) -> KvLayout {
+        self.layout
+    }
+
+    pub fn fingerprint(&self) -> ModelFingerprint {
+        self.fingerprint
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        let total = self.meta.len();
+        let cached = self.lru.len();
+        let free = self.free.len();
+        PoolStats {
+            total,
+            used: total - cached - free,
+            cached,
+            free,
+        }
+    }
+
+    /// Pages that an allocation could obtain now (free, or cached and evictable).
+    pub fn available(&self) -> usize {
+        self.free.len() + self.lru.len()
+    }
+
+    pub fn refcount(&self, page: PageId) -> u32 {
+        self.meta[page.0 as usize].refcount
+    }
+
+    /// A fresh page with refcount 1: from the free list, else by evicting the least
+    /// recently used cached page.
+    pub fn allocate(&mut self) -> Result<PageId, OutOfPages> {
+        let page = match self.free.pop() {
+            Some(p) => p,
+            None => self.evict_lru().ok_or(OutOfPages {
+                needed: 1,
+                available: 0,
+            })?,
+        };
+        self.meta[page.0 as usize].refcount = 1;
+        Ok(page)
+    }
+
+    fn evict_lru(&mut self) -> Option<PageId> {
+        let (_, page) = self.lru.pop_first()?;
+        let meta = &mut self.meta[page.0 as usize];
+        meta.lru_tick = None;
+        if let Some(hash) = meta.hash.take() {
+            self.index.remove(&hash);
+        }
+        Some(page)
+    }
+
+    /// Add a reference to a page (shared prefix, fork). A cached page leaves the LRU.
+    pub fn retain(&mut self, page: PageId) {
+        let meta = &mut self.meta[page.0 as usize];
+        if let Some(tick) = meta.lru_tick.take() {
+            self.lru.remove(&tick);
+        }
+        meta.refcount += 1;
+    }
+
+    /// Drop a reference. At zero a hashed page becomes cached (most recently used),
+    /// an unhashed one returns to the free list.
+    pub fn release(&mut self, page: PageId) {
+        let meta = &mut self.meta[page.0 as usize];
+        assert!(meta.refcount > 0, "release of unreferenced page {page:?}");
+        meta.refcount -= 1;
+        if meta.refcount > 0 {
+            return;
+        }
+        if meta.hash.is_some() {
+            self.tick += 1;
+            meta.lru_tick = Some(self.tick);
+            self.lru.insert(self.tick, page);
+        } else {
+            self.free.push(page);
+        }
+    }
+
+    /// Name a full page by its block hash so later prompts can reuse it. If another
+    /// page already holds that hash the index keeps the older one and this page stays
+    /// private (freed when released).
+    pub fn publish(&mut self, page: PageId, hash: BlockHash) {
+        let meta = &mut self.meta[page.0 as usize];
+        if meta.hash.is_some() || self.index.contains_key(&hash) {
+            return;
+        }
+        meta.hash = Some(hash);
+        self.index.insert(hash, page);
+    }
+
+    pub fn lookup(&self, hash: BlockHash) -> Option<PageId> {
+        self.index.get(&hash).copied()
+    }
+
+    pub fn hash_of(&self, page: PageId) -> Option<BlockHash> {
+        self.meta[page.0 as usize].hash
+    }
+
+    /// The pages holding the longest cached prefix of the chain `hashes`.
+    pub fn longest_prefix(&self, hashes: &[BlockHash]) -> Vec<PageId> {
+        hashes.iter().map_while(|h| self.lookup(*h)).collect()
+    }
+
+    /// Every block hash in the prefix index (for the controller's snapshot).
+    pub fn indexed_hashes(&self) -> impl Iterator<Item = BlockHash> + '_ {
+        self.index.keys().copied()
+    }
+
+    fn slot_range(&self, page: PageId, slot: usize) -> std::ops::Range<usize> {
+        let start = page.0 as usize * self.layout.page_floats() + slot * self.layout.kv_dim;
+        start..start + self.layout.kv_dim
+    }
+
+    /// Write one token's K and V for one layer.
+    pub fn write(&mut self, layer: usize, page: PageId, slot: usize, k: &[f32], v: &[f32]) {
+        let r = self.slot_range(page, slot);
+        self.k[layer][r.clone()].copy_from_slice(k);
+        self.v[layer][r].copy_from_slice(v);
+    }
+
+    /// One token's K and V for one layer.
+    pub fn read(&self, layer: usize, page: PageId, slot: usize) -> (&[f32], &[f32]) {
+        let r = self.slot_range(page, slot);
+        (&self.k[layer][r.clone()], &self.v[layer][r])
+    }
+
+    /// Whole-page K and V of one layer (`page_size * kv_dim` floats each).
+    pub fn page_kv(&self, layer: usize, page: PageId) -> (&[f32], &[f32]) {
+        let n = self.layout.page_floats();
+        let start = page.0 as usize * n;
+        (
+            &self.k[layer][start..start + n],
+            &self.v[layer][start..start + n],
+        )
+    }
+
+    pub(crate) fn page_kv_mut(&mut self, layer: usize, page: PageId) -> (&mut [f32], &mut [f32]) {
+        let n = self.layout.page_floats();
+        let start = page.0 as usize * n;
+        (
+            &mut self.k[layer][start..start + n],
+            &mut self.v[layer][start..start + n],
+        )
+    }
+
+    /// Copy the first `tokens` slots of `src` into `dst` in every layer.
+    pub fn copy_page(&mut self, src: PageId, dst: PageId, tokens: usize) {
+        let n = tokens * self.layout.kv_dim;
+        let (s, d) = (
+            src.0 as usize * self.layout.page_floats(),
+            dst.0 as usize * self.layout.page_floats(),
+        );
+        for layer in 0..self.layout.layers {
+            self.k[layer].copy_within(s..s + n, d);
+            self.v[layer].copy_within(s..s + n, d);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(pages: usize) -> KvPool {
+        KvPool::new(
+            KvLayout {
+                layers: 2,
+                page_size: 4,
+                kv_dim: 8,
+            },
+            pages,
+            ModelFingerprint(1),
+        )
+    }
+
+    #[test]
+    fn allocate_release_and_lru_eviction() {
+        let mut p = pool(2);
+        let a = p.allocate().unwrap();
+        let b = p.allocate().unwrap();
+        assert!(p.allocate().is_err());
+        p.publish(a, BlockHash(10));
+        p.publish(b, BlockHash(11));
+        p.release(b);
+        p.release(a);
+        assert_eq!(
+            p.stats(),
+            PoolStats {
+                total: 2,
+                used: 0,
+                cached: 2,
+                free: 0
+            }
+        );
+        // b was released first, so it is least recently used and goes first.
+        assert_eq!(p.allocate().unwrap(), b);
+        assert_eq!(p.lookup(BlockHash(11)), None);
+        assert_eq!(p.lookup(BlockHash(10)), Some(a));
+        p.retain(a);
+        assert!(
+            p.allocate().is_err(),
+            "a referenced page must not be evicted"
+        );
+    }
+
+    #[test]
+    fn duplicate_hash_keeps_first_page() {
+        let mut p = pool(2);
+        let a = p.allocate().unwrap();
+        let b = p.allocate().unwrap();
+        p.publish(a, BlockHash(5));
+        p.publish(b, BlockHash(5));
+        assert_eq!(p.lookup(BlockHash(5)), Some(a));
+        p.release(b);
+        assert_eq!(p.stats().free, 1);
+    }
+}

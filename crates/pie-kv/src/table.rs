@@ -1,0 +1,255 @@
+use pie_core::{block_hash, BlockHash};
+
+use crate::{KvPool, OutOfPages, PageId};
+
+/// One context's pages: token `i` lives in `pages[i / page_size]` at slot
+/// `i % page_size`. Only full pages are ever shared, so the partial last page is
+/// always private and safe to write.
+#[derive(Debug, Default)]
+pub struct PageTable {
+    pages: Vec<PageId>,
+    /// Tokens whose K and V are stored.
+    len: usize,
+    /// Block hashes of the full pages, in order (the chain continues from the last).
+    hashes: Vec<BlockHash>,
+}
+
+impl PageTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn pages(&self) -> &[PageId] {
+        &self.pages
+    }
+
+    pub fn hashes(&self) -> &[BlockHash] {
+        &self.hashes
+    }
+
+    /// Page and slot of token position `pos`.
+    pub fn slot(&self, pos: usize, page_size: usize) -> (PageId, usize) {
+        (self.pages[pos / page_size], pos % page_size)
+    }
+
+    /// Pages to allocate so that `new_len` tokens fit.
+    pub fn pages_needed(&self, new_len: usize, page_size: usize) -> usize {
+        new_len.div_ceil(page_size).saturating_sub(self.pages.len())
+    }
+
+    /// Share the cached pages named by `hashes` (a prefix chain of this context's
+    /// tokens) into an empty table. Returns the number of tokens now covered.
+    pub fn attach_prefix(&mut self, pool: &mut KvPool, hashes: &[BlockHash]) -> usize {
+        assert!(self.pages.is_empty(), "attach_prefix on a non-empty table");
+        for page in pool.longest_prefix(hashes) {
+            pool.retain(page);
+            self.hashes
+                .push(pool.hash_of(page).expect("indexed page has a hash"));
+            self.pages.push(page);
+        }
+        self.len = self.pages.len() * pool.layout().page_size;
+        self.len
+    }
+
+    /// Allocate pages so `new_len` tokens fit; all or nothing.
+    pub fn reserve(&mut self, pool: &mut KvPool, new_len: usize) -> Result<(), OutOfPages> {
+        let needed = self.pages_needed(new_len, pool.layout().page_size);
+        if needed > pool.available() {
+            return Err(OutOfPages {
+                needed,
+                available: pool.available(),
+            });
+        }
+        for _ in 0..needed {
+            self.pages.push(pool.allocate()?);
+        }
+        Ok(())
+    }
+
+    /// Record that K and V of `tokens[..new_len]` are stored, and publish every page
+    /// that became full under its block hash.
+    pub fn commit(&mut self, pool: &mut KvPool, tokens: &[u32], new_len: usize) {
+        let page_size = pool.layout().page_size;
+        assert!(new_len <= self.pages.len() * page_size && new_len <= tokens.len());
+        self.len = new_len;
+        while self.hashes.len() < new_len / page_size {
+            let i = self.hashes.len();
+            let parent = self
+                .hashes
+                .last()
+                .copied()
+                .unwrap_or(pool.fingerprint().root());
+            let hash = block_hash(parent, &tokens[i * page_size..(i + 1) * page_size]);
+            pool.publish(self.pages[i], hash);
+            self.hashes.push(hash);
+        }
+    }
+
+    /// Drop every page reference; the table is empty afterwards.
+    pub fn release(&mut self, pool: &mut KvPool) {
+        for page in self.pages.drain(..) {
+            pool.release(page);
+        }
+        self.hashes.clear();
+        self.len = 0;
+    }
+
+    /// A new table with the same tokens: full pages shared, the partial last page copied.
+    pub fn fork(&self, pool: &mut KvPool) -> Result<PageTable, OutOfPages> {
+        let page_size = pool.layout().page_size;
+        let full = self.len / page_size;
+        let partial = self.len % page_size;
+        let copy = if partial > 0 {
+            let page = pool.allocate()?;
+            pool.copy_page(self.pages[full], page, partial);
+            Some(page)
+        } else {
+            None
+        };
+        let mut pages = self.pages[..full].to_vec();
+        for &page in &pages {
+            pool.retain(page);
+        }
+        pages.extend(copy);
+        Ok(PageTable {
+            pages,
+            len: self.len,
+            hashes: self.hashes[..full].to_vec(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{KvLayout, PoolStats};
+    use pie_core::{block_hashes, ModelFingerprint};
+    use proptest::prelude::*;
+
+    const FP: ModelFingerprint = ModelFingerprint(3);
+
+    fn pool(pages: usize) -> KvPool {
+        KvPool::new(
+            KvLayout {
+                layers: 1,
+                page_size: 4,
+                kv_dim: 2,
+            },
+            pages,
+            FP,
+        )
+    }
+
+    fn fill(pool: &mut KvPool, tokens: &[u32]) -> PageTable {
+        let mut t = PageTable::new();
+        t.reserve(pool, tokens.len()).unwrap();
+        for (pos, &tok) in tokens.iter().enumerate() {
+            let (page, slot) = t.slot(pos, 4);
+            pool.write(0, page, slot, &[tok as f32; 2], &[-(tok as f32); 2]);
+        }
+        t.commit(pool, tokens, tokens.len());
+        t
+    }
+
+    #[test]
+    fn prefix_is_found_and_shared() {
+        let mut p = pool(8);
+        let tokens: Vec<u32> = (0..10).collect();
+        let mut a = fill(&mut p, &tokens);
+        let mut b = PageTable::new();
+        let covered = b.attach_prefix(&mut p, &block_hashes(FP, &tokens, 4));
+        assert_eq!(covered, 8);
+        assert_eq!(b.pages(), &a.pages()[..2]);
+        assert_eq!(p.refcount(a.pages()[0]), 2);
+        a.release(&mut p);
+        b.release(&mut p);
+        assert_eq!(
+            p.stats(),
+            PoolStats {
+                total: 8,
+                used: 0,
+                cached: 2,
+                free: 6
+            }
+        );
+    }
+
+    #[test]
+    fn fork_copies_partial_page() {
+        let mut p = pool(8);
+        let tokens: Vec<u32> = (0..6).collect();
+        let a = fill(&mut p, &tokens);
+        let f = a.fork(&mut p).unwrap();
+        assert_eq!(f.pages()[0], a.pages()[0]);
+        assert_ne!(f.pages()[1], a.pages()[1]);
+        assert_eq!(p.read(0, f.pages()[1], 1), p.read(0, a.pages()[1], 1));
+        assert_eq!(p.read(0, f.pages()[1], 1).0, &[5.0, 5.0]);
+    }
+
+    #[test]
+    fn reserve_is_all_or_nothing() {
+        let mut p = pool(2);
+        let mut t = PageTable::new();
+        assert_eq!(
+            t.reserve(&mut p, 12),
+            Err(OutOfPages {
+                needed: 3,
+                available: 2
+            })
+        );
+        assert_eq!(p.stats().free, 2);
+    }
+
+    proptest! {
+        /// Random interleavings of contexts that create, share prefixes, fork and end:
+        /// a referenced page is never handed out twice, and refcounts return to zero.
+        #[test]
+        fn no_page_leaks_or_double_use(ops in proptest::collection::vec((0u8..4, 0usize..3, 1usize..14), 1..60)) {
+            let mut p = pool(12);
+            let mut live: Vec<PageTable> = Vec::new();
+            for (op, prefix, len) in ops {
+                match op {
+                    0 | 1 => {
+                        // Token streams share a prefix chosen by `prefix`.
+                        let tokens: Vec<u32> = (0..len as u32).map(|i| if i < 8 { prefix as u32 * 100 + i } else { 1000 + i }).collect();
+                        let mut t = PageTable::new();
+                        let covered = t.attach_prefix(&mut p, &block_hashes(FP, &tokens[..tokens.len() - 1], 4));
+                        if t.reserve(&mut p, tokens.len()).is_ok() {
+                            prop_assert!(covered < tokens.len());
+                            t.commit(&mut p, &tokens, tokens.len());
+                            live.push(t);
+                        } else {
+                            t.release(&mut p);
+                        }
+                    }
+                    2 if !live.is_empty() => {
+                        let i = len % live.len();
+                        if let Ok(f) = live[i].fork(&mut p) { live.push(f); }
+                    }
+                    _ if !live.is_empty() => {
+                        let i = len % live.len();
+                        live.swap_remove(i).release(&mut p);
+                    }
+                    _ => {}
+                }
+                // Every page a live table references has a refcount equal to the
+                // number of references, so it cannot be free or cached.
+                let mut refs = std::collections::HashMap::new();
+                for t in &live { for pg in t.pages() { *refs.entry(*pg).or_insert(0u32) += 1; } }
+                for (pg, n) in &refs { prop_assert_eq!(p.refcount(*pg), *n); }
+                prop_assert_eq!(p.stats().used, refs.len());
+            }
+            for mut t in live { t.release(&mut p); }
+            prop_assert_eq!(p.stats().used, 0);
+            prop_assert_eq!(p.stats().cached + p.stats().free, 12);
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! A full page as bytes, to move it between workers, a pool and disk.
+//!
+//! Layout (all integers little-endian):
+//!
+//! | field | bytes |
+//! |---|---|
+//! | magic `PIEKVPG1` | 8 |
+//! | model fingerprint | 8 |
+//! | block hash | 8 |
+//! | dtype (0 = f32) | 4 |
+//! | layers, page_size, kv_dim | 4 each |
+//! | per layer: K then V, `page_size * kv_dim` f32 each | ... |
+//! | XXH3-64 of everything above | 8 |
+//!
+//! An import checks every header field against the receiving pool and the checksum,
+//! so a page from another model or a torn transfer is refused, never used.
+
+use pie_core::{BlockHash, ModelFingerprint};
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::{KvLayout, KvPool, OutOfPages, PageId};
+
+const MAGIC: &[u8; 8] = b"PIEKVPG1";
+const DTYPE_F32: u32 = 0;
+const HEADER_BYTES: usize = 8 + 8 + 8 + 4 * 4;
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum TransferError {
+    #[error("page bytes are {0} long, expected {1}")]
+    Length(usize, usize),
+    #[error("not a Pie KV page (bad magic)")]
+    Magic,
+    #[error("page checksum mismatch (corrupt or truncated transfer)")]
+    Checksum,
+    #[error("page is for model {got:016x}, this pool serves {want:016x}")]
+    Model { got: u64, want: u64 },
+    #[error("page layout {got:?} (dtype {dtype}) does not match the pool's {want:?}")]
+    Layout {
+        got: KvLayout,
+        want: KvLayout,
+        dtype: u32,
+    },
+    #[error("page {0:?} is not full and published, so it has no block hash to export")]
+    Unpublished(PageId),
+    #[error(transparent)]
+    OutOfPages(#[from] OutOfPages),
+}
+
+/// Serialized size of one page of `layout`.
+pub fn page_bytes_len(layout: KvLayout) -> usize {
+    HEADER_BYTES + layout.page_bytes() + 8
+}
+
+/// Serialize a published page.
+pub fn export_page(pool: &KvPool, page: PageId) -> Result<Vec<u8>, TransferError> {
+    let hash = pool.hash_of(page).ok_or(TransferError::Unpublished(page))?;
+    let layout = pool.layout();
+    let mut out = Vec::with_capacity(page_bytes_len(layout));
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&pool.fingerprint().0.to_le_bytes());
+    out.extend_from_slice(&hash.0.to_le_bytes());
+    for field in [
+        DTYPE_F32,
+        layout.layers as u32,
+        layout.page_size as u32,
+        layout.kv_dim as u32,
+    ] {
+        out.extend_from_slice(&field.to_le_bytes());
+    }
+    for layer in 0..layout.layers {
+        let (k, v) = pool.page_kv(layer, page);
+        for x in k.iter().chain(v) {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+    let sum = xxh3_64(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    Ok(out)
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Check a serialized page and return its block hash without importing it.
+pub fn verify_page(pool: &KvPool, bytes: &[u8]) -> Result<BlockHash, TransferError> {
+    let want_layout = pool.layout();
+    let expected = page_bytes_len(want_layout);
+    if bytes.len() < HEADER_BYTES + 8 {
+        return Err(TransferError::Length(bytes.len(), expected));
+    }
+    if &bytes[..8] != MAGIC {
+        return Err(TransferError::Magic);
+    }
+    let body = bytes.len() - 8;
+    if xxh3_64(&bytes[..body]) != u64_at(bytes, body) {
+        return Err(TransferError::Checksum);
+    }
+    let fingerprint = ModelFingerprint(u64_at(bytes, 8));
+    if fingerprint != pool.fingerprint() {
+        return Err(TransferError::Model {
+            got: fingerprint.0,
+            want: pool.fingerprint().0,
+        });
+    }
+    let dtype = u32_at(bytes, 24);
+    let got = KvLayout {
+        layers: u32_at(bytes, 28) as usize,
+        page_size: u32_at(bytes, 32) as usize,
+        kv_dim: u32_at(bytes, 36) as usize,
+    };
+    if got != want_layout || dtype != DTYPE_F32 {
+        return Err(TransferError::Layout {
+            got,
+            want: want_layout,
+            dtype,
+        });
+    }
+    if bytes.len() != expected {
+        return Err(TransferError::Length(bytes.len(), expected));
+    }
+    Ok(BlockHash(u64_at(bytes, 16)))
+}
+
+/// Import a serialized page into the pool as a cached (unreferenced, published)
+/// page. A page whose hash is already indexed is not duplicated.
+pub fn import_page(pool: &mut KvPool, bytes: &[u8]) -> Result<PageId, TransferError> {
+    let hash = verify_page(pool, bytes)?;
+    if let Some(page) = pool.lookup(hash) {
+        return Ok(page);
+    }
+    let page = pool.allocate()?;
+    let floats = pool.layout().page_floats();
+    let mut values = bytes[HEADER_BYTES..bytes.len() - 8]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")));
+    for layer in 0..pool.layout().layers {
+        let (k, v) = pool.page_kv_mut(layer, page);
+        for (dst, src) in k
+            .iter_mut()
+            .chain(v.iter_mut())
+            .zip(values.by_ref().take(2 * floats))
+        {
+            *dst = src;
+        }
+    }
+    pool.publish(page, hash);
+    pool.release(page);
+    Ok(page)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(fp: u64) -> KvPool {
+        KvPool::new(
+            KvLayout {
+                layers: 2,
+                page_size: 2,
+                kv_dim: 3,
+            },
+            4,
+            ModelFingerprint(fp),
+        )
+    }
+
+    fn published_page(p: &mut KvPool) -> PageId {
+        let page = p.allocate().unwrap();
+        for layer in 0..2 {
+            for slot in 0..2 {
+                let x = (layer * 10 + slot) as f32;
+                p.write(layer, page, slot, &[x, x + 0.5, -x], &[x * 2.0; 3]);
+            }
+        }
+        p.publish(page, BlockHash(42));
+        page
+    }
+
+    #[test]
+    fn round_trip_preserves_every_value() {
+        let mut a = pool(1);
+        let page = published_page(&mut a);
+        let bytes = export_page(&a, page).unwrap();
+        assert_eq!(bytes.len(), page_bytes_len(a.layout()));
+        let mut b = pool(1);
+        let imported = import_page(&mut b, &bytes).unwrap();
+        assert_eq!(b.lookup(BlockHash(42)), Some(imported));
+        assert_eq!(b.refcount(imported), 0);
+        for layer in 0..2 {
+            assert_eq!(a.page_kv(layer, page), b.page_kv(layer, imported));
+        }
+        assert_eq!(
+            import_page(&mut b, &bytes).unwrap(),
+            imported,
+            "no duplicate"
+        );
+        assert_eq!(b.stats().cached, 1);
+    }
+
+    #[test]
+    fn corrupt_or_foreign_pages_are_refused() {
+        let mut a = pool(1);
+        let page = published_page(&mut a);
+        let bytes = export_page(&a, page).unwrap();
+        let mut flipped = bytes.clone();
+        flipped[50] ^= 1;
+        assert_eq!(verify_page(&a, &flipped), Err(TransferError::Checksum));
+        assert!(matches!(
+            verify_page(&pool(2), &bytes),
+            Err(TransferError::Model { .. })
+        ));
+        assert!(matches!(
+            verify_page(&a, &bytes[..10]),
+            Err(TransferError::Length(10, _))
+        ));
+        let other = KvPool::new(
+            KvLayout {
+                layers: 1,
+                page_size: 2,
+                kv_dim: 3,
+            },
+            1,
+            ModelFingerprint(1),
+        );
+        assert!(matches!(
+            verify_page(&other, &bytes),
+            Err(TransferError::Layout { .. })
+        ));
+        let unpublished = a.allocate().unwrap();
+        assert_eq!(
+            export_page(&a, unpublished),
+            Err(TransferError::Unpublished(unpublished))
+        );
+    }
+}

@@ -1,0 +1,20 @@
+//! A Llama-family decoder (RMSNorm, RoPE, GQA attention, SwiGLU MLP) on candle,
+//! computing over the paged KV cache of `pie-kv`.
+//!
+//! - [`gguf`]: reading a GGUF file: hyper-parameters, weights, fingerprint.
+//! - [`model`]: the batched forward pass over paged KV.
+//! - [`tokenizer`]: the GGUF's byte-level BPE tokenizer and chat template.
+//! - [`sampling`]: greedy, temperature, top-k and top-p sampling with a seed.
+//! - [`synth`]: a tiny random-weights Llama written as GGUF, for tests.
+
+pub mod gguf;
+pub mod model;
+mod ops;
+pub mod sampling;
+pub mod synth;
+pub mod tokenizer;
+
+pub use gguf::LlamaConfig;
+pub use model::{Model, SeqInput};
+pub use sampling::{Sampler, SamplingParams};
+pub use tokenizer::{ChatMessage, IncrementalDecoder, Tokenizer};

@@ -1,0 +1,275 @@
+//! The batched forward pass over paged KV.
+//!
+//! One call runs every sequence of an engine step together: the linear layers see
+//! all of the batch's tokens as one matrix (one matmul per weight per step), while
+//! attention runs per sequence over that sequence's pages.
+
+use std::path::Path;
+
+use anyhow::{bail, ensure, Result};
+use candle_core::quantized::QMatMul;
+use candle_core::{Device, Module, Tensor};
+use pie_core::ModelFingerprint;
+use pie_kv::{KvLayout, KvPool, PageTable};
+use rayon::prelude::*;
+
+use crate::gguf::{GgufFile, LlamaConfig};
+use crate::ops::{axpy, dot, rms_norm, silu, softmax, Rope};
+use crate::tokenizer::Tokenizer;
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    qkv: QMatMul,
+    out: QMatMul,
+    ffn_norm: Vec<f32>,
+    gate_up: QMatMul,
+    down: QMatMul,
+}
+
+pub struct Model {
+    pub config: LlamaConfig,
+    pub fingerprint: ModelFingerprint,
+    pub tokenizer: Tokenizer,
+    embed: Vec<f32>,
+    layers: Vec<Layer>,
+    norm: Vec<f32>,
+    lm_head: QMatMul,
+    rope: Rope,
+}
+
+/// One sequence's part of a step: its new tokens, starting at position `start`
+/// (the tokens before are already in `table`'s pages, which must have room for
+/// `start + tokens.len()`).
+pub struct SeqInput<'a> {
+    pub tokens: &'a [u32],
+    pub start: usize,
+    pub table: &'a PageTable,
+    /// Whether to return next-token logits (after the last of `tokens`).
+    pub logits: bool,
+}
+
+/// Where a batch row goes: its sequence and position.
+#[derive(Clone, Copy)]
+struct Row {
+    seq: usize,
+    pos: usize,
+}
+
+impl Model {
+    pub fn load(path: &Path) -> Result<Self> {
+        let mut f = GgufFile::open(path)?;
+        let config = f.llama_config()?;
+        let tokenizer = Tokenizer::from_gguf(&f)?;
+        let mut layers = Vec::with_capacity(config.layers);
+        for i in 0..config.layers {
+            let p = |n: &str| format!("blk.{i}.{n}.weight");
+            layers.push(Layer {
+                attn_norm: f.f32_tensor(&p("attn_norm"))?,
+                qkv: f.linear(&[&p("attn_q"), &p("attn_k"), &p("attn_v")])?,
+                out: f.linear(&[&p("attn_output")])?,
+                ffn_norm: f.f32_tensor(&p("ffn_norm"))?,
+                gate_up: f.linear(&[&p("ffn_gate"), &p("ffn_up")])?,
+                down: f.linear(&[&p("ffn_down")])?,
+            });
+        }
+        let embed = f.f32_tensor("token_embd.weight")?;
+        ensure!(
+            embed.len() == config.vocab * config.hidden,
+            "token_embd.weight has {} values, expected vocab {} x hidden {}",
+            embed.len(),
+            config.vocab,
+            config.hidden
+        );
+        let head_name = if f.has_tensor("output.weight") {
+            "output.weight"
+        } else {
+            "token_embd.weight"
+        };
+        let lm_head = f.linear(&[head_name])?;
+        let norm = f.f32_tensor("output_norm.weight")?;
+        let rope = Rope::new(config.head_dim, config.rope_theta, config.context_length);
+        Ok(Self {
+            fingerprint: f.fingerprint,
+            config,
+            tokenizer,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            rope,
+        })
+    }
+
+    /// The KV page shape this model needs for `page_size`-token pages.
+    pub fn kv_layout(&self, page_size: usize) -> KvLayout {
+        KvLayout {
+            layers: self.config.layers,
+            page_size,
+            kv_dim: self.config.kv_dim(),
+        }
+    }
+
+    pub fn max_positions(&self) -> usize {
+        self.rope.max_positions()
+    }
+
+    /// Run one step. Writes the new tokens' K and V into `pool` and returns the
+    /// next-token logits of every sequence that asked for them, in input order.
+    pub fn forward(&self, pool: &mut KvPool, batch: &[SeqInput]) -> Result<Vec<Vec<f32>>> {
+        let c = &self.config;
+        let rows = self.rows(batch, pool.layout().page_size)?;
+        let mut x = Vec::with_capacity(rows.len() * c.hidden);
+        for s in batch {
+            for &t in s.tokens {
+                ensure!(
+                    (t as usize) < c.vocab,
+                    "token id {t} is outside the vocabulary ({})",
+                    c.vocab
+                );
+                x.extend_from_slice(&self.embed[t as usize * c.hidden..][..c.hidden]);
+            }
+        }
+        for (li, layer) in self.layers.iter().enumerate() {
+            let h = rms_norm(&x, &layer.attn_norm, c.rms_eps);
+            let mut qkv = linear(&layer.qkv, &h, rows.len())?;
+            self.store_kv(pool, li, batch, &rows, &mut qkv);
+            let attn = self.attention(pool, li, batch, &rows, &qkv);
+            add(&mut x, &linear(&layer.out, &attn, rows.len())?);
+            let h = rms_norm(&x, &layer.ffn_norm, c.rms_eps);
+            let gate_up = linear(&layer.gate_up, &h, rows.len())?;
+            let act: Vec<f32> = gate_up
+                .chunks_exact(2 * c.intermediate)
+                .flat_map(|r| {
+                    let (g, u) = r.split_at(c.intermediate);
+                    g.iter().zip(u).map(|(g, u)| silu(*g) * u)
+                })
+                .collect();
+            add(&mut x, &linear(&layer.down, &act, rows.len())?);
+        }
+        self.logits(batch, &x)
+    }
+
+    fn rows(&self, batch: &[SeqInput], page_size: usize) -> Result<Vec<Row>> {
+        let mut rows = Vec::new();
+        for (seq, s) in batch.iter().enumerate() {
+            ensure!(
+                !s.tokens.is_empty(),
+                "sequence {seq} has no tokens in this step"
+            );
+            let end = s.start + s.tokens.len();
+            if end > self.max_positions() {
+                bail!(
+                    "sequence of {end} tokens exceeds the model's context length {}",
+                    self.max_positions()
+                );
+            }
+            ensure!(
+                s.table.pages().len() * page_size >= end,
+                "page table has no room for {end} tokens"
+            );
+            rows.extend((s.start..end).map(|pos| Row { seq, pos }));
+        }
+        Ok(rows)
+    }
+
+    /// Rotate Q and K of every row in place and write K and V into the pages.
+    fn store_kv(
+        &self,
+        pool: &mut KvPool,
+        layer: usize,
+        batch: &[SeqInput],
+        rows: &[Row],
+        qkv: &mut [f32],
+    ) {
+        let c = &self.config;
+        let (q_dim, kv_dim) = (c.hidden, c.kv_dim());
+        let page_size = pool.layout().page_size;
+        for (row, r) in qkv.chunks_exact_mut(q_dim + 2 * kv_dim).zip(rows) {
+            let (q, kv) = row.split_at_mut(q_dim);
+            let (k, v) = kv.split_at_mut(kv_dim);
+            self.rope.apply(q, r.pos);
+            self.rope.apply(k, r.pos);
+            let (page, slot) = batch[r.seq].table.slot(r.pos, page_size);
+            pool.write(layer, page, slot, k, v);
+        }
+    }
+
+    /// Causal attention of every row over its sequence's pages, in parallel over
+    /// (row, KV head) pairs; the query heads sharing a KV head walk its keys once.
+    fn attention(
+        &self,
+        pool: &KvPool,
+        layer: usize,
+        batch: &[SeqInput],
+        rows: &[Row],
+        qkv: &[f32],
+    ) -> Vec<f32> {
+        let c = &self.config;
+        let (hd, group) = (c.head_dim, c.heads / c.kv_heads);
+        let qkv_width = c.hidden + 2 * c.kv_dim();
+        let page_size = pool.layout().page_size;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut out = vec![0f32; rows.len() * c.hidden];
+        out.par_chunks_mut(group * hd)
+            .enumerate()
+            .for_each(|(unit, dst)| {
+                let (ri, kvh) = (unit / c.kv_heads, unit % c.kv_heads);
+                let r = rows[ri];
+                let table = batch[r.seq].table;
+                let q = &qkv[ri * qkv_width + kvh * group * hd..][..group * hd];
+                let mut scores = vec![0f32; group * (r.pos + 1)];
+                for j in 0..=r.pos {
+                    let (page, slot) = table.slot(j, page_size);
+                    let k = &pool.read(layer, page, slot).0[kvh * hd..][..hd];
+                    for g in 0..group {
+                        scores[g * (r.pos + 1) + j] = dot(&q[g * hd..][..hd], k) * scale;
+                    }
+                }
+                for g in 0..group {
+                    softmax(&mut scores[g * (r.pos + 1)..][..r.pos + 1]);
+                }
+                for j in 0..=r.pos {
+                    let (page, slot) = table.slot(j, page_size);
+                    let v = &pool.read(layer, page, slot).1[kvh * hd..][..hd];
+                    for g in 0..group {
+                        axpy(&mut dst[g * hd..][..hd], scores[g * (r.pos + 1) + j], v);
+                    }
+                }
+            });
+        out
+    }
+
+    fn logits(&self, batch: &[SeqInput], x: &[f32]) -> Result<Vec<Vec<f32>>> {
+        let d = self.config.hidden;
+        let mut last_rows = Vec::new();
+        let mut end = 0;
+        for s in batch {
+            end += s.tokens.len();
+            if s.logits {
+                last_rows.extend_from_slice(&x[(end - 1) * d..end * d]);
+            }
+        }
+        let n = last_rows.len() / d;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let h = rms_norm(&last_rows, &self.norm, self.config.rms_eps);
+        let logits = linear(&self.lm_head, &h, n)?;
+        Ok(logits
+            .chunks_exact(self.config.vocab)
+            .map(<[f32]>::to_vec)
+            .collect())
+    }
+}
+
+fn add(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// `x (rows x in) @ w^T` through candle's (quantised) matmul.
+fn linear(w: &QMatMul, x: &[f32], rows: usize) -> Result<Vec<f32>> {
+    let t = Tensor::from_slice(x, (rows, x.len() / rows), &Device::Cpu)?;
+    Ok(w.forward(&t)?.flatten_all()?.to_vec1::<f32>()?)
+}

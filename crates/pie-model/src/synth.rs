@@ -1,0 +1,178 @@
+//! A tiny random-weights Llama written as a real GGUF file, so tests run the real
+//! loader, tokenizer and forward pass without downloading anything.
+//!
+//! Byte-level vocabulary (256 byte tokens, no merges) plus `<|endoftext|>`,
+//! `<|im_start|>` and `<|im_end|>`, a ChatML chat template, and weights in every
+//! tensor type the loader must read: Q8_0, Q4_0, Q4_1, F16 and F32.
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::Path;
+
+use anyhow::Result;
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::tokenizer::byte_level_char;
+
+pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+
+/// The ChatML template SmolLM2 ships (its default system prompt included).
+pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+#[derive(Clone, Debug)]
+pub struct SynthSpec {
+    pub seed: u64,
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub layers: usize,
+    pub intermediate: usize,
+    pub context_length: usize,
+}
+
+impl Default for SynthSpec {
+    fn default() -> Self {
+        Self {
+            seed: 0,
+            hidden: 64,
+            heads: 4,
+            kv_heads: 2,
+            layers: 2,
+            intermediate: 128,
+            context_length: 1024,
+        }
+    }
+}
+
+struct Weights {
+    rng: StdRng,
+}
+
+impl Weights {
+    fn tensor(
+        &mut self,
+        rows: usize,
+        cols: usize,
+        scale: f32,
+        offset: f32,
+        dtype: GgmlDType,
+    ) -> Result<QTensor> {
+        let data: Vec<f32> = (0..rows * cols)
+            .map(|_| offset + scale * (self.rng.gen::<f32>() * 2.0 - 1.0))
+            .collect();
+        let shape: Vec<usize> = if rows == 1 {
+            vec![cols]
+        } else {
+            vec![rows, cols]
+        };
+        Ok(QTensor::quantize(
+            &Tensor::from_vec(data, shape, &Device::Cpu)?,
+            dtype,
+        )?)
+    }
+
+    fn linear(&mut self, out: usize, inp: usize, dtype: GgmlDType) -> Result<QTensor> {
+        self.tensor(out, inp, 1.5 / (inp as f32).sqrt(), 0.0, dtype)
+    }
+
+    fn norm(&mut self, dim: usize) -> Result<QTensor> {
+        self.tensor(1, dim, 0.1, 1.0, GgmlDType::F32)
+    }
+}
+
+/// Write the test model described by `spec` to `path`.
+pub fn write_test_model(path: &Path, spec: &SynthSpec) -> Result<()> {
+    let mut w = Weights {
+        rng: StdRng::seed_from_u64(spec.seed),
+    };
+    let head_dim = spec.hidden / spec.heads;
+    let kv_dim = spec.kv_heads * head_dim;
+    let mut tokens: Vec<String> = (0..=255u8)
+        .map(|b| byte_level_char(b).to_string())
+        .collect();
+    tokens.extend(SPECIAL_TOKENS.iter().map(|s| s.to_string()));
+    let vocab = tokens.len();
+
+    let mut tensors: Vec<(String, QTensor)> = vec![
+        (
+            "token_embd.weight".into(),
+            w.tensor(vocab, spec.hidden, 1.0, 0.0, GgmlDType::F16)?,
+        ),
+        ("output_norm.weight".into(), w.norm(spec.hidden)?),
+    ];
+    // An untied output head: tied to random embeddings the model just repeats its input.
+    tensors.push((
+        "output.weight".into(),
+        w.tensor(
+            vocab,
+            spec.hidden,
+            4.0 / (spec.hidden as f32).sqrt(),
+            0.0,
+            GgmlDType::Q8_0,
+        )?,
+    ));
+    for i in 0..spec.layers {
+        let p = |n: &str| format!("blk.{i}.{n}.weight");
+        tensors.push((p("attn_norm"), w.norm(spec.hidden)?));
+        tensors.push((
+            p("attn_q"),
+            w.linear(spec.hidden, spec.hidden, GgmlDType::Q8_0)?,
+        ));
+        tensors.push((p("attn_k"), w.linear(kv_dim, spec.hidden, GgmlDType::Q8_0)?));
+        tensors.push((p("attn_v"), w.linear(kv_dim, spec.hidden, GgmlDType::Q8_0)?));
+        tensors.push((
+            p("attn_output"),
+            w.linear(spec.hidden, spec.hidden, GgmlDType::Q8_0)?,
+        ));
+        tensors.push((p("ffn_norm"), w.norm(spec.hidden)?));
+        tensors.push((
+            p("ffn_gate"),
+            w.linear(spec.intermediate, spec.hidden, GgmlDType::Q4_0)?,
+        ));
+        tensors.push((
+            p("ffn_up"),
+            w.linear(spec.intermediate, spec.hidden, GgmlDType::Q4_1)?,
+        ));
+        tensors.push((
+            p("ffn_down"),
+            w.linear(spec.hidden, spec.intermediate, GgmlDType::F32)?,
+        ));
+    }
+
+    let u32v = |x: usize| Value::U32(x as u32);
+    let string = |s: &str| Value::String(s.to_string());
+    let mut token_types = vec![Value::I32(1); 256];
+    token_types.extend(SPECIAL_TOKENS.iter().map(|_| Value::I32(3)));
+    let metadata: Vec<(&str, Value)> = vec![
+        ("general.architecture", string("llama")),
+        ("general.name", string("pie-test-tiny")),
+        ("llama.context_length", u32v(spec.context_length)),
+        ("llama.embedding_length", u32v(spec.hidden)),
+        ("llama.block_count", u32v(spec.layers)),
+        ("llama.feed_forward_length", u32v(spec.intermediate)),
+        ("llama.attention.head_count", u32v(spec.heads)),
+        ("llama.attention.head_count_kv", u32v(spec.kv_heads)),
+        ("llama.rope.freq_base", Value::F32(10_000.0)),
+        ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+        ("llama.vocab_size", u32v(vocab)),
+        ("tokenizer.ggml.model", string("gpt2")),
+        ("tokenizer.ggml.pre", string("smollm")),
+        (
+            "tokenizer.ggml.tokens",
+            Value::Array(tokens.iter().map(|t| string(t)).collect()),
+        ),
+        ("tokenizer.ggml.token_type", Value::Array(token_types)),
+        ("tokenizer.ggml.bos_token_id", u32v(256)),
+        ("tokenizer.ggml.eos_token_id", u32v(258)),
+        ("tokenizer.chat_template", string(CHATML_TEMPLATE)),
+    ];
+    let md: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (*k, v)).collect();
+    let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut out = BufWriter::new(File::create(path)?);
+    gguf_file::write(&mut out, &md, &ts)?;
+    Ok(())
+}

@@ -1,0 +1,244 @@
+//! The tokenizer stored in a GGUF file (`tokenizer.ggml.*`): GPT-2-style byte-level
+//! BPE built with the `tokenizers` crate, plus the model's Jinja chat template.
+//!
+//! Pre-tokenisation follows `tokenizer.ggml.pre`: `smollm` splits every digit
+//! before the GPT-2 regex (as SmolLM2's own tokenizer.json does); anything else
+//! uses the GPT-2 regex alone. No prefix space is added: "The" is one token.
+
+use anyhow::{anyhow, bail, Context, Result};
+use candle_core::quantized::gguf_file::Value;
+use serde::{Deserialize, Serialize};
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::AddedToken;
+
+use crate::gguf::GgufFile;
+
+/// GGUF `tokenizer.ggml.token_type` values for special tokens.
+const TOKEN_TYPE_CONTROL: i32 = 3;
+const TOKEN_TYPE_USER_DEFINED: i32 = 4;
+
+/// Names of end-of-turn tokens that stop generation when the vocabulary has them.
+const END_OF_TURN_TOKENS: &[&str] = &["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>"];
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    bos: Option<u32>,
+    stop_tokens: Vec<u32>,
+    chat_template: Option<String>,
+    bos_text: String,
+    eos_text: String,
+}
+
+fn string_array(f: &GgufFile, key: &str) -> Result<Vec<String>> {
+    match f.get(key)? {
+        Value::Array(items) => items
+            .iter()
+            .map(|v| v.to_string().cloned().map_err(|e| anyhow!("{key}: {e}")))
+            .collect(),
+        _ => bail!("GGUF key `{key}` is not an array"),
+    }
+}
+
+/// GPT-2's reversible map from bytes to printable characters (the byte-level vocabulary).
+pub fn byte_level_char(byte: u8) -> char {
+    let printable = |b: u8| {
+        (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+    };
+    if printable(byte) {
+        return byte as char;
+    }
+    let shifted = (0..byte).filter(|&b| !printable(b)).count() as u32;
+    char::from_u32(256 + shifted).expect("valid code point")
+}
+
+impl Tokenizer {
+    pub fn from_gguf(f: &GgufFile) -> Result<Self> {
+        let kind = f
+            .get("tokenizer.ggml.model")?
+            .to_string()
+            .map_err(|e| anyhow!("{e}"))?
+            .clone();
+        if kind != "gpt2" {
+            bail!("unsupported tokenizer `{kind}`: Pie reads GPT-2-style byte-level BPE vocabularies (tokenizer.ggml.model = gpt2)");
+        }
+        let tokens = string_array(f, "tokenizer.ggml.tokens")?;
+        let merges = if f.metadata().contains_key("tokenizer.ggml.merges") {
+            string_array(f, "tokenizer.ggml.merges")?
+        } else {
+            Vec::new()
+        };
+        let merges = merges
+            .iter()
+            .map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .with_context(|| format!("bad merge `{m}`"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let vocab: Vocab = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab.clone(), merges)
+            .build()
+            .map_err(|e| anyhow!("building BPE: {e}"))?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        let byte_level = ByteLevel::new(false, true, true);
+        let pre = f
+            .get("tokenizer.ggml.pre")
+            .ok()
+            .and_then(|v| v.to_string().ok().cloned())
+            .unwrap_or_default();
+        if pre == "smollm" {
+            inner.with_pre_tokenizer(Some(Sequence::new(vec![
+                Digits::new(true).into(),
+                byte_level.into(),
+            ])));
+        } else {
+            inner.with_pre_tokenizer(Some(byte_level));
+        }
+        inner.with_decoder(Some(ByteLevelDecoder::default()));
+        let types: Vec<i32> = match f.get("tokenizer.ggml.token_type") {
+            Ok(Value::Array(v)) => v.iter().map(|x| x.to_i32().unwrap_or(1)).collect(),
+            _ => Vec::new(),
+        };
+        let specials: Vec<AddedToken> = tokens
+            .iter()
+            .zip(&types)
+            .filter(|(_, t)| matches!(**t, TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED))
+            .map(|(tok, _)| AddedToken::from(tok.clone(), true))
+            .collect();
+        inner.add_special_tokens(&specials);
+        let id = |key: &str| f.get_usize(key).ok().map(|x| x as u32);
+        let eos = id("tokenizer.ggml.eos_token_id");
+        let mut stop_tokens: Vec<u32> = END_OF_TURN_TOKENS
+            .iter()
+            .filter_map(|t| vocab.get(*t).copied())
+            .collect();
+        stop_tokens.extend(eos);
+        stop_tokens.sort_unstable();
+        stop_tokens.dedup();
+        let text_of = |id: Option<u32>| {
+            id.and_then(|i| tokens.get(i as usize))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let bos = id("tokenizer.ggml.bos_token_id");
+        Ok(Self {
+            bos_text: text_of(bos),
+            eos_text: text_of(eos),
+            inner,
+            bos: bos.filter(|_| {
+                f.get("tokenizer.ggml.add_bos_token")
+                    .and_then(|v| v.to_bool().map_err(|e| anyhow!("{e}")))
+                    .unwrap_or(false)
+            }),
+            stop_tokens,
+            chat_template: f
+                .get("tokenizer.chat_template")
+                .ok()
+                .and_then(|v| v.to_string().ok().cloned()),
+        })
+    }
+
+    /// Token ids of `text`; special tokens written in the text are recognised.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| anyhow!("tokenizing: {e}"))?;
+        let mut ids = Vec::with_capacity(enc.len() + 1);
+        ids.extend(self.bos);
+        ids.extend_from_slice(enc.get_ids());
+        Ok(ids)
+    }
+
+    /// Text of `ids`, special tokens left out.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, true)
+            .map_err(|e| anyhow!("detokenizing: {e}"))
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Tokens that end a generation (end-of-sequence and end-of-turn).
+    pub fn stop_tokens(&self) -> &[u32] {
+        &self.stop_tokens
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template.is_some()
+    }
+
+    /// The prompt text for `messages` from the GGUF's chat template, ending with the
+    /// assistant's generation prompt.
+    pub fn apply_chat_template(&self, messages: &[ChatMessage]) -> Result<String> {
+        let template = self
+            .chat_template
+            .as_deref()
+            .context("this model has no chat template (tokenizer.chat_template)")?;
+        let mut env = minijinja::Environment::new();
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
+        env.add_template("chat", template)
+            .map_err(|e| anyhow!("chat template: {e}"))?;
+        let ctx = minijinja::context! {
+            messages => messages,
+            add_generation_prompt => true,
+            bos_token => self.bos_text,
+            eos_token => self.eos_text,
+        };
+        env.get_template("chat")
+            .and_then(|t| t.render(ctx))
+            .map_err(|e| anyhow!("chat template: {e}"))
+    }
+}
+
+/// Turns a stream of token ids into text deltas, holding back bytes of a
+/// character that is not complete yet.
+#[derive(Default)]
+pub struct IncrementalDecoder {
+    ids: Vec<u32>,
+    prefix_offset: usize,
+    read_offset: usize,
+}
+
+impl IncrementalDecoder {
+    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<String> {
+        self.ids.push(id);
+        let before = tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset])?;
+        let now = tokenizer.decode(&self.ids[self.prefix_offset..])?;
+        if now.len() > before.len()
+            && now.is_char_boundary(before.len())
+            && !now.ends_with('\u{FFFD}')
+        {
+            self.prefix_offset = self.read_offset;
+            self.read_offset = self.ids.len();
+            Ok(now[before.len()..].to_string())
+        } else {
+            Ok(String::new())
+        }
+    }
+}

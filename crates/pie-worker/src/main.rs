@@ -1,0 +1,255 @@
+//! The `pie` command line.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use pie_model::synth::{write_test_model, SynthSpec};
+use pie_model::{ChatMessage, IncrementalDecoder, Model, SamplingParams};
+use pie_policy::Fcfs;
+use pie_worker::engine::{Engine, EngineConfig, Request};
+use pie_worker::fetch;
+
+#[derive(Parser)]
+#[command(
+    name = "pie",
+    version,
+    about = "Pie: LLM serving with programmable scheduling policies"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run one inferlet to completion and print its output.
+    Run {
+        /// `text-completion` or `chat`.
+        inferlet: String,
+        #[arg(long)]
+        prompt: String,
+        #[arg(long, default_value_t = 64)]
+        max_tokens: usize,
+        #[command(flatten)]
+        model: ModelArgs,
+        #[command(flatten)]
+        sampling: SamplingArgs,
+    },
+    /// Model files: synthesize the test model, or fetch the default one.
+    Model {
+        #[command(subcommand)]
+        command: ModelCmd,
+    },
+    /// Measure the engine: prefill, single-stream and batched decode throughput.
+    EngineBench {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[arg(long, default_value_t = 512)]
+        prompt_tokens: usize,
+        #[arg(long, default_value_t = 64)]
+        decode_tokens: usize,
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
+        concurrency: Vec<usize>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ModelCmd {
+    /// Write a tiny random-weights Llama GGUF (for tests).
+    Synth {
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+    /// Download the default model into the cache (if needed) and print its path.
+    Fetch,
+}
+
+#[derive(clap::Args)]
+struct ModelArgs {
+    /// A Llama-family GGUF file; default: SmolLM2-135M-Instruct, fetched on first use.
+    #[arg(long)]
+    model: Option<PathBuf>,
+}
+
+impl ModelArgs {
+    fn load(&self) -> Result<Arc<Model>> {
+        let path = match &self.model {
+            Some(p) => p.clone(),
+            None => fetch::default_model()?,
+        };
+        Ok(Arc::new(Model::load(&path)?))
+    }
+}
+
+#[derive(clap::Args)]
+struct SamplingArgs {
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            seed: self.seed,
+        }
+    }
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Cmd::Run {
+            inferlet,
+            prompt,
+            max_tokens,
+            model,
+            sampling,
+        } => run(&inferlet, &prompt, max_tokens, &model, &sampling),
+        Cmd::Model {
+            command: ModelCmd::Synth { out, seed },
+        } => {
+            write_test_model(
+                &out,
+                &SynthSpec {
+                    seed,
+                    ..SynthSpec::default()
+                },
+            )?;
+            println!("{}", out.display());
+            Ok(())
+        }
+        Cmd::Model {
+            command: ModelCmd::Fetch,
+        } => {
+            println!("{}", fetch::default_model()?.display());
+            Ok(())
+        }
+        Cmd::EngineBench {
+            model,
+            prompt_tokens,
+            decode_tokens,
+            concurrency,
+        } => engine_bench(&model, prompt_tokens, decode_tokens, &concurrency),
+    }
+}
+
+fn run(
+    inferlet: &str,
+    prompt: &str,
+    max_tokens: usize,
+    model: &ModelArgs,
+    sampling: &SamplingArgs,
+) -> Result<()> {
+    let model = model.load()?;
+    let text = match inferlet {
+        "text-completion" => prompt.to_string(),
+        "chat" => model.tokenizer.apply_chat_template(&[ChatMessage {
+            role: "user".into(),
+            content: prompt.into(),
+        }])?,
+        other => anyhow::bail!(
+            "unknown inferlet `{other}`: the built-in ones are text-completion and chat"
+        ),
+    };
+    let prompt_ids = model.tokenizer.encode(&text)?;
+    let mut engine = Engine::new(model.clone(), EngineConfig::default(), Box::new(Fcfs));
+    engine.add(Request {
+        prompt: prompt_ids,
+        max_tokens,
+        sampling: sampling.params(),
+        stop_tokens: vec![],
+        ignore_eos: false,
+        arrival_ms: 0,
+    })?;
+    let mut decoder = IncrementalDecoder::default();
+    let mut stdout = std::io::stdout();
+    if inferlet == "text-completion" {
+        write!(stdout, "{prompt}")?;
+    }
+    while engine.has_work() {
+        for (_, token) in engine.step(0)?.tokens {
+            write!(stdout, "{}", decoder.push(&model.tokenizer, token)?)?;
+            stdout.flush()?;
+        }
+    }
+    writeln!(stdout)?;
+    Ok(())
+}
+
+fn engine_bench(
+    model: &ModelArgs,
+    prompt_tokens: usize,
+    decode_tokens: usize,
+    concurrency: &[usize],
+) -> Result<()> {
+    let model = model.load()?;
+    // Distinct prompts per sequence so no run is helped by the prefix cache.
+    let prompt = |i: usize, len: usize| -> Vec<u32> {
+        (0..len)
+            .map(|j| ((i * 7919 + j * 31) % 20_000 + 100) as u32)
+            .collect()
+    };
+    let fresh = |kv_pages: usize, max_batch_tokens: usize| {
+        Engine::new(
+            model.clone(),
+            EngineConfig {
+                kv_pages,
+                max_batch_tokens,
+                max_running: 256,
+                ..EngineConfig::default()
+            },
+            Box::new(Fcfs),
+        )
+    };
+    let request = |prompt: Vec<u32>, max_tokens: usize| Request {
+        prompt,
+        max_tokens,
+        sampling: SamplingParams::default(),
+        stop_tokens: vec![],
+        ignore_eos: true,
+        arrival_ms: 0,
+    };
+
+    let mut engine = fresh(prompt_tokens / 16 + 8, prompt_tokens);
+    engine.add(request(prompt(0, prompt_tokens), 1))?;
+    let t = Instant::now();
+    while engine.has_work() {
+        engine.step(0)?;
+    }
+    let prefill = prompt_tokens as f64 / t.elapsed().as_secs_f64();
+    println!("prefill: {prompt_tokens}-token prompt: {prefill:.1} tok/s");
+
+    for &n in concurrency {
+        let mut engine = fresh(n * (32 + decode_tokens) / 16 + n * 2 + 8, 2048);
+        for i in 0..n {
+            engine.add(request(prompt(i + 1, 32), decode_tokens + 1))?;
+        }
+        // Prefill every sequence (and its first token) before timing decode.
+        while engine.counters().decode_tokens == 0 {
+            engine.step(0)?;
+        }
+        let start_tokens = engine.counters().decode_tokens;
+        let t = Instant::now();
+        while engine.has_work() {
+            engine.step(0)?;
+        }
+        let rate =
+            (engine.counters().decode_tokens - start_tokens) as f64 / t.elapsed().as_secs_f64();
+        println!("decode: {n} concurrent sequences: {rate:.1} tok/s aggregate");
+    }
+    Ok(())
+}

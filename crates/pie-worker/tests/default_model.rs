@@ -1,0 +1,100 @@
+//! End-to-end checks on the real default model (SmolLM2-135M-Instruct Q4_1).
+//!
+//! They run when the model is in the cache (`pie model fetch`; CI fetches it and
+//! sets PIE_REQUIRE_DEFAULT_MODEL=1 so a missing model fails instead of skipping).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use pie_model::{ChatMessage, Model, SamplingParams};
+use pie_policy::Fcfs;
+use pie_worker::engine::{Engine, EngineConfig, Request};
+use pie_worker::fetch;
+
+fn default_model() -> Option<Arc<Model>> {
+    let path = fetch::cached_default_model();
+    if !path.exists() {
+        assert!(
+            std::env::var_os("PIE_REQUIRE_DEFAULT_MODEL").is_none(),
+            "default model missing at {}",
+            path.display()
+        );
+        eprintln!(
+            "skipping: default model not cached at {} (run `pie model fetch`)",
+            path.display()
+        );
+        return None;
+    }
+    Some(Arc::new(Model::load(&path).unwrap()))
+}
+
+fn greedy(model: &Arc<Model>, text: &str, max_tokens: usize) -> String {
+    let mut e = Engine::new(model.clone(), EngineConfig::default(), Box::new(Fcfs));
+    let prompt = model.tokenizer.encode(text).unwrap();
+    let id = e
+        .add(Request {
+            prompt,
+            max_tokens,
+            sampling: SamplingParams::default(),
+            stop_tokens: vec![],
+            ignore_eos: false,
+            arrival_ms: 0,
+        })
+        .unwrap();
+    let mut out: HashMap<_, Vec<u32>> = HashMap::new();
+    while e.has_work() {
+        for (sid, t) in e.step(0).unwrap().tokens {
+            out.entry(sid).or_default().push(t);
+        }
+    }
+    model
+        .tokenizer
+        .decode(&out.remove(&id).unwrap_or_default())
+        .unwrap()
+}
+
+#[test]
+fn tokenizer_matches_smollm2() {
+    let Some(model) = default_model() else { return };
+    let tk = &model.tokenizer;
+    assert_eq!(
+        tk.encode("The").unwrap(),
+        vec![504],
+        "no spurious prefix space"
+    );
+    // Digits are split one by one (tokenizer.ggml.pre = smollm).
+    let ids = tk.encode("2024").unwrap();
+    assert_eq!(ids.len(), 4);
+    assert_eq!(tk.decode(&ids).unwrap(), "2024");
+    let chat = tk.encode("<|im_start|>user").unwrap();
+    assert_eq!(chat[0], 1, "<|im_start|> is one special token");
+}
+
+#[test]
+fn completes_paris() {
+    let Some(model) = default_model() else { return };
+    let text = greedy(&model, "The capital of France is", 16);
+    assert!(text.contains("Paris"), "completion was {text:?}");
+}
+
+#[test]
+fn chat_template_answers_paris() {
+    let Some(model) = default_model() else { return };
+    let prompt = model
+        .tokenizer
+        .apply_chat_template(&[
+            ChatMessage {
+                role: "system".into(),
+                content: "You are a helpful assistant.".into(),
+            },
+            ChatMessage {
+                role: "user".into(),
+                content: "What is the capital of France?".into(),
+            },
+        ])
+        .unwrap();
+    assert!(prompt.starts_with("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"));
+    assert!(prompt.ends_with("<|im_start|>assistant\n"));
+    let text = greedy(&model, &prompt, 32);
+    assert!(text.contains("Paris"), "answer was {text:?}");
+}
