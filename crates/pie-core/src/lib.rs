@@ -5,6 +5,8 @@
 
 pub mod hash;
 pub mod ids;
+pub mod props;
 
 pub use hash::{block_hash, block_hashes, BlockHash, ModelFingerprint};
 pub use ids::SeqId;
+pub use props::{PropError, PropValue, Props};

@@ -22,14 +22,14 @@ impl WorkerPolicy for Fcfs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pie_core::SeqId;
+    use pie_core::{Props, SeqId};
     use proptest::prelude::*;
 
     proptest! {
         #[test]
         fn order_is_arrival_then_id(arrivals in proptest::collection::vec(0u64..20, 0..30)) {
             let mut c: Vec<Candidate> = arrivals.iter().enumerate().map(|(i, &a)| Candidate {
-                seq: SeqId(100 - i as u64), arrival_ms: a, running: i % 2 == 0, prefill_tokens: i,
+                seq: SeqId(100 - i as u64), arrival_ms: a, running: i % 2 == 0, prefill_tokens: i, props: Props::new(),
             }).collect();
             Fcfs.order(0, &mut c);
             for w in c.windows(2) {

@@ -1,6 +1,6 @@
 //! The worker-plane policy interface: which runnable sequence goes first.
 
-use pie_core::SeqId;
+use pie_core::{Props, SeqId};
 
 /// What a worker policy sees of one runnable sequence.
 #[derive(Clone, Debug, PartialEq)]
@@ -12,6 +12,8 @@ pub struct Candidate {
     pub running: bool,
     /// Prompt tokens still to prefill (0 when decoding).
     pub prefill_tokens: usize,
+    /// The owning process's props as of this step.
+    pub props: Props,
 }
 
 /// Orders a worker's runnable sequences each engine step.

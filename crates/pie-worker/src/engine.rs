@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::Result;
-use pie_core::{block_hashes, SeqId};
+use pie_core::{block_hashes, Props, SeqId};
 use pie_kv::{KvPool, PageTable, PoolStats};
 use pie_model::{Model, Sampler, SamplingParams, SeqInput};
 use pie_policy::{Candidate, WorkerPolicy};
@@ -52,6 +52,8 @@ pub struct Request {
     /// Generate to `max_tokens` even past the model's end-of-turn tokens.
     pub ignore_eos: bool,
     pub arrival_ms: u64,
+    /// The owning process's props (policies read them).
+    pub props: Props,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +84,8 @@ pub struct StepOutput {
     pub finished: Vec<(SeqId, FinishReason, SeqInfo)>,
     /// Tokens computed in this step (prefill and decode).
     pub batch_tokens: usize,
+    /// Sequences scheduled for the first time in this step.
+    pub started: Vec<SeqId>,
 }
 
 /// Counters since start.
@@ -103,6 +107,7 @@ struct Sequence {
     table: PageTable,
     arrival_ms: u64,
     cached_tokens: Option<usize>,
+    props: Props,
 }
 
 impl Sequence {
@@ -236,6 +241,7 @@ impl Engine {
             table: PageTable::new(),
             arrival_ms: req.arrival_ms,
             cached_tokens: None,
+            props: req.props,
         };
         Ok(self.insert(seq))
     }
@@ -271,6 +277,7 @@ impl Engine {
             table,
             arrival_ms,
             cached_tokens: Some(0),
+            props: p.props.clone(),
         };
         Ok(self.insert(seq))
     }
@@ -286,6 +293,11 @@ impl Engine {
         }
     }
 
+    /// Replace a sequence's props (a PATCH, or the inferlet changing its own).
+    pub fn set_props(&mut self, id: SeqId, props: Props) -> bool {
+        self.seqs.get_mut(&id).map(|s| s.props = props).is_some()
+    }
+
     pub fn info(&self, id: SeqId) -> Option<SeqInfo> {
         self.seqs.get(&id).map(Sequence::info)
     }
@@ -293,7 +305,7 @@ impl Engine {
     /// Run one engine step at time `now_ms`.
     pub fn step(&mut self, now_ms: u64) -> Result<StepOutput> {
         let mut out = StepOutput::default();
-        let plan = self.plan(now_ms);
+        let plan = self.plan(now_ms, &mut out.started);
         if plan.is_empty() {
             return Ok(out);
         }
@@ -346,7 +358,7 @@ impl Engine {
     }
 
     /// Pick this step's (sequence, token count) pairs and reserve their pages.
-    fn plan(&mut self, now_ms: u64) -> Vec<(SeqId, usize)> {
+    fn plan(&mut self, now_ms: u64, started: &mut Vec<SeqId>) -> Vec<(SeqId, usize)> {
         let mut candidates: Vec<Candidate> = self
             .seqs
             .iter()
@@ -355,6 +367,7 @@ impl Engine {
                 arrival_ms: s.arrival_ms,
                 running: !s.table.pages().is_empty(),
                 prefill_tokens: s.prompt_len.saturating_sub(s.table.len()),
+                props: s.props.clone(),
             })
             .collect();
         self.policy.order(now_ms, &mut candidates);
@@ -367,16 +380,18 @@ impl Engine {
                 break;
             }
             let was_running = !self.seqs[&id].table.pages().is_empty();
+            let mut hit = 0;
             if !was_running {
                 if running >= self.config.max_running {
                     continue;
                 }
-                self.attach_prefix(id);
+                hit = self.attach_prefix(id);
             }
             match self.reserve(id, budget, &order[rank + 1..]) {
                 Some(n) => {
                     if !was_running {
                         running += 1;
+                        self.note_first_admission(id, hit, started);
                     }
                     budget -= n;
                     plan.push((id, n));
@@ -394,8 +409,8 @@ impl Engine {
     }
 
     /// Share the longest cached prefix of a new (or preempted) sequence's tokens,
-    /// always leaving at least one token to compute.
-    fn attach_prefix(&mut self, id: SeqId) {
+    /// always leaving at least one token to compute. Returns the tokens covered.
+    fn attach_prefix(&mut self, id: SeqId) -> usize {
         let page_size = self.config.page_size;
         let seq = self.seqs.get_mut(&id).expect("exists");
         let hashes = block_hashes(
@@ -403,10 +418,17 @@ impl Engine {
             &seq.tokens[..seq.tokens.len() - 1],
             page_size,
         );
-        let hit = seq.table.attach_prefix(&mut self.pool, &hashes);
+        seq.table.attach_prefix(&mut self.pool, &hashes)
+    }
+
+    /// Record the prefix-cache hit of a sequence's first scheduling (not of
+    /// recomputes after preemption).
+    fn note_first_admission(&mut self, id: SeqId, hit: usize, started: &mut Vec<SeqId>) {
+        let seq = self.seqs.get_mut(&id).expect("exists");
         if seq.cached_tokens.is_none() {
             seq.cached_tokens = Some(hit.min(seq.prompt_len));
             self.counters.prefix_hit_tokens += hit as u64;
+            started.push(id);
         }
     }
 

@@ -1,6 +1,14 @@
-//! The `pie` worker: the continuous-batching engine and the default-model fetch.
+//! The `pie` worker: the continuous-batching engine, processes, the HTTP API.
 
+pub mod api;
+pub mod config;
 pub mod engine;
 pub mod fetch;
+pub mod metrics;
+pub mod openai;
+pub mod policies;
+pub mod process;
+pub mod runtime;
+pub mod serve;
 
 pub use engine::{Engine, EngineConfig, FinishReason, Request};

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use pie_model::synth::{write_test_model, SynthSpec};
 use pie_model::{ChatMessage, IncrementalDecoder, Model, SamplingParams};
 use pie_policy::Fcfs;
+use pie_worker::config::{Config, PolicyList, DEFAULT_CONFIG};
 use pie_worker::engine::{Engine, EngineConfig, Request};
 use pie_worker::fetch;
 
@@ -26,6 +27,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Serve the HTTP API (OpenAI-compatible and native) on one worker.
+    Serve(ServeArgs),
+    /// Config files: write the commented default, or check one.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCmd,
+    },
     /// Run one inferlet to completion and print its output.
     Run {
         /// `text-completion` or `chat`.
@@ -55,6 +63,76 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
         concurrency: Vec<usize>,
     },
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// config.toml; flags below override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    host: Option<String>,
+    /// 0 picks a free port (printed on start).
+    #[arg(long)]
+    port: Option<u16>,
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Comma-separated, e.g. `fcfs`.
+    #[arg(long, value_delimiter = ',')]
+    worker_policy: Option<Vec<String>>,
+    #[arg(long)]
+    kv_pages: Option<usize>,
+    #[arg(long)]
+    page_size: Option<usize>,
+    #[arg(long)]
+    max_batch_tokens: Option<usize>,
+    #[arg(long)]
+    max_running: Option<usize>,
+    #[arg(long)]
+    max_queued: Option<usize>,
+}
+
+impl ServeArgs {
+    fn config(self) -> Result<Config> {
+        let mut c = match &self.config {
+            Some(path) => Config::load(path)?,
+            None => Config::default(),
+        };
+        let (s, rt) = (&mut c.server, &mut c.runtime);
+        s.host = self.host.unwrap_or(s.host.clone());
+        s.port = self.port.unwrap_or(s.port);
+        s.max_queued = self.max_queued.unwrap_or(s.max_queued);
+        c.model.path = self.model.or(c.model.path.take());
+        if let Some(names) = self.worker_policy {
+            rt.worker_policy = PolicyList::Many(names);
+        }
+        if let Some(pages) = self.kv_pages {
+            rt.kv_pages = Some(pages);
+            rt.kv_memory = None;
+        }
+        rt.page_size = self.page_size.unwrap_or(rt.page_size);
+        rt.max_batch_tokens = self.max_batch_tokens.unwrap_or(rt.max_batch_tokens);
+        rt.max_running = self.max_running.unwrap_or(rt.max_running);
+        // Flags go through the same checks as the file.
+        let text = toml::to_string(&c)?;
+        Ok(Config::parse(
+            &text,
+            std::path::Path::new("<command line>"),
+        )?)
+    }
+}
+
+#[derive(Subcommand)]
+enum ConfigCmd {
+    /// Write the commented default config.
+    Init {
+        #[arg(default_value = "config.toml")]
+        out: PathBuf,
+        #[arg(long)]
+        force: bool,
+    },
+    /// Validate a config file.
+    Check { file: PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -111,7 +189,37 @@ impl SamplingArgs {
 }
 
 fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     match Cli::parse().command {
+        Cmd::Serve(args) => {
+            let config = args.config()?;
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?
+                .block_on(pie_worker::serve::serve(config))
+        }
+        Cmd::Config {
+            command: ConfigCmd::Init { out, force },
+        } => {
+            if out.exists() && !force {
+                anyhow::bail!("{} exists; pass --force to overwrite", out.display());
+            }
+            std::fs::write(&out, DEFAULT_CONFIG)?;
+            println!("wrote {}", out.display());
+            Ok(())
+        }
+        Cmd::Config {
+            command: ConfigCmd::Check { file },
+        } => {
+            Config::load(&file)?;
+            println!("{}: ok", file.display());
+            Ok(())
+        }
         Cmd::Run {
             inferlet,
             prompt,
@@ -174,6 +282,7 @@ fn run(
         stop_tokens: vec![],
         ignore_eos: false,
         arrival_ms: 0,
+        props: Default::default(),
     })?;
     let mut decoder = IncrementalDecoder::default();
     let mut stdout = std::io::stdout();
@@ -222,6 +331,7 @@ fn engine_bench(
         stop_tokens: vec![],
         ignore_eos: true,
         arrival_ms: 0,
+        props: Default::default(),
     };
 
     let mut engine = fresh(prompt_tokens / 16 + 8, prompt_tokens);

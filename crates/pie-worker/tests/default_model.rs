@@ -39,6 +39,7 @@ fn greedy(model: &Arc<Model>, text: &str, max_tokens: usize) -> String {
             stop_tokens: vec![],
             ignore_eos: false,
             arrival_ms: 0,
+            props: Default::default(),
         })
         .unwrap();
     let mut out: HashMap<_, Vec<u32>> = HashMap::new();

@@ -1,0 +1,506 @@
+//! The HTTP API: routes, auth, errors in OpenAI's JSON shape, and the native
+//! process routes. The OpenAI-compatible routes are in [`crate::openai`].
+
+use std::convert::Infallible;
+use std::sync::{Arc, OnceLock};
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Extension, Json, Router};
+use futures_util::stream::{self, Stream, StreamExt};
+use pie_core::{PropError, Props};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio_stream::wrappers::BroadcastStream;
+
+use crate::config::ApiKey;
+use crate::process::{ProcEvent, ProcState, Process};
+use crate::runtime::{GenOptions, Inferlet, LaunchError, Runtime};
+
+/// Shared server state: the runtime appears once the model has loaded.
+#[derive(Clone)]
+pub struct AppState {
+    pub runtime: Arc<OnceLock<Arc<Runtime>>>,
+    pub api_keys: Arc<Vec<ApiKey>>,
+}
+
+impl AppState {
+    pub fn runtime(&self) -> Result<Arc<Runtime>, ApiError> {
+        self.runtime.get().cloned().ok_or_else(|| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the model is still loading",
+            )
+        })
+    }
+}
+
+/// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub param: Option<String>,
+    pub retry_after: Option<u32>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            param: None,
+            retry_after: None,
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    pub fn param(mut self, param: &str) -> Self {
+        self.param = Some(param.to_string());
+        self
+    }
+
+    fn kind(&self) -> &'static str {
+        match self.status {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+            s if s.is_server_error() => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"message": self.message, "type": self.kind(), "param": self.param, "code": self.status.as_u16()}});
+        let mut resp = (self.status, Json(body)).into_response();
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}
+
+impl From<PropError> for ApiError {
+    fn from(e: PropError) -> Self {
+        ApiError::bad_request(e.to_string()).param(&format!("props.{}", e.key))
+    }
+}
+
+impl From<LaunchError> for ApiError {
+    fn from(e: LaunchError) -> Self {
+        match e {
+            LaunchError::Overloaded(_) => ApiError {
+                retry_after: Some(1),
+                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string())
+            },
+            LaunchError::BadRequest(m) => ApiError::bad_request(m),
+        }
+    }
+}
+
+/// `Json` whose rejections (bad JSON, wrong fields, body too large) are ApiErrors.
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v)),
+            Err(rejection) => Err(json_rejection(rejection)),
+        }
+    }
+}
+
+fn json_rejection(rejection: JsonRejection) -> ApiError {
+    let status = rejection.status();
+    let message = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            "request body is larger than the server's limit (server.max_body_bytes)".to_string()
+        }
+        _ => rejection.body_text(),
+    };
+    ApiError::new(status, message)
+}
+
+/// The name of the API key that authenticated the request.
+#[derive(Clone, Debug)]
+pub struct KeyName(pub String);
+
+async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    if state.api_keys.is_empty() || req.uri().path() == "/health" {
+        return next.run(req).await;
+    }
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let Some(presented) = presented else {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing API key: send `Authorization: Bearer KEY`",
+        )
+        .into_response();
+    };
+    match state.api_keys.iter().find(|k| k.key == presented.trim()) {
+        Some(k) => {
+            req.extensions_mut().insert(KeyName(k.name.clone()));
+            next.run(req).await
+        }
+        None => ApiError::new(StatusCode::UNAUTHORIZED, "invalid API key").into_response(),
+    }
+}
+
+/// Client of a process: the API key's name, else the `client` prop, else "anonymous".
+pub fn client_of(key: &Option<Extension<KeyName>>, props: &Props) -> String {
+    match key {
+        Some(Extension(KeyName(name))) => name.clone(),
+        None => props.str("client").unwrap_or("anonymous").to_string(),
+    }
+}
+
+pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/v1/models", get(crate::openai::models))
+        .route(
+            "/v1/completions",
+            axum::routing::post(crate::openai::completions),
+        )
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(crate::openai::chat_completions),
+        )
+        .route("/v1/processes", get(list_processes).post(launch_process))
+        .route(
+            "/v1/processes/{id}",
+            get(get_process).patch(patch_process).delete(kill_process),
+        )
+        .route("/v1/processes/{id}/events", get(process_events))
+        .route("/v1/policies", get(policies))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(state)
+}
+
+async fn health(State(state): State<AppState>) -> Response {
+    match state.runtime.get() {
+        Some(_) => Json(json!({"status": "ok"})).into_response(),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "loading"})),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let rt = state.runtime()?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        rt.metrics_text(),
+    )
+        .into_response())
+}
+
+async fn policies(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let rt = state.runtime()?;
+    let names = rt
+        .policy_names
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    Ok(Json(json!({
+        "worker_policy": names,
+        "state": {"queued": rt.count_in(ProcState::Queued), "running": rt.count_in(ProcState::Running)},
+    })))
+}
+
+/// Sampling and length arguments shared by every way of starting generation.
+#[derive(Debug, Default, Deserialize)]
+pub struct GenArgs {
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub seed: Option<u64>,
+    pub stop: Option<StopArg>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopArg {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl GenArgs {
+    /// Checked options; `default_temperature` differs between OpenAI (1) and native (0).
+    pub fn options(&self, default_temperature: f32) -> Result<GenOptions, ApiError> {
+        let temperature = self.temperature.unwrap_or(default_temperature);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(ApiError::bad_request(format!(
+                "temperature must be between 0 and 2, got {temperature}"
+            ))
+            .param("temperature"));
+        }
+        let top_p = self.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(
+                ApiError::bad_request(format!("top_p must be in (0, 1], got {top_p}"))
+                    .param("top_p"),
+            );
+        }
+        if self.max_tokens == Some(0) {
+            return Err(ApiError::bad_request("max_tokens must be at least 1").param("max_tokens"));
+        }
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(StopArg::One(s)) => vec![s.clone()],
+            Some(StopArg::Many(v)) => v.clone(),
+        };
+        if stop.len() > 4 {
+            return Err(ApiError::bad_request("at most 4 stop sequences").param("stop"));
+        }
+        Ok(GenOptions {
+            max_tokens: self.max_tokens,
+            sampling: pie_model::SamplingParams {
+                temperature,
+                top_k: self.top_k.unwrap_or(0),
+                top_p,
+                seed: self.seed,
+            },
+            stop,
+            ignore_eos: self.ignore_eos,
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LaunchBody {
+    inferlet: String,
+    #[serde(default)]
+    args: Value,
+    #[serde(default)]
+    props: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct TextArgs {
+    prompt: String,
+    #[serde(flatten)]
+    gen: GenArgs,
+}
+
+#[derive(Deserialize)]
+struct ChatArgs {
+    messages: Vec<pie_model::ChatMessage>,
+    #[serde(flatten)]
+    gen: GenArgs,
+}
+
+fn parse_args<T: serde::de::DeserializeOwned>(inferlet: &str, args: Value) -> Result<T, ApiError> {
+    serde_json::from_value(args)
+        .map_err(|e| ApiError::bad_request(format!("args of `{inferlet}`: {e}")).param("args"))
+}
+
+pub fn props_of(value: Option<&Value>) -> Result<Props, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(Props::new()),
+        Some(v) => Ok(Props::from_json(v)?),
+    }
+}
+
+async fn launch_process(
+    State(state): State<AppState>,
+    key: Option<Extension<KeyName>>,
+    ApiJson(body): ApiJson<LaunchBody>,
+) -> Result<Response, ApiError> {
+    let rt = state.runtime()?;
+    let props = props_of(body.props.as_ref())?;
+    let (inferlet, opts) = match body.inferlet.as_str() {
+        "text-completion" => {
+            let a: TextArgs = parse_args(&body.inferlet, body.args)?;
+            (
+                Inferlet::TextCompletion { prompt: a.prompt },
+                a.gen.options(0.0)?,
+            )
+        }
+        "chat" => {
+            let a: ChatArgs = parse_args(&body.inferlet, body.args)?;
+            (
+                Inferlet::Chat {
+                    messages: a.messages,
+                    resume_session: true,
+                },
+                a.gen.options(0.0)?,
+            )
+        }
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "unknown inferlet `{other}` (built in: text-completion, chat)"
+            ))
+            .param("inferlet"))
+        }
+    };
+    let client = client_of(&key, &props);
+    let (process, _) = rt.launch(inferlet, opts, props, client)?;
+    Ok((StatusCode::CREATED, Json(json!({"id": process.id}))).into_response())
+}
+
+fn find(rt: &Runtime, id: &str) -> Result<Arc<Process>, ApiError> {
+    rt.process(id).ok_or_else(|| {
+        ApiError::new(StatusCode::NOT_FOUND, format!("no process `{id}`")).param("id")
+    })
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    state: Option<String>,
+}
+
+async fn list_processes(
+    State(state): State<AppState>,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let rt = state.runtime()?;
+    let filter = match q.state.as_deref() {
+        None => None,
+        Some(s) => Some(ProcState::parse(s).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "unknown state `{s}` (queued, running, finished, failed, killed)"
+            ))
+            .param("state")
+        })?),
+    };
+    let list: Vec<Value> = rt
+        .processes()
+        .iter()
+        .filter(|p| filter.is_none_or(|f| p.state() == f))
+        .map(|p| serde_json::to_value(p.view()).unwrap_or(Value::Null))
+        .collect();
+    Ok(Json(json!({"object": "list", "data": list})))
+}
+
+async fn get_process(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let rt = state.runtime()?;
+    let p = find(&rt, &id)?;
+    Ok(Json(serde_json::to_value(p.view()).unwrap_or(Value::Null)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PatchBody {
+    props: serde_json::Map<String, Value>,
+}
+
+async fn patch_process(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<PatchBody>,
+) -> Result<Json<Value>, ApiError> {
+    let rt = state.runtime()?;
+    let p = find(&rt, &id)?;
+    let props = rt.patch_props(&p, &body.props)?;
+    Ok(Json(json!({"id": p.id, "props": props})))
+}
+
+async fn kill_process(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let rt = state.runtime()?;
+    let p = find(&rt, &id)?;
+    let killed = rt.kill(&p);
+    Ok(Json(
+        json!({"id": p.id, "killed": killed, "state": p.state()}),
+    ))
+}
+
+/// SSE: `text` events with output (the output so far first), then one `status`
+/// event with the final state and usage.
+async fn process_events(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let rt = state.runtime()?;
+    let p = find(&rt, &id)?;
+    Ok(Sse::new(watch_events(&p).map(native_event)).keep_alive(KeepAlive::default()))
+}
+
+/// Every event of a process from its start: the output so far as one text event,
+/// then live events, ending with (and including) the final `Done`.
+pub fn watch_events(p: &Process) -> impl Stream<Item = ProcEvent> + Send + 'static {
+    let (snapshot, rx) = p.watch();
+    let mut first = Vec::new();
+    if !snapshot.output.is_empty() {
+        first.push(ProcEvent::Text(snapshot.output.clone()));
+    }
+    if snapshot.state.is_final() {
+        first.push(ProcEvent::Done {
+            state: snapshot.state,
+            finish_reason: snapshot.finish_reason,
+            usage: snapshot.usage,
+            error: snapshot.error,
+        });
+    }
+    events_until_done(
+        stream::iter(first).chain(BroadcastStream::new(rx).filter_map(|e| async move { e.ok() })),
+    )
+}
+
+/// Events up to and including the first `Done`; ends right after it without
+/// waiting for the source (which stays open while the process record lives).
+pub fn events_until_done(
+    events: impl Stream<Item = ProcEvent> + Send + 'static,
+) -> impl Stream<Item = ProcEvent> + Send + 'static {
+    stream::unfold((Box::pin(events), false), |(mut events, done)| async move {
+        if done {
+            return None;
+        }
+        let e = events.next().await?;
+        let done = matches!(e, ProcEvent::Done { .. });
+        Some((e, (events, done)))
+    })
+}
+
+fn native_event(e: ProcEvent) -> Result<Event, Infallible> {
+    Ok(match e {
+        ProcEvent::Text(text) => Event::default()
+            .event("text")
+            .data(json!({"text": text}).to_string()),
+        ProcEvent::Done {
+            state,
+            finish_reason,
+            usage,
+            error,
+        } => Event::default().event("status").data(
+            json!({"state": state, "finish_reason": finish_reason, "usage": usage, "error": error})
+                .to_string(),
+        ),
+    })
+}

@@ -1,0 +1,141 @@
+//! Prometheus metrics of a worker (`GET /metrics`).
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabel {
+    pub status: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    /// Finished requests by final state (finished, failed, killed) or HTTP rejection.
+    pub requests: Family<StatusLabel, Counter>,
+    pub queued: Gauge,
+    pub running: Gauge,
+    pub pages_used: Gauge,
+    pub pages_cached: Gauge,
+    pub pages_free: Gauge,
+    pub prefix_hit_tokens: Counter,
+    pub prompt_tokens: Counter,
+    pub generated_tokens: Counter,
+    pub preemptions: Counter,
+    pub tokens_per_second: Gauge<f64, AtomicU64>,
+    pub ttft: Histogram,
+    pub inter_token: Histogram,
+    pub config_reload_failures: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("pie");
+        let m = Self {
+            requests: Family::default(),
+            queued: Gauge::default(),
+            running: Gauge::default(),
+            pages_used: Gauge::default(),
+            pages_cached: Gauge::default(),
+            pages_free: Gauge::default(),
+            prefix_hit_tokens: Counter::default(),
+            prompt_tokens: Counter::default(),
+            generated_tokens: Counter::default(),
+            preemptions: Counter::default(),
+            tokens_per_second: Gauge::default(),
+            ttft: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            inter_token: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            config_reload_failures: Counter::default(),
+            registry: Registry::default(),
+        };
+        registry.register("requests", "Requests by final status", m.requests.clone());
+        registry.register(
+            "queue_depth",
+            "Processes waiting for their first scheduling",
+            m.queued.clone(),
+        );
+        registry.register(
+            "running_processes",
+            "Processes being computed",
+            m.running.clone(),
+        );
+        registry.register(
+            "kv_pages_used",
+            "KV pages referenced by live contexts",
+            m.pages_used.clone(),
+        );
+        registry.register(
+            "kv_pages_cached",
+            "Unreferenced KV pages kept for prefix reuse",
+            m.pages_cached.clone(),
+        );
+        registry.register("kv_pages_free", "Empty KV pages", m.pages_free.clone());
+        registry.register(
+            "prefix_cache_hit_tokens",
+            "Prompt tokens served from the prefix cache",
+            m.prefix_hit_tokens.clone(),
+        );
+        registry.register(
+            "prompt_tokens",
+            "Prompt tokens computed (prefill)",
+            m.prompt_tokens.clone(),
+        );
+        registry.register(
+            "generated_tokens",
+            "Tokens generated",
+            m.generated_tokens.clone(),
+        );
+        registry.register(
+            "preemptions",
+            "Sequences preempted for KV pages",
+            m.preemptions.clone(),
+        );
+        registry.register(
+            "tokens_per_second",
+            "Generated tokens per second over the last few seconds",
+            m.tokens_per_second.clone(),
+        );
+        registry.register(
+            "time_to_first_token_seconds",
+            "Time from arrival to the first token",
+            m.ttft.clone(),
+        );
+        registry.register(
+            "inter_token_latency_seconds",
+            "Time between consecutive tokens of a process",
+            m.inter_token.clone(),
+        );
+        registry.register(
+            "config_reload_failures",
+            "Config reloads refused as invalid",
+            m.config_reload_failures.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    pub fn count_request(&self, status: &str) {
+        self.requests
+            .get_or_create(&StatusLabel {
+                status: status.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}

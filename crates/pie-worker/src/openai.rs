@@ -1,0 +1,384 @@
+//! OpenAI-compatible routes: `/v1/completions`, `/v1/chat/completions`,
+//! `/v1/models`. Extra body fields: `props` (object) and `session` (string).
+//! A client that disconnects kills its process (its pages are released).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use futures_util::stream::{self, Stream, StreamExt};
+use pie_core::{PropValue, Props};
+use pie_model::ChatMessage;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio_stream::wrappers::BroadcastStream;
+
+use crate::api::{
+    client_of, events_until_done, props_of, ApiError, ApiJson, AppState, GenArgs, KeyName,
+};
+use crate::process::{now_ms, ProcEvent, ProcState, Process, Usage};
+use crate::runtime::{Inferlet, Runtime};
+
+/// Kills the process when the request that owns it goes away unfinished.
+struct KillOnDrop {
+    rt: Arc<Runtime>,
+    process: Arc<Process>,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if !self.process.state().is_final() {
+            self.rt.kill(&self.process);
+        }
+    }
+}
+
+#[derive(Deserialize, Default)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+/// Fields every OpenAI request shares.
+#[derive(Deserialize)]
+struct Common {
+    model: Option<String>,
+    #[serde(default)]
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    n: Option<usize>,
+    props: Option<Value>,
+    session: Option<String>,
+    #[serde(flatten)]
+    gen: GenArgs,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PromptArg {
+    Text(String),
+    Texts(Vec<String>),
+}
+
+#[derive(Deserialize)]
+pub struct CompletionRequest {
+    prompt: PromptArg,
+    #[serde(flatten)]
+    common: Common,
+}
+
+#[derive(Deserialize)]
+pub struct ChatRequest {
+    messages: Vec<OpenAiMessage>,
+    max_completion_tokens: Option<usize>,
+    #[serde(flatten)]
+    common: Common,
+}
+
+#[derive(Deserialize)]
+struct OpenAiMessage {
+    role: String,
+    #[serde(default)]
+    content: Option<Content>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize)]
+struct ContentPart {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+impl OpenAiMessage {
+    fn into_chat(self) -> Result<ChatMessage, ApiError> {
+        let content = match self.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t,
+            Some(Content::Parts(parts)) => {
+                let mut text = String::new();
+                for p in parts {
+                    if p.kind != "text" {
+                        return Err(ApiError::bad_request(format!(
+                            "content part type `{}` is not supported (text only)",
+                            p.kind
+                        ))
+                        .param("messages"));
+                    }
+                    text.push_str(&p.text.unwrap_or_default());
+                }
+                text
+            }
+        };
+        Ok(ChatMessage {
+            role: self.role,
+            content,
+        })
+    }
+}
+
+/// What differs between the completion and chat response shapes.
+#[derive(Clone, Copy)]
+enum Kind {
+    Completion,
+    Chat,
+}
+
+impl Kind {
+    fn object(self, chunk: bool) -> &'static str {
+        match (self, chunk) {
+            (Kind::Completion, _) => "text_completion",
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+        }
+    }
+
+    fn id(self, process: &str) -> String {
+        match self {
+            Kind::Completion => format!("cmpl-{process}"),
+            Kind::Chat => format!("chatcmpl-{process}"),
+        }
+    }
+
+    fn choice(self, text: &str, finish_reason: Option<&str>, chunk: bool) -> Value {
+        match (self, chunk) {
+            (Kind::Completion, _) => {
+                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason})
+            }
+            (Kind::Chat, false) => {
+                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish_reason})
+            }
+            (Kind::Chat, true) if finish_reason.is_some() => {
+                json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_reason})
+            }
+            (Kind::Chat, true) => {
+                json!({"index": 0, "delta": {"content": text}, "logprobs": null, "finish_reason": null})
+            }
+        }
+    }
+}
+
+pub async fn models(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let rt = state.runtime()?;
+    Ok(Json(
+        json!({"object": "list", "data": [{"id": rt.settings.model_name, "object": "model", "created": 0, "owned_by": "pie"}]}),
+    ))
+}
+
+pub async fn completions(
+    State(state): State<AppState>,
+    key: Option<Extension<KeyName>>,
+    ApiJson(req): ApiJson<CompletionRequest>,
+) -> Result<Response, ApiError> {
+    let prompt = match req.prompt {
+        PromptArg::Text(t) => t,
+        PromptArg::Texts(mut v) if v.len() == 1 => v.remove(0),
+        PromptArg::Texts(_) => {
+            return Err(
+                ApiError::bad_request("prompt arrays must hold exactly one string").param("prompt"),
+            )
+        }
+    };
+    let mut common = req.common;
+    common.gen.max_tokens = common.gen.max_tokens.or(Some(16));
+    serve(
+        state,
+        key,
+        Inferlet::TextCompletion { prompt },
+        common,
+        Kind::Completion,
+    )
+    .await
+}
+
+pub async fn chat_completions(
+    State(state): State<AppState>,
+    key: Option<Extension<KeyName>>,
+    ApiJson(req): ApiJson<ChatRequest>,
+) -> Result<Response, ApiError> {
+    if req.messages.is_empty() {
+        return Err(ApiError::bad_request("messages must not be empty").param("messages"));
+    }
+    let messages = req
+        .messages
+        .into_iter()
+        .map(OpenAiMessage::into_chat)
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut common = req.common;
+    common.gen.max_tokens = common.gen.max_tokens.or(req.max_completion_tokens);
+    // OpenAI clients send the whole conversation each turn: no server-side history.
+    serve(
+        state,
+        key,
+        Inferlet::Chat {
+            messages,
+            resume_session: false,
+        },
+        common,
+        Kind::Chat,
+    )
+    .await
+}
+
+async fn serve(
+    state: AppState,
+    key: Option<Extension<KeyName>>,
+    inferlet: Inferlet,
+    common: Common,
+    kind: Kind,
+) -> Result<Response, ApiError> {
+    let rt = state.runtime()?;
+    if let Some(model) = &common.model {
+        if *model != rt.settings.model_name {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "model `{model}` not found; this worker serves `{}`",
+                    rt.settings.model_name
+                ),
+            )
+            .param("model"));
+        }
+    }
+    if common.n.unwrap_or(1) != 1 {
+        return Err(ApiError::bad_request("only n = 1 is supported").param("n"));
+    }
+    let props = request_props(&common)?;
+    let opts = common.gen.options(1.0)?;
+    let client = client_of(&key, &props);
+    let (process, rx) = rt.launch(inferlet, opts, props, client)?;
+    let guard = KillOnDrop {
+        rt: rt.clone(),
+        process: process.clone(),
+    };
+    let meta = Meta {
+        id: kind.id(&process.id),
+        model: rt.settings.model_name.clone(),
+        created: now_ms() / 1000,
+        kind,
+    };
+    let events = events_until_done(BroadcastStream::new(rx).filter_map(|e| async move { e.ok() }));
+    if common.stream {
+        let include_usage = common.stream_options.unwrap_or_default().include_usage;
+        Ok(stream_response(meta, events, include_usage, guard).into_response())
+    } else {
+        whole_response(meta, events, guard).await
+    }
+}
+
+fn request_props(common: &Common) -> Result<Props, ApiError> {
+    let mut props = props_of(common.props.as_ref())?;
+    if let Some(session) = &common.session {
+        props
+            .set("session", PropValue::Str(session.clone()))
+            .map_err(|e| ApiError::from(e).param("session"))?;
+    }
+    Ok(props)
+}
+
+struct Meta {
+    id: String,
+    model: String,
+    created: u64,
+    kind: Kind,
+}
+
+impl Meta {
+    fn body(&self, chunk: bool, choices: Value, usage: Option<Usage>) -> Value {
+        let mut v = json!({"id": self.id, "object": self.kind.object(chunk), "created": self.created, "model": self.model, "choices": choices});
+        if let Some(u) = usage {
+            v["usage"] = json!(u);
+        }
+        v
+    }
+}
+
+fn failure(state: ProcState, error: Option<String>) -> ApiError {
+    match state {
+        ProcState::Killed => {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the process was killed")
+        }
+        _ => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            error.unwrap_or_else(|| "generation failed".into()),
+        ),
+    }
+}
+
+async fn whole_response(
+    meta: Meta,
+    events: impl Stream<Item = ProcEvent>,
+    _guard: KillOnDrop,
+) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let mut events = std::pin::pin!(events);
+    while let Some(e) = events.next().await {
+        match e {
+            ProcEvent::Text(t) => text.push_str(&t),
+            ProcEvent::Done {
+                state: ProcState::Finished,
+                finish_reason,
+                usage,
+                ..
+            } => {
+                return Ok(Json(meta.body(
+                    false,
+                    json!([meta.kind.choice(&text, finish_reason, false)]),
+                    Some(usage),
+                ))
+                .into_response());
+            }
+            ProcEvent::Done { state, error, .. } => return Err(failure(state, error)),
+        }
+    }
+    Err(ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "the process ended without a result",
+    ))
+}
+
+fn stream_response(
+    meta: Meta,
+    events: impl Stream<Item = ProcEvent> + Send + 'static,
+    include_usage: bool,
+    guard: KillOnDrop,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let data = |v: Value| Event::default().data(v.to_string());
+    let opening = match meta.kind {
+        Kind::Chat => vec![data(meta.body(true, json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]), None))],
+        Kind::Completion => Vec::new(),
+    };
+    let body = events.flat_map(move |e| {
+        let out: Vec<Event> = match e {
+            ProcEvent::Text(t) if t.is_empty() => Vec::new(),
+            ProcEvent::Text(t) => vec![data(meta.body(true, json!([meta.kind.choice(&t, None, true)]), None))],
+            ProcEvent::Done { state: ProcState::Finished, finish_reason, usage, .. } => {
+                let mut v = vec![data(meta.body(true, json!([meta.kind.choice("", finish_reason, true)]), None))];
+                if include_usage {
+                    v.push(data(meta.body(true, json!([]), Some(usage))));
+                }
+                v
+            }
+            ProcEvent::Done { state, error, .. } => {
+                let e = failure(state, error);
+                vec![data(json!({"error": {"message": e.message, "type": "server_error", "param": null, "code": e.status.as_u16()}}))]
+            }
+        };
+        stream::iter(out)
+    });
+    let done = stream::once(async move {
+        drop(guard);
+        Event::default().data("[DONE]")
+    });
+    Sse::new(stream::iter(opening).chain(body).chain(done).map(Ok)).keep_alive(KeepAlive::default())
+}

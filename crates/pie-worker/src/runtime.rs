@@ -1,0 +1,627 @@
+//! The worker runtime: the engine on its own thread, the process table, and the
+//! built-in inferlets that drive generation for each process.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use pie_core::{Props, SeqId};
+use pie_model::{ChatMessage, IncrementalDecoder, Model, SamplingParams};
+use pie_policy::WorkerPolicy;
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use crate::engine::{Engine, FinishReason, Request, SeqInfo};
+use crate::metrics::Metrics;
+use crate::process::{now_ms, ProcEvent, ProcState, Process};
+
+/// What the engine thread reports to one sequence's driver.
+#[derive(Debug)]
+enum SeqEvent {
+    Started { cached_tokens: usize },
+    Token(u32),
+    Finished(FinishReason, SeqInfo),
+    Failed(String),
+}
+
+enum Command {
+    Add {
+        req: Request,
+        events: mpsc::UnboundedSender<SeqEvent>,
+        reply: oneshot::Sender<SeqId>,
+    },
+    Abort(SeqId),
+    SetProps(SeqId, Props),
+    SetPolicy(Box<dyn WorkerPolicy>),
+}
+
+/// A built-in inferlet and its input.
+#[derive(Clone, Debug)]
+pub enum Inferlet {
+    TextCompletion {
+        prompt: String,
+    },
+    /// With a `session` prop and `resume_session`, the session's earlier turns are
+    /// prepended and this turn's messages and answer are appended to it.
+    Chat {
+        messages: Vec<ChatMessage>,
+        resume_session: bool,
+    },
+}
+
+impl Inferlet {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Inferlet::TextCompletion { .. } => "text-completion",
+            Inferlet::Chat { .. } => "chat",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct GenOptions {
+    /// None: as many as fit.
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+}
+
+/// Why a launch was refused (mapped to HTTP statuses by the API).
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("too many queued processes ({0}); retry later")]
+    Overloaded(usize),
+    #[error("{0}")]
+    BadRequest(String),
+}
+
+/// Finished processes stay visible in the API until this many records exist.
+const MAX_PROCESS_RECORDS: usize = 10_000;
+
+pub struct RuntimeSettings {
+    pub model_name: String,
+    pub max_queued: usize,
+}
+
+pub struct Runtime {
+    pub model: Arc<Model>,
+    pub settings: RuntimeSettings,
+    pub metrics: Arc<Metrics>,
+    /// Tokens one sequence may hold (prompt + output).
+    pub max_seq_tokens: usize,
+    pub policy_names: Mutex<Vec<String>>,
+    commands: std_mpsc::Sender<Command>,
+    processes: Mutex<HashMap<String, Arc<Process>>>,
+    sessions: Mutex<HashMap<String, Vec<ChatMessage>>>,
+    next_id: AtomicU64,
+}
+
+impl Runtime {
+    /// Start the engine thread; the runtime lives as long as the server.
+    pub fn start(
+        engine: Engine,
+        settings: RuntimeSettings,
+        policy_names: Vec<String>,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        let (tx, rx) = std_mpsc::channel();
+        let model = engine.model().clone();
+        let max_seq_tokens = engine.max_sequence_tokens().0;
+        let thread_metrics = metrics.clone();
+        std::thread::Builder::new()
+            .name("pie-engine".into())
+            .spawn(move || engine_loop(engine, rx, &thread_metrics))
+            .expect("spawning the engine thread");
+        Arc::new(Self {
+            model,
+            settings,
+            metrics,
+            max_seq_tokens,
+            policy_names: Mutex::new(policy_names),
+            commands: tx,
+            processes: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    fn send(&self, cmd: Command) {
+        // The engine thread lives as long as the process; a send can only fail at exit.
+        let _ = self.commands.send(cmd);
+    }
+
+    pub fn set_policy(&self, policy: Box<dyn WorkerPolicy>, names: Vec<String>) {
+        self.send(Command::SetPolicy(policy));
+        *self.policy_names.lock().unwrap_or_else(|e| e.into_inner()) = names;
+    }
+
+    pub fn process(&self, id: &str) -> Option<Arc<Process>> {
+        self.processes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    pub fn processes(&self) -> Vec<Arc<Process>> {
+        let mut all: Vec<_> = self
+            .processes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        all.sort_by_key(|p| p.snapshot().created_ms);
+        all
+    }
+
+    pub fn count_in(&self, state: ProcState) -> usize {
+        self.processes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|p| p.state() == state)
+            .count()
+    }
+
+    /// Metrics text with the process gauges brought up to date.
+    pub fn metrics_text(&self) -> String {
+        self.metrics
+            .queued
+            .set(self.count_in(ProcState::Queued) as i64);
+        self.metrics
+            .running
+            .set(self.count_in(ProcState::Running) as i64);
+        self.metrics.encode()
+    }
+
+    fn register(&self, process: Arc<Process>) {
+        let mut table = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        if table.len() >= MAX_PROCESS_RECORDS {
+            let mut done: Vec<(u64, String)> = table
+                .values()
+                .filter(|p| p.state().is_final())
+                .map(|p| (p.snapshot().created_ms, p.id.clone()))
+                .collect();
+            done.sort_unstable();
+            for (_, id) in done.iter().take(table.len() + 1 - MAX_PROCESS_RECORDS) {
+                table.remove(id);
+            }
+        }
+        table.insert(process.id.clone(), process);
+    }
+
+    /// Start a process; the receiver sees all its events from the start.
+    pub fn launch(
+        self: &Arc<Self>,
+        inferlet: Inferlet,
+        opts: GenOptions,
+        props: Props,
+        client: String,
+    ) -> Result<(Arc<Process>, broadcast::Receiver<ProcEvent>), LaunchError> {
+        let queued = self.count_in(ProcState::Queued);
+        if queued >= self.settings.max_queued {
+            self.metrics.count_request("rejected_overload");
+            return Err(LaunchError::Overloaded(queued));
+        }
+        let (text, session_messages) = self.prompt_text(&inferlet, &props)?;
+        let prompt = self
+            .model
+            .tokenizer
+            .encode(&text)
+            .map_err(|e| LaunchError::BadRequest(e.to_string()))?;
+        if prompt.is_empty() {
+            return Err(LaunchError::BadRequest("the prompt is empty".into()));
+        }
+        if prompt.len() >= self.max_seq_tokens {
+            return Err(LaunchError::BadRequest(format!(
+                "the prompt has {} tokens but a sequence can hold at most {} (prompt and output, KV pool and context length)",
+                prompt.len(),
+                self.max_seq_tokens
+            )));
+        }
+        let id = format!("proc-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+        let process = Arc::new(Process::new(
+            id,
+            inferlet.name(),
+            client,
+            props.clone(),
+            prompt.len(),
+        ));
+        let (_, events) = process.watch();
+        self.register(process.clone());
+        let req = Request {
+            prompt,
+            max_tokens: opts.max_tokens.unwrap_or(usize::MAX),
+            sampling: opts.sampling.clone(),
+            stop_tokens: Vec::new(),
+            ignore_eos: opts.ignore_eos,
+            arrival_ms: now_ms(),
+            props,
+        };
+        let driver = Driver {
+            rt: self.clone(),
+            process: process.clone(),
+            stop: opts.stop,
+            session_messages,
+        };
+        tokio::spawn(driver.run(req));
+        Ok((process, events))
+    }
+
+    /// The prompt text and, for a resumed chat session, the messages to record.
+    fn prompt_text(
+        &self,
+        inferlet: &Inferlet,
+        props: &Props,
+    ) -> Result<(String, Option<SessionTurn>), LaunchError> {
+        match inferlet {
+            Inferlet::TextCompletion { prompt } => Ok((prompt.clone(), None)),
+            Inferlet::Chat {
+                messages,
+                resume_session,
+            } => {
+                let session = props.str("session").filter(|_| *resume_session);
+                let mut all = session
+                    .map(|s| {
+                        self.sessions
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .get(s)
+                            .cloned()
+                            .unwrap_or_default()
+                    })
+                    .unwrap_or_default();
+                all.extend(messages.iter().cloned());
+                let text = self
+                    .model
+                    .tokenizer
+                    .apply_chat_template(&all)
+                    .map_err(|e| LaunchError::BadRequest(e.to_string()))?;
+                Ok((text, session.map(|s| (s.to_string(), all))))
+            }
+        }
+    }
+
+    /// Kill a process: its sequence stops and its pages are released.
+    pub fn kill(&self, process: &Process) -> bool {
+        if !process.finish(ProcState::Killed, None, None) {
+            return false;
+        }
+        self.metrics.count_request("killed");
+        if let Some(seq) = process.seq() {
+            self.send(Command::Abort(seq));
+        }
+        true
+    }
+
+    pub fn patch_props(
+        &self,
+        process: &Process,
+        patch: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Props, pie_core::PropError> {
+        let props = process.update_props(|p| p.merge_json(patch))?;
+        if let Some(seq) = process.seq() {
+            self.send(Command::SetProps(seq, props.clone()));
+        }
+        Ok(props)
+    }
+}
+
+/// A resumed chat session's id and the messages of this turn's prompt.
+type SessionTurn = (String, Vec<ChatMessage>);
+
+/// Drives one process: submits its sequence, turns tokens into text, applies stop
+/// strings, and records the result.
+struct Driver {
+    rt: Arc<Runtime>,
+    process: Arc<Process>,
+    stop: Vec<String>,
+    /// For a resumed chat session: its id and the messages of this turn's prompt.
+    session_messages: Option<SessionTurn>,
+}
+
+impl Driver {
+    async fn run(self, req: Request) {
+        let (events_tx, mut events) = mpsc::unbounded_channel();
+        let (reply_tx, reply) = oneshot::channel();
+        self.rt.send(Command::Add {
+            req,
+            events: events_tx,
+            reply: reply_tx,
+        });
+        let Ok(seq) = reply.await else {
+            self.fail("the engine stopped".into());
+            return;
+        };
+        self.process.set_seq(seq);
+        if self.process.state().is_final() {
+            self.rt.send(Command::Abort(seq));
+            return;
+        }
+        let mut text = StopScanner::new(&self.stop);
+        let mut decoder = IncrementalDecoder::default();
+        let mut tokens = 0;
+        let mut last_token: Option<Instant> = None;
+        while let Some(event) = events.recv().await {
+            match event {
+                SeqEvent::Started { cached_tokens } => {
+                    self.process.set_cached_tokens(cached_tokens);
+                    self.process.mark_running();
+                }
+                SeqEvent::Token(t) => {
+                    let now = Instant::now();
+                    match last_token {
+                        None => self.rt.metrics.ttft.observe(
+                            (now_ms().saturating_sub(self.process.snapshot().created_ms)) as f64
+                                / 1000.0,
+                        ),
+                        Some(prev) => self
+                            .rt
+                            .metrics
+                            .inter_token
+                            .observe(now.duration_since(prev).as_secs_f64()),
+                    }
+                    last_token = Some(now);
+                    tokens += 1;
+                    let delta = decoder
+                        .push(&self.rt.model.tokenizer, t)
+                        .unwrap_or_default();
+                    let (emit, stopped) = text.push(&delta);
+                    self.process.push_text(emit, tokens);
+                    if stopped {
+                        self.rt.send(Command::Abort(seq));
+                        self.complete("stop");
+                        return;
+                    }
+                }
+                SeqEvent::Finished(reason, info) => {
+                    self.process.push_text(text.flush(), info.generated_tokens);
+                    self.complete(match reason {
+                        FinishReason::Stop => "stop",
+                        FinishReason::Length => "length",
+                    });
+                    return;
+                }
+                SeqEvent::Failed(e) => {
+                    self.fail(e);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn complete(&self, reason: &'static str) {
+        if !self.process.finish(ProcState::Finished, Some(reason), None) {
+            return;
+        }
+        self.rt.metrics.count_request("finished");
+        if let Some((session, mut messages)) = self.session_messages.clone() {
+            messages.push(ChatMessage {
+                role: "assistant".into(),
+                content: self.process.snapshot().output,
+            });
+            self.rt
+                .sessions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(session, messages);
+            let turns = messages_turns(&self.rt, &self.process);
+            let _ = self
+                .process
+                .update_props(|p| p.set("turn", pie_core::PropValue::Int(turns)));
+        }
+    }
+
+    fn fail(&self, error: String) {
+        if self.process.finish(ProcState::Failed, None, Some(error)) {
+            self.rt.metrics.count_request("failed");
+        }
+    }
+}
+
+/// Assistant turns recorded so far in the process's session.
+fn messages_turns(rt: &Runtime, process: &Process) -> i64 {
+    let props = process.props();
+    let sessions = rt.sessions.lock().unwrap_or_else(|e| e.into_inner());
+    props
+        .str("session")
+        .and_then(|s| sessions.get(s))
+        .map_or(0, |m| {
+            m.iter().filter(|m| m.role == "assistant").count() as i64
+        })
+}
+
+/// Finds stop strings in streamed text, holding back a possible stop string's
+/// beginning so that no part of a stop string is ever emitted.
+struct StopScanner<'a> {
+    stops: &'a [String],
+    pending: String,
+    hold: usize,
+}
+
+impl<'a> StopScanner<'a> {
+    fn new(stops: &'a [String]) -> Self {
+        let hold = stops
+            .iter()
+            .map(String::len)
+            .max()
+            .unwrap_or(0)
+            .saturating_sub(1);
+        Self {
+            stops,
+            pending: String::new(),
+            hold,
+        }
+    }
+
+    /// Text safe to emit now, and whether a stop string was found.
+    fn push(&mut self, delta: &str) -> (String, bool) {
+        self.pending.push_str(delta);
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| self.pending.find(s.as_str()))
+            .min()
+        {
+            let emit = self.pending[..at].to_string();
+            self.pending.clear();
+            return (emit, true);
+        }
+        let mut cut = self.pending.len().saturating_sub(self.hold);
+        while !self.pending.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let rest = self.pending.split_off(cut);
+        (std::mem::replace(&mut self.pending, rest), false)
+    }
+
+    fn flush(&mut self) -> String {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+/// Generated-token rate over a sliding window.
+struct RateWindow {
+    samples: VecDeque<(Instant, u64)>,
+}
+
+impl RateWindow {
+    const SPAN_SECS: f64 = 5.0;
+
+    fn record(&mut self, now: Instant, total: u64) -> f64 {
+        self.samples.push_back((now, total));
+        while self.samples.len() > 2
+            && now.duration_since(self.samples[0].0).as_secs_f64() > Self::SPAN_SECS
+        {
+            self.samples.pop_front();
+        }
+        let (t0, n0) = self.samples[0];
+        let dt = now.duration_since(t0).as_secs_f64();
+        if dt > 0.0 {
+            (total - n0) as f64 / dt
+        } else {
+            0.0
+        }
+    }
+}
+
+fn engine_loop(mut engine: Engine, commands: std_mpsc::Receiver<Command>, metrics: &Metrics) {
+    let mut subs: HashMap<SeqId, mpsc::UnboundedSender<SeqEvent>> = HashMap::new();
+    let mut rate = RateWindow {
+        samples: VecDeque::new(),
+    };
+    let mut reported = engine.counters();
+    loop {
+        if !engine.has_work() {
+            metrics.tokens_per_second.set(0.0);
+            match commands.recv() {
+                Ok(cmd) => apply(&mut engine, &mut subs, cmd),
+                Err(_) => return,
+            }
+        }
+        while let Ok(cmd) = commands.try_recv() {
+            apply(&mut engine, &mut subs, cmd);
+        }
+        if engine.has_work() {
+            step(&mut engine, &mut subs);
+        }
+        let c = engine.counters();
+        metrics
+            .prefix_hit_tokens
+            .inc_by(c.prefix_hit_tokens - reported.prefix_hit_tokens);
+        metrics
+            .prompt_tokens
+            .inc_by(c.prefill_tokens - reported.prefill_tokens);
+        metrics
+            .generated_tokens
+            .inc_by(c.decode_tokens - reported.decode_tokens);
+        metrics
+            .preemptions
+            .inc_by(c.preemptions - reported.preemptions);
+        reported = c;
+        metrics
+            .tokens_per_second
+            .set(rate.record(Instant::now(), c.decode_tokens));
+        let stats = engine.pool_stats();
+        metrics.pages_used.set(stats.used as i64);
+        metrics.pages_cached.set(stats.cached as i64);
+        metrics.pages_free.set(stats.free as i64);
+    }
+}
+
+fn apply(
+    engine: &mut Engine,
+    subs: &mut HashMap<SeqId, mpsc::UnboundedSender<SeqEvent>>,
+    cmd: Command,
+) {
+    match cmd {
+        Command::Add { req, events, reply } => match engine.add(req) {
+            Ok(id) => {
+                subs.insert(id, events);
+                if reply.send(id).is_err() {
+                    engine.abort(id);
+                    subs.remove(&id);
+                }
+            }
+            Err(e) => {
+                let _ = events.send(SeqEvent::Failed(e.to_string()));
+            }
+        },
+        Command::Abort(id) => {
+            engine.abort(id);
+            subs.remove(&id);
+        }
+        Command::SetProps(id, props) => {
+            engine.set_props(id, props);
+        }
+        Command::SetPolicy(policy) => engine.set_policy(policy),
+    }
+}
+
+fn step(engine: &mut Engine, subs: &mut HashMap<SeqId, mpsc::UnboundedSender<SeqEvent>>) {
+    let out = match engine.step(now_ms()) {
+        Ok(out) => out,
+        Err(e) => {
+            // A failed forward leaves no sequence in a known state: fail them all.
+            for (id, tx) in subs.drain() {
+                let _ = tx.send(SeqEvent::Failed(format!("engine step failed: {e}")));
+                engine.abort(id);
+            }
+            return;
+        }
+    };
+    let mut gone = Vec::new();
+    for id in out.started {
+        let cached_tokens = engine.info(id).map_or(0, |i| i.cached_tokens);
+        notify(subs, id, SeqEvent::Started { cached_tokens }, &mut gone);
+    }
+    for (id, token) in out.tokens {
+        notify(subs, id, SeqEvent::Token(token), &mut gone);
+    }
+    for (id, reason, info) in out.finished {
+        notify(subs, id, SeqEvent::Finished(reason, info), &mut gone);
+        subs.remove(&id);
+    }
+    // A driver that went away (its process was killed) no longer needs its sequence.
+    for id in gone {
+        engine.abort(id);
+        subs.remove(&id);
+    }
+}
+
+fn notify(
+    subs: &HashMap<SeqId, mpsc::UnboundedSender<SeqEvent>>,
+    id: SeqId,
+    event: SeqEvent,
+    gone: &mut Vec<SeqId>,
+) {
+    if let Some(tx) = subs.get(&id) {
+        if tx.send(event).is_err() {
+            gone.push(id);
+        }
+    }
+}
