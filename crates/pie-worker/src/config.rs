@@ -170,7 +170,7 @@ impl Config {
             let inner = e.into_inner();
             let line = inner
                 .span()
-                .map(|s| text[..s.start.min(text.len())].lines().count().max(1));
+                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
             let location = match line {
                 Some(l) => format!("{}:{l}", file.display()),
                 None => file.display().to_string(),
