@@ -1,4 +1,4 @@
-//! GGUF reading: hyper-parameters, weights (requantised for our kernels) and the
+//! GGUF reading: hyper-parameters, weights (in the layouts of `matmul`) and the
 //! model fingerprint.
 
 use std::collections::HashMap;
@@ -8,9 +8,11 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file::{Content, Value};
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-use candle_core::{Device, Tensor};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::Device;
 use pie_core::ModelFingerprint;
+
+use crate::matmul::{Q4Source, QWeight};
 
 /// Hyper-parameters of a Llama-family model, from the `llama.*` GGUF keys.
 #[derive(Clone, Debug, PartialEq)]
@@ -134,35 +136,36 @@ impl GgufFile {
     }
 
     /// One linear layer from the row-wise concatenation of `names` (e.g. Q, K and V
-    /// fused so the batch makes one matmul instead of three).
-    pub fn linear(&mut self, names: &[&str]) -> Result<QMatMul> {
+    /// fused so the batch makes one matmul instead of three). 4-bit GGML blocks
+    /// are kept as they are; every other type becomes 8-bit blocks.
+    pub fn linear(&mut self, names: &[&str]) -> Result<QWeight> {
         let parts = names
             .iter()
             .map(|n| self.tensor(n))
             .collect::<Result<Vec<_>>>()?;
-        let dtype = compute_dtype(parts[0].dtype(), parts[0].shape().dims()[1]);
-        let qt = if parts.len() == 1 && parts[0].dtype() == dtype {
-            parts.into_iter().next().expect("one part")
-        } else {
-            let dense = parts
-                .iter()
-                .map(|p| p.dequantize(&Device::Cpu))
-                .collect::<candle_core::Result<Vec<_>>>()?;
-            QTensor::quantize(&Tensor::cat(&dense, 0)?, dtype)?
-        };
-        Ok(QMatMul::from_qtensor(qt)?)
-    }
-}
-
-/// The dtype a weight is computed in. Every block-quantised format becomes Q8_0:
-/// candle has AVX2 kernels for Q8_0 but none for Q4_1, and Q8_0 keeps the quality
-/// of the 4-bit source (it represents every 4-bit value exactly up to the scale's
-/// rounding). Dense weights stay dense.
-fn compute_dtype(stored: GgmlDType, in_dim: usize) -> GgmlDType {
-    match stored {
-        GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => GgmlDType::F32,
-        _ if in_dim.is_multiple_of(32) => GgmlDType::Q8_0,
-        _ => GgmlDType::F32,
+        // Fused parts share one storage kind, so 4-bit stays 4-bit only if all are.
+        let four_bit = parts
+            .iter()
+            .all(|p| matches!(p.dtype(), GgmlDType::Q4_0 | GgmlDType::Q4_1));
+        let weights = parts
+            .iter()
+            .map(|p| {
+                let (n, k) = p.shape().dims2()?;
+                Ok(match p.dtype() {
+                    GgmlDType::Q4_0 if four_bit => {
+                        QWeight::from_q4(&p.data()?, Q4Source::Q4_0, n, k)
+                    }
+                    GgmlDType::Q4_1 if four_bit => {
+                        QWeight::from_q4(&p.data()?, Q4Source::Q4_1, n, k)
+                    }
+                    _ => {
+                        let dense = p.dequantize(&Device::Cpu)?.flatten_all()?;
+                        QWeight::from_f32(&dense.to_vec1::<f32>()?, n, k)
+                    }
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(QWeight::concat(weights))
     }
 }
 

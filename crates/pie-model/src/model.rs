@@ -7,23 +7,22 @@
 use std::path::Path;
 
 use anyhow::{bail, ensure, Result};
-use candle_core::quantized::QMatMul;
-use candle_core::{Device, Module, Tensor};
 use pie_core::ModelFingerprint;
 use pie_kv::{KvLayout, KvPool, PageTable};
 use rayon::prelude::*;
 
 use crate::gguf::{GgufFile, LlamaConfig};
+use crate::matmul::QWeight;
 use crate::ops::{axpy, dot, rms_norm, silu, softmax, Rope};
 use crate::tokenizer::Tokenizer;
 
 struct Layer {
     attn_norm: Vec<f32>,
-    qkv: QMatMul,
-    out: QMatMul,
+    qkv: QWeight,
+    out: QWeight,
     ffn_norm: Vec<f32>,
-    gate_up: QMatMul,
-    down: QMatMul,
+    gate_up: QWeight,
+    down: QWeight,
 }
 
 pub struct Model {
@@ -33,7 +32,7 @@ pub struct Model {
     embed: Vec<f32>,
     layers: Vec<Layer>,
     norm: Vec<f32>,
-    lm_head: QMatMul,
+    lm_head: QWeight,
     rope: Rope,
 }
 
@@ -131,12 +130,12 @@ impl Model {
         }
         for (li, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.attn_norm, c.rms_eps);
-            let mut qkv = linear(&layer.qkv, &h, rows.len())?;
+            let mut qkv = layer.qkv.forward(&h, rows.len());
             self.store_kv(pool, li, batch, &rows, &mut qkv);
             let attn = self.attention(pool, li, batch, &rows, &qkv);
-            add(&mut x, &linear(&layer.out, &attn, rows.len())?);
+            add(&mut x, &layer.out.forward(&attn, rows.len()));
             let h = rms_norm(&x, &layer.ffn_norm, c.rms_eps);
-            let gate_up = linear(&layer.gate_up, &h, rows.len())?;
+            let gate_up = layer.gate_up.forward(&h, rows.len());
             let act: Vec<f32> = gate_up
                 .chunks_exact(2 * c.intermediate)
                 .flat_map(|r| {
@@ -144,7 +143,7 @@ impl Model {
                     g.iter().zip(u).map(|(g, u)| silu(*g) * u)
                 })
                 .collect();
-            add(&mut x, &linear(&layer.down, &act, rows.len())?);
+            add(&mut x, &layer.down.forward(&act, rows.len()));
         }
         self.logits(batch, &x)
     }
@@ -254,7 +253,7 @@ impl Model {
             return Ok(Vec::new());
         }
         let h = rms_norm(&last_rows, &self.norm, self.config.rms_eps);
-        let logits = linear(&self.lm_head, &h, n)?;
+        let logits = self.lm_head.forward(&h, n);
         Ok(logits
             .chunks_exact(self.config.vocab)
             .map(<[f32]>::to_vec)
@@ -266,10 +265,4 @@ fn add(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {
         *a += b;
     }
-}
-
-/// `x (rows x in) @ w^T` through candle's (quantised) matmul.
-fn linear(w: &QMatMul, x: &[f32], rows: usize) -> Result<Vec<f32>> {
-    let t = Tensor::from_slice(x, (rows, x.len() / rows), &Device::Cpu)?;
-    Ok(w.forward(&t)?.flatten_all()?.to_vec1::<f32>()?)
 }
