@@ -40,6 +40,9 @@ pub struct QWeight {
     /// Block scales, `n` rows of `k / 32` padded to a multiple of [`GROUP`].
     d: Vec<f16>,
     quants: Quants,
+    /// `kernel_order(k)`, kept so each call's activations are laid out without
+    /// recomputing it.
+    order: Vec<u32>,
 }
 
 /// A GGML 4-bit block as stored in GGUF.
@@ -69,12 +72,12 @@ fn runs(nb: usize) -> Vec<(usize, usize)> {
 /// element `v * w + j % w` of the run's block `j / w`, with `w = 32 / g`. Summing
 /// byte quads (maddubs, then madd) leaves i32 lane `l` of every vector with the
 /// single block `l * g / 8`, so the run's dot products sit side by side.
-fn kernel_order(k: usize) -> Vec<usize> {
+fn kernel_order(k: usize) -> Vec<u32> {
     let mut order = Vec::with_capacity(k);
     for (start, g) in runs(k / BLOCK) {
         let w = BLOCK / g;
         for v in 0..g {
-            order.extend((0..BLOCK).map(|j| (start + j / w) * BLOCK + v * w + j % w));
+            order.extend((0..BLOCK).map(|j| ((start + j / w) * BLOCK + v * w + j % w) as u32));
         }
     }
     order
@@ -141,7 +144,7 @@ impl QWeight {
             {
                 d[row * nbp + b] = f16::from_f32(quantize_block(x, q));
             }
-            qs.extend(order.iter().map(|&i| q[i]));
+            qs.extend(order.iter().map(|&i| q[i as usize]));
         }
         Self {
             n,
@@ -149,6 +152,7 @@ impl QWeight {
             k,
             d,
             quants: Quants::Q8 { qs },
+            order,
         }
     }
 
@@ -182,7 +186,7 @@ impl QWeight {
                     q[b * BLOCK + j + 16] = byte >> 4;
                 }
             }
-            let ordered: Vec<u8> = order.iter().map(|&i| q[i]).collect();
+            let ordered: Vec<u8> = order.iter().map(|&i| q[i as usize]).collect();
             pack_q4(&ordered, &mut qs);
         }
         Self {
@@ -191,6 +195,7 @@ impl QWeight {
             k,
             d,
             quants: Quants::Q4 { qs, m },
+            order,
         }
     }
 
@@ -218,7 +223,7 @@ impl QWeight {
     /// `x (rows x k_in) @ self^T`, row-major `rows x n`.
     pub fn forward(&self, x: &[f32], rows: usize) -> Vec<f32> {
         assert_eq!(x.len(), rows * self.k_in, "activation size");
-        let acts = Acts::quantize(x, rows, self.k_in, self.k);
+        let acts = Acts::quantize(x, rows, self.k_in, &self.order);
         let kernel = Kernel::detect();
         // Enough column ranges to balance the pool's threads, but each a few
         // dozen columns so a task's work dwarfs the scheduling.
@@ -270,9 +275,10 @@ struct Acts {
 }
 
 impl Acts {
-    fn quantize(x: &[f32], rows: usize, k_in: usize, k: usize) -> Self {
+    /// `order` is the weight's `kernel_order(k)`.
+    fn quantize(x: &[f32], rows: usize, k_in: usize, order: &[u32]) -> Self {
+        let k = order.len();
         let nbp = (k / BLOCK).next_multiple_of(GROUP);
-        let order = kernel_order(k);
         let mut a = Self {
             k,
             nbp,
@@ -293,7 +299,7 @@ impl Acts {
                 a.d[r * nbp + b] = d;
                 a.s[r * nbp + b] = d * q.iter().map(|&v| v as i32).sum::<i32>() as f32;
             }
-            a.qs.extend(order.iter().map(|&i| q[i]));
+            a.qs.extend(order.iter().map(|&i| q[i as usize]));
         }
         a
     }
@@ -654,6 +660,7 @@ mod tests {
         for (c, row) in qs.chunks_exact(w.k).enumerate() {
             let mut logical = vec![0f32; w.k];
             for (&i, &q) in order.iter().zip(row) {
+                let i = i as usize;
                 logical[i] = w.d[c * nbp + i / BLOCK].to_f32() * q as f32;
             }
             out.extend_from_slice(&logical[..w.k_in]);
@@ -669,7 +676,7 @@ mod tests {
     }
 
     fn run_with(kernel: Kernel, w: &QWeight, x: &[f32], rows: usize) -> Vec<f32> {
-        let acts = Acts::quantize(x, rows, w.k_in, w.k);
+        let acts = Acts::quantize(x, rows, w.k_in, &w.order);
         let mut out = vec![0f32; rows * w.n];
         kernel.run(w, &acts, 0, w.n, &mut out);
         out

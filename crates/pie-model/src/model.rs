@@ -115,6 +115,13 @@ impl Model {
     /// Run one step. Writes the new tokens' K and V into `pool` and returns the
     /// next-token logits of every sequence that asked for them, in input order.
     pub fn forward(&self, pool: &mut KvPool, batch: &[SeqInput]) -> Result<Vec<Vec<f32>>> {
+        // Run the whole step on a pool thread: a parallel loop started from
+        // outside the pool hands off to it and sleeps until woken, which for a
+        // single-token step costs more than some of the matmuls themselves.
+        rayon::scope(|_| self.forward_in_pool(pool, batch))
+    }
+
+    fn forward_in_pool(&self, pool: &mut KvPool, batch: &[SeqInput]) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
         let rows = self.rows(batch, pool.layout().page_size)?;
         let mut x = Vec::with_capacity(rows.len() * c.hidden);
