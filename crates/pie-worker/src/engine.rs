@@ -93,7 +93,10 @@ pub struct StepOutput {
 pub struct EngineCounters {
     pub steps: u64,
     pub prefill_tokens: u64,
+    /// Tokens whose KV was computed after the prompt (recomputes included).
     pub decode_tokens: u64,
+    /// Tokens sampled and returned.
+    pub generated_tokens: u64,
     pub prefix_hit_tokens: u64,
     pub preemptions: u64,
 }
@@ -345,6 +348,7 @@ impl Engine {
             } else {
                 seq.tokens.push(token);
                 out.tokens.push((id, token));
+                self.counters.generated_tokens += 1;
                 (seq.generated() >= seq.max_tokens).then_some(FinishReason::Length)
             };
             if let Some(reason) = finish {

@@ -349,16 +349,16 @@ fn engine_bench(
             engine.add(request(prompt(i + 1, 32), decode_tokens + 1))?;
         }
         // Prefill every sequence (and its first token) before timing decode.
-        while engine.counters().decode_tokens == 0 {
+        while engine.counters().generated_tokens < n as u64 {
             engine.step(0)?;
         }
-        let start_tokens = engine.counters().decode_tokens;
+        let start_tokens = engine.counters().generated_tokens;
         let t = Instant::now();
         while engine.has_work() {
             engine.step(0)?;
         }
         let rate =
-            (engine.counters().decode_tokens - start_tokens) as f64 / t.elapsed().as_secs_f64();
+            (engine.counters().generated_tokens - start_tokens) as f64 / t.elapsed().as_secs_f64();
         println!("decode: {n} concurrent sequences: {rate:.1} tok/s aggregate");
     }
     Ok(())

@@ -12,7 +12,7 @@ use pie_model::{ChatMessage, IncrementalDecoder, Model, SamplingParams};
 use pie_policy::WorkerPolicy;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use crate::engine::{Engine, FinishReason, Request, SeqInfo};
+use crate::engine::{Engine, EngineCounters, FinishReason, Request, SeqInfo};
 use crate::metrics::Metrics;
 use crate::process::{now_ms, ProcEvent, ProcState, Process};
 
@@ -516,6 +516,7 @@ fn engine_loop(mut engine: Engine, commands: std_mpsc::Receiver<Command>, metric
     };
     let mut reported = engine.counters();
     loop {
+        report(&engine, metrics, &mut reported, &mut rate);
         if !engine.has_work() {
             metrics.tokens_per_second.set(0.0);
             match commands.recv() {
@@ -529,28 +530,37 @@ fn engine_loop(mut engine: Engine, commands: std_mpsc::Receiver<Command>, metric
         if engine.has_work() {
             step(&mut engine, &mut subs);
         }
-        let c = engine.counters();
-        metrics
-            .prefix_hit_tokens
-            .inc_by(c.prefix_hit_tokens - reported.prefix_hit_tokens);
-        metrics
-            .prompt_tokens
-            .inc_by(c.prefill_tokens - reported.prefill_tokens);
-        metrics
-            .generated_tokens
-            .inc_by(c.decode_tokens - reported.decode_tokens);
-        metrics
-            .preemptions
-            .inc_by(c.preemptions - reported.preemptions);
-        reported = c;
-        metrics
-            .tokens_per_second
-            .set(rate.record(Instant::now(), c.decode_tokens));
-        let stats = engine.pool_stats();
-        metrics.pages_used.set(stats.used as i64);
-        metrics.pages_cached.set(stats.cached as i64);
-        metrics.pages_free.set(stats.free as i64);
     }
+}
+
+/// Bring the engine's counters and page gauges into the metrics.
+fn report(
+    engine: &Engine,
+    metrics: &Metrics,
+    reported: &mut EngineCounters,
+    rate: &mut RateWindow,
+) {
+    let c = engine.counters();
+    metrics
+        .prefix_hit_tokens
+        .inc_by(c.prefix_hit_tokens - reported.prefix_hit_tokens);
+    metrics
+        .prompt_tokens
+        .inc_by(c.prefill_tokens - reported.prefill_tokens);
+    metrics
+        .generated_tokens
+        .inc_by(c.generated_tokens - reported.generated_tokens);
+    metrics
+        .preemptions
+        .inc_by(c.preemptions - reported.preemptions);
+    *reported = c;
+    metrics
+        .tokens_per_second
+        .set(rate.record(Instant::now(), c.generated_tokens));
+    let stats = engine.pool_stats();
+    metrics.pages_used.set(stats.used as i64);
+    metrics.pages_cached.set(stats.cached as i64);
+    metrics.pages_free.set(stats.free as i64);
 }
 
 fn apply(

@@ -3,6 +3,8 @@
 //! They run when the model is in the cache (`pie model fetch`; CI fetches it and
 //! sets PIE_REQUIRE_DEFAULT_MODEL=1 so a missing model fails instead of skipping).
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -98,4 +100,24 @@ fn chat_template_answers_paris() {
     assert!(prompt.ends_with("<|im_start|>assistant\n"));
     let text = greedy(&model, &prompt, 32);
     assert!(text.contains("Paris"), "answer was {text:?}");
+}
+
+#[tokio::test]
+async fn pie_serve_answers_paris_over_http() {
+    if default_model().is_none() {
+        return;
+    }
+    let s = common::Server::start_model(&fetch::cached_default_model(), "", &[]).await;
+    let body = serde_json::json!({
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "What is the capital of France?"}
+        ],
+        "temperature": 0,
+        "max_tokens": 32
+    });
+    let (status, resp) = s.post("/v1/chat/completions", body).await;
+    assert_eq!(status, 200, "{resp}");
+    let answer = resp["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(answer.contains("Paris"), "answer was {answer:?}");
 }

@@ -1,0 +1,178 @@
+//! Helpers for tests that run real `pie serve` processes on loopback.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use pie_model::synth::{write_test_model, SynthSpec};
+use serde_json::Value;
+
+/// The synthesized test model, written once per test binary.
+pub fn test_model() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("server-test-model-{}.gguf", std::process::id()));
+        write_test_model(
+            &path,
+            &SynthSpec {
+                seed: 2,
+                ..SynthSpec::default()
+            },
+        )
+        .unwrap();
+        path
+    })
+    .clone()
+}
+
+/// A running `pie serve`, killed on drop.
+pub struct Server {
+    child: Child,
+    pub url: String,
+    pub client: reqwest::Client,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    /// Start on a free port with the test model, a config file body, and extra flags.
+    pub async fn start(config: &str, args: &[&str]) -> Server {
+        Self::start_model(&test_model(), config, args).await
+    }
+
+    pub async fn start_model(model: &std::path::Path, config: &str, args: &[&str]) -> Server {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let cfg = dir.join(format!(
+            "config-{}-{}.toml",
+            std::process::id(),
+            rand_suffix()
+        ));
+        std::fs::write(&cfg, config).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pie"))
+            .args(["serve", "--port", "0", "--model"])
+            .arg(model)
+            .arg("--config")
+            .arg(&cfg)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().expect("server printed nothing").unwrap();
+        let url = first
+            .strip_prefix("pie: listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+            .to_string();
+        // Keep draining stdout so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        let server = Server {
+            child,
+            url,
+            client: reqwest::Client::new(),
+        };
+        server.wait_healthy().await;
+        server
+    }
+
+    async fn wait_healthy(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(r) = self.client.get(self.url("/health")).send().await {
+                if r.status() == 200 {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "server never became healthy");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.url, path)
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .client
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let r = self.client.get(self.url(path)).send().await.unwrap();
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// One metric's value (summed over label sets) from /metrics.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = self
+            .client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        metric_value(&text, name)
+    }
+
+    /// Poll until `f` holds (or panic after 20 s).
+    pub async fn eventually<F: AsyncFnMut() -> bool>(&self, what: &str, mut f: F) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !f().await {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+pub fn metric_value(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(k, _)| *k == name || k.starts_with(&format!("{name}{{")))
+        .map(|(_, v)| v.trim().parse::<f64>().unwrap())
+        .sum()
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Read an SSE body: the `data:` payloads, in order.
+pub async fn sse_data(resp: reqwest::Response) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut buf = String::new();
+    let mut resp = resp;
+    while let Some(chunk) = resp.chunk().await.unwrap() {
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let event: String = buf.drain(..end + 2).collect();
+            out.extend(
+                event
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
+                    .map(str::to_string),
+            );
+        }
+    }
+    out
+}

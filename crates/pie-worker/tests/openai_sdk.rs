@@ -1,0 +1,67 @@
+//! The official OpenAI Python SDK, unmodified, against `pie serve`.
+//!
+//! Needs python3 with the `openai` package (`.ci/run` installs it and sets
+//! PIE_REQUIRE_OPENAI=1 so a missing SDK fails instead of skipping).
+
+mod common;
+
+use common::Server;
+use serde_json::Value;
+
+fn sdk_available() -> bool {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "import openai"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("PIE_REQUIRE_OPENAI").is_none(),
+            "python3 -m pip install openai"
+        );
+        eprintln!("skipping: the openai Python package is not installed");
+    }
+    ok
+}
+
+#[tokio::test]
+async fn openai_python_sdk_works_unmodified() {
+    if !sdk_available() {
+        return;
+    }
+    let s = Server::start("", &[]).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_sdk.py");
+    let url = s.url.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .arg(script)
+            .arg(url)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "sdk script failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(seen["completion_tokens"], 5);
+    assert!(!seen["completion_text"].as_str().unwrap().is_empty());
+    // Role chunk, content chunks, finish chunk, usage chunk.
+    assert!(seen["chunk_count"].as_u64().unwrap() >= 4, "{seen}");
+    assert_eq!(seen["stream_usage"], 6);
+    assert_eq!(seen["finish_reason"], "length");
+    // The SDK raises BadRequestError and hands over the inner `error` object.
+    assert_eq!(seen["bad_props"]["param"], "props.priority", "{seen}");
+    let id = seen["props_id"]
+        .as_str()
+        .unwrap()
+        .strip_prefix("chatcmpl-")
+        .unwrap();
+    let (_, process) = s.get(&format!("/v1/processes/{id}")).await;
+    assert_eq!(process["props"]["priority"], 3);
+    assert_eq!(process["props"]["tag"], "sdk");
+    assert_eq!(process["props"]["session"], "sdk-1");
+    assert_eq!(process["output"], seen["props_answer"]);
+}
