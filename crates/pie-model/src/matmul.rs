@@ -275,32 +275,40 @@ struct Acts {
 }
 
 impl Acts {
-    /// `order` is the weight's `kernel_order(k)`.
+    /// `order` is the weight's `kernel_order(k)`. Rows are independent, so a
+    /// prefill's thousands of blocks are quantised in parallel.
     fn quantize(x: &[f32], rows: usize, k_in: usize, order: &[u32]) -> Self {
         let k = order.len();
         let nbp = (k / BLOCK).next_multiple_of(GROUP);
         let mut a = Self {
             k,
             nbp,
-            qs: Vec::with_capacity(rows * k),
+            qs: vec![0; rows * k],
             d: vec![0.0; rows * nbp],
             s: vec![0.0; rows * nbp],
         };
-        let mut padded = vec![0f32; k];
-        let mut q = vec![0i8; k];
-        for (r, src) in x.chunks_exact(k_in).enumerate() {
-            padded[..k_in].copy_from_slice(src);
-            for (b, (x, q)) in padded
-                .chunks_exact(BLOCK)
-                .zip(q.chunks_exact_mut(BLOCK))
-                .enumerate()
-            {
-                let d = quantize_block(x, q);
-                a.d[r * nbp + b] = d;
-                a.s[r * nbp + b] = d * q.iter().map(|&v| v as i32).sum::<i32>() as f32;
-            }
-            a.qs.extend(order.iter().map(|&i| q[i as usize]));
-        }
+        a.qs.par_chunks_mut(k)
+            .zip(a.d.par_chunks_mut(nbp))
+            .zip(a.s.par_chunks_mut(nbp))
+            .zip(x.par_chunks(k_in))
+            .with_min_len(16)
+            .for_each_init(
+                || (vec![0f32; k], vec![0i8; k]),
+                |(padded, q), (((qs, d), s), src)| {
+                    padded[..k_in].copy_from_slice(src);
+                    for (b, (x, q)) in padded
+                        .chunks_exact(BLOCK)
+                        .zip(q.chunks_exact_mut(BLOCK))
+                        .enumerate()
+                    {
+                        d[b] = quantize_block(x, q);
+                        s[b] = d[b] * q.iter().map(|&v| v as i32).sum::<i32>() as f32;
+                    }
+                    for (dst, &i) in qs.iter_mut().zip(order) {
+                        *dst = q[i as usize];
+                    }
+                },
+            );
         a
     }
 }
