@@ -29,7 +29,7 @@ mod tests {
         #[test]
         fn order_is_arrival_then_id(arrivals in proptest::collection::vec(0u64..20, 0..30)) {
             let mut c: Vec<Candidate> = arrivals.iter().enumerate().map(|(i, &a)| Candidate {
-                seq: SeqId(100 - i as u64), arrival_ms: a, running: i % 2 == 0, prefill_tokens: i, props: Props::new(),
+                seq: SeqId(100 - i as u64), arrival_ms: a, running: i % 2 == 0, prefill_tokens: i, client: String::new(), props: Props::new(),
             }).collect();
             Fcfs.order(0, &mut c);
             for w in c.windows(2) {

@@ -1,6 +1,7 @@
 //! The worker-plane policy interface: which runnable sequence goes first.
 
 use pie_core::{Props, SeqId};
+use serde_json::Value;
 
 /// What a worker policy sees of one runnable sequence.
 #[derive(Clone, Debug, PartialEq)]
@@ -12,6 +13,8 @@ pub struct Candidate {
     pub running: bool,
     /// Prompt tokens still to prefill (0 when decoding).
     pub prefill_tokens: usize,
+    /// Who is served: the API key's name, else the `client` prop, else "anonymous".
+    pub client: String,
     /// The owning process's props as of this step.
     pub props: Props,
 }
@@ -25,4 +28,29 @@ pub trait WorkerPolicy: Send {
 
     /// Sort `candidates` most urgent first, at time `now_ms`.
     fn order(&mut self, now_ms: u64, candidates: &mut [Candidate]);
+
+    /// Service a sequence received in one step: prompt tokens computed and tokens
+    /// generated.
+    fn charge(&mut self, _candidate: &Candidate, _prefill_tokens: usize, _generated_tokens: usize) {
+    }
+
+    /// Whether a waiting sequence ordered before a running one may take its place
+    /// when `max_running` is reached (the running one is preempted).
+    fn preempts_for_slots(&self) -> bool {
+        false
+    }
+
+    /// Whether the sequence should be stopped now (e.g. its deadline passed).
+    fn abort(&self, _now_ms: u64, _candidate: &Candidate) -> bool {
+        false
+    }
+
+    /// A JSON summary of the policy's state for `GET /v1/policies`.
+    fn summary(&self) -> Value {
+        Value::Null
+    }
+
+    /// Take over state from the policy this one replaces (a config reload); the
+    /// argument is the old policy's `summary()`. Default: start fresh.
+    fn restore(&mut self, _previous_name: &str, _previous_summary: &Value) {}
 }

@@ -2,7 +2,7 @@
 //! process routes. The OpenAI-compatible routes are in [`crate::openai`].
 
 use std::convert::Infallible;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
@@ -26,7 +26,10 @@ use crate::runtime::{GenOptions, Inferlet, LaunchError, Runtime};
 #[derive(Clone)]
 pub struct AppState {
     pub runtime: Arc<OnceLock<Arc<Runtime>>>,
-    pub api_keys: Arc<Vec<ApiKey>>,
+    pub api_keys: Arc<RwLock<Vec<ApiKey>>>,
+    pub reloader: crate::serve::Reloader,
+    /// The configuration in force (updated by reloads).
+    pub config: Arc<RwLock<crate::config::Config>>,
 }
 
 impl AppState {
@@ -140,7 +143,12 @@ fn json_rejection(rejection: JsonRejection) -> ApiError {
 pub struct KeyName(pub String);
 
 async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    if state.api_keys.is_empty() || req.uri().path() == "/health" {
+    let keys = state
+        .api_keys
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if keys.is_empty() || req.uri().path() == "/health" {
         return next.run(req).await;
     }
     let presented = req
@@ -155,7 +163,7 @@ async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Re
         )
         .into_response();
     };
-    match state.api_keys.iter().find(|k| k.key == presented.trim()) {
+    match keys.iter().find(|k| k.key == presented.trim()) {
         Some(k) => {
             req.extensions_mut().insert(KeyName(k.name.clone()));
             next.run(req).await
@@ -192,6 +200,8 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         )
         .route("/v1/processes/{id}/events", get(process_events))
         .route("/v1/policies", get(policies))
+        .route("/v1/admin/reload", axum::routing::post(admin_reload))
+        .route("/v1/internal/prefill", axum::routing::post(peer_prefill))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(DefaultBodyLimit::max(max_body_bytes))
@@ -230,8 +240,59 @@ async fn policies(State(state): State<AppState>) -> Result<Json<Value>, ApiError
         .clone();
     Ok(Json(json!({
         "worker_policy": names,
-        "state": {"queued": rt.count_in(ProcState::Queued), "running": rt.count_in(ProcState::Running)},
+        "loaded_at_ms": rt.policies_loaded_ms.load(std::sync::atomic::Ordering::Relaxed),
+        "queued": rt.count_in(ProcState::Queued),
+        "running": rt.count_in(ProcState::Running),
+        "state": rt.policy_state().await,
     })))
+}
+
+async fn admin_reload(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    crate::serve::reload(&state).map(Json).map_err(|e| {
+        ApiError::bad_request(format!(
+            "config reload refused, the running configuration stays: {e}"
+        ))
+    })
+}
+
+#[derive(Deserialize)]
+struct PrefillBody {
+    tokens: Vec<u32>,
+}
+
+/// Offload target: prefill the tokens and return their full pages (see `offload`).
+async fn peer_prefill(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<PrefillBody>,
+) -> Result<Response, ApiError> {
+    let rt = state.runtime()?;
+    if body.tokens.is_empty() || body.tokens.len() >= rt.max_seq_tokens {
+        return Err(ApiError::bad_request(format!(
+            "tokens: need 1 to {} tokens, got {}",
+            rt.max_seq_tokens - 1,
+            body.tokens.len()
+        ))
+        .param("tokens"));
+    }
+    if let Some(bad) = body
+        .tokens
+        .iter()
+        .find(|t| **t as usize >= rt.model.config.vocab)
+    {
+        return Err(
+            ApiError::bad_request(format!("token id {bad} is outside the vocabulary"))
+                .param("tokens"),
+        );
+    }
+    let pages = rt
+        .prefill_for_peer(body.tokens)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        crate::offload::join_pages(&pages),
+    )
+        .into_response())
 }
 
 /// Sampling and length arguments shared by every way of starting generation.

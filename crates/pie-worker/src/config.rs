@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use pie_policy::{DeadlineConfig, FairConfig, KeepSessionConfig, OffloadConfig, PriorityConfig};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -69,6 +70,12 @@ pub struct RuntimeConfig {
     pub kv_memory: Option<ByteSize>,
     pub max_batch_tokens: usize,
     pub max_running: usize,
+    pub fair: FairConfig,
+    pub priority: PriorityConfig,
+    pub deadline: DeadlineConfig,
+    #[serde(rename = "keep-session")]
+    pub keep_session: KeepSessionConfig,
+    pub offload: OffloadConfig,
 }
 
 impl Default for RuntimeConfig {
@@ -80,6 +87,11 @@ impl Default for RuntimeConfig {
             kv_memory: None,
             max_batch_tokens: 512,
             max_running: 64,
+            fair: FairConfig::default(),
+            priority: PriorityConfig::default(),
+            deadline: DeadlineConfig::default(),
+            keep_session: KeepSessionConfig::default(),
+            offload: OffloadConfig::default(),
         }
     }
 }
@@ -200,7 +212,7 @@ impl Config {
     /// Checks serde cannot express. Returns the offending key and the problem.
     fn validate(&self) -> Result<(), (String, String)> {
         let rt = &self.runtime;
-        crate::policies::build(&rt.worker_policy.names())
+        crate::policies::WorkerPolicies::build(rt)
             .map_err(|e| ("runtime.worker_policy".to_string(), e))?;
         for (key, value) in [
             ("runtime.page_size", rt.page_size),
@@ -288,6 +300,27 @@ page_size = 16                     # tokens per KV page
 # kv_memory = "1GiB"              # ... in bytes (default 1GiB)
 max_batch_tokens = 512             # tokens per engine step (prefill chunks + decodes)
 max_running = 64                   # sequences holding KV pages at once
+
+# Policy options (used when the policy is listed in worker_policy).
+[runtime.fair]                     # VTC fair share across clients
+input_weight = 1.0                 # charge per prompt token
+output_weight = 2.0                # charge per generated token
+
+[runtime.priority]
+# aging_ms = 1000                 # +1 effective priority per aging_ms waited
+
+[runtime.deadline]
+on_miss = "continue"               # or "abort"
+
+[runtime.keep-session]
+# default_keep_ms = 30000         # keep a finished session's pages this long
+
+[runtime.offload]
+peers = []                         # peer worker URLs for prefill offload
+queue_tokens = 2048                # offload when waiting prefill tokens exceed this
+wait_ms = 2000                     # ... or the estimated prefill wait exceeds this
+timeout_ms = 10000                 # a slower peer is abandoned (prefill runs locally)
+# key = "sk-peer"                 # API key the peers accept
 "#;
 
 #[cfg(test)]

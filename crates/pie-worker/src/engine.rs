@@ -20,7 +20,7 @@ use anyhow::Result;
 use pie_core::{block_hashes, Props, SeqId};
 use pie_kv::{KvPool, PageTable, PoolStats};
 use pie_model::{Model, Sampler, SamplingParams, SeqInput};
-use pie_policy::{Candidate, WorkerPolicy};
+use pie_policy::{Candidate, KeepSession, WorkerPolicy};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
@@ -52,6 +52,8 @@ pub struct Request {
     /// Generate to `max_tokens` even past the model's end-of-turn tokens.
     pub ignore_eos: bool,
     pub arrival_ms: u64,
+    /// Who is served (fair share is per client).
+    pub client: String,
     /// The owning process's props (policies read them).
     pub props: Props,
 }
@@ -62,6 +64,8 @@ pub enum FinishReason {
     Stop,
     /// `max_tokens` were generated.
     Length,
+    /// The policy stopped it (e.g. its deadline passed with `on_miss = "abort"`).
+    Expired,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -110,7 +114,14 @@ struct Sequence {
     table: PageTable,
     arrival_ms: u64,
     cached_tokens: Option<usize>,
+    client: String,
     props: Props,
+}
+
+/// A finished session's pages kept for its next turn.
+struct Retained {
+    table: PageTable,
+    expires_ms: u64,
 }
 
 impl Sequence {
@@ -141,6 +152,8 @@ pub struct Engine {
     config: EngineConfig,
     pool: KvPool,
     policy: Box<dyn WorkerPolicy>,
+    keep: Option<KeepSession>,
+    retained: HashMap<String, Retained>,
     seqs: HashMap<SeqId, Sequence>,
     next_id: u64,
     counters: EngineCounters,
@@ -158,6 +171,8 @@ impl Engine {
             config,
             pool,
             policy,
+            keep: None,
+            retained: HashMap::new(),
             seqs: HashMap::new(),
             next_id: 0,
             counters: EngineCounters::default(),
@@ -192,8 +207,20 @@ impl Engine {
         self.policy.name()
     }
 
-    pub fn set_policy(&mut self, policy: Box<dyn WorkerPolicy>) {
+    /// Swap the ordering policy at a step boundary; the new one may take over the
+    /// old one's state (see `WorkerPolicy::restore`).
+    pub fn set_policy(&mut self, mut policy: Box<dyn WorkerPolicy>) {
+        policy.restore(self.policy.name(), &self.policy.summary());
         self.policy = policy;
+    }
+
+    /// Turn keep-session on or off; retained sessions stay until they expire.
+    pub fn set_keep_session(&mut self, keep: Option<KeepSession>) {
+        self.keep = keep;
+    }
+
+    pub fn policy_summary(&self) -> serde_json::Value {
+        self.policy.summary()
     }
 
     pub fn has_work(&self) -> bool {
@@ -244,6 +271,7 @@ impl Engine {
             table: PageTable::new(),
             arrival_ms: req.arrival_ms,
             cached_tokens: None,
+            client: req.client,
             props: req.props,
         };
         Ok(self.insert(seq))
@@ -280,6 +308,7 @@ impl Engine {
             table,
             arrival_ms,
             cached_tokens: Some(0),
+            client: p.client.clone(),
             props: p.props.clone(),
         };
         Ok(self.insert(seq))
@@ -308,8 +337,11 @@ impl Engine {
     /// Run one engine step at time `now_ms`.
     pub fn step(&mut self, now_ms: u64) -> Result<StepOutput> {
         let mut out = StepOutput::default();
+        self.expire_retained(now_ms);
+        self.abort_expired(now_ms, &mut out);
         let plan = self.plan(now_ms, &mut out.started);
         if plan.is_empty() {
+            self.finish_all(now_ms, &out);
             return Ok(out);
         }
         let inputs: Vec<SeqInput> = plan
@@ -337,43 +369,147 @@ impl Engine {
             self.counters.prefill_tokens += prefill as u64;
             self.counters.decode_tokens += (n - prefill) as u64;
             seq.table.commit(&mut self.pool, &seq.tokens, new_len);
-            if new_len < seq.tokens.len() {
-                continue;
+            let mut generated = 0;
+            if new_len == seq.tokens.len() {
+                let token = seq
+                    .sampler
+                    .sample(&logits.next().expect("logits for every finished chunk"));
+                let finish = if seq.stop_tokens.contains(&token) {
+                    Some(FinishReason::Stop)
+                } else {
+                    seq.tokens.push(token);
+                    out.tokens.push((id, token));
+                    generated = 1;
+                    (seq.generated() >= seq.max_tokens).then_some(FinishReason::Length)
+                };
+                if let Some(reason) = finish {
+                    out.finished.push((id, reason, seq.info()));
+                }
             }
-            let token = seq
-                .sampler
-                .sample(&logits.next().expect("logits for every finished chunk"));
-            let finish = if seq.stop_tokens.contains(&token) {
-                Some(FinishReason::Stop)
-            } else {
-                seq.tokens.push(token);
-                out.tokens.push((id, token));
-                self.counters.generated_tokens += 1;
-                (seq.generated() >= seq.max_tokens).then_some(FinishReason::Length)
-            };
-            if let Some(reason) = finish {
-                out.finished.push((id, reason, seq.info()));
-            }
+            self.counters.generated_tokens += generated as u64;
+            let candidate = self.candidate(id);
+            self.policy.charge(&candidate, prefill, generated);
         }
-        for (id, _, _) in &out.finished {
-            self.abort(*id);
-        }
+        self.finish_all(now_ms, &out);
         Ok(out)
+    }
+
+    fn candidate(&self, seq: SeqId) -> Candidate {
+        let s = &self.seqs[&seq];
+        Candidate {
+            seq,
+            arrival_ms: s.arrival_ms,
+            running: !s.table.pages().is_empty(),
+            prefill_tokens: s.prompt_len.saturating_sub(s.table.len()),
+            client: s.client.clone(),
+            props: s.props.clone(),
+        }
+    }
+
+    /// Stop the sequences the policy gives up on (e.g. deadline passed).
+    fn abort_expired(&mut self, now_ms: u64, out: &mut StepOutput) {
+        let expired: Vec<SeqId> = self
+            .seqs
+            .keys()
+            .copied()
+            .filter(|&id| self.policy.abort(now_ms, &self.candidate(id)))
+            .collect();
+        for id in expired {
+            out.finished
+                .push((id, FinishReason::Expired, self.seqs[&id].info()));
+        }
+    }
+
+    /// Remove finished sequences: their pages are retained for their session (per
+    /// keep-session) or released to the prefix cache.
+    fn finish_all(&mut self, now_ms: u64, out: &StepOutput) {
+        for &(id, reason, _) in &out.finished {
+            let Some(mut seq) = self.seqs.remove(&id) else {
+                continue;
+            };
+            let retention = self
+                .keep
+                .as_ref()
+                .filter(|_| reason != FinishReason::Expired)
+                .and_then(|k| k.retention(&seq.props, now_ms));
+            match retention {
+                Some(r) => {
+                    let table = std::mem::take(&mut seq.table);
+                    if let Some(mut old) = self.retained.insert(
+                        r.session,
+                        Retained {
+                            table,
+                            expires_ms: r.expires_ms,
+                        },
+                    ) {
+                        old.table.release(&mut self.pool);
+                    }
+                }
+                None => seq.table.release(&mut self.pool),
+            }
+        }
+    }
+
+    /// Retention past its time falls back to the ordinary LRU cache.
+    fn expire_retained(&mut self, now_ms: u64) {
+        let expired: Vec<String> = self
+            .retained
+            .iter()
+            .filter(|(_, r)| r.expires_ms <= now_ms)
+            .map(|(s, _)| s.clone())
+            .collect();
+        for session in expired {
+            self.drop_retained(&session);
+        }
+    }
+
+    fn drop_retained(&mut self, session: &str) {
+        if let Some(mut r) = self.retained.remove(session) {
+            r.table.release(&mut self.pool);
+        }
+    }
+
+    /// Sessions whose pages are retained: (session, pages, expiry ms).
+    pub fn retained_sessions(&self) -> Vec<(String, usize, u64)> {
+        let mut v: Vec<_> = self
+            .retained
+            .iter()
+            .map(|(s, r)| (s.clone(), r.table.pages().len(), r.expires_ms))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Prompt tokens admitted but not yet prefilled.
+    pub fn waiting_prefill_tokens(&self) -> usize {
+        self.seqs
+            .values()
+            .map(|s| s.prompt_len.saturating_sub(s.table.len()))
+            .sum()
+    }
+
+    /// Export the cached full pages of `tokens`' prefix (for offload to a peer).
+    pub fn export_prefix(&self, tokens: &[u32]) -> Vec<Vec<u8>> {
+        let hashes = block_hashes(self.pool.fingerprint(), tokens, self.config.page_size);
+        self.pool
+            .longest_prefix(&hashes)
+            .into_iter()
+            .filter_map(|page| pie_kv::transfer::export_page(&self.pool, page).ok())
+            .collect()
+    }
+
+    /// Import pages exported by a peer; returns how many were accepted.
+    pub fn import_pages(&mut self, pages: &[Vec<u8>]) -> usize {
+        pages
+            .iter()
+            .filter(|bytes| pie_kv::transfer::import_page(&mut self.pool, bytes).is_ok())
+            .count()
     }
 
     /// Pick this step's (sequence, token count) pairs and reserve their pages.
     fn plan(&mut self, now_ms: u64, started: &mut Vec<SeqId>) -> Vec<(SeqId, usize)> {
-        let mut candidates: Vec<Candidate> = self
-            .seqs
-            .iter()
-            .map(|(&seq, s)| Candidate {
-                seq,
-                arrival_ms: s.arrival_ms,
-                running: !s.table.pages().is_empty(),
-                prefill_tokens: s.prompt_len.saturating_sub(s.table.len()),
-                props: s.props.clone(),
-            })
-            .collect();
+        let mut candidates: Vec<Candidate> =
+            self.seqs.keys().map(|&id| self.candidate(id)).collect();
         self.policy.order(now_ms, &mut candidates);
         let order: Vec<SeqId> = candidates.iter().map(|c| c.seq).collect();
         let mut running = candidates.iter().filter(|c| c.running).count();
@@ -387,7 +523,11 @@ impl Engine {
             let mut hit = 0;
             if !was_running {
                 if running >= self.config.max_running {
-                    continue;
+                    if !(self.policy.preempts_for_slots() && self.preempt_last(&order[rank + 1..]))
+                    {
+                        continue;
+                    }
+                    running -= 1;
                 }
                 hit = self.attach_prefix(id);
             }
@@ -436,37 +576,61 @@ impl Engine {
         }
     }
 
-    /// Reserve pages for up to `budget` of the sequence's next tokens, preempting
-    /// running sequences from the back of `later` when the pool is short. Returns
-    /// how many tokens it may compute, or None if not even one fits.
+    /// Preempt the running sequence ordered last among `later`; false if none runs.
+    fn preempt_last(&mut self, later: &[SeqId]) -> bool {
+        let Some(&victim) = later
+            .iter()
+            .rev()
+            .find(|v| !self.seqs[v].table.pages().is_empty())
+        else {
+            return false;
+        };
+        self.seqs
+            .get_mut(&victim)
+            .expect("exists")
+            .table
+            .release(&mut self.pool);
+        self.counters.preemptions += 1;
+        true
+    }
+
+    /// Reserve pages for up to `budget` of the sequence's next tokens. When the pool
+    /// is short, retained sessions go first (soonest expiry first), then running
+    /// sequences from the back of `later` are preempted. Returns how many tokens it
+    /// may compute, or None if not even one fits.
     fn reserve(&mut self, id: SeqId, budget: usize, later: &[SeqId]) -> Option<usize> {
         let page_size = self.config.page_size;
-        let mut victims = later.iter().rev().copied();
+        let mut victims = later.to_vec();
         loop {
             let seq = &self.seqs[&id];
             let len = seq.table.len();
             let want = (seq.tokens.len() - len).min(budget);
             // Tokens that fit in the pages it has plus every page the pool can give.
             let room = (seq.table.pages().len() + self.pool.available()) * page_size - len;
-            if room >= want || victims.len() == 0 {
-                let n = want.min(room);
-                if n == 0 {
-                    return None;
+            let soonest = self
+                .retained
+                .iter()
+                .min_by_key(|(_, r)| r.expires_ms)
+                .map(|(s, _)| s.clone());
+            if room < want {
+                if let Some(session) = soonest {
+                    self.drop_retained(&session);
+                    continue;
                 }
-                let seq = self.seqs.get_mut(&id).expect("exists");
-                seq.table
-                    .reserve(&mut self.pool, len + n)
-                    .expect("room was checked");
-                return Some(n);
+                if self.preempt_last(&victims) {
+                    victims.retain(|v| !self.seqs[v].table.pages().is_empty());
+                    continue;
+                }
             }
-            if let Some(victim) = victims.find(|v| !self.seqs[v].table.pages().is_empty()) {
-                self.seqs
-                    .get_mut(&victim)
-                    .expect("exists")
-                    .table
-                    .release(&mut self.pool);
-                self.counters.preemptions += 1;
+            let n = want.min(room);
+            if n == 0 {
+                return None;
             }
+            let seq = self.seqs.get_mut(&id).expect("exists");
+            seq.table
+                .reserve(&mut self.pool, len + n)
+                .expect("room was checked");
+            return Some(n);
         }
     }
 }

@@ -5,6 +5,7 @@ pub mod config;
 pub mod engine;
 pub mod fetch;
 pub mod metrics;
+pub mod offload;
 pub mod openai;
 pub mod policies;
 pub mod process;

@@ -65,7 +65,7 @@ enum Cmd {
     },
 }
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 struct ServeArgs {
     /// config.toml; flags below override it.
     #[arg(long)]
@@ -93,26 +93,27 @@ struct ServeArgs {
 }
 
 impl ServeArgs {
-    fn config(self) -> Result<Config> {
-        let mut c = match &self.config {
+    fn config(&self) -> Result<Config> {
+        let me = self.clone();
+        let mut c = match &me.config {
             Some(path) => Config::load(path)?,
             None => Config::default(),
         };
         let (s, rt) = (&mut c.server, &mut c.runtime);
-        s.host = self.host.unwrap_or(s.host.clone());
-        s.port = self.port.unwrap_or(s.port);
-        s.max_queued = self.max_queued.unwrap_or(s.max_queued);
-        c.model.path = self.model.or(c.model.path.take());
-        if let Some(names) = self.worker_policy {
+        s.host = me.host.unwrap_or(s.host.clone());
+        s.port = me.port.unwrap_or(s.port);
+        s.max_queued = me.max_queued.unwrap_or(s.max_queued);
+        c.model.path = me.model.or(c.model.path.take());
+        if let Some(names) = me.worker_policy {
             rt.worker_policy = PolicyList::Many(names);
         }
-        if let Some(pages) = self.kv_pages {
+        if let Some(pages) = me.kv_pages {
             rt.kv_pages = Some(pages);
             rt.kv_memory = None;
         }
-        rt.page_size = self.page_size.unwrap_or(rt.page_size);
-        rt.max_batch_tokens = self.max_batch_tokens.unwrap_or(rt.max_batch_tokens);
-        rt.max_running = self.max_running.unwrap_or(rt.max_running);
+        rt.page_size = me.page_size.unwrap_or(rt.page_size);
+        rt.max_batch_tokens = me.max_batch_tokens.unwrap_or(rt.max_batch_tokens);
+        rt.max_running = me.max_running.unwrap_or(rt.max_running);
         // Flags go through the same checks as the file.
         let text = toml::to_string(&c)?;
         Ok(Config::parse(
@@ -198,10 +199,11 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Cmd::Serve(args) => {
             let config = args.config()?;
+            let reloader: pie_worker::serve::Reloader = std::sync::Arc::new(move || args.config());
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?
-                .block_on(pie_worker::serve::serve(config))
+                .block_on(pie_worker::serve::serve(config, reloader))
         }
         Cmd::Config {
             command: ConfigCmd::Init { out, force },
@@ -282,6 +284,7 @@ fn run(
         stop_tokens: vec![],
         ignore_eos: false,
         arrival_ms: 0,
+        client: String::new(),
         props: Default::default(),
     })?;
     let mut decoder = IncrementalDecoder::default();
@@ -331,6 +334,7 @@ fn engine_bench(
         stop_tokens: vec![],
         ignore_eos: true,
         arrival_ms: 0,
+        client: String::new(),
         props: Default::default(),
     };
 

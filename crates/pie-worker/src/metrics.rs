@@ -31,6 +31,9 @@ pub struct Metrics {
     pub ttft: Histogram,
     pub inter_token: Histogram,
     pub config_reload_failures: Counter,
+    pub deadline_misses: Counter,
+    pub offloaded_prefills: Counter,
+    pub offload_failures: Counter,
 }
 
 impl Default for Metrics {
@@ -57,6 +60,9 @@ impl Metrics {
             ttft: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             inter_token: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             config_reload_failures: Counter::default(),
+            deadline_misses: Counter::default(),
+            offloaded_prefills: Counter::default(),
+            offload_failures: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("requests", "Requests by final status", m.requests.clone());
@@ -120,6 +126,21 @@ impl Metrics {
             "config_reload_failures",
             "Config reloads refused as invalid",
             m.config_reload_failures.clone(),
+        );
+        registry.register(
+            "deadline_misses",
+            "Processes that ended after their deadline-ms",
+            m.deadline_misses.clone(),
+        );
+        registry.register(
+            "offloaded_prefills",
+            "Prefills computed by a peer worker",
+            m.offloaded_prefills.clone(),
+        );
+        registry.register(
+            "offload_failures",
+            "Offloads that failed and ran locally",
+            m.offload_failures.clone(),
         );
         Self { registry, ..m }
     }

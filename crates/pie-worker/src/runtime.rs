@@ -2,18 +2,20 @@
 //! built-in inferlets that drive generation for each process.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use pie_core::{Props, SeqId};
 use pie_model::{ChatMessage, IncrementalDecoder, Model, SamplingParams};
-use pie_policy::WorkerPolicy;
+use pie_policy::{KeepSession, Offload, WorkerPolicy};
+use serde_json::{json, Value};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::engine::{Engine, EngineCounters, FinishReason, Request, SeqInfo};
 use crate::metrics::Metrics;
+use crate::policies::WorkerPolicies;
 use crate::process::{now_ms, ProcEvent, ProcState, Process};
 
 /// What the engine thread reports to one sequence's driver.
@@ -33,7 +35,26 @@ enum Command {
     },
     Abort(SeqId),
     SetProps(SeqId, Props),
-    SetPolicy(Box<dyn WorkerPolicy>),
+    SetPolicies {
+        ordering: Box<dyn WorkerPolicy>,
+        keep_session: Option<KeepSession>,
+    },
+    Summary(oneshot::Sender<Value>),
+    ExportPrefix {
+        tokens: Vec<u32>,
+        reply: oneshot::Sender<Vec<Vec<u8>>>,
+    },
+    ImportPages {
+        pages: Vec<Vec<u8>>,
+        reply: oneshot::Sender<usize>,
+    },
+}
+
+/// Engine load published after every engine iteration, read by offload.
+#[derive(Default)]
+struct Load {
+    waiting_prefill_tokens: AtomicUsize,
+    prefill_tokens_per_s: AtomicU64,
 }
 
 /// A built-in inferlet and its input.
@@ -82,7 +103,8 @@ const MAX_PROCESS_RECORDS: usize = 10_000;
 
 pub struct RuntimeSettings {
     pub model_name: String,
-    pub max_queued: usize,
+    /// Reloadable: processes waiting to start before the API answers 429.
+    pub max_queued: AtomicUsize,
 }
 
 pub struct Runtime {
@@ -92,6 +114,12 @@ pub struct Runtime {
     /// Tokens one sequence may hold (prompt + output).
     pub max_seq_tokens: usize,
     pub policy_names: Mutex<Vec<String>>,
+    /// When the active policies were configured (unix ms).
+    pub policies_loaded_ms: AtomicU64,
+    offload: Mutex<Option<Offload>>,
+    offloads: AtomicU64,
+    load: Arc<Load>,
+    http: reqwest::Client,
     commands: std_mpsc::Sender<Command>,
     processes: Mutex<HashMap<String, Arc<Process>>>,
     sessions: Mutex<HashMap<String, Vec<ChatMessage>>>,
@@ -101,25 +129,33 @@ pub struct Runtime {
 impl Runtime {
     /// Start the engine thread; the runtime lives as long as the server.
     pub fn start(
-        engine: Engine,
+        mut engine: Engine,
         settings: RuntimeSettings,
-        policy_names: Vec<String>,
+        policies: WorkerPolicies,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         let (tx, rx) = std_mpsc::channel();
         let model = engine.model().clone();
         let max_seq_tokens = engine.max_sequence_tokens().0;
-        let thread_metrics = metrics.clone();
+        engine.set_policy(policies.ordering);
+        engine.set_keep_session(policies.keep_session);
+        let load = Arc::new(Load::default());
+        let (thread_metrics, thread_load) = (metrics.clone(), load.clone());
         std::thread::Builder::new()
             .name("pie-engine".into())
-            .spawn(move || engine_loop(engine, rx, &thread_metrics))
+            .spawn(move || engine_loop(engine, rx, &thread_metrics, &thread_load))
             .expect("spawning the engine thread");
         Arc::new(Self {
             model,
             settings,
             metrics,
             max_seq_tokens,
-            policy_names: Mutex::new(policy_names),
+            policy_names: Mutex::new(policies.names),
+            policies_loaded_ms: AtomicU64::new(now_ms()),
+            offload: Mutex::new(policies.offload),
+            offloads: AtomicU64::new(0),
+            load,
+            http: reqwest::Client::new(),
             commands: tx,
             processes: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
@@ -132,9 +168,122 @@ impl Runtime {
         let _ = self.commands.send(cmd);
     }
 
-    pub fn set_policy(&self, policy: Box<dyn WorkerPolicy>, names: Vec<String>) {
-        self.send(Command::SetPolicy(policy));
-        *self.policy_names.lock().unwrap_or_else(|e| e.into_inner()) = names;
+    /// Swap the worker policies at the engine's next step boundary. The new ordering
+    /// policy takes over the old one's state where it is the same kind (fair keeps
+    /// its counters); retained sessions stay until they expire.
+    pub fn apply_policies(&self, policies: WorkerPolicies) {
+        self.send(Command::SetPolicies {
+            ordering: policies.ordering,
+            keep_session: policies.keep_session,
+        });
+        *self.offload.lock().unwrap_or_else(|e| e.into_inner()) = policies.offload;
+        *self.policy_names.lock().unwrap_or_else(|e| e.into_inner()) = policies.names;
+        self.policies_loaded_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// The policies' state: the ordering policy's summary and retained sessions.
+    pub async fn policy_state(&self) -> Value {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Summary(tx));
+        rx.await.unwrap_or(Value::Null)
+    }
+
+    /// Prefill `tokens` for a peer and return their full pages in export format.
+    pub async fn prefill_for_peer(
+        self: &Arc<Self>,
+        tokens: Vec<u32>,
+    ) -> Result<Vec<Vec<u8>>, String> {
+        let req = Request {
+            prompt: tokens.clone(),
+            max_tokens: 1,
+            sampling: SamplingParams::default(),
+            stop_tokens: Vec::new(),
+            ignore_eos: true,
+            arrival_ms: now_ms(),
+            client: "peer".into(),
+            props: Props::new(),
+        };
+        let (events_tx, mut events) = mpsc::unbounded_channel();
+        let (reply_tx, reply) = oneshot::channel();
+        self.send(Command::Add {
+            req,
+            events: events_tx,
+            reply: reply_tx,
+        });
+        reply.await.map_err(|_| "the engine stopped".to_string())?;
+        while let Some(e) = events.recv().await {
+            match e {
+                SeqEvent::Finished(..) => break,
+                SeqEvent::Failed(err) => return Err(err),
+                _ => {}
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::ExportPrefix { tokens, reply: tx });
+        rx.await.map_err(|_| "the engine stopped".to_string())
+    }
+
+    /// Offload a prompt's prefill to a peer when busy; true if its pages arrived.
+    /// Any failure leaves the prefill to run locally.
+    async fn offload_prefill(&self, prompt: &[u32]) -> bool {
+        let (peer, timeout, key) = {
+            let offload = self.offload.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(o) = offload.as_ref() else {
+                return false;
+            };
+            let waiting = self.load.waiting_prefill_tokens.load(Ordering::Relaxed) + prompt.len();
+            let rate = f64::from_bits(self.load.prefill_tokens_per_s.load(Ordering::Relaxed));
+            if !o.should_offload(waiting, rate) {
+                return false;
+            }
+            let n = self.offloads.fetch_add(1, Ordering::Relaxed) as usize;
+            (
+                o.peer(n).unwrap_or_default().to_string(),
+                o.config.timeout_ms,
+                o.config.key.clone(),
+            )
+        };
+        match self.fetch_peer_pages(&peer, prompt, timeout, key).await {
+            Ok(pages) => {
+                let (tx, rx) = oneshot::channel();
+                self.send(Command::ImportPages { pages, reply: tx });
+                let imported = rx.await.unwrap_or(0);
+                self.metrics.offloaded_prefills.inc();
+                tracing::debug!(peer, imported, "prefill offloaded");
+                true
+            }
+            Err(e) => {
+                self.metrics.offload_failures.inc();
+                tracing::warn!(peer, error = %e, "prefill offload failed; prefilling locally");
+                false
+            }
+        }
+    }
+
+    async fn fetch_peer_pages(
+        &self,
+        peer: &str,
+        prompt: &[u32],
+        timeout_ms: u64,
+        key: Option<String>,
+    ) -> Result<Vec<Vec<u8>>, String> {
+        let mut req = self
+            .http
+            .post(format!(
+                "{}/v1/internal/prefill",
+                peer.trim_end_matches('/')
+            ))
+            .json(&json!({"tokens": prompt}))
+            .timeout(std::time::Duration::from_millis(timeout_ms));
+        if let Some(key) = key {
+            req = req.bearer_auth(key);
+        }
+        let resp = req.send().await.map_err(|e| e.to_string())?;
+        if !resp.status().is_success() {
+            return Err(format!("peer answered {}", resp.status()));
+        }
+        let body = resp.bytes().await.map_err(|e| e.to_string())?;
+        crate::offload::split_pages(&body)
     }
 
     pub fn process(&self, id: &str) -> Option<Arc<Process>> {
@@ -202,7 +351,7 @@ impl Runtime {
         client: String,
     ) -> Result<(Arc<Process>, broadcast::Receiver<ProcEvent>), LaunchError> {
         let queued = self.count_in(ProcState::Queued);
-        if queued >= self.settings.max_queued {
+        if queued >= self.settings.max_queued.load(Ordering::Relaxed) {
             self.metrics.count_request("rejected_overload");
             return Err(LaunchError::Overloaded(queued));
         }
@@ -233,6 +382,7 @@ impl Runtime {
         let (_, events) = process.watch();
         self.register(process.clone());
         let req = Request {
+            client: process.client.clone(),
             prompt,
             max_tokens: opts.max_tokens.unwrap_or(usize::MAX),
             sampling: opts.sampling.clone(),
@@ -325,6 +475,7 @@ struct Driver {
 
 impl Driver {
     async fn run(self, req: Request) {
+        self.rt.offload_prefill(&req.prompt).await;
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let (reply_tx, reply) = oneshot::channel();
         self.rt.send(Command::Add {
@@ -377,11 +528,16 @@ impl Driver {
                         return;
                     }
                 }
+                SeqEvent::Finished(FinishReason::Expired, _) => {
+                    self.fail("the deadline passed (deadline-ms) and on_miss = \"abort\"".into());
+                    return;
+                }
                 SeqEvent::Finished(reason, info) => {
                     self.process.push_text(text.flush(), info.generated_tokens);
-                    self.complete(match reason {
-                        FinishReason::Stop => "stop",
-                        FinishReason::Length => "length",
+                    self.complete(if reason == FinishReason::Stop {
+                        "stop"
+                    } else {
+                        "length"
                     });
                     return;
                 }
@@ -398,6 +554,7 @@ impl Driver {
             return;
         }
         self.rt.metrics.count_request("finished");
+        self.count_deadline_miss();
         if let Some((session, mut messages)) = self.session_messages.clone() {
             messages.push(ChatMessage {
                 role: "assistant".into(),
@@ -418,6 +575,16 @@ impl Driver {
     fn fail(&self, error: String) {
         if self.process.finish(ProcState::Failed, None, Some(error)) {
             self.rt.metrics.count_request("failed");
+            self.count_deadline_miss();
+        }
+    }
+
+    fn count_deadline_miss(&self) {
+        let d = self.process.snapshot();
+        if let (Some(deadline), Some(done)) = (d.props.int("deadline-ms"), d.finished_ms) {
+            if done > d.created_ms.saturating_add(deadline.max(0) as u64) {
+                self.rt.metrics.deadline_misses.inc();
+            }
         }
     }
 }
@@ -509,14 +676,27 @@ impl RateWindow {
     }
 }
 
-fn engine_loop(mut engine: Engine, commands: std_mpsc::Receiver<Command>, metrics: &Metrics) {
+fn engine_loop(
+    mut engine: Engine,
+    commands: std_mpsc::Receiver<Command>,
+    metrics: &Metrics,
+    load: &Load,
+) {
     let mut subs: HashMap<SeqId, mpsc::UnboundedSender<SeqEvent>> = HashMap::new();
     let mut rate = RateWindow {
+        samples: VecDeque::new(),
+    };
+    let mut prefill_rate = RateWindow {
         samples: VecDeque::new(),
     };
     let mut reported = engine.counters();
     loop {
         report(&engine, metrics, &mut reported, &mut rate);
+        load.waiting_prefill_tokens
+            .store(engine.waiting_prefill_tokens(), Ordering::Relaxed);
+        let prefill_per_s = prefill_rate.record(Instant::now(), engine.counters().prefill_tokens);
+        load.prefill_tokens_per_s
+            .store(prefill_per_s.to_bits(), Ordering::Relaxed);
         if !engine.has_work() {
             metrics.tokens_per_second.set(0.0);
             match commands.recv() {
@@ -588,7 +768,23 @@ fn apply(
         Command::SetProps(id, props) => {
             engine.set_props(id, props);
         }
-        Command::SetPolicy(policy) => engine.set_policy(policy),
+        Command::SetPolicies {
+            ordering,
+            keep_session,
+        } => {
+            engine.set_policy(ordering);
+            engine.set_keep_session(keep_session);
+        }
+        Command::Summary(reply) => {
+            let retained: Vec<Value> = engine.retained_sessions().into_iter().map(|(session, pages, expires_ms)| json!({"session": session, "pages": pages, "expires_ms": expires_ms})).collect();
+            let _ = reply.send(json!({"ordering": engine.policy_name(), "ordering_state": engine.policy_summary(), "retained_sessions": retained}));
+        }
+        Command::ExportPrefix { tokens, reply } => {
+            let _ = reply.send(engine.export_prefix(&tokens));
+        }
+        Command::ImportPages { pages, reply } => {
+            let _ = reply.send(engine.import_pages(&pages));
+        }
     }
 }
 

@@ -1,23 +1,30 @@
-//! `pie serve`: bind, load the model, start the runtime, serve the API.
+//! `pie serve`: bind, load the model, start the runtime, serve the API, reload on
+//! SIGHUP.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock, RwLock};
 
 use anyhow::{Context, Result};
 use pie_model::Model;
+use serde_json::{json, Value};
 
 use crate::api::{router, AppState};
 use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
 use crate::fetch;
 use crate::metrics::Metrics;
+use crate::policies::WorkerPolicies;
 use crate::runtime::{Runtime, RuntimeSettings};
+
+/// Reads the configuration again (the file plus the command line's overrides).
+pub type Reloader = Arc<dyn Fn() -> Result<Config> + Send + Sync>;
 
 /// Serve until the process is stopped. Prints `pie: listening on http://ADDR`
 /// as soon as the port is bound (tests and scripts wait for that line), then
 /// loads the model; `/health` answers 503 until it is ready.
-pub async fn serve(config: Config) -> Result<()> {
+pub async fn serve(config: Config, reloader: Reloader) -> Result<()> {
     let api_keys = config.api_keys()?;
     let addr = format!("{}:{}", config.server.host, config.server.port);
     let listener = tokio::net::TcpListener::bind(&addr)
@@ -27,7 +34,9 @@ pub async fn serve(config: Config) -> Result<()> {
     println!("pie: listening on http://{local}");
     let state = AppState {
         runtime: Arc::new(OnceLock::new()),
-        api_keys: Arc::new(api_keys),
+        api_keys: Arc::new(RwLock::new(api_keys)),
+        reloader,
+        config: Arc::new(RwLock::new(config.clone())),
     };
     let app = router(state.clone(), config.server.max_body_bytes);
     let loader = tokio::task::spawn_blocking(move || start_runtime(&config));
@@ -35,8 +44,89 @@ pub async fn serve(config: Config) -> Result<()> {
     let runtime = loader.await.context("model loading panicked")??;
     let _ = state.runtime.set(runtime);
     println!("pie: ready");
+    tokio::spawn(reload_on_sighup(state));
     server.await.context("server task panicked")??;
     Ok(())
+}
+
+#[cfg(unix)]
+async fn reload_on_sighup(state: AppState) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP; use POST /v1/admin/reload");
+        return;
+    };
+    while hup.recv().await.is_some() {
+        let _ = reload(&state);
+    }
+}
+
+#[cfg(not(unix))]
+async fn reload_on_sighup(_state: AppState) {}
+
+/// Apply a fresh configuration. Reloadable: `[runtime] worker_policy` and the
+/// policy sections, `[server] max_queued`, the API keys. Other changes are
+/// reported and need a restart. An invalid file keeps everything as it was.
+pub fn reload(state: &AppState) -> Result<Value, String> {
+    let Some(rt) = state.runtime.get() else {
+        return Err("the model is still loading".into());
+    };
+    let fresh =
+        (state.reloader)().and_then(|c| c.api_keys().map(|k| (c, k)).map_err(anyhow::Error::from));
+    let (config, keys) = match fresh {
+        Ok(v) => v,
+        Err(e) => {
+            rt.metrics.config_reload_failures.inc();
+            tracing::error!("config reload refused, keeping the running configuration: {e:#}");
+            return Err(format!("{e:#}"));
+        }
+    };
+    let policies = WorkerPolicies::build(&config.runtime).map_err(|e| e.to_string())?;
+    let old = state
+        .config
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let restart_needed = restart_only_changes(&old, &config);
+    for key in &restart_needed {
+        tracing::warn!("config reload: `{key}` changed but needs a restart to apply");
+    }
+    rt.apply_policies(policies);
+    rt.settings
+        .max_queued
+        .store(config.server.max_queued, Ordering::Relaxed);
+    *state.api_keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
+    *state.config.write().unwrap_or_else(|e| e.into_inner()) = config.clone();
+    tracing::info!(policies = ?config.runtime.worker_policy.names(), "config reloaded");
+    Ok(
+        json!({"reloaded": true, "worker_policy": config.runtime.worker_policy.names(), "needs_restart": restart_needed}),
+    )
+}
+
+fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
+    let (o, n) = (&old.runtime, &new.runtime);
+    [
+        ("server.host", old.server.host != new.server.host),
+        ("server.port", old.server.port != new.server.port),
+        (
+            "server.max_body_bytes",
+            old.server.max_body_bytes != new.server.max_body_bytes,
+        ),
+        ("model", old.model != new.model),
+        ("runtime.page_size", o.page_size != n.page_size),
+        (
+            "runtime.kv_pages",
+            o.kv_pages != n.kv_pages || o.kv_memory != n.kv_memory,
+        ),
+        (
+            "runtime.max_batch_tokens",
+            o.max_batch_tokens != n.max_batch_tokens,
+        ),
+        ("runtime.max_running", o.max_running != n.max_running),
+    ]
+    .into_iter()
+    .filter_map(|(k, changed)| changed.then_some(k))
+    .collect()
 }
 
 fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
@@ -54,8 +144,7 @@ fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
         max_batch_tokens: rt.max_batch_tokens,
         max_running: rt.max_running,
     };
-    let names = rt.worker_policy.names();
-    let policy = crate::policies::build(&names).map_err(anyhow::Error::msg)?;
+    let policies = WorkerPolicies::build(rt).map_err(anyhow::Error::msg)?;
     let model_name = config.model.name.clone().unwrap_or_else(|| {
         path.file_stem().map_or("model".into(), |s| {
             s.to_string_lossy()
@@ -65,15 +154,15 @@ fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
                 .to_string()
         })
     });
-    let engine = Engine::new(model, engine_config, policy);
+    let engine = Engine::new(model, engine_config, Box::new(pie_policy::Fcfs));
     let settings = RuntimeSettings {
         model_name,
-        max_queued: config.server.max_queued,
+        max_queued: config.server.max_queued.into(),
     };
     Ok(Runtime::start(
         engine,
         settings,
-        names,
+        policies,
         Arc::new(Metrics::new()),
     ))
 }

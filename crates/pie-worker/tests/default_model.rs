@@ -41,6 +41,7 @@ fn greedy(model: &Arc<Model>, text: &str, max_tokens: usize) -> String {
             stop_tokens: vec![],
             ignore_eos: false,
             arrival_ms: 0,
+            client: String::new(),
             props: Default::default(),
         })
         .unwrap();

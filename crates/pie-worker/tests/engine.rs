@@ -50,6 +50,7 @@ fn request(prompt: &[u32], max_tokens: usize) -> Request {
         stop_tokens: vec![],
         ignore_eos: true,
         arrival_ms: 0,
+        client: String::new(),
         props: Default::default(),
     }
 }
