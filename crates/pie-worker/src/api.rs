@@ -20,7 +20,7 @@ use tokio_stream::wrappers::BroadcastStream;
 
 use crate::config::ApiKey;
 use crate::process::{ProcEvent, ProcState, Process};
-use crate::runtime::{GenOptions, Inferlet, LaunchError, Runtime};
+use crate::runtime::{GenOptions, Inferlet, LaunchError, Prompt, Runtime};
 
 /// Shared server state: the runtime appears once the model has loaded.
 #[derive(Clone)]
@@ -357,6 +357,29 @@ impl GenArgs {
     }
 }
 
+/// `prompt`: a string, a one-string array, or token ids.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum PromptArg {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+}
+
+impl PromptArg {
+    pub fn into_prompt(self) -> Result<Prompt, ApiError> {
+        match self {
+            PromptArg::Text(t) => Ok(Prompt::Text(t)),
+            PromptArg::Texts(mut v) if v.len() == 1 => Ok(Prompt::Text(v.remove(0))),
+            PromptArg::Texts(_) => Err(ApiError::bad_request(
+                "prompt arrays must hold exactly one string",
+            )
+            .param("prompt")),
+            PromptArg::Tokens(ids) => Ok(Prompt::Tokens(ids)),
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct LaunchBody {
@@ -369,7 +392,7 @@ struct LaunchBody {
 
 #[derive(Deserialize)]
 struct TextArgs {
-    prompt: String,
+    prompt: PromptArg,
     #[serde(flatten)]
     gen: GenArgs,
 }
@@ -404,7 +427,9 @@ async fn launch_process(
         "text-completion" => {
             let a: TextArgs = parse_args(&body.inferlet, body.args)?;
             (
-                Inferlet::TextCompletion { prompt: a.prompt },
+                Inferlet::TextCompletion {
+                    prompt: a.prompt.into_prompt()?,
+                },
                 a.gen.options(0.0)?,
             )
         }

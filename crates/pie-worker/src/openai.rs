@@ -19,6 +19,7 @@ use tokio_stream::wrappers::BroadcastStream;
 
 use crate::api::{
     client_of, events_until_done, props_of, ApiError, ApiJson, AppState, GenArgs, KeyName,
+    PromptArg,
 };
 use crate::process::{now_ms, ProcEvent, ProcState, Process, Usage};
 use crate::runtime::{Inferlet, Runtime};
@@ -55,13 +56,6 @@ struct Common {
     session: Option<String>,
     #[serde(flatten)]
     gen: GenArgs,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum PromptArg {
-    Text(String),
-    Texts(Vec<String>),
 }
 
 #[derive(Deserialize)]
@@ -180,15 +174,7 @@ pub async fn completions(
     key: Option<Extension<KeyName>>,
     ApiJson(req): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let prompt = match req.prompt {
-        PromptArg::Text(t) => t,
-        PromptArg::Texts(mut v) if v.len() == 1 => v.remove(0),
-        PromptArg::Texts(_) => {
-            return Err(
-                ApiError::bad_request("prompt arrays must hold exactly one string").param("prompt"),
-            )
-        }
-    };
+    let prompt = req.prompt.into_prompt()?;
     let mut common = req.common;
     common.gen.max_tokens = common.gen.max_tokens.or(Some(16));
     serve(

@@ -100,6 +100,8 @@ pub struct ProcData {
     pub usage: Usage,
     pub finish_reason: Option<&'static str>,
     pub output: String,
+    /// Generated token ids (stop strings do not trim these).
+    pub output_tokens: Vec<u32>,
     pub error: Option<String>,
 }
 
@@ -147,6 +149,7 @@ impl Process {
             usage: Usage::new(prompt_tokens, 0, 0),
             finish_reason: None,
             output: String::new(),
+            output_tokens: Vec::new(),
             error: None,
         };
         Self {
@@ -215,7 +218,7 @@ impl Process {
     }
 
     /// Append output and count the tokens generated so far.
-    pub fn push_text(&self, text: String, completion_tokens: usize) {
+    pub fn push_text(&self, text: String, token: Option<u32>, completion_tokens: usize) {
         let mut d = self.lock();
         if d.state.is_final() {
             return;
@@ -224,6 +227,7 @@ impl Process {
             d.first_token_ms = Some(now_ms());
         }
         d.output.push_str(&text);
+        d.output_tokens.extend(token);
         d.usage = Usage::new(
             d.usage.prompt_tokens,
             completion_tokens,

@@ -57,11 +57,18 @@ struct Load {
     prefill_tokens_per_s: AtomicU64,
 }
 
+/// A prompt as text or as token ids.
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
 /// A built-in inferlet and its input.
 #[derive(Clone, Debug)]
 pub enum Inferlet {
     TextCompletion {
-        prompt: String,
+        prompt: Prompt,
     },
     /// With a `session` prop and `resume_session`, the session's earlier turns are
     /// prepended and this turn's messages and answer are appended to it.
@@ -355,12 +362,7 @@ impl Runtime {
             self.metrics.count_request("rejected_overload");
             return Err(LaunchError::Overloaded(queued));
         }
-        let (text, session_messages) = self.prompt_text(&inferlet, &props)?;
-        let prompt = self
-            .model
-            .tokenizer
-            .encode(&text)
-            .map_err(|e| LaunchError::BadRequest(e.to_string()))?;
+        let (prompt, session_messages) = self.prompt_tokens(&inferlet, &props)?;
         if prompt.is_empty() {
             return Err(LaunchError::BadRequest("the prompt is empty".into()));
         }
@@ -401,14 +403,26 @@ impl Runtime {
         Ok((process, events))
     }
 
-    /// The prompt text and, for a resumed chat session, the messages to record.
-    fn prompt_text(
+    /// The prompt's tokens and, for a resumed chat session, the messages to record.
+    fn prompt_tokens(
         &self,
         inferlet: &Inferlet,
         props: &Props,
-    ) -> Result<(String, Option<SessionTurn>), LaunchError> {
+    ) -> Result<(Vec<u32>, Option<SessionTurn>), LaunchError> {
+        let bad = |e: anyhow::Error| LaunchError::BadRequest(e.to_string());
         match inferlet {
-            Inferlet::TextCompletion { prompt } => Ok((prompt.clone(), None)),
+            Inferlet::TextCompletion {
+                prompt: Prompt::Text(text),
+            } => Ok((self.model.tokenizer.encode(text).map_err(bad)?, None)),
+            Inferlet::TextCompletion {
+                prompt: Prompt::Tokens(ids),
+            } => match ids.iter().find(|t| **t as usize >= self.model.config.vocab) {
+                Some(t) => Err(LaunchError::BadRequest(format!(
+                    "prompt token id {t} is outside the vocabulary ({} tokens)",
+                    self.model.config.vocab
+                ))),
+                None => Ok((ids.clone(), None)),
+            },
             Inferlet::Chat {
                 messages,
                 resume_session,
@@ -429,8 +443,11 @@ impl Runtime {
                     .model
                     .tokenizer
                     .apply_chat_template(&all)
-                    .map_err(|e| LaunchError::BadRequest(e.to_string()))?;
-                Ok((text, session.map(|s| (s.to_string(), all))))
+                    .map_err(bad)?;
+                Ok((
+                    self.model.tokenizer.encode(&text).map_err(bad)?,
+                    session.map(|s| (s.to_string(), all)),
+                ))
             }
         }
     }
@@ -521,7 +538,7 @@ impl Driver {
                         .push(&self.rt.model.tokenizer, t)
                         .unwrap_or_default();
                     let (emit, stopped) = text.push(&delta);
-                    self.process.push_text(emit, tokens);
+                    self.process.push_text(emit, Some(t), tokens);
                     if stopped {
                         self.rt.send(Command::Abort(seq));
                         self.complete("stop");
@@ -533,7 +550,8 @@ impl Driver {
                     return;
                 }
                 SeqEvent::Finished(reason, info) => {
-                    self.process.push_text(text.flush(), info.generated_tokens);
+                    self.process
+                        .push_text(text.flush(), None, info.generated_tokens);
                     self.complete(if reason == FinishReason::Stop {
                         "stop"
                     } else {

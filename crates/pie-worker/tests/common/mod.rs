@@ -35,6 +35,8 @@ pub struct Server {
     child: Child,
     pub url: String,
     pub client: reqwest::Client,
+    /// The config file it was started with (rewrite it, then `reload`).
+    pub config_path: PathBuf,
 }
 
 impl Drop for Server {
@@ -80,6 +82,7 @@ impl Server {
             child,
             url,
             client: reqwest::Client::new(),
+            config_path: cfg,
         };
         server.wait_healthy().await;
         server
@@ -98,6 +101,22 @@ impl Server {
         }
     }
 
+    /// Send SIGHUP.
+    pub fn hangup(&self) {
+        let ok = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -HUP failed");
+    }
+
+    /// Stop the server now (as a crash would).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.url, path)
     }
@@ -111,6 +130,24 @@ impl Server {
             .await
             .unwrap();
         (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Launch a native process; returns its id.
+    pub async fn launch(&self, body: Value) -> String {
+        let (status, resp) = self.post("/v1/processes", body).await;
+        assert_eq!(status, 201, "{resp}");
+        resp["id"].as_str().unwrap().to_string()
+    }
+
+    /// Wait for a process to reach a final state; returns its record.
+    pub async fn wait_done(&self, id: &str) -> Value {
+        let path = format!("/v1/processes/{id}");
+        let final_states = ["finished", "failed", "killed"];
+        self.eventually("process end", async || {
+            final_states.contains(&self.get(&path).await.1["state"].as_str().unwrap_or(""))
+        })
+        .await;
+        self.get(&path).await.1
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {

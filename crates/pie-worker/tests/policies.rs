@@ -1,0 +1,316 @@
+//! Each worker policy seen from outside, over HTTP on the test model.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use common::Server;
+use serde_json::{json, Value};
+
+fn text_job(prompt: &str, max_tokens: usize, props: Value) -> Value {
+    json!({"inferlet": "text-completion", "args": {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true}, "props": props})
+}
+
+/// An endless job holds the only slot while four short ones queue, the last with
+/// `last_props`; then the blocker is killed (after the last job finished, for a
+/// policy that `preempts` the blocker for it) and the queue drains. Returns the short jobs' first-token times in launch order.
+async fn first_tokens_behind_a_blocker(s: &Server, last_props: Value, preempts: bool) -> Vec<u64> {
+    let blocker = s.launch(text_job("blocker", 100_000, json!({}))).await;
+    s.eventually("blocker running", async || {
+        s.get(&format!("/v1/processes/{blocker}")).await.1["state"] == "running"
+    })
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(s.launch(text_job(&format!("low {i}"), 3, json!({}))).await);
+    }
+    ids.push(s.launch(text_job("urgent", 3, last_props)).await);
+    if preempts {
+        s.wait_done(&ids[3]).await;
+    }
+    s.client
+        .delete(s.url(&format!("/v1/processes/{blocker}")))
+        .send()
+        .await
+        .unwrap();
+    let mut firsts = Vec::new();
+    for id in &ids {
+        let p = s.wait_done(id).await;
+        assert_eq!(p["state"], "finished", "{p}");
+        firsts.push(p["first_token_ms"].as_u64().unwrap());
+    }
+    firsts
+}
+
+#[tokio::test]
+async fn priority_lets_urgent_work_overtake_the_queue() {
+    let s = Server::start("", &["--worker-policy", "priority", "--max-running", "1"]).await;
+    let t = first_tokens_behind_a_blocker(&s, json!({"priority": 10}), true).await;
+    assert!(
+        t[3] < t[0] && t[3] < t[1] && t[3] < t[2],
+        "priority 10 first: {t:?}"
+    );
+    assert!(
+        s.metric("pie_preemptions_total").await >= 1.0,
+        "it took the blocker's slot"
+    );
+    // The same workload under fcfs serves the urgent request last.
+    let f = Server::start("", &["--worker-policy", "fcfs", "--max-running", "1"]).await;
+    let t = first_tokens_behind_a_blocker(&f, json!({"priority": 10}), false).await;
+    assert!(t[3] >= t[2], "fcfs ignores priority: {t:?}");
+}
+
+#[tokio::test]
+async fn deadline_runs_earliest_deadline_first_and_aborts_misses() {
+    let s = Server::start(
+        "[runtime]\nworker_policy = \"deadline\"\nmax_running = 1\n",
+        &[],
+    )
+    .await;
+    let t = first_tokens_behind_a_blocker(&s, json!({"deadline-ms": 60_000}), false).await;
+    assert!(
+        t[3] <= t[0] && t[3] <= t[1] && t[3] <= t[2],
+        "the only deadline goes first: {t:?}"
+    );
+
+    let a = Server::start(
+        "[runtime]\nworker_policy = \"deadline\"\n[runtime.deadline]\non_miss = \"abort\"\n",
+        &[],
+    )
+    .await;
+    let id = a
+        .launch(text_job("late", 100_000, json!({"deadline-ms": 50})))
+        .await;
+    let p = a.wait_done(&id).await;
+    assert_eq!(p["state"], "failed");
+    assert!(p["error"].as_str().unwrap().contains("deadline"), "{p}");
+    assert_eq!(a.metric("pie_deadline_misses_total").await, 1.0);
+    assert_eq!(a.metric("pie_kv_pages_used").await, 0.0);
+}
+
+/// A flooding client keeps 24 requests outstanding, a light one 6 (both stay
+/// backlogged behind the 2 running slots, even while requests are in flight), for as long as
+/// the light one needs for `light_jobs` completions; returns completions per client.
+async fn flood(s: &Server, light_jobs: usize) -> (usize, usize) {
+    let done = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+    let stop = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for (client, outstanding) in [(0usize, 24usize), (1, 6)] {
+        for _ in 0..outstanding {
+            let (http, url, done, stop) = (
+                s.client.clone(),
+                s.url("/v1/completions"),
+                done.clone(),
+                stop.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let name = ["flood", "light"][client];
+                while stop.load(Ordering::Relaxed) == 0 {
+                    let body = json!({"prompt": "same length prompt", "max_tokens": 32, "ignore_eos": true, "temperature": 0, "props": {"client": name}});
+                    let r = http.post(&url).json(&body).send().await.unwrap();
+                    assert_eq!(r.status(), 200);
+                    r.bytes().await.unwrap();
+                    if stop.load(Ordering::Relaxed) == 0 && done[client].fetch_add(1, Ordering::Relaxed) + 1 >= light_jobs && client == 1 {
+                        stop.store(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    (
+        done[0].load(Ordering::Relaxed),
+        done[1].load(Ordering::Relaxed),
+    )
+}
+
+#[tokio::test]
+async fn fair_gives_a_flooding_and_a_light_client_equal_service() {
+    let fair = Server::start("", &["--worker-policy", "fair", "--max-running", "2"]).await;
+    let (flood_n, light_n) = flood(&fair, 20).await;
+    let ratio = flood_n as f64 / light_n as f64;
+    assert!(
+        (0.6..=1.7).contains(&ratio),
+        "fair: flood {flood_n} vs light {light_n}"
+    );
+    let (_, policies) = fair.get("/v1/policies").await;
+    assert!(
+        policies["state"]["ordering_state"]["counters"]["light"]
+            .as_f64()
+            .unwrap()
+            > 0.0,
+        "{policies}"
+    );
+
+    let fcfs = Server::start("", &["--worker-policy", "fcfs", "--max-running", "2"]).await;
+    let (flood_n, light_n) = flood(&fcfs, 20).await;
+    assert!(
+        flood_n as f64 > 2.5 * light_n as f64,
+        "fcfs: flood {flood_n} vs light {light_n}"
+    );
+}
+
+/// Turn 1 (60 prompt tokens + 21 generated), then filler traffic that cycles the
+/// whole small pool, then turn 2 repeating turn 1 token for token plus 10 tokens.
+/// Returns turn 2's record and how many prompt tokens the worker computed for it.
+async fn two_turns(s: &Server) -> (Value, f64) {
+    let turn1: Vec<u32> = (0..60).map(|i| 32 + (i * 7) % 90).collect();
+    let props = json!({"session": "chat-7", "keep-ms": 60_000});
+    let id = s.launch(json!({"inferlet": "text-completion", "args": {"prompt": turn1, "max_tokens": 21, "ignore_eos": true}, "props": props})).await;
+    let first = s.wait_done(&id).await;
+    for i in 0..6u32 {
+        let filler: Vec<u32> = (0..150).map(|j| 40 + (i * 13 + j) % 80).collect();
+        let f = s
+            .launch(
+                json!({"inferlet": "text-completion", "args": {"prompt": filler, "max_tokens": 2}}),
+            )
+            .await;
+        s.wait_done(&f).await;
+    }
+    let mut turn2 = turn1.clone();
+    turn2.extend(
+        first["output_tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32),
+    );
+    assert_eq!(turn2.len(), 81);
+    turn2.extend((0..10).map(|i| 65 + i));
+    let before = s.metric("pie_prompt_tokens_total").await;
+    let id = s.launch(json!({"inferlet": "text-completion", "args": {"prompt": turn2, "max_tokens": 2, "ignore_eos": true}, "props": props})).await;
+    let second = s.wait_done(&id).await;
+    (second, s.metric("pie_prompt_tokens_total").await - before)
+}
+
+#[tokio::test]
+async fn keep_session_keeps_turn_one_resident_for_turn_two() {
+    // 16 pages of 16 tokens: the fillers evict anything that is merely cached.
+    let args = ["--kv-pages", "16", "--page-size", "16"];
+    let kept = Server::start(
+        "[runtime]\nworker_policy = [\"fcfs\", \"keep-session\"]\n",
+        &args,
+    )
+    .await;
+    let (second, computed) = two_turns(&kept).await;
+    // Turn 1's whole context (81 tokens) rounded down to pages: 80.
+    assert_eq!(
+        second["usage"]["prompt_tokens_details"]["cached_tokens"], 80,
+        "{second}"
+    );
+    assert_eq!(computed, 11.0, "only the new tokens were prefilled");
+    let (_, policies) = kept.get("/v1/policies").await;
+    assert_eq!(
+        policies["state"]["retained_sessions"][0]["session"], "chat-7",
+        "{policies}"
+    );
+
+    let plain = Server::start("", &args).await;
+    let (second, computed) = two_turns(&plain).await;
+    assert_eq!(
+        second["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
+        "without keep-session the fillers evicted turn 1"
+    );
+    assert_eq!(computed, 91.0);
+}
+
+#[tokio::test]
+async fn offload_prefills_on_the_peer_and_survives_its_death() {
+    let mut peer = Server::start("", &[]).await;
+    let cfg = format!("[runtime]\nworker_policy = [\"fcfs\", \"offload\"]\n[runtime.offload]\npeers = [\"{}\"]\nqueue_tokens = 10\ntimeout_ms = 5000\n", peer.url);
+    let busy = Server::start(&cfg, &[]).await;
+    let body = json!({"prompt": "a prompt long enough to be worth offloading", "max_tokens": 12, "temperature": 0, "ignore_eos": true});
+    let (status, offloaded) = busy.post("/v1/completions", body.clone()).await;
+    assert_eq!(status, 200, "{offloaded}");
+    assert_eq!(busy.metric("pie_offloaded_prefills_total").await, 1.0);
+    assert!(
+        peer.metric("pie_prompt_tokens_total").await >= 32.0,
+        "the peer computed the prefill"
+    );
+    assert!(
+        offloaded["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            >= 32,
+        "{offloaded}"
+    );
+    let (_, local) = peer.post("/v1/completions", body.clone()).await;
+    assert_eq!(
+        offloaded["choices"][0]["text"], local["choices"][0]["text"],
+        "same output as a local run"
+    );
+
+    peer.kill();
+    let mut other = body.clone();
+    other["prompt"] = json!("another prompt, long enough to be offloaded too");
+    let (status, resp) = busy.post("/v1/completions", other).await;
+    assert_eq!(status, 200, "a dead peer never fails the request: {resp}");
+    assert_eq!(resp["usage"]["completion_tokens"], 12);
+    assert_eq!(busy.metric("pie_offload_failures_total").await, 1.0);
+}
+
+#[tokio::test]
+async fn sighup_switches_policy_under_load_and_refuses_broken_files() {
+    let s = Server::start(
+        "[runtime]\nworker_policy = \"fcfs\"\n",
+        &["--max-running", "2"],
+    )
+    .await;
+    let ids: Vec<String> = {
+        let mut v = Vec::new();
+        for i in 0..8 {
+            v.push(
+                s.launch(text_job(&format!("load {i}"), 40, json!({"priority": i})))
+                    .await,
+            );
+        }
+        v
+    };
+    std::fs::write(&s.config_path, "[runtime]\nworker_policy = \"priority\"\n").unwrap();
+    s.hangup();
+    s.eventually("policy switched", async || {
+        s.get("/v1/policies").await.1["worker_policy"] == json!(["priority"])
+    })
+    .await;
+    for id in &ids {
+        assert_eq!(
+            s.wait_done(id).await["state"],
+            "finished",
+            "no request failed across the switch"
+        );
+    }
+
+    std::fs::write(
+        &s.config_path,
+        "[runtime]\nworker_policy = \"priority\"\nbogus_key = 1\n",
+    )
+    .unwrap();
+    s.hangup();
+    s.eventually("reload failure counted", async || {
+        s.metric("pie_config_reload_failures_total").await == 1.0
+    })
+    .await;
+    assert_eq!(
+        s.get("/v1/policies").await.1["worker_policy"],
+        json!(["priority"]),
+        "the old policy stays"
+    );
+    let (status, err) = s.post("/v1/admin/reload", json!({})).await;
+    assert_eq!(status, 400);
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("bogus_key"),
+        "{err}"
+    );
+    std::fs::write(&s.config_path, "[runtime]\nworker_policy = \"fair\"\n").unwrap();
+    let (status, ok) = s.post("/v1/admin/reload", json!({})).await;
+    assert_eq!(
+        (status, ok["worker_policy"].clone()),
+        (200, json!(["fair"]))
+    );
+}
