@@ -85,11 +85,8 @@ impl WorkerPolicy for Fair {
     fn order(&mut self, _now_ms: u64, candidates: &mut [Candidate]) {
         let present: HashSet<&str> = candidates.iter().map(|c| c.client.as_str()).collect();
         self.lift_newcomers(&present);
-        candidates.sort_by(|a, b| {
-            self.counter(&a.client)
-                .total_cmp(&self.counter(&b.client))
-                .then((a.arrival_ms, a.seq).cmp(&(b.arrival_ms, b.seq)))
-        });
+        // Counters are never negative, so their bit patterns sort like their values.
+        candidates.sort_by_cached_key(|c| (self.counter(&c.client).to_bits(), c.arrival_ms, c.seq));
     }
 
     fn charge(&mut self, c: &Candidate, prefill_tokens: usize, generated_tokens: usize) {
