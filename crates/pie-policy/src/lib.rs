@@ -1,6 +1,7 @@
 //! Every Pie scheduling policy, pure: no I/O, no async, no wall clock (time is a
 //! parameter). The worker, the controller and the simulator run these same objects.
 
+pub mod cluster;
 pub mod deadline;
 pub mod fair;
 pub mod fcfs;

@@ -1,0 +1,129 @@
+//! `cache-aware`: route to the worker holding the longest prefix of the prompt,
+//! unless the load is too uneven.
+//!
+//! Rule (as SGLang's router): when the candidates' loads are imbalanced, that is
+//! `max - min > balance_abs` and `max > balance_rel * min`, load wins and the
+//! least-loaded worker goes first. Otherwise the worker with the most cached
+//! prefix tokens goes first; a cold prompt (no cached prefix anywhere) and ties go
+//! to the least loaded. Props read: none. Config keys:
+//! `[cluster.cache-aware] balance_abs` (default 8), `balance_rel` (default 1.5).
+//! Invariant (tested): balanced load -> longest prefix first; imbalanced -> least
+//! loaded first; cold -> least loaded.
+
+use serde::{Deserialize, Serialize};
+
+use super::{ClusterPolicy, Reject, RouteRequest, WorkerView};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheAwareConfig {
+    pub balance_abs: usize,
+    pub balance_rel: f64,
+}
+
+impl Default for CacheAwareConfig {
+    fn default() -> Self {
+        Self {
+            balance_abs: 8,
+            balance_rel: 1.5,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct CacheAware {
+    config: CacheAwareConfig,
+}
+
+impl CacheAware {
+    pub fn new(config: CacheAwareConfig) -> Self {
+        Self { config }
+    }
+}
+
+impl ClusterPolicy for CacheAware {
+    fn name(&self) -> &'static str {
+        "cache-aware"
+    }
+
+    fn route(
+        &mut self,
+        _now_ms: u64,
+        req: &RouteRequest,
+        workers: &[WorkerView],
+        candidates: &mut Vec<usize>,
+    ) -> Result<Option<String>, Reject> {
+        let loads = candidates.iter().map(|&i| workers[i].load);
+        let (min, max) = (loads.clone().min().unwrap_or(0), loads.max().unwrap_or(0));
+        let imbalanced = max - min > self.config.balance_abs
+            && max as f64 > self.config.balance_rel * min as f64;
+        let best_cached = candidates
+            .iter()
+            .map(|&i| workers[i].cached_prefix_tokens)
+            .max()
+            .unwrap_or(0);
+        if imbalanced || best_cached == 0 {
+            candidates.sort_by_key(|&i| (workers[i].load, i));
+            let w = &workers[candidates[0]];
+            let why = if imbalanced {
+                format!("load imbalance {min}..{max}, least loaded {}", w.name)
+            } else {
+                format!("cold prompt, least loaded {}", w.name)
+            };
+            return Ok(Some(why));
+        }
+        candidates.sort_by_key(|&i| {
+            (
+                std::cmp::Reverse(workers[i].cached_prefix_tokens),
+                workers[i].load,
+                i,
+            )
+        });
+        let w = &workers[candidates[0]];
+        Ok(Some(format!(
+            "{}/{} prefix tokens on {}",
+            w.cached_prefix_tokens, req.prompt_tokens, w.name
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::views;
+    use pie_core::Props;
+
+    fn first(loads: &[usize], cached: &[usize]) -> (usize, String) {
+        let w = views(loads, cached);
+        let mut c: Vec<usize> = (0..w.len()).collect();
+        let why = CacheAware::default()
+            .route(
+                0,
+                &RouteRequest {
+                    props: &Props::new(),
+                    prompt_tokens: 512,
+                },
+                &w,
+                &mut c,
+            )
+            .unwrap()
+            .unwrap();
+        (c[0], why)
+    }
+
+    #[test]
+    fn prefix_load_and_cold_rules() {
+        assert_eq!(
+            first(&[2, 3, 2], &[0, 480, 16]),
+            (1, "480/512 prefix tokens on w1".into())
+        );
+        // 20 vs 2: imbalanced (diff 18 > 8, 20 > 1.5 * 2), load wins.
+        assert_eq!(first(&[2, 20, 4], &[0, 480, 16]).0, 0);
+        assert_eq!(
+            first(&[5, 1, 3], &[0, 0, 0]),
+            (1, "cold prompt, least loaded w1".into())
+        );
+        // Equal prefixes: the less loaded one.
+        assert_eq!(first(&[4, 2], &[64, 64]).0, 1);
+    }
+}

@@ -1,0 +1,126 @@
+//! The cluster-plane policy interface: `[cluster] cluster_policies` is an ordered
+//! pipeline. Each policy sees the candidate workers left by the ones before it;
+//! filters narrow the list (pin, session-affinity), scorers reorder it best first
+//! (cache-aware, least-loaded, round-robin). The request goes to the first
+//! candidate; the last policy that decided names the reason, and a filter that
+//! leaves a single worker ends the pipeline.
+
+mod cache_aware;
+mod least_loaded;
+mod pin;
+mod round_robin;
+mod session_affinity;
+
+pub use cache_aware::{CacheAware, CacheAwareConfig};
+pub use least_loaded::LeastLoaded;
+pub use pin::{Pin, PinConfig};
+pub use round_robin::RoundRobin;
+pub use session_affinity::{SessionAffinity, SessionAffinityConfig};
+
+use pie_core::Props;
+
+/// What a cluster policy knows of one worker.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerView {
+    pub name: String,
+    /// Processes queued or running on it.
+    pub load: usize,
+    /// Prompt tokens of this request already in its prefix cache.
+    pub cached_prefix_tokens: usize,
+}
+
+/// What a cluster policy knows of one request.
+#[derive(Clone, Debug)]
+pub struct RouteRequest<'a> {
+    pub props: &'a Props,
+    pub prompt_tokens: usize,
+}
+
+/// A refusal: HTTP status and message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reject {
+    pub status: u16,
+    pub message: String,
+}
+
+/// One step of the routing pipeline. `candidates` index into `workers` (healthy
+/// workers only); a policy may remove or reorder them. Returns the reason when it
+/// decided the outcome, None when it left it to the others.
+pub trait ClusterPolicy: Send {
+    fn name(&self) -> &'static str;
+
+    fn route(
+        &mut self,
+        now_ms: u64,
+        req: &RouteRequest,
+        workers: &[WorkerView],
+        candidates: &mut Vec<usize>,
+    ) -> Result<Option<String>, Reject>;
+
+    /// The request went to `worker` (session-affinity records it).
+    fn routed(&mut self, _now_ms: u64, _req: &RouteRequest, _worker: &str) {}
+}
+
+/// Run the pipeline; returns the chosen worker's index, the deciding policy and
+/// its reason. With no policy deciding, the least-loaded candidate wins.
+pub fn route(
+    policies: &mut [Box<dyn ClusterPolicy>],
+    now_ms: u64,
+    req: &RouteRequest,
+    workers: &[WorkerView],
+) -> Result<(usize, String), Reject> {
+    let mut candidates: Vec<usize> = (0..workers.len()).collect();
+    let mut decided = None;
+    for p in policies.iter_mut() {
+        if let Some(reason) = p.route(now_ms, req, workers, &mut candidates)? {
+            decided = Some(format!("{}: {reason}", p.name()));
+        }
+        if candidates.is_empty() {
+            return Err(Reject {
+                status: 503,
+                message: format!("no healthy worker left after `{}`", p.name()),
+            });
+        }
+        // A filter that left one worker has decided; later scorers cannot change it.
+        if candidates.len() == 1 && decided.is_some() {
+            break;
+        }
+    }
+    if candidates.is_empty() {
+        return Err(Reject {
+            status: 503,
+            message: "no healthy worker".into(),
+        });
+    }
+    let chosen = match decided {
+        Some(_) => candidates[0],
+        None => *candidates
+            .iter()
+            .min_by_key(|&&i| (workers[i].load, i))
+            .expect("non-empty"),
+    };
+    let reason = decided.unwrap_or_else(|| {
+        format!(
+            "default: least loaded ({} processes on {})",
+            workers[chosen].load, workers[chosen].name
+        )
+    });
+    for p in policies.iter_mut() {
+        p.routed(now_ms, req, &workers[chosen].name);
+    }
+    Ok((chosen, reason))
+}
+
+#[cfg(test)]
+pub(crate) fn views(loads: &[usize], cached: &[usize]) -> Vec<WorkerView> {
+    loads
+        .iter()
+        .zip(cached)
+        .enumerate()
+        .map(|(i, (&load, &c))| WorkerView {
+            name: format!("w{i}"),
+            load,
+            cached_prefix_tokens: c,
+        })
+        .collect()
+}

@@ -1,0 +1,131 @@
+//! `session-affinity`: keep a session's turns on one worker.
+//!
+//! Rule: a request with a `session` prop goes to the worker that served the session
+//! last, while that worker is healthy; otherwise the rest of the pipeline picks one
+//! and the new mapping is kept. Mappings expire after `ttl_ms` without a request.
+//! Props read: `session` (string). Config keys: `[cluster.session-affinity] ttl_ms`
+//! (default 600000). Invariant (tested): consecutive turns share a worker until it
+//! leaves the candidates; then the session moves and stays moved.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ClusterPolicy, Reject, RouteRequest, WorkerView};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionAffinityConfig {
+    pub ttl_ms: u64,
+}
+
+impl Default for SessionAffinityConfig {
+    fn default() -> Self {
+        Self { ttl_ms: 600_000 }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct SessionAffinity {
+    config: SessionAffinityConfig,
+    /// session -> (worker name, last use ms)
+    sessions: HashMap<String, (String, u64)>,
+}
+
+impl SessionAffinity {
+    pub fn new(config: SessionAffinityConfig) -> Self {
+        Self {
+            config,
+            sessions: HashMap::new(),
+        }
+    }
+
+    pub fn sessions(&self) -> usize {
+        self.sessions.len()
+    }
+}
+
+impl ClusterPolicy for SessionAffinity {
+    fn name(&self) -> &'static str {
+        "session-affinity"
+    }
+
+    fn route(
+        &mut self,
+        now_ms: u64,
+        req: &RouteRequest,
+        workers: &[WorkerView],
+        candidates: &mut Vec<usize>,
+    ) -> Result<Option<String>, Reject> {
+        let ttl = self.config.ttl_ms;
+        self.sessions
+            .retain(|_, (_, last)| now_ms.saturating_sub(*last) <= ttl);
+        let Some(session) = req.props.str("session") else {
+            return Ok(None);
+        };
+        let Some((worker, _)) = self.sessions.get(session) else {
+            return Ok(None);
+        };
+        match candidates.iter().position(|&i| workers[i].name == *worker) {
+            Some(pos) => {
+                let reason = format!("session {session} stays on {worker}");
+                *candidates = vec![candidates[pos]];
+                Ok(Some(reason))
+            }
+            None => Ok(None),
+        }
+    }
+
+    fn routed(&mut self, now_ms: u64, req: &RouteRequest, worker: &str) {
+        if let Some(session) = req.props.str("session") {
+            self.sessions
+                .insert(session.to_string(), (worker.to_string(), now_ms));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::{route, views, ClusterPolicy, LeastLoaded};
+    use pie_core::{PropValue, Props};
+
+    #[test]
+    fn turns_stick_then_move_and_expire() {
+        let mut props = Props::new();
+        props.set("session", PropValue::Str("s".into())).unwrap();
+        let req = RouteRequest {
+            props: &props,
+            prompt_tokens: 1,
+        };
+        let mut pipeline: Vec<Box<dyn ClusterPolicy>> = vec![
+            Box::new(SessionAffinity::new(SessionAffinityConfig { ttl_ms: 100 })),
+            Box::new(LeastLoaded),
+        ];
+        let (first, _) = route(&mut pipeline, 0, &req, &views(&[0, 5, 5], &[0, 0, 0])).unwrap();
+        assert_eq!(first, 0);
+        // w0 is now the busiest, but the session stays.
+        let (second, why) = route(&mut pipeline, 10, &req, &views(&[9, 0, 0], &[0, 0, 0])).unwrap();
+        assert_eq!((second, why.starts_with("session-affinity")), (0, true));
+        // w0 gone (only w1, w2 healthy): the session moves and stays moved.
+        let two = views(&[0, 0], &[0, 0])
+            .into_iter()
+            .map(|mut w| {
+                w.name = if w.name == "w0" {
+                    "w1".into()
+                } else {
+                    "w2".into()
+                };
+                w
+            })
+            .collect::<Vec<_>>();
+        let (moved, _) = route(&mut pipeline, 20, &req, &two).unwrap();
+        assert_eq!(two[moved].name, "w1");
+        let (again, _) = route(&mut pipeline, 30, &req, &views(&[0, 9, 0], &[0, 0, 0])).unwrap();
+        assert_eq!(again, 1);
+        // After the TTL without requests, the mapping is gone.
+        let (after, why) =
+            route(&mut pipeline, 1000, &req, &views(&[0, 9, 0], &[0, 0, 0])).unwrap();
+        assert_eq!((after, why.starts_with("least-loaded")), (0, true));
+    }
+}
