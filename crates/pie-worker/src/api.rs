@@ -202,6 +202,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/v1/policies", get(policies))
         .route("/v1/admin/reload", axum::routing::post(admin_reload))
         .route("/v1/internal/prefill", axum::routing::post(peer_prefill))
+        .route("/v1/internal/state", get(worker_state))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(DefaultBodyLimit::max(max_body_bytes))
@@ -245,6 +246,15 @@ async fn policies(State(state): State<AppState>) -> Result<Json<Value>, ApiError
         "running": rt.count_in(ProcState::Running),
         "state": rt.policy_state().await,
     })))
+}
+
+/// For a controller: load and the prefix cache's block hashes (a snapshot).
+async fn worker_state(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let rt = state.runtime()?;
+    let mut v = rt.cache_index().await;
+    v["load"] = json!(rt.count_in(ProcState::Queued) + rt.count_in(ProcState::Running));
+    v["model"] = json!(rt.settings.model_name);
+    Ok(Json(v))
 }
 
 async fn admin_reload(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {

@@ -90,6 +90,12 @@ struct ServeArgs {
     max_running: Option<usize>,
     #[arg(long)]
     max_queued: Option<usize>,
+    /// A pie-controller to register with (and heartbeat to) once ready.
+    #[arg(long, requires = "name")]
+    controller: Option<String>,
+    /// This worker's name in the cluster.
+    #[arg(long)]
+    name: Option<String>,
 }
 
 impl ServeArgs {
@@ -199,11 +205,12 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Cmd::Serve(args) => {
             let config = args.config()?;
+            let registration = args.controller.clone().zip(args.name.clone());
             let reloader: pie_worker::serve::Reloader = std::sync::Arc::new(move || args.config());
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?
-                .block_on(pie_worker::serve::serve(config, reloader))
+                .block_on(pie_worker::serve::serve(config, reloader, registration))
         }
         Cmd::Config {
             command: ConfigCmd::Init { out, force },

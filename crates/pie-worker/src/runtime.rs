@@ -40,6 +40,7 @@ enum Command {
         keep_session: Option<KeepSession>,
     },
     Summary(oneshot::Sender<Value>),
+    CacheIndex(oneshot::Sender<Value>),
     ExportPrefix {
         tokens: Vec<u32>,
         reply: oneshot::Sender<Vec<Vec<u8>>>,
@@ -192,6 +193,13 @@ impl Runtime {
     pub async fn policy_state(&self) -> Value {
         let (tx, rx) = oneshot::channel();
         self.send(Command::Summary(tx));
+        rx.await.unwrap_or(Value::Null)
+    }
+
+    /// The prefix cache's block hashes and what names them (for a controller).
+    pub async fn cache_index(&self) -> Value {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::CacheIndex(tx));
         rx.await.unwrap_or(Value::Null)
     }
 
@@ -792,6 +800,10 @@ fn apply(
         } => {
             engine.set_policy(ordering);
             engine.set_keep_session(keep_session);
+        }
+        Command::CacheIndex(reply) => {
+            let hashes: Vec<u64> = engine.pool().indexed_hashes().map(|h| h.0).collect();
+            let _ = reply.send(json!({"fingerprint": engine.pool().fingerprint().0, "page_size": engine.config().page_size, "hashes": hashes}));
         }
         Command::Summary(reply) => {
             let retained: Vec<Value> = engine.retained_sessions().into_iter().map(|(session, pages, expires_ms)| json!({"session": session, "pages": pages, "expires_ms": expires_ms})).collect();

@@ -24,7 +24,11 @@ pub type Reloader = Arc<dyn Fn() -> Result<Config> + Send + Sync>;
 /// Serve until the process is stopped. Prints `pie: listening on http://ADDR`
 /// as soon as the port is bound (tests and scripts wait for that line), then
 /// loads the model; `/health` answers 503 until it is ready.
-pub async fn serve(config: Config, reloader: Reloader) -> Result<()> {
+pub async fn serve(
+    config: Config,
+    reloader: Reloader,
+    registration: Option<(String, String)>,
+) -> Result<()> {
     let api_keys = config.api_keys()?;
     let addr = format!("{}:{}", config.server.host, config.server.port);
     let listener = tokio::net::TcpListener::bind(&addr)
@@ -45,8 +49,30 @@ pub async fn serve(config: Config, reloader: Reloader) -> Result<()> {
     let _ = state.runtime.set(runtime);
     println!("pie: ready");
     tokio::spawn(reload_on_sighup(state));
+    if let Some((controller, name)) = registration {
+        tokio::spawn(heartbeat(controller, name, format!("http://{local}")));
+    }
     server.await.context("server task panicked")??;
     Ok(())
+}
+
+/// Register with a controller and keep registering (a heartbeat), so a restarted
+/// controller learns about this worker again.
+async fn heartbeat(controller: String, name: String, url: String) {
+    let http = reqwest::Client::new();
+    let endpoint = format!("{}/v1/cluster/register", controller.trim_end_matches('/'));
+    loop {
+        if let Err(e) = http
+            .post(&endpoint)
+            .json(&json!({"name": name, "url": url}))
+            .timeout(std::time::Duration::from_secs(2))
+            .send()
+            .await
+        {
+            tracing::warn!(controller, error = %e, "cannot register with the controller");
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    }
 }
 
 #[cfg(unix)]

@@ -4,8 +4,9 @@
 //! Rule (as SGLang's router): when the candidates' loads are imbalanced, that is
 //! `max - min > balance_abs` and `max > balance_rel * min`, load wins and the
 //! least-loaded worker goes first. Otherwise the worker with the most cached
-//! prefix tokens goes first; a cold prompt (no cached prefix anywhere) and ties go
-//! to the least loaded. Props read: none. Config keys:
+//! prefix tokens goes first; a cold prompt (no cached prefix anywhere) goes to the
+//! least loaded, rotating among equally loaded workers; prefix ties go to the
+//! least loaded. Props read: none. Config keys:
 //! `[cluster.cache-aware] balance_abs` (default 8), `balance_rel` (default 1.5).
 //! Invariant (tested): balanced load -> longest prefix first; imbalanced -> least
 //! loaded first; cold -> least loaded.
@@ -33,11 +34,17 @@ impl Default for CacheAwareConfig {
 #[derive(Debug, Default)]
 pub struct CacheAware {
     config: CacheAwareConfig,
+    /// Rotates among equally loaded workers for cold prompts, so new prefixes
+    /// spread over the cluster's caches instead of piling onto the first worker.
+    next_cold: usize,
 }
 
 impl CacheAware {
     pub fn new(config: CacheAwareConfig) -> Self {
-        Self { config }
+        Self {
+            config,
+            next_cold: 0,
+        }
     }
 }
 
@@ -64,6 +71,14 @@ impl ClusterPolicy for CacheAware {
             .unwrap_or(0);
         if imbalanced || best_cached == 0 {
             candidates.sort_by_key(|&i| (workers[i].load, i));
+            let ties = candidates
+                .iter()
+                .take_while(|&&i| workers[i].load == min)
+                .count();
+            if !imbalanced && ties > 1 {
+                candidates[..ties].rotate_left(self.next_cold % ties);
+                self.next_cold = self.next_cold.wrapping_add(1);
+            }
             let w = &workers[candidates[0]];
             let why = if imbalanced {
                 format!("load imbalance {min}..{max}, least loaded {}", w.name)

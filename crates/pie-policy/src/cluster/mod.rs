@@ -62,7 +62,9 @@ pub trait ClusterPolicy: Send {
 }
 
 /// Run the pipeline; returns the chosen worker's index, the deciding policy and
-/// its reason. With no policy deciding, the least-loaded candidate wins.
+/// its reason. With no policy deciding, the least-loaded candidate wins. Call
+/// [`record`] once the request has been placed. Call
+/// [`record`] once the request has been placed.
 pub fn route(
     policies: &mut [Box<dyn ClusterPolicy>],
     now_ms: u64,
@@ -105,10 +107,20 @@ pub fn route(
             workers[chosen].load, workers[chosen].name
         )
     });
-    for p in policies.iter_mut() {
-        p.routed(now_ms, req, &workers[chosen].name);
-    }
     Ok((chosen, reason))
+}
+
+/// Tell the pipeline where the request actually went (the chosen worker, or the
+/// one that took it after a connection failure).
+pub fn record(
+    policies: &mut [Box<dyn ClusterPolicy>],
+    now_ms: u64,
+    req: &RouteRequest,
+    worker: &str,
+) {
+    for p in policies.iter_mut() {
+        p.routed(now_ms, req, worker);
+    }
 }
 
 #[cfg(test)]

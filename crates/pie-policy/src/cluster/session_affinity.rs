@@ -87,7 +87,7 @@ impl ClusterPolicy for SessionAffinity {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::{route, views, ClusterPolicy, LeastLoaded};
+    use crate::cluster::{record, route, views, ClusterPolicy, LeastLoaded, WorkerView};
     use pie_core::{PropValue, Props};
 
     #[test]
@@ -102,10 +102,17 @@ mod tests {
             Box::new(SessionAffinity::new(SessionAffinityConfig { ttl_ms: 100 })),
             Box::new(LeastLoaded),
         ];
-        let (first, _) = route(&mut pipeline, 0, &req, &views(&[0, 5, 5], &[0, 0, 0])).unwrap();
+        let mut place = |now: u64, req: &RouteRequest, w: &[WorkerView]| {
+            let out = route(&mut pipeline, now, req, w);
+            if let Ok((i, _)) = &out {
+                record(&mut pipeline, now, req, &w[*i].name);
+            }
+            out
+        };
+        let (first, _) = place(0, &req, &views(&[0, 5, 5], &[0, 0, 0])).unwrap();
         assert_eq!(first, 0);
         // w0 is now the busiest, but the session stays.
-        let (second, why) = route(&mut pipeline, 10, &req, &views(&[9, 0, 0], &[0, 0, 0])).unwrap();
+        let (second, why) = place(10, &req, &views(&[9, 0, 0], &[0, 0, 0])).unwrap();
         assert_eq!((second, why.starts_with("session-affinity")), (0, true));
         // w0 gone (only w1, w2 healthy): the session moves and stays moved.
         let two = views(&[0, 0], &[0, 0])
@@ -119,13 +126,12 @@ mod tests {
                 w
             })
             .collect::<Vec<_>>();
-        let (moved, _) = route(&mut pipeline, 20, &req, &two).unwrap();
+        let (moved, _) = place(20, &req, &two).unwrap();
         assert_eq!(two[moved].name, "w1");
-        let (again, _) = route(&mut pipeline, 30, &req, &views(&[0, 9, 0], &[0, 0, 0])).unwrap();
+        let (again, _) = place(30, &req, &views(&[0, 9, 0], &[0, 0, 0])).unwrap();
         assert_eq!(again, 1);
         // After the TTL without requests, the mapping is gone.
-        let (after, why) =
-            route(&mut pipeline, 1000, &req, &views(&[0, 9, 0], &[0, 0, 0])).unwrap();
+        let (after, why) = place(1000, &req, &views(&[0, 9, 0], &[0, 0, 0])).unwrap();
         assert_eq!((after, why.starts_with("least-loaded")), (0, true));
     }
 }

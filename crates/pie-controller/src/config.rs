@@ -1,0 +1,142 @@
+//! The controller's `config.toml`: `[server]`, `[model]` (for the tokenizer) and
+//! `[cluster]`. Unknown keys are errors naming file, line and key.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, Result};
+use pie_policy::cluster::{
+    CacheAware, CacheAwareConfig, ClusterPolicy, LeastLoaded, Pin, PinConfig, RoundRobin,
+    SessionAffinity, SessionAffinityConfig,
+};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub model: ModelConfig,
+    pub cluster: ClusterConfig,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 9090,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// The workers' GGUF: the controller reads its tokenizer and fingerprint to
+    /// compute block hashes exactly as the workers do. Unset: no prefix matching.
+    pub path: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WorkerEntry {
+    pub name: String,
+    pub url: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    pub workers: Vec<WorkerEntry>,
+    pub cluster_policies: Vec<String>,
+    /// Sent as `Authorization: Bearer` to workers.
+    pub worker_key: Option<String>,
+    /// How often worker health, load and cache index are polled.
+    pub poll_ms: u64,
+    #[serde(rename = "cache-aware")]
+    pub cache_aware: CacheAwareConfig,
+    #[serde(rename = "session-affinity")]
+    pub session_affinity: SessionAffinityConfig,
+    pub pin: PinConfig,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            workers: Vec::new(),
+            cluster_policies: vec![
+                "pin".into(),
+                "session-affinity".into(),
+                "cache-aware".into(),
+            ],
+            worker_key: None,
+            poll_ms: 250,
+            cache_aware: CacheAwareConfig::default(),
+            session_affinity: SessionAffinityConfig::default(),
+            pin: PinConfig::default(),
+        }
+    }
+}
+
+pub const AVAILABLE: &[&str] = &[
+    "pin",
+    "session-affinity",
+    "cache-aware",
+    "least-loaded",
+    "round-robin",
+];
+
+impl ClusterConfig {
+    /// The routing pipeline, or an error naming the bad entry.
+    pub fn pipeline(&self) -> Result<Vec<Box<dyn ClusterPolicy>>, String> {
+        self.cluster_policies
+            .iter()
+            .map(|name| -> Result<Box<dyn ClusterPolicy>, String> {
+                Ok(match name.as_str() {
+                    "pin" => Box::new(Pin::new(self.pin.clone())),
+                    "session-affinity" => {
+                        Box::new(SessionAffinity::new(self.session_affinity.clone()))
+                    }
+                    "cache-aware" => Box::new(CacheAware::new(self.cache_aware.clone())),
+                    "least-loaded" => Box::new(LeastLoaded),
+                    "round-robin" => Box::new(RoundRobin::default()),
+                    other => {
+                        return Err(format!(
+                            "unknown cluster policy `{other}` (available: {})",
+                            AVAILABLE.join(", ")
+                        ))
+                    }
+                })
+            })
+            .collect()
+    }
+}
+
+impl Config {
+    pub fn load(file: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| anyhow!("{}: cannot read: {e}", file.display()))?;
+        let config: Config = serde_path_to_error::deserialize(toml::Deserializer::new(&text))
+            .map_err(|e| {
+                let key = e.path().to_string();
+                let inner = e.into_inner();
+                let line = inner.span().map_or(0, |s| {
+                    text[..s.start.min(text.len())].matches('\n').count() + 1
+                });
+                anyhow!(
+                    "{}:{line}: key `{key}`: {}",
+                    file.display(),
+                    inner.message()
+                )
+            })?;
+        config
+            .cluster
+            .pipeline()
+            .map_err(|e| anyhow!("{}: key `cluster.cluster_policies`: {e}", file.display()))?;
+        Ok(config)
+    }
+}

@@ -1,0 +1,10 @@
+//! `pie-controller`: fronts many workers with the worker's own client API.
+//!
+//! - [`config`]: `config.toml` and the routing pipeline it names.
+//! - [`registry`]: the workers (static and registered), their health, load and
+//!   prefix-cache index, polled from each worker's `/v1/internal/state`.
+//! - [`proxy`]: routing decisions and the pass-through of requests and streams.
+
+pub mod config;
+pub mod proxy;
+pub mod registry;

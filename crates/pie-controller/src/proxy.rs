@@ -1,0 +1,341 @@
+//! Routing and pass-through. Client requests are parsed only as far as routing
+//! needs (prompt, props, session); the body goes to the worker unchanged and the
+//! response streams back unbuffered, with `x-pie-worker` and `x-pie-route`. A
+//! worker that refuses the connection is marked down and the next candidate is
+//! tried; a stream that breaks after its first byte ends with an error event.
+//! Native process ids are made cluster-unique as `WORKER~ID`.
+
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::StreamExt;
+use pie_core::{PropValue, Props};
+use pie_model::{ChatMessage, Tokenizer};
+use pie_policy::cluster::{record, route, ClusterPolicy, RouteRequest};
+use serde_json::{json, Value};
+
+use crate::registry::Registry;
+
+pub struct Controller {
+    pub registry: Registry,
+    pub pipeline: Mutex<Vec<Box<dyn ClusterPolicy>>>,
+    pub tokenizer: Option<Tokenizer>,
+    pub http: reqwest::Client,
+    pub worker_key: Option<String>,
+}
+
+type Shared = Arc<Controller>;
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({"error": {"message": message.into(), "type": if status.is_server_error() { "server_error" } else { "invalid_request_error" }, "param": null, "code": status.as_u16()}}))).into_response()
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+pub fn router(ctl: Shared) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/cluster", get(cluster))
+        .route("/v1/cluster/register", post(register))
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(generate))
+        .route("/v1/chat/completions", post(generate))
+        .route("/v1/processes", post(generate))
+        .route(
+            "/v1/processes/{id}",
+            get(on_process).patch(on_process).delete(on_process),
+        )
+        .route("/v1/processes/{id}/events", get(on_process_events))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
+        .with_state(ctl)
+}
+
+async fn health(State(ctl): State<Shared>) -> Response {
+    let healthy = ctl.registry.snapshot().iter().filter(|w| w.healthy).count();
+    let status = if healthy > 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(json!({"status": if healthy > 0 { "ok" } else { "no healthy worker" }, "healthy_workers": healthy}))).into_response()
+}
+
+async fn cluster(State(ctl): State<Shared>) -> Json<Value> {
+    let names: Vec<&str> = ctl
+        .pipeline
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|p| p.name())
+        .collect();
+    Json(json!({"workers": ctl.registry.snapshot(), "cluster_policies": names}))
+}
+
+async fn register(State(ctl): State<Shared>, Json(body): Json<Value>) -> Response {
+    match (body["name"].as_str(), body["url"].as_str()) {
+        (Some(name), Some(url)) if !name.is_empty() && url.starts_with("http") => {
+            ctl.registry.register(name, url);
+            Json(json!({"registered": name})).into_response()
+        }
+        _ => error(
+            StatusCode::BAD_REQUEST,
+            "register needs {\"name\": ..., \"url\": \"http://...\"}",
+        ),
+    }
+}
+
+async fn models(State(ctl): State<Shared>, headers: HeaderMap) -> Response {
+    let Some((_, url)) = ctl.registry.views(&[]).into_iter().next() else {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "no healthy worker");
+    };
+    forward(
+        &ctl,
+        Method::GET,
+        &format!("{url}/v1/models"),
+        &headers,
+        Bytes::new(),
+    )
+    .await
+    .unwrap_or_else(|e| error(StatusCode::BAD_GATEWAY, e))
+}
+
+/// What routing needs from a generation request: its prompt tokens and props.
+/// Errors are messages for a 400.
+fn route_inputs(ctl: &Controller, path: &str, body: &Value) -> Result<(Vec<u32>, Props), String> {
+    let props_json = &body["props"];
+    let mut props = if props_json.is_null() {
+        Props::new()
+    } else {
+        Props::from_json(props_json).map_err(|e| e.to_string())?
+    };
+    if let Some(session) = body["session"].as_str() {
+        props
+            .set("session", PropValue::Str(session.into()))
+            .map_err(|e| e.to_string())?;
+    }
+    let args = if path == "/v1/processes" {
+        &body["args"]
+    } else {
+        body
+    };
+    let Some(tk) = &ctl.tokenizer else {
+        return Ok((Vec::new(), props));
+    };
+    let tokens = if let Some(messages) = args.get("messages") {
+        let messages: Vec<ChatMessage> =
+            serde_json::from_value(messages.clone()).map_err(|e| format!("messages: {e}"))?;
+        tk.apply_chat_template(&messages)
+            .and_then(|t| tk.encode(&t))
+            .unwrap_or_default()
+    } else {
+        match &args["prompt"] {
+            Value::String(s) => tk.encode(s).unwrap_or_default(),
+            Value::Array(a) => a
+                .iter()
+                .filter_map(Value::as_u64)
+                .map(|t| t as u32)
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
+    Ok((tokens, props))
+}
+
+async fn generate(
+    State(ctl): State<Shared>,
+    method: Method,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path().to_string();
+    let json: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("body is not JSON: {e}")),
+    };
+    let (tokens, props) = match route_inputs(&ctl, &path, &json) {
+        Ok(v) => v,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
+    let views = ctl.registry.views(&tokens);
+    let worker_views: Vec<_> = views.iter().map(|(v, _)| v.clone()).collect();
+    let req = RouteRequest {
+        props: &props,
+        prompt_tokens: tokens.len(),
+    };
+    let decision = route(
+        &mut ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner()),
+        now_ms(),
+        &req,
+        &worker_views,
+    );
+    let (chosen, reason) = match decision {
+        Ok(d) => d,
+        Err(r) => {
+            return error(
+                StatusCode::from_u16(r.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
+                r.message,
+            )
+        }
+    };
+    // The chosen worker first, then the rest by load, for connection failures.
+    let mut order: Vec<usize> = (0..views.len()).filter(|&i| i != chosen).collect();
+    order.sort_by_key(|&i| views[i].0.load);
+    order.insert(0, chosen);
+    for (attempt, i) in order.into_iter().enumerate() {
+        let (view, url) = &views[i];
+        let why = if attempt == 0 {
+            reason.clone()
+        } else {
+            format!("retry after connection failure: {}", view.name)
+        };
+        match forward(
+            &ctl,
+            method.clone(),
+            &format!("{url}{path}"),
+            &headers,
+            body.clone(),
+        )
+        .await
+        {
+            Ok(mut resp) => {
+                ctl.registry.count_routed(&view.name);
+                record(
+                    &mut ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner()),
+                    now_ms(),
+                    &req,
+                    &view.name,
+                );
+                let h = resp.headers_mut();
+                h.insert(
+                    "x-pie-worker",
+                    HeaderValue::from_str(&view.name).unwrap_or(HeaderValue::from_static("?")),
+                );
+                h.insert(
+                    "x-pie-route",
+                    HeaderValue::from_str(&why).unwrap_or(HeaderValue::from_static("?")),
+                );
+                return if path == "/v1/processes" {
+                    qualify_id(resp, &view.name).await
+                } else {
+                    resp
+                };
+            }
+            Err(e) => {
+                tracing::warn!(
+                    worker = view.name,
+                    error = e,
+                    "worker unreachable; trying the next"
+                );
+                ctl.registry.mark_down(&view.name);
+            }
+        }
+    }
+    error(
+        StatusCode::BAD_GATEWAY,
+        "every candidate worker refused the connection",
+    )
+}
+
+/// Send one request to a worker; Err only when no response arrived at all.
+async fn forward(
+    ctl: &Controller,
+    method: Method,
+    url: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response, String> {
+    let mut req = ctl.http.request(method, url).body(body);
+    if let Some(ct) = headers.get("content-type") {
+        req = req.header("content-type", ct);
+    }
+    if let Some(key) = &ctl.worker_key {
+        req = req.bearer_auth(key);
+    }
+    let resp = req.send().await.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let content_type = resp.headers().get("content-type").cloned();
+    let stream = resp.bytes_stream().map(|chunk| match chunk {
+        Ok(b) => Ok::<Bytes, std::convert::Infallible>(b),
+        Err(e) => Ok(Bytes::from(format!("data: {}\n\n", json!({"error": {"message": format!("the worker's stream broke: {e}"), "type": "server_error", "param": null, "code": 502}})))),
+    });
+    let mut out = Response::new(Body::from_stream(stream));
+    *out.status_mut() = status;
+    if let Some(ct) = content_type {
+        out.headers_mut().insert("content-type", ct);
+    }
+    Ok(out)
+}
+
+/// `{"id": "proc-3"}` from worker w1 becomes `{"id": "w1~proc-3"}`.
+async fn qualify_id(resp: Response, worker: &str) -> Response {
+    let (mut parts, body) = resp.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, 1 << 20).await else {
+        return error(StatusCode::BAD_GATEWAY, "unreadable worker response");
+    };
+    let mut v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    if let Some(id) = v["id"].as_str() {
+        v["id"] = json!(format!("{worker}~{id}"));
+    }
+    parts.headers.remove("content-length");
+    Response::from_parts(parts, Body::from(v.to_string()))
+}
+
+async fn on_process(
+    State(ctl): State<Shared>,
+    method: Method,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    to_owner(&ctl, method, &id, "", &headers, body).await
+}
+
+async fn on_process_events(
+    State(ctl): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    to_owner(&ctl, Method::GET, &id, "/events", &headers, Bytes::new()).await
+}
+
+async fn to_owner(
+    ctl: &Controller,
+    method: Method,
+    id: &str,
+    suffix: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Response {
+    let Some((worker, local)) = id.split_once('~') else {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("no process `{id}` (cluster ids look like WORKER~ID)"),
+        );
+    };
+    let Some(url) = ctl.registry.url_of(worker) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("no worker `{worker}` for process `{id}`"),
+        );
+    };
+    forward(
+        ctl,
+        method,
+        &format!("{url}/v1/processes/{local}{suffix}"),
+        headers,
+        body,
+    )
+    .await
+    .unwrap_or_else(|e| error(StatusCode::BAD_GATEWAY, format!("worker `{worker}`: {e}")))
+}
