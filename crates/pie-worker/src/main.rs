@@ -47,6 +47,11 @@ enum Cmd {
         #[command(flatten)]
         sampling: SamplingArgs,
     },
+    /// A local cluster on loopback.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCmd,
+    },
     /// Model files: synthesize the test model, or fetch the default one.
     Model {
         #[command(subcommand)]
@@ -127,6 +132,26 @@ impl ServeArgs {
             std::path::Path::new("<command line>"),
         )?)
     }
+}
+
+#[derive(Subcommand)]
+enum ClusterCmd {
+    /// Start N workers and a pie-controller in front of them; Ctrl-C stops all.
+    Up {
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        /// Worker config.toml (each worker gets a free port).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        model: ModelArgs,
+        /// The controller's port.
+        #[arg(long, default_value_t = 9090)]
+        port: u16,
+        /// Cluster policies, comma-separated (default: the controller's).
+        #[arg(long)]
+        policies: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -211,6 +236,28 @@ fn main() -> Result<()> {
                 .enable_all()
                 .build()?
                 .block_on(pie_worker::serve::serve(config, reloader, registration))
+        }
+        Cmd::Cluster {
+            command:
+                ClusterCmd::Up {
+                    workers,
+                    config,
+                    model,
+                    port,
+                    policies,
+                },
+        } => {
+            let model = match model.model {
+                Some(p) => p,
+                None => fetch::default_model()?,
+            };
+            pie_worker::cluster::up(
+                workers,
+                config.as_deref(),
+                &model,
+                port,
+                policies.as_deref(),
+            )
         }
         Cmd::Config {
             command: ConfigCmd::Init { out, force },
