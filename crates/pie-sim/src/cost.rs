@@ -1,0 +1,109 @@
+//! The step-time cost model and its profiles:
+//! `step_ms = a + b * batch_tokens + c * sum of the batch's context lengths`,
+//! with the engine limits (page size, pages, batch tokens, running sequences) that
+//! belong to the same hardware.
+
+use serde::Serialize;
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CostProfile {
+    pub name: String,
+    /// Fixed cost of a step (ms): weight reads, launch overhead.
+    pub a_ms: f64,
+    /// Cost per token computed in the step (ms): the linear layers.
+    pub b_ms_per_token: f64,
+    /// Cost per token of KV attended over (ms): attention reads.
+    pub c_ms_per_context_token: f64,
+    /// False for placeholder coefficients; results must say so.
+    pub calibrated: bool,
+    /// Where the coefficients come from.
+    pub source: String,
+    pub page_size: usize,
+    pub kv_pages: usize,
+    pub max_batch_tokens: usize,
+    pub max_running: usize,
+}
+
+pub const PROFILES: &[&str] = &["gpu", "cpu"];
+
+impl CostProfile {
+    pub fn named(name: &str) -> Result<Self, String> {
+        match name {
+            "gpu" => Ok(Self::gpu_a100_llama3_8b()),
+            "cpu" => Ok(Self::cpu_placeholder()),
+            other => Err(format!(
+                "unknown profile `{other}` (available: {})",
+                PROFILES.join(", ")
+            )),
+        }
+    }
+
+    /// Llama-3-8B (bf16) on one A100-80GB SXM, a roofline estimate from published
+    /// figures, NOT fitted to measured step times:
+    /// - NVIDIA A100 datasheet: 2,039 GB/s HBM2e, 312 TFLOPS dense BF16.
+    /// - Llama-3-8B config (Meta, Hugging Face `config.json`): 8.03 B parameters,
+    ///   32 layers, 8 KV heads of dimension 128, so 16.06 GB of weights and
+    ///   2 * 32 * 8 * 128 * 2 B = 128 KiB of KV per token.
+    ///
+    /// a = 16.06 GB / 2,039 GB/s = 7.9 ms (weights read once per step);
+    /// b = 2 * 8.03 GFLOP / (312 TFLOPS * 0.5 assumed utilisation) = 0.103 ms;
+    /// c = 131,072 B / 2,039 GB/s = 6.4e-5 ms.
+    /// Limits: 28,000 pages of 16 tokens (about 58 GB of KV after the weights and
+    /// activations), `max_batch_tokens` 2048 and `max_running` 256 (vLLM's defaults
+    /// for chunked prefill and `max_num_seqs`).
+    pub fn gpu_a100_llama3_8b() -> Self {
+        Self {
+            name: "gpu-a100-llama3-8b".into(),
+            a_ms: 7.9,
+            b_ms_per_token: 0.103,
+            c_ms_per_context_token: 6.4e-5,
+            calibrated: false,
+            source: "roofline from the A100 datasheet and the Llama-3-8B config; not measured"
+                .into(),
+            page_size: 16,
+            kv_pages: 28_000,
+            max_batch_tokens: 2048,
+            max_running: 256,
+        }
+    }
+
+    /// UNCALIBRATED placeholder for `pie serve` with SmolLM2-135M on two CPU cores:
+    /// the coefficients are guesses of the right order, not measurements. The
+    /// limits are `pie-worker`'s `EngineConfig` defaults.
+    pub fn cpu_placeholder() -> Self {
+        Self {
+            name: "cpu-smollm2-135m".into(),
+            a_ms: 5.0,
+            b_ms_per_token: 1.0,
+            c_ms_per_context_token: 0.002,
+            calibrated: false,
+            source: "uncalibrated placeholder".into(),
+            page_size: 16,
+            kv_pages: 2048,
+            max_batch_tokens: 512,
+            max_running: 64,
+        }
+    }
+
+    /// Duration of one step in microseconds (at least 1).
+    pub fn step_us(&self, batch_tokens: usize, context_tokens: usize) -> u64 {
+        let ms = self.a_ms
+            + self.b_ms_per_token * batch_tokens as f64
+            + self.c_ms_per_context_token * context_tokens as f64;
+        ((ms * 1000.0).round() as u64).max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_time_is_the_linear_model() {
+        let p = CostProfile::gpu_a100_llama3_8b();
+        // 7.9 + 0.103 * 100 + 6.4e-5 * 10_000 = 18.84 ms.
+        assert_eq!(p.step_us(100, 10_000), 18_840);
+        assert_eq!(p.step_us(0, 0), 7_900);
+        assert!(CostProfile::named("tpu").is_err());
+    }
+}

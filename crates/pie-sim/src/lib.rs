@@ -1,0 +1,14 @@
+//! `pie-sim`: a discrete-event simulator of Pie workers behind a router. It runs
+//! the real `pie-policy` objects, unchanged, over a modelled page pool and prefix
+//! cache with step times from a cost model, fed by seeded workload generators.
+
+pub mod cache;
+pub mod cost;
+pub mod metrics;
+pub mod sim;
+pub mod workload;
+
+pub use cost::CostProfile;
+pub use metrics::RunMetrics;
+pub use sim::{run, PolicyName, RouterName, SimConfig};
+pub use workload::{Request, Segment, WorkloadSpec};

@@ -1,0 +1,155 @@
+//! The `pie-sim` CLI: `run` one configuration, or `compare` policies (worker
+//! plane) and routers (cluster plane) on the same seeded workload, printing a
+//! markdown table and optionally writing every run's metrics as JSON.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use pie_sim::metrics::markdown_table;
+use pie_sim::{run, CostProfile, PolicyName, RouterName, RunMetrics, SimConfig, WorkloadSpec};
+
+#[derive(Parser)]
+#[command(
+    name = "pie-sim",
+    about = "Simulate Pie workers running the real policies"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one policy and router; print the metrics JSON.
+    Run {
+        #[command(flatten)]
+        common: Common,
+        #[arg(long, default_value = "fcfs")]
+        policy: String,
+        #[arg(long, default_value = "round-robin")]
+        router: String,
+    },
+    /// Run each policy x router on the same workload; print a markdown table.
+    Compare {
+        #[command(flatten)]
+        common: Common,
+        /// Comma-separated: fcfs, fair, priority, deadline, deadline-abort.
+        #[arg(long, default_value = "fcfs")]
+        policies: String,
+        /// Comma-separated: round-robin, least-loaded, cache-aware.
+        #[arg(long, default_value = "round-robin")]
+        router: String,
+    },
+}
+
+#[derive(Args)]
+struct Common {
+    /// shared-prefix, multi-turn, multi-tenant, deadline-mix, priority-mix.
+    #[arg(long)]
+    workload: String,
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    #[arg(long, default_value_t = 2000)]
+    requests: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Offered load relative to the workload's default per-worker rate (which is
+    /// multiplied by --workers).
+    #[arg(long, default_value_t = 1.0)]
+    load: f64,
+    /// gpu (roofline estimate) or cpu (uncalibrated placeholder).
+    #[arg(long, default_value = "gpu")]
+    profile: String,
+    /// Override the profile's KV pages per worker.
+    #[arg(long)]
+    kv_pages: Option<usize>,
+    /// Run keep-session (retention by the `session` and `keep-ms` props).
+    #[arg(long)]
+    keep_session: bool,
+    /// Write the metrics of every run as a JSON array here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn split<T: std::str::FromStr<Err = String>>(list: &str) -> Result<Vec<T>> {
+    list.split(',')
+        .map(|s| s.trim().parse::<T>().map_err(anyhow::Error::msg))
+        .collect()
+}
+
+fn simulate(
+    common: &Common,
+    policies: &[PolicyName],
+    routers: &[RouterName],
+) -> Result<Vec<RunMetrics>> {
+    anyhow::ensure!(common.load > 0.0, "--load must be positive");
+    let mut spec = WorkloadSpec::named(&common.workload).map_err(anyhow::Error::msg)?;
+    spec.scale_rate(common.load * common.workers as f64);
+    let reqs = spec.generate(common.requests, common.seed);
+    let mut profile = CostProfile::named(&common.profile).map_err(anyhow::Error::msg)?;
+    if let Some(pages) = common.kv_pages {
+        profile.kv_pages = pages;
+    }
+    let mut runs = Vec::new();
+    for &router in routers {
+        for &policy in policies {
+            let mut cfg = SimConfig::new(common.workers, policy, router, profile.clone());
+            cfg.keep_session = common.keep_session;
+            let m = run(&cfg, spec.name(), &reqs)?;
+            eprintln!(
+                "{} / {}: {} events in {:.2} s ({:.2e} events/s)",
+                policy.label(),
+                router.label(),
+                m.events,
+                m.wall_s,
+                m.events_per_s
+            );
+            runs.push(m);
+        }
+    }
+    if let Some(path) = &common.json {
+        std::fs::write(path, serde_json::to_string_pretty(&runs)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(runs)
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Run {
+            common,
+            policy,
+            router,
+        } => {
+            let runs = simulate(
+                &common,
+                &[policy.parse().map_err(anyhow::Error::msg)?],
+                &[router.parse().map_err(anyhow::Error::msg)?],
+            )?;
+            println!("{}", serde_json::to_string_pretty(&runs)?);
+        }
+        Command::Compare {
+            common,
+            policies,
+            router,
+        } => {
+            let runs = simulate(&common, &split(&policies)?, &split(&router)?)?;
+            let first = &runs[0];
+            println!(
+                "{} on {} worker(s), {} requests, profile {}{}\n",
+                first.workload,
+                first.workers,
+                first.requests,
+                first.profile,
+                if first.profile_calibrated {
+                    ""
+                } else {
+                    " (uncalibrated)"
+                }
+            );
+            print!("{}", markdown_table(&runs));
+        }
+    }
+    Ok(())
+}

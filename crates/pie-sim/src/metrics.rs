@@ -1,0 +1,319 @@
+//! Metrics of one simulated run: what each request experienced (TTFT, end-to-end
+//! latency, prefix hits, deadline), per-client service for fairness, per-class
+//! latencies, throughput, and the simulator's own speed (events per second). The
+//! whole [`RunMetrics`] serialises to JSON; [`markdown_table`] compares runs.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::sim::SimConfig;
+use crate::workload::Request;
+
+/// What happened to one request (times in microseconds since the start).
+#[derive(Clone, Debug, Default)]
+pub struct Record {
+    pub arrival_us: u64,
+    pub first_token_us: Option<u64>,
+    pub finish_us: Option<u64>,
+    pub worker: u32,
+    pub prompt_tokens: u32,
+    pub generated_tokens: u32,
+    /// Prompt tokens served from the prefix cache at first scheduling.
+    pub cached_tokens: Option<u32>,
+    /// Stopped by the policy (`deadline-abort`).
+    pub expired: bool,
+    /// Could not fit the page pool.
+    pub rejected: bool,
+}
+
+/// Simulator-wide counters.
+#[derive(Clone, Debug, Default)]
+pub struct Counters {
+    pub events: u64,
+    pub end_us: u64,
+    pub steps: u64,
+    pub batch_tokens: u64,
+    pub prefill_tokens: u64,
+    /// Tokens computed after the prompt (recomputes after preemption included).
+    pub decode_tokens: u64,
+    pub prefix_hit_tokens: u64,
+    pub preemptions: u64,
+    pub rejected: u64,
+    /// Tokens served (prompt computed + generated) per client id until the last
+    /// open-loop arrival.
+    pub window_service: Vec<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub mean: f64,
+}
+
+impl Percentiles {
+    /// Nearest-rank percentiles of `values` (zeros when empty).
+    pub fn of(mut values: Vec<f64>) -> Self {
+        if values.is_empty() {
+            return Self::default();
+        }
+        values.sort_by(f64::total_cmp);
+        let at = |p: f64| {
+            let rank = ((p / 100.0) * values.len() as f64).ceil() as usize;
+            values[rank.clamp(1, values.len()) - 1]
+        };
+        Self {
+            p50: at(50.0),
+            p90: at(90.0),
+            p99: at(99.0),
+            mean: values.iter().sum::<f64>() / values.len() as f64,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ClientService {
+    pub requests: usize,
+    /// Prompt plus generated tokens of its requests.
+    pub tokens: u64,
+    /// Tokens served (computed prompt + generated) until the last open-loop
+    /// arrival, while load was still offered: the fairness figure.
+    pub window_tokens: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ClassStats {
+    pub requests: usize,
+    pub ttft_ms: Percentiles,
+    pub e2e_ms: Percentiles,
+    pub deadline_misses: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunMetrics {
+    pub workload: String,
+    pub policy: String,
+    pub router: String,
+    pub keep_session: bool,
+    pub workers: usize,
+    pub profile: String,
+    pub profile_calibrated: bool,
+    pub requests: usize,
+    pub completed: usize,
+    pub rejected: usize,
+    pub aborted: usize,
+    pub ttft_ms: Percentiles,
+    pub e2e_ms: Percentiles,
+    pub sim_time_s: f64,
+    /// Generated tokens per simulated second.
+    pub output_tokens_per_s: f64,
+    /// Prompt plus generated tokens per simulated second.
+    pub total_tokens_per_s: f64,
+    pub prompt_tokens: u64,
+    pub generated_tokens: u64,
+    pub requested_output_tokens: u64,
+    pub prefix_hit_tokens: u64,
+    /// Prompt tokens served from the prefix cache / prompt tokens.
+    pub prefix_hit_rate: f64,
+    pub prefill_tokens_computed: u64,
+    pub steps: u64,
+    pub mean_batch_tokens: f64,
+    pub preemptions: u64,
+    pub deadline_requests: usize,
+    pub deadline_misses: usize,
+    pub clients: BTreeMap<String, ClientService>,
+    /// Jain's index of the clients' `window_tokens` (1: equal service).
+    pub jain_window: f64,
+    pub classes: BTreeMap<String, ClassStats>,
+    pub events: u64,
+    pub wall_s: f64,
+    pub events_per_s: f64,
+}
+
+fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+/// Whether a finished request missed its `deadline-ms`, if it had one.
+fn missed(req: &Request, rec: &Record) -> Option<bool> {
+    let d = req.props.int("deadline-ms")?;
+    let deadline_us = rec.arrival_us.saturating_add(d.max(0) as u64 * 1000);
+    Some(rec.expired || rec.finish_us.is_none_or(|f| f > deadline_us))
+}
+
+impl RunMetrics {
+    pub fn compute(
+        cfg: &SimConfig,
+        workload: &str,
+        reqs: &[Request],
+        records: &[Record],
+        client_names: &[String],
+        counters: Counters,
+        wall_s: f64,
+    ) -> Self {
+        let served: Vec<(&Request, &Record)> = reqs
+            .iter()
+            .zip(records)
+            .filter(|(_, r)| !r.rejected)
+            .collect();
+        let ttft = |v: &[(&Request, &Record)]| {
+            Percentiles::of(
+                v.iter()
+                    .filter_map(|(_, r)| r.first_token_us.map(|f| ms(f - r.arrival_us)))
+                    .collect(),
+            )
+        };
+        let e2e = |v: &[(&Request, &Record)]| {
+            Percentiles::of(
+                v.iter()
+                    .filter_map(|(_, r)| r.finish_us.map(|f| ms(f - r.arrival_us)))
+                    .collect(),
+            )
+        };
+        let mut clients: BTreeMap<String, ClientService> = BTreeMap::new();
+        for (q, r) in &served {
+            let c = clients.entry(q.client.clone()).or_default();
+            c.requests += 1;
+            c.tokens += u64::from(r.prompt_tokens + r.generated_tokens);
+        }
+        for (id, name) in client_names.iter().enumerate() {
+            if let Some(c) = clients.get_mut(name) {
+                c.window_tokens = counters.window_service.get(id).copied().unwrap_or(0);
+            }
+        }
+        let window: Vec<f64> = clients.values().map(|c| c.window_tokens as f64).collect();
+        let sum: f64 = window.iter().sum();
+        let sq: f64 = window.iter().map(|x| x * x).sum();
+        let jain_window = if sq > 0.0 {
+            sum * sum / (window.len() as f64 * sq)
+        } else {
+            1.0
+        };
+        let mut by_class: BTreeMap<String, Vec<(&Request, &Record)>> = BTreeMap::new();
+        for &(q, r) in &served {
+            by_class.entry(q.class.clone()).or_default().push((q, r));
+        }
+        let classes = by_class
+            .into_iter()
+            .map(|(k, v)| {
+                let misses = v.iter().filter(|(q, r)| missed(q, r) == Some(true)).count();
+                (
+                    k,
+                    ClassStats {
+                        requests: v.len(),
+                        ttft_ms: ttft(&v),
+                        e2e_ms: e2e(&v),
+                        deadline_misses: misses,
+                    },
+                )
+            })
+            .collect();
+        let prompt_tokens: u64 = served.iter().map(|(_, r)| u64::from(r.prompt_tokens)).sum();
+        let generated_tokens: u64 = served
+            .iter()
+            .map(|(_, r)| u64::from(r.generated_tokens))
+            .sum();
+        let sim_time_s = counters.end_us as f64 / 1e6;
+        let per_s = |x: u64| {
+            if sim_time_s > 0.0 {
+                x as f64 / sim_time_s
+            } else {
+                0.0
+            }
+        };
+        let deadlines: Vec<bool> = served.iter().filter_map(|(q, r)| missed(q, r)).collect();
+        Self {
+            workload: workload.to_string(),
+            policy: cfg.policy.label().to_string(),
+            router: cfg.router.label().to_string(),
+            keep_session: cfg.keep_session,
+            workers: cfg.workers,
+            profile: cfg.profile.name.clone(),
+            profile_calibrated: cfg.profile.calibrated,
+            requests: reqs.len(),
+            completed: served
+                .iter()
+                .filter(|(_, r)| r.finish_us.is_some() && !r.expired)
+                .count(),
+            rejected: records.iter().filter(|r| r.rejected).count(),
+            aborted: records.iter().filter(|r| r.expired).count(),
+            ttft_ms: ttft(&served),
+            e2e_ms: e2e(&served),
+            sim_time_s,
+            output_tokens_per_s: per_s(generated_tokens),
+            total_tokens_per_s: per_s(generated_tokens + prompt_tokens),
+            prompt_tokens,
+            generated_tokens,
+            requested_output_tokens: served.iter().map(|(q, _)| q.output_len() as u64).sum(),
+            prefix_hit_tokens: counters.prefix_hit_tokens,
+            prefix_hit_rate: if prompt_tokens > 0 {
+                counters.prefix_hit_tokens as f64 / prompt_tokens as f64
+            } else {
+                0.0
+            },
+            prefill_tokens_computed: counters.prefill_tokens,
+            steps: counters.steps,
+            mean_batch_tokens: if counters.steps > 0 {
+                counters.batch_tokens as f64 / counters.steps as f64
+            } else {
+                0.0
+            },
+            preemptions: counters.preemptions,
+            deadline_requests: deadlines.len(),
+            deadline_misses: deadlines.iter().filter(|m| **m).count(),
+            clients,
+            jain_window,
+            classes,
+            events: counters.events,
+            wall_s,
+            events_per_s: if wall_s > 0.0 {
+                counters.events as f64 / wall_s
+            } else {
+                0.0
+            },
+        }
+    }
+}
+
+/// One row per run, for `pie-sim compare`.
+pub fn markdown_table(runs: &[RunMetrics]) -> String {
+    let mut s = String::from(
+        "| policy | router | TTFT p50 / p90 / p99 ms | e2e p50 / p99 ms | output tok/s | prefix hit | Jain (window) | deadline misses | preemptions | events/s |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in runs {
+        s.push_str(&format!(
+            "| {} | {} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} | {:.0} | {:.1}% | {:.3} | {} / {} | {} | {:.2e} |\n",
+            r.policy,
+            r.router,
+            r.ttft_ms.p50,
+            r.ttft_ms.p90,
+            r.ttft_ms.p99,
+            r.e2e_ms.p50,
+            r.e2e_ms.p99,
+            r.output_tokens_per_s,
+            100.0 * r.prefix_hit_rate,
+            r.jain_window,
+            r.deadline_misses,
+            r.deadline_requests,
+            r.preemptions,
+            r.events_per_s,
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let p = Percentiles::of((1..=100).map(f64::from).collect());
+        assert_eq!((p.p50, p.p90, p.p99), (50.0, 90.0, 99.0));
+        assert_eq!(p.mean, 50.5);
+        assert_eq!(Percentiles::of(vec![]).p99, 0.0);
+    }
+}

@@ -1,0 +1,894 @@
+//! The discrete-event simulation: N workers behind a router, each running a real
+//! `pie-policy` ordering policy (and `KeepSession` when configured) over a
+//! modelled page pool and prefix cache, with step times from the cost model.
+//!
+//! Owns the event loop (a binary heap of step ends and later-turn arrivals, merged
+//! with the sorted open-loop arrivals), routing (round-robin, least-loaded,
+//! cache-aware), and each worker's step, which mirrors `pie-worker`'s engine plan:
+//! the policy orders every sequence on the worker; in that order each gets a
+//! prefill chunk or one decode token while `max_batch_tokens` lasts; a sequence
+//! not yet running needs a free slot under `max_running` (or, if the policy
+//! preempts for slots, takes the slot of the last running one) and first shares
+//! the longest cached prefix of its tokens; when pages run out, unreferenced
+//! cached pages go (LRU), then retained sessions (soonest expiry first), then the
+//! running sequence ordered last is preempted and recomputed later. The step's
+//! tokens take effect when it ends: full pages are published to the prefix cache,
+//! sampled tokens counted, the policy charged, finished sequences released or
+//! retained for their session.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::str::FromStr;
+use std::time::Instant;
+
+use pie_core::{block_hash, block_hashes, BlockHash, ModelFingerprint, SeqId};
+use pie_policy::{
+    Candidate, Deadline, DeadlineConfig, Fair, FairConfig, Fcfs, KeepSession, KeepSessionConfig,
+    OnMiss, Priority, PriorityConfig, WorkerPolicy,
+};
+
+use crate::cache::{HashMapByBlock, PrefixCache};
+use crate::cost::CostProfile;
+use crate::metrics::{Counters, Record, RunMetrics};
+use crate::workload::Request;
+
+/// The worker-plane ordering policies the simulator can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyName {
+    Fcfs,
+    Fair,
+    Priority,
+    Deadline,
+    /// `deadline` with `on_miss = "abort"`.
+    DeadlineAbort,
+}
+
+impl PolicyName {
+    pub const ALL: &'static [&'static str] =
+        &["fcfs", "fair", "priority", "deadline", "deadline-abort"];
+
+    /// A fresh policy object, with the defaults `pie serve` uses.
+    pub fn build(self) -> Box<dyn WorkerPolicy> {
+        match self {
+            Self::Fcfs => Box::new(Fcfs),
+            Self::Fair => Box::new(Fair::new(FairConfig::default())),
+            Self::Priority => Box::new(Priority::new(PriorityConfig::default())),
+            Self::Deadline => Box::new(Deadline::new(DeadlineConfig::default())),
+            Self::DeadlineAbort => Box::new(Deadline::new(DeadlineConfig {
+                on_miss: OnMiss::Abort,
+            })),
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        Self::ALL[self as usize]
+    }
+}
+
+impl FromStr for PolicyName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "fcfs" => Self::Fcfs,
+            "fair" => Self::Fair,
+            "priority" => Self::Priority,
+            "deadline" => Self::Deadline,
+            "deadline-abort" => Self::DeadlineAbort,
+            other => {
+                return Err(format!(
+                    "unknown policy `{other}` (available: {})",
+                    Self::ALL.join(", ")
+                ))
+            }
+        })
+    }
+}
+
+/// How arriving requests are spread over the workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouterName {
+    RoundRobin,
+    /// Fewest outstanding requests (ties: lowest index).
+    LeastLoaded,
+    /// Longest cached prefix by block hashes (ties: least loaded) among the
+    /// least-loaded holders of the prompt's first page, unless that worker has more
+    /// than `balance_slack` requests above the least-loaded one.
+    CacheAware,
+}
+
+impl RouterName {
+    pub const ALL: &'static [&'static str] = &["round-robin", "least-loaded", "cache-aware"];
+
+    pub fn label(self) -> &'static str {
+        Self::ALL[self as usize]
+    }
+}
+
+impl FromStr for RouterName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "round-robin" => Self::RoundRobin,
+            "least-loaded" => Self::LeastLoaded,
+            "cache-aware" => Self::CacheAware,
+            other => {
+                return Err(format!(
+                    "unknown router `{other}` (available: {})",
+                    Self::ALL.join(", ")
+                ))
+            }
+        })
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub workers: usize,
+    pub policy: PolicyName,
+    pub router: RouterName,
+    /// Run `KeepSession` (retention from the `session` and `keep-ms` props).
+    pub keep_session: bool,
+    pub balance_slack: usize,
+    pub profile: CostProfile,
+}
+
+impl SimConfig {
+    pub fn new(
+        workers: usize,
+        policy: PolicyName,
+        router: RouterName,
+        profile: CostProfile,
+    ) -> Self {
+        Self {
+            workers,
+            policy,
+            router,
+            keep_session: false,
+            balance_slack: 16,
+            profile,
+        }
+    }
+}
+
+/// A sequence on a worker.
+struct Seq {
+    /// Hashes of the full pages of its prompt and output tokens.
+    hashes: Vec<BlockHash>,
+    prompt_len: u32,
+    max_tokens: u32,
+    generated: u32,
+    /// Tokens whose KV is computed.
+    len: u32,
+    /// Pages held: `published` leading cache pages plus private ones.
+    pages: u32,
+    published: u32,
+    client: u32,
+}
+
+impl Seq {
+    fn tokens(&self) -> u32 {
+        self.prompt_len + self.generated
+    }
+}
+
+/// A finished session's pages kept for its next turn.
+struct Retained {
+    hashes: Vec<BlockHash>,
+    private: u32,
+    expires_ms: u64,
+}
+
+struct Worker {
+    policy: Box<dyn WorkerPolicy>,
+    /// Every sequence on the worker, in the policy's last order (plus arrivals).
+    cands: Vec<Candidate>,
+    cache: PrefixCache,
+    /// Pages held by sequences and retained sessions outside the cache.
+    private_pages: usize,
+    retained: HashMap<String, Retained>,
+    /// (expiry, session), lazily checked against `retained`.
+    expiries: BinaryHeap<Reverse<(u64, String)>>,
+    /// The running step: (index in `cands`, tokens).
+    plan: Vec<(usize, u32)>,
+    busy: bool,
+    load: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    StepEnd(u32),
+    Arrive(u32),
+}
+
+struct Sim<'a> {
+    cfg: &'a SimConfig,
+    reqs: &'a [Request],
+    keep: Option<KeepSession>,
+    workers: Vec<Worker>,
+    seqs: Vec<Option<Seq>>,
+    records: Vec<Record>,
+    followers: Vec<Option<u32>>,
+    heap: BinaryHeap<Reverse<(u64, u64, Event)>>,
+    next_event: u64,
+    by_load: BTreeSet<(u32, u32)>,
+    rr: usize,
+    /// Cache-aware routing: which workers hold each page.
+    index: HashMapByBlock<Vec<u32>>,
+    /// Hashes of first prompt segments that are whole pages (bounded; cleared when
+    /// full), so shared system prompts are hashed once.
+    memo: HashMap<(u64, u32), Vec<BlockHash>>,
+    client_ids: HashMap<String, u32>,
+    counters: Counters,
+    /// Service up to the last open-loop arrival is counted per client.
+    window_end_us: u64,
+    tokens: Vec<u32>,
+}
+
+const FINGERPRINT: ModelFingerprint = ModelFingerprint(0x51_u64);
+const MEMO_CAPACITY: usize = 4096;
+/// Cache-aware routing compares at most this many holders of the first page
+/// (the least loaded of them).
+const CACHE_AWARE_CANDIDATES: usize = 8;
+
+/// Simulate `reqs` on the configured cluster; every request finishes (or is
+/// rejected or aborted), and the metrics say so.
+pub fn run(cfg: &SimConfig, workload: &str, reqs: &[Request]) -> anyhow::Result<RunMetrics> {
+    anyhow::ensure!(cfg.workers > 0, "at least one worker");
+    anyhow::ensure!(
+        cfg.profile.page_size > 0 && cfg.profile.kv_pages > 0,
+        "page size and pages must be positive"
+    );
+    anyhow::ensure!(
+        cfg.profile.max_batch_tokens > 0 && cfg.profile.max_running > 0,
+        "max_batch_tokens and max_running must be positive"
+    );
+    let started = Instant::now();
+    let mut sim = Sim::new(cfg, reqs);
+    sim.run()?;
+    let wall_s = started.elapsed().as_secs_f64();
+    let mut clients = vec![String::new(); sim.client_ids.len()];
+    for (name, &id) in &sim.client_ids {
+        clients[id as usize] = name.clone();
+    }
+    let counters = std::mem::take(&mut sim.counters);
+    Ok(RunMetrics::compute(
+        cfg,
+        workload,
+        reqs,
+        &sim.records,
+        &clients,
+        counters,
+        wall_s,
+    ))
+}
+
+impl<'a> Sim<'a> {
+    fn new(cfg: &'a SimConfig, reqs: &'a [Request]) -> Self {
+        let track = cfg.router == RouterName::CacheAware;
+        let workers = (0..cfg.workers)
+            .map(|_| Worker {
+                policy: cfg.policy.build(),
+                cands: Vec::new(),
+                cache: PrefixCache::new(track),
+                private_pages: 0,
+                retained: HashMap::new(),
+                expiries: BinaryHeap::new(),
+                plan: Vec::new(),
+                busy: false,
+                load: 0,
+            })
+            .collect();
+        let mut followers = vec![None; reqs.len()];
+        for (i, r) in reqs.iter().enumerate() {
+            if let Some(f) = r.follows {
+                if let Some(slot) = followers.get_mut(f.request) {
+                    *slot = Some(i as u32);
+                }
+            }
+        }
+        let window_end_us = reqs
+            .iter()
+            .filter(|r| r.follows.is_none())
+            .map(|r| r.arrival_us)
+            .max()
+            .unwrap_or(0);
+        Self {
+            cfg,
+            reqs,
+            keep: cfg
+                .keep_session
+                .then(|| KeepSession::new(KeepSessionConfig::default())),
+            workers,
+            seqs: (0..reqs.len()).map(|_| None).collect(),
+            records: vec![Record::default(); reqs.len()],
+            followers,
+            heap: BinaryHeap::new(),
+            next_event: 0,
+            by_load: (0..cfg.workers as u32).map(|w| (0, w)).collect(),
+            rr: 0,
+            index: HashMapByBlock::default(),
+            memo: HashMap::new(),
+            client_ids: HashMap::new(),
+            counters: Counters::default(),
+            window_end_us,
+            tokens: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, at_us: u64, ev: Event) {
+        self.next_event += 1;
+        self.heap.push(Reverse((at_us, self.next_event, ev)));
+    }
+
+    fn run(&mut self) -> anyhow::Result<()> {
+        let mut open: Vec<u32> = (0..self.reqs.len() as u32)
+            .filter(|&i| self.reqs[i as usize].follows.is_none())
+            .collect();
+        open.sort_by_key(|&i| (self.reqs[i as usize].arrival_us, i));
+        let mut next_open = 0;
+        loop {
+            let heap_at = self.heap.peek().map(|Reverse((t, _, _))| *t);
+            let open_at = open
+                .get(next_open)
+                .map(|&i| self.reqs[i as usize].arrival_us);
+            let (now, ev) = match (heap_at, open_at) {
+                (None, None) => break,
+                (Some(h), Some(o)) if o < h => {
+                    next_open += 1;
+                    (o, Event::Arrive(open[next_open - 1]))
+                }
+                (None, Some(o)) => {
+                    next_open += 1;
+                    (o, Event::Arrive(open[next_open - 1]))
+                }
+                _ => {
+                    let Some(Reverse((t, _, ev))) = self.heap.pop() else {
+                        break;
+                    };
+                    (t, ev)
+                }
+            };
+            self.counters.events += 1;
+            self.counters.end_us = self.counters.end_us.max(now);
+            match ev {
+                Event::Arrive(r) => self.arrive(r as usize, now)?,
+                Event::StepEnd(w) => {
+                    self.end_step(w as usize, now);
+                    self.start_step(w as usize, now)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn set_load(&mut self, w: usize, load: u32) {
+        self.by_load.remove(&(self.workers[w].load, w as u32));
+        self.workers[w].load = load;
+        self.by_load.insert((load, w as u32));
+    }
+
+    fn least_loaded(&self) -> usize {
+        self.by_load.first().map_or(0, |&(_, w)| w as usize)
+    }
+
+    fn route(&mut self, hashes: &[BlockHash], prompt_len: usize) -> usize {
+        match self.cfg.router {
+            RouterName::RoundRobin => {
+                self.rr = (self.rr + 1) % self.workers.len();
+                self.rr
+            }
+            RouterName::LeastLoaded => self.least_loaded(),
+            RouterName::CacheAware => {
+                let fallback = self.least_loaded();
+                let ps = self.cfg.profile.page_size;
+                let usable = &hashes[..hashes.len().min(prompt_len.saturating_sub(1) / ps)];
+                let Some(holders) = usable.first().and_then(|h| self.index.get(h)) else {
+                    return fallback;
+                };
+                let mut near: Vec<(u32, u32)> = holders
+                    .iter()
+                    .map(|&w| (self.workers[w as usize].load, w))
+                    .collect();
+                if near.len() > CACHE_AWARE_CANDIDATES {
+                    near.select_nth_unstable(CACHE_AWARE_CANDIDATES - 1);
+                    near.truncate(CACHE_AWARE_CANDIDATES);
+                }
+                let Some((_, _, pick)) = near
+                    .iter()
+                    .map(|&(load, w)| {
+                        let cache = &self.workers[w as usize].cache;
+                        let depth = usable.iter().take_while(|h| cache.contains(h)).count();
+                        (Reverse(depth), load, w as usize)
+                    })
+                    .min()
+                else {
+                    return fallback;
+                };
+                let slack = self.cfg.balance_slack as u32;
+                if self.workers[pick].load > self.workers[fallback].load + slack {
+                    fallback
+                } else {
+                    pick
+                }
+            }
+        }
+    }
+
+    fn arrive(&mut self, r: usize, now: u64) -> anyhow::Result<()> {
+        let reqs = self.reqs;
+        let req = &reqs[r];
+        let ps = self.cfg.profile.page_size;
+        self.records[r].arrival_us = now;
+        let limit = self.cfg.profile.kv_pages * ps;
+        let prompt_len = req.prompt_len();
+        if prompt_len == 0 || prompt_len >= limit {
+            self.records[r].rejected = true;
+            self.records[r].finish_us = Some(now);
+            self.counters.rejected += 1;
+            self.follow_up(r, now);
+            return Ok(());
+        }
+        let max_tokens = req.output_len().min(limit - prompt_len).max(1);
+        let hashes = self.hashes(req, prompt_len + max_tokens);
+        let w = self.route(&hashes, prompt_len);
+        let n_clients = self.client_ids.len() as u32;
+        let client = *self
+            .client_ids
+            .entry(req.client.clone())
+            .or_insert(n_clients);
+        self.seqs[r] = Some(Seq {
+            hashes,
+            prompt_len: prompt_len as u32,
+            max_tokens: max_tokens as u32,
+            generated: 0,
+            len: 0,
+            pages: 0,
+            published: 0,
+            client,
+        });
+        self.records[r].worker = w as u32;
+        self.records[r].prompt_tokens = prompt_len as u32;
+        self.workers[w].cands.push(Candidate {
+            seq: SeqId(r as u64),
+            arrival_ms: now / 1000,
+            running: false,
+            prefill_tokens: prompt_len,
+            client: req.client.clone(),
+            props: req.props.clone(),
+        });
+        let load = self.workers[w].load + 1;
+        self.set_load(w, load);
+        if !self.workers[w].busy {
+            self.start_step(w, now)?;
+        }
+        Ok(())
+    }
+
+    /// `pie_core::block_hashes` of the request's first `total` tokens, reusing the
+    /// hashes of a first segment made of whole pages.
+    fn hashes(&mut self, req: &Request, total: usize) -> Vec<BlockHash> {
+        let ps = self.cfg.profile.page_size;
+        let first = req.prompt[0];
+        let skip = first.len as usize;
+        if skip == 0 || !skip.is_multiple_of(ps) || skip > total {
+            req.tokens(&mut self.tokens);
+            self.tokens.truncate(total);
+            return block_hashes(FINGERPRINT, &self.tokens, ps);
+        }
+        if self.memo.len() >= MEMO_CAPACITY {
+            self.memo.clear();
+        }
+        let tokens = &mut self.tokens;
+        let mut hashes = self
+            .memo
+            .entry((first.key, first.len))
+            .or_insert_with(|| {
+                tokens.clear();
+                first.push_tokens(tokens);
+                block_hashes(FINGERPRINT, tokens, ps)
+            })
+            .clone();
+        self.tokens.clear();
+        for seg in &req.prompt[1..] {
+            seg.push_tokens(&mut self.tokens);
+        }
+        req.output.push_tokens(&mut self.tokens);
+        self.tokens.truncate(total - skip);
+        let mut parent = hashes.last().copied().unwrap_or(FINGERPRINT.root());
+        for page in self.tokens.chunks_exact(ps) {
+            parent = block_hash(parent, page);
+            hashes.push(parent);
+        }
+        hashes
+    }
+
+    fn follow_up(&mut self, r: usize, now: u64) {
+        if let Some(next) = self.followers[r] {
+            let think = self.reqs[next as usize].follows.map_or(0, |f| f.think_us);
+            self.push(now + think, Event::Arrive(next));
+        }
+    }
+
+    fn sync_index(&mut self, w: usize) {
+        for (h, added) in self.workers[w].cache.drain_log() {
+            let holders = self.index.entry(h).or_default();
+            if added {
+                holders.push(w as u32);
+            } else if let Some(i) = holders.iter().position(|&x| x == w as u32) {
+                holders.swap_remove(i);
+                if holders.is_empty() {
+                    self.index.remove(&h);
+                }
+            }
+        }
+    }
+
+    fn start_step(&mut self, w: usize, now: u64) -> anyhow::Result<()> {
+        let now_ms = now / 1000;
+        self.expire_retained(w, now_ms);
+        self.abort_expired(w, now);
+        let seqs = &self.seqs;
+        let worker = &mut self.workers[w];
+        for c in &mut worker.cands {
+            let s = seqs[c.seq.0 as usize]
+                .as_ref()
+                .expect("a candidate's sequence exists");
+            c.running = s.pages > 0;
+            c.prefill_tokens = s.prompt_len.saturating_sub(s.len) as usize;
+        }
+        worker.policy.order(now_ms, &mut worker.cands);
+        self.plan(w);
+        self.sync_index(w);
+        let worker = &mut self.workers[w];
+        if worker.plan.is_empty() {
+            worker.busy = false;
+            anyhow::ensure!(
+                worker.cands.is_empty(),
+                "worker {w} stalled with {} sequences at {now} us",
+                worker.cands.len()
+            );
+            return Ok(());
+        }
+        let mut batch = 0;
+        let mut context = 0;
+        for &(ci, n) in &worker.plan {
+            let s = self.seqs[worker.cands[ci].seq.0 as usize]
+                .as_ref()
+                .expect("planned sequence exists");
+            batch += n as usize;
+            context += (s.len + n) as usize;
+        }
+        worker.busy = true;
+        self.counters.steps += 1;
+        self.counters.batch_tokens += batch as u64;
+        let end = now + self.cfg.profile.step_us(batch, context);
+        self.push(end, Event::StepEnd(w as u32));
+        Ok(())
+    }
+
+    /// Mirror of the engine's `plan`: fill the step in the policy's order.
+    fn plan(&mut self, w: usize) {
+        let whole: &'a SimConfig = self.cfg;
+        let cfg = &whole.profile;
+        let mut plan = std::mem::take(&mut self.workers[w].plan);
+        plan.clear();
+        let order: Vec<usize> = self.workers[w]
+            .cands
+            .iter()
+            .map(|c| c.seq.0 as usize)
+            .collect();
+        let mut running = self.workers[w].cands.iter().filter(|c| c.running).count();
+        let mut budget = cfg.max_batch_tokens as u32;
+        let preempts = self.workers[w].policy.preempts_for_slots();
+        for (rank, &id) in order.iter().enumerate() {
+            if budget == 0 {
+                break;
+            }
+            let was_running = self.seq(id).pages > 0;
+            if !was_running {
+                if running >= cfg.max_running {
+                    if !(preempts && self.preempt_last(w, &order[rank + 1..])) {
+                        continue;
+                    }
+                    running -= 1;
+                }
+                self.attach_prefix(w, id);
+            }
+            match self.reserve(w, id, budget, &order[rank + 1..]) {
+                Some(n) => {
+                    if !was_running {
+                        running += 1;
+                        self.note_first_admission(id);
+                    }
+                    budget -= n;
+                    plan.push((rank, n));
+                }
+                None if !was_running => self.release(w, id),
+                None => {}
+            }
+        }
+        self.workers[w].plan = plan;
+    }
+
+    fn seq(&self, id: usize) -> &Seq {
+        self.seqs[id].as_ref().expect("sequence exists")
+    }
+
+    fn seq_mut(seqs: &mut [Option<Seq>], id: usize) -> &mut Seq {
+        seqs[id].as_mut().expect("sequence exists")
+    }
+
+    /// Share the longest cached prefix, leaving at least one token to compute.
+    fn attach_prefix(&mut self, w: usize, id: usize) {
+        let ps = self.cfg.profile.page_size as u32;
+        let cache = &mut self.workers[w].cache;
+        let s = Self::seq_mut(&mut self.seqs, id);
+        let usable = ((s.tokens() - 1) / ps) as usize;
+        let mut hit = 0;
+        for h in s.hashes.iter().take(usable) {
+            if !cache.acquire(*h) {
+                break;
+            }
+            hit += 1;
+        }
+        s.published = hit;
+        s.pages = hit;
+        s.len = hit * ps;
+    }
+
+    fn note_first_admission(&mut self, id: usize) {
+        let rec = &mut self.records[id];
+        if rec.cached_tokens.is_none() {
+            let s = self.seqs[id].as_ref().expect("sequence exists");
+            let hit = s.len.min(s.prompt_len);
+            rec.cached_tokens = Some(hit);
+            self.counters.prefix_hit_tokens += u64::from(hit);
+        }
+    }
+
+    /// Free a sequence's pages (full ones stay cached).
+    fn release(&mut self, w: usize, id: usize) {
+        let worker = &mut self.workers[w];
+        let s = Self::seq_mut(&mut self.seqs, id);
+        for h in &s.hashes[..s.published as usize] {
+            worker.cache.release(*h);
+        }
+        worker.private_pages -= (s.pages - s.published) as usize;
+        s.pages = 0;
+        s.published = 0;
+        s.len = 0;
+    }
+
+    fn preempt_last(&mut self, w: usize, later: &[usize]) -> bool {
+        let Some(&victim) = later.iter().rev().find(|&&v| self.seq(v).pages > 0) else {
+            return false;
+        };
+        self.release(w, victim);
+        self.counters.preemptions += 1;
+        true
+    }
+
+    fn free_pages(&self, w: usize) -> usize {
+        let worker = &self.workers[w];
+        self.cfg.profile.kv_pages - worker.private_pages - worker.cache.len()
+    }
+
+    fn reserve(&mut self, w: usize, id: usize, budget: u32, later: &[usize]) -> Option<u32> {
+        let ps = self.cfg.profile.page_size as u32;
+        loop {
+            let s = self.seq(id);
+            let (len, pages) = (s.len, s.pages);
+            let want = (s.tokens() - len).min(budget);
+            let available = (self.free_pages(w) + self.workers[w].cache.evictable()) as u32;
+            let room = (pages + available) * ps - len;
+            if room < want {
+                if self.drop_soonest_retained(w) {
+                    continue;
+                }
+                if self.preempt_last(w, later) {
+                    continue;
+                }
+            }
+            let n = want.min(room);
+            if n == 0 {
+                return None;
+            }
+            let need = (len + n).div_ceil(ps) - pages;
+            while self.free_pages(w) < need as usize {
+                if !self.workers[w].cache.evict_one() {
+                    break;
+                }
+            }
+            self.workers[w].private_pages += need as usize;
+            Self::seq_mut(&mut self.seqs, id).pages += need;
+            return Some(n);
+        }
+    }
+
+    fn drop_retained(&mut self, w: usize, session: &str) {
+        let worker = &mut self.workers[w];
+        if let Some(r) = worker.retained.remove(session) {
+            for h in &r.hashes {
+                worker.cache.release(*h);
+            }
+            worker.private_pages -= r.private as usize;
+        }
+    }
+
+    fn drop_soonest_retained(&mut self, w: usize) -> bool {
+        while let Some(Reverse((expires, session))) = self.workers[w].expiries.pop() {
+            if self.workers[w]
+                .retained
+                .get(&session)
+                .is_some_and(|r| r.expires_ms == expires)
+            {
+                self.drop_retained(w, &session);
+                return true;
+            }
+        }
+        false
+    }
+
+    fn expire_retained(&mut self, w: usize, now_ms: u64) {
+        while let Some(Reverse((expires, _))) = self.workers[w].expiries.peek() {
+            if *expires > now_ms {
+                break;
+            }
+            let Some(Reverse((expires, session))) = self.workers[w].expiries.pop() else {
+                break;
+            };
+            if self.workers[w]
+                .retained
+                .get(&session)
+                .is_some_and(|r| r.expires_ms == expires)
+            {
+                self.drop_retained(w, &session);
+            }
+        }
+    }
+
+    fn abort_expired(&mut self, w: usize, now: u64) {
+        let worker = &self.workers[w];
+        let expired: Vec<usize> = worker
+            .cands
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| worker.policy.abort(now / 1000, c))
+            .map(|(i, _)| i)
+            .collect();
+        for &i in expired.iter().rev() {
+            let id = self.workers[w].cands[i].seq.0 as usize;
+            self.records[id].expired = true;
+            self.finish(w, i, now);
+        }
+    }
+
+    /// The running step's tokens take effect at `now`.
+    fn end_step(&mut self, w: usize, now: u64) {
+        let ps = self.cfg.profile.page_size as u32;
+        let plan = std::mem::take(&mut self.workers[w].plan);
+        let mut done = Vec::new();
+        let in_window = now <= self.window_end_us;
+        for &(ci, n) in &plan {
+            let worker = &mut self.workers[w];
+            let id = worker.cands[ci].seq.0 as usize;
+            let s = Self::seq_mut(&mut self.seqs, id);
+            let new_len = s.len + n;
+            let prefill = s.prompt_len.clamp(s.len, new_len) - s.len;
+            let full = ((new_len / ps) as usize).min(s.hashes.len()) as u32;
+            for h in &s.hashes[s.published as usize..full as usize] {
+                worker.cache.acquire_or_insert(*h);
+                worker.private_pages -= 1;
+            }
+            s.published = s.published.max(full);
+            s.len = new_len;
+            let mut generated = 0;
+            if new_len == s.tokens() {
+                s.generated += 1;
+                generated = 1;
+                let rec = &mut self.records[id];
+                if rec.first_token_us.is_none() {
+                    rec.first_token_us = Some(now);
+                }
+                if s.generated >= s.max_tokens {
+                    done.push(ci);
+                }
+            }
+            self.counters.prefill_tokens += u64::from(prefill);
+            self.counters.decode_tokens += u64::from(n - prefill);
+            if in_window {
+                let c = s.client as usize;
+                if self.counters.window_service.len() <= c {
+                    self.counters.window_service.resize(c + 1, 0);
+                }
+                self.counters.window_service[c] += u64::from(prefill + generated);
+            }
+            worker
+                .policy
+                .charge(&worker.cands[ci], prefill as usize, generated as usize);
+        }
+        self.workers[w].plan = plan;
+        self.workers[w].plan.clear();
+        done.sort_unstable();
+        for &ci in done.iter().rev() {
+            self.finish(w, ci, now);
+        }
+        self.sync_index(w);
+    }
+
+    /// Remove `cands[ci]`: its pages are retained for its session or released.
+    fn finish(&mut self, w: usize, ci: usize, now: u64) {
+        let cand = self.workers[w].cands.swap_remove(ci);
+        let id = cand.seq.0 as usize;
+        let rec = &mut self.records[id];
+        rec.finish_us = Some(now);
+        let retention = self
+            .keep
+            .as_ref()
+            .filter(|_| !rec.expired)
+            .and_then(|k| k.retention(&cand.props, now / 1000));
+        let s = self.seqs[id].take().expect("finishing sequence exists");
+        rec.generated_tokens = s.generated;
+        match retention {
+            Some(r) => {
+                let mut hashes = s.hashes;
+                hashes.truncate(s.published as usize);
+                let private = s.pages - s.published;
+                self.drop_retained(w, &r.session);
+                let worker = &mut self.workers[w];
+                worker
+                    .expiries
+                    .push(Reverse((r.expires_ms, r.session.clone())));
+                worker.retained.insert(
+                    r.session,
+                    Retained {
+                        hashes,
+                        private,
+                        expires_ms: r.expires_ms,
+                    },
+                );
+            }
+            None => {
+                let worker = &mut self.workers[w];
+                for h in &s.hashes[..s.published as usize] {
+                    worker.cache.release(*h);
+                }
+                worker.private_pages -= (s.pages - s.published) as usize;
+            }
+        }
+        let load = self.workers[w].load - 1;
+        self.set_load(w, load);
+        self.follow_up(id, now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::WorkloadSpec;
+
+    #[test]
+    fn memoised_hashes_equal_block_hashes_of_the_tokens() {
+        let cfg = SimConfig::new(
+            1,
+            PolicyName::Fcfs,
+            RouterName::RoundRobin,
+            CostProfile::cpu_placeholder(),
+        );
+        for name in ["shared-prefix", "multi-turn", "deadline-mix"] {
+            let reqs = WorkloadSpec::named(name).unwrap().generate(20, 1);
+            let mut sim = Sim::new(&cfg, &reqs);
+            let mut tokens = Vec::new();
+            for r in &reqs {
+                let total = r.prompt_len() + r.output_len() - 3;
+                r.tokens(&mut tokens);
+                tokens.truncate(total);
+                let want = block_hashes(FINGERPRINT, &tokens, 16);
+                assert_eq!(sim.hashes(r, total), want, "{name}");
+                // Twice: the second comes from the memo.
+                assert_eq!(sim.hashes(r, total), want, "{name}");
+            }
+            assert!(!sim.memo.is_empty() || name == "deadline-mix");
+        }
+    }
+}

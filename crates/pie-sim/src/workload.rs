@@ -1,0 +1,435 @@
+//! Workload generators: seeded, reproducible request lists for the simulator.
+//!
+//! Owns the request shape (a prompt made of token segments, the output it will
+//! generate, props, arrival) and the built-in workloads: `shared-prefix`,
+//! `multi-turn`, `multi-tenant`, `deadline-mix` and `priority-mix`. Arrivals are
+//! open-loop Poisson at the workload's rate, except later turns of a conversation,
+//! which arrive a think time after the previous turn finished (closed loop). The
+//! same spec, request count and seed give the same list.
+//!
+//! Tokens are not stored: a [`Segment`] names a deterministic token run by a key,
+//! so a million requests with long shared prompts stay small; the simulator
+//! expands them to compute block hashes when a request arrives.
+
+use pie_core::{PropValue, Props};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+/// Token ids are drawn below this.
+pub const VOCAB: u64 = 32_000;
+
+/// A run of `len` tokens determined by `key`: equal keys give equal tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Segment {
+    pub key: u64,
+    pub len: u32,
+}
+
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+impl Segment {
+    /// A segment named by a few integers (e.g. kind, conversation, turn).
+    pub fn named(parts: &[u64], len: u32) -> Self {
+        let key = parts.iter().fold(0x5eed_u64, |h, p| {
+            splitmix64(h ^ p.wrapping_mul(0x100_0000_01b3))
+        });
+        Self { key, len }
+    }
+
+    pub fn push_tokens(&self, out: &mut Vec<u32>) {
+        out.extend((0..u64::from(self.len)).map(|i| {
+            (splitmix64(self.key.wrapping_add(i.wrapping_mul(0x9e37_79b9))) % VOCAB) as u32
+        }));
+    }
+}
+
+/// A later turn: it arrives `think_us` after request `request` finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Follow {
+    pub request: usize,
+    pub think_us: u64,
+}
+
+/// One request of a workload.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Request {
+    /// Arrival in microseconds since the start (ignored when `follows` is set).
+    pub arrival_us: u64,
+    pub follows: Option<Follow>,
+    /// Who is served (fair share is per client).
+    pub client: String,
+    /// A label for per-class metrics (e.g. "tight", "high", the client).
+    pub class: String,
+    pub prompt: Vec<Segment>,
+    /// The tokens it generates (fixed, so a later turn can contain them).
+    pub output: Segment,
+    pub props: Props,
+}
+
+impl Request {
+    pub fn prompt_len(&self) -> usize {
+        self.prompt.iter().map(|s| s.len as usize).sum()
+    }
+
+    pub fn output_len(&self) -> usize {
+        self.output.len as usize
+    }
+
+    /// The prompt's tokens followed by the output's.
+    pub fn tokens(&self, out: &mut Vec<u32>) {
+        out.clear();
+        for s in &self.prompt {
+            s.push_tokens(out);
+        }
+        self.output.push_tokens(out);
+    }
+}
+
+/// `shared-prefix`: groups of prompts sharing a system prompt.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SharedPrefix {
+    pub groups: usize,
+    pub system_len: u32,
+    pub question_len: u32,
+    pub output_len: u32,
+    /// Zipf exponent of group popularity; `None`: groups take turns evenly.
+    pub zipf: Option<f64>,
+    pub rate_per_s: f64,
+}
+
+/// `multi-turn`: conversations of several turns, each turn's prompt is the whole
+/// conversation so far plus new tokens.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MultiTurn {
+    pub turns: usize,
+    pub system_len: u32,
+    pub new_tokens: u32,
+    pub output_len: u32,
+    /// Mean think time between a turn's end and the next turn (exponential).
+    pub think_ms: f64,
+    /// The `keep-ms` prop of every turn (0: none).
+    pub keep_ms: i64,
+    /// Conversation starts per second.
+    pub rate_per_s: f64,
+}
+
+/// `multi-tenant`: one flooding client and several light ones.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MultiTenant {
+    pub flood_rate_per_s: f64,
+    pub light_clients: usize,
+    pub light_rate_per_s: f64,
+    /// The `weight` prop of the light clients (the flood has 1).
+    pub light_weight: f64,
+    pub input_len: u32,
+    pub output_len: u32,
+}
+
+/// `deadline-mix`: a tight and a loose `deadline-ms` class.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DeadlineMix {
+    pub tight_fraction: f64,
+    pub tight_ms: i64,
+    pub loose_ms: i64,
+    pub input_len: u32,
+    pub output_len: u32,
+    pub rate_per_s: f64,
+}
+
+/// `priority-mix`: a fraction of `priority` 1 requests among priority 0.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PriorityMix {
+    pub high_fraction: f64,
+    pub input_len: u32,
+    pub output_len: u32,
+    pub rate_per_s: f64,
+}
+
+/// A workload and its parameters. Default rates are for one worker of the
+/// default (GPU) profile, where a 256 + 128 token request costs about 45 ms of
+/// step time (about 22 requests/s): `multi-tenant`'s flood alone overloads it,
+/// `deadline-mix` and `priority-mix` run near capacity so that queues form.
+/// [`WorkloadSpec::scale_rate`] scales them.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum WorkloadSpec {
+    SharedPrefix(SharedPrefix),
+    MultiTurn(MultiTurn),
+    MultiTenant(MultiTenant),
+    DeadlineMix(DeadlineMix),
+    PriorityMix(PriorityMix),
+}
+
+pub const WORKLOADS: &[&str] = &[
+    "shared-prefix",
+    "multi-turn",
+    "multi-tenant",
+    "deadline-mix",
+    "priority-mix",
+];
+
+impl WorkloadSpec {
+    /// The named workload with its default parameters.
+    pub fn named(name: &str) -> Result<Self, String> {
+        Ok(match name {
+            "shared-prefix" => Self::SharedPrefix(SharedPrefix {
+                groups: 32,
+                system_len: 1024,
+                question_len: 64,
+                output_len: 128,
+                zipf: Some(1.1),
+                rate_per_s: 20.0,
+            }),
+            "multi-turn" => Self::MultiTurn(MultiTurn {
+                turns: 5,
+                system_len: 256,
+                new_tokens: 64,
+                output_len: 128,
+                think_ms: 3000.0,
+                keep_ms: 10_000,
+                rate_per_s: 4.0,
+            }),
+            "multi-tenant" => Self::MultiTenant(MultiTenant {
+                flood_rate_per_s: 30.0,
+                light_clients: 3,
+                light_rate_per_s: 1.0,
+                light_weight: 1.0,
+                input_len: 256,
+                output_len: 128,
+            }),
+            "deadline-mix" => Self::DeadlineMix(DeadlineMix {
+                tight_fraction: 0.3,
+                tight_ms: 6000,
+                loose_ms: 60_000,
+                input_len: 256,
+                output_len: 128,
+                rate_per_s: 20.0,
+            }),
+            "priority-mix" => Self::PriorityMix(PriorityMix {
+                high_fraction: 0.2,
+                input_len: 256,
+                output_len: 128,
+                rate_per_s: 20.0,
+            }),
+            other => {
+                return Err(format!(
+                    "unknown workload `{other}` (available: {})",
+                    WORKLOADS.join(", ")
+                ))
+            }
+        })
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::SharedPrefix(_) => "shared-prefix",
+            Self::MultiTurn(_) => "multi-turn",
+            Self::MultiTenant(_) => "multi-tenant",
+            Self::DeadlineMix(_) => "deadline-mix",
+            Self::PriorityMix(_) => "priority-mix",
+        }
+    }
+
+    /// Multiply every arrival rate by `factor` (e.g. the number of workers).
+    pub fn scale_rate(&mut self, factor: f64) {
+        match self {
+            Self::SharedPrefix(w) => w.rate_per_s *= factor,
+            Self::MultiTurn(w) => w.rate_per_s *= factor,
+            Self::MultiTenant(w) => {
+                w.flood_rate_per_s *= factor;
+                w.light_rate_per_s *= factor;
+            }
+            Self::DeadlineMix(w) => w.rate_per_s *= factor,
+            Self::PriorityMix(w) => w.rate_per_s *= factor,
+        }
+    }
+
+    /// `requests` requests from `seed`.
+    pub fn generate(&self, requests: usize, seed: u64) -> Vec<Request> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        match self {
+            Self::SharedPrefix(w) => shared_prefix(w, requests, &mut rng),
+            Self::MultiTurn(w) => multi_turn(w, requests, &mut rng),
+            Self::MultiTenant(w) => multi_tenant(w, requests, &mut rng),
+            Self::DeadlineMix(w) => deadline_mix(w, requests, &mut rng),
+            Self::PriorityMix(w) => priority_mix(w, requests, &mut rng),
+        }
+    }
+}
+
+/// Exponential inter-arrival gap in microseconds at `rate_per_s`.
+fn gap_us(rng: &mut StdRng, rate_per_s: f64) -> u64 {
+    let u: f64 = rng.gen_range(f64::MIN_POSITIVE..1.0);
+    (-u.ln() / rate_per_s.max(1e-9) * 1e6) as u64
+}
+
+fn prop(props: &mut Props, key: &str, value: PropValue) {
+    // Keys and types here are the documented built-in ones, so `set` cannot fail.
+    props
+        .set(key, value)
+        .expect("built-in prop keys and types are valid");
+}
+
+fn plain(
+    arrival_us: u64,
+    client: &str,
+    class: &str,
+    prompt: Vec<Segment>,
+    output: Segment,
+) -> Request {
+    Request {
+        arrival_us,
+        follows: None,
+        client: client.to_string(),
+        class: class.to_string(),
+        prompt,
+        output,
+        props: Props::new(),
+    }
+}
+
+const SYSTEM: u64 = 1;
+const QUESTION: u64 = 2;
+const OUTPUT: u64 = 3;
+const USER: u64 = 4;
+
+fn shared_prefix(w: &SharedPrefix, n: usize, rng: &mut StdRng) -> Vec<Request> {
+    let groups = w.groups.max(1);
+    let cdf: Option<Vec<f64>> = w.zipf.map(|s| {
+        let mut acc = 0.0;
+        let mut cdf: Vec<f64> = (1..=groups)
+            .map(|k| {
+                acc += 1.0 / (k as f64).powf(s);
+                acc
+            })
+            .collect();
+        cdf.iter_mut().for_each(|c| *c /= acc);
+        cdf
+    });
+    let mut t = 0;
+    (0..n)
+        .map(|i| {
+            t += gap_us(rng, w.rate_per_s);
+            let g = match &cdf {
+                Some(cdf) => {
+                    let u: f64 = rng.gen();
+                    cdf.partition_point(|c| *c < u).min(groups - 1)
+                }
+                None => i % groups,
+            };
+            let prompt = vec![
+                Segment::named(&[SYSTEM, g as u64], w.system_len),
+                Segment::named(&[QUESTION, i as u64], w.question_len),
+            ];
+            let output = Segment::named(&[OUTPUT, i as u64], w.output_len);
+            plain(t, "default", &format!("group-{g}"), prompt, output)
+        })
+        .collect()
+}
+
+fn multi_turn(w: &MultiTurn, n: usize, rng: &mut StdRng) -> Vec<Request> {
+    let turns = w.turns.max(1);
+    let mut out = Vec::with_capacity(n);
+    let mut t = 0;
+    let mut conv = 0u64;
+    while out.len() < n {
+        t += gap_us(rng, w.rate_per_s);
+        let session = format!("conv-{conv}");
+        let mut prompt = vec![Segment::named(&[SYSTEM], w.system_len)];
+        for turn in 0..turns.min(n - out.len()) {
+            prompt.push(Segment::named(&[USER, conv, turn as u64], w.new_tokens));
+            let output = Segment::named(&[OUTPUT, conv, turn as u64], w.output_len);
+            let mut r = plain(t, &session, &format!("turn-{turn}"), prompt.clone(), output);
+            prop(&mut r.props, "session", PropValue::Str(session.clone()));
+            if w.keep_ms > 0 {
+                prop(&mut r.props, "keep-ms", PropValue::Int(w.keep_ms));
+            }
+            if turn > 0 {
+                let think_us = gap_us(rng, 1000.0 / w.think_ms.max(1e-3));
+                r.follows = Some(Follow {
+                    request: out.len() - 1,
+                    think_us,
+                });
+            }
+            prompt.push(output);
+            out.push(r);
+        }
+        conv += 1;
+    }
+    out
+}
+
+fn multi_tenant(w: &MultiTenant, n: usize, rng: &mut StdRng) -> Vec<Request> {
+    // Client 0 floods; clients 1.. are light. Merge their Poisson streams.
+    let rates: Vec<f64> = std::iter::once(w.flood_rate_per_s)
+        .chain(std::iter::repeat_n(w.light_rate_per_s, w.light_clients))
+        .collect();
+    let names: Vec<String> = std::iter::once("flood".to_string())
+        .chain((0..w.light_clients).map(|i| format!("light-{i}")))
+        .collect();
+    let mut next: Vec<u64> = rates.iter().map(|&r| gap_us(rng, r)).collect();
+    (0..n)
+        .map(|i| {
+            let (c, &t) = next
+                .iter()
+                .enumerate()
+                .min_by_key(|(c, t)| (**t, *c))
+                .expect("at least the flooding client");
+            next[c] = t + gap_us(rng, rates[c]);
+            let prompt = vec![Segment::named(&[QUESTION, i as u64], w.input_len)];
+            let output = Segment::named(&[OUTPUT, i as u64], w.output_len);
+            let mut r = plain(t, &names[c], &names[c], prompt, output);
+            prop(&mut r.props, "client", PropValue::Str(names[c].clone()));
+            let weight = if c == 0 { 1.0 } else { w.light_weight };
+            prop(&mut r.props, "weight", PropValue::Float(weight));
+            r
+        })
+        .collect()
+}
+
+fn deadline_mix(w: &DeadlineMix, n: usize, rng: &mut StdRng) -> Vec<Request> {
+    let mut t = 0;
+    (0..n)
+        .map(|i| {
+            t += gap_us(rng, w.rate_per_s);
+            let tight = rng.gen_bool(w.tight_fraction.clamp(0.0, 1.0));
+            let (class, ms) = if tight {
+                ("tight", w.tight_ms)
+            } else {
+                ("loose", w.loose_ms)
+            };
+            let prompt = vec![Segment::named(&[QUESTION, i as u64], w.input_len)];
+            let output = Segment::named(&[OUTPUT, i as u64], w.output_len);
+            let mut r = plain(t, "default", class, prompt, output);
+            prop(&mut r.props, "deadline-ms", PropValue::Int(ms));
+            r
+        })
+        .collect()
+}
+
+fn priority_mix(w: &PriorityMix, n: usize, rng: &mut StdRng) -> Vec<Request> {
+    let mut t = 0;
+    (0..n)
+        .map(|i| {
+            t += gap_us(rng, w.rate_per_s);
+            let high = rng.gen_bool(w.high_fraction.clamp(0.0, 1.0));
+            let prompt = vec![Segment::named(&[QUESTION, i as u64], w.input_len)];
+            let output = Segment::named(&[OUTPUT, i as u64], w.output_len);
+            let mut r = plain(
+                t,
+                "default",
+                if high { "high" } else { "low" },
+                prompt,
+                output,
+            );
+            prop(&mut r.props, "priority", PropValue::Int(i64::from(high)));
+            r
+        })
+        .collect()
+}

@@ -1,0 +1,242 @@
+//! The simulator's promises: reproducible workloads, conserved work, and the
+//! policies' intended effects measured on the real `pie-policy` objects.
+
+use pie_sim::workload::{DeadlineMix, MultiTenant, SharedPrefix, WORKLOADS};
+use pie_sim::{run, CostProfile, PolicyName, RouterName, RunMetrics, SimConfig, WorkloadSpec};
+
+fn sim(
+    spec: &WorkloadSpec,
+    requests: usize,
+    workers: usize,
+    policy: PolicyName,
+    router: RouterName,
+    profile: CostProfile,
+) -> RunMetrics {
+    let reqs = spec.generate(requests, 7);
+    run(
+        &SimConfig::new(workers, policy, router, profile),
+        spec.name(),
+        &reqs,
+    )
+    .expect("simulation runs")
+}
+
+#[test]
+fn workloads_are_reproducible_by_seed() {
+    for name in WORKLOADS {
+        let spec = WorkloadSpec::named(name).unwrap();
+        let a = spec.generate(300, 1);
+        assert_eq!(a.len(), 300, "{name}");
+        assert_eq!(a, spec.generate(300, 1), "{name}: same seed, same list");
+        assert_ne!(a, spec.generate(300, 2), "{name}: another seed differs");
+        let mut t = 0;
+        for r in a.iter().filter(|r| r.follows.is_none()) {
+            assert!(r.arrival_us >= t, "{name}: open-loop arrivals are sorted");
+            t = r.arrival_us;
+        }
+    }
+    assert!(WorkloadSpec::named("nope").is_err());
+}
+
+#[test]
+fn every_request_completes_with_the_tokens_it_asked_for() {
+    for name in WORKLOADS {
+        for (workers, router) in [(1, RouterName::RoundRobin), (3, RouterName::CacheAware)] {
+            let mut spec = WorkloadSpec::named(name).unwrap();
+            spec.scale_rate(workers as f64);
+            let mut profile = CostProfile::gpu_a100_llama3_8b();
+            // A small pool so that eviction and preemption happen.
+            profile.kv_pages = 300;
+            let m = sim(&spec, 400, workers, PolicyName::Fcfs, router, profile);
+            assert_eq!(m.completed, 400, "{name}");
+            assert_eq!((m.rejected, m.aborted), (0, 0), "{name}");
+            assert_eq!(m.generated_tokens, m.requested_output_tokens, "{name}");
+            // Each prompt token is computed once or served from the cache, plus
+            // recomputes after preemption.
+            let covered = m.prefill_tokens_computed + m.prefix_hit_tokens;
+            if m.preemptions == 0 {
+                assert_eq!(covered, m.prompt_tokens, "{name}");
+            } else {
+                assert!(covered > m.prompt_tokens, "{name}");
+            }
+        }
+    }
+}
+
+#[test]
+fn runs_are_deterministic() {
+    let spec = WorkloadSpec::named("multi-turn").unwrap();
+    let reqs = spec.generate(300, 3);
+    let mut cfg = SimConfig::new(
+        2,
+        PolicyName::Fair,
+        RouterName::LeastLoaded,
+        CostProfile::cpu_placeholder(),
+    );
+    cfg.keep_session = true;
+    let strip = |mut m: RunMetrics| {
+        m.wall_s = 0.0;
+        m.events_per_s = 0.0;
+        m
+    };
+    let a = strip(run(&cfg, "multi-turn", &reqs).unwrap());
+    let b = strip(run(&cfg, "multi-turn", &reqs).unwrap());
+    assert_eq!(a, b);
+}
+
+#[test]
+fn fair_gives_light_clients_a_larger_share_than_fcfs() {
+    let spec = WorkloadSpec::MultiTenant(MultiTenant {
+        flood_rate_per_s: 40.0,
+        light_clients: 2,
+        light_rate_per_s: 2.0,
+        light_weight: 1.0,
+        input_len: 256,
+        output_len: 64,
+    });
+    let light_share = |m: &RunMetrics| {
+        let total: u64 = m.clients.values().map(|c| c.window_tokens).sum();
+        let light: u64 = m
+            .clients
+            .iter()
+            .filter(|(k, _)| k.starts_with("light"))
+            .map(|(_, c)| c.window_tokens)
+            .sum();
+        light as f64 / total as f64
+    };
+    let profile = CostProfile::gpu_a100_llama3_8b;
+    let fcfs = sim(
+        &spec,
+        3000,
+        1,
+        PolicyName::Fcfs,
+        RouterName::RoundRobin,
+        profile(),
+    );
+    let fair = sim(
+        &spec,
+        3000,
+        1,
+        PolicyName::Fair,
+        RouterName::RoundRobin,
+        profile(),
+    );
+    let (s_fcfs, s_fair) = (light_share(&fcfs), light_share(&fair));
+    assert!(
+        s_fair > 1.3 * s_fcfs,
+        "light share fair {s_fair} fcfs {s_fcfs}"
+    );
+    let ttft = |m: &RunMetrics| m.classes["light-0"].ttft_ms.p50;
+    assert!(
+        ttft(&fair) < 0.5 * ttft(&fcfs),
+        "light TTFT fair {} fcfs {}",
+        ttft(&fair),
+        ttft(&fcfs)
+    );
+}
+
+#[test]
+fn cache_aware_routing_hits_the_prefix_cache_more_than_round_robin() {
+    let spec = WorkloadSpec::SharedPrefix(SharedPrefix {
+        groups: 16,
+        system_len: 512,
+        question_len: 32,
+        output_len: 32,
+        // Random groups: with `None` groups take turns, which round-robin over 4
+        // workers would align with (each worker seeing 4 groups).
+        zipf: Some(0.5),
+        rate_per_s: 4.0 * 20.0,
+    });
+    let mut profile = CostProfile::gpu_a100_llama3_8b();
+    // Room for about a quarter of the groups' prompts per worker.
+    profile.kv_pages = 200;
+    let rr = sim(
+        &spec,
+        2000,
+        4,
+        PolicyName::Fcfs,
+        RouterName::RoundRobin,
+        profile.clone(),
+    );
+    let ca = sim(
+        &spec,
+        2000,
+        4,
+        PolicyName::Fcfs,
+        RouterName::CacheAware,
+        profile,
+    );
+    assert!(
+        ca.prefix_hit_rate > rr.prefix_hit_rate + 0.2,
+        "cache-aware {} round-robin {}",
+        ca.prefix_hit_rate,
+        rr.prefix_hit_rate
+    );
+    assert_eq!(ca.completed, 2000);
+}
+
+#[test]
+fn deadline_misses_fewer_deadlines_than_fcfs() {
+    let spec = WorkloadSpec::DeadlineMix(DeadlineMix {
+        tight_fraction: 0.3,
+        tight_ms: 15_000,
+        loose_ms: 120_000,
+        input_len: 256,
+        output_len: 128,
+        rate_per_s: 30.0,
+    });
+    let profile = CostProfile::gpu_a100_llama3_8b;
+    let fcfs = sim(
+        &spec,
+        800,
+        1,
+        PolicyName::Fcfs,
+        RouterName::RoundRobin,
+        profile(),
+    );
+    let edf = sim(
+        &spec,
+        800,
+        1,
+        PolicyName::Deadline,
+        RouterName::RoundRobin,
+        profile(),
+    );
+    assert_eq!(fcfs.deadline_requests, 800);
+    assert!(
+        edf.deadline_misses < fcfs.deadline_misses,
+        "deadline {} fcfs {}",
+        edf.deadline_misses,
+        fcfs.deadline_misses
+    );
+}
+
+#[test]
+fn priority_serves_high_priority_first() {
+    let mut spec = WorkloadSpec::named("priority-mix").unwrap();
+    spec.scale_rate(1.5);
+    let profile = CostProfile::gpu_a100_llama3_8b;
+    let fcfs = sim(
+        &spec,
+        800,
+        1,
+        PolicyName::Fcfs,
+        RouterName::RoundRobin,
+        profile(),
+    );
+    let prio = sim(
+        &spec,
+        800,
+        1,
+        PolicyName::Priority,
+        RouterName::RoundRobin,
+        profile(),
+    );
+    let high = |m: &RunMetrics| m.classes["high"].ttft_ms.p50;
+    assert!(
+        high(&prio) < 0.5 * high(&fcfs),
+        "{} vs {}",
+        high(&prio),
+        high(&fcfs)
+    );
+}
