@@ -93,9 +93,12 @@ impl PageTable {
         }
     }
 
-    /// Drop every page reference; the table is empty afterwards.
+    /// Drop every page reference; the table is empty afterwards. Pages go back
+    /// last first, so LRU eviction takes a prefix's tail before its head: a cached
+    /// head stays reachable by the prefix index, a cached tail without its head
+    /// would not be.
     pub fn release(&mut self, pool: &mut KvPool) {
-        for page in self.pages.drain(..) {
+        for page in self.pages.drain(..).rev() {
             pool.release(page);
         }
         self.hashes.clear();
@@ -179,6 +182,22 @@ mod tests {
                 cached: 2,
                 free: 6
             }
+        );
+    }
+
+    #[test]
+    fn eviction_takes_the_tail_of_a_prefix_first() {
+        let mut p = pool(3);
+        let tokens: Vec<u32> = (0..12).collect();
+        let mut t = fill(&mut p, &tokens);
+        let head = t.pages()[0];
+        t.release(&mut p);
+        let hashes = block_hashes(FP, &tokens, 4);
+        p.allocate().unwrap();
+        assert_eq!(
+            p.longest_prefix(&hashes),
+            vec![head, p.lookup(hashes[1]).unwrap()],
+            "the first two pages are still a usable prefix"
         );
     }
 
