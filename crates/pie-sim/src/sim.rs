@@ -646,11 +646,12 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Free a sequence's pages (full ones stay cached).
+    /// Free a sequence's pages (full ones stay cached), tail first as the engine
+    /// does, so eviction keeps prefixes reachable.
     fn release(&mut self, w: usize, id: usize) {
         let worker = &mut self.workers[w];
         let s = Self::seq_mut(&mut self.seqs, id);
-        for h in &s.hashes[..s.published as usize] {
+        for h in s.hashes[..s.published as usize].iter().rev() {
             worker.cache.release(*h);
         }
         worker.private_pages -= (s.pages - s.published) as usize;
@@ -708,7 +709,7 @@ impl<'a> Sim<'a> {
     fn drop_retained(&mut self, w: usize, session: &str) {
         let worker = &mut self.workers[w];
         if let Some(r) = worker.retained.remove(session) {
-            for h in &r.hashes {
+            for h in r.hashes.iter().rev() {
                 worker.cache.release(*h);
             }
             worker.private_pages -= r.private as usize;
@@ -850,7 +851,7 @@ impl<'a> Sim<'a> {
             }
             None => {
                 let worker = &mut self.workers[w];
-                for h in &s.hashes[..s.published as usize] {
+                for h in s.hashes[..s.published as usize].iter().rev() {
                     worker.cache.release(*h);
                 }
                 worker.private_pages -= (s.pages - s.published) as usize;
