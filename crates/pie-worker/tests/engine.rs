@@ -75,6 +75,22 @@ fn drain(engine: &mut Engine) -> HashMap<SeqId, Vec<u32>> {
     out
 }
 
+/// Run one request to the end; its tokens and its prefix-cache hit.
+fn run_one(engine: &mut Engine, req: Request) -> (Vec<u32>, usize) {
+    let id = engine.add(req).unwrap();
+    let (mut tokens, mut cached) = (Vec::new(), None);
+    while engine.has_work() {
+        let out = engine.step(0).unwrap();
+        tokens.extend(out.tokens.iter().filter(|t| t.0 == id).map(|t| t.1));
+        cached = cached.or(out
+            .finished
+            .iter()
+            .find(|f| f.0 == id)
+            .map(|f| f.2.cached_tokens));
+    }
+    (tokens, cached.expect("the request finished"))
+}
+
 fn alone(prompt: &[u32], max_tokens: usize) -> Vec<u32> {
     let mut e = engine(256, 512);
     let id = e.add(request(prompt, max_tokens)).unwrap();
@@ -101,19 +117,7 @@ fn prefix_cache_hit_gives_same_tokens() {
     let mut e = engine(256, 512);
     e.add(request(&p, 10)).unwrap();
     drain(&mut e);
-    let id = e.add(request(&p, 10)).unwrap();
-    let mut cached = 0;
-    let mut got = Vec::new();
-    while e.has_work() {
-        let out = e.step(0).unwrap();
-        got.extend(out.tokens.iter().map(|t| t.1));
-        cached += out
-            .finished
-            .iter()
-            .filter(|f| f.0 == id)
-            .map(|f| f.2.cached_tokens)
-            .sum::<usize>();
-    }
+    let (got, cached) = run_one(&mut e, request(&p, 10));
     assert_eq!(
         cached, 16,
         "four full pages of the 18-token prompt were cached"
@@ -192,19 +196,7 @@ fn imported_prefix_pages_give_same_tokens() {
     for bytes in &pages {
         import_page(b.pool_mut(), bytes).unwrap();
     }
-    let id = b.add(request(&p, 8)).unwrap();
-    let mut got = Vec::new();
-    let mut cached = 0;
-    while b.has_work() {
-        let out = b.step(0).unwrap();
-        got.extend(out.tokens.iter().map(|t| t.1));
-        cached += out
-            .finished
-            .iter()
-            .filter(|f| f.0 == id)
-            .map(|f| f.2.cached_tokens)
-            .sum::<usize>();
-    }
+    let (got, cached) = run_one(&mut b, request(&p, 8));
     assert_eq!(cached, 20);
     assert_eq!(got, expected);
 }
