@@ -320,3 +320,30 @@ async fn workers_register_themselves_and_native_ids_route_back() {
         .unwrap();
     assert_eq!(r.status(), 404);
 }
+
+#[tokio::test]
+async fn a_stream_broken_after_its_first_byte_ends_with_an_error_event() {
+    let mut c = Cluster::start("least-loaded", "256").await;
+    let body = json!({"prompt": "long", "max_tokens": 100_000, "ignore_eos": true, "stream": true});
+    let mut r = c
+        .http
+        .post(format!("{}/v1/completions", c.controller.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let worker: usize = r.headers()["x-pie-worker"].to_str().unwrap()[1..]
+        .parse()
+        .unwrap();
+    let mut seen = String::from_utf8_lossy(&r.chunk().await.unwrap().unwrap()).to_string();
+    assert!(seen.starts_with("data: {"), "{seen}");
+    c.workers[worker] = None; // the worker dies mid-stream
+    while let Ok(Some(chunk)) = r.chunk().await {
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let last = seen.trim_end().rsplit("\n\n").next().unwrap();
+    assert!(
+        last.contains("\"error\"") && last.contains("stream broke"),
+        "no silent truncation: {last}"
+    );
+}
