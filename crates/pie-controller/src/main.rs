@@ -77,6 +77,7 @@ fn main() -> Result<()> {
                 .iter()
                 .map(|w| Worker::new(&w.name, &w.url)),
         ),
+        metrics: Default::default(),
         pipeline: Mutex::new(pipeline),
         tokenizer,
         http: reqwest::Client::new(),

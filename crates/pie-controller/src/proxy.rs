@@ -22,8 +22,67 @@ use serde_json::{json, Value};
 
 use crate::registry::Registry;
 
+/// Labels of a routing decision.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct RouteLabels {
+    pub worker: String,
+    /// The deciding policy (`x-pie-route` up to its colon).
+    pub policy: String,
+}
+
+/// The controller's Prometheus metrics (`GET /metrics`).
+pub struct ControllerMetrics {
+    registry: prometheus_client::registry::Registry,
+    pub routed: prometheus_client::metrics::family::Family<
+        RouteLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    pub retries: prometheus_client::metrics::counter::Counter,
+    pub rejected: prometheus_client::metrics::counter::Counter,
+}
+
+impl Default for ControllerMetrics {
+    fn default() -> Self {
+        let mut registry = prometheus_client::registry::Registry::with_prefix("pie_controller");
+        let routed = prometheus_client::metrics::family::Family::default();
+        let retries = prometheus_client::metrics::counter::Counter::default();
+        let rejected = prometheus_client::metrics::counter::Counter::default();
+        registry.register(
+            "routed",
+            "Requests routed, by worker and deciding policy",
+            routed.clone(),
+        );
+        registry.register(
+            "retries",
+            "Requests moved to another worker after a refused connection",
+            retries.clone(),
+        );
+        registry.register(
+            "rejected",
+            "Requests the pipeline refused (e.g. unknown pin)",
+            rejected.clone(),
+        );
+        Self {
+            registry,
+            routed,
+            retries,
+            rejected,
+        }
+    }
+}
+
+impl ControllerMetrics {
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
 pub struct Controller {
     pub registry: Registry,
+    pub metrics: ControllerMetrics,
     pub pipeline: Mutex<Vec<Box<dyn ClusterPolicy>>>,
     pub tokenizer: Option<Tokenizer>,
     pub http: reqwest::Client,
@@ -46,6 +105,7 @@ pub fn router(ctl: Shared) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/v1/cluster", get(cluster))
+        .route("/metrics", get(metrics))
         .route("/v1/cluster/register", post(register))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(generate))
@@ -68,6 +128,17 @@ async fn health(State(ctl): State<Shared>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, Json(json!({"status": if healthy > 0 { "ok" } else { "no healthy worker" }, "healthy_workers": healthy}))).into_response()
+}
+
+async fn metrics(State(ctl): State<Shared>) -> Response {
+    (
+        [(
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        ctl.metrics.encode(),
+    )
+        .into_response()
 }
 
 async fn cluster(State(ctl): State<Shared>) -> Json<Value> {
@@ -210,6 +281,17 @@ async fn generate(
         {
             Ok(mut resp) => {
                 ctl.registry.count_routed(&view.name);
+                let policy = why.split(':').next().unwrap_or_default().to_string();
+                ctl.metrics
+                    .routed
+                    .get_or_create(&RouteLabels {
+                        worker: view.name.clone(),
+                        policy,
+                    })
+                    .inc();
+                if attempt > 0 {
+                    ctl.metrics.retries.inc();
+                }
                 record(
                     &mut ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner()),
                     now_ms(),
