@@ -61,6 +61,8 @@ fn main() -> Result<()> {
             url: url.into(),
         });
     }
+    let cli_policies = args.policies.clone();
+    let args_config = args.config.clone();
     if let Some(p) = args.policies {
         config.cluster.cluster_policies = p;
     }
@@ -105,7 +107,51 @@ fn main() -> Result<()> {
                     tokio::time::sleep(every).await;
                 }
             });
+            if let Some(path) = args_config {
+                tokio::spawn(reload_on_sighup(ctl.clone(), path, cli_policies));
+            }
             axum::serve(listener, router(ctl)).await?;
             Ok(())
         })
+}
+
+/// SIGHUP re-reads the config file: `cluster_policies` (and their sections) and
+/// the static workers apply at once; an invalid file changes nothing and is
+/// logged and counted. A `--policies` flag keeps overriding the file.
+#[cfg(unix)]
+async fn reload_on_sighup(ctl: Arc<Controller>, path: PathBuf, cli_policies: Option<Vec<String>>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        return;
+    };
+    while hup.recv().await.is_some() {
+        let fresh = Config::load(&path).and_then(|mut c| {
+            if let Some(p) = &cli_policies {
+                c.cluster.cluster_policies = p.clone();
+            }
+            let pipeline = c.cluster.pipeline().map_err(anyhow::Error::msg)?;
+            Ok((c, pipeline))
+        });
+        match fresh {
+            Ok((config, pipeline)) => {
+                *ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner()) = pipeline;
+                for w in &config.cluster.workers {
+                    ctl.registry.register(&w.name, &w.url);
+                }
+                tracing::info!(policies = ?config.cluster.cluster_policies, "cluster config reloaded");
+            }
+            Err(e) => {
+                ctl.metrics.reload_failures.inc();
+                tracing::error!("cluster config reload refused, keeping the running one: {e:#}");
+            }
+        }
+    }
+}
+
+#[cfg(not(unix))]
+async fn reload_on_sighup(
+    _ctl: Arc<Controller>,
+    _path: PathBuf,
+    _cli_policies: Option<Vec<String>>,
+) {
 }

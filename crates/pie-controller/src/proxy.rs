@@ -39,6 +39,7 @@ pub struct ControllerMetrics {
     >,
     pub retries: prometheus_client::metrics::counter::Counter,
     pub rejected: prometheus_client::metrics::counter::Counter,
+    pub reload_failures: prometheus_client::metrics::counter::Counter,
 }
 
 impl Default for ControllerMetrics {
@@ -47,6 +48,7 @@ impl Default for ControllerMetrics {
         let routed = prometheus_client::metrics::family::Family::default();
         let retries = prometheus_client::metrics::counter::Counter::default();
         let rejected = prometheus_client::metrics::counter::Counter::default();
+        let reload_failures = prometheus_client::metrics::counter::Counter::default();
         registry.register(
             "routed",
             "Requests routed, by worker and deciding policy",
@@ -62,11 +64,17 @@ impl Default for ControllerMetrics {
             "Requests the pipeline refused (e.g. unknown pin)",
             rejected.clone(),
         );
+        registry.register(
+            "config_reload_failures",
+            "Config reloads refused as invalid",
+            reload_failures.clone(),
+        );
         Self {
             registry,
             routed,
             retries,
             rejected,
+            reload_failures,
         }
     }
 }

@@ -76,6 +76,7 @@ struct Cluster {
     workers: Vec<Option<Proc>>,
     controller: Proc,
     http: reqwest::Client,
+    config: PathBuf,
 }
 
 impl Cluster {
@@ -101,17 +102,15 @@ impl Cluster {
                 ))
             })
             .collect();
-        let mut args = vec![
-            "--port".to_string(),
-            "0".into(),
-            "--model".into(),
-            m.into(),
-            "--policies".into(),
-            policies.into(),
-        ];
+        let mut args = vec!["--port".to_string(), "0".into(), "--model".into(), m.into()];
         let cfg = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("controller-{}-{policies}.toml", std::process::id()));
-        std::fs::write(&cfg, "[cluster]\npoll_ms = 20\n").unwrap();
+        let names: Vec<&str> = policies.split(',').collect();
+        std::fs::write(
+            &cfg,
+            format!("[cluster]\npoll_ms = 20\ncluster_policies = {names:?}\n"),
+        )
+        .unwrap();
         args.extend(["--config".into(), cfg.to_str().unwrap().into()]);
         for (i, w) in workers.iter().enumerate() {
             args.extend([
@@ -129,6 +128,7 @@ impl Cluster {
             workers,
             controller,
             http: reqwest::Client::new(),
+            config: cfg,
         };
         wait_for("all workers healthy", async || {
             c.cluster().await["workers"]
@@ -345,5 +345,47 @@ async fn a_stream_broken_after_its_first_byte_ends_with_an_error_event() {
     assert!(
         last.contains("\"error\"") && last.contains("stream broke"),
         "no silent truncation: {last}"
+    );
+}
+
+#[tokio::test]
+async fn sighup_reloads_cluster_policies_and_refuses_broken_files() {
+    let c = Cluster::start("round-robin", "256").await;
+    let hup = || {
+        assert!(Command::new("kill")
+            .args(["-HUP", &c.controller.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success())
+    };
+    std::fs::write(
+        &c.config,
+        "[cluster]\npoll_ms = 20\ncluster_policies = [\"pin\", \"least-loaded\"]\n",
+    )
+    .unwrap();
+    hup();
+    wait_for("pipeline swapped", async || {
+        c.cluster().await["cluster_policies"] == json!(["pin", "least-loaded"])
+    })
+    .await;
+    std::fs::write(&c.config, "[cluster]\ncluster_policies = [\"telepathy\"]\n").unwrap();
+    hup();
+    wait_for("failure counted", async || {
+        let m = c
+            .http
+            .get(format!("{}/metrics", c.controller.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        m.contains("pie_controller_config_reload_failures_total 1")
+    })
+    .await;
+    assert_eq!(
+        c.cluster().await["cluster_policies"],
+        json!(["pin", "least-loaded"]),
+        "the running pipeline stays"
     );
 }
