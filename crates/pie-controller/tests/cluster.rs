@@ -141,6 +141,18 @@ impl Cluster {
         c
     }
 
+    /// GET a controller path; the body as text.
+    async fn get_text(&self, path: &str) -> String {
+        self.http
+            .get(format!("{}{path}", self.controller.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     async fn cluster(&self) -> Value {
         self.http
             .get(format!("{}/v1/cluster", self.controller.url))
@@ -300,15 +312,8 @@ async fn workers_register_themselves_and_native_ids_route_back() {
     let id = r["id"].as_str().unwrap().to_string();
     assert!(id.contains('~'), "{id}");
     wait_for("process finished", async || {
-        let p: Value = c
-            .http
-            .get(format!("{}/v1/processes/{id}", c.controller.url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let p: Value =
+            serde_json::from_str(&c.get_text(&format!("/v1/processes/{id}")).await).unwrap();
         p["state"] == "finished"
     })
     .await;
@@ -371,15 +376,7 @@ async fn sighup_reloads_cluster_policies_and_refuses_broken_files() {
     std::fs::write(&c.config, "[cluster]\ncluster_policies = [\"telepathy\"]\n").unwrap();
     hup();
     wait_for("failure counted", async || {
-        let m = c
-            .http
-            .get(format!("{}/metrics", c.controller.url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let m = c.get_text("/metrics").await;
         m.contains("pie_controller_config_reload_failures_total 1")
     })
     .await;
