@@ -406,7 +406,8 @@ impl Engine {
         }
     }
 
-    /// Stop the sequences the policy gives up on (e.g. deadline passed).
+    /// Stop the sequences the policy gives up on (e.g. deadline passed); their
+    /// pages are released, not retained.
     fn abort_expired(&mut self, now_ms: u64, out: &mut StepOutput) {
         let expired: Vec<SeqId> = self
             .seqs
@@ -417,6 +418,8 @@ impl Engine {
         for id in expired {
             out.finished
                 .push((id, FinishReason::Expired, self.seqs[&id].info()));
+            // Gone before planning, so an expired sequence computes nothing more.
+            self.abort(id);
         }
     }
 

@@ -253,3 +253,40 @@ fn seeded_sampling_is_reproducible() {
     assert_eq!(run(7), run(7));
     assert_ne!(run(7), run(8));
 }
+
+#[test]
+fn expired_sequences_stop_before_computing_and_free_their_pages() {
+    use pie_policy::{Deadline, DeadlineConfig, OnMiss};
+    let config = EngineConfig {
+        page_size: 4,
+        kv_pages: 64,
+        max_batch_tokens: 512,
+        max_running: 64,
+    };
+    let mut e = Engine::new(
+        model(),
+        config,
+        Box::new(Deadline::new(DeadlineConfig {
+            on_miss: OnMiss::Abort,
+        })),
+    );
+    let mut late = request(&prompt(6, 9), 8);
+    late.props
+        .set("deadline-ms", pie_core::PropValue::Int(5))
+        .unwrap();
+    let late = e.add(late).unwrap();
+    let on_time = e.add(request(&prompt(7, 9), 8)).unwrap();
+    let out = e.step(10).unwrap();
+    assert_eq!(
+        out.finished.iter().map(|f| (f.0, f.1)).collect::<Vec<_>>(),
+        vec![(late, FinishReason::Expired)]
+    );
+    assert_eq!(
+        out.tokens,
+        vec![(on_time, out.tokens[0].1)],
+        "only the live sequence produced a token"
+    );
+    assert_eq!(out.started, vec![on_time]);
+    drain(&mut e);
+    assert_eq!(e.pool_stats().used, 0);
+}
