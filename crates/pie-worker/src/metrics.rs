@@ -44,8 +44,7 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("pie");
-        let m = Self {
+        let mut m = Self {
             requests: Family::default(),
             queued: Gauge::default(),
             running: Gauge::default(),
@@ -63,86 +62,88 @@ impl Metrics {
             deadline_misses: Counter::default(),
             offloaded_prefills: Counter::default(),
             offload_failures: Counter::default(),
-            registry: Registry::default(),
+            registry: Registry::with_prefix("pie"),
         };
-        registry.register("requests", "Requests by final status", m.requests.clone());
-        registry.register(
+        m.registry
+            .register("requests", "Requests by final status", m.requests.clone());
+        m.registry.register(
             "queue_depth",
             "Processes waiting for their first scheduling",
             m.queued.clone(),
         );
-        registry.register(
+        m.registry.register(
             "running_processes",
             "Processes being computed",
             m.running.clone(),
         );
-        registry.register(
+        m.registry.register(
             "kv_pages_used",
             "KV pages referenced by live contexts",
             m.pages_used.clone(),
         );
-        registry.register(
+        m.registry.register(
             "kv_pages_cached",
             "Unreferenced KV pages kept for prefix reuse",
             m.pages_cached.clone(),
         );
-        registry.register("kv_pages_free", "Empty KV pages", m.pages_free.clone());
-        registry.register(
+        m.registry
+            .register("kv_pages_free", "Empty KV pages", m.pages_free.clone());
+        m.registry.register(
             "prefix_cache_hit_tokens",
             "Prompt tokens served from the prefix cache",
             m.prefix_hit_tokens.clone(),
         );
-        registry.register(
+        m.registry.register(
             "prompt_tokens",
             "Prompt tokens computed (prefill)",
             m.prompt_tokens.clone(),
         );
-        registry.register(
+        m.registry.register(
             "generated_tokens",
             "Tokens generated",
             m.generated_tokens.clone(),
         );
-        registry.register(
+        m.registry.register(
             "preemptions",
             "Sequences preempted for KV pages",
             m.preemptions.clone(),
         );
-        registry.register(
+        m.registry.register(
             "tokens_per_second",
             "Generated tokens per second over the last few seconds",
             m.tokens_per_second.clone(),
         );
-        registry.register(
+        m.registry.register(
             "time_to_first_token_seconds",
             "Time from arrival to the first token",
             m.ttft.clone(),
         );
-        registry.register(
+        m.registry.register(
             "inter_token_latency_seconds",
             "Time between consecutive tokens of a process",
             m.inter_token.clone(),
         );
-        registry.register(
+        m.registry.register(
             "config_reload_failures",
             "Config reloads refused as invalid",
             m.config_reload_failures.clone(),
         );
-        registry.register(
+        m.registry.register(
             "deadline_misses",
             "Processes that ended after their deadline-ms",
             m.deadline_misses.clone(),
         );
-        registry.register(
+        m.registry.register(
             "offloaded_prefills",
             "Prefills computed by a peer worker",
             m.offloaded_prefills.clone(),
         );
-        registry.register(
+        m.registry.register(
             "offload_failures",
             "Offloads that failed and ran locally",
             m.offload_failures.clone(),
         );
-        Self { registry, ..m }
+        m
     }
 
     pub fn count_request(&self, status: &str) {

@@ -463,18 +463,9 @@ async fn concurrent_streams_all_complete_and_metrics_stay_consistent() {
         // Role chunk + up to 20 content chunks + finish chunk + [DONE].
         assert!(t.await.unwrap() >= 3);
     }
-    let text = s
-        .client
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let value: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
-        assert!(value >= 0.0, "negative metric: {line}");
+    let text = s.metrics_text().await;
+    for (name, value) in common::metric_samples(&text) {
+        assert!(value >= 0.0, "negative metric: {name} {value}");
     }
     assert_eq!(common::metric_value(&text, "pie_requests_total"), 32.0);
     assert_eq!(

@@ -157,16 +157,18 @@ impl Server {
 
     /// One metric's value (summed over label sets) from /metrics.
     pub async fn metric(&self, name: &str) -> f64 {
-        let text = self
-            .client
+        metric_value(&self.metrics_text().await, name)
+    }
+
+    pub async fn metrics_text(&self) -> String {
+        self.client
             .get(self.url("/metrics"))
             .send()
             .await
             .unwrap()
             .text()
             .await
-            .unwrap();
-        metric_value(&text, name)
+            .unwrap()
     }
 
     /// Poll until `f` holds (or panic after 20 s).
@@ -179,12 +181,19 @@ impl Server {
     }
 }
 
-pub fn metric_value(text: &str, name: &str) -> f64 {
+/// Every sample of a Prometheus text body: (name with labels, value).
+pub fn metric_samples(text: &str) -> impl Iterator<Item = (&str, f64)> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.split_once(' '))
+        .filter_map(|l| l.rsplit_once(' '))
+        .map(|(k, v)| (k, v.trim().parse::<f64>().unwrap()))
+}
+
+/// One metric's value, summed over its label sets.
+pub fn metric_value(text: &str, name: &str) -> f64 {
+    metric_samples(text)
         .filter(|(k, _)| *k == name || k.starts_with(&format!("{name}{{")))
-        .map(|(_, v)| v.trim().parse::<f64>().unwrap())
+        .map(|(_, v)| v)
         .sum()
 }
 
