@@ -586,12 +586,13 @@ impl Driver {
                 role: "assistant".into(),
                 content: self.process.snapshot().output,
             });
+            // The inferlet records which turn this was as its own prop.
+            let turns = messages.iter().filter(|m| m.role == "assistant").count() as i64;
             self.rt
                 .sessions
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(session, messages);
-            let turns = messages_turns(&self.rt, &self.process);
             let _ = self
                 .process
                 .update_props(|p| p.set("turn", pie_core::PropValue::Int(turns)));
@@ -613,18 +614,6 @@ impl Driver {
             }
         }
     }
-}
-
-/// Assistant turns recorded so far in the process's session.
-fn messages_turns(rt: &Runtime, process: &Process) -> i64 {
-    let props = process.props();
-    let sessions = rt.sessions.lock().unwrap_or_else(|e| e.into_inner());
-    props
-        .str("session")
-        .and_then(|s| sessions.get(s))
-        .map_or(0, |m| {
-            m.iter().filter(|m| m.role == "assistant").count() as i64
-        })
 }
 
 /// Finds stop strings in streamed text, holding back a possible stop string's
