@@ -63,8 +63,8 @@ mod tests {
 
     #[test]
     fn hash_is_fixed_across_runs() {
-        // A literal value: if the hash function or byte layout ever changes, pages
-        // written by older workers (pool, disk) would silently stop matching.
+        // If the hash function or byte layout ever changes, pages written by older
+        // workers (pool, disk) would silently stop matching.
         let h = block_hash(ModelFingerprint(7).root(), &[1, 2, 3, 4]);
         assert_eq!(h, block_hash(BlockHash(7), &[1, 2, 3, 4]));
         assert_eq!(
@@ -73,6 +73,8 @@ mod tests {
                 7, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0
             ])
         );
+        // The value itself, so an XXH3 implementation change is caught too.
+        assert_eq!(h.0, 0xa882_bba3_f61e_435a);
     }
 
     #[test]
