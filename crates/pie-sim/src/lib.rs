@@ -3,12 +3,10 @@
 //! cache with step times from a cost model, fed by seeded workload generators.
 
 pub mod cache;
-pub mod cost;
 pub mod metrics;
 pub mod sim;
-pub mod workload;
 
-pub use cost::CostProfile;
 pub use metrics::RunMetrics;
+pub use pie_workload::{cost, workload, CostProfile};
 pub use sim::{run, PolicyName, RouterName, SimConfig};
 pub use workload::{Request, Segment, WorkloadSpec};

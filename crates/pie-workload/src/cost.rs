@@ -3,9 +3,9 @@
 //! with the engine limits (page size, pages, batch tokens, running sequences) that
 //! belong to the same hardware.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CostProfile {
     pub name: String,
     /// Fixed cost of a step (ms): weight reads, launch overhead.

@@ -1,0 +1,10 @@
+//! `pie-workload`: what `pie bench` (on a real deployment) and `pie-sim` (over a
+//! cost model) share, so that both measure the same thing: the seeded workload
+//! generators, and the step-time cost profile that `pie bench --calibrate` writes
+//! and the simulator reads. Pure: no I/O beyond (de)serialisation, no clock.
+
+pub mod cost;
+pub mod workload;
+
+pub use cost::CostProfile;
+pub use workload::{Request, Segment, WorkloadSpec};
