@@ -1,10 +1,13 @@
 //! `pie-workload`: what `pie bench` (on a real deployment) and `pie-sim` (over a
 //! cost model) share, so that both measure the same thing: the seeded workload
-//! generators, and the step-time cost profile that `pie bench --calibrate` writes
+//! generators, the trace format (`trace.rs`) that `pie serve` records and both
+//! replay, and the step-time cost profile that `pie bench --calibrate` writes
 //! and the simulator reads. Pure: no I/O beyond (de)serialisation, no clock.
 
 pub mod cost;
+pub mod trace;
 pub mod workload;
 
 pub use cost::CostProfile;
+pub use trace::{trace_block_ids, TraceRecord, TRACE_BLOCK_TOKENS};
 pub use workload::{Request, Segment, WorkloadSpec};
