@@ -14,13 +14,13 @@
 use pie_core::{PropValue, Props};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Token ids are drawn below this.
 pub const VOCAB: u64 = 32_000;
 
 /// A run of `len` tokens determined by `key`: equal keys give equal tokens.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Segment {
     pub key: u64,
     pub len: u32,
@@ -50,14 +50,14 @@ impl Segment {
 }
 
 /// A later turn: it arrives `think_us` after request `request` finished.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Follow {
     pub request: usize,
     pub think_us: u64,
 }
 
 /// One request of a workload.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Request {
     /// Arrival in microseconds since the start (ignored when `follows` is set).
     pub arrival_us: u64,
@@ -92,7 +92,7 @@ impl Request {
 }
 
 /// `shared-prefix`: groups of prompts sharing a system prompt.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SharedPrefix {
     pub groups: usize,
     pub system_len: u32,
@@ -105,7 +105,7 @@ pub struct SharedPrefix {
 
 /// `multi-turn`: conversations of several turns, each turn's prompt is the whole
 /// conversation so far plus new tokens.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MultiTurn {
     pub turns: usize,
     pub system_len: u32,
@@ -120,7 +120,7 @@ pub struct MultiTurn {
 }
 
 /// `multi-tenant`: one flooding client and several light ones.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MultiTenant {
     pub flood_rate_per_s: f64,
     pub light_clients: usize,
@@ -132,7 +132,7 @@ pub struct MultiTenant {
 }
 
 /// `deadline-mix`: a tight and a loose `deadline-ms` class.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DeadlineMix {
     pub tight_fraction: f64,
     pub tight_ms: i64,
@@ -143,7 +143,7 @@ pub struct DeadlineMix {
 }
 
 /// `priority-mix`: a fraction of `priority` 1 requests among priority 0.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PriorityMix {
     pub high_fraction: f64,
     pub input_len: u32,
@@ -156,7 +156,7 @@ pub struct PriorityMix {
 /// step time (about 22 requests/s): `multi-tenant`'s flood alone overloads it,
 /// `deadline-mix` and `priority-mix` run near capacity so that queues form.
 /// [`WorkloadSpec::scale_rate`] scales them.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum WorkloadSpec {
     SharedPrefix(SharedPrefix),
@@ -224,6 +224,38 @@ impl WorkloadSpec {
                 ))
             }
         })
+    }
+
+    /// This workload with parameters replaced by `key=value` overrides (values
+    /// in JSON: `system_len=256`, `zipf=null`). An unknown key or a value of the
+    /// wrong type is an error naming the key and the workload's parameters.
+    pub fn with_overrides(self, overrides: &[String]) -> Result<Self, String> {
+        let name = self.name();
+        let mut value = serde_json::to_value(&self).map_err(|e| e.to_string())?;
+        let params = value
+            .as_object_mut()
+            .ok_or_else(|| format!("workload `{name}` has no parameters"))?;
+        for item in overrides {
+            let (key, raw) = item
+                .split_once('=')
+                .ok_or_else(|| format!("override `{item}` is not key=value"))?;
+            if key == "kind" || !params.contains_key(key) {
+                let known: Vec<&str> = params
+                    .keys()
+                    .map(String::as_str)
+                    .filter(|k| *k != "kind")
+                    .collect();
+                return Err(format!(
+                    "workload `{name}` has no parameter `{key}` (parameters: {})",
+                    known.join(", ")
+                ));
+            }
+            let parsed = serde_json::from_str(raw)
+                .unwrap_or_else(|_| serde_json::Value::String(raw.to_string()));
+            params.insert(key.to_string(), parsed);
+        }
+        serde_json::from_value(value)
+            .map_err(|e| format!("workload `{name}`: bad override value: {e}"))
     }
 
     pub fn name(&self) -> &'static str {
@@ -432,4 +464,45 @@ fn priority_mix(w: &PriorityMix, n: usize, rng: &mut StdRng) -> Vec<Request> {
             r
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn overrides(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn overrides_replace_named_parameters() {
+        let spec = WorkloadSpec::named("shared-prefix")
+            .and_then(|w| w.with_overrides(&overrides(&["system_len=256", "zipf=null"])))
+            .expect("valid overrides");
+        match spec {
+            WorkloadSpec::SharedPrefix(w) => {
+                assert_eq!(w.system_len, 256);
+                assert_eq!(w.zipf, None);
+                assert_eq!(w.groups, 32, "untouched parameters keep their defaults");
+            }
+            other => panic!("kind changed: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_overrides_name_the_key() {
+        let base = || WorkloadSpec::named("multi-turn").expect("built-in");
+        let unknown = base()
+            .with_overrides(&overrides(&["groups=3"]))
+            .unwrap_err();
+        assert!(
+            unknown.contains("`groups`") && unknown.contains("think_ms"),
+            "{unknown}"
+        );
+        let wrong_type = base()
+            .with_overrides(&overrides(&["turns=many"]))
+            .unwrap_err();
+        assert!(wrong_type.contains("multi-turn"), "{wrong_type}");
+        assert!(base().with_overrides(&overrides(&["kind=x"])).is_err());
+    }
 }
