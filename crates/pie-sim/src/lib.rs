@@ -4,6 +4,7 @@
 
 pub mod cache;
 pub mod metrics;
+pub mod profile;
 pub mod sim;
 
 pub use metrics::RunMetrics;

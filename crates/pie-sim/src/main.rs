@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use pie_sim::metrics::markdown_table;
-use pie_sim::{run, CostProfile, PolicyName, RouterName, RunMetrics, SimConfig, WorkloadSpec};
+use pie_sim::{run, PolicyName, RouterName, RunMetrics, SimConfig, WorkloadSpec};
 
 #[derive(Parser)]
 #[command(
@@ -58,7 +58,8 @@ struct Common {
     /// multiplied by --workers).
     #[arg(long, default_value_t = 1.0)]
     load: f64,
-    /// gpu (roofline estimate) or cpu (uncalibrated placeholder).
+    /// gpu (roofline estimate), cpu (uncalibrated placeholder), or the path of a
+    /// JSON profile file (as `pie bench --calibrate` writes it).
     #[arg(long, default_value = "gpu")]
     profile: String,
     /// Override the profile's KV pages per worker.
@@ -87,7 +88,7 @@ fn simulate(
     let mut spec = WorkloadSpec::named(&common.workload).map_err(anyhow::Error::msg)?;
     spec.scale_rate(common.load * common.workers as f64);
     let reqs = spec.generate(common.requests, common.seed);
-    let mut profile = CostProfile::named(&common.profile).map_err(anyhow::Error::msg)?;
+    let mut profile = pie_sim::profile::load(&common.profile)?;
     if let Some(pages) = common.kv_pages {
         profile.kv_pages = pages;
     }

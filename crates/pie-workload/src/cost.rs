@@ -85,6 +85,47 @@ impl CostProfile {
         }
     }
 
+    /// A profile from its JSON (as `pie bench --calibrate` writes it). Errors name
+    /// the field: a missing or mistyped one, or a limit that is not positive or a
+    /// coefficient that is negative or not finite.
+    pub fn from_json(text: &str) -> Result<Self, String> {
+        let de = &mut serde_json::Deserializer::from_str(text);
+        let p: Self = serde_path_to_error::deserialize(de).map_err(|e| {
+            let field = e.path().to_string();
+            if field == "." {
+                e.inner().to_string()
+            } else {
+                format!("field `{field}`: {}", e.inner())
+            }
+        })?;
+        p.validate()?;
+        Ok(p)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let coefficients = [
+            ("a_ms", self.a_ms),
+            ("b_ms_per_token", self.b_ms_per_token),
+            ("c_ms_per_context_token", self.c_ms_per_context_token),
+        ];
+        if let Some((field, v)) = coefficients
+            .iter()
+            .find(|(_, v)| !v.is_finite() || *v < 0.0)
+        {
+            return Err(format!("field `{field}`: {v} is not a finite number >= 0"));
+        }
+        let limits = [
+            ("page_size", self.page_size),
+            ("kv_pages", self.kv_pages),
+            ("max_batch_tokens", self.max_batch_tokens),
+            ("max_running", self.max_running),
+        ];
+        match limits.iter().find(|(_, v)| *v == 0) {
+            Some((field, _)) => Err(format!("field `{field}`: must be positive")),
+            None => Ok(()),
+        }
+    }
+
     /// Duration of one step in microseconds (at least 1).
     pub fn step_us(&self, batch_tokens: usize, context_tokens: usize) -> u64 {
         let ms = self.a_ms
@@ -105,5 +146,27 @@ mod tests {
         assert_eq!(p.step_us(100, 10_000), 18_840);
         assert_eq!(p.step_us(0, 0), 7_900);
         assert!(CostProfile::named("tpu").is_err());
+    }
+
+    #[test]
+    fn json_round_trips_and_errors_name_the_field() {
+        let p = CostProfile::cpu_placeholder();
+        let text = serde_json::to_string(&p).expect("serialisable");
+        assert_eq!(CostProfile::from_json(&text), Ok(p.clone()));
+        let mut v = serde_json::to_value(&p).expect("serialisable");
+        v["a_ms"] = serde_json::json!("fast");
+        let err = CostProfile::from_json(&v.to_string()).unwrap_err();
+        assert!(err.starts_with("field `a_ms`:"), "{err}");
+        v["a_ms"] = serde_json::json!(1.0);
+        v.as_object_mut().expect("object").remove("kv_pages");
+        let err = CostProfile::from_json(&v.to_string()).unwrap_err();
+        assert!(err.contains("kv_pages"), "{err}");
+        v["kv_pages"] = serde_json::json!(0);
+        let err = CostProfile::from_json(&v.to_string()).unwrap_err();
+        assert_eq!(err, "field `kv_pages`: must be positive");
+        v["kv_pages"] = serde_json::json!(10);
+        v["c_ms_per_context_token"] = serde_json::json!(-1.0);
+        let err = CostProfile::from_json(&v.to_string()).unwrap_err();
+        assert!(err.starts_with("field `c_ms_per_context_token`"), "{err}");
     }
 }
