@@ -6,14 +6,18 @@
 //! leaves a single worker ends the pipeline.
 
 mod cache_aware;
+mod index;
 mod least_loaded;
 mod pin;
+mod priority;
 mod round_robin;
 mod session_affinity;
 
 pub use cache_aware::{CacheAware, CacheAwareConfig};
+pub use index::ClusterIndex;
 pub use least_loaded::LeastLoaded;
 pub use pin::{Pin, PinConfig};
+pub use priority::{saturated, PriorityQueue, DEFAULT_MAX_QUEUED};
 pub use round_robin::RoundRobin;
 pub use session_affinity::{SessionAffinity, SessionAffinityConfig};
 
@@ -59,11 +63,15 @@ pub trait ClusterPolicy: Send {
 
     /// The request went to `worker` (session-affinity records it).
     fn routed(&mut self, _now_ms: u64, _req: &RouteRequest, _worker: &str) {}
+
+    /// Sessions this policy maps to workers (for `GET /v1/cluster`).
+    fn sessions(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Run the pipeline; returns the chosen worker's index, the deciding policy and
 /// its reason. With no policy deciding, the least-loaded candidate wins. Call
-/// [`record`] once the request has been placed. Call
 /// [`record`] once the request has been placed.
 pub fn route(
     policies: &mut [Box<dyn ClusterPolicy>],

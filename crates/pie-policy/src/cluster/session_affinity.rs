@@ -39,10 +39,6 @@ impl SessionAffinity {
             sessions: HashMap::new(),
         }
     }
-
-    pub fn sessions(&self) -> usize {
-        self.sessions.len()
-    }
 }
 
 impl ClusterPolicy for SessionAffinity {
@@ -74,6 +70,10 @@ impl ClusterPolicy for SessionAffinity {
             }
             None => Ok(None),
         }
+    }
+
+    fn sessions(&self) -> Option<usize> {
+        Some(self.sessions.len())
     }
 
     fn routed(&mut self, now_ms: u64, req: &RouteRequest, worker: &str) {

@@ -1,0 +1,166 @@
+//! `cluster-priority`: a controller-side wait queue for a saturated cluster.
+//!
+//! Rule: when every candidate worker is at its `max_running`, or requests are
+//! already waiting, a new request waits in the controller; when a slot frees, the
+//! waiting request with the highest `priority` goes first, FCFS within a level.
+//! At most `[cluster] max_queued` requests wait; one more is refused with 429.
+//! Props read: `priority` (int, default 0). Config keys: `[cluster] max_queued`
+//! (default 1024). Invariant (tested): pops come out by priority, then arrival,
+//! and the queue never holds more than `max_queued`.
+//!
+//! The queue is generic over what waits (the controller stores a wake-up handle),
+//! so it is pure and the simulator can reuse it.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+use pie_core::Props;
+
+use super::Reject;
+
+pub const DEFAULT_MAX_QUEUED: usize = 1024;
+
+struct Waiting<T> {
+    priority: i64,
+    arrival: u64,
+    item: T,
+}
+
+impl<T> PartialEq for Waiting<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl<T> Eq for Waiting<T> {}
+impl<T> PartialOrd for Waiting<T> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<T> Ord for Waiting<T> {
+    /// Max-heap: higher priority first, then earlier arrival.
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.priority
+            .cmp(&other.priority)
+            .then_with(|| other.arrival.cmp(&self.arrival))
+    }
+}
+
+pub struct PriorityQueue<T> {
+    heap: BinaryHeap<Waiting<T>>,
+    arrivals: u64,
+    max_queued: usize,
+}
+
+impl<T> PriorityQueue<T> {
+    pub fn new(max_queued: usize) -> Self {
+        Self {
+            heap: BinaryHeap::new(),
+            arrivals: 0,
+            max_queued,
+        }
+    }
+
+    pub fn set_max_queued(&mut self, max_queued: usize) {
+        self.max_queued = max_queued;
+    }
+
+    pub fn len(&self) -> usize {
+        self.heap.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.heap.is_empty()
+    }
+
+    /// Queue `item` by the `priority` prop of `props`, or refuse it (429) when
+    /// `max_queued` are already waiting.
+    pub fn push(&mut self, props: &Props, item: T) -> Result<(), Reject> {
+        if self.heap.len() >= self.max_queued {
+            return Err(Reject {
+                status: 429,
+                message: format!(
+                    "every worker is at max_running and {} requests are already waiting (max_queued); retry later",
+                    self.heap.len()
+                ),
+            });
+        }
+        self.arrivals += 1;
+        self.heap.push(Waiting {
+            priority: props.int("priority").unwrap_or(0),
+            arrival: self.arrivals,
+            item,
+        });
+        Ok(())
+    }
+
+    /// The next request to admit.
+    pub fn pop(&mut self) -> Option<T> {
+        self.heap.pop().map(|w| w.item)
+    }
+
+    /// Drop waiting items that no longer want a slot (e.g. the client left).
+    pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+        self.heap.retain(|w| keep(&w.item));
+    }
+}
+
+/// True when no candidate has a free slot: `(running, max_running)` per worker.
+pub fn saturated(slots: impl IntoIterator<Item = (usize, usize)>) -> bool {
+    slots
+        .into_iter()
+        .all(|(running, max_running)| running >= max_running)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pie_core::PropValue;
+    use proptest::prelude::*;
+
+    fn with_priority(p: i64) -> Props {
+        let mut props = Props::new();
+        props
+            .set("priority", PropValue::Int(p))
+            .expect("priority is a known int prop");
+        props
+    }
+
+    #[test]
+    fn bounded_with_429() {
+        let mut q = PriorityQueue::new(2);
+        q.push(&Props::new(), 1).expect("room");
+        q.push(&Props::new(), 2).expect("room");
+        let refused = q.push(&Props::new(), 3).unwrap_err();
+        assert_eq!(refused.status, 429);
+        assert!(
+            refused.message.contains("max_queued"),
+            "{}",
+            refused.message
+        );
+        q.retain(|&i| i != 1);
+        assert_eq!(q.len(), 1);
+        q.push(&Props::new(), 3).expect("room after the leaver");
+    }
+
+    #[test]
+    fn saturation_needs_every_worker_full() {
+        assert!(saturated([(2, 2), (5, 4)]));
+        assert!(!saturated([(2, 2), (3, 4)]));
+        assert!(saturated(std::iter::empty()), "no worker: nothing is free");
+    }
+
+    proptest! {
+        #[test]
+        fn pops_by_priority_then_arrival(prios in prop::collection::vec(-3i64..4, 0..60)) {
+            let mut q = PriorityQueue::new(usize::MAX);
+            for (i, p) in prios.iter().enumerate() {
+                q.push(&with_priority(*p), i).expect("unbounded");
+            }
+            let order: Vec<usize> = std::iter::from_fn(|| q.pop()).collect();
+            let mut want: Vec<usize> = (0..prios.len()).collect();
+            want.sort_by_key(|&i| (std::cmp::Reverse(prios[i]), i));
+            prop_assert_eq!(order, want);
+        }
+    }
+}
