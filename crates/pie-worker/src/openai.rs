@@ -1,5 +1,7 @@
 //! OpenAI-compatible routes: `/v1/completions`, `/v1/chat/completions`,
-//! `/v1/models`. Extra body fields: `props` (object) and `session` (string).
+//! `/v1/models` (with the model's `vocab_size`, so token-id clients such as
+//! `pie bench` can stay inside the vocabulary). Extra body fields: `props`
+//! (object) and `session` (string).
 //! A client that disconnects kills its process (its pages are released).
 
 use std::convert::Infallible;
@@ -165,7 +167,7 @@ impl Kind {
 pub async fn models(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let rt = state.runtime()?;
     Ok(Json(
-        json!({"object": "list", "data": [{"id": rt.settings.model_name, "object": "model", "created": 0, "owned_by": "pie"}]}),
+        json!({"object": "list", "data": [{"id": rt.settings.model_name, "object": "model", "created": 0, "owned_by": "pie", "vocab_size": rt.model.config.vocab}]}),
     ))
 }
 
