@@ -5,9 +5,11 @@
 pub mod cache;
 pub mod metrics;
 pub mod profile;
+pub mod router;
 pub mod sim;
 
 pub use metrics::RunMetrics;
 pub use pie_workload::{cost, workload, CostProfile};
-pub use sim::{run, PolicyName, RouterName, SimConfig};
+pub use router::RouterSpec;
+pub use sim::{run, PolicyName, SimConfig};
 pub use workload::{Request, Segment, WorkloadSpec};

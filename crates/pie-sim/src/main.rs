@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use pie_sim::metrics::markdown_table;
-use pie_sim::{run, PolicyName, RouterName, RunMetrics, SimConfig, WorkloadSpec};
+use pie_sim::{run, PolicyName, RouterSpec, RunMetrics, SimConfig, WorkloadSpec};
 
 #[derive(Parser)]
 #[command(
@@ -27,6 +27,9 @@ enum Command {
         common: Common,
         #[arg(long, default_value = "fcfs")]
         policy: String,
+        /// The cluster policies' pipeline, comma-separated as in the controller's
+        /// `cluster_policies`: pin, session-affinity, cache-aware, least-loaded,
+        /// round-robin.
         #[arg(long, default_value = "round-robin")]
         router: String,
     },
@@ -37,9 +40,10 @@ enum Command {
         /// Comma-separated: fcfs, fair, priority, deadline, deadline-abort.
         #[arg(long, default_value = "fcfs")]
         policies: String,
-        /// Comma-separated: round-robin, least-loaded, cache-aware.
+        /// A cluster pipeline (comma-separated policies, as for `run`); repeat
+        /// `--router` to compare several.
         #[arg(long, default_value = "round-robin")]
-        router: String,
+        router: Vec<String>,
     },
 }
 
@@ -82,7 +86,7 @@ fn split<T: std::str::FromStr<Err = String>>(list: &str) -> Result<Vec<T>> {
 fn simulate(
     common: &Common,
     policies: &[PolicyName],
-    routers: &[RouterName],
+    routers: &[RouterSpec],
 ) -> Result<Vec<RunMetrics>> {
     anyhow::ensure!(common.load > 0.0, "--load must be positive");
     let mut spec = WorkloadSpec::named(&common.workload).map_err(anyhow::Error::msg)?;
@@ -93,15 +97,15 @@ fn simulate(
         profile.kv_pages = pages;
     }
     let mut runs = Vec::new();
-    for &router in routers {
+    for router in routers {
         for &policy in policies {
-            let mut cfg = SimConfig::new(common.workers, policy, router, profile.clone());
+            let mut cfg = SimConfig::new(common.workers, policy, router.clone(), profile.clone());
             cfg.keep_session = common.keep_session;
             let m = run(&cfg, spec.name(), &reqs)?;
             eprintln!(
                 "{} / {}: {} events in {:.2} s ({:.2e} events/s)",
                 policy.label(),
-                router.label(),
+                m.router,
                 m.events,
                 m.wall_s,
                 m.events_per_s
@@ -135,7 +139,11 @@ fn main() -> Result<()> {
             policies,
             router,
         } => {
-            let runs = simulate(&common, &split(&policies)?, &split(&router)?)?;
+            let routers = router
+                .iter()
+                .map(|r| r.parse().map_err(anyhow::Error::msg))
+                .collect::<Result<Vec<RouterSpec>>>()?;
+            let runs = simulate(&common, &split(&policies)?, &routers)?;
             let first = &runs[0];
             println!(
                 "{} on {} worker(s), {} requests, profile {}{}\n",

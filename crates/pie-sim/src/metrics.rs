@@ -227,7 +227,7 @@ impl RunMetrics {
         Self {
             workload: workload.to_string(),
             policy: cfg.policy.label().to_string(),
-            router: cfg.router.label().to_string(),
+            router: cfg.router.label(),
             keep_session: cfg.keep_session,
             workers: cfg.workers,
             profile: cfg.profile.name.clone(),

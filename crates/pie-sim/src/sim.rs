@@ -3,8 +3,8 @@
 //! modelled page pool and prefix cache, with step times from the cost model.
 //!
 //! Owns the event loop (a binary heap of step ends and later-turn arrivals, merged
-//! with the sorted open-loop arrivals), routing (round-robin, least-loaded,
-//! cache-aware), and each worker's step, which mirrors `pie-worker`'s engine plan:
+//! with the sorted open-loop arrivals; routing goes through `router.rs`, the real
+//! cluster policies), and each worker's step, which mirrors `pie-worker`'s engine plan:
 //! the policy orders every sequence on the worker; in that order each gets a
 //! prefill chunk or one decode token while `max_batch_tokens` lasts; a sequence
 //! not yet running needs a free slot under `max_running` (or, if the policy
@@ -17,7 +17,7 @@
 //! retained for their session.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap};
 use std::str::FromStr;
 use std::time::Instant;
 
@@ -27,9 +27,10 @@ use pie_policy::{
     OnMiss, Priority, PriorityConfig, WorkerPolicy,
 };
 
-use crate::cache::{HashMapByBlock, PrefixCache};
+use crate::cache::PrefixCache;
 use crate::cost::CostProfile;
 use crate::metrics::{Counters, Record, RunMetrics};
+use crate::router::{Router, RouterSpec};
 use crate::workload::Request;
 
 /// The worker-plane ordering policies the simulator can run.
@@ -84,51 +85,14 @@ impl FromStr for PolicyName {
     }
 }
 
-/// How arriving requests are spread over the workers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RouterName {
-    RoundRobin,
-    /// Fewest outstanding requests (ties: lowest index).
-    LeastLoaded,
-    /// Longest cached prefix by block hashes (ties: least loaded) among the
-    /// least-loaded holders of the prompt's first page, unless that worker has more
-    /// than `balance_slack` requests above the least-loaded one.
-    CacheAware,
-}
-
-impl RouterName {
-    pub const ALL: &'static [&'static str] = &["round-robin", "least-loaded", "cache-aware"];
-
-    pub fn label(self) -> &'static str {
-        Self::ALL[self as usize]
-    }
-}
-
-impl FromStr for RouterName {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s {
-            "round-robin" => Self::RoundRobin,
-            "least-loaded" => Self::LeastLoaded,
-            "cache-aware" => Self::CacheAware,
-            other => {
-                return Err(format!(
-                    "unknown router `{other}` (available: {})",
-                    Self::ALL.join(", ")
-                ))
-            }
-        })
-    }
-}
-
 #[derive(Clone, Debug)]
 pub struct SimConfig {
     pub workers: usize,
     pub policy: PolicyName,
-    pub router: RouterName,
+    /// The cluster policies' pipeline (`pie_policy::cluster`).
+    pub router: RouterSpec,
     /// Run `KeepSession` (retention from the `session` and `keep-ms` props).
     pub keep_session: bool,
-    pub balance_slack: usize,
     pub profile: CostProfile,
 }
 
@@ -136,7 +100,7 @@ impl SimConfig {
     pub fn new(
         workers: usize,
         policy: PolicyName,
-        router: RouterName,
+        router: RouterSpec,
         profile: CostProfile,
     ) -> Self {
         Self {
@@ -144,7 +108,6 @@ impl SimConfig {
             policy,
             router,
             keep_session: false,
-            balance_slack: 16,
             profile,
         }
     }
@@ -191,7 +154,6 @@ struct Worker {
     /// The running step: (index in `cands`, tokens).
     plan: Vec<(usize, u32)>,
     busy: bool,
-    load: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -210,10 +172,7 @@ struct Sim<'a> {
     followers: Vec<Option<u32>>,
     heap: BinaryHeap<Reverse<(u64, u64, Event)>>,
     next_event: u64,
-    by_load: BTreeSet<(u32, u32)>,
-    rr: usize,
-    /// Cache-aware routing: which workers hold each page.
-    index: HashMapByBlock<Vec<u32>>,
+    router: Router,
     /// Hashes of first prompt segments that are whole pages (bounded; cleared when
     /// full), so shared system prompts are hashed once.
     memo: HashMap<(u64, u32), Vec<BlockHash>>,
@@ -226,9 +185,6 @@ struct Sim<'a> {
 
 const FINGERPRINT: ModelFingerprint = ModelFingerprint(0x51_u64);
 const MEMO_CAPACITY: usize = 4096;
-/// Cache-aware routing compares at most this many holders of the first page
-/// (the least loaded of them).
-const CACHE_AWARE_CANDIDATES: usize = 8;
 
 /// Simulate `reqs` on the configured cluster; every request finishes (or is
 /// rejected or aborted), and the metrics say so.
@@ -264,7 +220,8 @@ pub fn run(cfg: &SimConfig, workload: &str, reqs: &[Request]) -> anyhow::Result<
 
 impl<'a> Sim<'a> {
     fn new(cfg: &'a SimConfig, reqs: &'a [Request]) -> Self {
-        let track = cfg.router == RouterName::CacheAware;
+        let router = Router::new(&cfg.router, cfg.workers, cfg.profile.page_size);
+        let track = router.tracks_prefixes();
         let workers = (0..cfg.workers)
             .map(|_| Worker {
                 policy: cfg.policy.build(),
@@ -275,7 +232,6 @@ impl<'a> Sim<'a> {
                 expiries: BinaryHeap::new(),
                 plan: Vec::new(),
                 busy: false,
-                load: 0,
             })
             .collect();
         let mut followers = vec![None; reqs.len()];
@@ -304,9 +260,7 @@ impl<'a> Sim<'a> {
             followers,
             heap: BinaryHeap::new(),
             next_event: 0,
-            by_load: (0..cfg.workers as u32).map(|w| (0, w)).collect(),
-            rr: 0,
-            index: HashMapByBlock::default(),
+            router,
             memo: HashMap::new(),
             client_ids: HashMap::new(),
             counters: Counters::default(),
@@ -361,59 +315,6 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
-    fn set_load(&mut self, w: usize, load: u32) {
-        self.by_load.remove(&(self.workers[w].load, w as u32));
-        self.workers[w].load = load;
-        self.by_load.insert((load, w as u32));
-    }
-
-    fn least_loaded(&self) -> usize {
-        self.by_load.first().map_or(0, |&(_, w)| w as usize)
-    }
-
-    fn route(&mut self, hashes: &[BlockHash], prompt_len: usize) -> usize {
-        match self.cfg.router {
-            RouterName::RoundRobin => {
-                self.rr = (self.rr + 1) % self.workers.len();
-                self.rr
-            }
-            RouterName::LeastLoaded => self.least_loaded(),
-            RouterName::CacheAware => {
-                let fallback = self.least_loaded();
-                let ps = self.cfg.profile.page_size;
-                let usable = &hashes[..hashes.len().min(prompt_len.saturating_sub(1) / ps)];
-                let Some(holders) = usable.first().and_then(|h| self.index.get(h)) else {
-                    return fallback;
-                };
-                let mut near: Vec<(u32, u32)> = holders
-                    .iter()
-                    .map(|&w| (self.workers[w as usize].load, w))
-                    .collect();
-                if near.len() > CACHE_AWARE_CANDIDATES {
-                    near.select_nth_unstable(CACHE_AWARE_CANDIDATES - 1);
-                    near.truncate(CACHE_AWARE_CANDIDATES);
-                }
-                let Some((_, _, pick)) = near
-                    .iter()
-                    .map(|&(load, w)| {
-                        let cache = &self.workers[w as usize].cache;
-                        let depth = usable.iter().take_while(|h| cache.contains(h)).count();
-                        (Reverse(depth), load, w as usize)
-                    })
-                    .min()
-                else {
-                    return fallback;
-                };
-                let slack = self.cfg.balance_slack as u32;
-                if self.workers[pick].load > self.workers[fallback].load + slack {
-                    fallback
-                } else {
-                    pick
-                }
-            }
-        }
-    }
-
     fn arrive(&mut self, r: usize, now: u64) -> anyhow::Result<()> {
         let reqs = self.reqs;
         let req = &reqs[r];
@@ -422,15 +323,19 @@ impl<'a> Sim<'a> {
         let limit = self.cfg.profile.kv_pages * ps;
         let prompt_len = req.prompt_len();
         if prompt_len == 0 || prompt_len >= limit {
-            self.records[r].rejected = true;
-            self.records[r].finish_us = Some(now);
-            self.counters.rejected += 1;
-            self.follow_up(r, now);
+            self.reject(r, now);
             return Ok(());
         }
         let max_tokens = req.output_len().min(limit - prompt_len).max(1);
         let hashes = self.hashes(req, prompt_len + max_tokens);
-        let w = self.route(&hashes, prompt_len);
+        let usable = hashes.len().min((prompt_len - 1) / ps);
+        let routed = self
+            .router
+            .route(now / 1000, &req.props, prompt_len, &hashes[..usable]);
+        let Ok(w) = routed else {
+            self.reject(r, now);
+            return Ok(());
+        };
         let n_clients = self.client_ids.len() as u32;
         let client = *self
             .client_ids
@@ -456,12 +361,19 @@ impl<'a> Sim<'a> {
             client: req.client.clone(),
             props: req.props.clone(),
         });
-        let load = self.workers[w].load + 1;
-        self.set_load(w, load);
+        self.router.set_load(w, self.router.load(w) + 1);
         if !self.workers[w].busy {
             self.start_step(w, now)?;
         }
         Ok(())
+    }
+
+    /// Refused: too long for a worker's pool, or by a cluster policy.
+    fn reject(&mut self, r: usize, now: u64) {
+        self.records[r].rejected = true;
+        self.records[r].finish_us = Some(now);
+        self.counters.rejected += 1;
+        self.follow_up(r, now);
     }
 
     /// `pie_core::block_hashes` of the request's first `total` tokens, reusing the
@@ -510,16 +422,9 @@ impl<'a> Sim<'a> {
     }
 
     fn sync_index(&mut self, w: usize) {
-        for (h, added) in self.workers[w].cache.drain_log() {
-            let holders = self.index.entry(h).or_default();
-            if added {
-                holders.push(w as u32);
-            } else if let Some(i) = holders.iter().position(|&x| x == w as u32) {
-                holders.swap_remove(i);
-                if holders.is_empty() {
-                    self.index.remove(&h);
-                }
-            }
+        if self.router.tracks_prefixes() {
+            let log = self.workers[w].cache.drain_log();
+            self.router.cache_changed(w, &log);
         }
     }
 
@@ -857,8 +762,7 @@ impl<'a> Sim<'a> {
                 worker.private_pages -= (s.pages - s.published) as usize;
             }
         }
-        let load = self.workers[w].load - 1;
-        self.set_load(w, load);
+        self.router.set_load(w, self.router.load(w) - 1);
         self.follow_up(id, now);
     }
 }
@@ -873,7 +777,7 @@ mod tests {
         let cfg = SimConfig::new(
             1,
             PolicyName::Fcfs,
-            RouterName::RoundRobin,
+            "round-robin".parse().expect("built-in router"),
             CostProfile::cpu_placeholder(),
         );
         for name in ["shared-prefix", "multi-turn", "deadline-mix"] {

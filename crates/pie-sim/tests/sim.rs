@@ -2,14 +2,18 @@
 //! policies' intended effects measured on the real `pie-policy` objects.
 
 use pie_sim::workload::{DeadlineMix, MultiTenant, SharedPrefix, WORKLOADS};
-use pie_sim::{run, CostProfile, PolicyName, RouterName, RunMetrics, SimConfig, WorkloadSpec};
+use pie_sim::{run, CostProfile, PolicyName, RouterSpec, RunMetrics, SimConfig, WorkloadSpec};
+
+fn router(pipeline: &str) -> RouterSpec {
+    pipeline.parse().expect("valid router")
+}
 
 fn sim(
     spec: &WorkloadSpec,
     requests: usize,
     workers: usize,
     policy: PolicyName,
-    router: RouterName,
+    router: RouterSpec,
     profile: CostProfile,
 ) -> RunMetrics {
     let reqs = spec.generate(requests, 7);
@@ -41,7 +45,7 @@ fn workloads_are_reproducible_by_seed() {
 #[test]
 fn every_request_completes_with_the_tokens_it_asked_for() {
     for name in WORKLOADS {
-        for (workers, router) in [(1, RouterName::RoundRobin), (3, RouterName::CacheAware)] {
+        for (workers, router) in [(1, router("round-robin")), (3, router("cache-aware"))] {
             let mut spec = WorkloadSpec::named(name).unwrap();
             spec.scale_rate(workers as f64);
             let mut profile = CostProfile::gpu_a100_llama3_8b();
@@ -70,7 +74,7 @@ fn runs_are_deterministic() {
     let mut cfg = SimConfig::new(
         2,
         PolicyName::Fair,
-        RouterName::LeastLoaded,
+        router("least-loaded"),
         CostProfile::cpu_placeholder(),
     );
     cfg.keep_session = true;
@@ -110,7 +114,7 @@ fn fair_gives_light_clients_a_larger_share_than_fcfs() {
         3000,
         1,
         PolicyName::Fcfs,
-        RouterName::RoundRobin,
+        router("round-robin"),
         profile(),
     );
     let fair = sim(
@@ -118,7 +122,7 @@ fn fair_gives_light_clients_a_larger_share_than_fcfs() {
         3000,
         1,
         PolicyName::Fair,
-        RouterName::RoundRobin,
+        router("round-robin"),
         profile(),
     );
     let (s_fcfs, s_fair) = (light_share(&fcfs), light_share(&fair));
@@ -155,7 +159,7 @@ fn cache_aware_routing_hits_the_prefix_cache_more_than_round_robin() {
         2000,
         4,
         PolicyName::Fcfs,
-        RouterName::RoundRobin,
+        router("round-robin"),
         profile.clone(),
     );
     let ca = sim(
@@ -163,7 +167,7 @@ fn cache_aware_routing_hits_the_prefix_cache_more_than_round_robin() {
         2000,
         4,
         PolicyName::Fcfs,
-        RouterName::CacheAware,
+        router("cache-aware"),
         profile,
     );
     assert!(
@@ -173,6 +177,35 @@ fn cache_aware_routing_hits_the_prefix_cache_more_than_round_robin() {
         rr.prefix_hit_rate
     );
     assert_eq!(ca.completed, 2000);
+}
+
+#[test]
+fn session_affinity_with_keep_session_reuses_each_conversation() {
+    let mut spec = WorkloadSpec::named("multi-turn").expect("built-in");
+    spec.scale_rate(8.0);
+    let reqs = spec.generate(2000, 7);
+    let hit_rate = |pipeline: &str| {
+        let mut cfg = SimConfig::new(
+            8,
+            PolicyName::Fcfs,
+            router(pipeline),
+            CostProfile::gpu_a100_llama3_8b(),
+        );
+        cfg.keep_session = true;
+        let m = run(&cfg, spec.name(), &reqs).expect("simulation runs");
+        assert_eq!(m.completed, 2000, "{pipeline}");
+        m.prefix_hit_rate
+    };
+    let (sticky, spread) = (
+        hit_rate("session-affinity,least-loaded"),
+        hit_rate("round-robin"),
+    );
+    // Turns after the first find the whole conversation cached on their worker.
+    assert!(sticky > 0.8, "session-affinity {sticky}");
+    assert!(
+        sticky > spread + 0.3,
+        "session-affinity {sticky} round-robin {spread}"
+    );
 }
 
 #[test]
@@ -191,7 +224,7 @@ fn deadline_misses_fewer_deadlines_than_fcfs() {
         800,
         1,
         PolicyName::Fcfs,
-        RouterName::RoundRobin,
+        router("round-robin"),
         profile(),
     );
     let edf = sim(
@@ -199,7 +232,7 @@ fn deadline_misses_fewer_deadlines_than_fcfs() {
         800,
         1,
         PolicyName::Deadline,
-        RouterName::RoundRobin,
+        router("round-robin"),
         profile(),
     );
     assert_eq!(fcfs.deadline_requests, 800);
@@ -221,7 +254,7 @@ fn priority_serves_high_priority_first() {
         800,
         1,
         PolicyName::Fcfs,
-        RouterName::RoundRobin,
+        router("round-robin"),
         profile(),
     );
     let prio = sim(
@@ -229,7 +262,7 @@ fn priority_serves_high_priority_first() {
         800,
         1,
         PolicyName::Priority,
-        RouterName::RoundRobin,
+        router("round-robin"),
         profile(),
     );
     let high = |m: &RunMetrics| m.classes["high"].ttft_ms.p50;

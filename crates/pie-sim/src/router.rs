@@ -1,0 +1,224 @@
+//! The cluster plane in the simulator: the real `pie_policy::cluster` pipeline
+//! (`route`, then `record`, as `pie-controller`'s proxy calls them) over one
+//! `WorkerView` per simulated worker. The views are kept up to date as the
+//! simulation runs instead of rebuilt per request: loads as requests arrive and
+//! finish, and, when a policy in the pipeline reads them, cached-prefix lengths
+//! from an index block hash -> holder workers fed by the workers' cache logs.
+
+use std::str::FromStr;
+
+use pie_core::{BlockHash, Props};
+use pie_policy::cluster::{
+    self, CacheAware, ClusterPolicy, LeastLoaded, Pin, Reject, RoundRobin, RouteRequest,
+    SessionAffinity, WorkerView,
+};
+
+use crate::cache::HashMapByBlock;
+
+/// The cluster policies, by the names of `[cluster] cluster_policies`.
+pub const AVAILABLE: &[&str] = &[
+    "pin",
+    "session-affinity",
+    "cache-aware",
+    "least-loaded",
+    "round-robin",
+];
+
+/// A routing pipeline: cluster policy names in order, as in the controller's
+/// `cluster_policies` (`session-affinity,cache-aware`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouterSpec {
+    names: Vec<String>,
+}
+
+impl RouterSpec {
+    /// The pipeline as written: names joined by commas.
+    pub fn label(&self) -> String {
+        self.names.join(",")
+    }
+
+    /// Fresh policy objects with the controller's default configs.
+    pub fn build(&self) -> Vec<Box<dyn ClusterPolicy>> {
+        self.names.iter().map(|n| policy(n)).collect()
+    }
+
+    /// Whether a policy of the pipeline reads `cached_prefix_tokens`.
+    pub fn reads_prefixes(&self) -> bool {
+        self.names.iter().any(|n| n == "cache-aware")
+    }
+}
+
+fn policy(name: &str) -> Box<dyn ClusterPolicy> {
+    match name {
+        "pin" => Box::new(Pin::default()),
+        "session-affinity" => Box::new(SessionAffinity::default()),
+        "cache-aware" => Box::new(CacheAware::default()),
+        "least-loaded" => Box::new(LeastLoaded),
+        _ => Box::new(RoundRobin::default()),
+    }
+}
+
+impl FromStr for RouterSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let names: Vec<String> = s.split(',').map(|n| n.trim().to_string()).collect();
+        if let Some(bad) = names.iter().find(|n| !AVAILABLE.contains(&n.as_str())) {
+            return Err(format!(
+                "unknown cluster policy `{bad}` in router `{s}` (available: {})",
+                AVAILABLE.join(", ")
+            ));
+        }
+        Ok(Self { names })
+    }
+}
+
+/// The pipeline and the views it routes over.
+pub struct Router {
+    pipeline: Vec<Box<dyn ClusterPolicy>>,
+    views: Vec<WorkerView>,
+    /// Which workers hold each page, when a policy reads cached prefixes.
+    index: Option<HashMapByBlock<Vec<u32>>>,
+    /// Workers whose `cached_prefix_tokens` the last request set.
+    touched: Vec<u32>,
+    page_size: usize,
+}
+
+impl Router {
+    /// Workers are named `w0`, `w1`, ... (the names `pin` refers to).
+    pub fn new(spec: &RouterSpec, workers: usize, page_size: usize) -> Self {
+        Self {
+            pipeline: spec.build(),
+            views: (0..workers)
+                .map(|i| WorkerView {
+                    name: format!("w{i}"),
+                    load: 0,
+                    cached_prefix_tokens: 0,
+                })
+                .collect(),
+            index: spec.reads_prefixes().then(HashMapByBlock::default),
+            touched: Vec::new(),
+            page_size,
+        }
+    }
+
+    /// Whether the workers' caches must report their inserts and evictions.
+    pub fn tracks_prefixes(&self) -> bool {
+        self.index.is_some()
+    }
+
+    pub fn views(&self) -> &[WorkerView] {
+        &self.views
+    }
+
+    pub fn load(&self, w: usize) -> usize {
+        self.views[w].load
+    }
+
+    pub fn set_load(&mut self, w: usize, load: usize) {
+        self.views[w].load = load;
+    }
+
+    /// Worker `w`'s cache added (true) or evicted (false) these pages.
+    pub fn cache_changed(&mut self, w: usize, log: &[(BlockHash, bool)]) {
+        let Some(index) = &mut self.index else {
+            return;
+        };
+        for &(h, added) in log {
+            let holders = index.entry(h).or_default();
+            if added {
+                holders.push(w as u32);
+            } else if let Some(i) = holders.iter().position(|&x| x == w as u32) {
+                holders.swap_remove(i);
+                if holders.is_empty() {
+                    index.remove(&h);
+                }
+            }
+        }
+    }
+
+    /// Route a request whose prompt's full pages (all but its last token) hash
+    /// to `prefix`, and record the placement; returns the worker's index.
+    pub fn route(
+        &mut self,
+        now_ms: u64,
+        props: &Props,
+        prompt_tokens: usize,
+        prefix: &[BlockHash],
+    ) -> Result<usize, Reject> {
+        self.set_cached_prefixes(prefix);
+        let req = RouteRequest {
+            props,
+            prompt_tokens,
+        };
+        let (chosen, _reason) = cluster::route(&mut self.pipeline, now_ms, &req, &self.views)?;
+        cluster::record(&mut self.pipeline, now_ms, &req, &self.views[chosen].name);
+        Ok(chosen)
+    }
+
+    /// Each worker's leading run of `prefix` pages, as the controller's registry
+    /// computes it from the workers' prefix indexes, walked through the holders
+    /// of each page in turn: only workers that hold the whole run so far go on.
+    fn set_cached_prefixes(&mut self, prefix: &[BlockHash]) {
+        let Some(index) = &self.index else {
+            return;
+        };
+        for &w in &self.touched {
+            self.views[w as usize].cached_prefix_tokens = 0;
+        }
+        self.touched.clear();
+        let ps = self.page_size;
+        for (depth, h) in prefix.iter().enumerate() {
+            let Some(holders) = index.get(h) else {
+                break;
+            };
+            let mut advanced = false;
+            for &w in holders {
+                let view = &mut self.views[w as usize];
+                if view.cached_prefix_tokens == depth * ps {
+                    view.cached_prefix_tokens += ps;
+                    advanced = true;
+                    if depth == 0 {
+                        self.touched.push(w);
+                    }
+                }
+            }
+            if !advanced {
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_and_name_bad_entries() {
+        let spec: RouterSpec = "session-affinity, cache-aware".parse().expect("valid");
+        assert_eq!(spec.label(), "session-affinity,cache-aware");
+        assert!(spec.reads_prefixes());
+        let names: Vec<&str> = spec.build().iter().map(|p| p.name()).collect();
+        assert_eq!(names, ["session-affinity", "cache-aware"]);
+        let err = "round-robin,nearest".parse::<RouterSpec>().unwrap_err();
+        assert!(err.contains("`nearest`"), "{err}");
+    }
+
+    #[test]
+    fn cached_prefix_is_the_leading_run_held() {
+        let spec: RouterSpec = "cache-aware".parse().expect("valid");
+        let mut r = Router::new(&spec, 3, 16);
+        let h = |i| BlockHash(i);
+        r.cache_changed(0, &[(h(1), true), (h(2), true)]);
+        r.cache_changed(1, &[(h(1), true), (h(3), true)]);
+        // Worker 2 holds the second page only: not a prefix.
+        r.cache_changed(2, &[(h(2), true)]);
+        r.set_cached_prefixes(&[h(1), h(2), h(3)]);
+        let cached: Vec<usize> = r.views().iter().map(|v| v.cached_prefix_tokens).collect();
+        assert_eq!(cached, [32, 16, 0]);
+        r.cache_changed(0, &[(h(1), false)]);
+        r.set_cached_prefixes(&[h(1), h(2)]);
+        let cached: Vec<usize> = r.views().iter().map(|v| v.cached_prefix_tokens).collect();
+        assert_eq!(cached, [0, 16, 0]);
+    }
+}
