@@ -5,6 +5,7 @@
 pub mod cache;
 pub mod metrics;
 pub mod profile;
+pub mod requests;
 pub mod router;
 pub mod sim;
 

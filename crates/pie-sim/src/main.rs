@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use pie_sim::metrics::markdown_table;
-use pie_sim::{run, PolicyName, RouterSpec, RunMetrics, SimConfig, WorkloadSpec};
+use pie_sim::requests::{self, Input};
+use pie_sim::{run, PolicyName, RouterSpec, RunMetrics, SimConfig};
 
 #[derive(Parser)]
 #[command(
@@ -49,17 +50,25 @@ enum Command {
 
 #[derive(Args)]
 struct Common {
-    /// shared-prefix, multi-turn, multi-tenant, deadline-mix, priority-mix.
+    /// shared-prefix, multi-turn, multi-tenant, deadline-mix, priority-mix, or
+    /// trace (with --trace).
     #[arg(long)]
     workload: String,
+    /// A JSONL trace (Mooncake format plus `props`) for --workload trace.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Override a generator's parameter (`--set system_len=256`); repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
     #[arg(long, default_value_t = 1)]
     workers: usize,
-    #[arg(long, default_value_t = 2000)]
-    requests: usize,
+    /// Requests to generate (default 2000); for a trace, replay the first N.
+    #[arg(long)]
+    requests: Option<usize>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Offered load relative to the workload's default per-worker rate (which is
-    /// multiplied by --workers).
+    /// multiplied by --workers); for a trace, the replay speed.
     #[arg(long, default_value_t = 1.0)]
     load: f64,
     /// gpu (roofline estimate), cpu (uncalibrated placeholder), or the path of a
@@ -88,10 +97,15 @@ fn simulate(
     policies: &[PolicyName],
     routers: &[RouterSpec],
 ) -> Result<Vec<RunMetrics>> {
-    anyhow::ensure!(common.load > 0.0, "--load must be positive");
-    let mut spec = WorkloadSpec::named(&common.workload).map_err(anyhow::Error::msg)?;
-    spec.scale_rate(common.load * common.workers as f64);
-    let reqs = spec.generate(common.requests, common.seed);
+    let (workload, reqs) = requests::load(&Input {
+        workload: &common.workload,
+        trace: common.trace.as_deref(),
+        overrides: &common.overrides,
+        requests: common.requests,
+        seed: common.seed,
+        workers: common.workers,
+        load: common.load,
+    })?;
     let mut profile = pie_sim::profile::load(&common.profile)?;
     if let Some(pages) = common.kv_pages {
         profile.kv_pages = pages;
@@ -101,7 +115,7 @@ fn simulate(
         for &policy in policies {
             let mut cfg = SimConfig::new(common.workers, policy, router.clone(), profile.clone());
             cfg.keep_session = common.keep_session;
-            let m = run(&cfg, spec.name(), &reqs)?;
+            let m = run(&cfg, &workload, &reqs)?;
             eprintln!(
                 "{} / {}: {} events in {:.2} s ({:.2e} events/s)",
                 policy.label(),

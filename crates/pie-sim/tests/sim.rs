@@ -1,6 +1,7 @@
 //! The simulator's promises: reproducible workloads, conserved work, and the
 //! policies' intended effects measured on the real `pie-policy` objects.
 
+use pie_sim::requests::{self, Input};
 use pie_sim::workload::{DeadlineMix, MultiTenant, SharedPrefix, WORKLOADS};
 use pie_sim::{run, CostProfile, PolicyName, RouterSpec, RunMetrics, SimConfig, WorkloadSpec};
 
@@ -272,4 +273,42 @@ fn priority_serves_high_priority_first() {
         high(&prio),
         high(&fcfs)
     );
+}
+
+#[test]
+fn a_mooncake_trace_replays_with_its_prefix_sharing() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mooncake.jsonl");
+    let input = Input {
+        workload: "trace",
+        trace: Some(&path),
+        overrides: &[],
+        requests: None,
+        seed: 0,
+        workers: 2,
+        load: 1.0,
+    };
+    let (name, reqs) = requests::load(&input).expect("fixture loads");
+    assert_eq!((name.as_str(), reqs.len()), ("trace", 60));
+    let m = run(
+        &SimConfig::new(
+            2,
+            PolicyName::Fcfs,
+            router("cache-aware"),
+            CostProfile::gpu_a100_llama3_8b(),
+        ),
+        &name,
+        &reqs,
+    )
+    .expect("simulation runs");
+    assert_eq!(m.completed, 60);
+    assert_eq!(m.generated_tokens, m.requested_output_tokens);
+    assert_eq!(m.clients.len(), 2, "the `client` prop names a client");
+    // Three system prompts of 1-3 blocks shared by 20 requests each.
+    assert!(m.prefix_hit_rate > 0.2, "{}", m.prefix_hit_rate);
+    let missing = Input {
+        trace: None,
+        ..input
+    };
+    assert!(requests::load(&missing).is_err());
 }

@@ -9,5 +9,5 @@ pub mod trace;
 pub mod workload;
 
 pub use cost::CostProfile;
-pub use trace::{trace_block_ids, TraceRecord, TRACE_BLOCK_TOKENS};
+pub use trace::{read_trace, trace_block_ids, trace_requests, TraceRecord, TRACE_BLOCK_TOKENS};
 pub use workload::{Request, Segment, WorkloadSpec};

@@ -4,10 +4,17 @@
 //! partial), plus our own optional `props`. Equal ids mean equal blocks *and*
 //! equal prefixes before them (ids are chained), which is all a replay needs to
 //! reproduce prefix sharing. Token ids never appear in a trace.
+//!
+//! Owns the record, the block ids a recorder writes, the JSONL reader and the
+//! conversion of records into the [`Request`]s both replayers run.
+
+use std::io::BufRead;
 
 use pie_core::hash::{block_hash, BlockHash};
 use pie_core::Props;
 use serde::{Deserialize, Serialize};
+
+use crate::workload::{Request, Segment};
 
 /// Tokens per `hash_ids` entry (Mooncake's block size).
 pub const TRACE_BLOCK_TOKENS: usize = 512;
@@ -38,6 +45,69 @@ pub fn trace_block_ids(tokens: &[u32]) -> Vec<u64> {
         .collect()
 }
 
+/// Segment key spaces of replayed prompt blocks, prompt tails past the ids, and
+/// outputs (apart from the generators' keys).
+const TRACE_BLOCK: u64 = 11;
+const TRACE_TAIL: u64 = 12;
+const TRACE_OUTPUT: u64 = 13;
+
+/// The records of a JSONL trace (blank lines skipped); an error names the line.
+pub fn read_trace(reader: impl BufRead) -> Result<Vec<TraceRecord>, String> {
+    let mut records = Vec::new();
+    for (i, line) in reader.lines().enumerate() {
+        let line = line.map_err(|e| format!("line {}: {e}", i + 1))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let record = serde_json::from_str(&line).map_err(|e| format!("line {}: {e}", i + 1))?;
+        records.push(record);
+    }
+    Ok(records)
+}
+
+/// Requests replaying `records`: the prompt is one segment per hash id, keyed by
+/// the id and 512 tokens long, the last one the rest of `input_length` (ids past
+/// the prompt's end are ignored; a prompt longer than its ids ends with a segment
+/// of its own); the output is `output_length` tokens of its own. Arrival is the
+/// timestamp, the props are the record's, the client (and class) the `client`
+/// prop or "default".
+pub fn trace_requests(records: &[TraceRecord]) -> Vec<Request> {
+    records
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let client = r.props.str("client").unwrap_or("default").to_string();
+            Request {
+                arrival_us: r.timestamp.saturating_mul(1000),
+                follows: None,
+                class: client.clone(),
+                client,
+                prompt: prompt_segments(i, r),
+                output: Segment::named(&[TRACE_OUTPUT, i as u64], r.output_length),
+                props: r.props.clone(),
+            }
+        })
+        .collect()
+}
+
+fn prompt_segments(index: usize, r: &TraceRecord) -> Vec<Segment> {
+    let mut left = r.input_length;
+    let block = TRACE_BLOCK_TOKENS as u32;
+    let mut prompt: Vec<Segment> = r
+        .hash_ids
+        .iter()
+        .map_while(|&id| {
+            let len = left.min(block);
+            left -= len;
+            (len > 0).then(|| Segment::named(&[TRACE_BLOCK, id], len))
+        })
+        .collect();
+    if left > 0 {
+        prompt.push(Segment::named(&[TRACE_TAIL, index as u64], left));
+    }
+    prompt
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,5 +131,38 @@ mod tests {
         assert_eq!(r.input_length, 6955);
         assert_eq!(r.hash_ids.len(), 15);
         assert!(r.props.is_empty());
+    }
+
+    const FIXTURE: &str = r#"{"timestamp": 0, "input_length": 1100, "output_length": 20, "hash_ids": [1, 2, 3]}
+
+{"timestamp": 5, "input_length": 600, "output_length": 7, "hash_ids": [1, 9], "props": {"client": "acme", "priority": 1}}
+{"timestamp": 9, "input_length": 700, "output_length": 3, "hash_ids": [1]}
+"#;
+
+    #[test]
+    fn a_jsonl_trace_becomes_requests() {
+        let records = read_trace(FIXTURE.as_bytes()).expect("valid trace");
+        let reqs = trace_requests(&records);
+        assert_eq!(reqs.len(), 3);
+        let lens = |r: &Request| r.prompt.iter().map(|s| s.len).collect::<Vec<_>>();
+        assert_eq!(lens(&reqs[0]), [512, 512, 76]);
+        assert_eq!(lens(&reqs[1]), [512, 88]);
+        // More prompt than ids: the rest is a segment of its own.
+        assert_eq!(lens(&reqs[2]), [512, 188]);
+        assert_eq!(reqs[0].prompt[0], reqs[1].prompt[0], "hash id 1 shared");
+        assert_eq!(reqs[0].prompt[0], reqs[2].prompt[0]);
+        assert_ne!(reqs[0].prompt[1].key, reqs[1].prompt[1].key);
+        assert_eq!(reqs[1].arrival_us, 5_000);
+        assert_eq!((reqs[1].output_len(), reqs[1].prompt_len()), (7, 600));
+        assert_eq!(reqs[1].client, "acme");
+        assert_eq!(reqs[1].props.int("priority"), Some(1));
+        assert_eq!(reqs[0].client, "default");
+    }
+
+    #[test]
+    fn a_bad_line_is_named() {
+        let text = "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n{\"timestamp\": \"soon\"}\n";
+        let err = read_trace(text.as_bytes()).unwrap_err();
+        assert!(err.starts_with("line 2:"), "{err}");
     }
 }
