@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, Result};
 use pie_policy::cluster::{
     CacheAware, CacheAwareConfig, ClusterPolicy, LeastLoaded, Pin, PinConfig, RoundRobin,
-    SessionAffinity, SessionAffinityConfig,
+    SessionAffinity, SessionAffinityConfig, DEFAULT_MAX_QUEUED,
 };
 use serde::{Deserialize, Serialize};
 
@@ -55,8 +55,10 @@ pub struct ClusterConfig {
     pub cluster_policies: Vec<String>,
     /// Sent as `Authorization: Bearer` to workers.
     pub worker_key: Option<String>,
-    /// How often worker health, load and cache index are polled.
+    /// How often worker health and load are polled.
     pub poll_ms: u64,
+    /// With `cluster-priority`: requests waiting in the controller before 429.
+    pub max_queued: usize,
     #[serde(rename = "cache-aware")]
     pub cache_aware: CacheAwareConfig,
     #[serde(rename = "session-affinity")]
@@ -75,6 +77,7 @@ impl Default for ClusterConfig {
             ],
             worker_key: None,
             poll_ms: 250,
+            max_queued: DEFAULT_MAX_QUEUED,
             cache_aware: CacheAwareConfig::default(),
             session_affinity: SessionAffinityConfig::default(),
             pin: PinConfig::default(),
@@ -82,7 +85,11 @@ impl Default for ClusterConfig {
     }
 }
 
+/// `cluster-priority` is not a routing step: it gates requests before routing.
+pub const CLUSTER_PRIORITY: &str = "cluster-priority";
+
 pub const AVAILABLE: &[&str] = &[
+    CLUSTER_PRIORITY,
     "pin",
     "session-affinity",
     "cache-aware",
@@ -91,10 +98,16 @@ pub const AVAILABLE: &[&str] = &[
 ];
 
 impl ClusterConfig {
+    /// Whether requests wait in the controller when the cluster is saturated.
+    pub fn queueing(&self) -> bool {
+        self.cluster_policies.iter().any(|p| p == CLUSTER_PRIORITY)
+    }
+
     /// The routing pipeline, or an error naming the bad entry.
     pub fn pipeline(&self) -> Result<Vec<Box<dyn ClusterPolicy>>, String> {
         self.cluster_policies
             .iter()
+            .filter(|name| *name != CLUSTER_PRIORITY)
             .map(|name| -> Result<Box<dyn ClusterPolicy>, String> {
                 Ok(match name.as_str() {
                     "pin" => Box::new(Pin::new(self.pin.clone())),

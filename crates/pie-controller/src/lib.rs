@@ -6,5 +6,7 @@
 //! - [`proxy`]: routing decisions and the pass-through of requests and streams.
 
 pub mod config;
+pub mod kv_sync;
+pub mod metrics;
 pub mod proxy;
 pub mod registry;

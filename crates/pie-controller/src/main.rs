@@ -1,6 +1,7 @@
 //! The `pie-controller` command line.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -8,9 +9,10 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use pie_controller::config::{Config, WorkerEntry};
 use pie_controller::proxy::{router, Controller};
-use pie_controller::registry::{Registry, Worker};
+use pie_controller::registry::Registry;
 use pie_model::gguf::GgufFile;
 use pie_model::Tokenizer;
+use pie_policy::cluster::PriorityQueue;
 
 #[derive(Parser)]
 #[command(
@@ -72,15 +74,11 @@ fn main() -> Result<()> {
         None => None,
     };
     let ctl = Arc::new(Controller {
-        registry: Registry::new(
-            config
-                .cluster
-                .workers
-                .iter()
-                .map(|w| Worker::new(&w.name, &w.url)),
-        ),
+        registry: Registry::default(),
         metrics: Default::default(),
         pipeline: Mutex::new(pipeline),
+        queueing: AtomicBool::new(config.cluster.queueing()),
+        queue: Mutex::new(PriorityQueue::new(config.cluster.max_queued)),
         tokenizer,
         http: reqwest::Client::new(),
         worker_key: config.cluster.worker_key.clone(),
@@ -96,6 +94,9 @@ fn main() -> Result<()> {
                 "pie-controller: listening on http://{}",
                 listener.local_addr()?
             );
+            for w in &config.cluster.workers {
+                ctl.add_worker(&w.name, &w.url);
+            }
             let poller = ctl.clone();
             let every = Duration::from_millis(config.cluster.poll_ms.max(10));
             tokio::spawn(async move {
@@ -104,6 +105,8 @@ fn main() -> Result<()> {
                         .registry
                         .poll(&poller.http, poller.worker_key.as_deref())
                         .await;
+                    // Capacity can also free up on the workers' side.
+                    poller.release_waiters();
                     tokio::time::sleep(every).await;
                 }
             });
@@ -135,8 +138,15 @@ async fn reload_on_sighup(ctl: Arc<Controller>, path: PathBuf, cli_policies: Opt
         match fresh {
             Ok((config, pipeline)) => {
                 *ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner()) = pipeline;
+                ctl.queueing
+                    .store(config.cluster.queueing(), Ordering::Relaxed);
+                ctl.queue
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .set_max_queued(config.cluster.max_queued);
+                ctl.release_waiters();
                 for w in &config.cluster.workers {
-                    ctl.registry.register(&w.name, &w.url);
+                    ctl.add_worker(&w.name, &w.url);
                 }
                 tracing::info!(policies = ?config.cluster.cluster_policies, "cluster config reloaded");
             }

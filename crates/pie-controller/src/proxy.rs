@@ -5,6 +5,7 @@
 //! tried; a stream that breaks after its first byte ends with an error event.
 //! Native process ids are made cluster-unique as `WORKER~ID`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -17,84 +18,129 @@ use axum::{Json, Router};
 use futures_util::StreamExt;
 use pie_core::{PropValue, Props};
 use pie_model::{ChatMessage, Tokenizer};
-use pie_policy::cluster::{record, route, ClusterPolicy, RouteRequest};
+use pie_policy::cluster::{record, route, ClusterPolicy, PriorityQueue, RouteRequest};
 use serde_json::{json, Value};
+use tokio::sync::oneshot;
 
+use crate::metrics::{ControllerMetrics, RouteLabels};
 use crate::registry::Registry;
-
-/// Labels of a routing decision.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-pub struct RouteLabels {
-    pub worker: String,
-    /// The deciding policy (`x-pie-route` up to its colon).
-    pub policy: String,
-}
-
-/// The controller's Prometheus metrics (`GET /metrics`).
-pub struct ControllerMetrics {
-    registry: prometheus_client::registry::Registry,
-    pub routed: prometheus_client::metrics::family::Family<
-        RouteLabels,
-        prometheus_client::metrics::counter::Counter,
-    >,
-    pub retries: prometheus_client::metrics::counter::Counter,
-    pub rejected: prometheus_client::metrics::counter::Counter,
-    pub reload_failures: prometheus_client::metrics::counter::Counter,
-}
-
-impl Default for ControllerMetrics {
-    fn default() -> Self {
-        let mut registry = prometheus_client::registry::Registry::with_prefix("pie_controller");
-        let routed = prometheus_client::metrics::family::Family::default();
-        let retries = prometheus_client::metrics::counter::Counter::default();
-        let rejected = prometheus_client::metrics::counter::Counter::default();
-        let reload_failures = prometheus_client::metrics::counter::Counter::default();
-        registry.register(
-            "routed",
-            "Requests routed, by worker and deciding policy",
-            routed.clone(),
-        );
-        registry.register(
-            "retries",
-            "Requests moved to another worker after a refused connection",
-            retries.clone(),
-        );
-        registry.register(
-            "rejected",
-            "Requests the pipeline refused (e.g. unknown pin)",
-            rejected.clone(),
-        );
-        registry.register(
-            "config_reload_failures",
-            "Config reloads refused as invalid",
-            reload_failures.clone(),
-        );
-        Self {
-            registry,
-            routed,
-            retries,
-            rejected,
-            reload_failures,
-        }
-    }
-}
-
-impl ControllerMetrics {
-    pub fn encode(&self) -> String {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .expect("writing to a String cannot fail");
-        out
-    }
-}
 
 pub struct Controller {
     pub registry: Registry,
     pub metrics: ControllerMetrics,
     pub pipeline: Mutex<Vec<Box<dyn ClusterPolicy>>>,
+    /// `cluster-priority` is in the pipeline: requests wait here when every
+    /// worker is at `max_running`.
+    pub queueing: AtomicBool,
+    pub queue: Mutex<PriorityQueue<oneshot::Sender<()>>>,
     pub tokenizer: Option<Tokenizer>,
     pub http: reqwest::Client,
     pub worker_key: Option<String>,
+}
+
+impl Controller {
+    /// Add (or update) a worker; a new one gets a KV event follower.
+    pub fn add_worker(self: &Arc<Self>, name: &str, url: &str) {
+        if let Some(slot) = self.registry.register(name, url) {
+            let ctl = self.clone();
+            tokio::spawn(async move {
+                crate::kv_sync::follow(
+                    &ctl.registry,
+                    &ctl.http,
+                    ctl.worker_key.as_deref(),
+                    slot,
+                    &ctl.metrics,
+                )
+                .await
+            });
+        }
+    }
+
+    /// Wake as many waiting requests as there are free running slots (all of
+    /// them when queueing is off). Two wake-ups racing can let one request more
+    /// through than there are slots; the worker then queues it itself.
+    pub fn release_waiters(&self) {
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        queue.retain(|tx| !tx.is_closed());
+        let mut free = if self.queueing.load(Ordering::Relaxed) {
+            self.registry.free_slots()
+        } else {
+            usize::MAX
+        };
+        while free > 0 {
+            let Some(tx) = queue.pop() else { break };
+            if tx.send(()).is_ok() {
+                free -= 1;
+            }
+        }
+        self.metrics.queued.set(queue.len() as i64);
+    }
+
+    /// Wait for a running slot when the cluster is saturated (or others wait);
+    /// Err is the refusal when `max_queued` are already waiting.
+    async fn wait_for_slot(&self, props: &Props) -> Result<(), Response> {
+        if !self.queueing.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let rx = {
+            let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            if queue.is_empty() && !self.registry.saturated() {
+                return Ok(());
+            }
+            let (tx, rx) = oneshot::channel();
+            if let Err(r) = queue.push(props, tx) {
+                self.metrics.queue_full.inc();
+                let mut resp = error(StatusCode::TOO_MANY_REQUESTS, r.message);
+                resp.headers_mut()
+                    .insert("retry-after", HeaderValue::from_static("1"));
+                return Err(resp);
+            }
+            self.metrics.queued.set(queue.len() as i64);
+            rx
+        };
+        // A slot may have freed between the check and the push.
+        self.release_waiters();
+        rx.await.map_err(|_| {
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the controller is shutting down",
+            )
+        })
+    }
+}
+
+/// A request occupying a running slot on `worker` until its response body is
+/// dropped (fully streamed or abandoned by the client).
+struct InFlight {
+    ctl: Arc<Controller>,
+    worker: String,
+}
+
+impl InFlight {
+    fn begin(ctl: &Arc<Controller>, worker: &str) -> Self {
+        ctl.registry.count_started(worker);
+        Self {
+            ctl: ctl.clone(),
+            worker: worker.to_string(),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.ctl.registry.count_finished(&self.worker);
+        self.ctl.release_waiters();
+    }
+}
+
+/// `resp` with its body holding `slot` until the body is dropped.
+fn hold_until_streamed(resp: Response, slot: InFlight) -> Response {
+    resp.map(|body| {
+        Body::from_stream(body.into_data_stream().map(move |chunk| {
+            let _held = &slot;
+            chunk
+        }))
+    })
 }
 
 type Shared = Arc<Controller>;
@@ -150,20 +196,28 @@ async fn metrics(State(ctl): State<Shared>) -> Response {
 }
 
 async fn cluster(State(ctl): State<Shared>) -> Json<Value> {
-    let names: Vec<&str> = ctl
-        .pipeline
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .map(|p| p.name())
-        .collect();
-    Json(json!({"workers": ctl.registry.snapshot(), "cluster_policies": names}))
+    let (names, sessions) = {
+        let pipeline = ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner());
+        let names: Vec<&str> = pipeline.iter().map(|p| p.name()).collect();
+        let sessions: usize = pipeline.iter().filter_map(|p| p.sessions()).sum();
+        (names, sessions)
+    };
+    let queued = ctl.queue.lock().unwrap_or_else(|e| e.into_inner()).len();
+    let index_entries = ctl.registry.with_index(|i| i.entries());
+    Json(json!({
+        "workers": ctl.registry.snapshot(),
+        "cluster_policies": names,
+        "cluster_priority": ctl.queueing.load(Ordering::Relaxed),
+        "sessions": sessions,
+        "queued": queued,
+        "index_entries": index_entries,
+    }))
 }
 
 async fn register(State(ctl): State<Shared>, Json(body): Json<Value>) -> Response {
     match (body["name"].as_str(), body["url"].as_str()) {
         (Some(name), Some(url)) if !name.is_empty() && url.starts_with("http") => {
-            ctl.registry.register(name, url);
+            ctl.add_worker(name, url);
             Json(json!({"registered": name})).into_response()
         }
         _ => error(
@@ -246,6 +300,9 @@ async fn generate(
         Ok(v) => v,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
+    if let Err(refused) = ctl.wait_for_slot(&props).await {
+        return refused;
+    }
     let views = ctl.registry.views(&tokens);
     let worker_views: Vec<_> = views.iter().map(|(v, _)| v.clone()).collect();
     let req = RouteRequest {
@@ -278,16 +335,22 @@ async fn generate(
         } else {
             format!("retry after connection failure: {}", view.name)
         };
-        match forward(
+        let slot = InFlight::begin(&ctl, &view.name);
+        let sent = send(
             &ctl,
             method.clone(),
             &format!("{url}{path}"),
             &headers,
             body.clone(),
         )
-        .await
-        {
-            Ok(mut resp) => {
+        .await;
+        let started = match sent {
+            Ok(upstream) => upstream.first_bytes().await,
+            Err(e) => Err(e),
+        };
+        match started {
+            Ok(upstream) => {
+                let mut resp = hold_until_streamed(upstream.into_response(), slot);
                 ctl.registry.count_routed(&view.name);
                 let policy = why.split(':').next().unwrap_or_default().to_string();
                 ctl.metrics
@@ -325,7 +388,7 @@ async fn generate(
                 tracing::warn!(
                     worker = view.name,
                     error = e,
-                    "worker unreachable; trying the next"
+                    "worker failed before responding; trying the next"
                 );
                 ctl.registry.mark_down(&view.name);
             }
@@ -333,18 +396,25 @@ async fn generate(
     }
     error(
         StatusCode::BAD_GATEWAY,
-        "every candidate worker refused the connection",
+        "every candidate worker failed before responding",
     )
 }
 
+/// A worker's response before its body is relayed.
+struct Upstream {
+    status: StatusCode,
+    content_type: Option<HeaderValue>,
+    body: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
+}
+
 /// Send one request to a worker; Err only when no response arrived at all.
-async fn forward(
+async fn send(
     ctl: &Controller,
     method: Method,
     url: &str,
     headers: &HeaderMap,
     body: Bytes,
-) -> Result<Response, String> {
+) -> Result<Upstream, String> {
     let mut req = ctl.http.request(method, url).body(body);
     if let Some(ct) = headers.get("content-type") {
         req = req.header("content-type", ct);
@@ -353,18 +423,58 @@ async fn forward(
         req = req.bearer_auth(key);
     }
     let resp = req.send().await.map_err(|e| e.to_string())?;
-    let status = resp.status();
-    let content_type = resp.headers().get("content-type").cloned();
-    let stream = resp.bytes_stream().map(|chunk| match chunk {
-        Ok(b) => Ok::<Bytes, std::convert::Infallible>(b),
-        Err(e) => Ok(Bytes::from(format!("data: {}\n\n", json!({"error": {"message": format!("the worker's stream broke: {e}"), "type": "server_error", "param": null, "code": 502}})))),
-    });
-    let mut out = Response::new(Body::from_stream(stream));
-    *out.status_mut() = status;
-    if let Some(ct) = content_type {
-        out.headers_mut().insert("content-type", ct);
+    Ok(Upstream {
+        status: resp.status(),
+        content_type: resp.headers().get("content-type").cloned(),
+        body: resp.bytes_stream().boxed(),
+    })
+}
+
+impl Upstream {
+    /// Wait for the first bytes of the body: a worker that dies before sending
+    /// any (e.g. while the request waited in its queue) is an Err, so the
+    /// request can still go elsewhere; nothing has reached the client yet.
+    async fn first_bytes(mut self) -> Result<Self, String> {
+        match self.body.next().await {
+            Some(Ok(first)) => {
+                self.body = futures_util::stream::once(async move { Ok(first) })
+                    .chain(self.body)
+                    .boxed();
+                Ok(self)
+            }
+            Some(Err(e)) => Err(format!("the worker failed before responding: {e}")),
+            None => {
+                self.body = futures_util::stream::empty().boxed();
+                Ok(self)
+            }
+        }
     }
-    Ok(out)
+
+    /// Relay unbuffered; a stream that breaks midway ends with an error event.
+    fn into_response(self) -> Response {
+        let stream = self.body.map(|chunk| match chunk {
+            Ok(b) => Ok::<Bytes, std::convert::Infallible>(b),
+            Err(e) => Ok(Bytes::from(format!("data: {}\n\n", json!({"error": {"message": format!("the worker's stream broke: {e}"), "type": "server_error", "param": null, "code": 502}})))),
+        });
+        let mut out = Response::new(Body::from_stream(stream));
+        *out.status_mut() = self.status;
+        if let Some(ct) = self.content_type {
+            out.headers_mut().insert("content-type", ct);
+        }
+        out
+    }
+}
+
+async fn forward(
+    ctl: &Controller,
+    method: Method,
+    url: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response, String> {
+    send(ctl, method, url, headers, body)
+        .await
+        .map(Upstream::into_response)
 }
 
 /// `{"id": "proc-3"}` from worker w1 becomes `{"id": "w1~proc-3"}`.

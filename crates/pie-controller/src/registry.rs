@@ -1,17 +1,17 @@
 //! The worker registry and the cluster prefix index.
 //!
-//! Every `poll_ms` the controller reads each worker's `/v1/internal/state`: health,
-//! load (queued + running processes) and a snapshot of the block hashes in its
-//! prefix cache. A snapshot per poll repairs anything missed, so no event can be
-//! lost; the cost is one full snapshot per poll. Memory: one u64 per indexed
-//! block per worker in a HashSet (about 16-24 bytes with the table's overhead).
+//! Every `poll_ms` the controller reads each worker's `/v1/internal/state`:
+//! health, load, running processes and `max_running` (a few numbers, no cache
+//! contents). What each worker caches arrives separately, as its KV event stream
+//! (`kv_sync.rs`), into one [`ClusterIndex`] for all workers: the cached prefix of
+//! a prompt on every worker costs one lookup per prompt page, and memory is about
+//! 20 bytes per distinct indexed block per 64 workers (see `ClusterIndex`).
 
-use std::collections::HashSet;
 use std::sync::RwLock;
 use std::time::Duration;
 
-use pie_core::{block_hashes, BlockHash, ModelFingerprint};
-use pie_policy::cluster::WorkerView;
+use pie_core::{block_hashes, ModelFingerprint};
+use pie_policy::cluster::{saturated, ClusterIndex, WorkerView};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -19,10 +19,17 @@ use serde_json::Value;
 pub struct Worker {
     pub name: String,
     pub url: String,
-    pub healthy: bool,
-    pub load: usize,
+    /// Its bit in the cluster index (workers are never removed, so slots are stable).
     #[serde(skip)]
-    pub hashes: HashSet<u64>,
+    pub slot: usize,
+    pub healthy: bool,
+    /// Queued + running processes, as the worker last reported (plus requests
+    /// routed since).
+    pub load: usize,
+    pub running: usize,
+    pub max_running: usize,
+    /// Requests this controller sent that have not finished streaming.
+    pub in_flight: usize,
     pub indexed_blocks: usize,
     pub page_size: usize,
     pub fingerprint: u64,
@@ -35,9 +42,12 @@ impl Worker {
         Self {
             name: name.into(),
             url: url.trim_end_matches('/').into(),
+            slot: 0,
             healthy: false,
             load: 0,
-            hashes: HashSet::new(),
+            running: 0,
+            max_running: 0,
+            in_flight: 0,
             indexed_blocks: 0,
             page_size: 0,
             fingerprint: 0,
@@ -45,59 +55,80 @@ impl Worker {
         }
     }
 
-    /// Tokens of `prompt` this worker holds as a cached prefix.
-    fn cached_prefix(&self, prompt: &[u32]) -> usize {
-        if self.page_size == 0 || prompt.is_empty() {
-            return 0;
-        }
-        let hashes = block_hashes(
-            ModelFingerprint(self.fingerprint),
-            &prompt[..prompt.len() - 1],
-            self.page_size,
-        );
-        hashes
-            .iter()
-            .take_while(|BlockHash(h)| self.hashes.contains(h))
-            .count()
-            * self.page_size
+    /// Processes occupying its running slots, by the freshest figure we have.
+    fn busy(&self) -> usize {
+        self.running.max(self.in_flight)
     }
 }
 
 #[derive(Default)]
 pub struct Registry {
     workers: RwLock<Vec<Worker>>,
+    index: RwLock<ClusterIndex>,
 }
 
 impl Registry {
     pub fn new(workers: impl IntoIterator<Item = Worker>) -> Self {
-        Self {
-            workers: RwLock::new(workers.into_iter().collect()),
+        let registry = Self::default();
+        for w in workers {
+            registry.register(&w.name, &w.url);
         }
+        registry
     }
 
+    /// Workers with their indexed block counts.
     pub fn snapshot(&self) -> Vec<Worker> {
-        self.workers
+        let index = self.index.read().unwrap_or_else(|e| e.into_inner());
+        let mut ws = self
+            .workers
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .clone();
+        for w in &mut ws {
+            w.indexed_blocks = index.blocks_of(w.slot);
+        }
+        ws
     }
 
-    /// Add or update a worker (dynamic registration and heartbeats).
-    pub fn register(&self, name: &str, url: &str) {
+    /// Add or update a worker (dynamic registration and heartbeats). Returns
+    /// the new worker's slot when it was not known before.
+    pub fn register(&self, name: &str, url: &str) -> Option<usize> {
         let mut ws = self.workers.write().unwrap_or_else(|e| e.into_inner());
         match ws.iter_mut().find(|w| w.name == name) {
-            Some(w) => w.url = url.trim_end_matches('/').into(),
-            None => ws.push(Worker::new(name, url)),
+            Some(w) => {
+                w.url = url.trim_end_matches('/').into();
+                None
+            }
+            None => {
+                let slot = ws.len();
+                ws.push(Worker {
+                    slot,
+                    ..Worker::new(name, url)
+                });
+                Some(slot)
+            }
         }
     }
 
     pub fn url_of(&self, name: &str) -> Option<String> {
+        self.read_worker(|w| w.name == name, |w| w.url.clone())
+    }
+
+    pub fn url_of_slot(&self, slot: usize) -> Option<String> {
+        self.read_worker(|w| w.slot == slot, |w| w.url.clone())
+    }
+
+    fn read_worker<T>(
+        &self,
+        pick: impl Fn(&Worker) -> bool,
+        f: impl FnOnce(&Worker) -> T,
+    ) -> Option<T> {
         self.workers
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .find(|w| w.name == name)
-            .map(|w| w.url.clone())
+            .find(|w| pick(w))
+            .map(f)
     }
 
     fn update(&self, name: &str, f: impl FnOnce(&mut Worker)) {
@@ -112,32 +143,90 @@ impl Registry {
         }
     }
 
+    /// Change the cluster index (from a worker's KV events).
+    pub fn with_index<T>(&self, f: impl FnOnce(&mut ClusterIndex) -> T) -> T {
+        f(&mut self.index.write().unwrap_or_else(|e| e.into_inner()))
+    }
+
     /// A worker refused connections: out of the candidates until a poll finds it.
     pub fn mark_down(&self, name: &str) {
         self.update(name, |w| w.healthy = false);
     }
 
-    pub fn count_routed(&self, name: &str) {
+    /// A request is being sent to `name`: it holds a slot from now on.
+    pub fn count_started(&self, name: &str) {
         self.update(name, |w| {
-            w.routed += 1;
+            w.in_flight += 1;
             // Count it as load until the next poll reports the worker's own figure.
             w.load += 1;
         });
     }
 
-    /// Healthy workers as the policies see them for `prompt`.
-    pub fn views(&self, prompt: &[u32]) -> Vec<(WorkerView, String)> {
+    pub fn count_routed(&self, name: &str) {
+        self.update(name, |w| w.routed += 1);
+    }
+
+    /// A routed request finished streaming (or its client left).
+    pub fn count_finished(&self, name: &str) {
+        self.update(name, |w| w.in_flight = w.in_flight.saturating_sub(1));
+    }
+
+    /// Running slots free across healthy workers whose `max_running` is known.
+    pub fn free_slots(&self) -> usize {
         self.workers
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
             .filter(|w| w.healthy)
+            .map(|w| w.max_running.saturating_sub(w.busy()))
+            .sum()
+    }
+
+    /// Every healthy worker is at its `max_running`.
+    pub fn saturated(&self) -> bool {
+        let ws = self.workers.read().unwrap_or_else(|e| e.into_inner());
+        saturated(
+            ws.iter()
+                .filter(|w| w.healthy && w.max_running > 0)
+                .map(|w| (w.busy(), w.max_running)),
+        ) && ws.iter().any(|w| w.healthy && w.max_running > 0)
+    }
+
+    /// Healthy workers as the policies see them for `prompt`, with their URLs.
+    pub fn views(&self, prompt: &[u32]) -> Vec<(WorkerView, String)> {
+        let ws = self.workers.read().unwrap_or_else(|e| e.into_inner());
+        let index = self.index.read().unwrap_or_else(|e| e.into_inner());
+        // Workers of one model share page size and fingerprint: hash once per kind.
+        let mut depths: Vec<((u64, usize), Vec<usize>)> = Vec::new();
+        ws.iter()
+            .filter(|w| w.healthy)
             .map(|w| {
+                let cached = if w.page_size == 0 || prompt.is_empty() {
+                    0
+                } else {
+                    let kind = (w.fingerprint, w.page_size);
+                    let at = match depths.iter().position(|(k, _)| *k == kind) {
+                        Some(at) => at,
+                        None => {
+                            let hashes: Vec<u64> = block_hashes(
+                                ModelFingerprint(w.fingerprint),
+                                &prompt[..prompt.len() - 1],
+                                w.page_size,
+                            )
+                            .iter()
+                            .map(|h| h.0)
+                            .collect();
+                            depths.push((kind, index.prefix_blocks(&hashes, ws.len())));
+                            depths.len() - 1
+                        }
+                    };
+                    depths[at].1[w.slot] * w.page_size
+                };
                 (
                     WorkerView {
                         name: w.name.clone(),
                         load: w.load,
-                        cached_prefix_tokens: w.cached_prefix(prompt),
+                        cached_prefix_tokens: cached,
                     },
                     w.url.clone(),
                 )
@@ -145,7 +234,7 @@ impl Registry {
             .collect()
     }
 
-    /// Poll every worker once.
+    /// Poll every worker's health and load once.
     pub async fn poll(&self, http: &reqwest::Client, key: Option<&str>) {
         for w in self.snapshot() {
             let mut req = http
@@ -158,24 +247,18 @@ impl Registry {
                 Ok(r) if r.status().is_success() => r.json().await.ok(),
                 _ => None,
             };
-            let mut ws = self.workers.write().unwrap_or_else(|e| e.into_inner());
-            let Some(entry) = ws.iter_mut().find(|x| x.name == w.name) else {
-                continue;
-            };
-            match state {
+            self.update(&w.name, |entry| match state {
                 Some(s) => {
+                    let num = |k: &str| s[k].as_u64().unwrap_or(0);
                     entry.healthy = true;
-                    entry.load = s["load"].as_u64().unwrap_or(0) as usize;
-                    entry.page_size = s["page_size"].as_u64().unwrap_or(0) as usize;
-                    entry.fingerprint = s["fingerprint"].as_u64().unwrap_or(0);
-                    entry.hashes = s["hashes"]
-                        .as_array()
-                        .map(|a| a.iter().filter_map(Value::as_u64).collect())
-                        .unwrap_or_default();
-                    entry.indexed_blocks = entry.hashes.len();
+                    entry.load = num("load") as usize;
+                    entry.running = num("running") as usize;
+                    entry.max_running = num("max_running") as usize;
+                    entry.page_size = num("page_size") as usize;
+                    entry.fingerprint = num("fingerprint");
                 }
                 None => entry.healthy = false,
-            }
+            });
         }
     }
 }

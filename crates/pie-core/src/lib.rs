@@ -1,12 +1,15 @@
-//! Shared vocabulary of Pie: identifiers, block hashes and props.
+//! Shared vocabulary of Pie: identifiers, block hashes, props and the KV event
+//! stream's wire types.
 //!
 //! Everything here is plain data so that every other crate (policies, KV cache,
 //! model, binaries, simulator) can depend on it without pulling in I/O.
 
 pub mod hash;
 pub mod ids;
+pub mod kv_events;
 pub mod props;
 
 pub use hash::{block_hash, block_hashes, BlockHash, ModelFingerprint};
 pub use ids::SeqId;
+pub use kv_events::{KvEventBatch, KvSnapshot};
 pub use props::{PropError, PropValue, Props};

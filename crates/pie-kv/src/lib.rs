@@ -14,7 +14,7 @@ mod pool;
 mod table;
 pub mod transfer;
 
-pub use pool::{KvLayout, KvPool, PageId, PoolStats};
+pub use pool::{IndexChange, KvLayout, KvPool, PageId, PoolStats};
 pub use table::PageTable;
 
 /// Not enough free or evictable pages for a request.

@@ -59,6 +59,17 @@ pub struct KvPool {
     index: HashMap<BlockHash, PageId>,
     lru: BTreeMap<u64, PageId>,
     tick: u64,
+    /// Changes to the prefix index since the last `take_index_events`, when
+    /// recording (a controller subscribes to them); None when nobody listens.
+    index_events: Option<Vec<IndexChange>>,
+}
+
+/// A block hash entered or left the prefix index. Order matters (a hash can be
+/// stored, evicted and stored again), so consumers apply changes in sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexChange {
+    Stored(BlockHash),
+    Removed(BlockHash),
 }
 
 impl KvPool {
@@ -74,6 +85,26 @@ impl KvPool {
             index: HashMap::new(),
             lru: BTreeMap::new(),
             tick: 0,
+            index_events: None,
+        }
+    }
+
+    /// Start (or stop) recording prefix-index changes for `take_index_events`.
+    pub fn record_index_events(&mut self, on: bool) {
+        self.index_events = on.then(Vec::new);
+    }
+
+    /// The changes recorded since the last call (empty when not recording).
+    pub fn take_index_events(&mut self) -> Vec<IndexChange> {
+        self.index_events
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    fn log(&mut self, change: IndexChange) {
+        if let Some(events) = &mut self.index_events {
+            events.push(change);
         }
     }
 
@@ -126,6 +157,7 @@ impl KvPool {
         meta.lru_tick = None;
         if let Some(hash) = meta.hash.take() {
             self.index.remove(&hash);
+            self.log(IndexChange::Removed(hash));
         }
         Some(page)
     }
@@ -167,6 +199,7 @@ impl KvPool {
         }
         meta.hash = Some(hash);
         self.index.insert(hash, page);
+        self.log(IndexChange::Stored(hash));
     }
 
     pub fn lookup(&self, hash: BlockHash) -> Option<PageId> {
@@ -282,6 +315,26 @@ mod tests {
             p.allocate().is_err(),
             "a referenced page must not be evicted"
         );
+    }
+
+    #[test]
+    fn index_changes_are_recorded_in_order_when_asked() {
+        let mut p = pool(1);
+        let a = p.allocate().unwrap();
+        p.publish(a, BlockHash(1));
+        assert!(p.take_index_events().is_empty(), "not recording yet");
+        p.record_index_events(true);
+        p.release(a);
+        let b = p.allocate().unwrap();
+        p.publish(b, BlockHash(2));
+        assert_eq!(
+            p.take_index_events(),
+            vec![
+                IndexChange::Removed(BlockHash(1)),
+                IndexChange::Stored(BlockHash(2))
+            ]
+        );
+        assert!(p.take_index_events().is_empty(), "taken");
     }
 
     #[test]

@@ -203,6 +203,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/v1/admin/reload", axum::routing::post(admin_reload))
         .route("/v1/internal/prefill", axum::routing::post(peer_prefill))
         .route("/v1/internal/state", get(worker_state))
+        .route("/v1/internal/kv-events", get(kv_events))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(DefaultBodyLimit::max(max_body_bytes))
@@ -249,12 +250,58 @@ async fn policies(State(state): State<AppState>) -> Result<Json<Value>, ApiError
 }
 
 /// For a controller: load and the prefix cache's block hashes (a snapshot).
+/// Health and load for a controller's poll; cheap (no cache contents).
 async fn worker_state(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let rt = state.runtime()?;
-    let mut v = rt.cache_index().await;
-    v["load"] = json!(rt.count_in(ProcState::Queued) + rt.count_in(ProcState::Running));
-    v["model"] = json!(rt.settings.model_name);
-    Ok(Json(v))
+    let (queued, running) = (
+        rt.count_in(ProcState::Queued),
+        rt.count_in(ProcState::Running),
+    );
+    Ok(Json(json!({
+        "load": queued + running,
+        "queued": queued,
+        "running": running,
+        "max_running": rt.shape.max_running,
+        "page_size": rt.shape.page_size,
+        "fingerprint": rt.shape.fingerprint,
+        "model": rt.settings.model_name,
+    })))
+}
+
+fn json_event(name: &str, data: &impl serde::Serialize) -> Event {
+    let data = serde_json::to_string(data).unwrap_or_default();
+    Event::default().event(name).data(data)
+}
+
+/// SSE for a controller: a `snapshot` of the prefix index, then a `kv` event per
+/// batch of changes. A subscriber too slow to keep up gets a `lagged` event and
+/// the stream ends; it reconnects for a fresh snapshot.
+async fn kv_events(
+    State(state): State<AppState>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let rt = state.runtime()?;
+    let (snapshot, rx) = rt
+        .kv_subscribe()
+        .await
+        .ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped"))?;
+    let after = snapshot.seq;
+    let first = json_event("snapshot", &snapshot);
+    let batches = BroadcastStream::new(rx)
+        .take_while(|r| std::future::ready(r.is_ok()))
+        .filter_map(move |r| {
+            std::future::ready(
+                r.ok()
+                    .filter(|b| b.seq > after)
+                    .map(|b| json_event("kv", &*b)),
+            )
+        });
+    let events = stream::once(std::future::ready(first))
+        .chain(batches)
+        .chain(stream::once(std::future::ready(
+            Event::default().event("lagged").data("reconnect"),
+        )))
+        .map(Ok);
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
 }
 
 async fn admin_reload(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {

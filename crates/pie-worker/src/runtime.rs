@@ -7,7 +7,8 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use pie_core::{Props, SeqId};
+use pie_core::{KvEventBatch, KvSnapshot, Props, SeqId};
+use pie_kv::IndexChange;
 use pie_model::{ChatMessage, IncrementalDecoder, Model, SamplingParams};
 use pie_policy::{KeepSession, Offload, WorkerPolicy};
 use serde_json::{json, Value};
@@ -40,7 +41,7 @@ enum Command {
         keep_session: Option<KeepSession>,
     },
     Summary(oneshot::Sender<Value>),
-    CacheIndex(oneshot::Sender<Value>),
+    KvSnapshot(oneshot::Sender<KvSnapshot>),
     ExportPrefix {
         tokens: Vec<u32>,
         reply: oneshot::Sender<Vec<Vec<u8>>>,
@@ -115,8 +116,21 @@ pub struct RuntimeSettings {
     pub max_queued: AtomicUsize,
 }
 
+/// KV event batches kept for slow subscribers; one that falls further behind
+/// is disconnected and resubscribes for a fresh snapshot.
+const KV_EVENT_BACKLOG: usize = 4096;
+
+/// Engine limits a controller needs, fixed for the runtime's life.
+#[derive(Clone, Copy, Debug)]
+pub struct EngineShape {
+    pub page_size: usize,
+    pub fingerprint: u64,
+    pub max_running: usize,
+}
+
 pub struct Runtime {
     pub model: Arc<Model>,
+    pub shape: EngineShape,
     pub settings: RuntimeSettings,
     pub metrics: Arc<Metrics>,
     /// Tokens one sequence may hold (prompt + output).
@@ -129,6 +143,7 @@ pub struct Runtime {
     load: Arc<Load>,
     http: reqwest::Client,
     commands: std_mpsc::Sender<Command>,
+    kv_events: broadcast::Sender<Arc<KvEventBatch>>,
     processes: Mutex<HashMap<String, Arc<Process>>>,
     sessions: Mutex<HashMap<String, Vec<ChatMessage>>>,
     next_id: AtomicU64,
@@ -147,14 +162,26 @@ impl Runtime {
         let max_seq_tokens = engine.max_sequence_tokens().0;
         engine.set_policy(policies.ordering);
         engine.set_keep_session(policies.keep_session);
+        engine.pool_mut().record_index_events(true);
+        let shape = EngineShape {
+            page_size: engine.config().page_size,
+            fingerprint: engine.pool().fingerprint().0,
+            max_running: engine.config().max_running,
+        };
         let load = Arc::new(Load::default());
+        let (kv_events, _) = broadcast::channel(KV_EVENT_BACKLOG);
+        let publisher = KvPublisher {
+            tx: kv_events.clone(),
+            seq: 0,
+        };
         let (thread_metrics, thread_load) = (metrics.clone(), load.clone());
         std::thread::Builder::new()
             .name("pie-engine".into())
-            .spawn(move || engine_loop(engine, rx, &thread_metrics, &thread_load))
+            .spawn(move || engine_loop(engine, rx, publisher, &thread_metrics, &thread_load))
             .expect("spawning the engine thread");
         Arc::new(Self {
             model,
+            shape,
             settings,
             metrics,
             max_seq_tokens,
@@ -165,6 +192,7 @@ impl Runtime {
             load,
             http: reqwest::Client::new(),
             commands: tx,
+            kv_events,
             processes: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
@@ -196,11 +224,15 @@ impl Runtime {
         rx.await.unwrap_or(Value::Null)
     }
 
-    /// The prefix cache's block hashes and what names them (for a controller).
-    pub async fn cache_index(&self) -> Value {
+    /// A snapshot of the prefix index and the receiver of every change batch
+    /// after it (subscribed first, so none falls between the two).
+    pub async fn kv_subscribe(
+        &self,
+    ) -> Option<(KvSnapshot, broadcast::Receiver<Arc<KvEventBatch>>)> {
+        let events = self.kv_events.subscribe();
         let (tx, rx) = oneshot::channel();
-        self.send(Command::CacheIndex(tx));
-        rx.await.unwrap_or(Value::Null)
+        self.send(Command::KvSnapshot(tx));
+        Some((rx.await.ok()?, events))
     }
 
     /// Prefill `tokens` for a peer and return their full pages in export format.
@@ -691,9 +723,47 @@ impl RateWindow {
     }
 }
 
+/// Numbers and broadcasts the engine's prefix-index changes.
+struct KvPublisher {
+    tx: broadcast::Sender<Arc<KvEventBatch>>,
+    seq: u64,
+}
+
+impl KvPublisher {
+    fn publish(&mut self, engine: &mut Engine) {
+        let changes = engine.pool_mut().take_index_events();
+        if changes.is_empty() {
+            return;
+        }
+        self.seq += 1;
+        let batch = KvEventBatch::from_changes(
+            self.seq,
+            changes.into_iter().map(|c| match c {
+                IndexChange::Stored(h) => (h.0, true),
+                IndexChange::Removed(h) => (h.0, false),
+            }),
+        );
+        // No subscriber is fine: a later one starts from a snapshot.
+        let _ = self.tx.send(Arc::new(batch));
+    }
+
+    /// Everything indexed now; publishes pending changes first so the snapshot's
+    /// `seq` covers exactly what it contains.
+    fn snapshot(&mut self, engine: &mut Engine) -> KvSnapshot {
+        self.publish(engine);
+        KvSnapshot {
+            seq: self.seq,
+            fingerprint: engine.pool().fingerprint().0,
+            page_size: engine.config().page_size,
+            hashes: engine.pool().indexed_hashes().map(|h| h.0).collect(),
+        }
+    }
+}
+
 fn engine_loop(
     mut engine: Engine,
     commands: std_mpsc::Receiver<Command>,
+    mut kv: KvPublisher,
     metrics: &Metrics,
     load: &Load,
 ) {
@@ -715,16 +785,17 @@ fn engine_loop(
         if !engine.has_work() {
             metrics.tokens_per_second.set(0.0);
             match commands.recv() {
-                Ok(cmd) => apply(&mut engine, &mut subs, cmd),
+                Ok(cmd) => apply(&mut engine, &mut subs, &mut kv, cmd),
                 Err(_) => return,
             }
         }
         while let Ok(cmd) = commands.try_recv() {
-            apply(&mut engine, &mut subs, cmd);
+            apply(&mut engine, &mut subs, &mut kv, cmd);
         }
         if engine.has_work() {
             step(&mut engine, &mut subs);
         }
+        kv.publish(&mut engine);
     }
 }
 
@@ -761,6 +832,7 @@ fn report(
 fn apply(
     engine: &mut Engine,
     subs: &mut HashMap<SeqId, mpsc::UnboundedSender<SeqEvent>>,
+    kv: &mut KvPublisher,
     cmd: Command,
 ) {
     match cmd {
@@ -790,9 +862,8 @@ fn apply(
             engine.set_policy(ordering);
             engine.set_keep_session(keep_session);
         }
-        Command::CacheIndex(reply) => {
-            let hashes: Vec<u64> = engine.pool().indexed_hashes().map(|h| h.0).collect();
-            let _ = reply.send(json!({"fingerprint": engine.pool().fingerprint().0, "page_size": engine.config().page_size, "hashes": hashes}));
+        Command::KvSnapshot(reply) => {
+            let _ = reply.send(kv.snapshot(engine));
         }
         Command::Summary(reply) => {
             let retained: Vec<Value> = engine.retained_sessions().into_iter().map(|(session, pages, expires_ms)| json!({"session": session, "pages": pages, "expires_ms": expires_ms})).collect();

@@ -1,0 +1,239 @@
+//! Following each worker's KV event stream (`GET /v1/internal/kv-events`) into
+//! the cluster prefix index.
+//!
+//! A stream starts with a snapshot, which replaces everything the index held for
+//! that worker; numbered batches follow. A batch whose number is not the next
+//! one means an event was lost: the follower drops the connection and
+//! resubscribes, and the new snapshot repairs the index. A dropped connection
+//! (worker restart, network) is repaired the same way.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use pie_core::{KvEventBatch, KvSnapshot};
+use pie_policy::cluster::ClusterIndex;
+
+use crate::metrics::ControllerMetrics;
+use crate::registry::Registry;
+
+/// One message of the stream.
+#[derive(Debug, PartialEq)]
+pub enum KvMessage {
+    Snapshot(KvSnapshot),
+    Batch(KvEventBatch),
+    /// The worker dropped us for being slow; resubscribe.
+    Lagged,
+}
+
+/// Why a subscription must be restarted.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Resync {
+    Gap { expected: u64, got: u64 },
+    BatchBeforeSnapshot,
+    Lagged,
+}
+
+/// The sequence state of one worker's subscription.
+#[derive(Debug, Default)]
+pub struct KvFollower {
+    seq: Option<u64>,
+}
+
+impl KvFollower {
+    /// Apply one message to `slot`'s entries in the index.
+    pub fn apply(
+        &mut self,
+        index: &mut ClusterIndex,
+        slot: usize,
+        msg: KvMessage,
+    ) -> Result<(), Resync> {
+        match msg {
+            KvMessage::Snapshot(s) => {
+                index.replace(slot, s.hashes);
+                self.seq = Some(s.seq);
+                Ok(())
+            }
+            KvMessage::Batch(b) => {
+                let last = self.seq.ok_or(Resync::BatchBeforeSnapshot)?;
+                if b.seq != last + 1 {
+                    return Err(Resync::Gap {
+                        expected: last + 1,
+                        got: b.seq,
+                    });
+                }
+                for h in b.removed {
+                    index.remove(slot, h);
+                }
+                for h in b.stored {
+                    index.store(slot, h);
+                }
+                self.seq = Some(b.seq);
+                Ok(())
+            }
+            KvMessage::Lagged => Err(Resync::Lagged),
+        }
+    }
+}
+
+/// Parse one server-sent event (`event:` and `data:` lines); None for
+/// keep-alive comments and unknown event names.
+pub fn parse_event(frame: &str) -> Option<Result<KvMessage, String>> {
+    let mut name = "message";
+    let mut data = String::new();
+    for line in frame.lines() {
+        if let Some(v) = line.strip_prefix("event:") {
+            name = v.trim();
+        } else if let Some(v) = line.strip_prefix("data:") {
+            data.push_str(v.strip_prefix(' ').unwrap_or(v));
+        }
+    }
+    let parsed = match name {
+        "snapshot" => serde_json::from_str(&data).map(KvMessage::Snapshot),
+        "kv" => serde_json::from_str(&data).map(KvMessage::Batch),
+        "lagged" => return Some(Ok(KvMessage::Lagged)),
+        _ => return None,
+    };
+    Some(parsed.map_err(|e| format!("bad `{name}` event: {e}")))
+}
+
+/// Follow worker `slot` for as long as the controller runs.
+pub async fn follow(
+    registry: &Registry,
+    http: &reqwest::Client,
+    key: Option<&str>,
+    slot: usize,
+    metrics: &ControllerMetrics,
+) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        if let Some(url) = registry.url_of_slot(slot) {
+            match subscribe(registry, http, key, slot, &url, metrics).await {
+                Ok(()) => backoff = Duration::from_millis(50),
+                Err(e) => {
+                    tracing::debug!(slot, url, error = e, "kv event stream ended; resubscribing");
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+            metrics.kv_resyncs.inc();
+        }
+        tokio::time::sleep(backoff).await;
+    }
+}
+
+/// One subscription: Ok when it ran and ended for a resync, Err when it failed.
+async fn subscribe(
+    registry: &Registry,
+    http: &reqwest::Client,
+    key: Option<&str>,
+    slot: usize,
+    url: &str,
+    metrics: &ControllerMetrics,
+) -> Result<(), String> {
+    let mut req = http.get(format!("{url}/v1/internal/kv-events"));
+    if let Some(k) = key {
+        req = req.bearer_auth(k);
+    }
+    let resp = req.send().await.map_err(|e| e.to_string())?;
+    if !resp.status().is_success() {
+        return Err(format!("status {}", resp.status()));
+    }
+    let mut body = resp.bytes_stream();
+    let mut buf = String::new();
+    let mut follower = KvFollower::default();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| e.to_string())?;
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let frame: String = buf.drain(..end + 2).collect();
+            let Some(msg) = parse_event(&frame) else {
+                continue;
+            };
+            let msg = msg?;
+            if matches!(msg, KvMessage::Snapshot(_)) {
+                metrics.kv_snapshots.inc();
+            }
+            if let Err(why) = registry.with_index(|index| follower.apply(index, slot, msg)) {
+                tracing::info!(
+                    slot,
+                    ?why,
+                    "kv events out of sequence; resubscribing for a snapshot"
+                );
+                return Ok(());
+            }
+        }
+    }
+    Err("stream closed".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(seq: u64, stored: &[u64], removed: &[u64]) -> KvMessage {
+        KvMessage::Batch(KvEventBatch {
+            seq,
+            stored: stored.to_vec(),
+            removed: removed.to_vec(),
+        })
+    }
+
+    fn snapshot(seq: u64, hashes: &[u64]) -> KvMessage {
+        KvMessage::Snapshot(KvSnapshot {
+            seq,
+            fingerprint: 1,
+            page_size: 16,
+            hashes: hashes.to_vec(),
+        })
+    }
+
+    #[test]
+    fn a_lost_batch_is_detected_and_the_next_snapshot_repairs_it() {
+        let mut index = ClusterIndex::new();
+        let mut f = KvFollower::default();
+        assert_eq!(
+            f.apply(&mut index, 0, batch(1, &[9], &[])),
+            Err(Resync::BatchBeforeSnapshot)
+        );
+        f.apply(&mut index, 0, snapshot(4, &[1, 2]))
+            .expect("snapshot");
+        f.apply(&mut index, 0, batch(5, &[3], &[1]))
+            .expect("next batch");
+        assert_eq!(index.prefix_blocks(&[2, 3], 1), vec![2]);
+        // Batch 6 (which stored 4) is lost.
+        assert_eq!(
+            f.apply(&mut index, 0, batch(7, &[5], &[])),
+            Err(Resync::Gap {
+                expected: 6,
+                got: 7
+            })
+        );
+        assert_eq!(
+            index.prefix_blocks(&[2, 3, 4], 1),
+            vec![2],
+            "block 4 is missing"
+        );
+        // Resubscribing gives a snapshot with everything up to batch 7.
+        let mut f = KvFollower::default();
+        f.apply(&mut index, 0, snapshot(7, &[2, 3, 4, 5]))
+            .expect("snapshot");
+        assert_eq!(index.prefix_blocks(&[2, 3, 4, 5], 1), vec![4]);
+        assert_eq!(
+            index.blocks_of(0),
+            4,
+            "block 1, removed in batch 5, stays gone"
+        );
+    }
+
+    #[test]
+    fn sse_frames_parse() {
+        let frame = "event: kv\ndata: {\"seq\":3,\"stored\":[1],\"removed\":[]}\n\n";
+        assert_eq!(parse_event(frame), Some(Ok(batch(3, &[1], &[]))));
+        assert_eq!(parse_event(":\n\n"), None, "keep-alive");
+        assert_eq!(
+            parse_event("event: lagged\ndata: reconnect\n\n"),
+            Some(Ok(KvMessage::Lagged))
+        );
+        let bad = parse_event("event: snapshot\ndata: {\"seq\": \"x\"}\n\n");
+        assert!(matches!(bad, Some(Err(e)) if e.contains("snapshot")));
+    }
+}

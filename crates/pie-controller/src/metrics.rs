@@ -1,0 +1,94 @@
+//! The controller's Prometheus metrics (`GET /metrics`).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Labels of a routing decision.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub worker: String,
+    /// The deciding policy (`x-pie-route` up to its colon).
+    pub policy: String,
+}
+
+pub struct ControllerMetrics {
+    registry: Registry,
+    pub routed: Family<RouteLabels, Counter>,
+    pub retries: Counter,
+    pub rejected: Counter,
+    pub reload_failures: Counter,
+    pub queued: Gauge,
+    pub queue_full: Counter,
+    pub kv_snapshots: Counter,
+    pub kv_resyncs: Counter,
+}
+
+impl Default for ControllerMetrics {
+    fn default() -> Self {
+        let mut m = Self {
+            registry: Registry::with_prefix("pie_controller"),
+            routed: Family::default(),
+            retries: Counter::default(),
+            rejected: Counter::default(),
+            reload_failures: Counter::default(),
+            queued: Gauge::default(),
+            queue_full: Counter::default(),
+            kv_snapshots: Counter::default(),
+            kv_resyncs: Counter::default(),
+        };
+        let r = &mut m.registry;
+        r.register(
+            "routed",
+            "Requests routed, by worker and deciding policy",
+            m.routed.clone(),
+        );
+        r.register(
+            "retries",
+            "Requests moved to another worker after a refused connection",
+            m.retries.clone(),
+        );
+        r.register(
+            "rejected",
+            "Requests the pipeline refused (e.g. unknown pin)",
+            m.rejected.clone(),
+        );
+        r.register(
+            "config_reload_failures",
+            "Config reloads refused as invalid",
+            m.reload_failures.clone(),
+        );
+        r.register(
+            "queued",
+            "Requests waiting in the controller (cluster-priority)",
+            m.queued.clone(),
+        );
+        r.register(
+            "queue_full",
+            "Requests refused with 429 because max_queued were waiting",
+            m.queue_full.clone(),
+        );
+        r.register(
+            "kv_snapshots",
+            "KV index snapshots received from workers",
+            m.kv_snapshots.clone(),
+        );
+        r.register(
+            "kv_resyncs",
+            "KV event subscriptions restarted (gap, lag or lost connection)",
+            m.kv_resyncs.clone(),
+        );
+        m
+    }
+}
+
+impl ControllerMetrics {
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
