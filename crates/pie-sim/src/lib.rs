@@ -4,10 +4,12 @@
 
 pub mod cache;
 pub mod metrics;
+pub mod plots;
 pub mod profile;
 pub mod requests;
 pub mod router;
 pub mod sim;
+pub mod svg;
 
 pub use metrics::RunMetrics;
 pub use pie_workload::{cost, workload, CostProfile};

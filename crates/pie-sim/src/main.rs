@@ -45,6 +45,10 @@ enum Command {
         /// `--router` to compare several.
         #[arg(long, default_value = "round-robin")]
         router: Vec<String>,
+        /// Write SVG charts (TTFT CDF, throughput, prefix hits, deadline misses,
+        /// per-client service over time) into this directory.
+        #[arg(long)]
+        plots: Option<PathBuf>,
     },
 }
 
@@ -152,6 +156,7 @@ fn main() -> Result<()> {
             common,
             policies,
             router,
+            plots,
         } => {
             let routers = router
                 .iter()
@@ -172,6 +177,11 @@ fn main() -> Result<()> {
                 }
             );
             print!("{}", markdown_table(&runs));
+            if let Some(dir) = plots {
+                for path in pie_sim::plots::write(&dir, &runs)? {
+                    eprintln!("wrote {}", path.display());
+                }
+            }
         }
     }
     Ok(())

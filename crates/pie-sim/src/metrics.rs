@@ -91,6 +91,19 @@ pub struct ClassStats {
     pub deadline_misses: usize,
 }
 
+/// Tokens served per second over the run, per client (the most served ones).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ServiceOverTime {
+    pub bucket_s: f64,
+    /// Client -> tokens/s in each bucket: prompt tokens when its first token
+    /// came, generated ones spread from then to its end.
+    pub clients: BTreeMap<String, Vec<f64>>,
+}
+
+/// Buckets of [`ServiceOverTime`], and how many clients it keeps.
+const SERVICE_BUCKETS: usize = 60;
+const SERVICE_CLIENTS: usize = 8;
+
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RunMetrics {
     pub workload: String,
@@ -105,6 +118,8 @@ pub struct RunMetrics {
     pub rejected: usize,
     pub aborted: usize,
     pub ttft_ms: Percentiles,
+    /// TTFT at each whole percentile 0..=100 (for CDF plots).
+    pub ttft_cdf_ms: Vec<f64>,
     pub e2e_ms: Percentiles,
     pub sim_time_s: f64,
     /// Generated tokens per simulated second.
@@ -124,6 +139,7 @@ pub struct RunMetrics {
     pub deadline_requests: usize,
     pub deadline_misses: usize,
     pub clients: BTreeMap<String, ClientService>,
+    pub service_over_time: ServiceOverTime,
     /// Jain's index of the clients' `window_tokens` (1: equal service).
     pub jain_window: f64,
     pub classes: BTreeMap<String, ClassStats>,
@@ -141,6 +157,56 @@ fn missed(req: &Request, rec: &Record) -> Option<bool> {
     let d = req.props.int("deadline-ms")?;
     let deadline_us = rec.arrival_us.saturating_add(d.max(0) as u64 * 1000);
     Some(rec.expired || rec.finish_us.is_none_or(|f| f > deadline_us))
+}
+
+/// TTFT (ms) at percentiles 0, 1, ..., 100 (empty when nothing was served).
+fn ttft_cdf(served: &[(&Request, &Record)]) -> Vec<f64> {
+    let mut v: Vec<f64> = served
+        .iter()
+        .filter_map(|(_, r)| r.first_token_us.map(|f| ms(f - r.arrival_us)))
+        .collect();
+    if v.is_empty() {
+        return v;
+    }
+    v.sort_by(f64::total_cmp);
+    (0..=100)
+        .map(|p| v[(p * (v.len() - 1)).div_ceil(100)])
+        .collect()
+}
+
+fn service_over_time(
+    served: &[(&Request, &Record)],
+    clients: &BTreeMap<String, ClientService>,
+    sim_time_s: f64,
+) -> ServiceOverTime {
+    let mut top: Vec<(&String, u64)> = clients.iter().map(|(k, c)| (k, c.tokens)).collect();
+    top.sort_by_key(|&(k, t)| (std::cmp::Reverse(t), k));
+    top.truncate(SERVICE_CLIENTS);
+    let bucket_us = (sim_time_s * 1e6 / SERVICE_BUCKETS as f64).max(1.0);
+    let mut series: BTreeMap<String, Vec<f64>> = top
+        .iter()
+        .map(|(k, _)| ((*k).clone(), vec![0.0; SERVICE_BUCKETS]))
+        .collect();
+    for (q, r) in served {
+        let (Some(first), Some(end), Some(s)) =
+            (r.first_token_us, r.finish_us, series.get_mut(&q.client))
+        else {
+            continue;
+        };
+        let at = |us: u64| ((us as f64 / bucket_us) as usize).min(SERVICE_BUCKETS - 1);
+        s[at(first)] += f64::from(r.prompt_tokens);
+        let (b0, b1) = (at(first), at(end));
+        let share = f64::from(r.generated_tokens) / (b1 - b0 + 1) as f64;
+        s[b0..=b1].iter_mut().for_each(|x| *x += share);
+    }
+    let bucket_s = bucket_us / 1e6;
+    for s in series.values_mut() {
+        s.iter_mut().for_each(|x| *x /= bucket_s);
+    }
+    ServiceOverTime {
+        bucket_s,
+        clients: series,
+    }
 }
 
 impl RunMetrics {
@@ -240,6 +306,7 @@ impl RunMetrics {
             rejected: records.iter().filter(|r| r.rejected).count(),
             aborted: records.iter().filter(|r| r.expired).count(),
             ttft_ms: ttft(&served),
+            ttft_cdf_ms: ttft_cdf(&served),
             e2e_ms: e2e(&served),
             sim_time_s,
             output_tokens_per_s: per_s(generated_tokens),
@@ -263,6 +330,7 @@ impl RunMetrics {
             preemptions: counters.preemptions,
             deadline_requests: deadlines.len(),
             deadline_misses: deadlines.iter().filter(|m| **m).count(),
+            service_over_time: service_over_time(&served, &clients, sim_time_s),
             clients,
             jain_window,
             classes,
@@ -315,5 +383,49 @@ mod tests {
         assert_eq!((p.p50, p.p90, p.p99), (50.0, 90.0, 99.0));
         assert_eq!(p.mean, 50.5);
         assert_eq!(Percentiles::of(vec![]).p99, 0.0);
+    }
+
+    #[test]
+    fn ttft_cdf_and_service_over_time() {
+        let req = Request {
+            arrival_us: 0,
+            follows: None,
+            client: "a".into(),
+            class: "a".into(),
+            prompt: vec![],
+            output: crate::workload::Segment { key: 0, len: 0 },
+            props: Default::default(),
+        };
+        let rec = |arrival_us, first, end| Record {
+            arrival_us,
+            first_token_us: Some(first),
+            finish_us: Some(end),
+            prompt_tokens: 60,
+            generated_tokens: 6,
+            ..Record::default()
+        };
+        let recs: Vec<Record> = (0..10)
+            .map(|i| rec(0, (i + 1) * 1000, 60_000_000))
+            .collect();
+        let served: Vec<(&Request, &Record)> = recs.iter().map(|r| (&req, r)).collect();
+        let cdf = ttft_cdf(&served);
+        assert_eq!(
+            (cdf.len(), cdf[0], cdf[50], cdf[100]),
+            (101, 1.0, 6.0, 10.0)
+        );
+        let clients = BTreeMap::from([(
+            "a".to_string(),
+            ClientService {
+                requests: 10,
+                tokens: 660,
+                window_tokens: 0,
+            },
+        )]);
+        let s = service_over_time(&served, &clients, 60.0);
+        assert_eq!(s.bucket_s, 1.0);
+        // 600 prompt tokens in the first second, 60 generated over 60 s.
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert!(close(s.clients["a"][0], 601.0), "{:?}", s.clients["a"]);
+        assert!(close(s.clients["a"][59], 1.0), "{:?}", s.clients["a"]);
     }
 }
