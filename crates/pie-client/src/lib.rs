@@ -7,10 +7,12 @@
 //! - `prom.rs`: reading counters out of Prometheus text;
 //! - `stats.rs`: percentiles;
 //! - `bench.rs`: running a `pie-workload` request list open- or closed-loop;
-//! - `report.rs`: the summary, its table and its JSON.
+//! - `report.rs`: the summary, its table and its JSON;
+//! - `command.rs`: `pie bench` from its arguments.
 
 pub mod bench;
 pub mod client;
+pub mod command;
 pub mod prom;
 pub mod report;
 pub mod sse;
@@ -18,4 +20,5 @@ pub mod stats;
 
 pub use bench::{run, BenchConfig};
 pub use client::{Client, ClientError, Completion};
+pub use command::BenchCommand;
 pub use report::{Record, Report, Summary};

@@ -1,6 +1,7 @@
 //! The `pie` worker: the continuous-batching engine, processes, the HTTP API.
 
 pub mod api;
+pub mod calibrate;
 pub mod cluster;
 pub mod config;
 pub mod engine;

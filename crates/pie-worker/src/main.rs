@@ -68,6 +68,43 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
         concurrency: Vec<usize>,
     },
+    /// Load-test a worker or controller with a workload; or, with --calibrate,
+    /// time the engine here and write a step-time profile for pie-sim.
+    Bench(BenchArgs),
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// A worker (`pie serve`) or a `pie-controller`.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// shared-prefix, multi-turn, multi-tenant, deadline-mix, priority-mix.
+    #[arg(long, default_value = "shared-prefix")]
+    workload: String,
+    /// Override a workload parameter (repeatable), e.g. `--set system_len=256`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    #[arg(long, default_value_t = 100)]
+    requests: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Closed loop with N requests in flight (default: open loop at the arrival times).
+    #[arg(long)]
+    concurrency: Option<usize>,
+    /// Map prompt token ids into this vocabulary (default: the server's `vocab_size`).
+    #[arg(long)]
+    vocab: Option<u32>,
+    /// JSON: the summary and every request (with --calibrate: the profile; default profile.json).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Time engine steps in-process and fit the cost profile pie-sim reads.
+    #[arg(long)]
+    calibrate: bool,
+    #[command(flatten)]
+    model: ModelArgs,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
 }
 
 #[derive(clap::Args, Clone)]
@@ -308,7 +345,36 @@ fn main() -> Result<()> {
             decode_tokens,
             concurrency,
         } => engine_bench(&model, prompt_tokens, decode_tokens, &concurrency),
+        Cmd::Bench(args) => bench(args),
     }
+}
+
+fn bench(args: BenchArgs) -> Result<()> {
+    if args.calibrate {
+        let model = match args.model.model {
+            Some(p) => p,
+            None => fetch::default_model()?,
+        };
+        let out = args.out.unwrap_or_else(|| PathBuf::from("profile.json"));
+        pie_worker::calibrate::run(&model, &out)?;
+        return Ok(());
+    }
+    let command = pie_client::BenchCommand {
+        url: args.url,
+        workload: args.workload,
+        set: args.set,
+        requests: args.requests,
+        seed: args.seed,
+        concurrency: args.concurrency,
+        vocab: args.vocab,
+        out: args.out,
+        progress: !args.quiet,
+    };
+    let report = command.run().map_err(anyhow::Error::msg)?;
+    if report.summary.completed == 0 && report.summary.requests > 0 {
+        anyhow::bail!("no request completed");
+    }
+    Ok(())
 }
 
 fn run(

@@ -1,0 +1,176 @@
+//! `pie bench` end to end: the binary against a tiny-model `pie serve`, its JSON
+//! checked (every request completed, exact output lengths, prefix-cache hits on
+//! shared prefixes and across the turns of a conversation), and
+//! `pie bench --calibrate` on the tiny model writing a usable cost profile.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::{test_model, Server};
+use pie_workload::CostProfile;
+use serde_json::Value;
+
+fn out_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}.json", std::process::id()))
+}
+
+/// Run `pie bench` against `url` with `args`; returns its JSON report.
+fn bench(url: &str, name: &str, args: &[&str]) -> Value {
+    let out = out_path(name);
+    let result = Command::new(env!("CARGO_BIN_EXE_pie"))
+        .args(["bench", "--quiet", "--url", url, "--out"])
+        .arg(&out)
+        .args(args)
+        .output()
+        .expect("run pie bench");
+    let stdout = String::from_utf8_lossy(&result.stdout);
+    assert!(
+        result.status.success(),
+        "pie bench failed: {stdout}\n{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    assert!(stdout.contains("ttft"), "the table is printed: {stdout}");
+    let report = serde_json::from_slice(&std::fs::read(&out).expect("--out written"));
+    let _ = std::fs::remove_file(&out);
+    report.expect("JSON report")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn shared_prefix_requests_all_complete_with_cache_hits() {
+    let server = Server::start("", &[]).await;
+    let r = bench(
+        &server.url,
+        "bench-shared",
+        &[
+            "--workload",
+            "shared-prefix",
+            "--requests",
+            "24",
+            "--seed",
+            "3",
+            "--set",
+            "groups=2",
+            "--set",
+            "zipf=null",
+            "--set",
+            "system_len=64",
+            "--set",
+            "question_len=8",
+            "--set",
+            "output_len=8",
+            "--set",
+            "rate_per_s=40",
+        ],
+    );
+    let s = &r["summary"];
+    assert_eq!(s["requests"], 24);
+    assert_eq!(s["completed"], 24, "{s}");
+    assert_eq!(s["errors"], serde_json::json!({}));
+    assert_eq!(s["output_tokens"], 24 * 8, "ignore_eos gives exact lengths");
+    assert_eq!(s["prompt_tokens"], 24 * 72);
+    assert!(
+        s["cached_tokens"].as_u64().unwrap() >= 22 * 64,
+        "all but the first of each group hit: {s}"
+    );
+    assert!(
+        s["server"]["prefix_hit_tokens"].as_f64().unwrap() > 0.0,
+        "{s}"
+    );
+    let records = r["records"].as_array().unwrap();
+    assert_eq!(records.len(), 24);
+    for rec in records {
+        let (ttft, e2e) = (
+            rec["ttft_ms"].as_f64().unwrap(),
+            rec["e2e_ms"].as_f64().unwrap(),
+        );
+        assert!(ttft > 0.0 && ttft <= e2e, "{rec}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn later_turns_reuse_the_generated_tokens() {
+    let server = Server::start("", &["--worker-policy", "fcfs,keep-session"]).await;
+    let r = bench(
+        &server.url,
+        "bench-turns",
+        &[
+            "--workload",
+            "multi-turn",
+            "--requests",
+            "6",
+            "--concurrency",
+            "2",
+            "--set",
+            "turns=3",
+            "--set",
+            "system_len=64",
+            "--set",
+            "new_tokens=16",
+            "--set",
+            "output_len=32",
+            "--set",
+            "think_ms=5",
+        ],
+    );
+    assert_eq!(r["summary"]["completed"], 6, "{}", r["summary"]);
+    let records = r["records"].as_array().unwrap();
+    for rec in records.iter().filter(|rec| rec["class"] != "turn-0") {
+        // Turn k's prompt is turn k-1's prompt, its 32 generated tokens and 16 new
+        // ones; the cache covers more than the earlier prompt alone.
+        let (prompt, cached) = (
+            rec["prompt_tokens"].as_u64().unwrap(),
+            rec["cached_tokens"].as_u64().unwrap(),
+        );
+        assert!(
+            cached > prompt - 16 - 32,
+            "generated tokens were reused: {rec}"
+        );
+    }
+}
+
+#[test]
+fn calibrate_writes_a_profile_for_the_simulator() {
+    let out = out_path("bench-profile");
+    let result = Command::new(env!("CARGO_BIN_EXE_pie"))
+        .args(["bench", "--calibrate", "--model"])
+        .arg(test_model())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run pie bench --calibrate");
+    let stdout = String::from_utf8_lossy(&result.stdout);
+    assert!(
+        result.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    assert!(
+        stdout.contains("R^2"),
+        "the fit quality is printed: {stdout}"
+    );
+    let profile: CostProfile =
+        serde_json::from_slice(&std::fs::read(&out).expect("profile written"))
+            .expect("a CostProfile");
+    let _ = std::fs::remove_file(&out);
+    assert!(profile.calibrated);
+    assert!(
+        profile.a_ms > 0.0 && profile.b_ms_per_token > 0.0,
+        "{profile:?}"
+    );
+    assert!(profile.c_ms_per_context_token >= 0.0);
+    assert_eq!(
+        (
+            profile.page_size,
+            profile.max_batch_tokens,
+            profile.max_running
+        ),
+        (16, 512, 64)
+    );
+    assert!(
+        profile.source.contains("server-test-model"),
+        "{}",
+        profile.source
+    );
+}
