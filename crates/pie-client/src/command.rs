@@ -1,10 +1,12 @@
 //! `pie bench` from its arguments: build the request list (a named workload
-//! with `key=value` overrides, seeded), run it, print the table, write the JSON.
+//! with `key=value` overrides, seeded, or the first records of a JSONL trace),
+//! run it, print the table, write the JSON.
 //! The `pie` binary parses the flags into [`BenchCommand`] and calls [`BenchCommand::run`].
 
 use std::path::PathBuf;
 
-use pie_workload::WorkloadSpec;
+use pie_workload::{read_trace, trace_requests, Request, WorkloadSpec};
+use serde_json::{json, Value};
 
 use crate::bench::{self, BenchConfig};
 use crate::report::Report;
@@ -15,6 +17,8 @@ pub struct BenchCommand {
     pub workload: String,
     /// `key=value` overrides of the workload's parameters.
     pub set: Vec<String>,
+    /// Replay this JSONL trace (Mooncake format) instead of a workload.
+    pub trace: Option<PathBuf>,
     pub requests: usize,
     pub seed: u64,
     pub concurrency: Option<usize>,
@@ -26,14 +30,14 @@ pub struct BenchCommand {
 impl BenchCommand {
     /// Run the benchmark on a new tokio runtime; print the table; write `out`.
     pub fn run(&self) -> Result<Report, String> {
-        let spec = WorkloadSpec::named(&self.workload)?.with_overrides(&self.set)?;
+        let (requests, workload) = self.requests()?;
         let config = BenchConfig {
             url: self.url.clone(),
-            requests: spec.generate(self.requests, self.seed),
+            requests,
             concurrency: self.concurrency,
             vocab: self.vocab,
             progress: self.progress,
-            workload: serde_json::json!({"spec": spec, "requests": self.requests, "seed": self.seed}),
+            workload,
         };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -46,5 +50,24 @@ impl BenchCommand {
             std::fs::write(path, json).map_err(|e| format!("writing {}: {e}", path.display()))?;
         }
         Ok(report)
+    }
+
+    /// The requests and a description of where they came from.
+    fn requests(&self) -> Result<(Vec<Request>, Value), String> {
+        let Some(path) = &self.trace else {
+            let spec = WorkloadSpec::named(&self.workload)?.with_overrides(&self.set)?;
+            let described = json!({"spec": spec, "requests": self.requests, "seed": self.seed});
+            return Ok((spec.generate(self.requests, self.seed), described));
+        };
+        if !self.set.is_empty() {
+            return Err("--set does not apply to a trace".into());
+        }
+        let file = std::fs::File::open(path)
+            .map_err(|e| format!("opening trace file {}: {e}", path.display()))?;
+        let mut records = read_trace(std::io::BufReader::new(file))
+            .map_err(|e| format!("trace file {}: {e}", path.display()))?;
+        records.truncate(self.requests);
+        let described = json!({"trace": path, "requests": records.len()});
+        Ok((trace_requests(&records), described))
     }
 }

@@ -84,6 +84,10 @@ struct BenchArgs {
     /// Override a workload parameter (repeatable), e.g. `--set system_len=256`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
+    /// Replay a JSONL trace (Mooncake format) instead of --workload.
+    #[arg(long, conflicts_with = "workload")]
+    trace: Option<PathBuf>,
+    /// Requests to send (for a trace: its first N records).
     #[arg(long, default_value_t = 100)]
     requests: usize,
     #[arg(long, default_value_t = 0)]
@@ -363,6 +367,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         url: args.url,
         workload: args.workload,
         set: args.set,
+        trace: args.trace,
         requests: args.requests,
         seed: args.seed,
         concurrency: args.concurrency,

@@ -174,3 +174,32 @@ fn calibrate_writes_a_profile_for_the_simulator() {
         profile.source
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trace_replays_with_its_lengths_and_shared_blocks() {
+    let server = Server::start("", &[]).await;
+    let trace = out_path("bench-trace").with_extension("jsonl");
+    let lines = [
+        r#"{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [7, 8]}"#,
+        r#"{"timestamp": 50, "input_length": 530, "output_length": 6, "hash_ids": [7, 9]}"#,
+        r#"{"timestamp": 90, "input_length": 20, "output_length": 2, "hash_ids": [1]}"#,
+    ];
+    std::fs::write(&trace, lines.join("\n")).unwrap();
+    let trace_arg = trace.to_string_lossy().into_owned();
+    let r = bench(&server.url, "bench-trace-report", &["--trace", &trace_arg]);
+    let _ = std::fs::remove_file(&trace);
+    let s = &r["summary"];
+    assert_eq!(
+        (s["requests"].as_u64(), s["completed"].as_u64()),
+        (Some(3), Some(3)),
+        "{s}"
+    );
+    assert_eq!(s["output_tokens"], 12);
+    assert_eq!(s["prompt_tokens"], 600 + 530 + 20);
+    // The second prompt starts with the first one's 512-token block (id 7).
+    assert!(
+        r["records"][1]["cached_tokens"].as_u64().unwrap() >= 512,
+        "{}",
+        r["records"][1]
+    );
+}
