@@ -189,6 +189,17 @@ const MEMO_CAPACITY: usize = 4096;
 /// Simulate `reqs` on the configured cluster; every request finishes (or is
 /// rejected or aborted), and the metrics say so.
 pub fn run(cfg: &SimConfig, workload: &str, reqs: &[Request]) -> anyhow::Result<RunMetrics> {
+    run_with(cfg, workload, reqs, &|| cfg.policy.build())
+}
+
+/// [`run`] with each worker's ordering policy made by `policy` instead of
+/// `cfg.policy` (the metrics still name `cfg.policy`): any `WorkerPolicy` object.
+pub fn run_with(
+    cfg: &SimConfig,
+    workload: &str,
+    reqs: &[Request],
+    policy: &dyn Fn() -> Box<dyn WorkerPolicy>,
+) -> anyhow::Result<RunMetrics> {
     anyhow::ensure!(cfg.workers > 0, "at least one worker");
     anyhow::ensure!(
         cfg.profile.page_size > 0 && cfg.profile.kv_pages > 0,
@@ -199,7 +210,7 @@ pub fn run(cfg: &SimConfig, workload: &str, reqs: &[Request]) -> anyhow::Result<
         "max_batch_tokens and max_running must be positive"
     );
     let started = Instant::now();
-    let mut sim = Sim::new(cfg, reqs);
+    let mut sim = Sim::new(cfg, reqs, policy);
     sim.run()?;
     let wall_s = started.elapsed().as_secs_f64();
     let mut clients = vec![String::new(); sim.client_ids.len()];
@@ -219,12 +230,16 @@ pub fn run(cfg: &SimConfig, workload: &str, reqs: &[Request]) -> anyhow::Result<
 }
 
 impl<'a> Sim<'a> {
-    fn new(cfg: &'a SimConfig, reqs: &'a [Request]) -> Self {
+    fn new(
+        cfg: &'a SimConfig,
+        reqs: &'a [Request],
+        policy: &dyn Fn() -> Box<dyn WorkerPolicy>,
+    ) -> Self {
         let router = Router::new(&cfg.router, cfg.workers, cfg.profile.page_size);
         let track = router.tracks_prefixes();
         let workers = (0..cfg.workers)
             .map(|_| Worker {
-                policy: cfg.policy.build(),
+                policy: policy(),
                 cands: Vec::new(),
                 cache: PrefixCache::new(track),
                 private_pages: 0,
@@ -782,7 +797,7 @@ mod tests {
         );
         for name in ["shared-prefix", "multi-turn", "deadline-mix"] {
             let reqs = WorkloadSpec::named(name).unwrap().generate(20, 1);
-            let mut sim = Sim::new(&cfg, &reqs);
+            let mut sim = Sim::new(&cfg, &reqs, &|| cfg.policy.build());
             let mut tokens = Vec::new();
             for r in &reqs {
                 let total = r.prompt_len() + r.output_len() - 3;
