@@ -79,6 +79,7 @@ fn main() -> Result<()> {
         pipeline: Mutex::new(pipeline),
         queueing: AtomicBool::new(config.cluster.queueing()),
         queue: Mutex::new(PriorityQueue::new(config.cluster.max_queued)),
+        woken: Default::default(),
         tokenizer,
         http: reqwest::Client::new(),
         worker_key: config.cluster.worker_key.clone(),

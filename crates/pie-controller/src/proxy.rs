@@ -5,7 +5,7 @@
 //! tried; a stream that breaks after its first byte ends with an error event.
 //! Native process ids are made cluster-unique as `WORKER~ID`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -32,7 +32,9 @@ pub struct Controller {
     /// `cluster-priority` is in the pipeline: requests wait here when every
     /// worker is at `max_running`.
     pub queueing: AtomicBool,
-    pub queue: Mutex<PriorityQueue<oneshot::Sender<()>>>,
+    pub queue: Mutex<PriorityQueue<oneshot::Sender<SlotTicket>>>,
+    /// Requests woken from the queue that have not yet claimed their slot.
+    pub woken: Arc<AtomicUsize>,
     pub tokenizer: Option<Tokenizer>,
     pub http: reqwest::Client,
     pub worker_key: Option<String>,
@@ -56,20 +58,22 @@ impl Controller {
         }
     }
 
-    /// Wake as many waiting requests as there are free running slots (all of
-    /// them when queueing is off). Two wake-ups racing can let one request more
-    /// through than there are slots; the worker then queues it itself.
+    /// Wake as many waiting requests as there are free running slots not yet
+    /// promised to a woken request (all of them when queueing is off).
     pub fn release_waiters(&self) {
         let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         queue.retain(|tx| !tx.is_closed());
         let mut free = if self.queueing.load(Ordering::Relaxed) {
-            self.registry.free_slots()
+            self.registry
+                .free_slots()
+                .saturating_sub(self.woken.load(Ordering::SeqCst))
         } else {
             usize::MAX
         };
         while free > 0 {
             let Some(tx) = queue.pop() else { break };
-            if tx.send(()).is_ok() {
+            // A ticket refused by a waiter that left is dropped, and un-counts itself.
+            if tx.send(SlotTicket::new(&self.woken)).is_ok() {
                 free -= 1;
             }
         }
@@ -78,14 +82,14 @@ impl Controller {
 
     /// Wait for a running slot when the cluster is saturated (or others wait);
     /// Err is the refusal when `max_queued` are already waiting.
-    async fn wait_for_slot(&self, props: &Props) -> Result<(), Response> {
+    async fn wait_for_slot(&self, props: &Props) -> Result<Option<SlotTicket>, Response> {
         if !self.queueing.load(Ordering::Relaxed) {
-            return Ok(());
+            return Ok(None);
         }
         let rx = {
             let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
             if queue.is_empty() && !self.registry.saturated() {
-                return Ok(());
+                return Ok(None);
             }
             let (tx, rx) = oneshot::channel();
             if let Err(r) = queue.push(props, tx) {
@@ -100,12 +104,30 @@ impl Controller {
         };
         // A slot may have freed between the check and the push.
         self.release_waiters();
-        rx.await.map_err(|_| {
+        rx.await.map(Some).map_err(|_| {
             error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the controller is shutting down",
             )
         })
+    }
+}
+
+/// A woken request's claim on a free slot, counted in `Controller::woken`
+/// until it is dropped (once the request holds its slot, or if it never
+/// arrives), so concurrent wake-ups cannot promise one slot twice.
+pub struct SlotTicket(Arc<AtomicUsize>);
+
+impl SlotTicket {
+    fn new(woken: &Arc<AtomicUsize>) -> Self {
+        woken.fetch_add(1, Ordering::SeqCst);
+        Self(woken.clone())
+    }
+}
+
+impl Drop for SlotTicket {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -228,7 +250,7 @@ async fn register(State(ctl): State<Shared>, Json(body): Json<Value>) -> Respons
 }
 
 async fn models(State(ctl): State<Shared>, headers: HeaderMap) -> Response {
-    let Some((_, url)) = ctl.registry.views(&[]).into_iter().next() else {
+    let Some((_, url)) = ctl.registry.views(&[], false).into_iter().next() else {
         return error(StatusCode::SERVICE_UNAVAILABLE, "no healthy worker");
     };
     forward(
@@ -300,10 +322,14 @@ async fn generate(
         Ok(v) => v,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
-    if let Err(refused) = ctl.wait_for_slot(&props).await {
-        return refused;
-    }
-    let views = ctl.registry.views(&tokens);
+    let mut ticket = match ctl.wait_for_slot(&props).await {
+        Ok(ticket) => ticket,
+        Err(refused) => return refused,
+    };
+    // Under cluster-priority a request goes where a slot is free.
+    let views = ctl
+        .registry
+        .views(&tokens, ctl.queueing.load(Ordering::Relaxed));
     let worker_views: Vec<_> = views.iter().map(|(v, _)| v.clone()).collect();
     let req = RouteRequest {
         props: &props,
@@ -336,6 +362,7 @@ async fn generate(
             format!("retry after connection failure: {}", view.name)
         };
         let slot = InFlight::begin(&ctl, &view.name);
+        drop(ticket.take());
         let sent = send(
             &ctl,
             method.clone(),

@@ -192,14 +192,17 @@ impl Registry {
         ) && ws.iter().any(|w| w.healthy && w.max_running > 0)
     }
 
-    /// Healthy workers as the policies see them for `prompt`, with their URLs.
-    pub fn views(&self, prompt: &[u32]) -> Vec<(WorkerView, String)> {
+    /// Healthy workers as the policies see them for `prompt`, with their URLs;
+    /// with `with_free_slot`, only those below `max_running` (all of them if none is).
+    pub fn views(&self, prompt: &[u32], with_free_slot: bool) -> Vec<(WorkerView, String)> {
         let ws = self.workers.read().unwrap_or_else(|e| e.into_inner());
         let index = self.index.read().unwrap_or_else(|e| e.into_inner());
         // Workers of one model share page size and fingerprint: hash once per kind.
         let mut depths: Vec<((u64, usize), Vec<usize>)> = Vec::new();
+        let has_room = |w: &Worker| w.max_running == 0 || w.busy() < w.max_running;
+        let any_room = ws.iter().any(|w| w.healthy && has_room(w));
         ws.iter()
-            .filter(|w| w.healthy)
+            .filter(|w| w.healthy && (!with_free_slot || !any_room || has_room(w)))
             .map(|w| {
                 let cached = if w.page_size == 0 || prompt.is_empty() {
                     0

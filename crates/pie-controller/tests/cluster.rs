@@ -72,51 +72,111 @@ async fn wait_for(what: &str, mut f: impl AsyncFnMut() -> bool) {
     }
 }
 
+/// A TCP relay in front of a worker; `cut` drops every connection through it
+/// and refuses new ones until `restore`.
+struct Relay {
+    url: String,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+impl Relay {
+    async fn start(target_url: &str) -> Relay {
+        let target = target_url.trim_start_matches("http://").to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (cut, watch) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if *watch.borrow() {
+                    continue; // dropped: the connection is refused
+                }
+                let (target, mut watch) = (target.clone(), watch.clone());
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = watch.wait_for(|cut| *cut) => {}
+                    }
+                });
+            }
+        });
+        Relay { url, cut }
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.send_replace(cut);
+    }
+}
+
 struct Cluster {
     workers: Vec<Option<Proc>>,
+    relays: Vec<Relay>,
     controller: Proc,
     http: reqwest::Client,
     config: PathBuf,
 }
 
+/// What a test cluster looks like.
+struct Spec<'a> {
+    policies: &'a str,
+    workers: usize,
+    worker_args: &'a [&'a str],
+    /// Extra `[cluster]` lines.
+    cluster_config: &'a str,
+    /// Put each worker behind a relay the test can cut (the controller sees the
+    /// relay's URL).
+    relayed: bool,
+}
+
 impl Cluster {
     async fn start(policies: &str, kv_pages: &str) -> Cluster {
+        Cluster::start_with(Spec {
+            policies,
+            workers: 3,
+            worker_args: &["--kv-pages", kv_pages],
+            cluster_config: "",
+            relayed: false,
+        })
+        .await
+    }
+
+    async fn start_with(spec: Spec<'_>) -> Cluster {
         let model = model();
         let m = model.to_str().unwrap();
-        let workers: Vec<Option<Proc>> = (0..3)
+        let workers: Vec<Option<Proc>> = (0..spec.workers)
             .map(|_| {
-                Some(spawn(
-                    &bin("pie"),
-                    &[
-                        "serve",
-                        "--port",
-                        "0",
-                        "--model",
-                        m,
-                        "--kv-pages",
-                        kv_pages,
-                        "--page-size",
-                        "16",
-                    ],
-                    "pie: listening on ",
-                ))
+                let mut args = vec!["serve", "--port", "0", "--model", m, "--page-size", "16"];
+                args.extend(spec.worker_args);
+                Some(spawn(&bin("pie"), &args, "pie: listening on "))
             })
             .collect();
         let mut args = vec!["--port".to_string(), "0".into(), "--model".into(), m.into()];
-        let cfg = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("controller-{}-{policies}.toml", std::process::id()));
-        let names: Vec<&str> = policies.split(',').collect();
+        let cfg = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "controller-{}-{}.toml",
+            std::process::id(),
+            spec.policies
+        ));
+        let names: Vec<&str> = spec.policies.split(',').collect();
         std::fs::write(
             &cfg,
-            format!("[cluster]\npoll_ms = 20\ncluster_policies = {names:?}\n"),
+            format!(
+                "[cluster]\npoll_ms = 20\ncluster_policies = {names:?}\n{}\n",
+                spec.cluster_config
+            ),
         )
         .unwrap();
         args.extend(["--config".into(), cfg.to_str().unwrap().into()]);
+        let mut relays = Vec::new();
         for (i, w) in workers.iter().enumerate() {
-            args.extend([
-                "--worker".into(),
-                format!("w{i}={}", w.as_ref().unwrap().url),
-            ]);
+            let mut url = w.as_ref().unwrap().url.clone();
+            if spec.relayed {
+                let relay = Relay::start(&url).await;
+                url = relay.url.clone();
+                relays.push(relay);
+            }
+            args.extend(["--worker".into(), format!("w{i}={url}")]);
         }
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let controller = spawn(
@@ -126,6 +186,7 @@ impl Cluster {
         );
         let c = Cluster {
             workers,
+            relays,
             controller,
             http: reqwest::Client::new(),
             config: cfg,
@@ -385,4 +446,207 @@ async fn sighup_reloads_cluster_policies_and_refuses_broken_files() {
         json!(["pin", "least-loaded"]),
         "the running pipeline stays"
     );
+}
+
+/// The number in a route reason like `cache-aware: 96/120 prefix tokens on w0`.
+fn cached_in_reason(route: &str) -> usize {
+    route
+        .split_once(": ")
+        .and_then(|(_, r)| r.split('/').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn kv_events_lost_while_disconnected_are_repaired_by_the_snapshot_on_reconnect() {
+    let c = Cluster::start_with(Spec {
+        policies: "cache-aware",
+        workers: 1,
+        worker_args: &["--kv-pages", "256"],
+        cluster_config: "",
+        relayed: true,
+    })
+    .await;
+    let worker_url = c.workers[0].as_ref().unwrap().url.clone();
+    let prompt_a: Vec<u32> = (0..97).map(|i| 32 + i % 90).collect();
+    let prompt_b: Vec<u32> = (0..97).map(|i| 40 + (i * 7) % 90).collect();
+    let (status, _, _, _) = c
+        .complete(json!({"prompt": prompt_a, "max_tokens": 1}))
+        .await;
+    assert_eq!(status, 200);
+    wait_for("prompt A indexed from events", async || {
+        c.cluster().await["workers"][0]["indexed_blocks"].as_u64() >= Some(6)
+    })
+    .await;
+
+    c.relays[0].set_cut(true);
+    wait_for("the controller sees the worker down", async || {
+        c.cluster().await["workers"][0]["healthy"] == false
+    })
+    .await;
+    // The worker caches prompt B while the controller cannot hear it: those
+    // events are lost to the controller.
+    let r = c
+        .http
+        .post(format!("{worker_url}/v1/completions"))
+        .json(&json!({"prompt": prompt_b, "max_tokens": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (_, _, before, _) = c
+        .complete(json!({"prompt": prompt_b, "max_tokens": 1}))
+        .await;
+    assert!(before.is_empty(), "no healthy worker while cut: {before}");
+
+    c.relays[0].set_cut(false);
+    wait_for("resubscribed with a fresh snapshot", async || {
+        let m = c.get_text("/metrics").await;
+        m.contains("pie_controller_kv_snapshots_total 2")
+            && c.cluster().await["workers"][0]["healthy"] == true
+    })
+    .await;
+    let (status, _, route, _) = c
+        .complete(json!({"prompt": prompt_b, "max_tokens": 1}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        cached_in_reason(&route),
+        96,
+        "prompt B's 6 pages are known from the snapshot: {route}"
+    );
+}
+
+/// A streamed completion whose body the test holds unread, keeping its slot.
+async fn open_stream(c: &Cluster) -> reqwest::Response {
+    let mut r = c
+        .http
+        .post(format!("{}/v1/completions", c.controller.url))
+        .json(&json!({"prompt": "hold", "max_tokens": 2000, "ignore_eos": true, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.chunk().await.unwrap().expect("first chunk");
+    r
+}
+
+#[tokio::test]
+async fn cluster_priority_admits_high_priority_first_and_bounds_the_queue() {
+    let c = Cluster::start_with(Spec {
+        policies: "cluster-priority,least-loaded",
+        workers: 3,
+        worker_args: &["--kv-pages", "512", "--max-running", "1"],
+        cluster_config: "max_queued = 4",
+        relayed: false,
+    })
+    .await;
+    let mut holds = Vec::new();
+    for _ in 0..3 {
+        holds.push(open_stream(&c).await);
+    }
+    let done = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (i, (name, priority)) in [("low-1", 0), ("low-2", 0), ("high-1", 5), ("high-2", 5)]
+        .into_iter()
+        .enumerate()
+    {
+        let (http, url, done) = (c.http.clone(), c.controller.url.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let r = http
+                .post(format!("{url}/v1/completions"))
+                .json(&json!({"prompt": name, "max_tokens": 1, "props": {"priority": priority}}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200, "{name}");
+            done.lock().unwrap().push(name);
+        }));
+        // FCFS within a level needs a known arrival order.
+        wait_for("queued", async || c.cluster().await["queued"] == i + 1).await;
+    }
+    let (status, _, _, body) = c
+        .complete(json!({"prompt": "one too many", "max_tokens": 1}))
+        .await;
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_queued"),
+        "{body}"
+    );
+    assert!(
+        done.lock().unwrap().is_empty(),
+        "nothing ran while saturated"
+    );
+    holds.pop(); // one slot frees: the queue drains through it in priority order
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        *done.lock().unwrap(),
+        ["high-1", "high-2", "low-1", "low-2"]
+    );
+    assert!(c
+        .get_text("/metrics")
+        .await
+        .contains("pie_controller_queue_full_total 1"));
+}
+
+#[tokio::test]
+async fn killing_a_worker_mid_load_loses_no_request_that_had_not_started_streaming() {
+    let mut c = Cluster::start_with(Spec {
+        policies: "least-loaded",
+        workers: 3,
+        worker_args: &["--kv-pages", "512", "--max-running", "1"],
+        cluster_config: "",
+        relayed: false,
+    })
+    .await;
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        let (http, url) = (c.http.clone(), c.controller.url.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut r = http
+                .post(format!("{url}/v1/completions"))
+                .json(&json!({"prompt": format!("req {i}"), "max_tokens": 300, "ignore_eos": true, "stream": true}))
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let mut text = String::new();
+            while let Ok(Some(chunk)) = r.chunk().await {
+                text.push_str(&String::from_utf8_lossy(&chunk));
+            }
+            (status, text)
+        }));
+    }
+    wait_for("w0 busy", async || {
+        c.cluster().await["workers"][0]["in_flight"].as_u64() >= Some(2)
+    })
+    .await;
+    c.workers[0] = None;
+    let mut completed = 0;
+    for t in tasks {
+        let (status, text) = t.await.unwrap();
+        assert_eq!(status, 200, "{text}");
+        let tokens = text.matches("\"text\"").count();
+        if text.trim_end().ends_with("data: [DONE]") {
+            completed += 1;
+        } else {
+            assert!(
+                tokens > 0 && text.contains("stream broke"),
+                "only a request that had started streaming may fail, with an error event: {text}"
+            );
+        }
+    }
+    assert!(
+        completed >= 10,
+        "at most w0's running request fails: {completed}/12 completed"
+    );
+    assert!(c
+        .get_text("/metrics")
+        .await
+        .contains("pie_controller_retries_total"));
 }

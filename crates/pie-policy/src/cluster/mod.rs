@@ -79,6 +79,12 @@ pub fn route(
     req: &RouteRequest,
     workers: &[WorkerView],
 ) -> Result<(usize, String), Reject> {
+    if workers.is_empty() {
+        return Err(Reject {
+            status: 503,
+            message: "no healthy worker".into(),
+        });
+    }
     let mut candidates: Vec<usize> = (0..workers.len()).collect();
     let mut decided = None;
     for p in policies.iter_mut() {
@@ -95,12 +101,6 @@ pub fn route(
         if candidates.len() == 1 && decided.is_some() {
             break;
         }
-    }
-    if candidates.is_empty() {
-        return Err(Reject {
-            status: 503,
-            message: "no healthy worker".into(),
-        });
     }
     let chosen = match decided {
         Some(_) => candidates[0],
@@ -143,4 +143,28 @@ pub(crate) fn views(loads: &[usize], cached: &[usize]) -> Vec<WorkerView> {
             cached_prefix_tokens: c,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_healthy_worker_is_a_503_for_every_policy() {
+        let mut pipeline: Vec<Box<dyn ClusterPolicy>> = vec![
+            Box::new(Pin::new(PinConfig::default())),
+            Box::new(SessionAffinity::new(SessionAffinityConfig::default())),
+            Box::new(CacheAware::new(CacheAwareConfig::default())),
+            Box::new(LeastLoaded),
+            Box::new(RoundRobin::default()),
+        ];
+        let props = Props::new();
+        let req = RouteRequest {
+            props: &props,
+            prompt_tokens: 10,
+        };
+        let refused = route(&mut pipeline, 0, &req, &[]).unwrap_err();
+        assert_eq!(refused.status, 503);
+        assert!(refused.message.contains("no healthy worker"));
+    }
 }
