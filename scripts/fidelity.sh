@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Fidelity of pie-sim against the real processes, and the controller's added
+# time to first token.
+#
+# 1. `pie bench --calibrate` fits the step-time profile of this machine.
+# 2. One `pie serve` + `pie bench` on a workload vs `pie-sim run` with that
+#    profile, one worker, the same workload, overrides and seed.
+# 3. Three workers behind `pie-controller` (`pie cluster up --workers 3`, default
+#    cluster policies) vs `pie-sim --workers 3 --router pin,session-affinity,cache-aware`.
+#    pie-sim multiplies the workload's rate by --workers, so the real run gets
+#    `rate_per_s` x 3.
+# 4. One worker called directly vs through a `pie-controller` in front of it,
+#    closed loop at concurrency 1, alternating, twice each: TTFT p50 ratio.
+#
+# Prints each pair and the ratio sim/real (target: within 0.75..1.25).
+# Needs: cargo build --release (pie, pie-controller, pie-sim), python3, curl.
+# Env: MODEL (default: the default model), REQUESTS, RATE (per worker), SEED,
+# OUT (working directory, default a temp dir), SKIP_CALIBRATE=1 with OUT/profile.json present.
+set -euo pipefail
+set -m # background jobs in their own process groups, SIGINT not ignored
+
+cd "$(dirname "$0")/.."
+BIN=target/release
+REQUESTS=${REQUESTS:-80}
+RATE=${RATE:-0.5}
+SEED=${SEED:-1}
+OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+MODEL_ARGS=()
+if [[ -n "${MODEL:-}" ]]; then MODEL_ARGS=(--model "$MODEL"); else MODEL="$($BIN/pie model fetch)"; fi
+WORKLOAD=shared-prefix
+SETS=(--set groups=4 --set zipf=null --set system_len=256 --set question_len=32 --set output_len=32)
+
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill -INT "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+# Start a process whose stdout announces `PREFIX URL`; sets $URL and pushes its pid.
+start() {
+  local prefix=$1 log=$2; shift 2
+  "$@" >"$log" 2>"$log.err" &
+  PIDS+=($!)
+  for _ in $(seq 600); do
+    URL=$(sed -n "s|^$prefix\(http://[^ ]*\).*|\1|p" "$log" | tail -1)
+    [[ -n "$URL" ]] && return 0
+    sleep 0.1
+  done
+  echo "no '$prefix' line from $*" >&2; cat "$log.err" >&2; exit 1
+}
+
+# Wait until GET $1 answers 200.
+wait_ok() {
+  for _ in $(seq 1200); do
+    [[ "$(curl -s -o /dev/null -w '%{http_code}' "$1")" == 200 ]] && return 0
+    sleep 0.1
+  done
+  echo "$1 never answered 200" >&2; exit 1
+}
+
+stop_all() { cleanup; PIDS=(); }
+
+echo "== machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), commit $(git rev-parse --short HEAD)"
+if [[ "${SKIP_CALIBRATE:-0}" != 1 || ! -f "$OUT/profile.json" ]]; then
+  echo "== calibrate"
+  $BIN/pie bench --calibrate "${MODEL_ARGS[@]}" --out "$OUT/profile.json" | grep -Ev '^ +([0-9]|batch)'
+fi
+
+compare() { # name real.json sim.json
+  python3 - "$@" <<'PY'
+import json, sys
+name, real, sim = sys.argv[1], json.load(open(sys.argv[2]))["summary"], json.load(open(sys.argv[3]))[0]
+rows = [("TTFT p50 (ms)", real["ttft_ms"]["p50"], sim["ttft_ms"]["p50"]),
+        ("TTFT p90 (ms)", real["ttft_ms"]["p90"], sim["ttft_ms"]["p90"]),
+        ("e2e p50 (ms)", real["e2e_ms"]["p50"], sim["e2e_ms"]["p50"]),
+        ("output tok/s", real["output_tok_per_s"], sim["output_tokens_per_s"]),
+        ("prefix hit rate", real["prefix_hit_rate"], sim["prefix_hit_rate"])]
+print(f"| {name} | real | sim | sim/real |\n|---|---:|---:|---:|")
+for label, r, s in rows:
+    ratio = s / r if r else float("nan")
+    print(f"| {label} | {r:.3f} | {s:.3f} | {ratio:.2f} |")
+print(f"(real: {real['completed']}/{real['requests']} completed in {real['duration_s']:.1f} s, errors {real['errors']}; "
+      f"sim: {sim['completed']}/{sim['requests']} in {sim['sim_time_s']:.1f} simulated s)")
+PY
+}
+
+echo "== 1 worker: $WORKLOAD ${SETS[*]} --set rate_per_s=$RATE, $REQUESTS requests, seed $SEED"
+start "pie: listening on " "$OUT/serve.log" $BIN/pie serve --port 0 "${MODEL_ARGS[@]}"
+wait_ok "$URL/health"
+$BIN/pie bench --quiet --url "$URL" --workload $WORKLOAD "${SETS[@]}" --set rate_per_s=$RATE \
+  --requests "$REQUESTS" --seed "$SEED" --out "$OUT/real1.json" | sed 's/^/  /'
+stop_all
+$BIN/pie-sim run --workload $WORKLOAD "${SETS[@]}" --set rate_per_s=$RATE --requests "$REQUESTS" \
+  --seed "$SEED" --workers 1 --profile "$OUT/profile.json" --router round-robin --json "$OUT/sim1.json" >/dev/null
+compare "1 worker" "$OUT/real1.json" "$OUT/sim1.json"
+
+RATE3=$(python3 -c "print($RATE * 3)")
+echo "== 3 workers behind pie-controller (they share $(nproc) cores): rate_per_s=$RATE3 in all"
+start "controller: " "$OUT/cluster.log" $BIN/pie cluster up --workers 3 --port 0 "${MODEL_ARGS[@]}"
+wait_ok "$URL/v1/models"
+for w in $(sed -n 's|^worker w[0-9]*: \(http://.*\)|\1|p' "$OUT/cluster.log"); do wait_ok "$w/health"; done
+sleep 3 # the controller's next poll sees every worker healthy
+$BIN/pie bench --quiet --url "$URL" --workload $WORKLOAD "${SETS[@]}" --set rate_per_s=$RATE3 \
+  --requests "$REQUESTS" --seed "$SEED" --out "$OUT/real3.json" | sed 's/^/  /'
+stop_all
+$BIN/pie-sim run --workload $WORKLOAD "${SETS[@]}" --set rate_per_s=$RATE --requests "$REQUESTS" \
+  --seed "$SEED" --workers 3 --profile "$OUT/profile.json" --router pin,session-affinity,cache-aware \
+  --json "$OUT/sim3.json" >/dev/null
+compare "3 workers" "$OUT/real3.json" "$OUT/sim3.json"
+
+echo "== controller overhead: 1 worker, direct vs through pie-controller, concurrency 1"
+start "pie: listening on " "$OUT/serve2.log" $BIN/pie serve --port 0 "${MODEL_ARGS[@]}"
+WORKER=$URL
+wait_ok "$WORKER/health"
+start "pie-controller: listening on " "$OUT/ctl.log" $BIN/pie-controller --port 0 --model "$MODEL" --worker "w0=$WORKER"
+CTL=$URL
+wait_ok "$CTL/v1/models"
+sleep 3
+# Prompts are keyed by request index, so each run maps its token ids into a
+# different vocabulary size: no run is served from another run's cache.
+VOCAB=$(curl -s "$WORKER/v1/models" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["vocab_size"])')
+OVERHEAD_SETS=(--workload priority-mix --set input_len=128 --set output_len=8 --requests 30 --concurrency 1 --seed "$SEED")
+i=0
+for round in 1 2; do
+  for target in direct controller; do
+    url=$WORKER; [[ $target == controller ]] && url=$CTL
+    $BIN/pie bench --quiet --url "$url" "${OVERHEAD_SETS[@]}" --vocab $((VOCAB - i)) --out "$OUT/overhead-$target-$round.json" >/dev/null
+    i=$((i + 1))
+  done
+done
+stop_all
+python3 - "$OUT" <<'PY'
+import json, sys, statistics
+out = sys.argv[1]
+def p50s(target):
+    return [json.load(open(f"{out}/overhead-{target}-{r}.json"))["summary"]["ttft_ms"]["p50"] for r in (1, 2)]
+d, c = p50s("direct"), p50s("controller")
+print("| TTFT p50 (ms) | round 1 | round 2 | mean |\n|---|---:|---:|---:|")
+print(f"| direct | {d[0]:.2f} | {d[1]:.2f} | {statistics.mean(d):.2f} |")
+print(f"| through pie-controller | {c[0]:.2f} | {c[1]:.2f} | {statistics.mean(c):.2f} |")
+print(f"controller / direct: {statistics.mean(c) / statistics.mean(d):.3f} "
+      f"(added {statistics.mean(c) - statistics.mean(d):.2f} ms)")
+PY
+echo "== files in $OUT"
