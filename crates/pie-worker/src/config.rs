@@ -27,6 +27,9 @@ pub struct ServerConfig {
     pub max_queued: usize,
     /// Largest request body accepted (413 above).
     pub max_body_bytes: usize,
+    /// Record finished requests here as a Mooncake-format JSONL trace (lengths,
+    /// 512-token block ids and props; never token ids). Unset: no trace.
+    pub trace_file: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -38,6 +41,7 @@ impl Default for ServerConfig {
             api_keys_file: None,
             max_queued: 256,
             max_body_bytes: 1 << 20,
+            trace_file: None,
         }
     }
 }
@@ -288,6 +292,7 @@ port = 8080
 # api_keys_file = "keys.txt"      # lines of `name key`
 max_queued = 256                   # processes waiting to start; beyond: 429
 max_body_bytes = 1048576           # beyond: 413
+# trace_file = "trace.jsonl"       # record finished requests (lengths, block ids, props; no tokens)
 
 [model]
 # path = "/models/model.gguf"     # unset: SmolLM2-135M-Instruct, fetched on first use

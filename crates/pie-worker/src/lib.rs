@@ -13,5 +13,6 @@ pub mod policies;
 pub mod process;
 pub mod runtime;
 pub mod serve;
+pub mod trace;
 
 pub use engine::{Engine, EngineConfig, FinishReason, Request};

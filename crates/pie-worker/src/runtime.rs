@@ -18,6 +18,7 @@ use crate::engine::{Engine, EngineCounters, FinishReason, Request, SeqInfo};
 use crate::metrics::Metrics;
 use crate::policies::WorkerPolicies;
 use crate::process::{now_ms, ProcEvent, ProcState, Process};
+use crate::trace::{TraceInput, TraceWriter};
 
 /// What the engine thread reports to one sequence's driver.
 #[derive(Debug)]
@@ -114,6 +115,8 @@ pub struct RuntimeSettings {
     pub model_name: String,
     /// Reloadable: processes waiting to start before the API answers 429.
     pub max_queued: AtomicUsize,
+    /// `[server] trace_file`: finished processes are recorded here.
+    pub trace: Option<TraceWriter>,
 }
 
 /// KV event batches kept for slow subscribers; one that falls further behind
@@ -433,11 +436,17 @@ impl Runtime {
             arrival_ms: now_ms(),
             props,
         };
+        let trace_input = self
+            .settings
+            .trace
+            .as_ref()
+            .map(|_| TraceInput::of(&req.prompt, req.arrival_ms));
         let driver = Driver {
             rt: self.clone(),
             process: process.clone(),
             stop: opts.stop,
             session_messages,
+            trace_input,
         };
         tokio::spawn(driver.run(req));
         Ok((process, events))
@@ -528,6 +537,8 @@ struct Driver {
     stop: Vec<String>,
     /// For a resumed chat session: its id and the messages of this turn's prompt.
     session_messages: Option<SessionTurn>,
+    /// Set when the server records a trace.
+    trace_input: Option<TraceInput>,
 }
 
 impl Driver {
@@ -613,6 +624,10 @@ impl Driver {
         }
         self.rt.metrics.count_request("finished");
         self.count_deadline_miss();
+        if let (Some(trace), Some(input)) = (&self.rt.settings.trace, &self.trace_input) {
+            let p = self.process.snapshot();
+            trace.record(input.clone(), p.usage.completion_tokens, &p.props);
+        }
         if let Some((session, mut messages)) = self.session_messages.clone() {
             messages.push(ChatMessage {
                 role: "assistant".into(),

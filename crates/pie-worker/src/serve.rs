@@ -17,6 +17,7 @@ use crate::fetch;
 use crate::metrics::Metrics;
 use crate::policies::WorkerPolicies;
 use crate::runtime::{Runtime, RuntimeSettings};
+use crate::trace::TraceWriter;
 
 /// Reads the configuration again (the file plus the command line's overrides).
 pub type Reloader = Arc<dyn Fn() -> Result<Config> + Send + Sync>;
@@ -181,9 +182,16 @@ fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
         })
     });
     let engine = Engine::new(model, engine_config, Box::new(pie_policy::Fcfs));
+    let trace = match &config.server.trace_file {
+        Some(path) => Some(TraceWriter::open(path).map_err(|e| {
+            anyhow::anyhow!("server.trace_file: cannot open {}: {e}", path.display())
+        })?),
+        None => None,
+    };
     let settings = RuntimeSettings {
         model_name,
         max_queued: config.server.max_queued.into(),
+        trace,
     };
     Ok(Runtime::start(
         engine,

@@ -479,3 +479,47 @@ async fn concurrent_streams_all_complete_and_metrics_stay_consistent() {
         32.0
     );
 }
+
+#[tokio::test]
+async fn trace_file_records_lengths_block_ids_and_props_but_no_tokens() {
+    let path = std::env::temp_dir().join(format!("pie-trace-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let s = Server::start(
+        &format!("[server]\ntrace_file = {:?}\n", path.to_str().unwrap()),
+        &[],
+    )
+    .await;
+    // Byte vocabulary: 600 characters are 600 tokens; the two prompts share
+    // their first 520, so their first 512-token block.
+    let shared = "x".repeat(520);
+    for tail in ["a", "b"] {
+        let (status, body) = s
+            .post(
+                "/v1/completions",
+                json!({"prompt": format!("{shared}{}", tail.repeat(80)), "max_tokens": 3,
+                       "ignore_eos": true, "props": {"priority": 2}}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for l in &lines {
+        let keys: Vec<&str> = l.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            ["hash_ids", "input_length", "output_length", "props", "timestamp"],
+            "lengths, block ids and props only: {l}"
+        );
+        assert_eq!(l["input_length"], 600);
+        assert_eq!(l["output_length"], 3);
+        assert_eq!(l["props"]["priority"], 2);
+        assert_eq!(l["hash_ids"].as_array().unwrap().len(), 2, "512 + 88 tokens");
+    }
+    assert_eq!(lines[0]["hash_ids"][0], lines[1]["hash_ids"][0], "shared block");
+    assert_ne!(lines[0]["hash_ids"][1], lines[1]["hash_ids"][1]);
+    let records = pie_workload::trace::read_trace(text.as_bytes()).expect("replayable");
+    assert_eq!(records[1].input_length, 600);
+    let _ = std::fs::remove_file(&path);
+}
