@@ -30,6 +30,9 @@ pub struct SessionAffinity {
     config: SessionAffinityConfig,
     /// session -> (worker name, last use ms)
     sessions: HashMap<String, (String, u64)>,
+    /// When expired mappings were last dropped: a sweep is O(sessions), so it
+    /// runs at most every `ttl_ms / 4`; lookups check expiry themselves.
+    swept_ms: u64,
 }
 
 impl SessionAffinity {
@@ -37,7 +40,18 @@ impl SessionAffinity {
         Self {
             config,
             sessions: HashMap::new(),
+            swept_ms: 0,
         }
+    }
+
+    fn sweep(&mut self, now_ms: u64) {
+        let ttl = self.config.ttl_ms;
+        if now_ms.saturating_sub(self.swept_ms) < ttl / 4 {
+            return;
+        }
+        self.swept_ms = now_ms;
+        self.sessions
+            .retain(|_, (_, last)| now_ms.saturating_sub(*last) <= ttl);
     }
 }
 
@@ -53,13 +67,16 @@ impl ClusterPolicy for SessionAffinity {
         workers: &[WorkerView],
         candidates: &mut Vec<usize>,
     ) -> Result<Option<String>, Reject> {
-        let ttl = self.config.ttl_ms;
-        self.sessions
-            .retain(|_, (_, last)| now_ms.saturating_sub(*last) <= ttl);
+        self.sweep(now_ms);
         let Some(session) = req.props.str("session") else {
             return Ok(None);
         };
-        let Some((worker, _)) = self.sessions.get(session) else {
+        let ttl = self.config.ttl_ms;
+        let Some((worker, _)) = self
+            .sessions
+            .get(session)
+            .filter(|(_, last)| now_ms.saturating_sub(*last) <= ttl)
+        else {
             return Ok(None);
         };
         match candidates.iter().position(|&i| workers[i].name == *worker) {
