@@ -3,6 +3,7 @@
 //! cache with step times from a cost model, fed by seeded workload generators.
 
 pub mod cache;
+pub mod events;
 pub mod metrics;
 pub mod plots;
 pub mod profile;

@@ -2,9 +2,8 @@
 //! `pie-policy` ordering policy (and `KeepSession` when configured) over a
 //! modelled page pool and prefix cache, with step times from the cost model.
 //!
-//! Owns the event loop (a binary heap of step ends and later-turn arrivals, merged
-//! with the sorted open-loop arrivals; routing goes through `router.rs`, the real
-//! cluster policies), and each worker's step, which mirrors `pie-worker`'s engine plan:
+//! Owns the event loop (events from `events.rs`; routing goes through
+//! `router.rs`, the real cluster policies), and each worker's step, which mirrors `pie-worker`'s engine plan:
 //! the policy orders every sequence on the worker; in that order each gets a
 //! prefill chunk or one decode token while `max_batch_tokens` lasts; a sequence
 //! not yet running needs a free slot under `max_running` (or, if the policy
@@ -29,6 +28,7 @@ use pie_policy::{
 
 use crate::cache::PrefixCache;
 use crate::cost::CostProfile;
+use crate::events::{Event, Events};
 use crate::metrics::{Counters, Record, RunMetrics};
 use crate::router::{Router, RouterSpec};
 use crate::workload::Request;
@@ -126,6 +126,8 @@ struct Seq {
     pages: u32,
     published: u32,
     client: u32,
+    /// The request it serves (index into the workload and the records).
+    req: u32,
 }
 
 impl Seq {
@@ -156,22 +158,20 @@ struct Worker {
     busy: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Event {
-    StepEnd(u32),
-    Arrive(u32),
-}
-
 struct Sim<'a> {
     cfg: &'a SimConfig,
     reqs: &'a [Request],
     keep: Option<KeepSession>,
     workers: Vec<Worker>,
+    /// Live sequences by slot (the low bits of their `SeqId`); finished slots
+    /// are reused, so the live ones stay dense in memory.
     seqs: Vec<Option<Seq>>,
+    free_slots: Vec<u32>,
+    /// Sequences admitted so far: the high bits of the next `SeqId`.
+    arrivals: u64,
     records: Vec<Record>,
     followers: Vec<Option<u32>>,
-    heap: BinaryHeap<Reverse<(u64, u64, Event)>>,
-    next_event: u64,
+    events: Events,
     router: Router,
     /// Hashes of first prompt segments that are whole pages (bounded; cleared when
     /// full), so shared system prompts are hashed once.
@@ -185,6 +185,13 @@ struct Sim<'a> {
 
 const FINGERPRINT: ModelFingerprint = ModelFingerprint(0x51_u64);
 const MEMO_CAPACITY: usize = 4096;
+/// A `SeqId` is the sequence's arrival number (as the engine numbers them, so
+/// policies break ties in arrival order) above its slot in `seqs`.
+const SLOT_BITS: u32 = 24;
+
+fn slot(seq: SeqId) -> usize {
+    (seq.0 & ((1 << SLOT_BITS) - 1)) as usize
+}
 
 /// Simulate `reqs` on the configured cluster; every request finishes (or is
 /// rejected or aborted), and the metrics say so.
@@ -270,11 +277,12 @@ impl<'a> Sim<'a> {
                 .keep_session
                 .then(|| KeepSession::new(KeepSessionConfig::default())),
             workers,
-            seqs: (0..reqs.len()).map(|_| None).collect(),
+            seqs: Vec::new(),
+            free_slots: Vec::new(),
+            arrivals: 0,
             records: vec![Record::default(); reqs.len()],
             followers,
-            heap: BinaryHeap::new(),
-            next_event: 0,
+            events: Events::new(reqs),
             router,
             memo: HashMap::new(),
             client_ids: HashMap::new(),
@@ -284,39 +292,8 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn push(&mut self, at_us: u64, ev: Event) {
-        self.next_event += 1;
-        self.heap.push(Reverse((at_us, self.next_event, ev)));
-    }
-
     fn run(&mut self) -> anyhow::Result<()> {
-        let mut open: Vec<u32> = (0..self.reqs.len() as u32)
-            .filter(|&i| self.reqs[i as usize].follows.is_none())
-            .collect();
-        open.sort_by_key(|&i| (self.reqs[i as usize].arrival_us, i));
-        let mut next_open = 0;
-        loop {
-            let heap_at = self.heap.peek().map(|Reverse((t, _, _))| *t);
-            let open_at = open
-                .get(next_open)
-                .map(|&i| self.reqs[i as usize].arrival_us);
-            let (now, ev) = match (heap_at, open_at) {
-                (None, None) => break,
-                (Some(h), Some(o)) if o < h => {
-                    next_open += 1;
-                    (o, Event::Arrive(open[next_open - 1]))
-                }
-                (None, Some(o)) => {
-                    next_open += 1;
-                    (o, Event::Arrive(open[next_open - 1]))
-                }
-                _ => {
-                    let Some(Reverse((t, _, ev))) = self.heap.pop() else {
-                        break;
-                    };
-                    (t, ev)
-                }
-            };
+        while let Some((now, ev)) = self.events.pop() {
             self.counters.events += 1;
             self.counters.end_us = self.counters.end_us.max(now);
             match ev {
@@ -356,7 +333,8 @@ impl<'a> Sim<'a> {
             .client_ids
             .entry(req.client.clone())
             .or_insert(n_clients);
-        self.seqs[r] = Some(Seq {
+        let slot = self.new_slot()?;
+        self.seqs[slot] = Some(Seq {
             hashes,
             prompt_len: prompt_len as u32,
             max_tokens: max_tokens as u32,
@@ -365,11 +343,12 @@ impl<'a> Sim<'a> {
             pages: 0,
             published: 0,
             client,
+            req: r as u32,
         });
         self.records[r].worker = w as u32;
         self.records[r].prompt_tokens = prompt_len as u32;
         self.workers[w].cands.push(Candidate {
-            seq: SeqId(r as u64),
+            seq: SeqId(self.arrivals << SLOT_BITS | slot as u64),
             arrival_ms: now / 1000,
             running: false,
             prefill_tokens: prompt_len,
@@ -381,6 +360,19 @@ impl<'a> Sim<'a> {
             self.start_step(w, now)?;
         }
         Ok(())
+    }
+
+    fn new_slot(&mut self) -> anyhow::Result<usize> {
+        self.arrivals += 1;
+        if let Some(s) = self.free_slots.pop() {
+            return Ok(s as usize);
+        }
+        anyhow::ensure!(
+            self.seqs.len() < 1 << SLOT_BITS,
+            "more than 2^{SLOT_BITS} live sequences"
+        );
+        self.seqs.push(None);
+        Ok(self.seqs.len() - 1)
     }
 
     /// Refused: too long for a worker's pool, or by a cluster policy.
@@ -432,7 +424,7 @@ impl<'a> Sim<'a> {
     fn follow_up(&mut self, r: usize, now: u64) {
         if let Some(next) = self.followers[r] {
             let think = self.reqs[next as usize].follows.map_or(0, |f| f.think_us);
-            self.push(now + think, Event::Arrive(next));
+            self.events.push(now + think, Event::Arrive(next));
         }
     }
 
@@ -447,17 +439,10 @@ impl<'a> Sim<'a> {
         let now_ms = now / 1000;
         self.expire_retained(w, now_ms);
         self.abort_expired(w, now);
-        let seqs = &self.seqs;
+        debug_assert!(self.candidates_are_current(w));
         let worker = &mut self.workers[w];
-        for c in &mut worker.cands {
-            let s = seqs[c.seq.0 as usize]
-                .as_ref()
-                .expect("a candidate's sequence exists");
-            c.running = s.pages > 0;
-            c.prefill_tokens = s.prompt_len.saturating_sub(s.len) as usize;
-        }
         worker.policy.order(now_ms, &mut worker.cands);
-        self.plan(w);
+        let (batch, context) = self.plan(w);
         self.sync_index(w);
         let worker = &mut self.workers[w];
         if worker.plan.is_empty() {
@@ -469,37 +454,46 @@ impl<'a> Sim<'a> {
             );
             return Ok(());
         }
-        let mut batch = 0;
-        let mut context = 0;
-        for &(ci, n) in &worker.plan {
-            let s = self.seqs[worker.cands[ci].seq.0 as usize]
-                .as_ref()
-                .expect("planned sequence exists");
-            batch += n as usize;
-            context += (s.len + n) as usize;
-        }
         worker.busy = true;
         self.counters.steps += 1;
         self.counters.batch_tokens += batch as u64;
         let end = now + self.cfg.profile.step_us(batch, context);
-        self.push(end, Event::StepEnd(w as u32));
+        self.events.push(end, Event::StepEnd(w as u32));
         Ok(())
     }
 
+    /// `cands[ci]`'s `running` and `prefill_tokens` from its sequence, after its
+    /// pages or computed tokens changed (instead of refreshing every candidate
+    /// before each step).
+    fn sync_candidate(&mut self, w: usize, ci: usize) {
+        let c = &mut self.workers[w].cands[ci];
+        let s = self.seqs[slot(c.seq)]
+            .as_ref()
+            .expect("a candidate's sequence exists");
+        c.running = s.pages > 0;
+        c.prefill_tokens = s.prompt_len.saturating_sub(s.len) as usize;
+    }
+
+    fn candidates_are_current(&self, w: usize) -> bool {
+        self.workers[w].cands.iter().all(|c| {
+            let s = self.seq(slot(c.seq));
+            c.running == (s.pages > 0)
+                && c.prefill_tokens == s.prompt_len.saturating_sub(s.len) as usize
+        })
+    }
+
     /// Mirror of the engine's `plan`: fill the step in the policy's order.
-    fn plan(&mut self, w: usize) {
+    /// Returns the step's batch tokens and context tokens (computed KV after it).
+    fn plan(&mut self, w: usize) -> (usize, usize) {
         let whole: &'a SimConfig = self.cfg;
         let cfg = &whole.profile;
         let mut plan = std::mem::take(&mut self.workers[w].plan);
         plan.clear();
-        let order: Vec<usize> = self.workers[w]
-            .cands
-            .iter()
-            .map(|c| c.seq.0 as usize)
-            .collect();
+        let order: Vec<usize> = self.workers[w].cands.iter().map(|c| slot(c.seq)).collect();
         let mut running = self.workers[w].cands.iter().filter(|c| c.running).count();
         let mut budget = cfg.max_batch_tokens as u32;
         let preempts = self.workers[w].policy.preempts_for_slots();
+        let (mut batch, mut context) = (0, 0);
         for (rank, &id) in order.iter().enumerate() {
             if budget == 0 {
                 break;
@@ -507,14 +501,15 @@ impl<'a> Sim<'a> {
             let was_running = self.seq(id).pages > 0;
             if !was_running {
                 if running >= cfg.max_running {
-                    if !(preempts && self.preempt_last(w, &order[rank + 1..])) {
+                    if !(preempts && self.preempt_last(w, &order, rank + 1)) {
                         continue;
                     }
                     running -= 1;
                 }
                 self.attach_prefix(w, id);
             }
-            match self.reserve(w, id, budget, &order[rank + 1..]) {
+            let reserved = self.reserve(w, id, budget, &order, rank + 1);
+            match reserved {
                 Some(n) => {
                     if !was_running {
                         running += 1;
@@ -522,12 +517,16 @@ impl<'a> Sim<'a> {
                     }
                     budget -= n;
                     plan.push((rank, n));
+                    batch += n as usize;
+                    context += (self.seq(id).len + n) as usize;
                 }
                 None if !was_running => self.release(w, id),
                 None => {}
             }
+            self.sync_candidate(w, rank);
         }
         self.workers[w].plan = plan;
+        (batch, context)
     }
 
     fn seq(&self, id: usize) -> &Seq {
@@ -557,9 +556,9 @@ impl<'a> Sim<'a> {
     }
 
     fn note_first_admission(&mut self, id: usize) {
-        let rec = &mut self.records[id];
+        let s = self.seqs[id].as_ref().expect("sequence exists");
+        let rec = &mut self.records[s.req as usize];
         if rec.cached_tokens.is_none() {
-            let s = self.seqs[id].as_ref().expect("sequence exists");
             let hit = s.len.min(s.prompt_len);
             rec.cached_tokens = Some(hit);
             self.counters.prefix_hit_tokens += u64::from(hit);
@@ -580,11 +579,17 @@ impl<'a> Sim<'a> {
         s.len = 0;
     }
 
-    fn preempt_last(&mut self, w: usize, later: &[usize]) -> bool {
-        let Some(&victim) = later.iter().rev().find(|&&v| self.seq(v).pages > 0) else {
+    /// Preempt the running sequence ordered last from `order[from..]` (the
+    /// candidates in the same order).
+    fn preempt_last(&mut self, w: usize, order: &[usize], from: usize) -> bool {
+        let Some(ci) = (from..order.len())
+            .rev()
+            .find(|&i| self.seq(order[i]).pages > 0)
+        else {
             return false;
         };
-        self.release(w, victim);
+        self.release(w, order[ci]);
+        self.sync_candidate(w, ci);
         self.counters.preemptions += 1;
         true
     }
@@ -594,7 +599,14 @@ impl<'a> Sim<'a> {
         self.cfg.profile.kv_pages - worker.private_pages - worker.cache.len()
     }
 
-    fn reserve(&mut self, w: usize, id: usize, budget: u32, later: &[usize]) -> Option<u32> {
+    fn reserve(
+        &mut self,
+        w: usize,
+        id: usize,
+        budget: u32,
+        order: &[usize],
+        from: usize,
+    ) -> Option<u32> {
         let ps = self.cfg.profile.page_size as u32;
         loop {
             let s = self.seq(id);
@@ -606,7 +618,7 @@ impl<'a> Sim<'a> {
                 if self.drop_soonest_retained(w) {
                     continue;
                 }
-                if self.preempt_last(w, later) {
+                if self.preempt_last(w, order, from) {
                     continue;
                 }
             }
@@ -678,8 +690,8 @@ impl<'a> Sim<'a> {
             .map(|(i, _)| i)
             .collect();
         for &i in expired.iter().rev() {
-            let id = self.workers[w].cands[i].seq.0 as usize;
-            self.records[id].expired = true;
+            let req = self.seq(slot(self.workers[w].cands[i].seq)).req;
+            self.records[req as usize].expired = true;
             self.finish(w, i, now);
         }
     }
@@ -692,8 +704,7 @@ impl<'a> Sim<'a> {
         let in_window = now <= self.window_end_us;
         for &(ci, n) in &plan {
             let worker = &mut self.workers[w];
-            let id = worker.cands[ci].seq.0 as usize;
-            let s = Self::seq_mut(&mut self.seqs, id);
+            let s = Self::seq_mut(&mut self.seqs, slot(worker.cands[ci].seq));
             let new_len = s.len + n;
             let prefill = s.prompt_len.clamp(s.len, new_len) - s.len;
             let full = ((new_len / ps) as usize).min(s.hashes.len()) as u32;
@@ -703,13 +714,14 @@ impl<'a> Sim<'a> {
             }
             s.published = s.published.max(full);
             s.len = new_len;
+            // As the engine's candidate after the commit: still running.
+            worker.cands[ci].prefill_tokens = s.prompt_len.saturating_sub(new_len) as usize;
             let mut generated = 0;
             if new_len == s.tokens() {
                 s.generated += 1;
                 generated = 1;
-                let rec = &mut self.records[id];
-                if rec.first_token_us.is_none() {
-                    rec.first_token_us = Some(now);
+                if s.generated == 1 {
+                    self.records[s.req as usize].first_token_us = Some(now);
                 }
                 if s.generated >= s.max_tokens {
                     done.push(ci);
@@ -740,15 +752,17 @@ impl<'a> Sim<'a> {
     /// Remove `cands[ci]`: its pages are retained for its session or released.
     fn finish(&mut self, w: usize, ci: usize, now: u64) {
         let cand = self.workers[w].cands.swap_remove(ci);
-        let id = cand.seq.0 as usize;
-        let rec = &mut self.records[id];
+        let id = slot(cand.seq);
+        let s = self.seqs[id].take().expect("finishing sequence exists");
+        self.free_slots.push(id as u32);
+        let req = s.req as usize;
+        let rec = &mut self.records[req];
         rec.finish_us = Some(now);
         let retention = self
             .keep
             .as_ref()
             .filter(|_| !rec.expired)
             .and_then(|k| k.retention(&cand.props, now / 1000));
-        let s = self.seqs[id].take().expect("finishing sequence exists");
         rec.generated_tokens = s.generated;
         match retention {
             Some(r) => {
@@ -778,7 +792,7 @@ impl<'a> Sim<'a> {
             }
         }
         self.router.set_load(w, self.router.load(w) - 1);
-        self.follow_up(id, now);
+        self.follow_up(req, now);
     }
 }
 

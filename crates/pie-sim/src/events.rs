@@ -1,0 +1,86 @@
+//! The simulation's event queue: open-loop arrivals (sorted once), later-turn
+//! arrivals and step ends. Step ends (at most one per worker) and later turns
+//! (up to one per conversation) sit in two heaps, so the frequent step events
+//! stay in a small heap that fits the cache. Order: earliest time first; an
+//! open-loop arrival goes before queued events at the same time, and queued
+//! events at the same time go in the order they were pushed.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use crate::workload::Request;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Event {
+    StepEnd(u32),
+    Arrive(u32),
+}
+
+/// (time us, push number, worker or request)
+type Entry = Reverse<(u64, u64, u32)>;
+
+pub struct Events {
+    open: Vec<u32>,
+    next_open: usize,
+    open_at: Vec<u64>,
+    steps: BinaryHeap<Entry>,
+    turns: BinaryHeap<Entry>,
+    pushed: u64,
+}
+
+impl Events {
+    /// The open-loop arrivals of `reqs` (those that follow no other request).
+    pub fn new(reqs: &[Request]) -> Self {
+        let mut open: Vec<u32> = (0..reqs.len() as u32)
+            .filter(|&i| reqs[i as usize].follows.is_none())
+            .collect();
+        open.sort_by_key(|&i| (reqs[i as usize].arrival_us, i));
+        let open_at = open.iter().map(|&i| reqs[i as usize].arrival_us).collect();
+        Self {
+            open,
+            next_open: 0,
+            open_at,
+            steps: BinaryHeap::new(),
+            turns: BinaryHeap::new(),
+            pushed: 0,
+        }
+    }
+
+    pub fn push(&mut self, at_us: u64, ev: Event) {
+        self.pushed += 1;
+        match ev {
+            Event::StepEnd(w) => self.steps.push(Reverse((at_us, self.pushed, w))),
+            Event::Arrive(r) => self.turns.push(Reverse((at_us, self.pushed, r))),
+        }
+    }
+
+    /// The next event and its time; None when none is left.
+    pub fn pop(&mut self) -> Option<(u64, Event)> {
+        let step = self.steps.peek().map(|Reverse(e)| *e);
+        let turn = self.turns.peek().map(|Reverse(e)| *e);
+        let queued = match (step, turn) {
+            (Some(s), Some(t)) => Some(if (s.0, s.1) < (t.0, t.1) { s } else { t }.0),
+            (s, t) => s.or(t).map(|e| e.0),
+        };
+        if let Some(&at) = self.open_at.get(self.next_open) {
+            if queued.is_none_or(|q| at < q) {
+                self.next_open += 1;
+                return Some((at, Event::Arrive(self.open[self.next_open - 1])));
+            }
+        }
+        match (step, turn) {
+            (Some(s), Some(t)) if (t.0, t.1) < (s.0, s.1) => self.pop_turn(),
+            (Some(_), _) => self
+                .steps
+                .pop()
+                .map(|Reverse((at, _, w))| (at, Event::StepEnd(w))),
+            (None, _) => self.pop_turn(),
+        }
+    }
+
+    fn pop_turn(&mut self) -> Option<(u64, Event)> {
+        self.turns
+            .pop()
+            .map(|Reverse((at, _, r))| (at, Event::Arrive(r)))
+    }
+}
