@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Result};
+use pie_core::auth::{parse_key_file, ApiKey};
 use pie_policy::cluster::{
     CacheAware, CacheAwareConfig, ClusterPolicy, LeastLoaded, Pin, PinConfig, RoundRobin,
     SessionAffinity, SessionAffinityConfig, DEFAULT_MAX_QUEUED,
@@ -23,6 +24,11 @@ pub struct Config {
 pub struct ServerConfig {
     pub host: String,
     pub port: u16,
+    /// Client API keys; when any are set every route but /health needs one, and
+    /// the key's name is sent to workers as the request's `client` prop.
+    pub api_keys: Vec<ApiKey>,
+    /// A file of `name key` lines.
+    pub api_keys_file: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -30,6 +36,8 @@ impl Default for ServerConfig {
         Self {
             host: "127.0.0.1".into(),
             port: 9090,
+            api_keys: Vec::new(),
+            api_keys_file: None,
         }
     }
 }
@@ -126,6 +134,22 @@ impl ClusterConfig {
                 })
             })
             .collect()
+    }
+}
+
+impl ServerConfig {
+    /// Every client API key, inline and from `api_keys_file`.
+    pub fn api_keys(&self) -> Result<Vec<ApiKey>> {
+        let mut keys = self.api_keys.clone();
+        if let Some(path) = &self.api_keys_file {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                anyhow!("server.api_keys_file: cannot read {}: {e}", path.display())
+            })?;
+            let from_file = parse_key_file(&text)
+                .map_err(|(line, message)| anyhow!("{}:{line}: {message}", path.display()))?;
+            keys.extend(from_file);
+        }
+        Ok(keys)
     }
 }
 

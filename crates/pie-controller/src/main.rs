@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -80,6 +80,7 @@ fn main() -> Result<()> {
         queueing: AtomicBool::new(config.cluster.queueing()),
         queue: Mutex::new(PriorityQueue::new(config.cluster.max_queued)),
         woken: Default::default(),
+        api_keys: RwLock::new(config.server.api_keys()?),
         tokenizer,
         http: reqwest::Client::new(),
         worker_key: config.cluster.worker_key.clone(),
@@ -134,11 +135,13 @@ async fn reload_on_sighup(ctl: Arc<Controller>, path: PathBuf, cli_policies: Opt
                 c.cluster.cluster_policies = p.clone();
             }
             let pipeline = c.cluster.pipeline().map_err(anyhow::Error::msg)?;
-            Ok((c, pipeline))
+            let keys = c.server.api_keys()?;
+            Ok((c, pipeline, keys))
         });
         match fresh {
-            Ok((config, pipeline)) => {
+            Ok((config, pipeline, keys)) => {
                 *ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner()) = pipeline;
+                *ctl.api_keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
                 ctl.queueing
                     .store(config.cluster.queueing(), Ordering::Relaxed);
                 ctl.queue

@@ -6,16 +6,18 @@
 //! Native process ids are made cluster-unique as `WORKER~ID`.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use futures_util::StreamExt;
+use pie_core::auth::{authenticate, ApiKey};
 use pie_core::{PropValue, Props};
 use pie_model::{ChatMessage, Tokenizer};
 use pie_policy::cluster::{record, route, ClusterPolicy, PriorityQueue, RouteRequest};
@@ -38,6 +40,35 @@ pub struct Controller {
     pub tokenizer: Option<Tokenizer>,
     pub http: reqwest::Client,
     pub worker_key: Option<String>,
+    /// Client keys (`[server] api_keys`); empty: no authentication.
+    pub api_keys: RwLock<Vec<ApiKey>>,
+}
+
+/// The name of the client key that authenticated a request.
+#[derive(Clone, Debug)]
+struct ClientName(String);
+
+/// With client keys configured, every route but /health needs one (401 JSON).
+async fn auth(State(ctl): State<Shared>, mut req: Request, next: Next) -> Response {
+    let name = {
+        let keys = ctl.api_keys.read().unwrap_or_else(|e| e.into_inner());
+        if keys.is_empty() || req.uri().path() == "/health" {
+            None
+        } else {
+            let header = req
+                .headers()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok());
+            match authenticate(&keys, header) {
+                Ok(k) => Some(k.name.clone()),
+                Err(e) => return error(StatusCode::UNAUTHORIZED, e.to_string()),
+            }
+        }
+    };
+    if let Some(name) = name {
+        req.extensions_mut().insert(ClientName(name));
+    }
+    next.run(req).await
 }
 
 impl Controller {
@@ -193,6 +224,7 @@ pub fn router(ctl: Shared) -> Router {
         )
         .route("/v1/processes/{id}/events", get(on_process_events))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
+        .layer(middleware::from_fn_with_state(ctl.clone(), auth))
         .with_state(ctl)
 }
 
@@ -264,6 +296,21 @@ async fn models(State(ctl): State<Shared>, headers: HeaderMap) -> Response {
     .unwrap_or_else(|e| error(StatusCode::BAD_GATEWAY, e))
 }
 
+/// Set the body's `props.client` to `name`; the new body.
+fn with_client_prop(json: &mut Value, name: String) -> Result<Bytes, String> {
+    let Some(obj) = json.as_object_mut() else {
+        return Err("the body must be a JSON object".into());
+    };
+    let props = obj.entry("props").or_insert_with(|| json!({}));
+    let Some(props) = props.as_object_mut() else {
+        return Err("`props` must be an object".into());
+    };
+    props.insert("client".into(), Value::String(name));
+    serde_json::to_vec(json)
+        .map(Bytes::from)
+        .map_err(|e| e.to_string())
+}
+
 /// What routing needs from a generation request: its prompt tokens and props.
 /// Errors are messages for a 400.
 fn route_inputs(ctl: &Controller, path: &str, body: &Value) -> Result<(Vec<u32>, Props), String> {
@@ -308,15 +355,24 @@ fn route_inputs(ctl: &Controller, path: &str, body: &Value) -> Result<(Vec<u32>,
 
 async fn generate(
     State(ctl): State<Shared>,
+    client: Option<Extension<ClientName>>,
     method: Method,
     uri: axum::http::Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let path = uri.path().to_string();
-    let json: Value = match serde_json::from_slice(&body) {
+    let mut json: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("body is not JSON: {e}")),
+    };
+    // The authenticated client is who the workers' fair share counts.
+    let body = match client {
+        Some(Extension(ClientName(name))) => match with_client_prop(&mut json, name) {
+            Ok(body) => body,
+            Err(message) => return error(StatusCode::BAD_REQUEST, message),
+        },
+        None => body,
     };
     let (tokens, props) = match route_inputs(&ctl, &path, &json) {
         Ok(v) => v,

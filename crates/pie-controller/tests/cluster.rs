@@ -128,6 +128,8 @@ struct Spec<'a> {
     /// Put each worker behind a relay the test can cut (the controller sees the
     /// relay's URL).
     relayed: bool,
+    /// The test client's API key for the controller.
+    client_key: Option<&'a str>,
 }
 
 impl Cluster {
@@ -138,6 +140,7 @@ impl Cluster {
             worker_args: &["--kv-pages", kv_pages],
             cluster_config: "",
             relayed: false,
+            client_key: None,
         })
         .await
     }
@@ -184,11 +187,18 @@ impl Cluster {
             &refs,
             "pie-controller: listening on ",
         );
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(key) = spec.client_key {
+            headers.insert("authorization", format!("Bearer {key}").parse().unwrap());
+        }
         let c = Cluster {
             workers,
             relays,
             controller,
-            http: reqwest::Client::new(),
+            http: reqwest::Client::builder()
+                .default_headers(headers)
+                .build()
+                .unwrap(),
             config: cfg,
         };
         wait_for("all workers healthy", async || {
@@ -465,6 +475,7 @@ async fn kv_events_lost_while_disconnected_are_repaired_by_the_snapshot_on_recon
         worker_args: &["--kv-pages", "256"],
         cluster_config: "",
         relayed: true,
+        client_key: None,
     })
     .await;
     let worker_url = c.workers[0].as_ref().unwrap().url.clone();
@@ -539,6 +550,7 @@ async fn cluster_priority_admits_high_priority_first_and_bounds_the_queue() {
         worker_args: &["--kv-pages", "512", "--max-running", "1"],
         cluster_config: "max_queued = 4",
         relayed: false,
+        client_key: None,
     })
     .await;
     let mut holds = Vec::new();
@@ -602,6 +614,7 @@ async fn killing_a_worker_mid_load_loses_no_request_that_had_not_started_streami
         worker_args: &["--kv-pages", "512", "--max-running", "1"],
         cluster_config: "",
         relayed: false,
+        client_key: None,
     })
     .await;
     let mut tasks = Vec::new();
@@ -649,4 +662,52 @@ async fn killing_a_worker_mid_load_loses_no_request_that_had_not_started_streami
         .get_text("/metrics")
         .await
         .contains("pie_controller_retries_total"));
+}
+
+#[tokio::test]
+async fn client_keys_guard_the_controller_and_name_the_client_on_workers() {
+    let worker_cfg = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("worker-keys-{}.toml", std::process::id()));
+    std::fs::write(
+        &worker_cfg,
+        "[server]\napi_keys = [{ name = \"controller\", key = \"sk-ctl\", forwards_client = true }]\n",
+    )
+    .unwrap();
+    let c = Cluster::start_with(Spec {
+        policies: "least-loaded",
+        workers: 1,
+        worker_args: &["--config", worker_cfg.to_str().unwrap()],
+        cluster_config: "worker_key = \"sk-ctl\"\n[server]\napi_keys = [{ name = \"alice\", key = \"sk-alice\" }]",
+        relayed: false,
+        client_key: Some("sk-alice"),
+    })
+    .await;
+    let anonymous = reqwest::Client::new();
+    let r = anonymous
+        .post(format!("{}/v1/completions", c.controller.url))
+        .json(&json!({"prompt": "hi", "max_tokens": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let body: Value = r.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("API key"), "{body}");
+    let health = anonymous.get(format!("{}/health", c.controller.url)).send().await.unwrap();
+    assert_eq!(health.status(), 200, "health stays open");
+
+    // Alice's key names her as the client on the worker, even if she claims otherwise.
+    let r: Value = c
+        .http
+        .post(format!("{}/v1/processes", c.controller.url))
+        .json(&json!({"inferlet": "text-completion", "args": {"prompt": "hi", "max_tokens": 2},
+                      "props": {"client": "mallory"}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = r["id"].as_str().unwrap().to_string();
+    let p: Value = serde_json::from_str(&c.get_text(&format!("/v1/processes/{id}")).await).unwrap();
+    assert_eq!(p["client"], "alice", "{p}");
 }

@@ -1,9 +1,10 @@
-//! Shared vocabulary of Pie: identifiers, block hashes, props and the KV event
-//! stream's wire types.
+//! Shared vocabulary of Pie: identifiers, block hashes, props, API keys and the
+//! KV event stream's wire types.
 //!
 //! Everything here is plain data so that every other crate (policies, KV cache,
 //! model, binaries, simulator) can depend on it without pulling in I/O.
 
+pub mod auth;
 pub mod hash;
 pub mod ids;
 pub mod kv_events;

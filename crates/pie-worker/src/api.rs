@@ -138,9 +138,13 @@ fn json_rejection(rejection: JsonRejection) -> ApiError {
     ApiError::new(status, message)
 }
 
-/// The name of the API key that authenticated the request.
+/// The API key that authenticated the request.
 #[derive(Clone, Debug)]
-pub struct KeyName(pub String);
+pub struct KeyName {
+    pub name: String,
+    /// A controller's key: the request's `client` prop names the client.
+    pub forwards_client: bool,
+}
 
 async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let keys = state
@@ -151,31 +155,29 @@ async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Re
     if keys.is_empty() || req.uri().path() == "/health" {
         return next.run(req).await;
     }
-    let presented = req
+    let header = req
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    let Some(presented) = presented else {
-        return ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "missing API key: send `Authorization: Bearer KEY`",
-        )
-        .into_response();
-    };
-    match keys.iter().find(|k| k.key == presented.trim()) {
-        Some(k) => {
-            req.extensions_mut().insert(KeyName(k.name.clone()));
+        .and_then(|v| v.to_str().ok());
+    match pie_core::auth::authenticate(&keys, header) {
+        Ok(k) => {
+            let key = KeyName {
+                name: k.name.clone(),
+                forwards_client: k.forwards_client,
+            };
+            req.extensions_mut().insert(key);
             next.run(req).await
         }
-        None => ApiError::new(StatusCode::UNAUTHORIZED, "invalid API key").into_response(),
+        Err(e) => ApiError::new(StatusCode::UNAUTHORIZED, e.to_string()).into_response(),
     }
 }
 
-/// Client of a process: the API key's name, else the `client` prop, else "anonymous".
+/// Client of a process: the API key's name (or, for a key that forwards
+/// clients, the `client` prop), else the `client` prop, else "anonymous".
 pub fn client_of(key: &Option<Extension<KeyName>>, props: &Props) -> String {
     match key {
-        Some(Extension(KeyName(name))) => name.clone(),
+        Some(Extension(k)) if !k.forwards_client => k.name.clone(),
+        Some(Extension(k)) => props.str("client").unwrap_or(&k.name).to_string(),
         None => props.str("client").unwrap_or("anonymous").to_string(),
     }
 }

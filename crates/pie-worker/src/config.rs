@@ -46,12 +46,7 @@ impl Default for ServerConfig {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ApiKey {
-    pub name: String,
-    pub key: String,
-}
+pub use pie_core::auth::ApiKey;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -247,22 +242,12 @@ impl Config {
                 location: path.display().to_string(),
                 message: format!("server.api_keys_file: cannot read: {e}"),
             })?;
-            for (i, line) in text.lines().enumerate() {
-                let line = line.trim();
-                if line.is_empty() || line.starts_with('#') {
-                    continue;
-                }
-                let (name, key) =
-                    line.split_once(char::is_whitespace)
-                        .ok_or_else(|| ConfigError {
-                            location: format!("{}:{}", path.display(), i + 1),
-                            message: "expected `name key`".into(),
-                        })?;
-                keys.push(ApiKey {
-                    name: name.to_string(),
-                    key: key.trim().to_string(),
-                });
-            }
+            let from_file =
+                pie_core::auth::parse_key_file(&text).map_err(|(line, message)| ConfigError {
+                    location: format!("{}:{line}", path.display()),
+                    message,
+                })?;
+            keys.extend(from_file);
         }
         Ok(keys)
     }

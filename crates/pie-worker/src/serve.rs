@@ -58,19 +58,26 @@ pub async fn serve(
 }
 
 /// Register with a controller and keep registering (a heartbeat), so a restarted
-/// controller learns about this worker again.
+/// controller learns about this worker again. A controller that requires API
+/// keys gets `PIE_CONTROLLER_KEY` from the environment.
 async fn heartbeat(controller: String, name: String, url: String) {
     let http = reqwest::Client::new();
     let endpoint = format!("{}/v1/cluster/register", controller.trim_end_matches('/'));
+    let key = std::env::var("PIE_CONTROLLER_KEY").ok();
     loop {
-        if let Err(e) = http
+        let mut req = http
             .post(&endpoint)
             .json(&json!({"name": name, "url": url}))
-            .timeout(std::time::Duration::from_secs(2))
-            .send()
-            .await
-        {
-            tracing::warn!(controller, error = %e, "cannot register with the controller");
+            .timeout(std::time::Duration::from_secs(2));
+        if let Some(k) = &key {
+            req = req.bearer_auth(k);
+        }
+        match req.send().await {
+            Ok(r) if r.status().is_success() => {}
+            Ok(r) => {
+                tracing::warn!(controller, status = %r.status(), "the controller refused registration")
+            }
+            Err(e) => tracing::warn!(controller, error = %e, "cannot register with the controller"),
         }
         tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     }
