@@ -503,21 +503,37 @@ async fn trace_file_records_lengths_block_ids_and_props_but_no_tokens() {
         assert_eq!(status, 200, "{body}");
     }
     let text = std::fs::read_to_string(&path).unwrap();
-    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len(), 2, "{text}");
     for l in &lines {
         let keys: Vec<&str> = l.as_object().unwrap().keys().map(String::as_str).collect();
         assert_eq!(
             keys,
-            ["hash_ids", "input_length", "output_length", "props", "timestamp"],
+            [
+                "hash_ids",
+                "input_length",
+                "output_length",
+                "props",
+                "timestamp"
+            ],
             "lengths, block ids and props only: {l}"
         );
         assert_eq!(l["input_length"], 600);
         assert_eq!(l["output_length"], 3);
         assert_eq!(l["props"]["priority"], 2);
-        assert_eq!(l["hash_ids"].as_array().unwrap().len(), 2, "512 + 88 tokens");
+        assert_eq!(
+            l["hash_ids"].as_array().unwrap().len(),
+            2,
+            "512 + 88 tokens"
+        );
     }
-    assert_eq!(lines[0]["hash_ids"][0], lines[1]["hash_ids"][0], "shared block");
+    assert_eq!(
+        lines[0]["hash_ids"][0], lines[1]["hash_ids"][0],
+        "shared block"
+    );
     assert_ne!(lines[0]["hash_ids"][1], lines[1]["hash_ids"][1]);
     let records = pie_workload::trace::read_trace(text.as_bytes()).expect("replayable");
     assert_eq!(records[1].input_length, 600);
