@@ -11,7 +11,8 @@
 #    --workers, so it gets `rate_per_s` / 3): three workers on this machine share
 #    its cores, which the simulator does not model.
 # 4. One worker called directly vs through a `pie-controller` in front of it,
-#    closed loop at concurrency 1, alternating, twice each: TTFT p50 ratio.
+#    closed loop at concurrency 1, alternating, twice each, with cold prompts
+#    (new to the worker) and warm ones (cached): TTFT p50 ratio.
 #
 # Prints each pair and the ratio sim/real (target: within 0.75..1.25).
 # Needs: cargo build --release (pie, pie-controller, pie-sim), python3, curl.
@@ -125,25 +126,37 @@ sleep 3
 # run's cache (about 40% of the tokens differ, so the first page already does).
 VOCAB=$(curl -s "$WORKER/v1/models" | python3 -c 'import json,sys; print(min(20000, json.load(sys.stdin)["data"][0]["vocab_size"]))')
 OVERHEAD_SETS=(--workload priority-mix --set input_len=128 --set output_len=8 --requests 30 --concurrency 1 --seed "$SEED")
+# cold: every run's prompts are new to the worker (prefill of 128 tokens);
+# warm: after one warm-up run, every run sends the same prompts (all but the
+# last token cached), so TTFT is short and the controller's share of it shows.
 i=0
 for round in 1 2; do
   for target in direct controller; do
     url=$WORKER; [[ $target == controller ]] && url=$CTL
-    "${NICE_CMD[@]}" $BIN/pie bench --quiet --url "$url" "${OVERHEAD_SETS[@]}" --vocab $((VOCAB - 7 * i)) --out "$OUT/overhead-$target-$round.json" >/dev/null
+    "${NICE_CMD[@]}" $BIN/pie bench --quiet --url "$url" "${OVERHEAD_SETS[@]}" --vocab $((VOCAB - 7 * i)) --out "$OUT/overhead-cold-$target-$round.json" >/dev/null
     i=$((i + 1))
+  done
+done
+WARM_VOCAB=$((VOCAB - 7 * i))
+"${NICE_CMD[@]}" $BIN/pie bench --quiet --url "$WORKER" "${OVERHEAD_SETS[@]}" --vocab $WARM_VOCAB --out "$OUT/overhead-warmup.json" >/dev/null
+for round in 1 2; do
+  for target in direct controller; do
+    url=$WORKER; [[ $target == controller ]] && url=$CTL
+    "${NICE_CMD[@]}" $BIN/pie bench --quiet --url "$url" "${OVERHEAD_SETS[@]}" --vocab $WARM_VOCAB --out "$OUT/overhead-warm-$target-$round.json" >/dev/null
   done
 done
 stop_all
 python3 - "$OUT" <<'PY'
 import json, sys, statistics
 out = sys.argv[1]
-def p50s(target):
-    return [json.load(open(f"{out}/overhead-{target}-{r}.json"))["summary"]["ttft_ms"]["p50"] for r in (1, 2)]
-d, c = p50s("direct"), p50s("controller")
-print("| TTFT p50 (ms) | round 1 | round 2 | mean |\n|---|---:|---:|---:|")
-print(f"| direct | {d[0]:.2f} | {d[1]:.2f} | {statistics.mean(d):.2f} |")
-print(f"| through pie-controller | {c[0]:.2f} | {c[1]:.2f} | {statistics.mean(c):.2f} |")
-print(f"controller / direct: {statistics.mean(c) / statistics.mean(d):.3f} "
-      f"(added {statistics.mean(c) - statistics.mean(d):.2f} ms)")
+def p50s(kind, target):
+    return [json.load(open(f"{out}/overhead-{kind}-{target}-{r}.json"))["summary"]["ttft_ms"]["p50"] for r in (1, 2)]
+for kind in ("cold", "warm"):
+    d, c = p50s(kind, "direct"), p50s(kind, "controller")
+    print(f"| {kind}: TTFT p50 (ms) | round 1 | round 2 | mean |\n|---|---:|---:|---:|")
+    print(f"| direct | {d[0]:.2f} | {d[1]:.2f} | {statistics.mean(d):.2f} |")
+    print(f"| through pie-controller | {c[0]:.2f} | {c[1]:.2f} | {statistics.mean(c):.2f} |")
+    print(f"{kind}: controller / direct = {statistics.mean(c) / statistics.mean(d):.3f} "
+          f"(added {statistics.mean(c) - statistics.mean(d):.2f} ms)\n")
 PY
 echo "== files in $OUT"

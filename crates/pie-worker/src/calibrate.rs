@@ -6,15 +6,20 @@
 //! with the engine limits `pie serve` uses by default.
 //!
 //! The grid: prefill steps of fresh prompts (1 to 8 sequences, 32 to 512
-//! tokens) and decode steps of 1 to 64 sequences at about 128 and 512 tokens of
-//! context (their prompts share a cached prefix, so only decode is expensive to
-//! set up). Not in it: a prompt's later prefill chunks over a long context,
-//! whose attention grows with chunk x context, which the linear model cannot
-//! express. The grid runs twice and each shape keeps its faster time, so a busy
-//! neighbour on a shared machine inflates fewer samples. The fit is weighted by
-//! 1/time^2 (least relative error), so 15 ms decode steps count as much as 2 s
-//! prefills; a coefficient that comes out negative is dropped and the rest
-//! refitted.
+//! tokens), 32-token prompts after a cached 256-token prefix (what a
+//! shared-prefix workload sends), and decode steps of 1 to 64 sequences at about
+//! 128 and 512 tokens of context (their prompts share a cached prefix, so only
+//! decode is expensive to set up). The grid runs twice and each shape keeps its
+//! faster time, so a busy neighbour on a shared machine inflates fewer samples.
+//! The fit is weighted by 1/time^2 (least relative error), so 15 ms decode steps
+//! count as much as 2 s prefills; a coefficient that comes out negative is
+//! dropped and the rest refitted.
+//!
+//! A second fit, printed but not written, replaces `context_tokens` with the
+//! query x key pairs the step's attention computes (a decode step: its context;
+//! `n` prompt tokens after `p` cached ones: `n * p + n * (n + 1) / 2`). The
+//! engine's attention costs per pair, so prefill over a long context is far
+//! dearer than `c * context_tokens` says; the two fits' R^2 show by how much.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -33,7 +38,28 @@ use crate::engine::{Engine, EngineConfig, Request};
 pub struct Sample {
     pub batch_tokens: usize,
     pub context_tokens: usize,
+    /// Query x key pairs of the step's (causal) attention.
+    pub pairs: usize,
     pub ms: f64,
+}
+
+/// What the third term of the model counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attention {
+    /// `pie-sim`'s: the sequences' lengths after the step.
+    Context,
+    /// Query x key pairs.
+    Pairs,
+}
+
+/// The shape of a step on sequences with `cached` tokens computing `new` each.
+fn shape(seqs: &[(usize, usize)]) -> (usize, usize) {
+    seqs.iter().fold((0, 0), |(ctx, pairs), &(cached, new)| {
+        (
+            ctx + cached + new,
+            pairs + new * cached + new * (new + 1) / 2,
+        )
+    })
 }
 
 /// Fitted coefficients and how well they fit.
@@ -73,7 +99,8 @@ pub fn run(path: &Path, out: &Path) -> Result<CostProfile> {
     let serve = serve_engine_config(&model);
     let started = Instant::now();
     let samples = measure(&model, &serve)?;
-    let fit = fit(&samples).context("fitting the step times")?;
+    let by_pairs = fit(&samples, Attention::Pairs);
+    let fit = fit(&samples, Attention::Context).context("fitting the step times")?;
     println!(
         "calibrated {} on {} steps in {:.1} s:\n  step_ms = {:.3} + {:.5} * batch_tokens + {:.3e} * context_tokens\n  R^2 = {:.4}, worst relative error {:.1}%",
         path.display(),
@@ -85,15 +112,11 @@ pub fn run(path: &Path, out: &Path) -> Result<CostProfile> {
         fit.r2,
         100.0 * fit.worst_rel_err
     );
-    println!(
-        "  {:>6} {:>8} {:>10} {:>10}",
-        "batch", "context", "ms", "fit ms"
-    );
-    for s in &samples {
-        let p = fit.predict(s.batch_tokens, s.context_tokens);
+    print_samples(&samples, &fit);
+    if let Some(by_pairs) = by_pairs {
         println!(
-            "  {:>6} {:>8} {:>10.2} {:>10.2}",
-            s.batch_tokens, s.context_tokens, s.ms, p
+            "  with attention as query x key pairs (not written; pie-sim counts context tokens):\n  step_ms = {:.3} + {:.5} * batch_tokens + {:.3e} * pairs, R^2 = {:.4}, worst relative error {:.1}%",
+            by_pairs.a, by_pairs.b, by_pairs.c, by_pairs.r2, 100.0 * by_pairs.worst_rel_err
         );
     }
     let profile = profile(path, &serve, &fit);
@@ -101,6 +124,20 @@ pub fn run(path: &Path, out: &Path) -> Result<CostProfile> {
     std::fs::write(out, json + "\n").with_context(|| format!("writing {}", out.display()))?;
     println!("wrote {}", out.display());
     Ok(profile)
+}
+
+fn print_samples(samples: &[Sample], fit: &Fit) {
+    println!(
+        "  {:>6} {:>8} {:>8} {:>10} {:>10}",
+        "batch", "context", "pairs", "ms", "fit ms"
+    );
+    for s in samples {
+        let p = fit.predict(s.batch_tokens, s.context_tokens);
+        println!(
+            "  {:>6} {:>8} {:>8} {:>10.2} {:>10.2}",
+            s.batch_tokens, s.context_tokens, s.pairs, s.ms, p
+        );
+    }
 }
 
 fn profile(path: &Path, serve: &EngineConfig, fit: &Fit) -> CostProfile {
@@ -170,6 +207,9 @@ impl Grid {
         for (seqs, len) in [(1, 32), (1, 128), (1, 256), (1, 512), (8, 64)] {
             samples.extend(self.prefill(seqs, len)?);
         }
+        for seqs in [1, 4] {
+            samples.extend(self.after_prefix(seqs, 256, 32)?);
+        }
         for context in [128, 512] {
             for seqs in [1, 8, 32, 64] {
                 samples.extend(self.decode(seqs, context)?);
@@ -200,16 +240,33 @@ impl Grid {
         })?)
     }
 
-    /// One step, timed; `context` is the planned sequences' length after it.
-    fn step(&mut self, context: impl FnOnce(usize) -> usize) -> Result<Sample> {
+    /// One step, timed, on sequences of (cached, computed) tokens.
+    fn step(&mut self, seqs: &[(usize, usize)]) -> Result<Sample> {
         let t = Instant::now();
         let out = self.engine.step(0)?;
         let ms = t.elapsed().as_secs_f64() * 1000.0;
+        let (context_tokens, pairs) = shape(seqs);
+        let planned: usize = seqs.iter().map(|s| s.1).sum();
+        anyhow::ensure!(
+            out.batch_tokens == planned,
+            "calibration step computed {} tokens, expected {planned}",
+            out.batch_tokens
+        );
         Ok(Sample {
             batch_tokens: out.batch_tokens,
-            context_tokens: context(out.batch_tokens),
+            context_tokens,
+            pairs,
             ms,
         })
+    }
+
+    /// A prompt shared by every run at this length: computed once, then its
+    /// full pages come from the prefix cache.
+    fn cached_base(&mut self, len: usize) -> Result<Vec<u32>> {
+        let base: Vec<u32> = (0..len as u32).map(|i| (i * 7 + 3) % self.vocab).collect();
+        self.add(base.clone(), 1)?;
+        self.drain()?;
+        Ok(base)
     }
 
     fn drain(&mut self) -> Result<()> {
@@ -225,8 +282,21 @@ impl Grid {
             let prompt = self.fresh(len);
             self.add(prompt, 1)?;
         }
-        // Fresh prompts: each sequence's context is what it computes.
-        let sample = self.step(|batch| batch)?;
+        let sample = self.step(&vec![(0, len); seqs])?;
+        self.drain()?;
+        Ok(vec![sample])
+    }
+
+    /// `seqs` prompts of `new` fresh tokens after a cached `cached`-token prefix
+    /// (a multiple of the page size), prefilled in one step.
+    fn after_prefix(&mut self, seqs: usize, cached: usize, new: usize) -> Result<Vec<Sample>> {
+        let base = self.cached_base(cached)?;
+        for _ in 0..seqs {
+            let mut prompt = base.clone();
+            prompt.extend(self.fresh(new));
+            self.add(prompt, 1)?;
+        }
+        let sample = self.step(&vec![(cached, new); seqs])?;
         self.drain()?;
         Ok(vec![sample])
     }
@@ -234,13 +304,7 @@ impl Grid {
     /// `seqs` sequences decoding at about `context` tokens each.
     fn decode(&mut self, seqs: usize, context: usize) -> Result<Vec<Sample>> {
         const STEPS: usize = 4;
-        // The same shared prompt for every run at this context: computed once,
-        // then its full pages come from the prefix cache.
-        let base: Vec<u32> = (0..context as u32)
-            .map(|i| (i * 7 + 3) % self.vocab)
-            .collect();
-        self.add(base.clone(), 1)?;
-        self.drain()?;
+        let base = self.cached_base(context)?;
         let mut ids = Vec::new();
         for i in 0..seqs {
             let mut prompt = base.clone();
@@ -253,13 +317,13 @@ impl Grid {
         let mut samples = Vec::new();
         for _ in 0..STEPS {
             // Before a decode step a sequence holds prompt + generated tokens,
-            // all but the last in its KV; after it, all of them.
-            let lengths: usize = ids
+            // all but the last in its KV.
+            let seqs: Vec<(usize, usize)> = ids
                 .iter()
                 .filter_map(|&id| self.engine.info(id))
-                .map(|s| s.prompt_tokens + s.generated_tokens)
-                .sum();
-            samples.push(self.step(|_| lengths)?);
+                .map(|s| (s.prompt_tokens + s.generated_tokens - 1, 1))
+                .collect();
+            samples.push(self.step(&seqs)?);
         }
         self.drain()?;
         Ok(samples)
@@ -274,28 +338,32 @@ impl Grid {
 
 /// Weighted least squares (weights 1/ms^2) of `ms ~ a + b*batch + c*context`;
 /// a negative coefficient is dropped (fixed at 0) and the rest refitted.
-pub fn fit(samples: &[Sample]) -> Option<Fit> {
+pub fn fit(samples: &[Sample], attention: Attention) -> Option<Fit> {
     let mut free = [true; 3];
     loop {
-        let coef = solve_weighted(samples, free)?;
+        let coef = solve_weighted(samples, attention, free)?;
         match coef.iter().position(|&x| x < 0.0) {
             Some(i) => free[i] = false,
-            None => return Some(quality(samples, coef)),
+            None => return Some(quality(samples, attention, coef)),
         }
     }
 }
 
-fn features(s: &Sample) -> [f64; 3] {
-    [1.0, s.batch_tokens as f64, s.context_tokens as f64]
+fn features(s: &Sample, attention: Attention) -> [f64; 3] {
+    let third = match attention {
+        Attention::Context => s.context_tokens,
+        Attention::Pairs => s.pairs,
+    };
+    [1.0, s.batch_tokens as f64, third as f64]
 }
 
 /// Normal equations over the free terms; `None` if they are singular.
-fn solve_weighted(samples: &[Sample], free: [bool; 3]) -> Option<[f64; 3]> {
+fn solve_weighted(samples: &[Sample], attention: Attention, free: [bool; 3]) -> Option<[f64; 3]> {
     let idx: Vec<usize> = (0..3).filter(|&i| free[i]).collect();
     let n = idx.len();
     let mut m = vec![vec![0.0; n + 1]; n];
     for s in samples.iter().filter(|s| s.ms > 0.0) {
-        let x = features(s);
+        let x = features(s, attention);
         let w = 1.0 / (s.ms * s.ms);
         for (r, &i) in idx.iter().enumerate() {
             for (k, &j) in idx.iter().enumerate() {
@@ -332,7 +400,7 @@ fn gauss(mut m: Vec<Vec<f64>>) -> Option<Vec<f64>> {
     Some((0..n).map(|i| m[i][n] / m[i][i]).collect())
 }
 
-fn quality(samples: &[Sample], [a, b, c]: [f64; 3]) -> Fit {
+fn quality(samples: &[Sample], attention: Attention, [a, b, c]: [f64; 3]) -> Fit {
     let mut f = Fit {
         a,
         b,
@@ -343,7 +411,8 @@ fn quality(samples: &[Sample], [a, b, c]: [f64; 3]) -> Fit {
     let mean = samples.iter().map(|s| s.ms).sum::<f64>() / samples.len().max(1) as f64;
     let (mut res, mut tot) = (0.0, 0.0);
     for s in samples {
-        let p = f.predict(s.batch_tokens, s.context_tokens);
+        let x = features(s, attention);
+        let p = f.a + f.b * x[1] + f.c * x[2];
         res += (s.ms - p).powi(2);
         tot += (s.ms - mean).powi(2);
         if s.ms > 0.0 {
@@ -380,6 +449,7 @@ mod tests {
         Sample {
             batch_tokens: batch,
             context_tokens: context,
+            pairs: context,
             ms,
         }
     }
@@ -391,7 +461,7 @@ mod tests {
             .iter()
             .map(|&(b, c)| sample(b, c, truth(b, c)))
             .collect();
-        let f = fit(&samples).expect("well-posed");
+        let f = fit(&samples, Attention::Context).expect("well-posed");
         assert!(
             (f.a - 5.0).abs() < 1e-6 && (f.b - 0.5).abs() < 1e-8,
             "{f:?}"
@@ -408,9 +478,18 @@ mod tests {
             sample(1, 1000, 9.0),
             sample(100, 100, 110.0),
         ];
-        let f = fit(&samples).expect("fits");
+        let f = fit(&samples, Attention::Context).expect("fits");
         assert_eq!(f.c, 0.0);
         assert!(f.a > 0.0 && f.b > 0.0, "{f:?}");
+    }
+
+    #[test]
+    fn shapes_count_context_and_causal_pairs() {
+        // Decode at 100 tokens: 101 of context, 101 pairs; 4 tokens after 16 cached:
+        // 20 of context, 4 * 16 + (1 + 2 + 3 + 4) pairs.
+        assert_eq!(shape(&[(100, 1)]), (101, 101));
+        assert_eq!(shape(&[(16, 4)]), (20, 74));
+        assert_eq!(shape(&[(100, 1), (16, 4)]), (121, 175));
     }
 
     #[test]
