@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use pie_sim::metrics::markdown_table;
+use pie_sim::metrics::{class_table, markdown_table};
 use pie_sim::requests::{self, Input};
 use pie_sim::{run, PolicyName, RouterSpec, RunMetrics, SimConfig};
 
@@ -49,6 +49,9 @@ enum Command {
         /// per-client service over time) into this directory.
         #[arg(long)]
         plots: Option<PathBuf>,
+        /// Run every configuration without and with keep-session.
+        #[arg(long, conflicts_with = "keep_session")]
+        both_keep_session: bool,
     },
 }
 
@@ -82,6 +85,9 @@ struct Common {
     /// Override the profile's KV pages per worker.
     #[arg(long)]
     kv_pages: Option<usize>,
+    /// Override the profile's `max_running` (sequences a worker runs at once).
+    #[arg(long)]
+    max_running: Option<usize>,
     /// Run keep-session (retention by the `session` and `keep-ms` props).
     #[arg(long)]
     keep_session: bool,
@@ -100,6 +106,7 @@ fn simulate(
     common: &Common,
     policies: &[PolicyName],
     routers: &[RouterSpec],
+    keep_session: &[bool],
 ) -> Result<Vec<RunMetrics>> {
     let (workload, reqs) = requests::load(&Input {
         workload: &common.workload,
@@ -111,24 +118,25 @@ fn simulate(
         load: common.load,
     })?;
     let mut profile = pie_sim::profile::load(&common.profile)?;
-    if let Some(pages) = common.kv_pages {
-        profile.kv_pages = pages;
-    }
+    profile.kv_pages = common.kv_pages.unwrap_or(profile.kv_pages);
+    profile.max_running = common.max_running.unwrap_or(profile.max_running);
     let mut runs = Vec::new();
     for router in routers {
         for &policy in policies {
-            let mut cfg = SimConfig::new(common.workers, policy, router.clone(), profile.clone());
-            cfg.keep_session = common.keep_session;
-            let m = run(&cfg, &workload, &reqs)?;
-            eprintln!(
-                "{} / {}: {} events in {:.2} s ({:.2e} events/s)",
-                policy.label(),
-                m.router,
-                m.events,
-                m.wall_s,
-                m.events_per_s
-            );
-            runs.push(m);
+            for &keep in keep_session {
+                let mut cfg =
+                    SimConfig::new(common.workers, policy, router.clone(), profile.clone());
+                cfg.keep_session = keep;
+                let m = run(&cfg, &workload, &reqs)?;
+                eprintln!(
+                    "{}: {} events in {:.2} s ({:.2e} events/s)",
+                    pie_sim::plots::run_label(&m),
+                    m.events,
+                    m.wall_s,
+                    m.events_per_s
+                );
+                runs.push(m);
+            }
         }
     }
     if let Some(path) = &common.json {
@@ -149,6 +157,7 @@ fn main() -> Result<()> {
                 &common,
                 &[policy.parse().map_err(anyhow::Error::msg)?],
                 &[router.parse().map_err(anyhow::Error::msg)?],
+                &[common.keep_session],
             )?;
             println!("{}", serde_json::to_string_pretty(&runs)?);
         }
@@ -157,12 +166,17 @@ fn main() -> Result<()> {
             policies,
             router,
             plots,
+            both_keep_session,
         } => {
             let routers = router
                 .iter()
                 .map(|r| r.parse().map_err(anyhow::Error::msg))
                 .collect::<Result<Vec<RouterSpec>>>()?;
-            let runs = simulate(&common, &split(&policies)?, &routers)?;
+            let keep = match both_keep_session {
+                true => vec![false, true],
+                false => vec![common.keep_session],
+            };
+            let runs = simulate(&common, &split(&policies)?, &routers, &keep)?;
             let first = &runs[0];
             println!(
                 "{} on {} worker(s), {} requests, profile {}{}\n",
@@ -177,6 +191,10 @@ fn main() -> Result<()> {
                 }
             );
             print!("{}", markdown_table(&runs));
+            let classes = class_table(&runs);
+            if !classes.is_empty() {
+                print!("\nPer class:\n\n{classes}");
+            }
             if let Some(dir) = plots {
                 for path in pie_sim::plots::write(&dir, &runs)? {
                     eprintln!("wrote {}", path.display());

@@ -353,9 +353,10 @@ pub fn markdown_table(runs: &[RunMetrics]) -> String {
     );
     for r in runs {
         s.push_str(&format!(
-            "| {} | {} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} | {:.0} | {:.1}% | {:.3} | {} / {} | {} | {:.2e} |\n",
+            "| {} | {}{} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} | {:.0} | {:.1}% | {:.3} | {} / {} | {} | {:.2e} |\n",
             r.policy,
             r.router,
+            if r.keep_session { " +keep-session" } else { "" },
             r.ttft_ms.p50,
             r.ttft_ms.p90,
             r.ttft_ms.p99,
@@ -369,6 +370,39 @@ pub fn markdown_table(runs: &[RunMetrics]) -> String {
             r.preemptions,
             r.events_per_s,
         ));
+    }
+    s
+}
+
+/// Classes beyond which [`class_table`] is left out (e.g. one per prefix group).
+pub const MAX_TABLE_CLASSES: usize = 12;
+
+/// One row per run and request class (client, deadline class, priority, turn),
+/// when the runs have 2 to [`MAX_TABLE_CLASSES`] classes; empty otherwise.
+pub fn class_table(runs: &[RunMetrics]) -> String {
+    let classes = runs.first().map_or(0, |r| r.classes.len());
+    if !(2..=MAX_TABLE_CLASSES).contains(&classes) {
+        return String::new();
+    }
+    let mut s = String::from(
+        "| policy | router | class | requests | TTFT p50 / p90 ms | e2e p50 / p99 ms | deadline misses |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    for r in runs {
+        let keep = if r.keep_session { " +keep-session" } else { "" };
+        for (class, c) in &r.classes {
+            s.push_str(&format!(
+                "| {} | {}{keep} | {class} | {} | {:.0} / {:.0} | {:.0} / {:.0} | {} |\n",
+                r.policy,
+                r.router,
+                c.requests,
+                c.ttft_ms.p50,
+                c.ttft_ms.p90,
+                c.e2e_ms.p50,
+                c.e2e_ms.p99,
+                c.deadline_misses,
+            ));
+        }
     }
     s
 }
