@@ -1,7 +1,8 @@
 //! Inferlet processes: the record of one request (id, client, props, state,
 //! timestamps, token counts, output) and the events its watchers receive.
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use pie_core::{Props, SeqId};
@@ -105,12 +106,50 @@ pub struct ProcData {
     pub error: Option<String>,
 }
 
+/// How many processes are queued and running, kept up to date by their state
+/// changes so that load checks and scrapes do not scan the process table.
+#[derive(Debug, Default)]
+pub struct StateCounts {
+    queued: AtomicUsize,
+    running: AtomicUsize,
+}
+
+impl StateCounts {
+    pub fn get(&self, state: ProcState) -> usize {
+        match state {
+            ProcState::Queued => self.queued.load(Ordering::Relaxed),
+            ProcState::Running => self.running.load(Ordering::Relaxed),
+            _ => 0,
+        }
+    }
+
+    fn counter(&self, state: ProcState) -> Option<&AtomicUsize> {
+        match state {
+            ProcState::Queued => Some(&self.queued),
+            ProcState::Running => Some(&self.running),
+            _ => None,
+        }
+    }
+
+    fn moved(&self, from: ProcState, to: ProcState) {
+        if let Some(c) = self.counter(from) {
+            c.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some(c) = self.counter(to) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 pub struct Process {
     pub id: String,
     pub inferlet: String,
     pub client: String,
+    counts: Arc<StateCounts>,
     data: Mutex<ProcData>,
-    events: broadcast::Sender<ProcEvent>,
+    /// Dropped once the process is final, so that a finished record does not
+    /// keep its event buffer (`EVENT_BUFFER` slots) while it stays listed.
+    events: Mutex<Option<broadcast::Sender<ProcEvent>>>,
     seq: OnceLock<SeqId>,
 }
 
@@ -139,7 +178,9 @@ impl Process {
         client: String,
         props: Props,
         prompt_tokens: usize,
+        counts: Arc<StateCounts>,
     ) -> Self {
+        counts.queued.fetch_add(1, Ordering::Relaxed);
         let data = ProcData {
             props,
             state: ProcState::Queued,
@@ -156,14 +197,26 @@ impl Process {
             id,
             inferlet: inferlet.to_string(),
             client,
+            counts,
             data: Mutex::new(data),
-            events: broadcast::channel(EVENT_BUFFER).0,
+            events: Mutex::new(Some(broadcast::channel(EVENT_BUFFER).0)),
             seq: OnceLock::new(),
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ProcData> {
         self.data.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Callers hold the data lock, so events and state changes stay in order.
+    fn events(&self) -> std::sync::MutexGuard<'_, Option<broadcast::Sender<ProcEvent>>> {
+        self.events.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn send(&self, event: ProcEvent) {
+        if let Some(tx) = self.events().as_ref() {
+            let _ = tx.send(event);
+        }
     }
 
     pub fn snapshot(&self) -> ProcData {
@@ -207,13 +260,19 @@ impl Process {
     /// duplicate between the two.
     pub fn watch(&self) -> (ProcData, broadcast::Receiver<ProcEvent>) {
         let d = self.lock();
-        (d.clone(), self.events.subscribe())
+        let rx = match self.events().as_ref() {
+            Some(tx) => tx.subscribe(),
+            // Final: the snapshot says everything; the receiver is closed.
+            None => broadcast::channel(1).1,
+        };
+        (d.clone(), rx)
     }
 
     pub fn mark_running(&self) {
         let mut d = self.lock();
         if d.state == ProcState::Queued {
             d.state = ProcState::Running;
+            self.counts.moved(ProcState::Queued, ProcState::Running);
         }
     }
 
@@ -233,7 +292,7 @@ impl Process {
             completion_tokens,
             d.usage.prompt_tokens_details.cached_tokens,
         );
-        let _ = self.events.send(ProcEvent::Text(text));
+        self.send(ProcEvent::Text(text));
     }
 
     pub fn set_cached_tokens(&self, cached: usize) {
@@ -252,16 +311,18 @@ impl Process {
         if d.state.is_final() {
             return false;
         }
+        self.counts.moved(d.state, state);
         d.state = state;
         d.finish_reason = finish_reason;
         d.finished_ms = Some(now_ms());
         d.error = error.clone();
-        let _ = self.events.send(ProcEvent::Done {
+        self.send(ProcEvent::Done {
             state,
             finish_reason,
             usage: d.usage,
             error,
         });
+        self.events().take();
         true
     }
 }

@@ -17,7 +17,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use crate::engine::{Engine, EngineCounters, FinishReason, Request, SeqInfo};
 use crate::metrics::Metrics;
 use crate::policies::WorkerPolicies;
-use crate::process::{now_ms, ProcEvent, ProcState, Process};
+use crate::process::{now_ms, ProcEvent, ProcState, Process, StateCounts};
 use crate::trace::{TraceInput, TraceWriter};
 
 /// What the engine thread reports to one sequence's driver.
@@ -111,6 +111,36 @@ pub enum LaunchError {
 /// Finished processes stay visible in the API until this many records exist.
 const MAX_PROCESS_RECORDS: usize = 10_000;
 
+/// Processes by id, and their ids in launch order for dropping the oldest
+/// finished records first.
+#[derive(Default)]
+struct ProcessTable {
+    by_id: HashMap<String, Arc<Process>>,
+    order: VecDeque<String>,
+}
+
+impl ProcessTable {
+    /// Add `process`; past `MAX_PROCESS_RECORDS`, forget the oldest finished
+    /// ones. Unfinished ones met on the way go to the back (amortised O(1)).
+    fn insert(&mut self, process: Arc<Process>) {
+        let mut passes = self.order.len();
+        while self.by_id.len() >= MAX_PROCESS_RECORDS && passes > 0 {
+            passes -= 1;
+            let Some(id) = self.order.pop_front() else {
+                break;
+            };
+            match self.by_id.get(&id) {
+                Some(p) if !p.state().is_final() => self.order.push_back(id),
+                _ => {
+                    self.by_id.remove(&id);
+                }
+            }
+        }
+        self.order.push_back(process.id.clone());
+        self.by_id.insert(process.id.clone(), process);
+    }
+}
+
 pub struct RuntimeSettings {
     pub model_name: String,
     /// Reloadable: processes waiting to start before the API answers 429.
@@ -147,7 +177,8 @@ pub struct Runtime {
     http: reqwest::Client,
     commands: std_mpsc::Sender<Command>,
     kv_events: broadcast::Sender<Arc<KvEventBatch>>,
-    processes: Mutex<HashMap<String, Arc<Process>>>,
+    processes: Mutex<ProcessTable>,
+    state_counts: Arc<StateCounts>,
     sessions: Mutex<HashMap<String, Vec<ChatMessage>>>,
     next_id: AtomicU64,
 }
@@ -196,7 +227,8 @@ impl Runtime {
             http: reqwest::Client::new(),
             commands: tx,
             kv_events,
-            processes: Mutex::new(HashMap::new()),
+            processes: Mutex::new(ProcessTable::default()),
+            state_counts: Arc::default(),
             sessions: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
         })
@@ -340,15 +372,18 @@ impl Runtime {
         self.processes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .by_id
             .get(id)
             .cloned()
     }
 
+    /// Every process on record, oldest first.
     pub fn processes(&self) -> Vec<Arc<Process>> {
         let mut all: Vec<_> = self
             .processes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .by_id
             .values()
             .cloned()
             .collect();
@@ -356,13 +391,9 @@ impl Runtime {
         all
     }
 
+    /// Queued or running processes (O(1)).
     pub fn count_in(&self, state: ProcState) -> usize {
-        self.processes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .filter(|p| p.state() == state)
-            .count()
+        self.state_counts.get(state)
     }
 
     /// Metrics text with the process gauges brought up to date.
@@ -377,19 +408,10 @@ impl Runtime {
     }
 
     fn register(&self, process: Arc<Process>) {
-        let mut table = self.processes.lock().unwrap_or_else(|e| e.into_inner());
-        if table.len() >= MAX_PROCESS_RECORDS {
-            let mut done: Vec<(u64, String)> = table
-                .values()
-                .filter(|p| p.state().is_final())
-                .map(|p| (p.snapshot().created_ms, p.id.clone()))
-                .collect();
-            done.sort_unstable();
-            for (_, id) in done.iter().take(table.len() + 1 - MAX_PROCESS_RECORDS) {
-                table.remove(id);
-            }
-        }
-        table.insert(process.id.clone(), process);
+        self.processes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(process);
     }
 
     /// Start a process; the receiver sees all its events from the start.
@@ -423,6 +445,7 @@ impl Runtime {
             client,
             props.clone(),
             prompt.len(),
+            self.state_counts.clone(),
         ));
         let (_, events) = process.watch();
         self.register(process.clone());
@@ -934,5 +957,49 @@ fn notify(
         if tx.send(event).is_err() {
             gone.push(id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn process(i: usize, counts: &Arc<StateCounts>) -> Arc<Process> {
+        Arc::new(Process::new(
+            format!("proc-{i}"),
+            "text-completion",
+            "c".into(),
+            Props::new(),
+            1,
+            counts.clone(),
+        ))
+    }
+
+    #[test]
+    fn the_oldest_finished_records_go_first_and_counts_follow_states() {
+        let counts = Arc::new(StateCounts::default());
+        let mut table = ProcessTable::default();
+        for i in 0..MAX_PROCESS_RECORDS {
+            let p = process(i, &counts);
+            if i > 0 {
+                p.finish(ProcState::Finished, Some("stop"), None);
+            }
+            table.insert(p);
+        }
+        assert_eq!(counts.get(ProcState::Queued), 1);
+        table.by_id["proc-0"].mark_running();
+        assert_eq!(counts.get(ProcState::Queued), 0);
+        assert_eq!(counts.get(ProcState::Running), 1);
+        table.insert(process(MAX_PROCESS_RECORDS, &counts));
+        assert_eq!(table.by_id.len(), MAX_PROCESS_RECORDS);
+        assert!(
+            table.by_id.contains_key("proc-0"),
+            "a running process stays"
+        );
+        assert!(
+            !table.by_id.contains_key("proc-1"),
+            "the oldest finished one goes"
+        );
+        assert_eq!(counts.get(ProcState::Queued), 1);
     }
 }
