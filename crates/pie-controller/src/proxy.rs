@@ -199,7 +199,8 @@ fn hold_until_streamed(resp: Response, slot: InFlight) -> Response {
 type Shared = Arc<Controller>;
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, Json(json!({"error": {"message": message.into(), "type": if status.is_server_error() { "server_error" } else { "invalid_request_error" }, "param": null, "code": status.as_u16()}}))).into_response()
+    let body = pie_core::api_error::error_body(status.as_u16(), &message.into(), None);
+    (status, Json(body)).into_response()
 }
 
 fn now_ms() -> u64 {
@@ -537,7 +538,11 @@ impl Upstream {
     fn into_response(self) -> Response {
         let stream = self.body.map(|chunk| match chunk {
             Ok(b) => Ok::<Bytes, std::convert::Infallible>(b),
-            Err(e) => Ok(Bytes::from(format!("data: {}\n\n", json!({"error": {"message": format!("the worker's stream broke: {e}"), "type": "server_error", "param": null, "code": 502}})))),
+            Err(e) => {
+                let message = format!("the worker's stream broke: {e}");
+                let event = pie_core::api_error::error_body(502, &message, None);
+                Ok(Bytes::from(format!("data: {event}\n\n")))
+            }
         });
         let mut out = Response::new(Body::from_stream(stream));
         *out.status_mut() = self.status;

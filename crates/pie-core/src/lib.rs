@@ -4,6 +4,7 @@
 //! Everything here is plain data so that every other crate (policies, KV cache,
 //! model, binaries, simulator) can depend on it without pulling in I/O.
 
+pub mod api_error;
 pub mod auth;
 pub mod hash;
 pub mod ids;

@@ -70,22 +70,15 @@ impl ApiError {
         self.param = Some(param.to_string());
         self
     }
-
-    fn kind(&self) -> &'static str {
-        match self.status {
-            StatusCode::UNAUTHORIZED => "authentication_error",
-            StatusCode::NOT_FOUND => "not_found_error",
-            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
-            StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
-            s if s.is_server_error() => "server_error",
-            _ => "invalid_request_error",
-        }
-    }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"message": self.message, "type": self.kind(), "param": self.param, "code": self.status.as_u16()}});
+        let body = pie_core::api_error::error_body(
+            self.status.as_u16(),
+            &self.message,
+            self.param.as_deref(),
+        );
         let mut resp = (self.status, Json(body)).into_response();
         if let Some(secs) = self.retry_after {
             resp.headers_mut()
