@@ -691,16 +691,28 @@ async fn client_keys_guard_the_controller_and_name_the_client_on_workers() {
         .unwrap();
     assert_eq!(r.status(), 401);
     let body: Value = r.json().await.unwrap();
-    assert!(body["error"]["message"].as_str().unwrap().contains("API key"), "{body}");
-    let health = anonymous.get(format!("{}/health", c.controller.url)).send().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("API key"),
+        "{body}"
+    );
+    let health = anonymous
+        .get(format!("{}/health", c.controller.url))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(health.status(), 200, "health stays open");
 
     // Alice's key names her as the client on the worker, even if she claims otherwise.
     let r: Value = c
         .http
         .post(format!("{}/v1/processes", c.controller.url))
-        .json(&json!({"inferlet": "text-completion", "args": {"prompt": "hi", "max_tokens": 2},
-                      "props": {"client": "mallory"}}))
+        .json(
+            &json!({"inferlet": "text-completion", "args": {"prompt": "hi", "max_tokens": 2},
+                      "props": {"client": "mallory"}}),
+        )
         .send()
         .await
         .unwrap()
