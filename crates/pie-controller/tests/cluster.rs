@@ -132,15 +132,25 @@ struct Spec<'a> {
     client_key: Option<&'a str>,
 }
 
-impl Cluster {
-    async fn start(policies: &str, kv_pages: &str) -> Cluster {
-        Cluster::start_with(Spec {
+impl<'a> Spec<'a> {
+    /// Three plain workers, no extra configuration.
+    fn new(policies: &'a str) -> Self {
+        Spec {
             policies,
             workers: 3,
-            worker_args: &["--kv-pages", kv_pages],
+            worker_args: &["--kv-pages", "512"],
             cluster_config: "",
             relayed: false,
             client_key: None,
+        }
+    }
+}
+
+impl Cluster {
+    async fn start(policies: &str, kv_pages: &str) -> Cluster {
+        Cluster::start_with(Spec {
+            worker_args: &["--kv-pages", kv_pages],
+            ..Spec::new(policies)
         })
         .await
     }
@@ -470,12 +480,9 @@ fn cached_in_reason(route: &str) -> usize {
 #[tokio::test]
 async fn kv_events_lost_while_disconnected_are_repaired_by_the_snapshot_on_reconnect() {
     let c = Cluster::start_with(Spec {
-        policies: "cache-aware",
         workers: 1,
-        worker_args: &["--kv-pages", "256"],
-        cluster_config: "",
         relayed: true,
-        client_key: None,
+        ..Spec::new("cache-aware")
     })
     .await;
     let worker_url = c.workers[0].as_ref().unwrap().url.clone();
@@ -545,12 +552,9 @@ async fn open_stream(c: &Cluster) -> reqwest::Response {
 #[tokio::test]
 async fn cluster_priority_admits_high_priority_first_and_bounds_the_queue() {
     let c = Cluster::start_with(Spec {
-        policies: "cluster-priority,least-loaded",
-        workers: 3,
         worker_args: &["--kv-pages", "512", "--max-running", "1"],
         cluster_config: "max_queued = 4",
-        relayed: false,
-        client_key: None,
+        ..Spec::new("cluster-priority,least-loaded")
     })
     .await;
     let mut holds = Vec::new();
@@ -609,12 +613,8 @@ async fn cluster_priority_admits_high_priority_first_and_bounds_the_queue() {
 #[tokio::test]
 async fn killing_a_worker_mid_load_loses_no_request_that_had_not_started_streaming() {
     let mut c = Cluster::start_with(Spec {
-        policies: "least-loaded",
-        workers: 3,
         worker_args: &["--kv-pages", "512", "--max-running", "1"],
-        cluster_config: "",
-        relayed: false,
-        client_key: None,
+        ..Spec::new("least-loaded")
     })
     .await;
     let mut tasks = Vec::new();
@@ -674,12 +674,11 @@ async fn client_keys_guard_the_controller_and_name_the_client_on_workers() {
     )
     .unwrap();
     let c = Cluster::start_with(Spec {
-        policies: "least-loaded",
         workers: 1,
         worker_args: &["--config", worker_cfg.to_str().unwrap()],
         cluster_config: "worker_key = \"sk-ctl\"\n[server]\napi_keys = [{ name = \"alice\", key = \"sk-alice\" }]",
-        relayed: false,
         client_key: Some("sk-alice"),
+        ..Spec::new("least-loaded")
     })
     .await;
     let anonymous = reqwest::Client::new();
