@@ -13,6 +13,5 @@ pub mod policies;
 pub mod process;
 pub mod runtime;
 pub mod serve;
-pub mod trace;
 
 pub use engine::{Engine, EngineConfig, FinishReason, Request};

@@ -18,7 +18,7 @@ use crate::engine::{Engine, EngineCounters, FinishReason, Request, SeqInfo};
 use crate::metrics::Metrics;
 use crate::policies::WorkerPolicies;
 use crate::process::{now_ms, ProcEvent, ProcState, Process, StateCounts};
-use crate::trace::{TraceInput, TraceWriter};
+use pie_workload::{TraceInput, TraceRecorder};
 
 /// What the engine thread reports to one sequence's driver.
 #[derive(Debug)]
@@ -146,7 +146,7 @@ pub struct RuntimeSettings {
     /// Reloadable: processes waiting to start before the API answers 429.
     pub max_queued: AtomicUsize,
     /// `[server] trace_file`: finished processes are recorded here.
-    pub trace: Option<TraceWriter>,
+    pub trace: Option<TraceRecorder>,
 }
 
 /// KV event batches kept for slow subscribers; one that falls further behind
@@ -649,7 +649,9 @@ impl Driver {
         self.count_deadline_miss();
         if let (Some(trace), Some(input)) = (&self.rt.settings.trace, &self.trace_input) {
             let p = self.process.snapshot();
-            trace.record(input.clone(), p.usage.completion_tokens, &p.props);
+            if let Err(e) = trace.record(input.clone(), p.usage.completion_tokens, &p.props) {
+                tracing::warn!("server.trace_file: cannot write: {e}");
+            }
         }
         if let Some((session, mut messages)) = self.session_messages.clone() {
             messages.push(ChatMessage {

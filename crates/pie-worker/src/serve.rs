@@ -17,7 +17,6 @@ use crate::fetch;
 use crate::metrics::Metrics;
 use crate::policies::WorkerPolicies;
 use crate::runtime::{Runtime, RuntimeSettings};
-use crate::trace::TraceWriter;
 
 /// Reads the configuration again (the file plus the command line's overrides).
 pub type Reloader = Arc<dyn Fn() -> Result<Config> + Send + Sync>;
@@ -190,7 +189,7 @@ fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
     });
     let engine = Engine::new(model, engine_config, Box::new(pie_policy::Fcfs));
     let trace = match &config.server.trace_file {
-        Some(path) => Some(TraceWriter::open(path).map_err(|e| {
+        Some(path) => Some(pie_workload::TraceRecorder::open(path).map_err(|e| {
             anyhow::anyhow!("server.trace_file: cannot open {}: {e}", path.display())
         })?),
         None => None,

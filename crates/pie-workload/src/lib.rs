@@ -2,12 +2,15 @@
 //! cost model) share, so that both measure the same thing: the seeded workload
 //! generators, the trace format (`trace.rs`) that `pie serve` records and both
 //! replay, and the step-time cost profile that `pie bench --calibrate` writes
-//! and the simulator reads. Pure: no I/O beyond (de)serialisation, no clock.
+//! and the simulator reads. Pure (no clock, no I/O beyond (de)serialisation)
+//! except `recorder.rs`, which appends trace lines to a file.
 
 pub mod cost;
+pub mod recorder;
 pub mod trace;
 pub mod workload;
 
 pub use cost::CostProfile;
+pub use recorder::{TraceInput, TraceRecorder};
 pub use trace::{read_trace, trace_block_ids, trace_requests, TraceRecord, TRACE_BLOCK_TOKENS};
 pub use workload::{Request, Segment, WorkloadSpec};

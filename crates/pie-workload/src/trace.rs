@@ -21,7 +21,8 @@ pub const TRACE_BLOCK_TOKENS: usize = 512;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TraceRecord {
-    /// Arrival, in milliseconds since the start of the trace.
+    /// Arrival in milliseconds: since the trace's start in published traces,
+    /// Unix time in recorded ones (`read_trace` rebases both to the first).
     pub timestamp: u64,
     pub input_length: u32,
     pub output_length: u32,
@@ -51,7 +52,9 @@ const TRACE_BLOCK: u64 = 11;
 const TRACE_TAIL: u64 = 12;
 const TRACE_OUTPUT: u64 = 13;
 
-/// The records of a JSONL trace (blank lines skipped); an error names the line.
+/// The records of a JSONL trace (blank lines skipped; an error names the line),
+/// in arrival order with time counted from the first (recorded traces hold Unix
+/// milliseconds and are written in finish order).
 pub fn read_trace(reader: impl BufRead) -> Result<Vec<TraceRecord>, String> {
     let mut records = Vec::new();
     for (i, line) in reader.lines().enumerate() {
@@ -61,6 +64,11 @@ pub fn read_trace(reader: impl BufRead) -> Result<Vec<TraceRecord>, String> {
         }
         let record = serde_json::from_str(&line).map_err(|e| format!("line {}: {e}", i + 1))?;
         records.push(record);
+    }
+    records.sort_by_key(|r: &TraceRecord| r.timestamp);
+    let start = records.first().map_or(0, |r| r.timestamp);
+    for r in &mut records {
+        r.timestamp -= start;
     }
     Ok(records)
 }
