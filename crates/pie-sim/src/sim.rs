@@ -128,6 +128,8 @@ struct Seq {
     client: u32,
     /// The request it serves (index into the workload and the records).
     req: u32,
+    /// Tokens served while load was offered, added to its client's at finish.
+    window_tokens: u64,
 }
 
 impl Seq {
@@ -145,6 +147,10 @@ struct Retained {
 
 struct Worker {
     policy: Box<dyn WorkerPolicy>,
+    /// Its live sequences by slot (the low bits of their `SeqId`); finished
+    /// slots are reused, so a worker's sequences stay together in memory.
+    seqs: Vec<Option<Seq>>,
+    free_slots: Vec<u32>,
     /// Every sequence on the worker, in the policy's last order (plus arrivals).
     cands: Vec<Candidate>,
     cache: PrefixCache,
@@ -163,10 +169,6 @@ struct Sim<'a> {
     reqs: &'a [Request],
     keep: Option<KeepSession>,
     workers: Vec<Worker>,
-    /// Live sequences by slot (the low bits of their `SeqId`); finished slots
-    /// are reused, so the live ones stay dense in memory.
-    seqs: Vec<Option<Seq>>,
-    free_slots: Vec<u32>,
     /// Sequences admitted so far: the high bits of the next `SeqId`.
     arrivals: u64,
     records: Vec<Record>,
@@ -186,7 +188,7 @@ struct Sim<'a> {
 const FINGERPRINT: ModelFingerprint = ModelFingerprint(0x51_u64);
 const MEMO_CAPACITY: usize = 4096;
 /// A `SeqId` is the sequence's arrival number (as the engine numbers them, so
-/// policies break ties in arrival order) above its slot in `seqs`.
+/// policies break ties in arrival order) above its slot in its worker's `seqs`.
 const SLOT_BITS: u32 = 24;
 
 fn slot(seq: SeqId) -> usize {
@@ -247,6 +249,8 @@ impl<'a> Sim<'a> {
         let workers = (0..cfg.workers)
             .map(|_| Worker {
                 policy: policy(),
+                seqs: Vec::new(),
+                free_slots: Vec::new(),
                 cands: Vec::new(),
                 cache: PrefixCache::new(track),
                 private_pages: 0,
@@ -277,8 +281,6 @@ impl<'a> Sim<'a> {
                 .keep_session
                 .then(|| KeepSession::new(KeepSessionConfig::default())),
             workers,
-            seqs: Vec::new(),
-            free_slots: Vec::new(),
             arrivals: 0,
             records: vec![Record::default(); reqs.len()],
             followers,
@@ -328,13 +330,9 @@ impl<'a> Sim<'a> {
             self.reject(r, now);
             return Ok(());
         };
-        let n_clients = self.client_ids.len() as u32;
-        let client = *self
-            .client_ids
-            .entry(req.client.clone())
-            .or_insert(n_clients);
-        let slot = self.new_slot()?;
-        self.seqs[slot] = Some(Seq {
+        let client = self.client_id(&req.client);
+        let slot = self.new_slot(w)?;
+        self.workers[w].seqs[slot] = Some(Seq {
             hashes,
             prompt_len: prompt_len as u32,
             max_tokens: max_tokens as u32,
@@ -344,6 +342,7 @@ impl<'a> Sim<'a> {
             published: 0,
             client,
             req: r as u32,
+            window_tokens: 0,
         });
         self.records[r].worker = w as u32;
         self.records[r].prompt_tokens = prompt_len as u32;
@@ -362,17 +361,28 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
-    fn new_slot(&mut self) -> anyhow::Result<usize> {
+    /// A dense id per client name (allocating only for a new client).
+    fn client_id(&mut self, name: &str) -> u32 {
+        if let Some(&id) = self.client_ids.get(name) {
+            return id;
+        }
+        let id = self.client_ids.len() as u32;
+        self.client_ids.insert(name.to_string(), id);
+        id
+    }
+
+    fn new_slot(&mut self, w: usize) -> anyhow::Result<usize> {
         self.arrivals += 1;
-        if let Some(s) = self.free_slots.pop() {
+        let worker = &mut self.workers[w];
+        if let Some(s) = worker.free_slots.pop() {
             return Ok(s as usize);
         }
         anyhow::ensure!(
-            self.seqs.len() < 1 << SLOT_BITS,
-            "more than 2^{SLOT_BITS} live sequences"
+            worker.seqs.len() < 1 << SLOT_BITS,
+            "more than 2^{SLOT_BITS} live sequences on worker {w}"
         );
-        self.seqs.push(None);
-        Ok(self.seqs.len() - 1)
+        worker.seqs.push(None);
+        Ok(worker.seqs.len() - 1)
     }
 
     /// Refused: too long for a worker's pool, or by a cluster policy.
@@ -466,8 +476,9 @@ impl<'a> Sim<'a> {
     /// pages or computed tokens changed (instead of refreshing every candidate
     /// before each step).
     fn sync_candidate(&mut self, w: usize, ci: usize) {
-        let c = &mut self.workers[w].cands[ci];
-        let s = self.seqs[slot(c.seq)]
+        let worker = &mut self.workers[w];
+        let c = &mut worker.cands[ci];
+        let s = worker.seqs[slot(c.seq)]
             .as_ref()
             .expect("a candidate's sequence exists");
         c.running = s.pages > 0;
@@ -476,7 +487,7 @@ impl<'a> Sim<'a> {
 
     fn candidates_are_current(&self, w: usize) -> bool {
         self.workers[w].cands.iter().all(|c| {
-            let s = self.seq(slot(c.seq));
+            let s = self.seq(w, slot(c.seq));
             c.running == (s.pages > 0)
                 && c.prefill_tokens == s.prompt_len.saturating_sub(s.len) as usize
         })
@@ -498,7 +509,7 @@ impl<'a> Sim<'a> {
             if budget == 0 {
                 break;
             }
-            let was_running = self.seq(id).pages > 0;
+            let was_running = self.seq(w, id).pages > 0;
             if !was_running {
                 if running >= cfg.max_running {
                     if !(preempts && self.preempt_last(w, &order, rank + 1)) {
@@ -513,12 +524,12 @@ impl<'a> Sim<'a> {
                 Some(n) => {
                     if !was_running {
                         running += 1;
-                        self.note_first_admission(id);
+                        self.note_first_admission(w, id);
                     }
                     budget -= n;
                     plan.push((rank, n));
                     batch += n as usize;
-                    context += (self.seq(id).len + n) as usize;
+                    context += (self.seq(w, id).len + n) as usize;
                 }
                 None if !was_running => self.release(w, id),
                 None => {}
@@ -529,8 +540,8 @@ impl<'a> Sim<'a> {
         (batch, context)
     }
 
-    fn seq(&self, id: usize) -> &Seq {
-        self.seqs[id].as_ref().expect("sequence exists")
+    fn seq(&self, w: usize, id: usize) -> &Seq {
+        self.workers[w].seqs[id].as_ref().expect("sequence exists")
     }
 
     fn seq_mut(seqs: &mut [Option<Seq>], id: usize) -> &mut Seq {
@@ -540,8 +551,9 @@ impl<'a> Sim<'a> {
     /// Share the longest cached prefix, leaving at least one token to compute.
     fn attach_prefix(&mut self, w: usize, id: usize) {
         let ps = self.cfg.profile.page_size as u32;
-        let cache = &mut self.workers[w].cache;
-        let s = Self::seq_mut(&mut self.seqs, id);
+        let worker = &mut self.workers[w];
+        let cache = &mut worker.cache;
+        let s = Self::seq_mut(&mut worker.seqs, id);
         let usable = ((s.tokens() - 1) / ps) as usize;
         let mut hit = 0;
         for h in s.hashes.iter().take(usable) {
@@ -555,8 +567,8 @@ impl<'a> Sim<'a> {
         s.len = hit * ps;
     }
 
-    fn note_first_admission(&mut self, id: usize) {
-        let s = self.seqs[id].as_ref().expect("sequence exists");
+    fn note_first_admission(&mut self, w: usize, id: usize) {
+        let s = self.workers[w].seqs[id].as_ref().expect("sequence exists");
         let rec = &mut self.records[s.req as usize];
         if rec.cached_tokens.is_none() {
             let hit = s.len.min(s.prompt_len);
@@ -569,7 +581,7 @@ impl<'a> Sim<'a> {
     /// does, so eviction keeps prefixes reachable.
     fn release(&mut self, w: usize, id: usize) {
         let worker = &mut self.workers[w];
-        let s = Self::seq_mut(&mut self.seqs, id);
+        let s = Self::seq_mut(&mut worker.seqs, id);
         for h in s.hashes[..s.published as usize].iter().rev() {
             worker.cache.release(*h);
         }
@@ -584,7 +596,7 @@ impl<'a> Sim<'a> {
     fn preempt_last(&mut self, w: usize, order: &[usize], from: usize) -> bool {
         let Some(ci) = (from..order.len())
             .rev()
-            .find(|&i| self.seq(order[i]).pages > 0)
+            .find(|&i| self.seq(w, order[i]).pages > 0)
         else {
             return false;
         };
@@ -609,7 +621,7 @@ impl<'a> Sim<'a> {
     ) -> Option<u32> {
         let ps = self.cfg.profile.page_size as u32;
         loop {
-            let s = self.seq(id);
+            let s = self.seq(w, id);
             let (len, pages) = (s.len, s.pages);
             let want = (s.tokens() - len).min(budget);
             let available = (self.free_pages(w) + self.workers[w].cache.evictable()) as u32;
@@ -633,7 +645,7 @@ impl<'a> Sim<'a> {
                 }
             }
             self.workers[w].private_pages += need as usize;
-            Self::seq_mut(&mut self.seqs, id).pages += need;
+            Self::seq_mut(&mut self.workers[w].seqs, id).pages += need;
             return Some(n);
         }
     }
@@ -690,7 +702,7 @@ impl<'a> Sim<'a> {
             .map(|(i, _)| i)
             .collect();
         for &i in expired.iter().rev() {
-            let req = self.seq(slot(self.workers[w].cands[i].seq)).req;
+            let req = self.seq(w, slot(self.workers[w].cands[i].seq)).req;
             self.records[req as usize].expired = true;
             self.finish(w, i, now);
         }
@@ -704,7 +716,7 @@ impl<'a> Sim<'a> {
         let in_window = now <= self.window_end_us;
         for &(ci, n) in &plan {
             let worker = &mut self.workers[w];
-            let s = Self::seq_mut(&mut self.seqs, slot(worker.cands[ci].seq));
+            let s = Self::seq_mut(&mut worker.seqs, slot(worker.cands[ci].seq));
             let new_len = s.len + n;
             let prefill = s.prompt_len.clamp(s.len, new_len) - s.len;
             let full = ((new_len / ps) as usize).min(s.hashes.len()) as u32;
@@ -730,11 +742,7 @@ impl<'a> Sim<'a> {
             self.counters.prefill_tokens += u64::from(prefill);
             self.counters.decode_tokens += u64::from(n - prefill);
             if in_window {
-                let c = s.client as usize;
-                if self.counters.window_service.len() <= c {
-                    self.counters.window_service.resize(c + 1, 0);
-                }
-                self.counters.window_service[c] += u64::from(prefill + generated);
+                s.window_tokens += u64::from(prefill + generated);
             }
             worker
                 .policy
@@ -753,8 +761,10 @@ impl<'a> Sim<'a> {
     fn finish(&mut self, w: usize, ci: usize, now: u64) {
         let cand = self.workers[w].cands.swap_remove(ci);
         let id = slot(cand.seq);
-        let s = self.seqs[id].take().expect("finishing sequence exists");
-        self.free_slots.push(id as u32);
+        let s = self.workers[w].seqs[id]
+            .take()
+            .expect("finishing sequence exists");
+        self.workers[w].free_slots.push(id as u32);
         let req = s.req as usize;
         let rec = &mut self.records[req];
         rec.finish_us = Some(now);
@@ -764,6 +774,12 @@ impl<'a> Sim<'a> {
             .filter(|_| !rec.expired)
             .and_then(|k| k.retention(&cand.props, now / 1000));
         rec.generated_tokens = s.generated;
+        let c = s.client as usize;
+        let window = &mut self.counters.window_service;
+        if window.len() <= c {
+            window.resize(c + 1, 0);
+        }
+        window[c] += s.window_tokens;
         match retention {
             Some(r) => {
                 let mut hashes = s.hashes;
