@@ -98,9 +98,15 @@ pub struct Client {
 }
 
 impl Client {
+    /// A client of `base`; its sockets set `TCP_NODELAY`, so a small write is
+    /// never held back waiting for the server's (delayed) ACK.
     pub fn new(base: &str) -> Self {
+        let http = reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .build()
+            .unwrap_or_else(|_| reqwest::Client::new());
         Self {
-            http: reqwest::Client::new(),
+            http,
             base: base.trim_end_matches('/').to_string(),
         }
     }
@@ -173,17 +179,25 @@ impl Client {
         };
         let mut parser = SseParser::default();
         let mut bytes = resp.bytes_stream();
+        let mut done = false;
+        // Read to the end of the body even after `[DONE]`, so the connection
+        // goes back to the pool instead of being dropped mid-response.
         while let Some(chunk) = bytes.next().await {
             let chunk = chunk.map_err(|e| ClientError::Stream(e.to_string()))?;
             for data in parser.push(&chunk) {
                 if data == "[DONE]" {
                     c.e2e = start.elapsed();
-                    return Ok(c);
+                    done = true;
+                } else if !done {
+                    read_chunk(&mut c, &data, start.elapsed())?;
                 }
-                read_chunk(&mut c, &data, start.elapsed())?;
             }
         }
-        Err(ClientError::Stream("the stream ended before [DONE]".into()))
+        if done {
+            Ok(c)
+        } else {
+            Err(ClientError::Stream("the stream ended before [DONE]".into()))
+        }
     }
 }
 
