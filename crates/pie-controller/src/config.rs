@@ -29,6 +29,9 @@ pub struct ServerConfig {
     pub api_keys: Vec<ApiKey>,
     /// A file of `name key` lines.
     pub api_keys_file: Option<PathBuf>,
+    /// Record routed OpenAI requests as a Mooncake-format JSONL trace (needs
+    /// `[model] path` to count and hash prompt tokens). Unset: no trace.
+    pub trace_file: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -38,6 +41,7 @@ impl Default for ServerConfig {
             port: 9090,
             api_keys: Vec::new(),
             api_keys_file: None,
+            trace_file: None,
         }
     }
 }

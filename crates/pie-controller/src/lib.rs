@@ -10,3 +10,4 @@ pub mod kv_sync;
 pub mod metrics;
 pub mod proxy;
 pub mod registry;
+pub mod trace;

@@ -13,6 +13,7 @@ use pie_controller::registry::Registry;
 use pie_model::gguf::GgufFile;
 use pie_model::Tokenizer;
 use pie_policy::cluster::PriorityQueue;
+use pie_workload::TraceRecorder;
 
 #[derive(Parser)]
 #[command(
@@ -81,6 +82,7 @@ fn main() -> Result<()> {
         queue: Mutex::new(PriorityQueue::new(config.cluster.max_queued)),
         woken: Default::default(),
         api_keys: RwLock::new(config.server.api_keys()?),
+        trace: trace_recorder(&config)?,
         tokenizer,
         http: reqwest::Client::new(),
         worker_key: config.cluster.worker_key.clone(),
@@ -118,6 +120,20 @@ fn main() -> Result<()> {
             axum::serve(listener, router(ctl)).await?;
             Ok(())
         })
+}
+
+/// The `[server] trace_file` recorder; tracing needs the tokenizer.
+fn trace_recorder(config: &Config) -> Result<Option<TraceRecorder>> {
+    let Some(path) = &config.server.trace_file else {
+        return Ok(None);
+    };
+    anyhow::ensure!(
+        config.model.path.is_some(),
+        "server.trace_file needs [model] path (or --model): the trace counts and hashes prompt tokens"
+    );
+    let recorder = TraceRecorder::open(path)
+        .with_context(|| format!("server.trace_file: cannot open {}", path.display()))?;
+    Ok(Some(recorder))
 }
 
 /// SIGHUP re-reads the config file: `cluster_policies` (and their sections) and

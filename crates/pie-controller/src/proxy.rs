@@ -21,11 +21,13 @@ use pie_core::auth::{authenticate, ApiKey};
 use pie_core::{PropValue, Props};
 use pie_model::{ChatMessage, Tokenizer};
 use pie_policy::cluster::{record, route, ClusterPolicy, PriorityQueue, RouteRequest};
+use pie_workload::{TraceInput, TraceRecorder};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use crate::metrics::{ControllerMetrics, RouteLabels};
 use crate::registry::Registry;
+use crate::trace::TracedRequest;
 
 pub struct Controller {
     pub registry: Registry,
@@ -42,6 +44,8 @@ pub struct Controller {
     pub worker_key: Option<String>,
     /// Client keys (`[server] api_keys`); empty: no authentication.
     pub api_keys: RwLock<Vec<ApiKey>>,
+    /// `[server] trace_file`: routed OpenAI requests are recorded here.
+    pub trace: Option<TraceRecorder>,
 }
 
 /// The name of the client key that authenticated a request.
@@ -163,10 +167,11 @@ impl Drop for SlotTicket {
 }
 
 /// A request occupying a running slot on `worker` until its response body is
-/// dropped (fully streamed or abandoned by the client).
+/// dropped (fully streamed or abandoned by the client); then it is traced.
 struct InFlight {
     ctl: Arc<Controller>,
     worker: String,
+    traced: Option<TracedRequest>,
 }
 
 impl InFlight {
@@ -175,6 +180,7 @@ impl InFlight {
         Self {
             ctl: ctl.clone(),
             worker: worker.to_string(),
+            traced: None,
         }
     }
 }
@@ -183,14 +189,22 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.ctl.registry.count_finished(&self.worker);
         self.ctl.release_waiters();
+        if let (Some(recorder), Some(t)) = (&self.ctl.trace, self.traced.take()) {
+            let output = t.output_length();
+            if let Err(e) = recorder.record(t.input, output, &t.props) {
+                tracing::warn!("server.trace_file: cannot write: {e}");
+            }
+        }
     }
 }
 
 /// `resp` with its body holding `slot` until the body is dropped.
-fn hold_until_streamed(resp: Response, slot: InFlight) -> Response {
+fn hold_until_streamed(resp: Response, mut slot: InFlight) -> Response {
     resp.map(|body| {
         Body::from_stream(body.into_data_stream().map(move |chunk| {
-            let _held = &slot;
+            if let (Some(t), Ok(bytes)) = (&mut slot.traced, &chunk) {
+                t.observe(bytes);
+            }
             chunk
         }))
     })
@@ -379,6 +393,7 @@ async fn generate(
         Ok(v) => v,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
+    let arrival_ms = now_ms();
     let mut ticket = match ctl.wait_for_slot(&props).await {
         Ok(ticket) => ticket,
         Err(refused) => return refused,
@@ -418,8 +433,12 @@ async fn generate(
         } else {
             format!("retry after connection failure: {}", view.name)
         };
-        let slot = InFlight::begin(&ctl, &view.name);
+        let mut slot = InFlight::begin(&ctl, &view.name);
         drop(ticket.take());
+        if ctl.trace.is_some() && path != "/v1/processes" {
+            let input = TraceInput::of(&tokens, arrival_ms);
+            slot.traced = Some(TracedRequest::new(input, props.clone()));
+        }
         let sent = send(
             &ctl,
             method.clone(),

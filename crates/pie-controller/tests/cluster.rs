@@ -722,3 +722,47 @@ async fn client_keys_guard_the_controller_and_name_the_client_on_workers() {
     let p: Value = serde_json::from_str(&c.get_text(&format!("/v1/processes/{id}")).await).unwrap();
     assert_eq!(p["client"], "alice", "{p}");
 }
+
+#[tokio::test]
+async fn the_controller_records_routed_requests_as_a_trace() {
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("controller-trace-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let config = format!("[server]\ntrace_file = {:?}", path.to_str().unwrap());
+    let c = Cluster::start_with(Spec {
+        workers: 1,
+        cluster_config: &config,
+        ..Spec::new("least-loaded")
+    })
+    .await;
+    let prompt: Vec<u32> = (0..530).map(|i| 32 + i % 90).collect();
+    let (status, _, _, body) = c
+        .complete(json!({"prompt": prompt, "max_tokens": 4, "ignore_eos": true, "props": {"priority": 3}}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let r = c
+        .http
+        .post(format!("{}/v1/completions", c.controller.url))
+        .json(&json!({"prompt": [40, 41, 42], "max_tokens": 5, "ignore_eos": true, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    r.text().await.unwrap();
+    wait_for("two trace lines", async || {
+        std::fs::read_to_string(&path).is_ok_and(|t| t.lines().count() == 2)
+    })
+    .await;
+    let text = std::fs::read_to_string(&path).unwrap();
+    let records = pie_workload::trace::read_trace(text.as_bytes()).unwrap();
+    assert_eq!(
+        (records[0].input_length, records[0].output_length),
+        (530, 4)
+    );
+    assert_eq!(records[0].hash_ids.len(), 2, "512 + 18 tokens");
+    assert_eq!(records[0].props.int("priority"), Some(3));
+    assert_eq!(
+        (records[1].input_length, records[1].output_length),
+        (3, 5),
+        "a stream without usage: its token chunks"
+    );
+}

@@ -349,17 +349,37 @@ fn stream_response(
     let body = events.flat_map(move |e| {
         let out: Vec<Event> = match e {
             ProcEvent::Text(t) if t.is_empty() => Vec::new(),
-            ProcEvent::Text(t) => vec![data(meta.body(true, json!([meta.kind.choice(&t, None, true)]), None))],
-            ProcEvent::Done { state: ProcState::Finished, finish_reason, usage, .. } => {
-                let mut v = vec![data(meta.body(true, json!([meta.kind.choice("", finish_reason, true)]), None))];
+            ProcEvent::Text(t) => vec![data(meta.body(
+                true,
+                json!([meta.kind.choice(&t, None, true)]),
+                None,
+            ))],
+            ProcEvent::Done {
+                state: ProcState::Finished,
+                finish_reason,
+                usage,
+                ..
+            } => {
+                let mut v = vec![data(meta.body(
+                    true,
+                    json!([meta.kind.choice("", finish_reason, true)]),
+                    None,
+                ))];
                 if include_usage {
                     v.push(data(meta.body(true, json!([]), Some(usage))));
+                } else {
+                    // SSE clients skip comments; a controller reads the count from it.
+                    v.push(Event::default().comment(format!("pie-usage {}", json!(usage))));
                 }
                 v
             }
             ProcEvent::Done { state, error, .. } => {
                 let e = failure(state, error);
-                vec![data(json!({"error": {"message": e.message, "type": "server_error", "param": null, "code": e.status.as_u16()}}))]
+                vec![data(pie_core::api_error::error_body(
+                    e.status.as_u16(),
+                    &e.message,
+                    None,
+                ))]
             }
         };
         stream::iter(out)
