@@ -117,6 +117,10 @@ fn main() -> Result<()> {
             if let Some(path) = args_config {
                 tokio::spawn(reload_on_sighup(ctl.clone(), path, cli_policies));
             }
+            // Relayed streams are many small writes: no Nagle delay on them.
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             axum::serve(listener, router(ctl)).await?;
             Ok(())
         })

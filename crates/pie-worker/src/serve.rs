@@ -44,6 +44,10 @@ pub async fn serve(
     };
     let app = router(state.clone(), config.server.max_body_bytes);
     let loader = tokio::task::spawn_blocking(move || start_runtime(&config));
+    // Streams are many small writes; Nagle would hold each behind a delayed ACK.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     let runtime = loader.await.context("model loading panicked")??;
     let _ = state.runtime.set(runtime);
