@@ -27,7 +27,7 @@ use pie_policy::{
 };
 
 use crate::cache::PrefixCache;
-use crate::cost::CostProfile;
+use crate::cost::{CostProfile, StepShape};
 use crate::events::{Event, Events};
 use crate::metrics::{Counters, Record, RunMetrics};
 use crate::router::{Router, RouterSpec};
@@ -452,7 +452,7 @@ impl<'a> Sim<'a> {
         debug_assert!(self.candidates_are_current(w));
         let worker = &mut self.workers[w];
         worker.policy.order(now_ms, &mut worker.cands);
-        let (batch, context) = self.plan(w);
+        let shape = self.plan(w);
         self.sync_index(w);
         let worker = &mut self.workers[w];
         if worker.plan.is_empty() {
@@ -466,8 +466,8 @@ impl<'a> Sim<'a> {
         }
         worker.busy = true;
         self.counters.steps += 1;
-        self.counters.batch_tokens += batch as u64;
-        let end = now + self.cfg.profile.step_us(batch, context);
+        self.counters.batch_tokens += shape.batch_tokens as u64;
+        let end = now + self.cfg.profile.step_us(&shape);
         self.events.push(end, Event::StepEnd(w as u32));
         Ok(())
     }
@@ -494,8 +494,8 @@ impl<'a> Sim<'a> {
     }
 
     /// Mirror of the engine's `plan`: fill the step in the policy's order.
-    /// Returns the step's batch tokens and context tokens (computed KV after it).
-    fn plan(&mut self, w: usize) -> (usize, usize) {
+    /// Returns the step's shape (batch tokens, context, attention pairs).
+    fn plan(&mut self, w: usize) -> StepShape {
         let whole: &'a SimConfig = self.cfg;
         let cfg = &whole.profile;
         let mut plan = std::mem::take(&mut self.workers[w].plan);
@@ -504,7 +504,7 @@ impl<'a> Sim<'a> {
         let mut running = self.workers[w].cands.iter().filter(|c| c.running).count();
         let mut budget = cfg.max_batch_tokens as u32;
         let preempts = self.workers[w].policy.preempts_for_slots();
-        let (mut batch, mut context) = (0, 0);
+        let mut shape = StepShape::default();
         for (rank, &id) in order.iter().enumerate() {
             if budget == 0 {
                 break;
@@ -528,8 +528,7 @@ impl<'a> Sim<'a> {
                     }
                     budget -= n;
                     plan.push((rank, n));
-                    batch += n as usize;
-                    context += (self.seq(w, id).len + n) as usize;
+                    shape.add(self.seq(w, id).len as usize, n as usize);
                 }
                 None if !was_running => self.release(w, id),
                 None => {}
@@ -537,7 +536,7 @@ impl<'a> Sim<'a> {
             self.sync_candidate(w, rank);
         }
         self.workers[w].plan = plan;
-        (batch, context)
+        shape
     }
 
     fn seq(&self, w: usize, id: usize) -> &Seq {

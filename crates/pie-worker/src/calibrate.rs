@@ -152,6 +152,7 @@ fn profile(path: &Path, serve: &EngineConfig, fit: &Fit) -> CostProfile {
         a_ms: fit.a,
         b_ms_per_token: fit.b,
         c_ms_per_context_token: fit.c,
+        d_ms_per_pair: 0.0,
         calibrated: true,
         source: format!(
             "pie bench --calibrate on {file}, {}, {cores} cores; R^2 {:.4}, worst relative error {:.1}%",

@@ -1,6 +1,9 @@
 //! The step-time cost model and its profiles:
-//! `step_ms = a + b * batch_tokens + c * sum of the batch's context lengths`,
-//! with the engine limits (page size, pages, batch tokens, running sequences) that
+//! `step_ms = a + b * batch_tokens + c * context_tokens + d * attention_pairs`
+//! (context tokens: the batch's sequence lengths after the step, what decode
+//! attention reads; attention pairs: query x key pairs, what attention computes,
+//! `n * cached + n * (n + 1) / 2` for `n` new tokens after `cached` ones), with
+//! the engine limits (page size, pages, batch tokens, running sequences) that
 //! belong to the same hardware.
 
 use serde::{Deserialize, Serialize};
@@ -14,6 +17,10 @@ pub struct CostProfile {
     pub b_ms_per_token: f64,
     /// Cost per token of KV attended over (ms): attention reads.
     pub c_ms_per_context_token: f64,
+    /// Cost per query x key pair (ms): attention computed pair by pair (the CPU
+    /// engine; prefill on a GPU). 0 in profiles written before it existed.
+    #[serde(default)]
+    pub d_ms_per_pair: f64,
     /// False for placeholder coefficients; results must say so.
     pub calibrated: bool,
     /// Where the coefficients come from.
@@ -47,7 +54,9 @@ impl CostProfile {
     ///
     /// a = 16.06 GB / 2,039 GB/s = 7.9 ms (weights read once per step);
     /// b = 2 * 8.03 GFLOP / (312 TFLOPS * 0.5 assumed utilisation) = 0.103 ms;
-    /// c = 131,072 B / 2,039 GB/s = 6.4e-5 ms.
+    /// c = 131,072 B / 2,039 GB/s = 6.4e-5 ms;
+    /// d = 4 FLOP * 32 layers * 32 query heads * 128 (QK^T and PV per pair)
+    ///   / 156 TFLOPS = 3.4e-6 ms.
     /// Limits: 28,000 pages of 16 tokens (about 58 GB of KV after the weights and
     /// activations), `max_batch_tokens` 2048 and `max_running` 256 (vLLM's defaults
     /// for chunked prefill and `max_num_seqs`).
@@ -57,6 +66,7 @@ impl CostProfile {
             a_ms: 7.9,
             b_ms_per_token: 0.103,
             c_ms_per_context_token: 6.4e-5,
+            d_ms_per_pair: 3.4e-6,
             calibrated: false,
             source: "roofline from the A100 datasheet and the Llama-3-8B config; not measured"
                 .into(),
@@ -68,14 +78,16 @@ impl CostProfile {
     }
 
     /// UNCALIBRATED placeholder for `pie serve` with SmolLM2-135M on two CPU cores:
-    /// the coefficients are guesses of the right order, not measurements. The
-    /// limits are `pie-worker`'s `EngineConfig` defaults.
+    /// the coefficients are of the order `pie bench --calibrate` measured on this
+    /// 2-core machine (BENCHMARKS.md), rounded; calibrate your own. The limits are
+    /// `pie-worker`'s `EngineConfig` defaults.
     pub fn cpu_placeholder() -> Self {
         Self {
             name: "cpu-smollm2-135m".into(),
-            a_ms: 5.0,
-            b_ms_per_token: 1.0,
-            c_ms_per_context_token: 0.002,
+            a_ms: 25.0,
+            b_ms_per_token: 2.0,
+            c_ms_per_context_token: 0.0,
+            d_ms_per_pair: 0.02,
             calibrated: false,
             source: "uncalibrated placeholder".into(),
             page_size: 16,
@@ -107,6 +119,7 @@ impl CostProfile {
             ("a_ms", self.a_ms),
             ("b_ms_per_token", self.b_ms_per_token),
             ("c_ms_per_context_token", self.c_ms_per_context_token),
+            ("d_ms_per_pair", self.d_ms_per_pair),
         ];
         if let Some((field, v)) = coefficients
             .iter()
@@ -126,12 +139,45 @@ impl CostProfile {
         }
     }
 
+    /// Duration of one step in milliseconds.
+    pub fn step_ms(&self, shape: &StepShape) -> f64 {
+        self.a_ms
+            + self.b_ms_per_token * shape.batch_tokens as f64
+            + self.c_ms_per_context_token * shape.context_tokens as f64
+            + self.d_ms_per_pair * shape.attention_pairs as f64
+    }
+
     /// Duration of one step in microseconds (at least 1).
-    pub fn step_us(&self, batch_tokens: usize, context_tokens: usize) -> u64 {
-        let ms = self.a_ms
-            + self.b_ms_per_token * batch_tokens as f64
-            + self.c_ms_per_context_token * context_tokens as f64;
-        ((ms * 1000.0).round() as u64).max(1)
+    pub fn step_us(&self, shape: &StepShape) -> u64 {
+        ((self.step_ms(shape) * 1000.0).round() as u64).max(1)
+    }
+}
+
+/// What one engine step computes: the terms of the cost model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepShape {
+    pub batch_tokens: usize,
+    /// The batch's sequence lengths after the step.
+    pub context_tokens: usize,
+    /// Query x key pairs of the step's causal attention.
+    pub attention_pairs: u64,
+}
+
+impl StepShape {
+    /// Add a sequence computing `new` tokens after `cached` computed ones.
+    pub fn add(&mut self, cached: usize, new: usize) {
+        self.batch_tokens += new;
+        self.context_tokens += cached + new;
+        self.attention_pairs += (new * cached + new * (new + 1) / 2) as u64;
+    }
+
+    /// The shape of a step over `(cached, new)` sequences.
+    pub fn of(seqs: &[(usize, usize)]) -> Self {
+        let mut shape = Self::default();
+        for &(cached, new) in seqs {
+            shape.add(cached, new);
+        }
+        shape
     }
 }
 
@@ -142,10 +188,39 @@ mod tests {
     #[test]
     fn step_time_is_the_linear_model() {
         let p = CostProfile::gpu_a100_llama3_8b();
-        // 7.9 + 0.103 * 100 + 6.4e-5 * 10_000 = 18.84 ms.
-        assert_eq!(p.step_us(100, 10_000), 18_840);
-        assert_eq!(p.step_us(0, 0), 7_900);
+        // 100 decode sequences of 99 cached tokens: 100 batch tokens, 10,000
+        // context tokens, 100 * (99 + 1) = 10,000 pairs.
+        let decode = StepShape::of(&[(99, 1); 100]);
+        assert_eq!(
+            decode,
+            StepShape {
+                batch_tokens: 100,
+                context_tokens: 10_000,
+                attention_pairs: 10_000
+            }
+        );
+        // 7.9 + 0.103 * 100 + 6.4e-5 * 10_000 + 3.4e-6 * 10_000 = 18.874 ms.
+        assert_eq!(p.step_us(&decode), 18_874);
+        assert_eq!(p.step_us(&StepShape::default()), 7_900);
         assert!(CostProfile::named("tpu").is_err());
+    }
+
+    #[test]
+    fn prefill_pairs_grow_with_the_square_of_the_chunk() {
+        // 512 new tokens after 1,024 cached: 512 * 1024 + 512 * 513 / 2.
+        let chunk = StepShape::of(&[(1024, 512)]);
+        assert_eq!(chunk.attention_pairs, 655_616);
+        assert_eq!(chunk.context_tokens, 1536);
+        let p = CostProfile::cpu_placeholder();
+        assert!(p.step_ms(&chunk) > 10.0 * p.step_ms(&StepShape::of(&[(1535, 1)])));
+    }
+
+    #[test]
+    fn profiles_without_the_pair_term_still_load() {
+        let mut v = serde_json::to_value(CostProfile::cpu_placeholder()).expect("serialisable");
+        v.as_object_mut().expect("object").remove("d_ms_per_pair");
+        let p = CostProfile::from_json(&v.to_string()).expect("older profile");
+        assert_eq!(p.d_ms_per_pair, 0.0);
     }
 
     #[test]
