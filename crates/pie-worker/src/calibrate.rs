@@ -1,9 +1,11 @@
 //! `pie bench --calibrate`: time the real engine's steps over a grid of batch
 //! shapes and fit the simulator's cost model
-//! `step_ms = a + b * batch_tokens + c * context_tokens`
-//! (`context_tokens`: the sum over the step's sequences of their length after
-//! the step, as `pie-sim` counts it), then write a `pie_workload::CostProfile`
-//! with the engine limits `pie serve` uses by default.
+//! `step_ms = a + b * batch_tokens + c * context_tokens + d * attention_pairs`
+//! (context tokens: the step's sequences' lengths after it, as `pie-sim` counts
+//! them; attention pairs: the query x key pairs its attention computes,
+//! `n * cached + n * (n + 1) / 2` for `n` new tokens after `cached` ones), then
+//! write a `pie_workload::CostProfile` with the engine limits `pie serve` uses
+//! by default.
 //!
 //! The grid: prefill steps of fresh prompts (1 to 8 sequences, 32 to 512
 //! tokens), 32-token prompts after a cached 256-token prefix (what a
@@ -12,14 +14,11 @@
 //! decode is expensive to set up). The grid runs twice and each shape keeps its
 //! faster time, so a busy neighbour on a shared machine inflates fewer samples.
 //! The fit is weighted by 1/time^2 (least relative error), so 15 ms decode steps
-//! count as much as 2 s prefills; a coefficient that comes out negative is
-//! dropped and the rest refitted.
-//!
-//! A second fit, printed but not written, replaces `context_tokens` with the
-//! query x key pairs the step's attention computes (a decode step: its context;
-//! `n` prompt tokens after `p` cached ones: `n * p + n * (n + 1) / 2`). The
-//! engine's attention costs per pair, so prefill over a long context is far
-//! dearer than `c * context_tokens` says; the two fits' R^2 show by how much.
+//! count as much as 2 s prefills; a coefficient that comes out negative (or a
+//! pair term indistinguishable from the context term) is dropped and the rest
+//! refitted. The fit without the pair term is printed beside it: the CPU
+//! engine's attention costs per pair, so prefill after a long prefix is far
+//! dearer than context tokens alone say.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -43,14 +42,10 @@ pub struct Sample {
     pub ms: f64,
 }
 
-/// What the third term of the model counts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Attention {
-    /// `pie-sim`'s: the sequences' lengths after the step.
-    Context,
-    /// Query x key pairs.
-    Pairs,
-}
+/// Which terms a fit may use: 1, batch tokens, context tokens, attention pairs.
+pub type Terms = [bool; 4];
+pub const ALL_TERMS: Terms = [true; 4];
+pub const WITHOUT_PAIRS: Terms = [true, true, true, false];
 
 /// The shape of a step on sequences with `cached` tokens computing `new` each.
 fn shape(seqs: &[(usize, usize)]) -> (usize, usize) {
@@ -68,6 +63,7 @@ pub struct Fit {
     pub a: f64,
     pub b: f64,
     pub c: f64,
+    pub d: f64,
     /// Coefficient of determination on the step times.
     pub r2: f64,
     /// max |predicted - measured| / measured.
@@ -75,8 +71,9 @@ pub struct Fit {
 }
 
 impl Fit {
-    pub fn predict(&self, batch_tokens: usize, context_tokens: usize) -> f64 {
-        self.a + self.b * batch_tokens as f64 + self.c * context_tokens as f64
+    pub fn predict(&self, s: &Sample) -> f64 {
+        let x = features(s);
+        self.a * x[0] + self.b * x[1] + self.c * x[2] + self.d * x[3]
     }
 }
 
@@ -99,25 +96,18 @@ pub fn run(path: &Path, out: &Path) -> Result<CostProfile> {
     let serve = serve_engine_config(&model);
     let started = Instant::now();
     let samples = measure(&model, &serve)?;
-    let by_pairs = fit(&samples, Attention::Pairs);
-    let fit = fit(&samples, Attention::Context).context("fitting the step times")?;
+    let without_pairs = fit(&samples, WITHOUT_PAIRS);
+    let fit = fit(&samples, ALL_TERMS).context("fitting the step times")?;
     println!(
-        "calibrated {} on {} steps in {:.1} s:\n  step_ms = {:.3} + {:.5} * batch_tokens + {:.3e} * context_tokens\n  R^2 = {:.4}, worst relative error {:.1}%",
+        "calibrated {} on {} steps in {:.1} s:\n  {}",
         path.display(),
         samples.len(),
         started.elapsed().as_secs_f64(),
-        fit.a,
-        fit.b,
-        fit.c,
-        fit.r2,
-        100.0 * fit.worst_rel_err
+        describe(&fit)
     );
     print_samples(&samples, &fit);
-    if let Some(by_pairs) = by_pairs {
-        println!(
-            "  with attention as query x key pairs (not written; pie-sim counts context tokens):\n  step_ms = {:.3} + {:.5} * batch_tokens + {:.3e} * pairs, R^2 = {:.4}, worst relative error {:.1}%",
-            by_pairs.a, by_pairs.b, by_pairs.c, by_pairs.r2, 100.0 * by_pairs.worst_rel_err
-        );
+    if let Some(f) = without_pairs {
+        println!("  without the pair term: {}", describe(&f));
     }
     let profile = profile(path, &serve, &fit);
     let json = serde_json::to_string_pretty(&profile)?;
@@ -126,13 +116,20 @@ pub fn run(path: &Path, out: &Path) -> Result<CostProfile> {
     Ok(profile)
 }
 
+fn describe(f: &Fit) -> String {
+    format!(
+        "step_ms = {:.3} + {:.5} * batch_tokens + {:.3e} * context_tokens + {:.3e} * pairs; R^2 = {:.4}, worst relative error {:.1}%",
+        f.a, f.b, f.c, f.d, f.r2, 100.0 * f.worst_rel_err
+    )
+}
+
 fn print_samples(samples: &[Sample], fit: &Fit) {
     println!(
         "  {:>6} {:>8} {:>8} {:>10} {:>10}",
         "batch", "context", "pairs", "ms", "fit ms"
     );
     for s in samples {
-        let p = fit.predict(s.batch_tokens, s.context_tokens);
+        let p = fit.predict(s);
         println!(
             "  {:>6} {:>8} {:>8} {:>10.2} {:>10.2}",
             s.batch_tokens, s.context_tokens, s.pairs, s.ms, p
@@ -152,7 +149,7 @@ fn profile(path: &Path, serve: &EngineConfig, fit: &Fit) -> CostProfile {
         a_ms: fit.a,
         b_ms_per_token: fit.b,
         c_ms_per_context_token: fit.c,
-        d_ms_per_pair: 0.0,
+        d_ms_per_pair: fit.d,
         calibrated: true,
         source: format!(
             "pie bench --calibrate on {file}, {}, {cores} cores; R^2 {:.4}, worst relative error {:.1}%",
@@ -337,34 +334,43 @@ impl Grid {
     }
 }
 
-/// Weighted least squares (weights 1/ms^2) of `ms ~ a + b*batch + c*context`;
-/// a negative coefficient is dropped (fixed at 0) and the rest refitted.
-pub fn fit(samples: &[Sample], attention: Attention) -> Option<Fit> {
-    let mut free = [true; 3];
+/// Weighted least squares (weights 1/ms^2) of
+/// `ms ~ a + b*batch + c*context + d*pairs` over the allowed `terms`; a
+/// negative coefficient is dropped (fixed at 0) and the rest refitted, and so
+/// is the pair term when it cannot be told from the context term.
+pub fn fit(samples: &[Sample], terms: Terms) -> Option<Fit> {
+    let mut free = terms;
     loop {
-        let coef = solve_weighted(samples, attention, free)?;
+        let Some(coef) = solve_weighted(samples, free) else {
+            if !free[3] {
+                return None;
+            }
+            free[3] = false;
+            continue;
+        };
         match coef.iter().position(|&x| x < 0.0) {
             Some(i) => free[i] = false,
-            None => return Some(quality(samples, attention, coef)),
+            None => return Some(quality(samples, coef)),
         }
     }
 }
 
-fn features(s: &Sample, attention: Attention) -> [f64; 3] {
-    let third = match attention {
-        Attention::Context => s.context_tokens,
-        Attention::Pairs => s.pairs,
-    };
-    [1.0, s.batch_tokens as f64, third as f64]
+fn features(s: &Sample) -> [f64; 4] {
+    [
+        1.0,
+        s.batch_tokens as f64,
+        s.context_tokens as f64,
+        s.pairs as f64,
+    ]
 }
 
 /// Normal equations over the free terms; `None` if they are singular.
-fn solve_weighted(samples: &[Sample], attention: Attention, free: [bool; 3]) -> Option<[f64; 3]> {
-    let idx: Vec<usize> = (0..3).filter(|&i| free[i]).collect();
+fn solve_weighted(samples: &[Sample], free: Terms) -> Option<[f64; 4]> {
+    let idx: Vec<usize> = (0..4).filter(|&i| free[i]).collect();
     let n = idx.len();
     let mut m = vec![vec![0.0; n + 1]; n];
     for s in samples.iter().filter(|s| s.ms > 0.0) {
-        let x = features(s, attention);
+        let x = features(s);
         let w = 1.0 / (s.ms * s.ms);
         for (r, &i) in idx.iter().enumerate() {
             for (k, &j) in idx.iter().enumerate() {
@@ -374,7 +380,7 @@ fn solve_weighted(samples: &[Sample], attention: Attention, free: [bool; 3]) -> 
         }
     }
     let sol = gauss(m)?;
-    let mut coef = [0.0; 3];
+    let mut coef = [0.0; 4];
     for (r, &i) in idx.iter().enumerate() {
         coef[i] = sol[r];
     }
@@ -401,19 +407,19 @@ fn gauss(mut m: Vec<Vec<f64>>) -> Option<Vec<f64>> {
     Some((0..n).map(|i| m[i][n] / m[i][i]).collect())
 }
 
-fn quality(samples: &[Sample], attention: Attention, [a, b, c]: [f64; 3]) -> Fit {
+fn quality(samples: &[Sample], [a, b, c, d]: [f64; 4]) -> Fit {
     let mut f = Fit {
         a,
         b,
         c,
+        d,
         r2: 0.0,
         worst_rel_err: 0.0,
     };
     let mean = samples.iter().map(|s| s.ms).sum::<f64>() / samples.len().max(1) as f64;
     let (mut res, mut tot) = (0.0, 0.0);
     for s in samples {
-        let x = features(s, attention);
-        let p = f.a + f.b * x[1] + f.c * x[2];
+        let p = f.predict(s);
         res += (s.ms - p).powi(2);
         tot += (s.ms - mean).powi(2);
         if s.ms > 0.0 {
@@ -446,41 +452,59 @@ fn utc_date() -> String {
 mod tests {
     use super::*;
 
-    fn sample(batch: usize, context: usize, ms: f64) -> Sample {
+    fn sample(batch: usize, context: usize, pairs: usize, ms: f64) -> Sample {
         Sample {
             batch_tokens: batch,
             context_tokens: context,
-            pairs: context,
+            pairs,
             ms,
         }
     }
 
     #[test]
     fn exact_linear_data_is_recovered() {
-        let truth = |b: usize, c: usize| 5.0 + 0.5 * b as f64 + 0.01 * c as f64;
-        let samples: Vec<Sample> = [(1, 100), (8, 800), (64, 4000), (256, 256), (512, 512)]
+        let truth = |b: usize, c: usize, p: usize| {
+            5.0 + 0.5 * b as f64 + 0.01 * c as f64 + 0.002 * p as f64
+        };
+        // Decode steps (pairs = context) and prefills (pairs grow as n^2).
+        let shapes = [
+            (1, 100, 100),
+            (8, 800, 800),
+            (64, 4000, 4000),
+            (256, 256, 32_896),
+            (512, 512, 131_328),
+            (32, 288, 8_720),
+        ];
+        let samples: Vec<Sample> = shapes
             .iter()
-            .map(|&(b, c)| sample(b, c, truth(b, c)))
+            .map(|&(b, c, p)| sample(b, c, p, truth(b, c, p)))
             .collect();
-        let f = fit(&samples, Attention::Context).expect("well-posed");
+        let f = fit(&samples, ALL_TERMS).expect("well-posed");
         assert!(
             (f.a - 5.0).abs() < 1e-6 && (f.b - 0.5).abs() < 1e-8,
             "{f:?}"
         );
-        assert!((f.c - 0.01).abs() < 1e-9, "{f:?}");
+        assert!(
+            (f.c - 0.01).abs() < 1e-9 && (f.d - 0.002).abs() < 1e-10,
+            "{f:?}"
+        );
         assert!(f.r2 > 0.999_999 && f.worst_rel_err < 1e-9, "{f:?}");
+        let without = fit(&samples, WITHOUT_PAIRS).expect("fits");
+        assert_eq!(without.d, 0.0);
+        assert!(without.r2 < f.r2);
     }
 
     #[test]
-    fn a_negative_coefficient_is_dropped() {
-        // Time falls with context: c would be negative, so it is fixed at 0.
+    fn negative_and_indistinguishable_terms_are_dropped() {
+        // Pairs equal context everywhere (decode only): the pair term goes; time
+        // falls with context, so c would be negative and is fixed at 0 too.
         let samples = vec![
-            sample(1, 100, 10.0),
-            sample(1, 1000, 9.0),
-            sample(100, 100, 110.0),
+            sample(1, 100, 100, 10.0),
+            sample(1, 1000, 1000, 9.0),
+            sample(100, 100, 100, 110.0),
         ];
-        let f = fit(&samples, Attention::Context).expect("fits");
-        assert_eq!(f.c, 0.0);
+        let f = fit(&samples, ALL_TERMS).expect("fits");
+        assert_eq!((f.c, f.d), (0.0, 0.0));
         assert!(f.a > 0.0 && f.b > 0.0, "{f:?}");
     }
 
