@@ -1,25 +1,42 @@
-//! Server-sent events framing: bytes in, `data:` payloads out. Events end at a
-//! blank line (`\n\n` or `\r\n\r\n`); a payload spread over several `data:`
-//! lines is joined with `\n`; comments (`:`) and other fields are skipped.
+//! Server-sent events framing: bytes in, events (name and `data:` payload) out.
+//! Events end at a blank line (`\n\n` or `\r\n\r\n`); a payload spread over
+//! several `data:` lines is joined with `\n`; the name is the `event:` field
+//! ("message" without one); comments (`:`) and other fields are skipped. Used by
+//! `pie bench` and by `pie-controller` for workers' KV event streams.
 
-/// Incremental parser: feed chunks as they arrive, take whole events' data.
+/// One event with data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SseEvent {
+    pub name: String,
+    pub data: String,
+}
+
+/// Incremental parser: feed chunks as they arrive, take whole events.
 #[derive(Default)]
 pub struct SseParser {
     buf: Vec<u8>,
 }
 
 impl SseParser {
-    /// Append `chunk`; return the data of every event it completed.
-    pub fn push(&mut self, chunk: &[u8]) -> Vec<String> {
+    /// Append `chunk`; return every event with data it completed.
+    pub fn push_events(&mut self, chunk: &[u8]) -> Vec<SseEvent> {
         self.buf.extend_from_slice(chunk);
         let mut out = Vec::new();
         while let Some((end, sep)) = event_end(&self.buf) {
             let event: Vec<u8> = self.buf.drain(..end + sep).take(end).collect();
-            if let Some(data) = event_data(&String::from_utf8_lossy(&event)) {
-                out.push(data);
+            if let Some(e) = parse_event(&String::from_utf8_lossy(&event)) {
+                out.push(e);
             }
         }
         out
+    }
+
+    /// Append `chunk`; return the data of every event it completed.
+    pub fn push(&mut self, chunk: &[u8]) -> Vec<String> {
+        self.push_events(chunk)
+            .into_iter()
+            .map(|e| e.data)
+            .collect()
     }
 }
 
@@ -36,13 +53,19 @@ fn event_end(buf: &[u8]) -> Option<(usize, usize)> {
     })
 }
 
-fn event_data(event: &str) -> Option<String> {
-    let lines: Vec<&str> = event
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .map(|d| d.strip_prefix(' ').unwrap_or(d))
-        .collect();
-    (!lines.is_empty()).then(|| lines.join("\n"))
+fn parse_event(event: &str) -> Option<SseEvent> {
+    let (mut name, mut data) = ("message", Vec::new());
+    for line in event.lines() {
+        if let Some(v) = line.strip_prefix("data:") {
+            data.push(v.strip_prefix(' ').unwrap_or(v));
+        } else if let Some(v) = line.strip_prefix("event:") {
+            name = v.trim();
+        }
+    }
+    (!data.is_empty()).then(|| SseEvent {
+        name: name.to_string(),
+        data: data.join("\n"),
+    })
 }
 
 #[cfg(test)]
@@ -70,5 +93,14 @@ mod tests {
             p.push(b"event: text\ndata: one\ndata:two\n\n"),
             vec!["one\ntwo"]
         );
+    }
+
+    #[test]
+    fn events_keep_their_names() {
+        let mut p = SseParser::default();
+        let events = p.push_events(b"event: kv\ndata: {}\n\ndata: plain\n\n");
+        assert_eq!(events[0].name, "kv");
+        assert_eq!(events[1].name, "message");
+        assert_eq!(events[1].data, "plain");
     }
 }

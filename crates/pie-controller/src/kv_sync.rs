@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use pie_client::sse::{SseEvent, SseParser};
 use pie_core::{KvEventBatch, KvSnapshot};
 use pie_policy::cluster::ClusterIndex;
 
@@ -75,25 +76,15 @@ impl KvFollower {
     }
 }
 
-/// Parse one server-sent event (`event:` and `data:` lines); None for
-/// keep-alive comments and unknown event names.
-pub fn parse_event(frame: &str) -> Option<Result<KvMessage, String>> {
-    let mut name = "message";
-    let mut data = String::new();
-    for line in frame.lines() {
-        if let Some(v) = line.strip_prefix("event:") {
-            name = v.trim();
-        } else if let Some(v) = line.strip_prefix("data:") {
-            data.push_str(v.strip_prefix(' ').unwrap_or(v));
-        }
-    }
-    let parsed = match name {
-        "snapshot" => serde_json::from_str(&data).map(KvMessage::Snapshot),
-        "kv" => serde_json::from_str(&data).map(KvMessage::Batch),
+/// The message an event of the stream carries; None for unknown event names.
+pub fn parse_event(event: &SseEvent) -> Option<Result<KvMessage, String>> {
+    let parsed = match event.name.as_str() {
+        "snapshot" => serde_json::from_str(&event.data).map(KvMessage::Snapshot),
+        "kv" => serde_json::from_str(&event.data).map(KvMessage::Batch),
         "lagged" => return Some(Ok(KvMessage::Lagged)),
         _ => return None,
     };
-    Some(parsed.map_err(|e| format!("bad `{name}` event: {e}")))
+    Some(parsed.map_err(|e| format!("bad `{}` event: {e}", event.name)))
 }
 
 /// Follow worker `slot` for as long as the controller runs.
@@ -138,14 +129,12 @@ async fn subscribe(
         return Err(format!("status {}", resp.status()));
     }
     let mut body = resp.bytes_stream();
-    let mut buf = String::new();
+    let mut parser = SseParser::default();
     let mut follower = KvFollower::default();
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|e| e.to_string())?;
-        buf.push_str(&String::from_utf8_lossy(&chunk));
-        while let Some(end) = buf.find("\n\n") {
-            let frame: String = buf.drain(..end + 2).collect();
-            let Some(msg) = parse_event(&frame) else {
+        for event in parser.push_events(&chunk) {
+            let Some(msg) = parse_event(&event) else {
                 continue;
             };
             let msg = msg?;
@@ -225,15 +214,14 @@ mod tests {
     }
 
     #[test]
-    fn sse_frames_parse() {
-        let frame = "event: kv\ndata: {\"seq\":3,\"stored\":[1],\"removed\":[]}\n\n";
-        assert_eq!(parse_event(frame), Some(Ok(batch(3, &[1], &[]))));
-        assert_eq!(parse_event(":\n\n"), None, "keep-alive");
-        assert_eq!(
-            parse_event("event: lagged\ndata: reconnect\n\n"),
-            Some(Ok(KvMessage::Lagged))
+    fn events_parse_into_messages() {
+        let mut p = SseParser::default();
+        let events = p.push_events(
+            b"event: kv\ndata: {\"seq\":3,\"stored\":[1],\"removed\":[]}\n\n:\n\nevent: lagged\ndata: reconnect\n\nevent: snapshot\ndata: {\"seq\": \"x\"}\n\n",
         );
-        let bad = parse_event("event: snapshot\ndata: {\"seq\": \"x\"}\n\n");
-        assert!(matches!(bad, Some(Err(e)) if e.contains("snapshot")));
+        assert_eq!(events.len(), 3, "the keep-alive comment is no event");
+        assert_eq!(parse_event(&events[0]), Some(Ok(batch(3, &[1], &[]))));
+        assert_eq!(parse_event(&events[1]), Some(Ok(KvMessage::Lagged)));
+        assert!(matches!(parse_event(&events[2]), Some(Err(e)) if e.contains("snapshot")));
     }
 }
