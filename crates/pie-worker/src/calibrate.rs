@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
-use pie_model::{Model, SamplingParams};
+use pie_model::Model;
 use pie_policy::Fcfs;
 use pie_workload::CostProfile;
 
@@ -226,16 +226,7 @@ impl Grid {
     }
 
     fn add(&mut self, prompt: Vec<u32>, max_tokens: usize) -> Result<pie_core::SeqId> {
-        Ok(self.engine.add(Request {
-            prompt,
-            max_tokens,
-            sampling: SamplingParams::default(),
-            stop_tokens: vec![],
-            ignore_eos: true,
-            arrival_ms: 0,
-            client: String::new(),
-            props: Default::default(),
-        })?)
+        Ok(self.engine.add(Request::fixed_length(prompt, max_tokens))?)
     }
 
     /// One step, timed, on sequences of (cached, computed) tokens.

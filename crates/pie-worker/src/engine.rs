@@ -58,6 +58,23 @@ pub struct Request {
     pub props: Props,
 }
 
+impl Request {
+    /// Exactly `max_tokens` greedy tokens after `prompt` (end-of-turn tokens
+    /// ignored), with no client or props: for calibration, benchmarks and tests.
+    pub fn fixed_length(prompt: Vec<u32>, max_tokens: usize) -> Self {
+        Self {
+            prompt,
+            max_tokens,
+            sampling: SamplingParams::default(),
+            stop_tokens: Vec::new(),
+            ignore_eos: true,
+            arrival_ms: 0,
+            client: String::new(),
+            props: Props::new(),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
     /// A stop token was sampled (it is not part of the output).

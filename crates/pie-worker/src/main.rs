@@ -452,16 +452,7 @@ fn engine_bench(
             Box::new(Fcfs),
         )
     };
-    let request = |prompt: Vec<u32>, max_tokens: usize| Request {
-        prompt,
-        max_tokens,
-        sampling: SamplingParams::default(),
-        stop_tokens: vec![],
-        ignore_eos: true,
-        arrival_ms: 0,
-        client: String::new(),
-        props: Default::default(),
-    };
+    let request = Request::fixed_length;
 
     let mut engine = fresh(prompt_tokens / 16 + 8, prompt_tokens);
     engine.add(request(prompt(0, prompt_tokens), 1))?;

@@ -43,16 +43,7 @@ fn engine(kv_pages: usize, max_batch_tokens: usize) -> Engine {
 
 fn request(prompt: &[u32], max_tokens: usize) -> Request {
     // Random weights may sample <|im_end|>; ignoring it keeps lengths fixed.
-    Request {
-        prompt: prompt.to_vec(),
-        max_tokens,
-        sampling: SamplingParams::default(),
-        stop_tokens: vec![],
-        ignore_eos: true,
-        arrival_ms: 0,
-        client: String::new(),
-        props: Default::default(),
-    }
+    Request::fixed_length(prompt.to_vec(), max_tokens)
 }
 
 fn prompt(seed: u32, len: usize) -> Vec<u32> {
