@@ -38,11 +38,11 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn new(name: &str, url: &str) -> Self {
+    fn new(slot: usize, name: &str, url: &str) -> Self {
         Self {
             name: name.into(),
             url: url.trim_end_matches('/').into(),
-            slot: 0,
+            slot,
             healthy: false,
             load: 0,
             running: 0,
@@ -68,14 +68,6 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn new(workers: impl IntoIterator<Item = Worker>) -> Self {
-        let registry = Self::default();
-        for w in workers {
-            registry.register(&w.name, &w.url);
-        }
-        registry
-    }
-
     /// Workers with their indexed block counts.
     pub fn snapshot(&self) -> Vec<Worker> {
         let index = self.index.read().unwrap_or_else(|e| e.into_inner());
@@ -101,10 +93,7 @@ impl Registry {
             }
             None => {
                 let slot = ws.len();
-                ws.push(Worker {
-                    slot,
-                    ..Worker::new(name, url)
-                });
+                ws.push(Worker::new(slot, name, url));
                 Some(slot)
             }
         }
