@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, Result};
 use pie_core::auth::{parse_key_file, ApiKey};
 use pie_policy::cluster::{
-    CacheAware, CacheAwareConfig, ClusterPolicy, LeastLoaded, Pin, PinConfig, RoundRobin,
-    SessionAffinity, SessionAffinityConfig, DEFAULT_MAX_QUEUED,
+    routing_policy, CacheAwareConfig, ClusterPolicy, PinConfig, RoutingConfigs,
+    SessionAffinityConfig, DEFAULT_MAX_QUEUED,
 };
 use serde::{Deserialize, Serialize};
 
@@ -100,15 +100,6 @@ impl Default for ClusterConfig {
 /// `cluster-priority` is not a routing step: it gates requests before routing.
 pub const CLUSTER_PRIORITY: &str = "cluster-priority";
 
-pub const AVAILABLE: &[&str] = &[
-    CLUSTER_PRIORITY,
-    "pin",
-    "session-affinity",
-    "cache-aware",
-    "least-loaded",
-    "round-robin",
-];
-
 impl ClusterConfig {
     /// Whether requests wait in the controller when the cluster is saturated.
     pub fn queueing(&self) -> bool {
@@ -117,25 +108,17 @@ impl ClusterConfig {
 
     /// The routing pipeline, or an error naming the bad entry.
     pub fn pipeline(&self) -> Result<Vec<Box<dyn ClusterPolicy>>, String> {
+        let configs = RoutingConfigs {
+            pin: self.pin.clone(),
+            session_affinity: self.session_affinity.clone(),
+            cache_aware: self.cache_aware.clone(),
+        };
         self.cluster_policies
             .iter()
             .filter(|name| *name != CLUSTER_PRIORITY)
-            .map(|name| -> Result<Box<dyn ClusterPolicy>, String> {
-                Ok(match name.as_str() {
-                    "pin" => Box::new(Pin::new(self.pin.clone())),
-                    "session-affinity" => {
-                        Box::new(SessionAffinity::new(self.session_affinity.clone()))
-                    }
-                    "cache-aware" => Box::new(CacheAware::new(self.cache_aware.clone())),
-                    "least-loaded" => Box::new(LeastLoaded),
-                    "round-robin" => Box::new(RoundRobin::default()),
-                    other => {
-                        return Err(format!(
-                            "unknown cluster policy `{other}` (available: {})",
-                            AVAILABLE.join(", ")
-                        ))
-                    }
-                })
+            .map(|name| {
+                routing_policy(name, &configs)
+                    .map_err(|e| format!("{e}; before routing: `{CLUSTER_PRIORITY}`"))
             })
             .collect()
     }

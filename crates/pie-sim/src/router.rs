@@ -9,20 +9,11 @@ use std::str::FromStr;
 
 use pie_core::{BlockHash, Props};
 use pie_policy::cluster::{
-    self, CacheAware, ClusterPolicy, LeastLoaded, Pin, Reject, RoundRobin, RouteRequest,
-    SessionAffinity, WorkerView,
+    self, routing_policy, ClusterPolicy, Reject, RouteRequest, RoutingConfigs, WorkerView,
+    ROUTING_POLICIES,
 };
 
 use crate::cache::HashMapByBlock;
-
-/// The cluster policies, by the names of `[cluster] cluster_policies`.
-pub const AVAILABLE: &[&str] = &[
-    "pin",
-    "session-affinity",
-    "cache-aware",
-    "least-loaded",
-    "round-robin",
-];
 
 /// A routing pipeline: cluster policy names in order, as in the controller's
 /// `cluster_policies` (`session-affinity,cache-aware`).
@@ -39,7 +30,12 @@ impl RouterSpec {
 
     /// Fresh policy objects with the controller's default configs.
     pub fn build(&self) -> Vec<Box<dyn ClusterPolicy>> {
-        self.names.iter().map(|n| policy(n)).collect()
+        self.names
+            .iter()
+            .map(|n| {
+                routing_policy(n, &RoutingConfigs::default()).expect("names checked by from_str")
+            })
+            .collect()
     }
 
     /// Whether a policy of the pipeline reads `cached_prefix_tokens`.
@@ -48,24 +44,17 @@ impl RouterSpec {
     }
 }
 
-fn policy(name: &str) -> Box<dyn ClusterPolicy> {
-    match name {
-        "pin" => Box::new(Pin::default()),
-        "session-affinity" => Box::new(SessionAffinity::default()),
-        "cache-aware" => Box::new(CacheAware::default()),
-        "least-loaded" => Box::new(LeastLoaded),
-        _ => Box::new(RoundRobin::default()),
-    }
-}
-
 impl FromStr for RouterSpec {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         let names: Vec<String> = s.split(',').map(|n| n.trim().to_string()).collect();
-        if let Some(bad) = names.iter().find(|n| !AVAILABLE.contains(&n.as_str())) {
+        if let Some(bad) = names
+            .iter()
+            .find(|n| !ROUTING_POLICIES.contains(&n.as_str()))
+        {
             return Err(format!(
                 "unknown cluster policy `{bad}` in router `{s}` (available: {})",
-                AVAILABLE.join(", ")
+                ROUTING_POLICIES.join(", ")
             ));
         }
         Ok(Self { names })

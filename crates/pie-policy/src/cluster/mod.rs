@@ -23,6 +23,44 @@ pub use session_affinity::{SessionAffinity, SessionAffinityConfig};
 
 use pie_core::Props;
 
+/// The routing policies by their names in `[cluster] cluster_policies`.
+pub const ROUTING_POLICIES: &[&str] = &[
+    "pin",
+    "session-affinity",
+    "cache-aware",
+    "least-loaded",
+    "round-robin",
+];
+
+/// The configs of the configurable routing policies (`[cluster.<name>]`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RoutingConfigs {
+    pub pin: PinConfig,
+    pub session_affinity: SessionAffinityConfig,
+    pub cache_aware: CacheAwareConfig,
+}
+
+/// A fresh routing policy by name, as the controller and the simulator build
+/// their pipelines; an unknown name is an error listing the known ones.
+pub fn routing_policy(
+    name: &str,
+    configs: &RoutingConfigs,
+) -> Result<Box<dyn ClusterPolicy>, String> {
+    Ok(match name {
+        "pin" => Box::new(Pin::new(configs.pin.clone())),
+        "session-affinity" => Box::new(SessionAffinity::new(configs.session_affinity.clone())),
+        "cache-aware" => Box::new(CacheAware::new(configs.cache_aware.clone())),
+        "least-loaded" => Box::new(LeastLoaded),
+        "round-robin" => Box::new(RoundRobin::default()),
+        other => {
+            return Err(format!(
+                "unknown cluster policy `{other}` (available: {})",
+                ROUTING_POLICIES.join(", ")
+            ))
+        }
+    })
+}
+
 /// What a cluster policy knows of one worker.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WorkerView {
@@ -150,14 +188,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_known_name_builds_and_an_unknown_one_is_named() {
+        for name in ROUTING_POLICIES {
+            let p = routing_policy(name, &RoutingConfigs::default()).expect("known");
+            assert_eq!(p.name(), *name);
+        }
+        let err = routing_policy("telepathy", &RoutingConfigs::default()).err();
+        assert!(err.is_some_and(|e| e.contains("`telepathy`") && e.contains("cache-aware")));
+    }
+
+    #[test]
     fn no_healthy_worker_is_a_503_for_every_policy() {
-        let mut pipeline: Vec<Box<dyn ClusterPolicy>> = vec![
-            Box::new(Pin::new(PinConfig::default())),
-            Box::new(SessionAffinity::new(SessionAffinityConfig::default())),
-            Box::new(CacheAware::new(CacheAwareConfig::default())),
-            Box::new(LeastLoaded),
-            Box::new(RoundRobin::default()),
-        ];
+        let mut pipeline: Vec<Box<dyn ClusterPolicy>> = ROUTING_POLICIES
+            .iter()
+            .map(|n| routing_policy(n, &RoutingConfigs::default()).expect("known"))
+            .collect();
         let props = Props::new();
         let req = RouteRequest {
             props: &props,
