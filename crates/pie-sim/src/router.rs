@@ -3,17 +3,15 @@
 //! `WorkerView` per simulated worker. The views are kept up to date as the
 //! simulation runs instead of rebuilt per request: loads as requests arrive and
 //! finish, and, when a policy in the pipeline reads them, cached-prefix lengths
-//! from an index block hash -> holder workers fed by the workers' cache logs.
+//! from the controller's own `ClusterIndex`, fed by the workers' cache logs.
 
 use std::str::FromStr;
 
 use pie_core::{BlockHash, Props};
 use pie_policy::cluster::{
-    self, routing_policy, ClusterPolicy, Reject, RouteRequest, RoutingConfigs, WorkerView,
-    ROUTING_POLICIES,
+    self, routing_policy, ClusterIndex, ClusterPolicy, Reject, RouteRequest, RoutingConfigs,
+    WorkerView, ROUTING_POLICIES,
 };
-
-use crate::cache::HashMapByBlock;
 
 /// A routing pipeline: cluster policy names in order, as in the controller's
 /// `cluster_policies` (`session-affinity,cache-aware`).
@@ -66,9 +64,7 @@ pub struct Router {
     pipeline: Vec<Box<dyn ClusterPolicy>>,
     views: Vec<WorkerView>,
     /// Which workers hold each page, when a policy reads cached prefixes.
-    index: Option<HashMapByBlock<Vec<u32>>>,
-    /// Workers whose `cached_prefix_tokens` the last request set.
-    touched: Vec<u32>,
+    index: Option<ClusterIndex>,
     page_size: usize,
 }
 
@@ -84,8 +80,7 @@ impl Router {
                     cached_prefix_tokens: 0,
                 })
                 .collect(),
-            index: spec.reads_prefixes().then(HashMapByBlock::default),
-            touched: Vec::new(),
+            index: spec.reads_prefixes().then(ClusterIndex::new),
             page_size,
         }
     }
@@ -113,14 +108,10 @@ impl Router {
             return;
         };
         for &(h, added) in log {
-            let holders = index.entry(h).or_default();
             if added {
-                holders.push(w as u32);
-            } else if let Some(i) = holders.iter().position(|&x| x == w as u32) {
-                holders.swap_remove(i);
-                if holders.is_empty() {
-                    index.remove(&h);
-                }
+                index.store(w, h.0);
+            } else {
+                index.remove(w, h.0);
             }
         }
     }
@@ -145,35 +136,15 @@ impl Router {
     }
 
     /// Each worker's leading run of `prefix` pages, as the controller's registry
-    /// computes it from the workers' prefix indexes, walked through the holders
-    /// of each page in turn: only workers that hold the whole run so far go on.
+    /// computes it.
     fn set_cached_prefixes(&mut self, prefix: &[BlockHash]) {
         let Some(index) = &self.index else {
             return;
         };
-        for &w in &self.touched {
-            self.views[w as usize].cached_prefix_tokens = 0;
-        }
-        self.touched.clear();
-        let ps = self.page_size;
-        for (depth, h) in prefix.iter().enumerate() {
-            let Some(holders) = index.get(h) else {
-                break;
-            };
-            let mut advanced = false;
-            for &w in holders {
-                let view = &mut self.views[w as usize];
-                if view.cached_prefix_tokens == depth * ps {
-                    view.cached_prefix_tokens += ps;
-                    advanced = true;
-                    if depth == 0 {
-                        self.touched.push(w);
-                    }
-                }
-            }
-            if !advanced {
-                break;
-            }
+        let hashes: Vec<u64> = prefix.iter().map(|h| h.0).collect();
+        let depths = index.prefix_blocks(&hashes, self.views.len());
+        for (view, depth) in self.views.iter_mut().zip(depths) {
+            view.cached_prefix_tokens = depth * self.page_size;
         }
     }
 }
