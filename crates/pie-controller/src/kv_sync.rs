@@ -15,7 +15,7 @@ use pie_core::{KvEventBatch, KvSnapshot};
 use pie_policy::cluster::ClusterIndex;
 
 use crate::metrics::ControllerMetrics;
-use crate::registry::Registry;
+use crate::registry::{with_worker_key, Registry};
 
 /// One message of the stream.
 #[derive(Debug, PartialEq)]
@@ -120,10 +120,7 @@ async fn subscribe(
     url: &str,
     metrics: &ControllerMetrics,
 ) -> Result<(), String> {
-    let mut req = http.get(format!("{url}/v1/internal/kv-events"));
-    if let Some(k) = key {
-        req = req.bearer_auth(k);
-    }
+    let req = with_worker_key(http.get(format!("{url}/v1/internal/kv-events")), key);
     let resp = req.send().await.map_err(|e| e.to_string())?;
     if !resp.status().is_success() {
         return Err(format!("status {}", resp.status()));

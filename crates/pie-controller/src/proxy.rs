@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use crate::metrics::{ControllerMetrics, RouteLabels};
-use crate::registry::Registry;
+use crate::registry::{with_worker_key, Registry};
 use crate::trace::TracedRequest;
 
 pub struct Controller {
@@ -422,6 +422,9 @@ async fn generate(
             )
         }
     };
+    // Native processes have no response to read an output length from.
+    let mut traced = (ctl.trace.is_some() && path != "/v1/processes")
+        .then(|| TracedRequest::new(TraceInput::of(&tokens, arrival_ms), props.clone()));
     // The chosen worker first, then the rest by load, for connection failures.
     let mut order: Vec<usize> = (0..views.len()).filter(|&i| i != chosen).collect();
     order.sort_by_key(|&i| views[i].0.load);
@@ -435,10 +438,6 @@ async fn generate(
         };
         let mut slot = InFlight::begin(&ctl, &view.name);
         drop(ticket.take());
-        if ctl.trace.is_some() && path != "/v1/processes" {
-            let input = TraceInput::of(&tokens, arrival_ms);
-            slot.traced = Some(TracedRequest::new(input, props.clone()));
-        }
         let sent = send(
             &ctl,
             method.clone(),
@@ -453,6 +452,7 @@ async fn generate(
         };
         match started {
             Ok(upstream) => {
+                slot.traced = traced.take();
                 let mut resp = hold_until_streamed(upstream.into_response(), slot);
                 ctl.registry.count_routed(&view.name);
                 let policy = why.split(':').next().unwrap_or_default().to_string();
@@ -522,9 +522,7 @@ async fn send(
     if let Some(ct) = headers.get("content-type") {
         req = req.header("content-type", ct);
     }
-    if let Some(key) = &ctl.worker_key {
-        req = req.bearer_auth(key);
-    }
+    let req = with_worker_key(req, ctl.worker_key.as_deref());
     let resp = req.send().await.map_err(|e| e.to_string())?;
     Ok(Upstream {
         status: resp.status(),

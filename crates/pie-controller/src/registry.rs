@@ -15,6 +15,14 @@ use pie_policy::cluster::{saturated, ClusterIndex, WorkerView};
 use serde::Serialize;
 use serde_json::Value;
 
+/// `req` authenticated with the controller's `[cluster] worker_key`, if any.
+pub fn with_worker_key(req: reqwest::RequestBuilder, key: Option<&str>) -> reqwest::RequestBuilder {
+    match key {
+        Some(k) => req.bearer_auth(k),
+        None => req,
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Worker {
     pub name: String,
@@ -229,12 +237,11 @@ impl Registry {
     /// Poll every worker's health and load once.
     pub async fn poll(&self, http: &reqwest::Client, key: Option<&str>) {
         for w in self.snapshot() {
-            let mut req = http
-                .get(format!("{}/v1/internal/state", w.url))
-                .timeout(Duration::from_secs(2));
-            if let Some(k) = key {
-                req = req.bearer_auth(k);
-            }
+            let req = with_worker_key(
+                http.get(format!("{}/v1/internal/state", w.url))
+                    .timeout(Duration::from_secs(2)),
+                key,
+            );
             let state: Option<Value> = match req.send().await {
                 Ok(r) if r.status().is_success() => r.json().await.ok(),
                 _ => None,
