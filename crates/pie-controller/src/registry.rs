@@ -11,7 +11,7 @@ use std::sync::RwLock;
 use std::time::Duration;
 
 use pie_core::{block_hashes, ModelFingerprint};
-use pie_policy::cluster::{saturated, ClusterIndex, WorkerView};
+use pie_policy::cluster::{ClusterIndex, WorkerView};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -66,6 +66,11 @@ impl Worker {
     /// Processes occupying its running slots, by the freshest figure we have.
     fn busy(&self) -> usize {
         self.running.max(self.in_flight)
+    }
+
+    /// Below its `max_running` (a worker that reports none counts as having room).
+    fn has_room(&self) -> bool {
+        self.max_running == 0 || self.busy() < self.max_running
     }
 }
 
@@ -182,11 +187,8 @@ impl Registry {
     /// Every healthy worker is at its `max_running`.
     pub fn saturated(&self) -> bool {
         let ws = self.workers.read().unwrap_or_else(|e| e.into_inner());
-        saturated(
-            ws.iter()
-                .filter(|w| w.healthy && w.max_running > 0)
-                .map(|w| (w.busy(), w.max_running)),
-        ) && ws.iter().any(|w| w.healthy && w.max_running > 0)
+        let mut healthy = ws.iter().filter(|w| w.healthy).peekable();
+        healthy.peek().is_some() && !healthy.any(Worker::has_room)
     }
 
     /// Healthy workers as the policies see them for `prompt`, with their URLs;
@@ -196,10 +198,9 @@ impl Registry {
         let index = self.index.read().unwrap_or_else(|e| e.into_inner());
         // Workers of one model share page size and fingerprint: hash once per kind.
         let mut depths: Vec<((u64, usize), Vec<usize>)> = Vec::new();
-        let has_room = |w: &Worker| w.max_running == 0 || w.busy() < w.max_running;
-        let any_room = ws.iter().any(|w| w.healthy && has_room(w));
+        let any_room = ws.iter().any(|w| w.healthy && w.has_room());
         ws.iter()
-            .filter(|w| w.healthy && (!with_free_slot || !any_room || has_room(w)))
+            .filter(|w| w.healthy && (!with_free_slot || !any_room || w.has_room()))
             .map(|w| {
                 let cached = if w.page_size == 0 || prompt.is_empty() {
                     0
@@ -259,5 +260,42 @@ impl Registry {
                 None => entry.healthy = false,
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A registry of healthy workers with `(busy, max_running)` each.
+    fn registry(slots: &[(usize, usize)]) -> Registry {
+        let r = Registry::default();
+        for (i, &(busy, max_running)) in slots.iter().enumerate() {
+            let name = format!("w{i}");
+            r.register(&name, "http://127.0.0.1:1");
+            r.update(&name, |w| {
+                w.healthy = true;
+                w.running = busy;
+                w.max_running = max_running;
+            });
+        }
+        r
+    }
+
+    #[test]
+    fn saturation_needs_every_healthy_worker_full() {
+        assert!(registry(&[(2, 2), (5, 4)]).saturated());
+        let r = registry(&[(2, 2), (3, 4)]);
+        assert!(!r.saturated());
+        assert_eq!(r.free_slots(), 1);
+        assert_eq!(r.views(&[], true).len(), 1, "only the worker with room");
+        assert!(
+            !registry(&[]).saturated(),
+            "no healthy worker: refused with 503 by routing, not queued forever"
+        );
+        assert!(
+            !registry(&[(9, 0)]).saturated(),
+            "no max_running reported: room"
+        );
     }
 }

@@ -17,7 +17,7 @@ pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use index::ClusterIndex;
 pub use least_loaded::LeastLoaded;
 pub use pin::{Pin, PinConfig};
-pub use priority::{saturated, PriorityQueue, DEFAULT_MAX_QUEUED};
+pub use priority::{PriorityQueue, DEFAULT_MAX_QUEUED};
 pub use round_robin::RoundRobin;
 pub use session_affinity::{SessionAffinity, SessionAffinityConfig};
 

@@ -1,6 +1,7 @@
 //! `cluster-priority`: a controller-side wait queue for a saturated cluster.
 //!
-//! Rule: when every candidate worker is at its `max_running`, or requests are
+//! Rule: when every candidate worker is at its `max_running` (the controller's
+//! registry decides that from the workers' reports), or requests are
 //! already waiting, a new request waits in the controller; when a slot frees, the
 //! waiting request with the highest `priority` goes first, FCFS within a level.
 //! At most `[cluster] max_queued` requests wait; one more is refused with 429.
@@ -105,13 +106,6 @@ impl<T> PriorityQueue<T> {
     }
 }
 
-/// True when no candidate has a free slot: `(running, max_running)` per worker.
-pub fn saturated(slots: impl IntoIterator<Item = (usize, usize)>) -> bool {
-    slots
-        .into_iter()
-        .all(|(running, max_running)| running >= max_running)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,13 +135,6 @@ mod tests {
         q.retain(|&i| i != 1);
         assert_eq!(q.len(), 1);
         q.push(&Props::new(), 3).expect("room after the leaver");
-    }
-
-    #[test]
-    fn saturation_needs_every_worker_full() {
-        assert!(saturated([(2, 2), (5, 4)]));
-        assert!(!saturated([(2, 2), (3, 4)]));
-        assert!(saturated(std::iter::empty()), "no worker: nothing is free");
     }
 
     proptest! {
