@@ -2,14 +2,17 @@
 # Fidelity of pie-sim against the real processes, and the controller's added
 # time to first token.
 #
-# 1. `pie bench --calibrate` fits the step-time profile of this machine.
+# 1. `pie bench --calibrate` fits the step-time profile of this machine, right
+#    before each real run of steps 2 and 3 (this machine's speed drifts by 10-25%
+#    over minutes, so a profile from a few minutes earlier can be that far off).
 # 2. One `pie serve` + `pie bench` on a workload vs `pie-sim run` with that
 #    profile, one worker, the same workload, overrides and seed.
 # 3. Three workers behind `pie-controller` (`pie cluster up --workers 3`, default
-#    cluster policies) vs `pie-sim --workers 3 --router pin,session-affinity,cache-aware`,
-#    at the same total rate as step 2 (pie-sim multiplies the workload's rate by
-#    --workers, so it gets `rate_per_s` / 3): three workers on this machine share
-#    its cores, which the simulator does not model.
+#    cluster policies) vs `pie-sim --workers 3 --workers-per-machine 3 --router
+#    pin,session-affinity,cache-aware`, at the same total rate as step 2 (pie-sim
+#    multiplies the workload's rate by --workers, so it gets `rate_per_s` / 3): the
+#    three workers share this machine's cores, and the simulator's three workers
+#    share one machine of the calibrated profile.
 # 4. One worker called directly vs through a `pie-controller` in front of it,
 #    closed loop at concurrency 1, alternating, twice each, with cold prompts
 #    (new to the worker) and warm ones (cached): TTFT p50 ratio.
@@ -17,7 +20,8 @@
 # Prints each pair and the ratio sim/real (target: within 0.75..1.25).
 # Needs: cargo build --release (pie, pie-controller, pie-sim), python3, curl.
 # Env: MODEL (default: the default model), REQUESTS, RATE (requests/s in all), SEED,
-# OUT (working directory, default a temp dir), SKIP_CALIBRATE=1 with OUT/profile.json present,
+# OUT (working directory, default a temp dir), SKIP_CALIBRATE=1 with OUT/profile.json present
+# (used for both runs),
 # NICE (default -10 when run as root: the measured processes get the CPU before
 # other work on a shared machine).
 set -euo pipefail
@@ -38,7 +42,9 @@ WORKLOAD=shared-prefix
 SETS=(--set groups=4 --set zipf=null --set system_len=256 --set question_len=32 --set output_len=32)
 
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill -INT "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+# SIGTERM, not SIGINT: a shell without job control starts background jobs with
+# SIGINT ignored. (`pie cluster up` stops its workers and controller on either.)
+cleanup() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
 # Start a process whose stdout announces `PREFIX URL`; sets $URL and pushes its pid.
@@ -66,10 +72,14 @@ wait_ok() {
 stop_all() { cleanup; PIDS=(); }
 
 echo "== machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), commit $(git rev-parse --short HEAD)"
-if [[ "${SKIP_CALIBRATE:-0}" != 1 || ! -f "$OUT/profile.json" ]]; then
-  echo "== calibrate"
-  "${NICE_CMD[@]}" $BIN/pie bench --calibrate "${MODEL_ARGS[@]}" --out "$OUT/profile.json" | grep -Ev '^ +([0-9]|batch)'
-fi
+# calibrate NAME: writes $OUT/NAME.json and sets $PROFILE to it.
+calibrate() {
+  PROFILE=$OUT/profile.json
+  if [[ "${SKIP_CALIBRATE:-0}" == 1 && -f "$PROFILE" ]]; then return 0; fi
+  PROFILE=$OUT/$1.json
+  echo "== calibrate ($1)"
+  "${NICE_CMD[@]}" $BIN/pie bench --calibrate "${MODEL_ARGS[@]}" --out "$PROFILE" | grep -Ev '^ +([0-9]|batch)'
+}
 
 compare() { # name real.json sim.json
   python3 - "$@" <<'PY'
@@ -89,6 +99,7 @@ print(f"(real: {real['completed']}/{real['requests']} completed in {real['durati
 PY
 }
 
+calibrate profile1
 echo "== 1 worker: $WORKLOAD ${SETS[*]} --set rate_per_s=$RATE, $REQUESTS requests, seed $SEED"
 start "pie: listening on " "$OUT/serve.log" $BIN/pie serve --port 0 "${MODEL_ARGS[@]}"
 wait_ok "$URL/health"
@@ -96,10 +107,11 @@ wait_ok "$URL/health"
   --requests "$REQUESTS" --seed "$SEED" --out "$OUT/real1.json" | sed 's/^/  /'
 stop_all
 $BIN/pie-sim run --workload $WORKLOAD "${SETS[@]}" --set rate_per_s=$RATE --requests "$REQUESTS" \
-  --seed "$SEED" --workers 1 --profile "$OUT/profile.json" --router round-robin --json "$OUT/sim1.json" >/dev/null
+  --seed "$SEED" --workers 1 --profile "$PROFILE" --router round-robin --json "$OUT/sim1.json" >/dev/null
 compare "1 worker" "$OUT/real1.json" "$OUT/sim1.json"
 
 RATE3=$(python3 -c "print($RATE / 3)")
+calibrate profile3
 echo "== 3 workers behind pie-controller (they share $(nproc) cores): rate_per_s=$RATE in all ($RATE3 per worker)"
 start "controller: " "$OUT/cluster.log" $BIN/pie cluster up --workers 3 --port 0 "${MODEL_ARGS[@]}"
 wait_ok "$URL/v1/models"
@@ -109,7 +121,8 @@ sleep 3 # the controller's next poll sees every worker healthy
   --requests "$REQUESTS" --seed "$SEED" --out "$OUT/real3.json" | sed 's/^/  /'
 stop_all
 $BIN/pie-sim run --workload $WORKLOAD "${SETS[@]}" --set rate_per_s=$RATE3 --requests "$REQUESTS" \
-  --seed "$SEED" --workers 3 --profile "$OUT/profile.json" --router pin,session-affinity,cache-aware \
+  --seed "$SEED" --workers 3 --workers-per-machine 3 --profile "$PROFILE" \
+  --router pin,session-affinity,cache-aware \
   --json "$OUT/sim3.json" >/dev/null
 compare "3 workers" "$OUT/real3.json" "$OUT/sim3.json"
 

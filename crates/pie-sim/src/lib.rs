@@ -4,6 +4,7 @@
 
 pub mod cache;
 pub mod events;
+pub mod machine;
 pub mod metrics;
 pub mod plots;
 pub mod profile;

@@ -69,6 +69,10 @@ struct Common {
     overrides: Vec<String>,
     #[arg(long, default_value_t = 1)]
     workers: usize,
+    /// Workers that share one machine of the profile: their steps in flight at
+    /// the same time split its speed (several `pie serve` processes on one host).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    workers_per_machine: u64,
     /// Requests to generate (default 2000); for a trace, replay the first N.
     #[arg(long)]
     requests: Option<usize>,
@@ -127,6 +131,7 @@ fn simulate(
                 let mut cfg =
                     SimConfig::new(common.workers, policy, router.clone(), profile.clone());
                 cfg.keep_session = keep;
+                cfg.workers_per_machine = common.workers_per_machine as usize;
                 let m = run(&cfg, &workload, &reqs)?;
                 eprintln!(
                     "{}: {} events in {:.2} s ({:.2e} events/s)",

@@ -111,6 +111,8 @@ pub struct RunMetrics {
     pub router: String,
     pub keep_session: bool,
     pub workers: usize,
+    /// Workers sharing one machine of the profile.
+    pub workers_per_machine: usize,
     pub profile: String,
     pub profile_calibrated: bool,
     pub requests: usize,
@@ -296,6 +298,7 @@ impl RunMetrics {
             router: cfg.router.label(),
             keep_session: cfg.keep_session,
             workers: cfg.workers,
+            workers_per_machine: cfg.workers_per_machine,
             profile: cfg.profile.name.clone(),
             profile_calibrated: cfg.profile.calibrated,
             requests: reqs.len(),

@@ -13,7 +13,8 @@
 //! running sequence ordered last is preempted and recomputed later. The step's
 //! tokens take effect when it ends: full pages are published to the prefix cache,
 //! sampled tokens counted, the policy charged, finished sequences released or
-//! retained for their session.
+//! retained for their session. Workers may share a host (`machine.rs`): their
+//! concurrent steps then split its speed.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -29,6 +30,7 @@ use pie_policy::{
 use crate::cache::PrefixCache;
 use crate::cost::{CostProfile, StepShape};
 use crate::events::{Event, Events};
+use crate::machine::SharedMachine;
 use crate::metrics::{Counters, Record, RunMetrics};
 use crate::router::{Router, RouterSpec};
 use crate::workload::Request;
@@ -94,6 +96,9 @@ pub struct SimConfig {
     /// Run `KeepSession` (retention from the `session` and `keep-ms` props).
     pub keep_session: bool,
     pub profile: CostProfile,
+    /// Workers sharing one machine of the profile (`machine.rs`); 1: each worker
+    /// has a machine to itself.
+    pub workers_per_machine: usize,
 }
 
 impl SimConfig {
@@ -109,6 +114,7 @@ impl SimConfig {
             router,
             keep_session: false,
             profile,
+            workers_per_machine: 1,
         }
     }
 }
@@ -162,6 +168,9 @@ struct Worker {
     /// The running step: (index in `cands`, tokens).
     plan: Vec<(usize, u32)>,
     busy: bool,
+    /// When the running step ends; step-end events at other times are stale
+    /// (a shared machine moved the end).
+    step_end: Option<u64>,
 }
 
 struct Sim<'a> {
@@ -174,6 +183,9 @@ struct Sim<'a> {
     records: Vec<Record>,
     followers: Vec<Option<u32>>,
     events: Events,
+    /// Hosts of `workers_per_machine` workers each; empty when every worker has
+    /// its own.
+    machines: Vec<SharedMachine>,
     router: Router,
     /// Hashes of first prompt segments that are whole pages (bounded; cleared when
     /// full), so shared system prompts are hashed once.
@@ -218,6 +230,10 @@ pub fn run_with(
         cfg.profile.max_batch_tokens > 0 && cfg.profile.max_running > 0,
         "max_batch_tokens and max_running must be positive"
     );
+    anyhow::ensure!(
+        cfg.workers_per_machine > 0,
+        "workers per machine must be positive"
+    );
     let started = Instant::now();
     let mut sim = Sim::new(cfg, reqs, policy);
     sim.run()?;
@@ -258,6 +274,7 @@ impl<'a> Sim<'a> {
                 expiries: BinaryHeap::new(),
                 plan: Vec::new(),
                 busy: false,
+                step_end: None,
             })
             .collect();
         let mut followers = vec![None; reqs.len()];
@@ -285,6 +302,12 @@ impl<'a> Sim<'a> {
             records: vec![Record::default(); reqs.len()],
             followers,
             events: Events::new(reqs),
+            machines: match cfg.workers_per_machine {
+                1 => Vec::new(),
+                n => (0..cfg.workers.div_ceil(n))
+                    .map(|_| SharedMachine::default())
+                    .collect(),
+            },
             router,
             memo: HashMap::new(),
             client_ids: HashMap::new(),
@@ -296,17 +319,61 @@ impl<'a> Sim<'a> {
 
     fn run(&mut self) -> anyhow::Result<()> {
         while let Some((now, ev)) = self.events.pop() {
+            if let Event::StepEnd(w) = ev {
+                if self.workers[w as usize].step_end != Some(now) {
+                    continue;
+                }
+            }
             self.counters.events += 1;
             self.counters.end_us = self.counters.end_us.max(now);
             match ev {
                 Event::Arrive(r) => self.arrive(r as usize, now)?,
-                Event::StepEnd(w) => {
-                    self.end_step(w as usize, now);
-                    self.start_step(w as usize, now)?;
-                }
+                Event::StepEnd(w) => self.step_ended(w as usize, now)?,
             }
         }
         Ok(())
+    }
+
+    fn step_ended(&mut self, w: usize, now: u64) -> anyhow::Result<()> {
+        self.workers[w].step_end = None;
+        if let Some(m) = self.machine_of(w) {
+            self.machines[m].finish(now, w as u32);
+        }
+        self.end_step(w, now);
+        let started = self.start_step(w, now)?;
+        match self.machine_of(w) {
+            Some(m) if !started => self.schedule_machine(m, now),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn machine_of(&self, w: usize) -> Option<usize> {
+        (!self.machines.is_empty()).then(|| w / self.cfg.workers_per_machine)
+    }
+
+    /// Schedule the end of `w`'s step of `work_us` (profile time) begun at `now`.
+    fn schedule_step(&mut self, w: usize, now: u64, work_us: u64) {
+        match self.machine_of(w) {
+            None => self.set_step_end(w, now + work_us),
+            Some(m) => {
+                self.machines[m].start(now, w as u32, work_us);
+                self.schedule_machine(m, now);
+            }
+        }
+    }
+
+    /// (Re)schedule the ends of every step in flight on machine `m`.
+    fn schedule_machine(&mut self, m: usize, now: u64) {
+        let ends: Vec<(u32, u64)> = self.machines[m].ends(now).collect();
+        for (w, end) in ends {
+            self.set_step_end(w as usize, end);
+        }
+    }
+
+    fn set_step_end(&mut self, w: usize, end: u64) {
+        self.workers[w].step_end = Some(end);
+        self.events.push(end, Event::StepEnd(w as u32));
     }
 
     fn arrive(&mut self, r: usize, now: u64) -> anyhow::Result<()> {
@@ -445,7 +512,8 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn start_step(&mut self, w: usize, now: u64) -> anyhow::Result<()> {
+    /// Plan and start `w`'s next step; false when it has nothing to run.
+    fn start_step(&mut self, w: usize, now: u64) -> anyhow::Result<bool> {
         let now_ms = now / 1000;
         self.expire_retained(w, now_ms);
         self.abort_expired(w, now);
@@ -462,14 +530,13 @@ impl<'a> Sim<'a> {
                 "worker {w} stalled with {} sequences at {now} us",
                 worker.cands.len()
             );
-            return Ok(());
+            return Ok(false);
         }
         worker.busy = true;
         self.counters.steps += 1;
         self.counters.batch_tokens += shape.batch_tokens as u64;
-        let end = now + self.cfg.profile.step_us(&shape);
-        self.events.push(end, Event::StepEnd(w as u32));
-        Ok(())
+        self.schedule_step(w, now, self.cfg.profile.step_us(&shape));
+        Ok(true)
     }
 
     /// `cands[ci]`'s `running` and `prefill_tokens` from its sequence, after its

@@ -312,3 +312,47 @@ fn a_mooncake_trace_replays_with_its_prefix_sharing() {
     };
     assert!(requests::load(&missing).is_err());
 }
+
+/// Three identical requests at time 0, one per worker (round-robin).
+fn three_at_once() -> Vec<pie_sim::Request> {
+    (0..3u64)
+        .map(|i| pie_sim::Request {
+            arrival_us: 0,
+            follows: None,
+            client: "c".into(),
+            class: "c".into(),
+            prompt: vec![pie_sim::Segment::named(&[i], 100)],
+            output: pie_sim::Segment::named(&[i, 1], 4),
+            props: Default::default(),
+        })
+        .collect()
+}
+
+#[test]
+fn workers_on_one_machine_share_its_speed() {
+    let reqs = three_at_once();
+    let profile = CostProfile::cpu_placeholder();
+    let mut cfg = SimConfig::new(3, PolicyName::Fcfs, router("round-robin"), profile.clone());
+    let apart = run(&cfg, "three", &reqs).expect("runs");
+    cfg.workers_per_machine = 3;
+    let shared = run(&cfg, "three", &reqs).expect("runs");
+    // Alone, the first token takes one 100-token prefill step.
+    let prefill_ms = profile.step_ms(&pie_sim::cost::StepShape::of(&[(0, 100)]));
+    assert!((apart.ttft_ms.p50 - prefill_ms).abs() < 0.01, "{apart:?}");
+    // Three equal steps in flight on one machine each take three times as long,
+    // and so does the whole run.
+    assert!(
+        (shared.ttft_ms.p50 - 3.0 * prefill_ms).abs() < 0.01,
+        "{shared:?}"
+    );
+    assert!((shared.sim_time_s / apart.sim_time_s - 3.0).abs() < 1e-3);
+    assert_eq!(shared.generated_tokens, apart.generated_tokens);
+    // Two machines (2 + 1 workers): the lone worker is not slowed.
+    cfg.workers_per_machine = 2;
+    let two = run(&cfg, "three", &reqs).expect("runs");
+    assert!((two.ttft_cdf_ms[0] - prefill_ms).abs() < 0.01, "{two:?}");
+    assert!(
+        (two.ttft_cdf_ms[100] - 2.0 * prefill_ms).abs() < 0.01,
+        "{two:?}"
+    );
+}
