@@ -770,3 +770,54 @@ async fn the_controller_records_routed_requests_as_a_trace() {
         "a stream without usage: its token chunks"
     );
 }
+
+/// `pie cluster up` stopped with SIGTERM (as `kill`, `docker stop` and systemd
+/// stop it) stops its workers and controller instead of orphaning them.
+#[tokio::test]
+async fn cluster_up_stops_its_children_on_sigterm() {
+    let model = model();
+    let mut up = Command::new(bin("pie"))
+        .args(["cluster", "up", "--workers", "2", "--port", "0", "--model"])
+        .arg(&model)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(up.stdout.take().unwrap()).lines();
+    let mut addrs = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let url = line.split_once(": http://").map(|(_, rest)| rest);
+        if let Some(addr) = url.and_then(|u| u.split_whitespace().next()) {
+            addrs.push(addr.to_string());
+        }
+        if line.starts_with("controller: ") {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    assert_eq!(addrs.len(), 3, "two workers and a controller: {addrs:?}");
+    for addr in &addrs {
+        assert!(std::net::TcpStream::connect(addr).is_ok(), "{addr} is up");
+    }
+    let killed = Command::new("kill")
+        .args(["-TERM", &up.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = up.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "pie cluster up ignored SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    for addr in &addrs {
+        assert!(
+            std::net::TcpStream::connect(addr).is_err(),
+            "{addr} still accepts connections after the cluster stopped"
+        );
+    }
+}

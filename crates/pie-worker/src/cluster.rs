@@ -96,6 +96,22 @@ pub fn up(
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
-        .block_on(tokio::signal::ctrl_c())?;
+        .block_on(stop_requested())
+}
+
+/// Ctrl-C, or SIGTERM (what `kill`, `docker stop` and systemd send): either one
+/// must return, so the children are stopped rather than orphaned.
+async fn stop_requested() -> Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        tokio::select! {
+            interrupted = tokio::signal::ctrl_c() => interrupted?,
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    tokio::signal::ctrl_c().await?;
     Ok(())
 }
