@@ -27,7 +27,7 @@ use pie_policy::{
     OnMiss, Priority, PriorityConfig, WorkerPolicy,
 };
 
-use crate::cache::PrefixCache;
+use crate::cache::{prefetch, PrefixCache};
 use crate::cost::{CostProfile, StepShape};
 use crate::events::{Event, Events};
 use crate::machine::SharedMachine;
@@ -195,6 +195,8 @@ struct Sim<'a> {
     /// Service up to the last open-loop arrival is counted per client.
     window_end_us: u64,
     tokens: Vec<u32>,
+    /// Pages a step filled, published when it ends (a reused buffer).
+    published: Vec<BlockHash>,
 }
 
 const FINGERPRINT: ModelFingerprint = ModelFingerprint(0x51_u64);
@@ -314,6 +316,7 @@ impl<'a> Sim<'a> {
             counters: Counters::default(),
             window_end_us,
             tokens: Vec::new(),
+            published: Vec::new(),
         }
     }
 
@@ -568,6 +571,9 @@ impl<'a> Sim<'a> {
         let mut plan = std::mem::take(&mut self.workers[w].plan);
         plan.clear();
         let order: Vec<usize> = self.workers[w].cands.iter().map(|c| slot(c.seq)).collect();
+        for &id in &order {
+            prefetch(&self.workers[w].seqs[id]);
+        }
         let mut running = self.workers[w].cands.iter().filter(|c| c.running).count();
         let mut budget = cfg.max_batch_tokens as u32;
         let preempts = self.workers[w].policy.preempts_for_slots();
@@ -648,9 +654,7 @@ impl<'a> Sim<'a> {
     fn release(&mut self, w: usize, id: usize) {
         let worker = &mut self.workers[w];
         let s = Self::seq_mut(&mut worker.seqs, id);
-        for h in s.hashes[..s.published as usize].iter().rev() {
-            worker.cache.release(*h);
-        }
+        worker.cache.release_all(&s.hashes[..s.published as usize]);
         worker.private_pages -= (s.pages - s.published) as usize;
         s.pages = 0;
         s.published = 0;
@@ -719,9 +723,7 @@ impl<'a> Sim<'a> {
     fn drop_retained(&mut self, w: usize, session: &str) {
         let worker = &mut self.workers[w];
         if let Some(r) = worker.retained.remove(session) {
-            for h in r.hashes.iter().rev() {
-                worker.cache.release(*h);
-            }
+            worker.cache.release_all(&r.hashes);
             worker.private_pages -= r.private as usize;
         }
     }
@@ -778,16 +780,24 @@ impl<'a> Sim<'a> {
     fn end_step(&mut self, w: usize, now: u64) {
         let ps = self.cfg.profile.page_size as u32;
         let plan = std::mem::take(&mut self.workers[w].plan);
+        let mut published = std::mem::take(&mut self.published);
         let mut done = Vec::new();
         let in_window = now <= self.window_end_us;
+        let worker = &self.workers[w];
+        for &(ci, _) in &plan {
+            if let Some(s) = worker.seqs.get(slot(worker.cands[ci].seq)) {
+                prefetch(s);
+            }
+        }
         for &(ci, n) in &plan {
             let worker = &mut self.workers[w];
             let s = Self::seq_mut(&mut worker.seqs, slot(worker.cands[ci].seq));
             let new_len = s.len + n;
             let prefill = s.prompt_len.clamp(s.len, new_len) - s.len;
             let full = ((new_len / ps) as usize).min(s.hashes.len()) as u32;
-            for h in &s.hashes[s.published as usize..full as usize] {
-                worker.cache.acquire_or_insert(*h);
+            for &h in &s.hashes[s.published as usize..full as usize] {
+                worker.cache.prefetch(h);
+                published.push(h);
                 worker.private_pages -= 1;
             }
             s.published = s.published.max(full);
@@ -814,6 +824,12 @@ impl<'a> Sim<'a> {
                 .policy
                 .charge(&worker.cands[ci], prefill as usize, generated as usize);
         }
+        // Published after the loop, so that their cache misses overlap.
+        for &h in &published {
+            self.workers[w].cache.acquire_or_insert(h);
+        }
+        published.clear();
+        self.published = published;
         self.workers[w].plan = plan;
         self.workers[w].plan.clear();
         done.sort_unstable();
@@ -867,9 +883,7 @@ impl<'a> Sim<'a> {
             }
             None => {
                 let worker = &mut self.workers[w];
-                for h in s.hashes[..s.published as usize].iter().rev() {
-                    worker.cache.release(*h);
-                }
+                worker.cache.release_all(&s.hashes[..s.published as usize]);
                 worker.private_pages -= (s.pages - s.published) as usize;
             }
         }
