@@ -3,7 +3,7 @@
 //! latencies, throughput, and the simulator's own speed (events per second). The
 //! whole [`RunMetrics`] serialises to JSON; [`markdown_table`] compares runs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
@@ -240,12 +240,18 @@ impl RunMetrics {
                     .collect(),
             )
         };
-        let mut clients: BTreeMap<String, ClientService> = BTreeMap::new();
+        // Borrowed keys while counting: a multi-turn run has a client per
+        // conversation, and a million owned-key lookups took seconds.
+        let mut by_client: HashMap<&str, ClientService> = HashMap::new();
         for (q, r) in &served {
-            let c = clients.entry(q.client.clone()).or_default();
+            let c = by_client.entry(&q.client).or_default();
             c.requests += 1;
             c.tokens += u64::from(r.prompt_tokens + r.generated_tokens);
         }
+        let mut clients: BTreeMap<String, ClientService> = by_client
+            .into_iter()
+            .map(|(k, c)| (k.to_string(), c))
+            .collect();
         for (id, name) in client_names.iter().enumerate() {
             if let Some(c) = clients.get_mut(name) {
                 c.window_tokens = counters.window_service.get(id).copied().unwrap_or(0);
@@ -259,16 +265,16 @@ impl RunMetrics {
         } else {
             1.0
         };
-        let mut by_class: BTreeMap<String, Vec<(&Request, &Record)>> = BTreeMap::new();
+        let mut by_class: BTreeMap<&str, Vec<(&Request, &Record)>> = BTreeMap::new();
         for &(q, r) in &served {
-            by_class.entry(q.class.clone()).or_default().push((q, r));
+            by_class.entry(&q.class).or_default().push((q, r));
         }
         let classes = by_class
             .into_iter()
             .map(|(k, v)| {
                 let misses = v.iter().filter(|(q, r)| missed(q, r) == Some(true)).count();
                 (
-                    k,
+                    k.to_string(),
                     ClassStats {
                         requests: v.len(),
                         ttft_ms: ttft(&v),

@@ -190,6 +190,9 @@ struct Sim<'a> {
     /// Hashes of first prompt segments that are whole pages (bounded; cleared when
     /// full), so shared system prompts are hashed once.
     memo: HashMap<(u64, u32), Vec<BlockHash>>,
+    /// A later turn's first hashes: those of the turn it continues, left by its
+    /// finish.
+    carried: Vec<Option<Vec<BlockHash>>>,
     client_ids: HashMap<String, u32>,
     counters: Counters,
     /// Service up to the last open-loop arrival is counted per client.
@@ -312,6 +315,7 @@ impl<'a> Sim<'a> {
             },
             router,
             memo: HashMap::new(),
+            carried: vec![None; reqs.len()],
             client_ids: HashMap::new(),
             counters: Counters::default(),
             window_end_us,
@@ -391,7 +395,7 @@ impl<'a> Sim<'a> {
             return Ok(());
         }
         let max_tokens = req.output_len().min(limit - prompt_len).max(1);
-        let hashes = self.hashes(req, prompt_len + max_tokens);
+        let hashes = self.hashes(r, prompt_len + max_tokens);
         let usable = hashes.len().min((prompt_len - 1) / ps);
         let routed = self
             .router
@@ -463,42 +467,49 @@ impl<'a> Sim<'a> {
         self.follow_up(r, now);
     }
 
-    /// `pie_core::block_hashes` of the request's first `total` tokens, reusing the
-    /// hashes of a first segment made of whole pages.
-    fn hashes(&mut self, req: &Request, total: usize) -> Vec<BlockHash> {
+    /// `pie_core::block_hashes` of request `r`'s first `total` tokens, hashing
+    /// only past a known prefix of whole pages: the hashes of the turn it
+    /// continues, or of a first segment made of whole pages (a shared system
+    /// prompt).
+    fn hashes(&mut self, r: usize, total: usize) -> Vec<BlockHash> {
         let ps = self.cfg.profile.page_size;
-        let first = req.prompt[0];
-        let skip = first.len as usize;
-        if skip == 0 || !skip.is_multiple_of(ps) || skip > total {
-            req.tokens(&mut self.tokens);
-            self.tokens.truncate(total);
-            return block_hashes(FINGERPRINT, &self.tokens, ps);
-        }
-        if self.memo.len() >= MEMO_CAPACITY {
-            self.memo.clear();
-        }
-        let tokens = &mut self.tokens;
-        let mut hashes = self
-            .memo
-            .entry((first.key, first.len))
-            .or_insert_with(|| {
-                tokens.clear();
-                first.push_tokens(tokens);
-                block_hashes(FINGERPRINT, tokens, ps)
-            })
-            .clone();
+        let mut hashes = self.known_prefix(r, total);
+        hashes.reserve(total / ps - hashes.len());
         self.tokens.clear();
-        for seg in &req.prompt[1..] {
-            seg.push_tokens(&mut self.tokens);
-        }
-        req.output.push_tokens(&mut self.tokens);
-        self.tokens.truncate(total - skip);
+        self.reqs[r].push_token_range(hashes.len() * ps, total, &mut self.tokens);
         let mut parent = hashes.last().copied().unwrap_or(FINGERPRINT.root());
         for page in self.tokens.chunks_exact(ps) {
             parent = block_hash(parent, page);
             hashes.push(parent);
         }
         hashes
+    }
+
+    /// Hashes of whole pages at the start of request `r`'s first `total` tokens
+    /// known without hashing them.
+    fn known_prefix(&mut self, r: usize, total: usize) -> Vec<BlockHash> {
+        let ps = self.cfg.profile.page_size;
+        if let Some(mut carried) = self.carried[r].take() {
+            carried.truncate(total / ps);
+            return carried;
+        }
+        let first = self.reqs[r].prompt[0];
+        let len = first.len as usize;
+        if len == 0 || !len.is_multiple_of(ps) || len > total {
+            return Vec::new();
+        }
+        if self.memo.len() >= MEMO_CAPACITY {
+            self.memo.clear();
+        }
+        let tokens = &mut self.tokens;
+        self.memo
+            .entry((first.key, first.len))
+            .or_insert_with(|| {
+                tokens.clear();
+                first.push_tokens(tokens);
+                block_hashes(FINGERPRINT, tokens, ps)
+            })
+            .clone()
     }
 
     fn follow_up(&mut self, r: usize, now: u64) {
@@ -862,8 +873,14 @@ impl<'a> Sim<'a> {
             window.resize(c + 1, 0);
         }
         window[c] += s.window_tokens;
+        let next_turn = self.followers[req]
+            .map(|n| n as usize)
+            .filter(|&n| self.reqs[n].continues(&self.reqs[req]));
         match retention {
             Some(r) => {
+                if let Some(n) = next_turn {
+                    self.carried[n] = Some(s.hashes.clone());
+                }
                 let mut hashes = s.hashes;
                 hashes.truncate(s.published as usize);
                 let private = s.pages - s.published;
@@ -885,6 +902,9 @@ impl<'a> Sim<'a> {
                 let worker = &mut self.workers[w];
                 worker.cache.release_all(&s.hashes[..s.published as usize]);
                 worker.private_pages -= (s.pages - s.published) as usize;
+                if let Some(n) = next_turn {
+                    self.carried[n] = Some(s.hashes);
+                }
             }
         }
         self.router.set_load(w, self.router.load(w) - 1);
@@ -898,7 +918,7 @@ mod tests {
     use crate::workload::WorkloadSpec;
 
     #[test]
-    fn memoised_hashes_equal_block_hashes_of_the_tokens() {
+    fn reused_hashes_equal_block_hashes_of_the_tokens() {
         let cfg = SimConfig::new(
             1,
             PolicyName::Fcfs,
@@ -909,16 +929,26 @@ mod tests {
             let reqs = WorkloadSpec::named(name).unwrap().generate(20, 1);
             let mut sim = Sim::new(&cfg, &reqs, &|| cfg.policy.build());
             let mut tokens = Vec::new();
-            for r in &reqs {
+            let mut carried = 0;
+            for (i, r) in reqs.iter().enumerate() {
                 let total = r.prompt_len() + r.output_len() - 3;
                 r.tokens(&mut tokens);
                 tokens.truncate(total);
                 let want = block_hashes(FINGERPRINT, &tokens, 16);
-                assert_eq!(sim.hashes(r, total), want, "{name}");
-                // Twice: the second comes from the memo.
-                assert_eq!(sim.hashes(r, total), want, "{name}");
+                carried += usize::from(sim.carried[i].is_some());
+                assert_eq!(sim.hashes(i, total), want, "{name}");
+                // Twice: the second comes from the memo, not the carried turn.
+                assert_eq!(sim.hashes(i, total), want, "{name}");
+                // As `finish` leaves them for the next turn.
+                if let Some(n) = sim.followers[i].map(|n| n as usize) {
+                    if reqs[n].continues(r) {
+                        let all = sim.hashes(i, r.prompt_len() + r.output_len());
+                        sim.carried[n] = Some(all);
+                    }
+                }
             }
             assert!(!sim.memo.is_empty() || name == "deadline-mix");
+            assert_eq!(carried > 0, name == "multi-turn", "{name}: {carried}");
         }
     }
 }

@@ -43,7 +43,12 @@ impl Segment {
     }
 
     pub fn push_tokens(&self, out: &mut Vec<u32>) {
-        out.extend((0..u64::from(self.len)).map(|i| {
+        self.push_token_range(0, self.len, out);
+    }
+
+    /// Its tokens `from..to` (clamped to its length).
+    pub fn push_token_range(&self, from: u32, to: u32, out: &mut Vec<u32>) {
+        out.extend((u64::from(from)..u64::from(to.min(self.len))).map(|i| {
             (splitmix64(self.key.wrapping_add(i.wrapping_mul(0x9e37_79b9))) % VOCAB) as u32
         }));
     }
@@ -84,10 +89,29 @@ impl Request {
     /// The prompt's tokens followed by the output's.
     pub fn tokens(&self, out: &mut Vec<u32>) {
         out.clear();
-        for s in &self.prompt {
-            s.push_tokens(out);
+        self.push_token_range(0, usize::MAX, out);
+    }
+
+    /// Tokens `from..to` of the prompt followed by the output.
+    pub fn push_token_range(&self, from: usize, to: usize, out: &mut Vec<u32>) {
+        let mut start = 0;
+        for seg in self.prompt.iter().chain(std::iter::once(&self.output)) {
+            let end = start + seg.len as usize;
+            if end > from && start < to {
+                let local = |at: usize| (at.clamp(start, end) - start) as u32;
+                seg.push_token_range(local(from), local(to), out);
+            }
+            start = end;
         }
-        self.output.push_tokens(out);
+    }
+
+    /// Whether this request's prompt begins with all of `earlier`'s tokens, its
+    /// prompt and then its output (a later turn of the same conversation).
+    pub fn continues(&self, earlier: &Request) -> bool {
+        let n = earlier.prompt.len();
+        self.prompt.len() > n
+            && self.prompt[..n] == earlier.prompt[..]
+            && self.prompt[n] == earlier.output
     }
 }
 
