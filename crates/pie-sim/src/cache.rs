@@ -189,7 +189,7 @@ impl PrefixCache {
         self.entries.probe(*h).1
     }
 
-    /// Start loading `h`'s entry, ahead of an `acquire_or_insert` of it.
+    /// Start loading `h`'s entry, ahead of an `insert` of it.
     pub fn prefetch(&self, h: BlockHash) {
         self.entries.prefetch(h);
     }
@@ -208,20 +208,17 @@ impl PrefixCache {
         }
     }
 
-    /// Reference the page, adding it if absent.
-    pub fn acquire_or_insert(&mut self, h: BlockHash) {
+    /// Add a page, referenced once; false (and nothing changes) if a page with
+    /// this hash is already cached: `pie-kv` keeps the older page in its index.
+    pub fn insert(&mut self, h: BlockHash) -> bool {
         let (e, inserted) = self.entries.entry(h);
         if inserted {
             e.refs = 1;
             if let Some(log) = &mut self.log {
                 log.push((h, true));
             }
-            return;
         }
-        if e.refs == 0 {
-            self.evictable -= 1;
-        }
-        e.refs += 1;
+        inserted
     }
 
     /// Drop one reference; at zero the page becomes the most recently used
@@ -300,7 +297,11 @@ mod tests {
     fn lru_evicts_only_unreferenced_oldest_first() {
         let mut c = PrefixCache::new(true);
         for i in 0..3 {
-            c.acquire_or_insert(BlockHash(i));
+            assert!(c.insert(BlockHash(i)));
+            assert!(
+                !c.insert(BlockHash(i)),
+                "an indexed hash is not added twice"
+            );
         }
         c.release(BlockHash(2));
         c.release(BlockHash(0));

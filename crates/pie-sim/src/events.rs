@@ -63,7 +63,7 @@ impl Events {
             (s, t) => s.or(t).map(|e| e.0),
         };
         if let Some(&at) = self.open_at.get(self.next_open) {
-            if queued.is_none_or(|q| at < q) {
+            if queued.is_none_or(|q| at <= q) {
                 self.next_open += 1;
                 return Some((at, Event::Arrive(self.open[self.next_open - 1])));
             }

@@ -131,6 +131,10 @@ struct Seq {
     /// Pages held: `published` leading cache pages plus private ones.
     pages: u32,
     published: u32,
+    /// Indices among the `published` pages whose hash another page already held
+    /// when they filled: as in `pie-kv`, they stay private (freed on release)
+    /// instead of joining the cached one. Usually empty.
+    duplicates: Vec<u32>,
     client: u32,
     /// The request it serves (index into the workload and the records).
     req: u32,
@@ -141,6 +145,33 @@ struct Seq {
 impl Seq {
     fn tokens(&self) -> u32 {
         self.prompt_len + self.generated
+    }
+
+    /// Pages it holds outside the prefix cache.
+    fn private_pages(&self) -> usize {
+        (self.pages - self.published) as usize + self.duplicates.len()
+    }
+
+    /// The cached pages it references.
+    fn cached_hashes(&self) -> Vec<BlockHash> {
+        let published = &self.hashes[..self.published as usize];
+        if self.duplicates.is_empty() {
+            return published.to_vec();
+        }
+        (0..published.len())
+            .filter(|i| !self.duplicates.contains(&(*i as u32)))
+            .map(|i| published[i])
+            .collect()
+    }
+
+    /// Drop its references to cached pages and its private pages.
+    fn release(&self, cache: &mut PrefixCache, private_pages: &mut usize) {
+        if self.duplicates.is_empty() {
+            cache.release_all(&self.hashes[..self.published as usize]);
+        } else {
+            cache.release_all(&self.cached_hashes());
+        }
+        *private_pages -= self.private_pages();
     }
 }
 
@@ -198,8 +229,9 @@ struct Sim<'a> {
     /// Service up to the last open-loop arrival is counted per client.
     window_end_us: u64,
     tokens: Vec<u32>,
-    /// Pages a step filled, published when it ends (a reused buffer).
-    published: Vec<BlockHash>,
+    /// Pages a step filled (hash, sequence, page index), published when it
+    /// ends (a reused buffer).
+    published: Vec<(BlockHash, SeqId, u32)>,
 }
 
 const FINGERPRINT: ModelFingerprint = ModelFingerprint(0x51_u64);
@@ -226,22 +258,8 @@ pub fn run_with(
     reqs: &[Request],
     policy: &dyn Fn() -> Box<dyn WorkerPolicy>,
 ) -> anyhow::Result<RunMetrics> {
-    anyhow::ensure!(cfg.workers > 0, "at least one worker");
-    anyhow::ensure!(
-        cfg.profile.page_size > 0 && cfg.profile.kv_pages > 0,
-        "page size and pages must be positive"
-    );
-    anyhow::ensure!(
-        cfg.profile.max_batch_tokens > 0 && cfg.profile.max_running > 0,
-        "max_batch_tokens and max_running must be positive"
-    );
-    anyhow::ensure!(
-        cfg.workers_per_machine > 0,
-        "workers per machine must be positive"
-    );
     let started = Instant::now();
-    let mut sim = Sim::new(cfg, reqs, policy);
-    sim.run()?;
+    let mut sim = simulate(cfg, reqs, policy)?;
     let wall_s = started.elapsed().as_secs_f64();
     let mut clients = vec![String::new(); sim.client_ids.len()];
     for (name, &id) in &sim.client_ids {
@@ -257,6 +275,40 @@ pub fn run_with(
         counters,
         wall_s,
     ))
+}
+
+/// Every request's record (first token, finish, cached tokens, in simulated
+/// time), from [`run_with`]'s simulation: to compare with the engine request by
+/// request.
+pub fn run_records(
+    cfg: &SimConfig,
+    reqs: &[Request],
+    policy: &dyn Fn() -> Box<dyn WorkerPolicy>,
+) -> anyhow::Result<Vec<Record>> {
+    Ok(simulate(cfg, reqs, policy)?.records)
+}
+
+fn simulate<'a>(
+    cfg: &'a SimConfig,
+    reqs: &'a [Request],
+    policy: &dyn Fn() -> Box<dyn WorkerPolicy>,
+) -> anyhow::Result<Sim<'a>> {
+    anyhow::ensure!(cfg.workers > 0, "at least one worker");
+    anyhow::ensure!(
+        cfg.profile.page_size > 0 && cfg.profile.kv_pages > 0,
+        "page size and pages must be positive"
+    );
+    anyhow::ensure!(
+        cfg.profile.max_batch_tokens > 0 && cfg.profile.max_running > 0,
+        "max_batch_tokens and max_running must be positive"
+    );
+    anyhow::ensure!(
+        cfg.workers_per_machine > 0,
+        "workers per machine must be positive"
+    );
+    let mut sim = Sim::new(cfg, reqs, policy);
+    sim.run()?;
+    Ok(sim)
 }
 
 impl<'a> Sim<'a> {
@@ -414,6 +466,7 @@ impl<'a> Sim<'a> {
             len: 0,
             pages: 0,
             published: 0,
+            duplicates: Vec::new(),
             client,
             req: r as u32,
             window_tokens: 0,
@@ -430,7 +483,10 @@ impl<'a> Sim<'a> {
         });
         self.router.set_load(w, self.router.load(w) + 1);
         if !self.workers[w].busy {
-            self.start_step(w, now)?;
+            // Wake it once every arrival at this instant is in, as the engine
+            // takes all queued requests before it plans a step.
+            self.workers[w].busy = true;
+            self.set_step_end(w, now);
         }
         Ok(())
     }
@@ -665,10 +721,10 @@ impl<'a> Sim<'a> {
     fn release(&mut self, w: usize, id: usize) {
         let worker = &mut self.workers[w];
         let s = Self::seq_mut(&mut worker.seqs, id);
-        worker.cache.release_all(&s.hashes[..s.published as usize]);
-        worker.private_pages -= (s.pages - s.published) as usize;
+        s.release(&mut worker.cache, &mut worker.private_pages);
         s.pages = 0;
         s.published = 0;
+        s.duplicates.clear();
         s.len = 0;
     }
 
@@ -806,10 +862,10 @@ impl<'a> Sim<'a> {
             let new_len = s.len + n;
             let prefill = s.prompt_len.clamp(s.len, new_len) - s.len;
             let full = ((new_len / ps) as usize).min(s.hashes.len()) as u32;
-            for &h in &s.hashes[s.published as usize..full as usize] {
+            for page in s.published..full {
+                let h = s.hashes[page as usize];
                 worker.cache.prefetch(h);
-                published.push(h);
-                worker.private_pages -= 1;
+                published.push((h, worker.cands[ci].seq, page));
             }
             s.published = s.published.max(full);
             s.len = new_len;
@@ -836,8 +892,15 @@ impl<'a> Sim<'a> {
                 .charge(&worker.cands[ci], prefill as usize, generated as usize);
         }
         // Published after the loop, so that their cache misses overlap.
-        for &h in &published {
-            self.workers[w].cache.acquire_or_insert(h);
+        let worker = &mut self.workers[w];
+        for &(h, seq, page) in &published {
+            if worker.cache.insert(h) {
+                worker.private_pages -= 1;
+            } else {
+                Self::seq_mut(&mut worker.seqs, slot(seq))
+                    .duplicates
+                    .push(page);
+            }
         }
         published.clear();
         self.published = published;
@@ -881,9 +944,8 @@ impl<'a> Sim<'a> {
                 if let Some(n) = next_turn {
                     self.carried[n] = Some(s.hashes.clone());
                 }
-                let mut hashes = s.hashes;
-                hashes.truncate(s.published as usize);
-                let private = s.pages - s.published;
+                let hashes = s.cached_hashes();
+                let private = s.private_pages() as u32;
                 self.drop_retained(w, &r.session);
                 let worker = &mut self.workers[w];
                 worker
@@ -900,8 +962,7 @@ impl<'a> Sim<'a> {
             }
             None => {
                 let worker = &mut self.workers[w];
-                worker.cache.release_all(&s.hashes[..s.published as usize]);
-                worker.private_pages -= (s.pages - s.published) as usize;
+                s.release(&mut worker.cache, &mut worker.private_pages);
                 if let Some(n) = next_turn {
                     self.carried[n] = Some(s.hashes);
                 }
