@@ -54,6 +54,14 @@ impl Events {
         }
     }
 
+    /// When the next event happens; None when none is left.
+    pub fn next_at(&self) -> Option<u64> {
+        let open = self.open_at.get(self.next_open).copied();
+        let step = self.steps.peek().map(|Reverse(e)| e.0);
+        let turn = self.turns.peek().map(|Reverse(e)| e.0);
+        [open, step, turn].into_iter().flatten().min()
+    }
+
     /// The next event and its time; None when none is left.
     pub fn pop(&mut self) -> Option<(u64, Event)> {
         let step = self.steps.peek().map(|Reverse(e)| *e);

@@ -131,10 +131,6 @@ struct Seq {
     /// Pages held: `published` leading cache pages plus private ones.
     pages: u32,
     published: u32,
-    /// Indices among the `published` pages whose hash another page already held
-    /// when they filled: as in `pie-kv`, they stay private (freed on release)
-    /// instead of joining the cached one. Usually empty.
-    duplicates: Vec<u32>,
     client: u32,
     /// The request it serves (index into the workload and the records).
     req: u32,
@@ -147,31 +143,38 @@ impl Seq {
         self.prompt_len + self.generated
     }
 
-    /// Pages it holds outside the prefix cache.
-    fn private_pages(&self) -> usize {
-        (self.pages - self.published) as usize + self.duplicates.len()
+    /// Pages it holds outside the prefix cache, given its `duplicates` (see
+    /// [`Worker::duplicates`]).
+    fn private_pages(&self, duplicates: &[u32]) -> usize {
+        (self.pages - self.published) as usize + duplicates.len()
     }
 
     /// The cached pages it references.
-    fn cached_hashes(&self) -> Vec<BlockHash> {
+    fn cached_hashes(&self, duplicates: &[u32]) -> Vec<BlockHash> {
         let published = &self.hashes[..self.published as usize];
-        if self.duplicates.is_empty() {
-            return published.to_vec();
-        }
         (0..published.len())
-            .filter(|i| !self.duplicates.contains(&(*i as u32)))
+            .filter(|i| !duplicates.contains(&(*i as u32)))
             .map(|i| published[i])
             .collect()
     }
 
     /// Drop its references to cached pages and its private pages.
-    fn release(&self, cache: &mut PrefixCache, private_pages: &mut usize) {
-        if self.duplicates.is_empty() {
+    fn release(&self, duplicates: &[u32], cache: &mut PrefixCache, private_pages: &mut usize) {
+        if duplicates.is_empty() {
             cache.release_all(&self.hashes[..self.published as usize]);
         } else {
-            cache.release_all(&self.cached_hashes());
+            cache.release_all(&self.cached_hashes(duplicates));
         }
-        *private_pages -= self.private_pages();
+        *private_pages -= self.private_pages(duplicates);
+    }
+}
+
+impl Worker {
+    fn take_duplicates(&mut self, slot: usize) -> Vec<u32> {
+        if self.duplicates.is_empty() {
+            return Vec::new();
+        }
+        self.duplicates.remove(&slot).unwrap_or_default()
     }
 }
 
@@ -191,6 +194,10 @@ struct Worker {
     /// Every sequence on the worker, in the policy's last order (plus arrivals).
     cands: Vec<Candidate>,
     cache: PrefixCache,
+    /// By slot, a sequence's published pages whose hash another page already
+    /// held when they filled: as in `pie-kv`, they stay private (freed on
+    /// release) instead of joining the cached one. Rare, so kept out of `Seq`.
+    duplicates: HashMap<usize, Vec<u32>>,
     /// Pages held by sequences and retained sessions outside the cache.
     private_pages: usize,
     retained: HashMap<String, Retained>,
@@ -326,6 +333,7 @@ impl<'a> Sim<'a> {
                 free_slots: Vec::new(),
                 cands: Vec::new(),
                 cache: PrefixCache::new(track),
+                duplicates: HashMap::new(),
                 private_pages: 0,
                 retained: HashMap::new(),
                 expiries: BinaryHeap::new(),
@@ -466,7 +474,6 @@ impl<'a> Sim<'a> {
             len: 0,
             pages: 0,
             published: 0,
-            duplicates: Vec::new(),
             client,
             req: r as u32,
             window_tokens: 0,
@@ -483,10 +490,14 @@ impl<'a> Sim<'a> {
         });
         self.router.set_load(w, self.router.load(w) + 1);
         if !self.workers[w].busy {
-            // Wake it once every arrival at this instant is in, as the engine
-            // takes all queued requests before it plans a step.
-            self.workers[w].busy = true;
-            self.set_step_end(w, now);
+            if self.events.next_at() == Some(now) {
+                // Wake it once every arrival at this instant is in, as the
+                // engine takes all queued requests before it plans a step.
+                self.workers[w].busy = true;
+                self.set_step_end(w, now);
+            } else {
+                self.start_step(w, now)?;
+            }
         }
         Ok(())
     }
@@ -720,11 +731,11 @@ impl<'a> Sim<'a> {
     /// does, so eviction keeps prefixes reachable.
     fn release(&mut self, w: usize, id: usize) {
         let worker = &mut self.workers[w];
+        let duplicates = worker.take_duplicates(id);
         let s = Self::seq_mut(&mut worker.seqs, id);
-        s.release(&mut worker.cache, &mut worker.private_pages);
+        s.release(&duplicates, &mut worker.cache, &mut worker.private_pages);
         s.pages = 0;
         s.published = 0;
-        s.duplicates.clear();
         s.len = 0;
     }
 
@@ -897,9 +908,7 @@ impl<'a> Sim<'a> {
             if worker.cache.insert(h) {
                 worker.private_pages -= 1;
             } else {
-                Self::seq_mut(&mut worker.seqs, slot(seq))
-                    .duplicates
-                    .push(page);
+                worker.duplicates.entry(slot(seq)).or_default().push(page);
             }
         }
         published.clear();
@@ -921,6 +930,7 @@ impl<'a> Sim<'a> {
             .take()
             .expect("finishing sequence exists");
         self.workers[w].free_slots.push(id as u32);
+        let duplicates = self.workers[w].take_duplicates(id);
         let req = s.req as usize;
         let rec = &mut self.records[req];
         rec.finish_us = Some(now);
@@ -944,8 +954,8 @@ impl<'a> Sim<'a> {
                 if let Some(n) = next_turn {
                     self.carried[n] = Some(s.hashes.clone());
                 }
-                let hashes = s.cached_hashes();
-                let private = s.private_pages() as u32;
+                let hashes = s.cached_hashes(&duplicates);
+                let private = s.private_pages(&duplicates) as u32;
                 self.drop_retained(w, &r.session);
                 let worker = &mut self.workers[w];
                 worker
@@ -962,7 +972,7 @@ impl<'a> Sim<'a> {
             }
             None => {
                 let worker = &mut self.workers[w];
-                s.release(&mut worker.cache, &mut worker.private_pages);
+                s.release(&duplicates, &mut worker.cache, &mut worker.private_pages);
                 if let Some(n) = next_turn {
                     self.carried[n] = Some(s.hashes);
                 }
