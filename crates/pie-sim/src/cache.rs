@@ -223,7 +223,7 @@ impl PrefixCache {
 
     /// Drop one reference; at zero the page becomes the most recently used
     /// evictable one.
-    pub fn release(&mut self, h: BlockHash) {
+    fn release(&mut self, h: BlockHash) {
         let Some(e) = self.entries.get_mut(h) else {
             return;
         };

@@ -241,7 +241,7 @@ impl RunMetrics {
             )
         };
         // Borrowed keys while counting: a multi-turn run has a client per
-        // conversation, and a million owned-key lookups took seconds.
+        // conversation, and owned keys cost an allocation per request.
         let mut by_client: HashMap<&str, ClientService> = HashMap::new();
         for (q, r) in &served {
             let c = by_client.entry(&q.client).or_default();

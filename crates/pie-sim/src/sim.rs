@@ -205,9 +205,8 @@ struct Worker {
     expiries: BinaryHeap<Reverse<(u64, String)>>,
     /// The running step: (index in `cands`, tokens).
     plan: Vec<(usize, u32)>,
-    busy: bool,
-    /// When the running step ends; step-end events at other times are stale
-    /// (a shared machine moved the end).
+    /// When the running step (or a pending wake-up) ends; None while idle.
+    /// Step-end events at other times are stale (a shared machine moved the end).
     step_end: Option<u64>,
 }
 
@@ -338,7 +337,6 @@ impl<'a> Sim<'a> {
                 retained: HashMap::new(),
                 expiries: BinaryHeap::new(),
                 plan: Vec::new(),
-                busy: false,
                 step_end: None,
             })
             .collect();
@@ -489,11 +487,10 @@ impl<'a> Sim<'a> {
             props: req.props.clone(),
         });
         self.router.set_load(w, self.router.load(w) + 1);
-        if !self.workers[w].busy {
+        if self.workers[w].step_end.is_none() {
             if self.events.next_at() == Some(now) {
                 // Wake it once every arrival at this instant is in, as the
                 // engine takes all queued requests before it plans a step.
-                self.workers[w].busy = true;
                 self.set_step_end(w, now);
             } else {
                 self.start_step(w, now)?;
@@ -605,7 +602,6 @@ impl<'a> Sim<'a> {
         self.sync_index(w);
         let worker = &mut self.workers[w];
         if worker.plan.is_empty() {
-            worker.busy = false;
             anyhow::ensure!(
                 worker.cands.is_empty(),
                 "worker {w} stalled with {} sequences at {now} us",
@@ -613,7 +609,6 @@ impl<'a> Sim<'a> {
             );
             return Ok(false);
         }
-        worker.busy = true;
         self.counters.steps += 1;
         self.counters.batch_tokens += shape.batch_tokens as u64;
         self.schedule_step(w, now, self.cfg.profile.step_us(&shape));
