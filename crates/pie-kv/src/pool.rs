@@ -89,9 +89,10 @@ impl KvPool {
         }
     }
 
-    /// Start (or stop) recording prefix-index changes for `take_index_events`.
-    pub fn record_index_events(&mut self, on: bool) {
-        self.index_events = on.then(Vec::new);
+    /// Start recording prefix-index changes for `take_index_events` (off by
+    /// default: an engine nobody drains would keep them all).
+    pub fn record_index_events(&mut self) {
+        self.index_events.get_or_insert_with(Vec::new);
     }
 
     /// The changes recorded since the last call (empty when not recording).
@@ -323,7 +324,7 @@ mod tests {
         let a = p.allocate().unwrap();
         p.publish(a, BlockHash(1));
         assert!(p.take_index_events().is_empty(), "not recording yet");
-        p.record_index_events(true);
+        p.record_index_events();
         p.release(a);
         let b = p.allocate().unwrap();
         p.publish(b, BlockHash(2));

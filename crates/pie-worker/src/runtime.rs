@@ -196,7 +196,7 @@ impl Runtime {
         let max_seq_tokens = engine.max_sequence_tokens().0;
         engine.set_policy(policies.ordering);
         engine.set_keep_session(policies.keep_session);
-        engine.pool_mut().record_index_events(true);
+        engine.pool_mut().record_index_events();
         let shape = EngineShape {
             page_size: engine.config().page_size,
             fingerprint: engine.pool().fingerprint().0,
