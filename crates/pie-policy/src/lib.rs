@@ -8,6 +8,7 @@ pub mod fcfs;
 pub mod keep_session;
 pub mod offload;
 pub mod priority;
+pub mod scheduler;
 pub mod worker;
 
 pub use deadline::{Deadline, DeadlineConfig, OnMiss};
@@ -16,4 +17,5 @@ pub use fcfs::Fcfs;
 pub use keep_session::{KeepSession, KeepSessionConfig, Retention};
 pub use offload::{Offload, OffloadConfig};
 pub use priority::{Priority, PriorityConfig};
+pub use scheduler::{KvAccounting, Planned, Scheduler, StepLimits};
 pub use worker::{Candidate, WorkerPolicy};

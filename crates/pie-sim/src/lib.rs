@@ -6,6 +6,7 @@ pub mod cache;
 pub mod events;
 pub mod machine;
 pub mod metrics;
+pub mod pages;
 pub mod plots;
 pub mod profile;
 pub mod requests;

@@ -16,22 +16,22 @@
 //! retained for their session. Workers may share a host (`machine.rs`): their
 //! concurrent steps then split its speed.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Instant;
 
 use pie_core::{block_hash, block_hashes, BlockHash, ModelFingerprint, SeqId};
+use pie_policy::scheduler::prefill_share;
 use pie_policy::{
     Candidate, Deadline, DeadlineConfig, Fair, FairConfig, Fcfs, KeepSession, KeepSessionConfig,
-    OnMiss, Priority, PriorityConfig, WorkerPolicy,
+    OnMiss, Planned, Priority, PriorityConfig, Scheduler, StepLimits, WorkerPolicy,
 };
 
-use crate::cache::{prefetch, PrefixCache};
 use crate::cost::{CostProfile, StepShape};
 use crate::events::{Event, Events};
 use crate::machine::SharedMachine;
 use crate::metrics::{Counters, Record, RunMetrics};
+use crate::pages::{slot, PageModel, Seq, WorkerPages, SLOT_BITS};
 use crate::router::{Router, RouterSpec};
 use crate::workload::Request;
 
@@ -119,92 +119,11 @@ impl SimConfig {
     }
 }
 
-/// A sequence on a worker.
-struct Seq {
-    /// Hashes of the full pages of its prompt and output tokens.
-    hashes: Vec<BlockHash>,
-    prompt_len: u32,
-    max_tokens: u32,
-    generated: u32,
-    /// Tokens whose KV is computed.
-    len: u32,
-    /// Pages held: `published` leading cache pages plus private ones.
-    pages: u32,
-    published: u32,
-    client: u32,
-    /// The request it serves (index into the workload and the records).
-    req: u32,
-    /// Tokens served while load was offered, added to its client's at finish.
-    window_tokens: u64,
-}
-
-impl Seq {
-    fn tokens(&self) -> u32 {
-        self.prompt_len + self.generated
-    }
-
-    /// Pages it holds outside the prefix cache, given its `duplicates` (see
-    /// [`Worker::duplicates`]).
-    fn private_pages(&self, duplicates: &[u32]) -> usize {
-        (self.pages - self.published) as usize + duplicates.len()
-    }
-
-    /// The cached pages it references.
-    fn cached_hashes(&self, duplicates: &[u32]) -> Vec<BlockHash> {
-        let published = &self.hashes[..self.published as usize];
-        (0..published.len())
-            .filter(|i| !duplicates.contains(&(*i as u32)))
-            .map(|i| published[i])
-            .collect()
-    }
-
-    /// Drop its references to cached pages and its private pages.
-    fn release(&self, duplicates: &[u32], cache: &mut PrefixCache, private_pages: &mut usize) {
-        if duplicates.is_empty() {
-            cache.release_all(&self.hashes[..self.published as usize]);
-        } else {
-            cache.release_all(&self.cached_hashes(duplicates));
-        }
-        *private_pages -= self.private_pages(duplicates);
-    }
-}
-
-impl Worker {
-    fn take_duplicates(&mut self, slot: usize) -> Vec<u32> {
-        if self.duplicates.is_empty() {
-            return Vec::new();
-        }
-        self.duplicates.remove(&slot).unwrap_or_default()
-    }
-}
-
-/// A finished session's pages kept for its next turn.
-struct Retained {
-    hashes: Vec<BlockHash>,
-    private: u32,
-    expires_ms: u64,
-}
-
 struct Worker {
-    policy: Box<dyn WorkerPolicy>,
-    /// Its live sequences by slot (the low bits of their `SeqId`); finished
-    /// slots are reused, so a worker's sequences stay together in memory.
-    seqs: Vec<Option<Seq>>,
-    free_slots: Vec<u32>,
-    /// Every sequence on the worker, in the policy's last order (plus arrivals).
-    cands: Vec<Candidate>,
-    cache: PrefixCache,
-    /// By slot, a sequence's published pages whose hash another page already
-    /// held when they filled: as in `pie-kv`, they stay private (freed on
-    /// release) instead of joining the cached one. Rare, so kept out of `Seq`.
-    duplicates: HashMap<usize, Vec<u32>>,
-    /// Pages held by sequences and retained sessions outside the cache.
-    private_pages: usize,
-    retained: HashMap<String, Retained>,
-    /// (expiry, session), lazily checked against `retained`.
-    expiries: BinaryHeap<Reverse<(u64, String)>>,
-    /// The running step: (index in `cands`, tokens).
-    plan: Vec<(usize, u32)>,
+    scheduler: Scheduler,
+    pages: WorkerPages,
+    /// The running step.
+    plan: Vec<Planned>,
     /// When the running step (or a pending wake-up) ends; None while idle.
     /// Step-end events at other times are stale (a shared machine moved the end).
     step_end: Option<u64>,
@@ -213,7 +132,6 @@ struct Worker {
 struct Sim<'a> {
     cfg: &'a SimConfig,
     reqs: &'a [Request],
-    keep: Option<KeepSession>,
     workers: Vec<Worker>,
     /// Sequences admitted so far: the high bits of the next `SeqId`.
     arrivals: u64,
@@ -242,13 +160,6 @@ struct Sim<'a> {
 
 const FINGERPRINT: ModelFingerprint = ModelFingerprint(0x51_u64);
 const MEMO_CAPACITY: usize = 4096;
-/// A `SeqId` is the sequence's arrival number (as the engine numbers them, so
-/// policies break ties in arrival order) above its slot in its worker's `seqs`.
-const SLOT_BITS: u32 = 24;
-
-fn slot(seq: SeqId) -> usize {
-    (seq.0 & ((1 << SLOT_BITS) - 1)) as usize
-}
 
 /// Simulate `reqs` on the configured cluster; every request finishes (or is
 /// rejected or aborted), and the metrics say so.
@@ -271,7 +182,8 @@ pub fn run_with(
     for (name, &id) in &sim.client_ids {
         clients[id as usize] = name.clone();
     }
-    let counters = std::mem::take(&mut sim.counters);
+    let mut counters = std::mem::take(&mut sim.counters);
+    counters.preemptions = sim.workers.iter().map(|w| w.scheduler.preemptions()).sum();
     Ok(RunMetrics::compute(
         cfg,
         workload,
@@ -325,19 +237,23 @@ impl<'a> Sim<'a> {
     ) -> Self {
         let router = Router::new(&cfg.router, cfg.workers, cfg.profile.page_size);
         let track = router.tracks_prefixes();
+        let limits = StepLimits {
+            max_batch_tokens: cfg.profile.max_batch_tokens,
+            max_running: cfg.profile.max_running,
+        };
+        let keep = cfg
+            .keep_session
+            .then(|| KeepSession::new(KeepSessionConfig::default()));
         let workers = (0..cfg.workers)
-            .map(|_| Worker {
-                policy: policy(),
-                seqs: Vec::new(),
-                free_slots: Vec::new(),
-                cands: Vec::new(),
-                cache: PrefixCache::new(track),
-                duplicates: HashMap::new(),
-                private_pages: 0,
-                retained: HashMap::new(),
-                expiries: BinaryHeap::new(),
-                plan: Vec::new(),
-                step_end: None,
+            .map(|_| {
+                let mut scheduler = Scheduler::new(policy(), limits);
+                scheduler.set_keep_session(keep.clone());
+                Worker {
+                    scheduler,
+                    pages: WorkerPages::new(cfg.profile.page_size, cfg.profile.kv_pages, track),
+                    plan: Vec::new(),
+                    step_end: None,
+                }
             })
             .collect();
         let mut followers = vec![None; reqs.len()];
@@ -357,9 +273,6 @@ impl<'a> Sim<'a> {
         Self {
             cfg,
             reqs,
-            keep: cfg
-                .keep_session
-                .then(|| KeepSession::new(KeepSessionConfig::default())),
             workers,
             arrivals: 0,
             records: vec![Record::default(); reqs.len()],
@@ -463,8 +376,7 @@ impl<'a> Sim<'a> {
             return Ok(());
         };
         let client = self.client_id(&req.client);
-        let slot = self.new_slot(w)?;
-        self.workers[w].seqs[slot] = Some(Seq {
+        let seq = Seq {
             hashes,
             prompt_len: prompt_len as u32,
             max_tokens: max_tokens as u32,
@@ -475,17 +387,23 @@ impl<'a> Sim<'a> {
             client,
             req: r as u32,
             window_tokens: 0,
-        });
+        };
+        let slot = self.workers[w].pages.insert(seq).ok_or_else(|| {
+            anyhow::anyhow!("more than 2^{SLOT_BITS} live sequences on worker {w}")
+        })?;
+        self.arrivals += 1;
         self.records[r].worker = w as u32;
         self.records[r].prompt_tokens = prompt_len as u32;
-        self.workers[w].cands.push(Candidate {
+        let candidate = Candidate {
             seq: SeqId(self.arrivals << SLOT_BITS | slot as u64),
             arrival_ms: now / 1000,
             running: false,
             prefill_tokens: prompt_len,
             client: req.client.clone(),
             props: req.props.clone(),
-        });
+        };
+        let (scheduler, kv, _) = self.split(w);
+        scheduler.add(&kv, candidate);
         self.router.set_load(w, self.router.load(w) + 1);
         if self.workers[w].step_end.is_none() {
             if self.events.next_at() == Some(now) {
@@ -509,18 +427,15 @@ impl<'a> Sim<'a> {
         id
     }
 
-    fn new_slot(&mut self, w: usize) -> anyhow::Result<usize> {
-        self.arrivals += 1;
+    /// A worker's scheduler, its pages as the scheduler sees them, and its step.
+    fn split(&mut self, w: usize) -> (&mut Scheduler, PageModel<'_>, &mut Vec<Planned>) {
         let worker = &mut self.workers[w];
-        if let Some(s) = worker.free_slots.pop() {
-            return Ok(s as usize);
-        }
-        anyhow::ensure!(
-            worker.seqs.len() < 1 << SLOT_BITS,
-            "more than 2^{SLOT_BITS} live sequences on worker {w}"
-        );
-        worker.seqs.push(None);
-        Ok(worker.seqs.len() - 1)
+        let kv = PageModel {
+            pages: &mut worker.pages,
+            records: &mut self.records,
+            prefix_hit_tokens: &mut self.counters.prefix_hit_tokens,
+        };
+        (&mut worker.scheduler, kv, &mut worker.plan)
     }
 
     /// Refused: too long for a worker's pool, or by a cluster policy.
@@ -585,7 +500,7 @@ impl<'a> Sim<'a> {
 
     fn sync_index(&mut self, w: usize) {
         if self.router.tracks_prefixes() {
-            let log = self.workers[w].cache.drain_log();
+            let log = self.workers[w].pages.cache.drain_log();
             self.router.cache_changed(w, &log);
         }
     }
@@ -593,19 +508,22 @@ impl<'a> Sim<'a> {
     /// Plan and start `w`'s next step; false when it has nothing to run.
     fn start_step(&mut self, w: usize, now: u64) -> anyhow::Result<bool> {
         let now_ms = now / 1000;
-        self.expire_retained(w, now_ms);
+        let (scheduler, mut kv, _) = self.split(w);
+        scheduler.expire_retained(&mut kv, now_ms);
         self.abort_expired(w, now);
-        debug_assert!(self.candidates_are_current(w));
-        let worker = &mut self.workers[w];
-        worker.policy.order(now_ms, &mut worker.cands);
-        let shape = self.plan(w);
+        let (scheduler, mut kv, plan) = self.split(w);
+        scheduler.plan(&mut kv, now_ms, plan);
+        let mut shape = StepShape::default();
+        for p in plan.iter() {
+            shape.add(kv.pages.seq(slot(p.seq)).len as usize, p.tokens);
+        }
+        let planned = !plan.is_empty();
         self.sync_index(w);
-        let worker = &mut self.workers[w];
-        if worker.plan.is_empty() {
+        if !planned {
+            let waiting = self.workers[w].scheduler.len();
             anyhow::ensure!(
-                worker.cands.is_empty(),
-                "worker {w} stalled with {} sequences at {now} us",
-                worker.cands.len()
+                waiting == 0,
+                "worker {w} stalled with {waiting} sequences at {now} us"
             );
             return Ok(false);
         }
@@ -615,237 +533,13 @@ impl<'a> Sim<'a> {
         Ok(true)
     }
 
-    /// `cands[ci]`'s `running` and `prefill_tokens` from its sequence, after its
-    /// pages or computed tokens changed (instead of refreshing every candidate
-    /// before each step).
-    fn sync_candidate(&mut self, w: usize, ci: usize) {
-        let worker = &mut self.workers[w];
-        let c = &mut worker.cands[ci];
-        let s = worker.seqs[slot(c.seq)]
-            .as_ref()
-            .expect("a candidate's sequence exists");
-        c.running = s.pages > 0;
-        c.prefill_tokens = s.prompt_len.saturating_sub(s.len) as usize;
-    }
-
-    fn candidates_are_current(&self, w: usize) -> bool {
-        self.workers[w].cands.iter().all(|c| {
-            let s = self.seq(w, slot(c.seq));
-            c.running == (s.pages > 0)
-                && c.prefill_tokens == s.prompt_len.saturating_sub(s.len) as usize
-        })
-    }
-
-    /// Mirror of the engine's `plan`: fill the step in the policy's order.
-    /// Returns the step's shape (batch tokens, context, attention pairs).
-    fn plan(&mut self, w: usize) -> StepShape {
-        let whole: &'a SimConfig = self.cfg;
-        let cfg = &whole.profile;
-        let mut plan = std::mem::take(&mut self.workers[w].plan);
-        plan.clear();
-        let order: Vec<usize> = self.workers[w].cands.iter().map(|c| slot(c.seq)).collect();
-        for &id in &order {
-            prefetch(&self.workers[w].seqs[id]);
-        }
-        let mut running = self.workers[w].cands.iter().filter(|c| c.running).count();
-        let mut budget = cfg.max_batch_tokens as u32;
-        let preempts = self.workers[w].policy.preempts_for_slots();
-        let mut shape = StepShape::default();
-        for (rank, &id) in order.iter().enumerate() {
-            if budget == 0 {
-                break;
-            }
-            let was_running = self.seq(w, id).pages > 0;
-            if !was_running {
-                if running >= cfg.max_running {
-                    if !(preempts && self.preempt_last(w, &order, rank + 1)) {
-                        continue;
-                    }
-                    running -= 1;
-                }
-                self.attach_prefix(w, id);
-            }
-            let reserved = self.reserve(w, id, budget, &order, rank + 1);
-            match reserved {
-                Some(n) => {
-                    if !was_running {
-                        running += 1;
-                        self.note_first_admission(w, id);
-                    }
-                    budget -= n;
-                    plan.push((rank, n));
-                    shape.add(self.seq(w, id).len as usize, n as usize);
-                }
-                None if !was_running => self.release(w, id),
-                None => {}
-            }
-            self.sync_candidate(w, rank);
-        }
-        self.workers[w].plan = plan;
-        shape
-    }
-
-    fn seq(&self, w: usize, id: usize) -> &Seq {
-        self.workers[w].seqs[id].as_ref().expect("sequence exists")
-    }
-
-    fn seq_mut(seqs: &mut [Option<Seq>], id: usize) -> &mut Seq {
-        seqs[id].as_mut().expect("sequence exists")
-    }
-
-    /// Share the longest cached prefix, leaving at least one token to compute.
-    fn attach_prefix(&mut self, w: usize, id: usize) {
-        let ps = self.cfg.profile.page_size as u32;
-        let worker = &mut self.workers[w];
-        let cache = &mut worker.cache;
-        let s = Self::seq_mut(&mut worker.seqs, id);
-        let usable = ((s.tokens() - 1) / ps) as usize;
-        let mut hit = 0;
-        for h in s.hashes.iter().take(usable) {
-            if !cache.acquire(*h) {
-                break;
-            }
-            hit += 1;
-        }
-        s.published = hit;
-        s.pages = hit;
-        s.len = hit * ps;
-    }
-
-    fn note_first_admission(&mut self, w: usize, id: usize) {
-        let s = self.workers[w].seqs[id].as_ref().expect("sequence exists");
-        let rec = &mut self.records[s.req as usize];
-        if rec.cached_tokens.is_none() {
-            let hit = s.len.min(s.prompt_len);
-            rec.cached_tokens = Some(hit);
-            self.counters.prefix_hit_tokens += u64::from(hit);
-        }
-    }
-
-    /// Free a sequence's pages (full ones stay cached), tail first as the engine
-    /// does, so eviction keeps prefixes reachable.
-    fn release(&mut self, w: usize, id: usize) {
-        let worker = &mut self.workers[w];
-        let duplicates = worker.take_duplicates(id);
-        let s = Self::seq_mut(&mut worker.seqs, id);
-        s.release(&duplicates, &mut worker.cache, &mut worker.private_pages);
-        s.pages = 0;
-        s.published = 0;
-        s.len = 0;
-    }
-
-    /// Preempt the running sequence ordered last from `order[from..]` (the
-    /// candidates in the same order).
-    fn preempt_last(&mut self, w: usize, order: &[usize], from: usize) -> bool {
-        let Some(ci) = (from..order.len())
-            .rev()
-            .find(|&i| self.seq(w, order[i]).pages > 0)
-        else {
-            return false;
-        };
-        self.release(w, order[ci]);
-        self.sync_candidate(w, ci);
-        self.counters.preemptions += 1;
-        true
-    }
-
-    fn free_pages(&self, w: usize) -> usize {
-        let worker = &self.workers[w];
-        self.cfg.profile.kv_pages - worker.private_pages - worker.cache.len()
-    }
-
-    fn reserve(
-        &mut self,
-        w: usize,
-        id: usize,
-        budget: u32,
-        order: &[usize],
-        from: usize,
-    ) -> Option<u32> {
-        let ps = self.cfg.profile.page_size as u32;
-        loop {
-            let s = self.seq(w, id);
-            let (len, pages) = (s.len, s.pages);
-            let want = (s.tokens() - len).min(budget);
-            let available = (self.free_pages(w) + self.workers[w].cache.evictable()) as u32;
-            let room = (pages + available) * ps - len;
-            if room < want {
-                if self.drop_soonest_retained(w) {
-                    continue;
-                }
-                if self.preempt_last(w, order, from) {
-                    continue;
-                }
-            }
-            let n = want.min(room);
-            if n == 0 {
-                return None;
-            }
-            let need = (len + n).div_ceil(ps) - pages;
-            while self.free_pages(w) < need as usize {
-                if !self.workers[w].cache.evict_one() {
-                    break;
-                }
-            }
-            self.workers[w].private_pages += need as usize;
-            Self::seq_mut(&mut self.workers[w].seqs, id).pages += need;
-            return Some(n);
-        }
-    }
-
-    fn drop_retained(&mut self, w: usize, session: &str) {
-        let worker = &mut self.workers[w];
-        if let Some(r) = worker.retained.remove(session) {
-            worker.cache.release_all(&r.hashes);
-            worker.private_pages -= r.private as usize;
-        }
-    }
-
-    fn drop_soonest_retained(&mut self, w: usize) -> bool {
-        while let Some(Reverse((expires, session))) = self.workers[w].expiries.pop() {
-            if self.workers[w]
-                .retained
-                .get(&session)
-                .is_some_and(|r| r.expires_ms == expires)
-            {
-                self.drop_retained(w, &session);
-                return true;
-            }
-        }
-        false
-    }
-
-    fn expire_retained(&mut self, w: usize, now_ms: u64) {
-        while let Some(Reverse((expires, _))) = self.workers[w].expiries.peek() {
-            if *expires > now_ms {
-                break;
-            }
-            let Some(Reverse((expires, session))) = self.workers[w].expiries.pop() else {
-                break;
-            };
-            if self.workers[w]
-                .retained
-                .get(&session)
-                .is_some_and(|r| r.expires_ms == expires)
-            {
-                self.drop_retained(w, &session);
-            }
-        }
-    }
-
     fn abort_expired(&mut self, w: usize, now: u64) {
-        let worker = &self.workers[w];
-        let expired: Vec<usize> = worker
-            .cands
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| worker.policy.abort(now / 1000, c))
-            .map(|(i, _)| i)
-            .collect();
+        let expired = self.workers[w].scheduler.expired(now / 1000);
         for &i in expired.iter().rev() {
-            let req = self.seq(w, slot(self.workers[w].cands[i].seq)).req;
+            let seq = self.workers[w].scheduler.candidates()[i].seq;
+            let req = self.workers[w].pages.seq(slot(seq)).req;
             self.records[req as usize].expired = true;
-            self.finish(w, i, now);
+            self.finish(w, i, now, false);
         }
     }
 
@@ -856,27 +550,22 @@ impl<'a> Sim<'a> {
         let mut published = std::mem::take(&mut self.published);
         let mut done = Vec::new();
         let in_window = now <= self.window_end_us;
-        let worker = &self.workers[w];
-        for &(ci, _) in &plan {
-            if let Some(s) = worker.seqs.get(slot(worker.cands[ci].seq)) {
-                prefetch(s);
-            }
+        for p in &plan {
+            self.workers[w].pages.prefetch_seq(slot(p.seq));
         }
-        for &(ci, n) in &plan {
-            let worker = &mut self.workers[w];
-            let s = Self::seq_mut(&mut worker.seqs, slot(worker.cands[ci].seq));
+        for p in &plan {
+            let n = p.tokens as u32;
+            let pages = &mut self.workers[w].pages;
+            let s = pages.seq_mut(slot(p.seq));
             let new_len = s.len + n;
-            let prefill = s.prompt_len.clamp(s.len, new_len) - s.len;
+            let prefill = prefill_share(s.prompt_len as usize, s.len as usize, p.tokens) as u32;
             let full = ((new_len / ps) as usize).min(s.hashes.len()) as u32;
+            let filled = published.len();
             for page in s.published..full {
-                let h = s.hashes[page as usize];
-                worker.cache.prefetch(h);
-                published.push((h, worker.cands[ci].seq, page));
+                published.push((s.hashes[page as usize], p.seq, page));
             }
             s.published = s.published.max(full);
             s.len = new_len;
-            // As the engine's candidate after the commit: still running.
-            worker.cands[ci].prefill_tokens = s.prompt_len.saturating_sub(new_len) as usize;
             let mut generated = 0;
             if new_len == s.tokens() {
                 s.generated += 1;
@@ -885,55 +574,46 @@ impl<'a> Sim<'a> {
                     self.records[s.req as usize].first_token_us = Some(now);
                 }
                 if s.generated >= s.max_tokens {
-                    done.push(ci);
+                    done.push(p.index);
                 }
             }
-            self.counters.prefill_tokens += u64::from(prefill);
-            self.counters.decode_tokens += u64::from(n - prefill);
             if in_window {
                 s.window_tokens += u64::from(prefill + generated);
             }
-            worker
-                .policy
-                .charge(&worker.cands[ci], prefill as usize, generated as usize);
+            for &(h, _, _) in &published[filled..] {
+                pages.cache.prefetch(h);
+            }
+            self.counters.prefill_tokens += u64::from(prefill);
+            self.counters.decode_tokens += u64::from(n - prefill);
+            let (scheduler, kv, _) = self.split(w);
+            scheduler.charge(&kv, p.index, prefill as usize, generated as usize);
         }
         // Published after the loop, so that their cache misses overlap.
-        let worker = &mut self.workers[w];
+        let pages = &mut self.workers[w].pages;
         for &(h, seq, page) in &published {
-            if worker.cache.insert(h) {
-                worker.private_pages -= 1;
-            } else {
-                worker.duplicates.entry(slot(seq)).or_default().push(page);
-            }
+            pages.publish(h, slot(seq), page);
         }
         published.clear();
         self.published = published;
+        let mut plan = plan;
+        plan.clear();
         self.workers[w].plan = plan;
-        self.workers[w].plan.clear();
         done.sort_unstable();
-        for &ci in done.iter().rev() {
-            self.finish(w, ci, now);
+        for &index in done.iter().rev() {
+            self.finish(w, index, now, true);
         }
         self.sync_index(w);
     }
 
-    /// Remove `cands[ci]`: its pages are retained for its session or released.
-    fn finish(&mut self, w: usize, ci: usize, now: u64) {
-        let cand = self.workers[w].cands.swap_remove(ci);
-        let id = slot(cand.seq);
-        let s = self.workers[w].seqs[id]
-            .take()
-            .expect("finishing sequence exists");
-        self.workers[w].free_slots.push(id as u32);
-        let duplicates = self.workers[w].take_duplicates(id);
+    /// Remove the candidate at `index`: its pages are retained for its session
+    /// (if `may_retain`) or released, its record closed, its next turn queued.
+    fn finish(&mut self, w: usize, index: usize, now: u64, may_retain: bool) {
+        let (scheduler, mut kv, _) = self.split(w);
+        let cand = scheduler.finish_at(&mut kv, index, may_retain);
+        let s = self.workers[w].pages.remove(slot(cand.seq));
         let req = s.req as usize;
         let rec = &mut self.records[req];
         rec.finish_us = Some(now);
-        let retention = self
-            .keep
-            .as_ref()
-            .filter(|_| !rec.expired)
-            .and_then(|k| k.retention(&cand.props, now / 1000));
         rec.generated_tokens = s.generated;
         let c = s.client as usize;
         let window = &mut self.counters.window_service;
@@ -944,34 +624,8 @@ impl<'a> Sim<'a> {
         let next_turn = self.followers[req]
             .map(|n| n as usize)
             .filter(|&n| self.reqs[n].continues(&self.reqs[req]));
-        match retention {
-            Some(r) => {
-                if let Some(n) = next_turn {
-                    self.carried[n] = Some(s.hashes.clone());
-                }
-                let hashes = s.cached_hashes(&duplicates);
-                let private = s.private_pages(&duplicates) as u32;
-                self.drop_retained(w, &r.session);
-                let worker = &mut self.workers[w];
-                worker
-                    .expiries
-                    .push(Reverse((r.expires_ms, r.session.clone())));
-                worker.retained.insert(
-                    r.session,
-                    Retained {
-                        hashes,
-                        private,
-                        expires_ms: r.expires_ms,
-                    },
-                );
-            }
-            None => {
-                let worker = &mut self.workers[w];
-                s.release(&duplicates, &mut worker.cache, &mut worker.private_pages);
-                if let Some(n) = next_turn {
-                    self.carried[n] = Some(s.hashes);
-                }
-            }
+        if let Some(n) = next_turn {
+            self.carried[n] = Some(s.hashes);
         }
         self.router.set_load(w, self.router.load(w) - 1);
         self.follow_up(req, now);

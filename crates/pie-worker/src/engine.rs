@@ -1,17 +1,17 @@
 //! The continuous-batching engine: one worker's sequences over one page pool.
 //!
-//! Each [`Engine::step`]: the worker policy orders the runnable sequences; in that
-//! order each gets a prefill chunk or one decode token while the token budget
-//! (`max_batch_tokens`) and the page budget last; one batched forward runs; the
-//! sequences that reached the end of their tokens sample the next one.
+//! Each [`Engine::step`]: `pie_policy::Scheduler` (the same code `pie-sim`
+//! runs) plans the step over the real pages (`kv.rs`): the policy's order, the
+//! token and page budgets, chunked prefill, prefix attach, eviction and
+//! preemption; one batched forward runs; the sequences that reached the end of
+//! their tokens sample the next one; the policy is charged; finished sequences'
+//! pages are retained for their session or released.
 //!
-//! Pages: a new sequence first shares the longest cached prefix of its prompt
-//! (before any prefill). When pages run out the pool evicts unreferenced cached
-//! pages (LRU); if that is not enough the running sequence that the policy puts
-//! last is preempted: its pages are released (full ones stay cached) and it is
-//! recomputed later. Admission caps `max_tokens` so a sequence always fits the pool
-//! on its own, and the sequence ordered first can always preempt the others, so
-//! every admitted sequence finishes.
+//! Admission caps `max_tokens` so a sequence always fits the pool on its own,
+//! and the sequence ordered first can always preempt the others, so every
+//! admitted sequence finishes.
+
+mod kv;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,7 +20,11 @@ use anyhow::Result;
 use pie_core::{block_hashes, Props, SeqId};
 use pie_kv::{KvPool, PageTable, PoolStats};
 use pie_model::{Model, Sampler, SamplingParams, SeqInput};
-use pie_policy::{Candidate, KeepSession, WorkerPolicy};
+use pie_policy::{
+    scheduler::prefill_share, Candidate, KeepSession, Planned, Scheduler, StepLimits, WorkerPolicy,
+};
+
+use kv::{EngineKv, Sequence};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
@@ -122,39 +126,6 @@ pub struct EngineCounters {
     pub preemptions: u64,
 }
 
-struct Sequence {
-    tokens: Vec<u32>,
-    prompt_len: usize,
-    max_tokens: usize,
-    stop_tokens: Vec<u32>,
-    sampler: Sampler,
-    table: PageTable,
-    arrival_ms: u64,
-    cached_tokens: Option<usize>,
-    client: String,
-    props: Props,
-}
-
-/// A finished session's pages kept for its next turn.
-struct Retained {
-    table: PageTable,
-    expires_ms: u64,
-}
-
-impl Sequence {
-    fn generated(&self) -> usize {
-        self.tokens.len() - self.prompt_len
-    }
-
-    fn info(&self) -> SeqInfo {
-        SeqInfo {
-            prompt_tokens: self.prompt_len,
-            generated_tokens: self.generated(),
-            cached_tokens: self.cached_tokens.unwrap_or(0),
-        }
-    }
-}
-
 /// Per-sequence facts a caller may report (e.g. OpenAI `usage`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SeqInfo {
@@ -167,11 +138,8 @@ pub struct SeqInfo {
 pub struct Engine {
     model: Arc<Model>,
     config: EngineConfig,
-    pool: KvPool,
-    policy: Box<dyn WorkerPolicy>,
-    keep: Option<KeepSession>,
-    retained: HashMap<String, Retained>,
-    seqs: HashMap<SeqId, Sequence>,
+    kv: EngineKv,
+    scheduler: Scheduler,
     next_id: u64,
     counters: EngineCounters,
 }
@@ -183,14 +151,22 @@ impl Engine {
             config.kv_pages,
             model.fingerprint,
         );
+        let limits = StepLimits {
+            max_batch_tokens: config.max_batch_tokens,
+            max_running: config.max_running,
+        };
         Self {
+            kv: EngineKv {
+                pool,
+                page_size: config.page_size,
+                seqs: HashMap::new(),
+                retained: HashMap::new(),
+                prefix_hit_tokens: 0,
+                started: Vec::new(),
+            },
+            scheduler: Scheduler::new(policy, limits),
             model,
             config,
-            pool,
-            policy,
-            keep: None,
-            retained: HashMap::new(),
-            seqs: HashMap::new(),
             next_id: 0,
             counters: EngineCounters::default(),
         }
@@ -205,51 +181,54 @@ impl Engine {
     }
 
     pub fn pool(&self) -> &KvPool {
-        &self.pool
+        &self.kv.pool
     }
 
     pub fn pool_mut(&mut self) -> &mut KvPool {
-        &mut self.pool
+        &mut self.kv.pool
     }
 
     pub fn pool_stats(&self) -> PoolStats {
-        self.pool.stats()
+        self.kv.pool.stats()
     }
 
     pub fn counters(&self) -> EngineCounters {
-        self.counters
+        EngineCounters {
+            prefix_hit_tokens: self.kv.prefix_hit_tokens,
+            preemptions: self.scheduler.preemptions(),
+            ..self.counters
+        }
     }
 
     pub fn policy_name(&self) -> &'static str {
-        self.policy.name()
+        self.scheduler.policy().name()
     }
 
     /// Swap the ordering policy at a step boundary; the new one may take over the
     /// old one's state (see `WorkerPolicy::restore`).
-    pub fn set_policy(&mut self, mut policy: Box<dyn WorkerPolicy>) {
-        policy.restore(self.policy.name(), &self.policy.summary());
-        self.policy = policy;
+    pub fn set_policy(&mut self, policy: Box<dyn WorkerPolicy>) {
+        self.scheduler.set_policy(policy);
     }
 
     /// Turn keep-session on or off; retained sessions stay until they expire.
     pub fn set_keep_session(&mut self, keep: Option<KeepSession>) {
-        self.keep = keep;
+        self.scheduler.set_keep_session(keep);
     }
 
     pub fn policy_summary(&self) -> serde_json::Value {
-        self.policy.summary()
+        self.scheduler.policy().summary()
     }
 
     pub fn has_work(&self) -> bool {
-        !self.seqs.is_empty()
+        !self.scheduler.is_empty()
     }
 
     pub fn len(&self) -> usize {
-        self.seqs.len()
+        self.scheduler.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.seqs.is_empty()
+        self.scheduler.is_empty()
     }
 
     /// Tokens one sequence can hold at most: the pool's capacity and the model's context.
@@ -286,18 +265,24 @@ impl Engine {
             stop_tokens,
             sampler: Sampler::new(req.sampling),
             table: PageTable::new(),
-            arrival_ms: req.arrival_ms,
             cached_tokens: None,
-            client: req.client,
-            props: req.props,
         };
-        Ok(self.insert(seq))
+        Ok(self.insert(seq, req.arrival_ms, req.client, req.props))
     }
 
-    fn insert(&mut self, seq: Sequence) -> SeqId {
+    fn insert(&mut self, seq: Sequence, arrival_ms: u64, client: String, props: Props) -> SeqId {
         let id = SeqId(self.next_id);
         self.next_id += 1;
-        self.seqs.insert(id, seq);
+        self.kv.seqs.insert(id, seq);
+        let candidate = Candidate {
+            seq: id,
+            arrival_ms,
+            running: false,
+            prefill_tokens: 0,
+            client,
+            props,
+        };
+        self.scheduler.add(&self.kv, candidate);
         id
     }
 
@@ -310,11 +295,12 @@ impl Engine {
         sampling: SamplingParams,
         arrival_ms: u64,
     ) -> Result<SeqId> {
-        let p = self
-            .seqs
-            .get(&parent)
-            .ok_or_else(|| anyhow::anyhow!("no sequence {parent:?}"))?;
-        let table = p.table.fork(&mut self.pool)?;
+        let (Some(p), Some(owner)) = (self.kv.seqs.get(&parent), self.scheduler.candidate(parent))
+        else {
+            anyhow::bail!("no sequence {parent:?}");
+        };
+        let (client, props) = (owner.client.clone(), owner.props.clone());
+        let table = p.table.fork(&mut self.kv.pool)?;
         let (limit, _) = self.max_sequence_tokens();
         let seq = Sequence {
             tokens: p.tokens.clone(),
@@ -323,69 +309,54 @@ impl Engine {
             stop_tokens: p.stop_tokens.clone(),
             sampler: Sampler::new(sampling),
             table,
-            arrival_ms,
             cached_tokens: Some(0),
-            client: p.client.clone(),
-            props: p.props.clone(),
         };
-        Ok(self.insert(seq))
+        Ok(self.insert(seq, arrival_ms, client, props))
     }
 
     /// Stop a sequence and free its pages (full pages stay in the prefix cache).
     pub fn abort(&mut self, id: SeqId) -> bool {
-        match self.seqs.remove(&id) {
-            Some(mut seq) => {
-                seq.table.release(&mut self.pool);
-                true
-            }
-            None => false,
-        }
+        let known = self.scheduler.finish(&mut self.kv, id, false).is_some();
+        self.kv.seqs.remove(&id);
+        known
     }
 
     /// Replace a sequence's props (a PATCH, or the inferlet changing its own).
     pub fn set_props(&mut self, id: SeqId, props: Props) -> bool {
-        self.seqs.get_mut(&id).map(|s| s.props = props).is_some()
+        self.scheduler.set_props(id, props)
     }
 
     pub fn info(&self, id: SeqId) -> Option<SeqInfo> {
-        self.seqs.get(&id).map(Sequence::info)
+        self.kv.seqs.get(&id).map(Sequence::info)
     }
 
     /// Run one engine step at time `now_ms`.
     pub fn step(&mut self, now_ms: u64) -> Result<StepOutput> {
         let mut out = StepOutput::default();
-        self.expire_retained(now_ms);
+        self.scheduler.expire_retained(&mut self.kv, now_ms);
         self.abort_expired(now_ms, &mut out);
-        let plan = self.plan(now_ms, &mut out.started);
+        let mut plan = Vec::new();
+        self.scheduler.plan(&mut self.kv, now_ms, &mut plan);
+        out.started = std::mem::take(&mut self.kv.started);
         if plan.is_empty() {
-            self.finish_all(now_ms, &out);
             return Ok(out);
         }
-        let inputs: Vec<SeqInput> = plan
-            .iter()
-            .map(|&(id, n)| {
-                let s = &self.seqs[&id];
-                let start = s.table.len();
-                SeqInput {
-                    tokens: &s.tokens[start..start + n],
-                    start,
-                    table: &s.table,
-                    logits: start + n == s.tokens.len(),
-                }
-            })
-            .collect();
-        let mut logits = self.model.forward(&mut self.pool, &inputs)?.into_iter();
-        drop(inputs);
+        let mut logits = self.forward(&plan)?.into_iter();
         self.counters.steps += 1;
-        for (id, n) in plan {
-            out.batch_tokens += n;
-            let seq = self.seqs.get_mut(&id).expect("planned sequence exists");
+        let mut done = Vec::new();
+        for p in plan {
+            out.batch_tokens += p.tokens;
+            let seq = self
+                .kv
+                .seqs
+                .get_mut(&p.seq)
+                .expect("planned sequence exists");
             let len = seq.table.len();
-            let new_len = len + n;
-            let prefill = seq.prompt_len.clamp(len, new_len) - len;
+            let new_len = len + p.tokens;
+            let prefill = prefill_share(seq.prompt_len, len, p.tokens);
             self.counters.prefill_tokens += prefill as u64;
-            self.counters.decode_tokens += (n - prefill) as u64;
-            seq.table.commit(&mut self.pool, &seq.tokens, new_len);
+            self.counters.decode_tokens += (p.tokens - prefill) as u64;
+            seq.table.commit(&mut self.kv.pool, &seq.tokens, new_len);
             let mut generated = 0;
             if new_len == seq.tokens.len() {
                 let token = seq
@@ -395,114 +366,77 @@ impl Engine {
                     Some(FinishReason::Stop)
                 } else {
                     seq.tokens.push(token);
-                    out.tokens.push((id, token));
+                    out.tokens.push((p.seq, token));
                     generated = 1;
                     (seq.generated() >= seq.max_tokens).then_some(FinishReason::Length)
                 };
                 if let Some(reason) = finish {
-                    out.finished.push((id, reason, seq.info()));
+                    out.finished.push((p.seq, reason, seq.info()));
+                    done.push(p.seq);
                 }
             }
             self.counters.generated_tokens += generated as u64;
-            let candidate = self.candidate(id);
-            self.policy.charge(&candidate, prefill, generated);
+            self.scheduler.charge(&self.kv, p.index, prefill, generated);
         }
-        self.finish_all(now_ms, &out);
+        for id in done {
+            self.scheduler.finish(&mut self.kv, id, true);
+            self.kv.seqs.remove(&id);
+        }
         Ok(out)
     }
 
-    fn candidate(&self, seq: SeqId) -> Candidate {
-        let s = &self.seqs[&seq];
-        Candidate {
-            seq,
-            arrival_ms: s.arrival_ms,
-            running: !s.table.pages().is_empty(),
-            prefill_tokens: s.prompt_len.saturating_sub(s.table.len()),
-            client: s.client.clone(),
-            props: s.props.clone(),
-        }
-    }
-
-    /// Stop the sequences the policy gives up on (e.g. deadline passed); their
-    /// pages are released, not retained.
-    fn abort_expired(&mut self, now_ms: u64, out: &mut StepOutput) {
-        let expired: Vec<SeqId> = self
-            .seqs
-            .keys()
-            .copied()
-            .filter(|&id| self.policy.abort(now_ms, &self.candidate(id)))
-            .collect();
-        for id in expired {
-            out.finished
-                .push((id, FinishReason::Expired, self.seqs[&id].info()));
-            // Gone before planning, so an expired sequence computes nothing more.
-            self.abort(id);
-        }
-    }
-
-    /// Remove finished sequences: their pages are retained for their session (per
-    /// keep-session) or released to the prefix cache.
-    fn finish_all(&mut self, now_ms: u64, out: &StepOutput) {
-        for &(id, reason, _) in &out.finished {
-            let Some(mut seq) = self.seqs.remove(&id) else {
-                continue;
-            };
-            let retention = self
-                .keep
-                .as_ref()
-                .filter(|_| reason != FinishReason::Expired)
-                .and_then(|k| k.retention(&seq.props, now_ms));
-            match retention {
-                Some(r) => {
-                    let table = std::mem::take(&mut seq.table);
-                    if let Some(mut old) = self.retained.insert(
-                        r.session,
-                        Retained {
-                            table,
-                            expires_ms: r.expires_ms,
-                        },
-                    ) {
-                        old.table.release(&mut self.pool);
-                    }
-                }
-                None => seq.table.release(&mut self.pool),
-            }
-        }
-    }
-
-    /// Retention past its time falls back to the ordinary LRU cache.
-    fn expire_retained(&mut self, now_ms: u64) {
-        let expired: Vec<String> = self
-            .retained
+    /// One batched forward over the planned chunks; logits of the chunks that
+    /// end their sequence's tokens, in plan order.
+    fn forward(&mut self, plan: &[Planned]) -> Result<Vec<Vec<f32>>> {
+        let inputs: Vec<SeqInput> = plan
             .iter()
-            .filter(|(_, r)| r.expires_ms <= now_ms)
-            .map(|(s, _)| s.clone())
+            .map(|p| {
+                let s = &self.kv.seqs[&p.seq];
+                let start = s.table.len();
+                SeqInput {
+                    tokens: &s.tokens[start..start + p.tokens],
+                    start,
+                    table: &s.table,
+                    logits: start + p.tokens == s.tokens.len(),
+                }
+            })
             .collect();
-        for session in expired {
-            self.drop_retained(&session);
-        }
+        self.model.forward(&mut self.kv.pool, &inputs)
     }
 
-    fn drop_retained(&mut self, session: &str) {
-        if let Some(mut r) = self.retained.remove(session) {
-            r.table.release(&mut self.pool);
+    /// Stop the sequences the policy gives up on (e.g. deadline passed) before
+    /// planning, so they compute nothing more; their pages are released, not
+    /// retained.
+    fn abort_expired(&mut self, now_ms: u64, out: &mut StepOutput) {
+        for index in self.scheduler.expired(now_ms).into_iter().rev() {
+            let cand = self.scheduler.finish_at(&mut self.kv, index, false);
+            if let Some(seq) = self.kv.seqs.remove(&cand.seq) {
+                out.finished
+                    .push((cand.seq, FinishReason::Expired, seq.info()));
+            }
         }
     }
 
     /// Sessions whose pages are retained: (session, pages, expiry ms).
     pub fn retained_sessions(&self) -> Vec<(String, usize, u64)> {
-        let mut v: Vec<_> = self
-            .retained
-            .iter()
-            .map(|(s, r)| (s.clone(), r.table.pages().len(), r.expires_ms))
-            .collect();
-        v.sort();
-        v
+        self.scheduler
+            .retained_sessions()
+            .into_iter()
+            .map(|(session, expires_ms)| {
+                let pages = self
+                    .kv
+                    .retained
+                    .get(&session)
+                    .map_or(0, |t| t.pages().len());
+                (session, pages, expires_ms)
+            })
+            .collect()
     }
 
     /// Prompt tokens admitted but not yet prefilled.
     pub fn waiting_prefill_tokens(&self) -> usize {
-        self.seqs
+        self.kv
+            .seqs
             .values()
             .map(|s| s.prompt_len.saturating_sub(s.table.len()))
             .sum()
@@ -510,11 +444,11 @@ impl Engine {
 
     /// Export the cached full pages of `tokens`' prefix (for offload to a peer).
     pub fn export_prefix(&self, tokens: &[u32]) -> Vec<Vec<u8>> {
-        let hashes = block_hashes(self.pool.fingerprint(), tokens, self.config.page_size);
-        self.pool
-            .longest_prefix(&hashes)
+        let pool = &self.kv.pool;
+        let hashes = block_hashes(pool.fingerprint(), tokens, self.config.page_size);
+        pool.longest_prefix(&hashes)
             .into_iter()
-            .filter_map(|page| pie_kv::transfer::export_page(&self.pool, page).ok())
+            .filter_map(|page| pie_kv::transfer::export_page(pool, page).ok())
             .collect()
     }
 
@@ -522,135 +456,7 @@ impl Engine {
     pub fn import_pages(&mut self, pages: &[Vec<u8>]) -> usize {
         pages
             .iter()
-            .filter(|bytes| pie_kv::transfer::import_page(&mut self.pool, bytes).is_ok())
+            .filter(|bytes| pie_kv::transfer::import_page(&mut self.kv.pool, bytes).is_ok())
             .count()
-    }
-
-    /// Pick this step's (sequence, token count) pairs and reserve their pages.
-    fn plan(&mut self, now_ms: u64, started: &mut Vec<SeqId>) -> Vec<(SeqId, usize)> {
-        let mut candidates: Vec<Candidate> =
-            self.seqs.keys().map(|&id| self.candidate(id)).collect();
-        self.policy.order(now_ms, &mut candidates);
-        let order: Vec<SeqId> = candidates.iter().map(|c| c.seq).collect();
-        let mut running = candidates.iter().filter(|c| c.running).count();
-        let mut budget = self.config.max_batch_tokens;
-        let mut plan = Vec::new();
-        for (rank, &id) in order.iter().enumerate() {
-            if budget == 0 {
-                break;
-            }
-            let was_running = !self.seqs[&id].table.pages().is_empty();
-            let mut hit = 0;
-            if !was_running {
-                if running >= self.config.max_running {
-                    if !(self.policy.preempts_for_slots() && self.preempt_last(&order[rank + 1..]))
-                    {
-                        continue;
-                    }
-                    running -= 1;
-                }
-                hit = self.attach_prefix(id);
-            }
-            match self.reserve(id, budget, &order[rank + 1..]) {
-                Some(n) => {
-                    if !was_running {
-                        running += 1;
-                        self.note_first_admission(id, hit, started);
-                    }
-                    budget -= n;
-                    plan.push((id, n));
-                }
-                None if !was_running => self
-                    .seqs
-                    .get_mut(&id)
-                    .expect("exists")
-                    .table
-                    .release(&mut self.pool),
-                None => {}
-            }
-        }
-        plan
-    }
-
-    /// Share the longest cached prefix of a new (or preempted) sequence's tokens,
-    /// always leaving at least one token to compute. Returns the tokens covered.
-    fn attach_prefix(&mut self, id: SeqId) -> usize {
-        let page_size = self.config.page_size;
-        let seq = self.seqs.get_mut(&id).expect("exists");
-        let hashes = block_hashes(
-            self.pool.fingerprint(),
-            &seq.tokens[..seq.tokens.len() - 1],
-            page_size,
-        );
-        seq.table.attach_prefix(&mut self.pool, &hashes)
-    }
-
-    /// Record the prefix-cache hit of a sequence's first scheduling (not of
-    /// recomputes after preemption).
-    fn note_first_admission(&mut self, id: SeqId, hit: usize, started: &mut Vec<SeqId>) {
-        let seq = self.seqs.get_mut(&id).expect("exists");
-        if seq.cached_tokens.is_none() {
-            seq.cached_tokens = Some(hit.min(seq.prompt_len));
-            self.counters.prefix_hit_tokens += hit as u64;
-            started.push(id);
-        }
-    }
-
-    /// Preempt the running sequence ordered last among `later`; false if none runs.
-    fn preempt_last(&mut self, later: &[SeqId]) -> bool {
-        let Some(&victim) = later
-            .iter()
-            .rev()
-            .find(|v| !self.seqs[v].table.pages().is_empty())
-        else {
-            return false;
-        };
-        self.seqs
-            .get_mut(&victim)
-            .expect("exists")
-            .table
-            .release(&mut self.pool);
-        self.counters.preemptions += 1;
-        true
-    }
-
-    /// Reserve pages for up to `budget` of the sequence's next tokens. When the pool
-    /// is short, retained sessions go first (soonest expiry first), then running
-    /// sequences from the back of `later` are preempted. Returns how many tokens it
-    /// may compute, or None if not even one fits.
-    fn reserve(&mut self, id: SeqId, budget: usize, later: &[SeqId]) -> Option<usize> {
-        let page_size = self.config.page_size;
-        let mut victims = later.to_vec();
-        loop {
-            let seq = &self.seqs[&id];
-            let len = seq.table.len();
-            let want = (seq.tokens.len() - len).min(budget);
-            // Tokens that fit in the pages it has plus every page the pool can give.
-            let room = (seq.table.pages().len() + self.pool.available()) * page_size - len;
-            let soonest = self
-                .retained
-                .iter()
-                .min_by_key(|(_, r)| r.expires_ms)
-                .map(|(s, _)| s.clone());
-            if room < want {
-                if let Some(session) = soonest {
-                    self.drop_retained(&session);
-                    continue;
-                }
-                if self.preempt_last(&victims) {
-                    victims.retain(|v| !self.seqs[v].table.pages().is_empty());
-                    continue;
-                }
-            }
-            let n = want.min(room);
-            if n == 0 {
-                return None;
-            }
-            let seq = self.seqs.get_mut(&id).expect("exists");
-            seq.table
-                .reserve(&mut self.pool, len + n)
-                .expect("room was checked");
-            return Some(n);
-        }
     }
 }

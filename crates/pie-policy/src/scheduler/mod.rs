@@ -1,0 +1,314 @@
+//! The one scheduler of a worker's steps: `pie-worker`'s engine and `pie-sim` both
+//! plan through it, over their own [`KvAccounting`] (real pages or the page
+//! model), so the simulator schedules as the engine does by construction.
+//!
+//! Each step ([`Scheduler::plan`]): the worker policy orders every sequence; in
+//! that order each gets a prefill chunk or one decode token while the token
+//! budget (`max_batch_tokens`) lasts. A sequence not yet running needs a slot
+//! under `max_running` (or, if the policy preempts for slots, takes the slot of
+//! the last running one) and first shares the longest cached prefix of its
+//! tokens. When pages run out, unreferenced cached pages go (LRU, inside the KV
+//! accounting), then retained sessions (soonest expiry first), then the running
+//! sequence ordered last is preempted: its pages are released and it is
+//! recomputed later. The policy is charged the service each sequence received
+//! ([`Scheduler::charge`]); a finished sequence's pages are retained for its
+//! session (keep-session) or released ([`Scheduler::finish_at`]).
+//!
+//! Invariants: the sequence ordered first can always preempt the others, so
+//! every admitted sequence that fits the pool on its own finishes; a step's
+//! tokens never exceed `max_batch_tokens` nor its running sequences
+//! `max_running`; retained pages go before any running sequence is preempted.
+
+mod kv;
+mod retention;
+
+pub use kv::KvAccounting;
+
+use pie_core::{Props, SeqId};
+use serde::{Deserialize, Serialize};
+
+use crate::{Candidate, KeepSession, WorkerPolicy};
+use retention::Retained;
+
+/// A worker's per-step limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepLimits {
+    /// Tokens computed in one step (prefill chunks plus decode tokens).
+    pub max_batch_tokens: usize,
+    /// Sequences holding pages at once.
+    pub max_running: usize,
+}
+
+/// One sequence's share of a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Planned {
+    /// Its place among the scheduler's candidates, valid until one is removed.
+    pub index: usize,
+    pub seq: SeqId,
+    /// Tokens to compute (a prefill chunk, or 1 while decoding).
+    pub tokens: usize,
+}
+
+/// Prompt tokens among the `tokens` computed from `computed` on, of a sequence
+/// whose prompt is `prompt_len` long: the prefill share of a step's service.
+pub fn prefill_share(prompt_len: usize, computed: usize, tokens: usize) -> usize {
+    prompt_len.clamp(computed, computed + tokens) - computed
+}
+
+pub struct Scheduler {
+    policy: Box<dyn WorkerPolicy>,
+    keep: Option<KeepSession>,
+    limits: StepLimits,
+    /// Every sequence on the worker, in the policy's last order (then arrivals).
+    cands: Vec<Candidate>,
+    retained: Retained,
+    /// The time of the last plan: a step's effects (retention expiry) take it.
+    plan_ms: u64,
+    preemptions: u64,
+}
+
+impl Scheduler {
+    pub fn new(policy: Box<dyn WorkerPolicy>, limits: StepLimits) -> Self {
+        Self {
+            policy,
+            keep: None,
+            limits,
+            cands: Vec::new(),
+            retained: Retained::default(),
+            plan_ms: 0,
+            preemptions: 0,
+        }
+    }
+
+    pub fn policy(&self) -> &dyn WorkerPolicy {
+        self.policy.as_ref()
+    }
+
+    /// Swap the ordering policy at a step boundary; the new one may take over the
+    /// old one's state (see `WorkerPolicy::restore`).
+    pub fn set_policy(&mut self, mut policy: Box<dyn WorkerPolicy>) {
+        policy.restore(self.policy.name(), &self.policy.summary());
+        self.policy = policy;
+    }
+
+    /// Turn keep-session on or off; retained sessions stay until they expire.
+    pub fn set_keep_session(&mut self, keep: Option<KeepSession>) {
+        self.keep = keep;
+    }
+
+    pub fn limits(&self) -> StepLimits {
+        self.limits
+    }
+
+    pub fn len(&self) -> usize {
+        self.cands.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cands.is_empty()
+    }
+
+    pub fn candidates(&self) -> &[Candidate] {
+        &self.cands
+    }
+
+    pub fn candidate(&self, seq: SeqId) -> Option<&Candidate> {
+        self.cands.iter().find(|c| c.seq == seq)
+    }
+
+    /// Running sequences preempted since start.
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions
+    }
+
+    /// Sessions with retained pages and when their retention expires (ms).
+    pub fn retained_sessions(&self) -> Vec<(String, u64)> {
+        self.retained.sessions()
+    }
+
+    /// A new sequence (its `running` and `prefill_tokens` are read from `kv`).
+    pub fn add(&mut self, kv: &impl KvAccounting, mut cand: Candidate) {
+        refresh(kv, &mut cand);
+        self.cands.push(cand);
+    }
+
+    /// Replace a sequence's props (a PATCH, or the inferlet changing its own).
+    pub fn set_props(&mut self, seq: SeqId, props: Props) -> bool {
+        match self.cands.iter_mut().find(|c| c.seq == seq) {
+            Some(c) => {
+                c.props = props;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Drop retention that expired by `now_ms` (its pages fall back to the LRU
+    /// cache). Call before [`Self::expired`] and [`Self::plan`].
+    pub fn expire_retained(&mut self, kv: &mut impl KvAccounting, now_ms: u64) {
+        while let Some(session) = self.retained.pop_soonest(now_ms) {
+            kv.drop_retained(&session);
+        }
+    }
+
+    /// Indices (ascending) of the sequences the policy stops at `now_ms`, e.g.
+    /// past their deadline: finish them, highest index first, as expired.
+    pub fn expired(&self, now_ms: u64) -> Vec<usize> {
+        (0..self.cands.len())
+            .filter(|&i| self.policy.abort(now_ms, &self.cands[i]))
+            .collect()
+    }
+
+    /// Fill `plan` with this step's sequences and reserve their pages, at
+    /// `now_ms`. Their indices stay valid until a candidate is removed.
+    pub fn plan(&mut self, kv: &mut impl KvAccounting, now_ms: u64, plan: &mut Vec<Planned>) {
+        plan.clear();
+        self.plan_ms = now_ms;
+        self.policy.order(now_ms, &mut self.cands);
+        kv.will_visit(&self.cands);
+        let mut running = self.cands.iter().filter(|c| c.running).count();
+        let mut budget = self.limits.max_batch_tokens;
+        let preempts = self.policy.preempts_for_slots();
+        for rank in 0..self.cands.len() {
+            if budget == 0 {
+                break;
+            }
+            let seq = self.cands[rank].seq;
+            let was_running = kv.holds_pages(seq);
+            let mut hit = 0;
+            if !was_running {
+                if running >= self.limits.max_running {
+                    if !(preempts && self.preempt_last(kv, rank + 1)) {
+                        continue;
+                    }
+                    running -= 1;
+                }
+                hit = kv.attach_prefix(seq);
+            }
+            match self.reserve(kv, rank, budget) {
+                Some(tokens) => {
+                    if !was_running {
+                        running += 1;
+                        kv.admitted(seq, hit);
+                    }
+                    budget -= tokens;
+                    plan.push(Planned {
+                        index: rank,
+                        seq,
+                        tokens,
+                    });
+                }
+                None if !was_running => kv.release(seq),
+                None => {}
+            }
+            refresh(kv, &mut self.cands[rank]);
+        }
+    }
+
+    /// Charge the policy for a planned sequence's service, once its step's
+    /// tokens are committed in `kv`.
+    pub fn charge(
+        &mut self,
+        kv: &impl KvAccounting,
+        index: usize,
+        prefill_tokens: usize,
+        generated_tokens: usize,
+    ) {
+        let cand = &mut self.cands[index];
+        refresh(kv, cand);
+        self.policy.charge(cand, prefill_tokens, generated_tokens);
+    }
+
+    /// Remove the candidate at `index`: if `may_retain` (it finished, rather
+    /// than being aborted or expiring), its pages are retained for its session
+    /// (keep-session, from the time of the last plan); else, or without a
+    /// session, released. Moves the last candidate to `index`, so finish
+    /// several highest index first.
+    pub fn finish_at(
+        &mut self,
+        kv: &mut impl KvAccounting,
+        index: usize,
+        may_retain: bool,
+    ) -> Candidate {
+        let cand = self.cands.swap_remove(index);
+        let retention = self
+            .keep
+            .as_ref()
+            .filter(|_| may_retain)
+            .and_then(|k| k.retention(&cand.props, self.plan_ms));
+        match retention {
+            Some(r) => {
+                if self.retained.remove(&r.session) {
+                    kv.drop_retained(&r.session);
+                }
+                kv.retain(cand.seq, &r.session);
+                self.retained.insert(r.session, r.expires_ms);
+            }
+            None => kv.release(cand.seq),
+        }
+        cand
+    }
+
+    /// [`Self::finish_at`] by sequence id.
+    pub fn finish(
+        &mut self,
+        kv: &mut impl KvAccounting,
+        seq: SeqId,
+        may_retain: bool,
+    ) -> Option<Candidate> {
+        let index = self.cands.iter().position(|c| c.seq == seq)?;
+        Some(self.finish_at(kv, index, may_retain))
+    }
+
+    /// Reserve pages for up to `budget` of the next tokens of the candidate at
+    /// `rank`; when short, drop retained sessions, then preempt sequences
+    /// ordered after it. Returns the tokens it may compute, or None if not one
+    /// fits.
+    fn reserve(&mut self, kv: &mut impl KvAccounting, rank: usize, budget: usize) -> Option<usize> {
+        let seq = self.cands[rank].seq;
+        loop {
+            let want = kv.uncomputed(seq).min(budget);
+            let room = kv.room(seq);
+            if room < want && (self.drop_soonest_retained(kv) || self.preempt_last(kv, rank + 1)) {
+                continue;
+            }
+            let tokens = want.min(room);
+            if tokens == 0 {
+                return None;
+            }
+            kv.reserve(seq, tokens);
+            return Some(tokens);
+        }
+    }
+
+    fn drop_soonest_retained(&mut self, kv: &mut impl KvAccounting) -> bool {
+        match self.retained.pop_soonest(u64::MAX) {
+            Some(session) => {
+                kv.drop_retained(&session);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Preempt the running sequence ordered last from `from` on; false if none
+    /// runs there.
+    fn preempt_last(&mut self, kv: &mut impl KvAccounting, from: usize) -> bool {
+        let Some(victim) = (from..self.cands.len())
+            .rev()
+            .find(|&i| kv.holds_pages(self.cands[i].seq))
+        else {
+            return false;
+        };
+        kv.release(self.cands[victim].seq);
+        refresh(kv, &mut self.cands[victim]);
+        self.preemptions += 1;
+        true
+    }
+}
+
+/// A candidate's view of its sequence's pages, after they changed.
+fn refresh(kv: &impl KvAccounting, cand: &mut Candidate) {
+    cand.running = kv.holds_pages(cand.seq);
+    cand.prefill_tokens = kv.prefill_remaining(cand.seq);
+}

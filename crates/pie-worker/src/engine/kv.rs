@@ -1,0 +1,135 @@
+//! The engine's sequences over the real page pool: the scheduler's
+//! [`KvAccounting`] answered by `pie-kv`. The only code that changes a
+//! sequence's pages (besides fork, abort and the step's commit in `engine.rs`).
+
+use std::collections::HashMap;
+
+use pie_core::{block_hashes, SeqId};
+use pie_kv::{KvPool, PageTable};
+use pie_model::Sampler;
+use pie_policy::KvAccounting;
+
+use super::SeqInfo;
+
+pub(super) struct Sequence {
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    pub max_tokens: usize,
+    pub stop_tokens: Vec<u32>,
+    pub sampler: Sampler,
+    pub table: PageTable,
+    /// Prompt tokens found cached at its first admission.
+    pub cached_tokens: Option<usize>,
+}
+
+impl Sequence {
+    pub fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    pub fn info(&self) -> SeqInfo {
+        SeqInfo {
+            prompt_tokens: self.prompt_len,
+            generated_tokens: self.generated(),
+            cached_tokens: self.cached_tokens.unwrap_or(0),
+        }
+    }
+}
+
+pub(super) struct EngineKv {
+    pub pool: KvPool,
+    pub page_size: usize,
+    pub seqs: HashMap<SeqId, Sequence>,
+    /// Finished sessions' pages kept for their next turn (keep-session).
+    pub retained: HashMap<String, PageTable>,
+    pub prefix_hit_tokens: u64,
+    /// Sequences admitted for the first time since the last take.
+    pub started: Vec<SeqId>,
+}
+
+impl EngineKv {
+    fn seq(&self, id: SeqId) -> &Sequence {
+        &self.seqs[&id]
+    }
+
+    fn seq_mut(&mut self, id: SeqId) -> &mut Sequence {
+        self.seqs
+            .get_mut(&id)
+            .expect("the scheduler names live sequences")
+    }
+}
+
+impl KvAccounting for EngineKv {
+    fn holds_pages(&self, seq: SeqId) -> bool {
+        !self.seq(seq).table.pages().is_empty()
+    }
+
+    fn prefill_remaining(&self, seq: SeqId) -> usize {
+        let s = self.seq(seq);
+        s.prompt_len.saturating_sub(s.table.len())
+    }
+
+    fn uncomputed(&self, seq: SeqId) -> usize {
+        let s = self.seq(seq);
+        s.tokens.len() - s.table.len()
+    }
+
+    fn room(&self, seq: SeqId) -> usize {
+        let s = self.seq(seq);
+        (s.table.pages().len() + self.pool.available()) * self.page_size - s.table.len()
+    }
+
+    fn attach_prefix(&mut self, seq: SeqId) -> usize {
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .expect("the scheduler names live sequences");
+        let hashes = block_hashes(
+            self.pool.fingerprint(),
+            &s.tokens[..s.tokens.len() - 1],
+            self.page_size,
+        );
+        s.table.attach_prefix(&mut self.pool, &hashes)
+    }
+
+    fn reserve(&mut self, seq: SeqId, tokens: usize) {
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .expect("the scheduler names live sequences");
+        let new_len = s.table.len() + tokens;
+        s.table
+            .reserve(&mut self.pool, new_len)
+            .expect("the scheduler checked the room");
+    }
+
+    fn release(&mut self, seq: SeqId) {
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .expect("the scheduler names live sequences");
+        s.table.release(&mut self.pool);
+    }
+
+    fn admitted(&mut self, seq: SeqId, cached_tokens: usize) {
+        let s = self.seq_mut(seq);
+        if s.cached_tokens.is_none() {
+            s.cached_tokens = Some(cached_tokens.min(s.prompt_len));
+            self.prefix_hit_tokens += cached_tokens as u64;
+            self.started.push(seq);
+        }
+    }
+
+    fn retain(&mut self, seq: SeqId, session: &str) {
+        let table = std::mem::take(&mut self.seq_mut(seq).table);
+        if let Some(mut old) = self.retained.insert(session.to_string(), table) {
+            old.release(&mut self.pool);
+        }
+    }
+
+    fn drop_retained(&mut self, session: &str) {
+        if let Some(mut table) = self.retained.remove(session) {
+            table.release(&mut self.pool);
+        }
+    }
+}
