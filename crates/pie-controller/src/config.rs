@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, Result};
 use pie_core::auth::{parse_key_file, ApiKey};
 use pie_policy::cluster::{
-    routing_policy, CacheAwareConfig, ClusterPolicy, PinConfig, RoutingConfigs,
-    SessionAffinityConfig, DEFAULT_MAX_QUEUED,
+    routing_policy, split_policies, ActorConfigs, ActorRunner, CacheAwareConfig, ClusterPolicy,
+    PinConfig, RoutingConfigs, ScaleByPropConfig, SessionAffinityConfig, DEFAULT_MAX_QUEUED,
 };
 use serde::{Deserialize, Serialize};
 
@@ -55,15 +55,20 @@ pub struct ModelConfig {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WorkerEntry {
     pub name: String,
     pub url: String,
+    /// The worker's group label (`scale-by-prop` counts workers per group).
+    #[serde(default)]
+    pub group: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterConfig {
     pub workers: Vec<WorkerEntry>,
+    /// Routing policies and actors, in one list (see `split_policies`).
     pub cluster_policies: Vec<String>,
     /// Sent as `Authorization: Bearer` to workers.
     pub worker_key: Option<String>,
@@ -71,11 +76,15 @@ pub struct ClusterConfig {
     pub poll_ms: u64,
     /// With `cluster-priority`: requests waiting in the controller before 429.
     pub max_queued: usize,
+    /// How often the actors see a fresh cluster snapshot.
+    pub actor_tick_ms: u64,
     #[serde(rename = "cache-aware")]
     pub cache_aware: CacheAwareConfig,
     #[serde(rename = "session-affinity")]
     pub session_affinity: SessionAffinityConfig,
     pub pin: PinConfig,
+    #[serde(rename = "scale-by-prop")]
+    pub scale_by_prop: ScaleByPropConfig,
 }
 
 impl Default for ClusterConfig {
@@ -90,9 +99,11 @@ impl Default for ClusterConfig {
             worker_key: None,
             poll_ms: 250,
             max_queued: DEFAULT_MAX_QUEUED,
+            actor_tick_ms: 1000,
             cache_aware: CacheAwareConfig::default(),
             session_affinity: SessionAffinityConfig::default(),
             pin: PinConfig::default(),
+            scale_by_prop: ScaleByPropConfig::default(),
         }
     }
 }
@@ -106,6 +117,21 @@ impl ClusterConfig {
         self.cluster_policies.iter().any(|p| p == CLUSTER_PRIORITY)
     }
 
+    /// `cluster_policies` (but `cluster-priority`) as routing names and actor
+    /// names; an unknown name is an error listing every known one.
+    fn split(&self) -> Result<(Vec<String>, Vec<String>), String> {
+        let names: Vec<String> = self
+            .cluster_policies
+            .iter()
+            .filter(|name| *name != CLUSTER_PRIORITY)
+            .cloned()
+            .collect();
+        let (routing, actors) = split_policies(&names)
+            .map_err(|e| format!("{e}; before routing: `{CLUSTER_PRIORITY}`"))?;
+        let owned = |v: Vec<&str>| v.into_iter().map(String::from).collect();
+        Ok((owned(routing), owned(actors)))
+    }
+
     /// The routing pipeline, or an error naming the bad entry.
     pub fn pipeline(&self) -> Result<Vec<Box<dyn ClusterPolicy>>, String> {
         let configs = RoutingConfigs {
@@ -113,14 +139,22 @@ impl ClusterConfig {
             session_affinity: self.session_affinity.clone(),
             cache_aware: self.cache_aware.clone(),
         };
-        self.cluster_policies
-            .iter()
-            .filter(|name| *name != CLUSTER_PRIORITY)
-            .map(|name| {
-                routing_policy(name, &configs)
-                    .map_err(|e| format!("{e}; before routing: `{CLUSTER_PRIORITY}`"))
-            })
+        let (routing, _) = self.split()?;
+        routing
+            .into_iter()
+            .map(|name| routing_policy(&name, &configs))
             .collect()
+    }
+
+    /// The actors named in `cluster_policies`, with their `[cluster.<name>]`
+    /// sections; errors name the actor and key (`scale-by-prop.hysteresis: ...`).
+    pub fn actors(&self) -> Result<ActorRunner, String> {
+        let (_, actors) = self.split()?;
+        let configs = ActorConfigs {
+            scale_by_prop: self.scale_by_prop.clone(),
+        };
+        let names: Vec<&str> = actors.iter().map(String::as_str).collect();
+        ActorRunner::new(&names, &configs)
     }
 }
 
@@ -161,6 +195,12 @@ impl Config {
             .cluster
             .pipeline()
             .map_err(|e| anyhow!("{}: key `cluster.cluster_policies`: {e}", file.display()))?;
+        config.cluster.actors().map_err(|e| {
+            let (key, message) = e
+                .split_once(": ")
+                .unwrap_or(("cluster_policies", e.as_str()));
+            anyhow!("{}: key `cluster.{key}`: {message}", file.display())
+        })?;
         Ok(config)
     }
 }

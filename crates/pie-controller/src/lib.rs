@@ -4,7 +4,9 @@
 //! - [`registry`]: the workers (static and registered), their health, load and
 //!   prefix-cache index, polled from each worker's `/v1/internal/state`.
 //! - [`proxy`]: routing decisions and the pass-through of requests and streams.
+//! - [`actors`]: the cluster actors' snapshot, tick, and executed actions.
 
+pub mod actors;
 pub mod config;
 pub mod kv_sync;
 pub mod metrics;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use pie_controller::actors::{self, Actors};
 use pie_controller::config::{Config, WorkerEntry};
 use pie_controller::proxy::{router, Controller};
 use pie_controller::registry::Registry;
@@ -62,6 +63,7 @@ fn main() -> Result<()> {
         config.cluster.workers.push(WorkerEntry {
             name: name.into(),
             url: url.into(),
+            group: None,
         });
     }
     let cli_policies = args.policies.clone();
@@ -70,6 +72,7 @@ fn main() -> Result<()> {
         config.cluster.cluster_policies = p;
     }
     let pipeline = config.cluster.pipeline().map_err(anyhow::Error::msg)?;
+    let runner = config.cluster.actors().map_err(anyhow::Error::msg)?;
     let tokenizer = match &config.model.path {
         Some(path) => Some(Tokenizer::from_gguf(&GgufFile::open(path)?)?),
         None => None,
@@ -86,6 +89,7 @@ fn main() -> Result<()> {
         tokenizer,
         http: reqwest::Client::new(),
         worker_key: config.cluster.worker_key.clone(),
+        actors: Actors::new(runner, config.cluster.actor_tick_ms),
     });
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -99,16 +103,20 @@ fn main() -> Result<()> {
                 listener.local_addr()?
             );
             for w in &config.cluster.workers {
-                ctl.add_worker(&w.name, &w.url);
+                ctl.add_worker(&w.name, &w.url, w.group.clone());
             }
+            tokio::spawn(actors::run(ctl.clone()));
             let poller = ctl.clone();
             let every = Duration::from_millis(config.cluster.poll_ms.max(10));
             tokio::spawn(async move {
                 loop {
+                    let before = poller.registry.snapshot();
                     poller
                         .registry
                         .poll(&poller.http, poller.worker_key.as_deref())
                         .await;
+                    let after = poller.registry.snapshot();
+                    poller.actors.notify(actors::health_events(&before, &after));
                     // Capacity can also free up on the workers' side.
                     poller.release_waiters();
                     tokio::time::sleep(every).await;
@@ -141,8 +149,9 @@ fn trace_recorder(config: &Config) -> Result<Option<TraceRecorder>> {
 }
 
 /// SIGHUP re-reads the config file: `cluster_policies` (and their sections) and
-/// the static workers apply at once; an invalid file changes nothing and is
-/// logged and counted. A `--policies` flag keeps overriding the file.
+/// the static workers apply at once; actors are rebuilt (their state restarts);
+/// an invalid file changes nothing and is logged and counted. A `--policies`
+/// flag keeps overriding the file.
 #[cfg(unix)]
 async fn reload_on_sighup(ctl: Arc<Controller>, path: PathBuf, cli_policies: Option<Vec<String>>) {
     use tokio::signal::unix::{signal, SignalKind};
@@ -155,12 +164,15 @@ async fn reload_on_sighup(ctl: Arc<Controller>, path: PathBuf, cli_policies: Opt
                 c.cluster.cluster_policies = p.clone();
             }
             let pipeline = c.cluster.pipeline().map_err(anyhow::Error::msg)?;
+            let runner = c.cluster.actors().map_err(anyhow::Error::msg)?;
             let keys = c.server.api_keys()?;
-            Ok((c, pipeline, keys))
+            Ok((c, pipeline, runner, keys))
         });
         match fresh {
-            Ok((config, pipeline, keys)) => {
+            Ok((config, pipeline, runner, keys)) => {
                 *ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner()) = pipeline;
+                ctl.actors
+                    .replace(runner, config.cluster.actor_tick_ms, &ctl.metrics);
                 *ctl.api_keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
                 ctl.queueing
                     .store(config.cluster.queueing(), Ordering::Relaxed);
@@ -170,7 +182,7 @@ async fn reload_on_sighup(ctl: Arc<Controller>, path: PathBuf, cli_policies: Opt
                     .set_max_queued(config.cluster.max_queued);
                 ctl.release_waiters();
                 for w in &config.cluster.workers {
-                    ctl.add_worker(&w.name, &w.url);
+                    ctl.add_worker(&w.name, &w.url, w.group.clone());
                 }
                 tracing::info!(policies = ?config.cluster.cluster_policies, "cluster config reloaded");
             }

@@ -14,6 +14,23 @@ pub struct RouteLabels {
     pub policy: String,
 }
 
+/// Labels of a recorded cluster action.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabels {
+    pub actor: String,
+    pub kind: String,
+    /// "true" or "false".
+    pub dry_run: String,
+}
+
+/// A scale hint's worker group.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupLabels {
+    pub group: String,
+}
+
+/// Metrics under `pie_controller_` describe this process; those under
+/// `pie_cluster_` describe the cluster it advises (what an autoscaler reads).
 pub struct ControllerMetrics {
     registry: Registry,
     pub routed: Family<RouteLabels, Counter>,
@@ -24,12 +41,15 @@ pub struct ControllerMetrics {
     pub queue_full: Counter,
     pub kv_snapshots: Counter,
     pub kv_resyncs: Counter,
+    pub actions: Family<ActionLabels, Counter>,
+    pub scale_recommended: Family<GroupLabels, Gauge>,
+    pub scale_current: Family<GroupLabels, Gauge>,
 }
 
 impl Default for ControllerMetrics {
     fn default() -> Self {
         let mut m = Self {
-            registry: Registry::with_prefix("pie_controller"),
+            registry: Registry::default(),
             routed: Family::default(),
             retries: Counter::default(),
             rejected: Counter::default(),
@@ -38,8 +58,27 @@ impl Default for ControllerMetrics {
             queue_full: Counter::default(),
             kv_snapshots: Counter::default(),
             kv_resyncs: Counter::default(),
+            actions: Family::default(),
+            scale_recommended: Family::default(),
+            scale_current: Family::default(),
         };
-        let r = &mut m.registry;
+        let cluster = m.registry.sub_registry_with_prefix("pie_cluster");
+        cluster.register(
+            "actions",
+            "Cluster actions decided, by actor, kind and dry run",
+            m.actions.clone(),
+        );
+        cluster.register(
+            "scale_recommended",
+            "Workers scale-by-prop recommends for the group",
+            m.scale_recommended.clone(),
+        );
+        cluster.register(
+            "scale_current",
+            "Serving workers labelled with the group when the hint was made",
+            m.scale_current.clone(),
+        );
+        let r = m.registry.sub_registry_with_prefix("pie_controller");
         r.register(
             "routed",
             "Requests routed, by worker and deciding policy",

@@ -25,6 +25,7 @@ use pie_workload::{TraceInput, TraceRecorder};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
+use crate::actors::{Actors, DemandGuard};
 use crate::metrics::{ControllerMetrics, RouteLabels};
 use crate::registry::{with_worker_key, Registry};
 use crate::trace::TracedRequest;
@@ -46,6 +47,8 @@ pub struct Controller {
     pub api_keys: RwLock<Vec<ApiKey>>,
     /// `[server] trace_file`: routed OpenAI requests are recorded here.
     pub trace: Option<TraceRecorder>,
+    /// The cluster actors named in `cluster_policies`, and what they see.
+    pub actors: Actors,
 }
 
 /// The name of the client key that authenticated a request.
@@ -77,8 +80,8 @@ async fn auth(State(ctl): State<Shared>, mut req: Request, next: Next) -> Respon
 
 impl Controller {
     /// Add (or update) a worker; a new one gets a KV event follower.
-    pub fn add_worker(self: &Arc<Self>, name: &str, url: &str) {
-        if let Some(slot) = self.registry.register(name, url) {
+    pub fn add_worker(self: &Arc<Self>, name: &str, url: &str, group: Option<String>) {
+        if let Some(slot) = self.registry.register(name, url, group) {
             let ctl = self.clone();
             tokio::spawn(async move {
                 crate::kv_sync::follow(
@@ -172,6 +175,8 @@ struct InFlight {
     ctl: Arc<Controller>,
     worker: String,
     traced: Option<TracedRequest>,
+    /// The request as the actors' demand, until it finishes.
+    demand: Option<DemandGuard>,
 }
 
 impl InFlight {
@@ -181,6 +186,7 @@ impl InFlight {
             ctl: ctl.clone(),
             worker: worker.to_string(),
             traced: None,
+            demand: None,
         }
     }
 }
@@ -217,7 +223,7 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(body)).into_response()
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -238,6 +244,7 @@ pub fn router(ctl: Shared) -> Router {
             get(on_process).patch(on_process).delete(on_process),
         )
         .route("/v1/processes/{id}/events", get(on_process_events))
+        .merge(crate::actors::routes())
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
         .layer(middleware::from_fn_with_state(ctl.clone(), auth))
         .with_state(ctl)
@@ -276,6 +283,7 @@ async fn cluster(State(ctl): State<Shared>) -> Json<Value> {
     Json(json!({
         "workers": ctl.registry.snapshot(),
         "cluster_policies": names,
+        "actors": ctl.actors.summary(),
         "cluster_priority": ctl.queueing.load(Ordering::Relaxed),
         "sessions": sessions,
         "queued": queued,
@@ -284,14 +292,24 @@ async fn cluster(State(ctl): State<Shared>) -> Json<Value> {
 }
 
 async fn register(State(ctl): State<Shared>, Json(body): Json<Value>) -> Response {
+    let group = match &body["group"] {
+        Value::Null => None,
+        Value::String(g) if !g.is_empty() => Some(g.clone()),
+        _ => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "register: `group` must be a non-empty string",
+            )
+        }
+    };
     match (body["name"].as_str(), body["url"].as_str()) {
         (Some(name), Some(url)) if !name.is_empty() && url.starts_with("http") => {
-            ctl.add_worker(name, url);
+            ctl.add_worker(name, url, group);
             Json(json!({"registered": name})).into_response()
         }
         _ => error(
             StatusCode::BAD_REQUEST,
-            "register needs {\"name\": ..., \"url\": \"http://...\"}",
+            "register needs {\"name\": ..., \"url\": \"http://...\"} (optional \"group\")",
         ),
     }
 }
@@ -394,6 +412,8 @@ async fn generate(
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
     let arrival_ms = now_ms();
+    // Waiting in the queue already counts as demand.
+    let mut demand = ctl.actors.track(&props);
     let mut ticket = match ctl.wait_for_slot(&props).await {
         Ok(ticket) => ticket,
         Err(refused) => return refused,
@@ -438,6 +458,9 @@ async fn generate(
         };
         let mut slot = InFlight::begin(&ctl, &view.name);
         drop(ticket.take());
+        if let Some(d) = &demand {
+            d.placed(&view.name);
+        }
         let sent = send(
             &ctl,
             method.clone(),
@@ -453,6 +476,7 @@ async fn generate(
         match started {
             Ok(upstream) => {
                 slot.traced = traced.take();
+                slot.demand = demand.take();
                 let mut resp = hold_until_streamed(upstream.into_response(), slot);
                 ctl.registry.count_routed(&view.name);
                 let policy = why.split(':').next().unwrap_or_default().to_string();

@@ -30,6 +30,9 @@ pub struct Worker {
     /// Its bit in the cluster index (workers are never removed, so slots are stable).
     #[serde(skip)]
     pub slot: usize,
+    /// Its `group` label: from the config for static workers, from the
+    /// registration body for registered ones.
+    pub group: Option<String>,
     pub healthy: bool,
     /// Queued + running processes, as the worker last reported (plus requests
     /// routed since).
@@ -46,11 +49,12 @@ pub struct Worker {
 }
 
 impl Worker {
-    fn new(slot: usize, name: &str, url: &str) -> Self {
+    fn new(slot: usize, name: &str, url: &str, group: Option<String>) -> Self {
         Self {
             name: name.into(),
             url: url.trim_end_matches('/').into(),
             slot,
+            group,
             healthy: false,
             load: 0,
             running: 0,
@@ -97,16 +101,17 @@ impl Registry {
 
     /// Add or update a worker (dynamic registration and heartbeats). Returns
     /// the new worker's slot when it was not known before.
-    pub fn register(&self, name: &str, url: &str) -> Option<usize> {
+    pub fn register(&self, name: &str, url: &str, group: Option<String>) -> Option<usize> {
         let mut ws = self.workers.write().unwrap_or_else(|e| e.into_inner());
         match ws.iter_mut().find(|w| w.name == name) {
             Some(w) => {
                 w.url = url.trim_end_matches('/').into();
+                w.group = group;
                 None
             }
             None => {
                 let slot = ws.len();
-                ws.push(Worker::new(slot, name, url));
+                ws.push(Worker::new(slot, name, url, group));
                 Some(slot)
             }
         }
@@ -272,7 +277,7 @@ mod tests {
         let r = Registry::default();
         for (i, &(busy, max_running)) in slots.iter().enumerate() {
             let name = format!("w{i}");
-            r.register(&name, "http://127.0.0.1:1");
+            r.register(&name, "http://127.0.0.1:1", None);
             r.update(&name, |w| {
                 w.healthy = true;
                 w.running = busy;

@@ -130,6 +130,9 @@ struct Spec<'a> {
     relayed: bool,
     /// The test client's API key for the controller.
     client_key: Option<&'a str>,
+    /// Each worker's `group` label ("" for none); when set, the workers are
+    /// listed in the config file rather than with `--worker`.
+    groups: &'a [&'a str],
 }
 
 impl<'a> Spec<'a> {
@@ -142,6 +145,7 @@ impl<'a> Spec<'a> {
             cluster_config: "",
             relayed: false,
             client_key: None,
+            groups: &[],
         }
     }
 }
@@ -166,20 +170,19 @@ impl Cluster {
             })
             .collect();
         let mut args = vec!["--port".to_string(), "0".into(), "--model".into(), m.into()];
+        // Tests run in parallel in one process: one file per cluster.
+        static CLUSTERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let cfg = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-            "controller-{}-{}.toml",
+            "controller-{}-{}-{}.toml",
             std::process::id(),
+            CLUSTERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             spec.policies
         ));
         let names: Vec<&str> = spec.policies.split(',').collect();
-        std::fs::write(
-            &cfg,
-            format!(
-                "[cluster]\npoll_ms = 20\ncluster_policies = {names:?}\n{}\n",
-                spec.cluster_config
-            ),
-        )
-        .unwrap();
+        let mut text = format!(
+            "[cluster]\npoll_ms = 20\ncluster_policies = {names:?}\n{}\n",
+            spec.cluster_config
+        );
         args.extend(["--config".into(), cfg.to_str().unwrap().into()]);
         let mut relays = Vec::new();
         for (i, w) in workers.iter().enumerate() {
@@ -189,8 +192,17 @@ impl Cluster {
                 url = relay.url.clone();
                 relays.push(relay);
             }
-            args.extend(["--worker".into(), format!("w{i}={url}")]);
+            match spec.groups.get(i) {
+                Some(group) => {
+                    text += &format!("[[cluster.workers]]\nname = \"w{i}\"\nurl = \"{url}\"\n");
+                    if !group.is_empty() {
+                        text += &format!("group = \"{group}\"\n");
+                    }
+                }
+                None => args.extend(["--worker".into(), format!("w{i}={url}")]),
+            }
         }
+        std::fs::write(&cfg, text).unwrap();
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let controller = spawn(
             &bin("pie-controller"),
@@ -819,5 +831,201 @@ async fn cluster_up_stops_its_children_on_sigterm() {
             std::net::TcpStream::connect(addr).is_err(),
             "{addr} still accepts connections after the cluster stopped"
         );
+    }
+}
+
+/// A streamed completion with `props`, held open (its body unread) so it stays
+/// in flight: demand the actors see.
+async fn hold_with(c: &Cluster, props: Value) -> reqwest::Response {
+    let mut r = c
+        .http
+        .post(format!("{}/v1/completions", c.controller.url))
+        .json(
+            &json!({"prompt": "hold", "max_tokens": 2000, "ignore_eos": true,
+                      "stream": true, "props": props}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.chunk().await.unwrap().expect("first chunk");
+    r
+}
+
+/// The value of a labelled controller metric line `name{labels}`, if present.
+async fn labelled_metric(c: &Cluster, series: &str) -> Option<f64> {
+    let text = c.get_text("/metrics").await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Two workers, w0 labelled `gold`, w1 unlabelled (the default group); one gold
+/// worker per gold process wanted; `dry_run` as given.
+async fn scale_cluster(dry_run: bool) -> Cluster {
+    let cluster_config = format!(
+        "actor_tick_ms = 10\n[cluster.scale-by-prop]\nprop = \"tier\"\n\
+         target_load_per_worker = 1\nmax_workers = 8\npending_timeout_ms = 600000\n\
+         dry_run = {dry_run}\n"
+    );
+    Cluster::start_with(Spec {
+        workers: 2,
+        cluster_config: &cluster_config,
+        groups: &["gold", ""],
+        ..Spec::new("cache-aware,scale-by-prop")
+    })
+    .await
+}
+
+/// The newest `scale-hint` for `group` in `GET /v1/cluster/actions`.
+async fn newest_hint(c: &Cluster, group: &str) -> Option<Value> {
+    let log: Value = serde_json::from_str(&c.get_text("/v1/cluster/actions").await).unwrap();
+    assert_eq!(log["actors"], json!(["scale-by-prop"]));
+    log["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["kind"] == "scale-hint" && a["action"]["group"] == group)
+        .cloned()
+}
+
+/// Six gold requests held open at once (each ends when its generation does).
+async fn gold_load(c: &Cluster) -> Vec<reqwest::Response> {
+    futures_util::future::join_all((0..6).map(|_| hold_with(c, json!({"tier": "gold"})))).await
+}
+
+#[tokio::test]
+async fn scale_by_prop_publishes_one_step_under_load_and_holds_while_pending() {
+    let c = scale_cluster(false).await;
+    let holds = gold_load(&c).await;
+    // Gold processes want a gold worker each; 1 exists: one step, to 2.
+    wait_for("the gold hint", async || {
+        labelled_metric(&c, "pie_cluster_scale_recommended{group=\"gold\"}").await == Some(2.0)
+    })
+    .await;
+    drop(holds);
+    // No autoscaler adds the worker: the step stays pending, even with no load
+    // left, for `pending_timeout_ms`.
+    wait_for("the pending hint", async || {
+        newest_hint(&c, "gold").await.is_some_and(|h| {
+            h["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("previous-step-pending")
+        })
+    })
+    .await;
+    let hint = newest_hint(&c, "gold").await.expect("a gold hint");
+    assert_eq!(hint["actor"], "scale-by-prop");
+    assert_eq!(hint["dry_run"], false);
+    assert_eq!(hint["outcome"], "executed", "{hint}");
+    assert_eq!(hint["action"]["recommended"], 2, "{hint}");
+    assert_eq!(hint["action"]["current"], 1, "{hint}");
+    let log: Value = serde_json::from_str(&c.get_text("/v1/cluster/actions").await).unwrap();
+    let step = log["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| {
+            a["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("load-above-target")
+        })
+        .cloned()
+        .expect("the step up is in the log");
+    assert_eq!(step["action"]["group"], "gold", "{step}");
+    assert!(step["action"]["value"].as_f64().unwrap() >= 2.0, "{step}");
+    for (series, want) in [
+        ("pie_cluster_scale_recommended{group=\"gold\"}", 2.0),
+        ("pie_cluster_scale_current{group=\"gold\"}", 1.0),
+        ("pie_cluster_scale_recommended{group=\"default\"}", 1.0),
+        ("pie_cluster_scale_current{group=\"default\"}", 1.0),
+    ] {
+        assert_eq!(labelled_metric(&c, series).await, Some(want), "{series}");
+    }
+    let scale: Value = serde_json::from_str(&c.get_text("/v1/cluster/scale").await).unwrap();
+    let gold = scale["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["group"] == "gold")
+        .cloned()
+        .expect("gold published");
+    assert_eq!(
+        (gold["recommended"].as_u64(), gold["current"].as_u64()),
+        (Some(2), Some(1))
+    );
+    // The load when the pending hint was made: 0 to 6 as the streams ended.
+    assert_eq!(gold["signal"], "load");
+    assert!(gold["value"].as_f64().is_some_and(|v| v <= 6.0), "{gold}");
+    let counted = labelled_metric(
+        &c,
+        "pie_cluster_actions_total{actor=\"scale-by-prop\",kind=\"scale-hint\",dry_run=\"false\"}",
+    )
+    .await;
+    assert!(counted.is_some_and(|n| n >= 3.0), "{counted:?}");
+}
+
+#[tokio::test]
+async fn scale_by_prop_in_dry_run_records_hints_and_publishes_nothing() {
+    let c = scale_cluster(true).await;
+    let holds = gold_load(&c).await;
+    wait_for("the gold hint recorded", async || {
+        newest_hint(&c, "gold")
+            .await
+            .is_some_and(|h| h["action"]["recommended"] == 2)
+    })
+    .await;
+    drop(holds);
+    let hint = newest_hint(&c, "gold").await.expect("a gold hint");
+    assert_eq!(
+        (&hint["dry_run"], &hint["outcome"]),
+        (&json!(true), &json!("dry-run"))
+    );
+    let metrics = c.get_text("/metrics").await;
+    assert!(
+        !metrics.contains("pie_cluster_scale_recommended{"),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("pie_cluster_scale_current{"), "{metrics}");
+    assert!(metrics.contains(
+        "pie_cluster_actions_total{actor=\"scale-by-prop\",kind=\"scale-hint\",dry_run=\"true\"}"
+    ));
+    let scale: Value = serde_json::from_str(&c.get_text("/v1/cluster/scale").await).unwrap();
+    assert_eq!(scale["groups"], json!([]));
+}
+
+#[test]
+fn bad_actor_configs_are_refused_naming_the_file_and_key() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    for (name, text, wanted) in [
+        (
+            "unknown-actor",
+            "[cluster]\ncluster_policies = [\"cache-aware\", \"rebalance\"]\n",
+            &["key `cluster.cluster_policies`", "`rebalance`", "cache-aware", "scale-by-prop"][..],
+        ),
+        (
+            "bad-key",
+            "[cluster]\ncluster_policies = [\"scale-by-prop\"]\n[cluster.scale-by-prop]\ntargett = 3\n",
+            &["key `cluster.scale-by-prop.targett`"][..],
+        ),
+        (
+            "bad-value",
+            "[cluster]\ncluster_policies = [\"scale-by-prop\"]\n[cluster.scale-by-prop]\nhysteresis = 1.5\n",
+            &["key `cluster.scale-by-prop.hysteresis`"][..],
+        ),
+    ] {
+        let file = dir.join(format!("actor-config-{}-{name}.toml", std::process::id()));
+        std::fs::write(&file, text).unwrap();
+        let out = Command::new(bin("pie-controller"))
+            .args(["--port", "0", "--config", file.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{name}: started");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(file.to_str().unwrap()), "{name}: {err}");
+        for w in wanted {
+            assert!(err.contains(w), "{name}: `{w}` not in {err}");
+        }
     }
 }

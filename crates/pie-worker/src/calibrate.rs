@@ -161,6 +161,9 @@ fn profile(path: &Path, serve: &EngineConfig, fit: &Fit) -> CostProfile {
         kv_pages: serve.kv_pages,
         max_batch_tokens: serve.max_batch_tokens,
         max_running: serve.max_running,
+        // Not measured by the step grid: the loopback placeholder.
+        transfer_bytes_per_s: CostProfile::cpu_placeholder().transfer_bytes_per_s,
+        transfer_latency_us: CostProfile::cpu_placeholder().transfer_latency_us,
     }
 }
 

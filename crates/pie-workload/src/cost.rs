@@ -29,6 +29,26 @@ pub struct CostProfile {
     pub kv_pages: usize,
     pub max_batch_tokens: usize,
     pub max_running: usize,
+    /// Bandwidth of a KV transfer between workers (bytes/s): what migration,
+    /// replication and the pool pay per page. Profiles written before it existed
+    /// load with the CPU (loopback) figure, as `pie bench --calibrate` measures
+    /// CPU workers.
+    #[serde(default = "loopback_bytes_per_s")]
+    pub transfer_bytes_per_s: f64,
+    /// Fixed cost of one transfer (us): handshake and request round trip.
+    #[serde(default = "loopback_latency_us")]
+    pub transfer_latency_us: u64,
+}
+
+/// Uncalibrated: one HTTP stream over loopback with per-page checksums, of the
+/// order of 1 GB/s on a small CPU host.
+fn loopback_bytes_per_s() -> f64 {
+    1e9
+}
+
+/// Uncalibrated: an HTTP request round trip on localhost, handshake included.
+fn loopback_latency_us() -> u64 {
+    200
 }
 
 pub const PROFILES: &[&str] = &["gpu", "cpu"];
@@ -60,6 +80,11 @@ impl CostProfile {
     /// Limits: 28,000 pages of 16 tokens (about 58 GB of KV after the weights and
     /// activations), `max_batch_tokens` 2048 and `max_running` 256 (vLLM's defaults
     /// for chunked prefill and `max_num_seqs`).
+    /// Transfers between workers: one 200 Gb/s HDR InfiniBand port per GPU, as in
+    /// the NVIDIA DGX A100 datasheet (8 ConnectX-6 single-port adapters for 8
+    /// GPUs), so 25 GB/s by RDMA (workers are on different nodes; NVLink within a
+    /// node would be 300 GB/s each way); 50 us per transfer for the handshake and
+    /// RDMA setup is an assumption, not a published figure.
     pub fn gpu_a100_llama3_8b() -> Self {
         Self {
             name: "gpu-a100-llama3-8b".into(),
@@ -74,13 +99,15 @@ impl CostProfile {
             kv_pages: 28_000,
             max_batch_tokens: 2048,
             max_running: 256,
+            transfer_bytes_per_s: 25e9,
+            transfer_latency_us: 50,
         }
     }
 
     /// UNCALIBRATED placeholder for `pie serve` with SmolLM2-135M on two CPU cores:
     /// the coefficients are of the order `pie bench --calibrate` measured on this
     /// 2-core machine (BENCHMARKS.md), rounded; calibrate your own. The limits are
-    /// `pie-worker`'s `EngineConfig` defaults.
+    /// `pie-worker`'s `EngineConfig` defaults. Transfers: the loopback placeholder.
     pub fn cpu_placeholder() -> Self {
         Self {
             name: "cpu-smollm2-135m".into(),
@@ -94,6 +121,8 @@ impl CostProfile {
             kv_pages: 2048,
             max_batch_tokens: 512,
             max_running: 64,
+            transfer_bytes_per_s: loopback_bytes_per_s(),
+            transfer_latency_us: loopback_latency_us(),
         }
     }
 
@@ -120,6 +149,7 @@ impl CostProfile {
             ("b_ms_per_token", self.b_ms_per_token),
             ("c_ms_per_context_token", self.c_ms_per_context_token),
             ("d_ms_per_pair", self.d_ms_per_pair),
+            ("transfer_bytes_per_s", self.transfer_bytes_per_s),
         ];
         if let Some((field, v)) = coefficients
             .iter()
@@ -135,8 +165,18 @@ impl CostProfile {
         ];
         match limits.iter().find(|(_, v)| *v == 0) {
             Some((field, _)) => Err(format!("field `{field}`: must be positive")),
+            None if self.transfer_bytes_per_s == 0.0 => {
+                Err("field `transfer_bytes_per_s`: must be positive".into())
+            }
             None => Ok(()),
         }
+    }
+
+    /// Duration of moving `bytes` of KV between workers in microseconds: the
+    /// fixed latency plus the bytes at the transfer bandwidth (rounded up).
+    pub fn transfer_us(&self, bytes: u64) -> u64 {
+        let streaming = (bytes as f64 / self.transfer_bytes_per_s * 1e6).ceil() as u64;
+        self.transfer_latency_us + streaming
     }
 
     /// Duration of one step in milliseconds.
@@ -216,11 +256,37 @@ mod tests {
     }
 
     #[test]
-    fn profiles_without_the_pair_term_still_load() {
+    fn profiles_without_the_pair_term_or_transfer_costs_still_load() {
         let mut v = serde_json::to_value(CostProfile::cpu_placeholder()).expect("serialisable");
-        v.as_object_mut().expect("object").remove("d_ms_per_pair");
+        let fields = v.as_object_mut().expect("object");
+        for f in [
+            "d_ms_per_pair",
+            "transfer_bytes_per_s",
+            "transfer_latency_us",
+        ] {
+            fields.remove(f);
+        }
         let p = CostProfile::from_json(&v.to_string()).expect("older profile");
         assert_eq!(p.d_ms_per_pair, 0.0);
+        assert_eq!(
+            (p.transfer_bytes_per_s, p.transfer_latency_us),
+            (loopback_bytes_per_s(), loopback_latency_us())
+        );
+    }
+
+    #[test]
+    fn transfer_time_is_latency_plus_bytes_over_bandwidth() {
+        let p = CostProfile::gpu_a100_llama3_8b();
+        assert_eq!(p.transfer_us(0), 50);
+        // One 16-token page of Llama-3-8B KV (16 * 128 KiB = 2 MiB) at 25 GB/s:
+        // 2,097,152 / 25e9 s = 83.9 us, rounded up, + 50 us.
+        assert_eq!(p.transfer_us(2_097_152), 50 + 84);
+        let cpu = CostProfile::cpu_placeholder();
+        assert!(cpu.transfer_us(2_097_152) > p.transfer_us(2_097_152));
+        let mut v = serde_json::to_value(&p).expect("serialisable");
+        v["transfer_bytes_per_s"] = serde_json::json!(0.0);
+        let err = CostProfile::from_json(&v.to_string()).unwrap_err();
+        assert_eq!(err, "field `transfer_bytes_per_s`: must be positive");
     }
 
     #[test]

@@ -4,14 +4,26 @@
 //! (cache-aware, least-loaded, round-robin). The request goes to the first
 //! candidate; the last policy that decided names the reason, and a filter that
 //! leaves a single worker ends the pipeline.
+//!
+//! Actors (`actions.rs`) share the same `cluster_policies` list: they are not
+//! asked per request but see a [`ClusterSnapshot`] on a tick and return actions,
+//! run by an [`ActorRunner`]. [`split_policies`] sorts a list into the two.
 
+mod actions;
 mod cache_aware;
 mod index;
 mod least_loaded;
 mod pin;
 mod priority;
 mod round_robin;
+mod runner;
+mod scale_by_prop;
 mod session_affinity;
+
+pub use actions::{
+    Action, ActionRecord, ClusterActor, ClusterEvent, ClusterSnapshot, Decision, HotPrefix,
+    KvPages, ProcessState, ScaleHint, SessionState, Stage, WorkerState,
+};
 
 pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use index::ClusterIndex;
@@ -19,6 +31,8 @@ pub use least_loaded::LeastLoaded;
 pub use pin::{Pin, PinConfig};
 pub use priority::{PriorityQueue, DEFAULT_MAX_QUEUED};
 pub use round_robin::RoundRobin;
+pub use runner::ActorRunner;
+pub use scale_by_prop::{ScaleByProp, ScaleByPropConfig};
 pub use session_affinity::{SessionAffinity, SessionAffinityConfig};
 
 use pie_core::Props;
@@ -59,6 +73,60 @@ pub fn routing_policy(
             ))
         }
     })
+}
+
+/// The cluster actors by their names in `[cluster] cluster_policies`.
+pub const ACTORS: &[&str] = &["scale-by-prop"];
+
+/// The configs of the actors (`[cluster.<name>]`); each has `dry_run`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ActorConfigs {
+    pub scale_by_prop: ScaleByPropConfig,
+}
+
+impl ActorConfigs {
+    /// `[cluster.<name>] dry_run`: record the actor's decisions, execute none.
+    pub fn dry_run(&self, name: &str) -> bool {
+        match name {
+            "scale-by-prop" => self.scale_by_prop.dry_run,
+            _ => false,
+        }
+    }
+}
+
+/// A fresh actor by name, its config validated; errors name the actor and key.
+pub fn actor(name: &str, configs: &ActorConfigs) -> Result<Box<dyn ClusterActor>, String> {
+    match name {
+        "scale-by-prop" => {
+            let c = &configs.scale_by_prop;
+            c.validate().map_err(|e| format!("{name}.{e}"))?;
+            Ok(Box::new(ScaleByProp::new(c.clone())))
+        }
+        other => Err(format!(
+            "unknown cluster actor `{other}` (available: {})",
+            ACTORS.join(", ")
+        )),
+    }
+}
+
+/// `cluster_policies` split into routing policies and actors, each in its
+/// order; an unknown name is an error listing both sets.
+pub fn split_policies(names: &[String]) -> Result<(Vec<&str>, Vec<&str>), String> {
+    let (mut routing, mut actors) = (Vec::new(), Vec::new());
+    for name in names {
+        if ROUTING_POLICIES.contains(&name.as_str()) {
+            routing.push(name.as_str());
+        } else if ACTORS.contains(&name.as_str()) {
+            actors.push(name.as_str());
+        } else {
+            return Err(format!(
+                "unknown cluster policy `{name}` (routing: {}; actors: {})",
+                ROUTING_POLICIES.join(", "),
+                ACTORS.join(", ")
+            ));
+        }
+    }
+    Ok((routing, actors))
 }
 
 /// What a cluster policy knows of one worker.
@@ -195,6 +263,30 @@ mod tests {
         }
         let err = routing_policy("telepathy", &RoutingConfigs::default()).err();
         assert!(err.is_some_and(|e| e.contains("`telepathy`") && e.contains("cache-aware")));
+    }
+
+    #[test]
+    fn policies_split_into_routing_and_actors_and_unknown_names_list_both() {
+        let names: Vec<String> = ["cache-aware", "scale-by-prop", "pin"]
+            .map(String::from)
+            .to_vec();
+        let (routing, actors) = split_policies(&names).expect("known");
+        assert_eq!(
+            (routing, actors),
+            (vec!["cache-aware", "pin"], vec!["scale-by-prop"])
+        );
+        let err = split_policies(&["rebalance".to_string()]).unwrap_err();
+        assert!(
+            err.contains("`rebalance`") && err.contains("pin") && err.contains("scale-by-prop")
+        );
+        let bad = ActorConfigs {
+            scale_by_prop: ScaleByPropConfig {
+                hysteresis: 2.0,
+                ..ScaleByPropConfig::default()
+            },
+        };
+        let err = actor("scale-by-prop", &bad).err();
+        assert!(err.is_some_and(|e| e.starts_with("scale-by-prop.hysteresis")));
     }
 
     #[test]

@@ -1,0 +1,445 @@
+//! Cluster actors in the controller: the snapshot they see, the tick, and the
+//! execution and record of their actions.
+//!
+//! The snapshot's workers come from the registry (health, load, `max_running`,
+//! the `group` label). Its processes are the requests this controller has in
+//! flight, with their props: workers' `/v1/internal/state` reports counts, not
+//! per-process props, and the controller sees every request it routes (those
+//! still waiting in its cluster-priority queue have no worker yet). A native
+//! `/v1/processes` launch counts only until its response is relayed, since the
+//! process then runs on without the controller.
+//!
+//! Actions: a `scale-hint` is published (the `pie_cluster_scale_*` gauges and
+//! `GET /v1/cluster/scale`); the others (migrate, copy, persist, drain) have no
+//! executor here yet and are recorded as failed, with the reason, never dropped
+//! silently. Dry-run records are kept and counted, not executed. Every record
+//! goes into a ring of the last [`ACTION_LOG_LEN`] (`GET /v1/cluster/actions`).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use pie_core::Props;
+use pie_policy::cluster::{
+    Action, ActionRecord, ActorRunner, ClusterEvent, ClusterSnapshot, ProcessState, ScaleHint,
+    Stage, WorkerState,
+};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::metrics::{ActionLabels, ControllerMetrics, GroupLabels};
+use crate::proxy::{now_ms, Controller};
+use crate::registry::Worker;
+
+/// Actions kept for `GET /v1/cluster/actions`.
+pub const ACTION_LOG_LEN: usize = 256;
+
+/// What became of an action.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    Executed,
+    /// Recorded only (`[cluster.<actor>] dry_run`).
+    DryRun,
+    Failed {
+        error: String,
+    },
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LoggedAction {
+    #[serde(flatten)]
+    pub record: ActionRecord,
+    pub outcome: Outcome,
+}
+
+/// A published scale hint and who made it why.
+#[derive(Clone, Debug, Serialize)]
+struct Published {
+    #[serde(flatten)]
+    hint: ScaleHint,
+    actor: String,
+    reason: String,
+    at_ms: u64,
+}
+
+/// Requests in flight with their props, the snapshot's processes.
+#[derive(Default)]
+struct Demand {
+    next: u64,
+    requests: BTreeMap<u64, ProcessState>,
+}
+
+/// A request counted in the snapshot until dropped.
+pub struct DemandGuard {
+    demand: Arc<Mutex<Demand>>,
+    id: u64,
+}
+
+impl DemandGuard {
+    /// The request is being sent to `worker`.
+    pub fn placed(&self, worker: &str) {
+        let mut d = self.demand.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = d.requests.get_mut(&self.id) {
+            p.worker = Some(worker.to_string());
+        }
+    }
+}
+
+impl Drop for DemandGuard {
+    fn drop(&mut self) {
+        let mut d = self.demand.lock().unwrap_or_else(|e| e.into_inner());
+        d.requests.remove(&self.id);
+    }
+}
+
+pub struct Actors {
+    runner: Mutex<ActorRunner>,
+    /// Actors are configured: requests are tracked with their props.
+    tracking: AtomicBool,
+    tick_ms: AtomicU64,
+    demand: Arc<Mutex<Demand>>,
+    events: Mutex<Vec<ClusterEvent>>,
+    wake: tokio::sync::Notify,
+    log: Mutex<VecDeque<LoggedAction>>,
+    scale: Mutex<BTreeMap<String, Published>>,
+}
+
+impl Actors {
+    pub fn new(runner: ActorRunner, tick_ms: u64) -> Self {
+        Self {
+            tracking: AtomicBool::new(!runner.is_empty()),
+            runner: Mutex::new(runner),
+            tick_ms: AtomicU64::new(tick_ms.max(10)),
+            demand: Default::default(),
+            events: Mutex::new(Vec::new()),
+            wake: tokio::sync::Notify::new(),
+            log: Mutex::new(VecDeque::with_capacity(ACTION_LOG_LEN)),
+            scale: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// A reloaded config: fresh actors (their state restarts), and what the old
+    /// ones published is withdrawn until the new ones publish.
+    pub fn replace(&self, runner: ActorRunner, tick_ms: u64, metrics: &ControllerMetrics) {
+        self.tracking.store(!runner.is_empty(), Ordering::Relaxed);
+        *self.runner.lock().unwrap_or_else(|e| e.into_inner()) = runner;
+        self.tick_ms.store(tick_ms.max(10), Ordering::Relaxed);
+        self.scale.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        metrics.scale_recommended.clear();
+        metrics.scale_current.clear();
+    }
+
+    /// Count a request (with its props) as demand until the guard drops; None
+    /// when no actor is configured, so routing pays nothing for it.
+    pub fn track(&self, props: &Props) -> Option<DemandGuard> {
+        if !self.tracking.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut d = self.demand.lock().unwrap_or_else(|e| e.into_inner());
+        d.next += 1;
+        let id = d.next;
+        d.requests.insert(
+            id,
+            ProcessState {
+                id: format!("request-{id}"),
+                worker: None,
+                props: props.clone(),
+            },
+        );
+        Some(DemandGuard {
+            demand: self.demand.clone(),
+            id,
+        })
+    }
+
+    /// Queue events for the actors; they see them before the next tick.
+    pub fn notify(&self, events: Vec<ClusterEvent>) {
+        if events.is_empty() {
+            return;
+        }
+        self.events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(events);
+        self.wake.notify_one();
+    }
+
+    pub fn names(&self) -> Vec<&'static str> {
+        self.runner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .names()
+    }
+
+    pub fn summary(&self) -> Value {
+        self.runner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .summary()
+    }
+
+    fn snapshot(&self, workers: Vec<Worker>) -> ClusterSnapshot {
+        let processes: Vec<ProcessState> = self
+            .demand
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .requests
+            .values()
+            .cloned()
+            .collect();
+        ClusterSnapshot {
+            workers: workers
+                .into_iter()
+                .map(|w| WorkerState {
+                    name: w.name,
+                    stage: Stage::Both,
+                    group: w.group,
+                    healthy: w.healthy,
+                    draining: false,
+                    load: w.load,
+                    max_running: w.max_running,
+                    kv_pages: None,
+                })
+                .collect(),
+            processes,
+            hot_prefixes: Vec::new(),
+        }
+    }
+
+    /// Queued events, then (when `tick`) a tick; every record executed and logged.
+    fn step(&self, ctl: &Controller, tick: bool) {
+        let events = std::mem::take(&mut *self.events.lock().unwrap_or_else(|e| e.into_inner()));
+        if events.is_empty() && !tick {
+            return;
+        }
+        let snapshot = self.snapshot(ctl.registry.snapshot());
+        let now = now_ms();
+        let records = {
+            let mut runner = self.runner.lock().unwrap_or_else(|e| e.into_inner());
+            let mut records = Vec::new();
+            for e in &events {
+                records.extend(runner.event(now, e, &snapshot));
+            }
+            if tick {
+                records.extend(runner.tick(now, &snapshot));
+            }
+            records
+        };
+        for record in records {
+            let outcome = self.execute(&ctl.metrics, &record);
+            if let Outcome::Failed { error } = &outcome {
+                tracing::error!(actor = record.actor, kind = record.kind, "{error}");
+            }
+            self.log_action(&ctl.metrics, LoggedAction { record, outcome });
+        }
+    }
+
+    fn execute(&self, metrics: &ControllerMetrics, record: &ActionRecord) -> Outcome {
+        if record.dry_run {
+            return Outcome::DryRun;
+        }
+        match &record.action {
+            Action::ScaleHint(h) => {
+                let labels = GroupLabels {
+                    group: h.group.clone(),
+                };
+                let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+                metrics
+                    .scale_recommended
+                    .get_or_create(&labels)
+                    .set(gauge(h.recommended));
+                metrics
+                    .scale_current
+                    .get_or_create(&labels)
+                    .set(gauge(h.current));
+                self.scale.lock().unwrap_or_else(|e| e.into_inner()).insert(
+                    h.group.clone(),
+                    Published {
+                        hint: h.clone(),
+                        actor: record.actor.clone(),
+                        reason: record.reason.clone(),
+                        at_ms: record.at_ms,
+                    },
+                );
+                Outcome::Executed
+            }
+            other => Outcome::Failed {
+                error: format!(
+                    "the controller cannot execute `{}` yet: no page transfer between workers",
+                    other.kind()
+                ),
+            },
+        }
+    }
+
+    fn log_action(&self, metrics: &ControllerMetrics, logged: LoggedAction) {
+        metrics
+            .actions
+            .get_or_create(&ActionLabels {
+                actor: logged.record.actor.clone(),
+                kind: logged.record.kind.clone(),
+                dry_run: logged.record.dry_run.to_string(),
+            })
+            .inc();
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        if log.len() == ACTION_LOG_LEN {
+            log.pop_front();
+        }
+        log.push_back(logged);
+    }
+}
+
+/// Workers that became healthy or stopped being so between two polls.
+pub fn health_events(before: &[Worker], after: &[Worker]) -> Vec<ClusterEvent> {
+    after
+        .iter()
+        .filter_map(|w| {
+            let was = before
+                .iter()
+                .find(|b| b.name == w.name)
+                .is_some_and(|b| b.healthy);
+            match (was, w.healthy) {
+                (false, true) => Some(ClusterEvent::WorkerJoined {
+                    worker: w.name.clone(),
+                }),
+                (true, false) => Some(ClusterEvent::WorkerLeft {
+                    worker: w.name.clone(),
+                }),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Tick the actors every `[cluster] actor_tick_ms` (re-read after a reload),
+/// and hand them events as they come.
+pub async fn run(ctl: Arc<Controller>) {
+    let mut next = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {
+                ctl.actors.step(&ctl, true);
+                let every = Duration::from_millis(ctl.actors.tick_ms.load(Ordering::Relaxed));
+                next = tokio::time::Instant::now() + every;
+            }
+            _ = ctl.actors.wake.notified() => ctl.actors.step(&ctl, false),
+        }
+    }
+}
+
+/// `GET /v1/cluster/actions` (newest first) and `GET /v1/cluster/scale`.
+pub fn routes() -> Router<Arc<Controller>> {
+    Router::new()
+        .route("/v1/cluster/actions", get(actions))
+        .route("/v1/cluster/scale", get(scale))
+}
+
+async fn actions(State(ctl): State<Arc<Controller>>) -> Json<Value> {
+    let log = ctl.actors.log.lock().unwrap_or_else(|e| e.into_inner());
+    let newest_first: Vec<&LoggedAction> = log.iter().rev().collect();
+    Json(json!({ "actors": ctl.actors.names(), "actions": newest_first }))
+}
+
+async fn scale(State(ctl): State<Arc<Controller>>) -> Json<Value> {
+    let scale = ctl.actors.scale.lock().unwrap_or_else(|e| e.into_inner());
+    let groups: Vec<&Published> = scale.values().collect();
+    Json(json!({ "groups": groups }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pie_policy::cluster::{ActorConfigs, ScaleByPropConfig};
+
+    fn hint(dry_run: bool, action: Action) -> ActionRecord {
+        ActionRecord {
+            at_ms: 1,
+            actor: "a".into(),
+            kind: action.kind().into(),
+            action,
+            reason: "why".into(),
+            dry_run,
+        }
+    }
+
+    #[test]
+    fn hints_publish_unless_dry_run_and_unexecutable_actions_fail_loudly() {
+        let metrics = ControllerMetrics::default();
+        let actors = Actors::new(ActorRunner::default(), 1000);
+        let h = Action::ScaleHint(ScaleHint {
+            group: "gold".into(),
+            current: 2,
+            recommended: 3,
+            signal: "load".into(),
+            value: 9.0,
+        });
+        assert_eq!(
+            actors.execute(&metrics, &hint(true, h.clone())),
+            Outcome::DryRun
+        );
+        assert!(!metrics.encode().contains("pie_cluster_scale_recommended{"));
+        assert_eq!(actors.execute(&metrics, &hint(false, h)), Outcome::Executed);
+        let text = metrics.encode();
+        assert!(
+            text.contains("pie_cluster_scale_recommended{group=\"gold\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("pie_cluster_scale_current{group=\"gold\"} 2"),
+            "{text}"
+        );
+        let drain = hint(
+            false,
+            Action::DrainWorker {
+                worker: "w0".into(),
+            },
+        );
+        assert!(matches!(
+            actors.execute(&metrics, &drain),
+            Outcome::Failed { error } if error.contains("drain-worker")
+        ));
+        for _ in 0..ACTION_LOG_LEN + 5 {
+            actors.log_action(
+                &metrics,
+                LoggedAction {
+                    record: drain.clone(),
+                    outcome: Outcome::DryRun,
+                },
+            );
+        }
+        assert_eq!(actors.log.lock().expect("lock").len(), ACTION_LOG_LEN);
+        assert!(metrics.encode().contains(
+            "pie_cluster_actions_total{actor=\"a\",kind=\"drain-worker\",dry_run=\"false\"} 261"
+        ));
+        actors.replace(ActorRunner::default(), 50, &metrics);
+        assert!(!metrics.encode().contains("pie_cluster_scale_recommended{"));
+    }
+
+    #[test]
+    fn tracked_requests_are_the_snapshot_processes_until_dropped() {
+        let runner = ActorRunner::new(
+            &["scale-by-prop"],
+            &ActorConfigs {
+                scale_by_prop: ScaleByPropConfig::default(),
+            },
+        )
+        .expect("known");
+        let actors = Actors::new(runner, 1000);
+        let props = Props::new();
+        let a = actors.track(&props).expect("tracking");
+        let b = actors.track(&props).expect("tracking");
+        b.placed("w1");
+        let snap = actors.snapshot(Vec::new());
+        assert_eq!(snap.processes.len(), 2);
+        assert_eq!(snap.processes[1].worker.as_deref(), Some("w1"));
+        drop((a, b));
+        assert!(actors.snapshot(Vec::new()).processes.is_empty());
+        let none = Actors::new(ActorRunner::default(), 1000);
+        assert!(none.track(&props).is_none(), "no actor: no tracking");
+    }
+}

@@ -1,0 +1,312 @@
+//! The cluster-action interface: what an actor sees ([`ClusterSnapshot`], a
+//! [`ClusterEvent`]) and what it may ask for ([`Action`]). Routing policies decide
+//! one request at a time; actors act on the cluster over time (migrate, copy or
+//! persist prefixes, drain, publish scale hints). Everything here is plain data
+//! so that the controller (over HTTP) and the simulator (with transfer costs)
+//! execute the same decisions from the same actor objects.
+
+use pie_core::{BlockHash, Props};
+use serde::{Deserialize, Serialize};
+
+/// What a worker serves: both phases, or one side of a disaggregated pair.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    #[default]
+    Both,
+    Prefill,
+    Decode,
+}
+
+/// Occupancy of a worker's KV page pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvPages {
+    pub used: usize,
+    pub total: usize,
+}
+
+/// One worker as an actor sees it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerState {
+    pub name: String,
+    pub stage: Stage,
+    /// The operator's `group` label (scale-by-prop counts workers per group);
+    /// None falls in the actor's default group.
+    pub group: Option<String>,
+    pub healthy: bool,
+    /// Taking no new work; its processes are to finish or move.
+    pub draining: bool,
+    /// Queued + running processes.
+    pub load: usize,
+    /// 0 when the worker does not say.
+    pub max_running: usize,
+    /// None when the observer does not know (the controller does not poll it).
+    pub kv_pages: Option<KvPages>,
+}
+
+impl WorkerState {
+    /// Healthy and not draining: counts as capacity.
+    pub fn serving(&self) -> bool {
+        self.healthy && !self.draining
+    }
+}
+
+/// One process (queued or running) with the props a policy reads.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessState {
+    /// The observer's id for it: the simulator's request id; in the controller
+    /// its own number for a proxied request (it does not learn workers' ids for
+    /// OpenAI requests).
+    pub id: String,
+    /// None while it waits before routing (the controller's cluster-priority queue).
+    pub worker: Option<String>,
+    pub props: Props,
+}
+
+/// A prefix cached somewhere, with how often it is asked for. Observers fill
+/// this only when it is cheap for them (the controller leaves it empty).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HotPrefix {
+    /// The prefix's block hashes, first block first.
+    pub blocks: Vec<BlockHash>,
+    pub tokens: usize,
+    /// Workers holding all of `blocks`.
+    pub holders: Vec<String>,
+    pub requests_per_s: f64,
+}
+
+/// A session's processes and the worker they are on.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionState {
+    pub session: String,
+    pub worker: Option<String>,
+    pub processes: Vec<String>,
+}
+
+/// What an actor sees at one instant. Built by the observer (controller or
+/// simulator); no I/O, so actors stay pure and replayable.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterSnapshot {
+    pub workers: Vec<WorkerState>,
+    pub processes: Vec<ProcessState>,
+    pub hot_prefixes: Vec<HotPrefix>,
+}
+
+impl ClusterSnapshot {
+    /// Sessions (the `session` prop) with their processes, in order of first
+    /// appearance; derived rather than stored so the two views cannot disagree.
+    pub fn sessions(&self) -> Vec<SessionState> {
+        let mut out: Vec<SessionState> = Vec::new();
+        for p in &self.processes {
+            let Some(s) = p.props.str("session") else {
+                continue;
+            };
+            match out.iter_mut().find(|x| x.session == s) {
+                Some(x) => {
+                    x.processes.push(p.id.clone());
+                    if x.worker.is_none() {
+                        x.worker.clone_from(&p.worker);
+                    }
+                }
+                None => out.push(SessionState {
+                    session: s.to_string(),
+                    worker: p.worker.clone(),
+                    processes: vec![p.id.clone()],
+                }),
+            }
+        }
+        out
+    }
+}
+
+/// Something that happened between ticks; actors may react at once.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "kebab-case")]
+pub enum ClusterEvent {
+    WorkerJoined {
+        worker: String,
+    },
+    WorkerLeft {
+        worker: String,
+    },
+    WorkerDraining {
+        worker: String,
+    },
+    /// A process's `pin` prop changed (None: removed).
+    PinChanged {
+        process: String,
+        pin: Option<String>,
+    },
+    /// An operator asked for a session to move.
+    RelocateRequested {
+        session: String,
+        target: String,
+    },
+}
+
+/// A published scale recommendation for one group of workers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScaleHint {
+    pub group: String,
+    /// Serving workers labelled with the group now.
+    pub current: usize,
+    pub recommended: usize,
+    /// The signal's name (e.g. `load`: queued + running processes).
+    pub signal: String,
+    pub value: f64,
+}
+
+/// What an actor asks the executor to do.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "kebab-case")]
+pub enum Action {
+    MigrateProcess {
+        process: String,
+        from: String,
+        to: String,
+    },
+    CopyPrefix {
+        blocks: Vec<BlockHash>,
+        from: String,
+        to: String,
+    },
+    CopyPrefixToPool {
+        blocks: Vec<BlockHash>,
+        from: String,
+    },
+    PersistPrefix {
+        blocks: Vec<BlockHash>,
+        worker: String,
+    },
+    DrainWorker {
+        worker: String,
+    },
+    ScaleHint(ScaleHint),
+}
+
+impl Action {
+    /// The action's kind, a metric label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Action::MigrateProcess { .. } => "migrate-process",
+            Action::CopyPrefix { .. } => "copy-prefix",
+            Action::CopyPrefixToPool { .. } => "copy-prefix-to-pool",
+            Action::PersistPrefix { .. } => "persist-prefix",
+            Action::DrainWorker { .. } => "drain-worker",
+            Action::ScaleHint(_) => "scale-hint",
+        }
+    }
+}
+
+/// An actor's decision: the action and why.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub action: Action,
+    pub reason: String,
+}
+
+/// A decision as the runner hands it to the executor.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ActionRecord {
+    pub at_ms: u64,
+    pub actor: String,
+    pub kind: String,
+    pub action: Action,
+    pub reason: String,
+    /// Recorded only: the executor must not carry it out.
+    pub dry_run: bool,
+}
+
+/// An actor: sees the cluster on a tick and on events, returns decisions. Pure:
+/// time is a parameter, the snapshot is all it knows.
+pub trait ClusterActor: Send + Sync {
+    fn name(&self) -> &'static str;
+
+    fn on_tick(&mut self, now_ms: u64, snapshot: &ClusterSnapshot) -> Vec<Decision>;
+
+    fn on_event(
+        &mut self,
+        _now_ms: u64,
+        _event: &ClusterEvent,
+        _snapshot: &ClusterSnapshot,
+    ) -> Vec<Decision> {
+        Vec::new()
+    }
+
+    /// Its state for operators (`GET /v1/cluster`).
+    fn summary(&self) -> serde_json::Value;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pie_core::PropValue;
+
+    #[test]
+    fn sessions_group_processes_and_kinds_are_distinct() {
+        let proc_ = |id: &str, worker: Option<&str>, session: Option<&str>| {
+            let mut props = Props::new();
+            if let Some(s) = session {
+                props
+                    .set("session", PropValue::Str(s.into()))
+                    .expect("valid");
+            }
+            ProcessState {
+                id: id.into(),
+                worker: worker.map(Into::into),
+                props,
+            }
+        };
+        let snap = ClusterSnapshot {
+            processes: vec![
+                proc_("1", None, Some("a")),
+                proc_("2", Some("w1"), Some("a")),
+                proc_("3", Some("w0"), None),
+                proc_("4", Some("w0"), Some("b")),
+            ],
+            ..ClusterSnapshot::default()
+        };
+        let s = snap.sessions();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].worker.as_deref(), Some("w1"));
+        assert_eq!(s[0].processes, vec!["1", "2"]);
+        assert_eq!(s[1].session, "b");
+
+        let blocks = vec![BlockHash(1)];
+        let all = [
+            Action::MigrateProcess {
+                process: "p".into(),
+                from: "a".into(),
+                to: "b".into(),
+            },
+            Action::CopyPrefix {
+                blocks: blocks.clone(),
+                from: "a".into(),
+                to: "b".into(),
+            },
+            Action::CopyPrefixToPool {
+                blocks: blocks.clone(),
+                from: "a".into(),
+            },
+            Action::PersistPrefix {
+                blocks,
+                worker: "a".into(),
+            },
+            Action::DrainWorker { worker: "a".into() },
+            Action::ScaleHint(ScaleHint {
+                group: "g".into(),
+                current: 1,
+                recommended: 2,
+                signal: "load".into(),
+                value: 3.0,
+            }),
+        ];
+        let mut kinds: Vec<_> = all.iter().map(Action::kind).collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        assert_eq!(kinds.len(), all.len());
+        let json = serde_json::to_value(&all[5]).expect("serialisable");
+        assert_eq!(json["action"], "scale-hint");
+        assert_eq!(json["recommended"], 2);
+    }
+}
