@@ -3,8 +3,13 @@
 //!
 //! Rule: each client has a counter. Serving a sequence charges its client
 //! `input_weight` per prompt token computed and `output_weight` per generated
-//! token, divided by the client's `weight` prop. Runnable sequences of the client
-//! with the smallest counter go first, FCFS within a client. The order is
+//! token, divided by the client's `weight` prop. Running sequences (those
+//! holding pages) go first, then waiting ones; within each, the client with the
+//! smallest counter first, FCFS within a client. So fairness decides admission,
+//! as in VTC, and never displaces a running sequence: an order that follows the
+//! service charged flips between two sequences as they are served, and if
+//! either could preempt the other for pages, both would be recomputed forever
+//! (found by the engine-vs-simulator property test). The order is
 //! work-conserving: every runnable sequence stays in it. When a client goes from no
 //! runnable work to some, its counter is lifted to `max(own, min over the clients
 //! that already have work)`, so idling earns no credit.
@@ -86,7 +91,14 @@ impl WorkerPolicy for Fair {
         let present: HashSet<&str> = candidates.iter().map(|c| c.client.as_str()).collect();
         self.lift_newcomers(&present);
         // Counters are never negative, so their bit patterns sort like their values.
-        candidates.sort_by_cached_key(|c| (self.counter(&c.client).to_bits(), c.arrival_ms, c.seq));
+        candidates.sort_by_cached_key(|c| {
+            (
+                !c.running,
+                self.counter(&c.client).to_bits(),
+                c.arrival_ms,
+                c.seq,
+            )
+        });
     }
 
     fn charge(&mut self, c: &Candidate, prefill_tokens: usize, generated_tokens: usize) {
@@ -188,6 +200,25 @@ mod tests {
         assert_eq!(p.counter("b"), 1000.0);
         // Ties go FCFS, so a's older request still leads.
         assert_eq!(q[0].client, "a");
+    }
+
+    #[test]
+    fn running_sequences_keep_their_place_before_waiting_ones() {
+        let mut p = Fair::new(FairConfig::default());
+        let mut q = vec![cand(0, "a", 0), cand(1, "b", 1)];
+        p.order(0, &mut q);
+        p.charge(&q[0], 1000, 0);
+        let mut waiting = cand(2, "b", 2);
+        let mut running = cand(0, "a", 0);
+        running.running = true;
+        waiting.running = false;
+        let mut q = vec![waiting, running];
+        p.order(0, &mut q);
+        assert!(p.counter("a") > p.counter("b"));
+        assert_eq!(q[0].client, "a", "the running sequence is not displaced");
+        q[0].running = false;
+        p.order(0, &mut q);
+        assert_eq!(q[0].client, "b", "among waiting ones, the smaller counter");
     }
 
     #[test]

@@ -17,5 +17,5 @@ pub mod svg;
 pub use metrics::RunMetrics;
 pub use pie_workload::{cost, workload, CostProfile};
 pub use router::RouterSpec;
-pub use sim::{run, run_records, run_with, PolicyName, SimConfig};
+pub use sim::{run, run_schedule, run_with, LoggedStep, PolicyName, Schedule, SimConfig};
 pub use workload::{Request, Segment, WorkloadSpec};

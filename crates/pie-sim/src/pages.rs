@@ -141,7 +141,7 @@ impl WorkerPages {
         }
     }
 
-    fn free_pages(&self) -> usize {
+    pub fn free_pages(&self) -> usize {
         self.kv_pages - self.private_pages - self.cache.len()
     }
 

@@ -156,10 +156,14 @@ struct Sim<'a> {
     /// Pages a step filled (hash, sequence, page index), published when it
     /// ends (a reused buffer).
     published: Vec<(BlockHash, SeqId, u32)>,
+    /// Steps and admissions, when [`run_schedule`] asks for them.
+    log: Option<Schedule>,
 }
 
 const FINGERPRINT: ModelFingerprint = ModelFingerprint(0x51_u64);
 const MEMO_CAPACITY: usize = 4096;
+/// A logged schedule ([`run_schedule`]) longer than this is a livelock.
+const MAX_SCHEDULE_STEPS: usize = 100_000;
 
 /// Simulate `reqs` on the configured cluster; every request finishes (or is
 /// rejected or aborted), and the metrics say so.
@@ -195,15 +199,50 @@ pub fn run_with(
     ))
 }
 
-/// Every request's record (first token, finish, cached tokens, in simulated
-/// time), from [`run_with`]'s simulation: to compare with the engine request by
-/// request.
-pub fn run_records(
+/// A one-worker run step by step: what the engine, driven on the simulator's
+/// clock, must reproduce.
+#[derive(Clone, Debug, Default)]
+pub struct Schedule {
+    /// Every request's record (first token, finish, cached tokens).
+    pub records: Vec<Record>,
+    /// Every time the worker planned, in order, also when it found nothing to
+    /// run (sequences may have expired then).
+    pub steps: Vec<LoggedStep>,
+    /// Admitted requests in admission order, each with the number of plans made
+    /// before it arrived: it joins the next.
+    pub admissions: Vec<(usize, usize)>,
+    pub preemptions: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoggedStep {
+    pub start_us: u64,
+    /// `start_us` when nothing ran.
+    pub end_us: u64,
+    pub batch_tokens: usize,
+    /// Free pages and unreferenced cached pages once the step took effect.
+    pub free_pages: usize,
+    pub cached_pages: usize,
+}
+
+/// [`run_with`]'s simulation of one worker, logged step by step.
+pub fn run_schedule(
     cfg: &SimConfig,
     reqs: &[Request],
     policy: &dyn Fn() -> Box<dyn WorkerPolicy>,
-) -> anyhow::Result<Vec<Record>> {
-    Ok(simulate(cfg, reqs, policy)?.records)
+) -> anyhow::Result<Schedule> {
+    anyhow::ensure!(
+        cfg.workers == 1 && cfg.workers_per_machine == 1,
+        "a schedule is logged for one worker on its own machine"
+    );
+    validate(cfg)?;
+    let mut sim = Sim::new(cfg, reqs, policy);
+    sim.log = Some(Schedule::default());
+    sim.run()?;
+    let mut schedule = sim.log.take().unwrap_or_default();
+    schedule.records = sim.records;
+    schedule.preemptions = sim.workers[0].scheduler.preemptions();
+    Ok(schedule)
 }
 
 fn simulate<'a>(
@@ -211,6 +250,13 @@ fn simulate<'a>(
     reqs: &'a [Request],
     policy: &dyn Fn() -> Box<dyn WorkerPolicy>,
 ) -> anyhow::Result<Sim<'a>> {
+    validate(cfg)?;
+    let mut sim = Sim::new(cfg, reqs, policy);
+    sim.run()?;
+    Ok(sim)
+}
+
+fn validate(cfg: &SimConfig) -> anyhow::Result<()> {
     anyhow::ensure!(cfg.workers > 0, "at least one worker");
     anyhow::ensure!(
         cfg.profile.page_size > 0 && cfg.profile.kv_pages > 0,
@@ -224,9 +270,7 @@ fn simulate<'a>(
         cfg.workers_per_machine > 0,
         "workers per machine must be positive"
     );
-    let mut sim = Sim::new(cfg, reqs, policy);
-    sim.run()?;
-    Ok(sim)
+    Ok(())
 }
 
 impl<'a> Sim<'a> {
@@ -292,6 +336,7 @@ impl<'a> Sim<'a> {
             window_end_us,
             tokens: Vec::new(),
             published: Vec::new(),
+            log: None,
         }
     }
 
@@ -404,6 +449,9 @@ impl<'a> Sim<'a> {
         };
         let (scheduler, kv, _) = self.split(w);
         scheduler.add(&kv, candidate);
+        if let Some(log) = &mut self.log {
+            log.admissions.push((r, log.steps.len()));
+        }
         self.router.set_load(w, self.router.load(w) + 1);
         if self.workers[w].step_end.is_none() {
             if self.events.next_at() == Some(now) {
@@ -519,6 +567,25 @@ impl<'a> Sim<'a> {
         }
         let planned = !plan.is_empty();
         self.sync_index(w);
+        let step_us = if planned {
+            self.cfg.profile.step_us(&shape)
+        } else {
+            0
+        };
+        if let Some(log) = &mut self.log {
+            anyhow::ensure!(
+                log.steps.len() < MAX_SCHEDULE_STEPS,
+                "no end after {MAX_SCHEDULE_STEPS} steps: the schedule does not progress"
+            );
+            let pages = &self.workers[w].pages;
+            log.steps.push(LoggedStep {
+                start_us: now,
+                end_us: now + step_us,
+                batch_tokens: shape.batch_tokens,
+                free_pages: pages.free_pages(),
+                cached_pages: pages.cache.evictable(),
+            });
+        }
         if !planned {
             let waiting = self.workers[w].scheduler.len();
             anyhow::ensure!(
@@ -529,17 +596,14 @@ impl<'a> Sim<'a> {
         }
         self.counters.steps += 1;
         self.counters.batch_tokens += shape.batch_tokens as u64;
-        self.schedule_step(w, now, self.cfg.profile.step_us(&shape));
+        self.schedule_step(w, now, step_us);
         Ok(true)
     }
 
     fn abort_expired(&mut self, w: usize, now: u64) {
         let expired = self.workers[w].scheduler.expired(now / 1000);
-        for &i in expired.iter().rev() {
-            let seq = self.workers[w].scheduler.candidates()[i].seq;
-            let req = self.workers[w].pages.seq(slot(seq)).req;
-            self.records[req as usize].expired = true;
-            self.finish(w, i, now, false);
+        if !expired.is_empty() {
+            self.finish(w, &expired, now, false);
         }
     }
 
@@ -598,22 +662,34 @@ impl<'a> Sim<'a> {
         let mut plan = plan;
         plan.clear();
         self.workers[w].plan = plan;
-        done.sort_unstable();
-        for &index in done.iter().rev() {
-            self.finish(w, index, now, true);
+        if !done.is_empty() {
+            self.finish(w, &done, now, true);
         }
         self.sync_index(w);
+        let pages = &self.workers[w].pages;
+        if let Some(step) = self.log.as_mut().and_then(|log| log.steps.last_mut()) {
+            step.free_pages = pages.free_pages();
+            step.cached_pages = pages.cache.evictable();
+        }
     }
 
-    /// Remove the candidate at `index`: its pages are retained for its session
-    /// (if `may_retain`) or released, its record closed, its next turn queued.
-    fn finish(&mut self, w: usize, index: usize, now: u64, may_retain: bool) {
+    /// Remove the candidates at `indices`: their pages are retained for their
+    /// session (if `may_retain`, else they expired) or released, their records
+    /// closed, their next turns queued.
+    fn finish(&mut self, w: usize, indices: &[usize], now: u64, may_retain: bool) {
         let (scheduler, mut kv, _) = self.split(w);
-        let cand = scheduler.finish_at(&mut kv, index, may_retain);
-        let s = self.workers[w].pages.remove(slot(cand.seq));
+        for seq in scheduler.finish(&mut kv, indices, may_retain) {
+            let s = self.workers[w].pages.remove(slot(seq));
+            self.close(w, s, now, !may_retain);
+        }
+    }
+
+    /// A finished sequence's record, service and next turn.
+    fn close(&mut self, w: usize, s: Seq, now: u64, expired: bool) {
         let req = s.req as usize;
         let rec = &mut self.records[req];
         rec.finish_us = Some(now);
+        rec.expired = expired;
         rec.generated_tokens = s.generated;
         let c = s.client as usize;
         let window = &mut self.counters.window_service;

@@ -316,9 +316,12 @@ impl Engine {
 
     /// Stop a sequence and free its pages (full pages stay in the prefix cache).
     pub fn abort(&mut self, id: SeqId) -> bool {
-        let known = self.scheduler.finish(&mut self.kv, id, false).is_some();
+        let Some(index) = self.scheduler.position(id) else {
+            return false;
+        };
+        self.scheduler.finish(&mut self.kv, &[index], false);
         self.kv.seqs.remove(&id);
-        known
+        true
     }
 
     /// Replace a sequence's props (a PATCH, or the inferlet changing its own).
@@ -372,14 +375,13 @@ impl Engine {
                 };
                 if let Some(reason) = finish {
                     out.finished.push((p.seq, reason, seq.info()));
-                    done.push(p.seq);
+                    done.push(p.index);
                 }
             }
             self.counters.generated_tokens += generated as u64;
             self.scheduler.charge(&self.kv, p.index, prefill, generated);
         }
-        for id in done {
-            self.scheduler.finish(&mut self.kv, id, true);
+        for id in self.scheduler.finish(&mut self.kv, &done, true) {
             self.kv.seqs.remove(&id);
         }
         Ok(out)
@@ -408,11 +410,10 @@ impl Engine {
     /// planning, so they compute nothing more; their pages are released, not
     /// retained.
     fn abort_expired(&mut self, now_ms: u64, out: &mut StepOutput) {
-        for index in self.scheduler.expired(now_ms).into_iter().rev() {
-            let cand = self.scheduler.finish_at(&mut self.kv, index, false);
-            if let Some(seq) = self.kv.seqs.remove(&cand.seq) {
-                out.finished
-                    .push((cand.seq, FinishReason::Expired, seq.info()));
+        let expired = self.scheduler.expired(now_ms);
+        for id in self.scheduler.finish(&mut self.kv, &expired, false) {
+            if let Some(seq) = self.kv.seqs.remove(&id) {
+                out.finished.push((id, FinishReason::Expired, seq.info()));
             }
         }
     }

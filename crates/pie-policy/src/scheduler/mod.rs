@@ -10,7 +10,9 @@
 //! tokens. When pages run out, unreferenced cached pages go (LRU, inside the KV
 //! accounting), then retained sessions (soonest expiry first), then the running
 //! sequence ordered last is preempted: its pages are released and it is
-//! recomputed later. The policy is charged the service each sequence received
+//! recomputed later. Progress needs an order that does not flip between two
+//! sequences from step to step, or each would preempt the other forever (fair
+//! orders running sequences first for this reason). The policy is charged the service each sequence received
 //! ([`Scheduler::charge`]); a finished sequence's pages are retained for its
 //! session (keep-session) or released ([`Scheduler::finish_at`]).
 //!
@@ -152,7 +154,7 @@ impl Scheduler {
     }
 
     /// Indices (ascending) of the sequences the policy stops at `now_ms`, e.g.
-    /// past their deadline: finish them, highest index first, as expired.
+    /// past their deadline: finish them in this order, not to be retained.
     pub fn expired(&self, now_ms: u64) -> Vec<usize> {
         (0..self.cands.len())
             .filter(|&i| self.policy.abort(now_ms, &self.cands[i]))
@@ -219,45 +221,47 @@ impl Scheduler {
         self.policy.charge(cand, prefill_tokens, generated_tokens);
     }
 
-    /// Remove the candidate at `index`: if `may_retain` (it finished, rather
-    /// than being aborted or expiring), its pages are retained for its session
-    /// (keep-session, from the time of the last plan); else, or without a
-    /// session, released. Moves the last candidate to `index`, so finish
-    /// several highest index first.
-    pub fn finish_at(
-        &mut self,
-        kv: &mut impl KvAccounting,
-        index: usize,
-        may_retain: bool,
-    ) -> Candidate {
-        let cand = self.cands.swap_remove(index);
-        let retention = self
-            .keep
-            .as_ref()
-            .filter(|_| may_retain)
-            .and_then(|k| k.retention(&cand.props, self.plan_ms));
-        match retention {
-            Some(r) => {
-                if self.retained.remove(&r.session) {
-                    kv.drop_retained(&r.session);
-                }
-                kv.retain(cand.seq, &r.session);
-                self.retained.insert(r.session, r.expires_ms);
-            }
-            None => kv.release(cand.seq),
-        }
-        cand
+    /// Where a sequence stands among the candidates.
+    pub fn position(&self, seq: SeqId) -> Option<usize> {
+        self.cands.iter().position(|c| c.seq == seq)
     }
 
-    /// [`Self::finish_at`] by sequence id.
+    /// Remove the candidates at `indices` (distinct), their pages settled in
+    /// that order (it decides the LRU order of what they free): if
+    /// `may_retain` (they finished, rather than being aborted or expiring),
+    /// retained for their session (keep-session, from the time of the last
+    /// plan); else, or without a session, released. Returns their ids, in the
+    /// same order.
     pub fn finish(
         &mut self,
         kv: &mut impl KvAccounting,
-        seq: SeqId,
+        indices: &[usize],
         may_retain: bool,
-    ) -> Option<Candidate> {
-        let index = self.cands.iter().position(|c| c.seq == seq)?;
-        Some(self.finish_at(kv, index, may_retain))
+    ) -> Vec<SeqId> {
+        let seqs: Vec<SeqId> = indices.iter().map(|&i| self.cands[i].seq).collect();
+        for &i in indices {
+            let retention = self
+                .keep
+                .as_ref()
+                .filter(|_| may_retain)
+                .and_then(|k| k.retention(&self.cands[i].props, self.plan_ms));
+            match retention {
+                Some(r) => {
+                    if self.retained.remove(&r.session) {
+                        kv.drop_retained(&r.session);
+                    }
+                    kv.retain(self.cands[i].seq, &r.session);
+                    self.retained.insert(r.session, r.expires_ms);
+                }
+                None => kv.release(self.cands[i].seq),
+            }
+        }
+        let mut descending = indices.to_vec();
+        descending.sort_unstable_by(|a, b| b.cmp(a));
+        for i in descending {
+            self.cands.swap_remove(i);
+        }
+        seqs
     }
 
     /// Reserve pages for up to `budget` of the next tokens of the candidate at
