@@ -176,21 +176,7 @@ impl ServerConfig {
 
 impl Config {
     pub fn load(file: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(file)
-            .map_err(|e| anyhow!("{}: cannot read: {e}", file.display()))?;
-        let config: Config = serde_path_to_error::deserialize(toml::Deserializer::new(&text))
-            .map_err(|e| {
-                let key = e.path().to_string();
-                let inner = e.into_inner();
-                let line = inner.span().map_or(0, |s| {
-                    text[..s.start.min(text.len())].matches('\n').count() + 1
-                });
-                anyhow!(
-                    "{}:{line}: key `{key}`: {}",
-                    file.display(),
-                    inner.message()
-                )
-            })?;
+        let config: Config = pie_core::config_file::load_toml(file)?;
         config
             .cluster
             .pipeline()

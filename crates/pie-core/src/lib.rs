@@ -1,17 +1,20 @@
-//! Shared vocabulary of Pie: identifiers, block hashes, props, API keys and the
-//! KV event stream's wire types.
+//! Shared vocabulary of Pie: identifiers, block hashes, props, API keys, the
+//! config-file reader and the KV event stream's wire types.
 //!
 //! Everything here is plain data so that every other crate (policies, KV cache,
 //! model, binaries, simulator) can depend on it without pulling in I/O.
 
 pub mod api_error;
 pub mod auth;
+pub mod config_file;
 pub mod hash;
 pub mod ids;
 pub mod kv_events;
 pub mod props;
+pub mod size;
 
 pub use hash::{block_hash, block_hashes, BlockHash, ModelFingerprint};
 pub use ids::SeqId;
 pub use kv_events::{KvEventBatch, KvSnapshot};
 pub use props::{PropError, PropValue, Props};
+pub use size::ByteSize;

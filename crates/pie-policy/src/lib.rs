@@ -8,6 +8,7 @@ pub mod fcfs;
 pub mod keep_session;
 pub mod offload;
 pub mod priority;
+pub mod runtime;
 pub mod scheduler;
 pub mod worker;
 

@@ -2,6 +2,7 @@
 //! the real `pie-policy` objects, unchanged, over a modelled page pool and prefix
 //! cache with step times from a cost model, fed by seeded workload generators.
 
+pub mod actors;
 pub mod cache;
 pub mod events;
 pub mod machine;
@@ -13,6 +14,7 @@ pub mod requests;
 pub mod router;
 pub mod sim;
 pub mod svg;
+pub mod worker_config;
 
 pub use metrics::RunMetrics;
 pub use pie_workload::{cost, workload, CostProfile};

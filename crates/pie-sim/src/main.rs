@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use pie_sim::metrics::{class_table, markdown_table};
 use pie_sim::requests::{self, Input};
+use pie_sim::worker_config::WorkerConfig;
 use pie_sim::{run, PolicyName, RouterSpec, RunMetrics, SimConfig};
 
 #[derive(Parser)]
@@ -26,8 +27,9 @@ enum Command {
     Run {
         #[command(flatten)]
         common: Common,
-        #[arg(long, default_value = "fcfs")]
-        policy: String,
+        /// The ordering policy (default: the --worker-config's, else fcfs).
+        #[arg(long)]
+        policy: Option<String>,
         /// The cluster policies' pipeline, comma-separated as in the controller's
         /// `cluster_policies`: pin, session-affinity, cache-aware, least-loaded,
         /// round-robin.
@@ -38,9 +40,10 @@ enum Command {
     Compare {
         #[command(flatten)]
         common: Common,
-        /// Comma-separated: fcfs, fair, priority, deadline, deadline-abort.
-        #[arg(long, default_value = "fcfs")]
-        policies: String,
+        /// Comma-separated: fcfs, fair, priority, deadline, deadline-abort
+        /// (default: the --worker-config's, else fcfs).
+        #[arg(long)]
+        policies: Option<String>,
         /// A cluster pipeline (comma-separated policies, as for `run`); repeat
         /// `--router` to compare several.
         #[arg(long, default_value = "round-robin")]
@@ -95,6 +98,11 @@ struct Common {
     /// Run keep-session (retention by the `session` and `keep-ms` props).
     #[arg(long)]
     keep_session: bool,
+    /// A worker's config.toml: its `[runtime]` table (policies, their settings,
+    /// limits) applies to every simulated worker of every run; the flags above
+    /// override it.
+    #[arg(long, value_name = "FILE")]
+    worker_config: Option<PathBuf>,
     /// Write the metrics of every run as a JSON array here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -122,6 +130,14 @@ fn simulate(
         load: common.load,
     })?;
     let mut profile = pie_sim::profile::load(&common.profile)?;
+    let worker = worker_config(common)?;
+    let runtime = worker
+        .as_ref()
+        .map(|w| w.runtime.clone())
+        .unwrap_or_default();
+    if let Some(w) = &worker {
+        w.apply_limits(&mut profile);
+    }
     profile.kv_pages = common.kv_pages.unwrap_or(profile.kv_pages);
     profile.max_running = common.max_running.unwrap_or(profile.max_running);
     let mut runs = Vec::new();
@@ -131,6 +147,7 @@ fn simulate(
                 let mut cfg =
                     SimConfig::new(common.workers, policy, router.clone(), profile.clone());
                 cfg.keep_session = keep;
+                cfg.runtime = runtime.clone();
                 cfg.workers_per_machine = common.workers_per_machine as usize;
                 let m = run(&cfg, &workload, &reqs)?;
                 eprintln!(
@@ -151,6 +168,29 @@ fn simulate(
     Ok(runs)
 }
 
+fn worker_config(common: &Common) -> Result<Option<WorkerConfig>> {
+    Ok(match &common.worker_config {
+        Some(path) => Some(WorkerConfig::load(path)?),
+        None => None,
+    })
+}
+
+/// The ordering policies to run: those named, else the worker config's, else fcfs.
+fn ordering_policies(named: Option<&str>, common: &Common) -> Result<Vec<PolicyName>> {
+    match (named, worker_config(common)?) {
+        (Some(list), _) => split(list),
+        (None, Some(w)) => Ok(vec![
+            PolicyName::of_runtime(&w.runtime).map_err(anyhow::Error::msg)?
+        ]),
+        (None, None) => Ok(vec![PolicyName::Fcfs]),
+    }
+}
+
+/// Keep-session: the flag, or the worker config lists it.
+fn keeps_sessions(common: &Common) -> Result<bool> {
+    Ok(common.keep_session || worker_config(common)?.is_some_and(|w| w.keeps_sessions()))
+}
+
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Run {
@@ -160,9 +200,9 @@ fn main() -> Result<()> {
         } => {
             let runs = simulate(
                 &common,
-                &[policy.parse().map_err(anyhow::Error::msg)?],
+                &ordering_policies(policy.as_deref(), &common)?,
                 &[router.parse().map_err(anyhow::Error::msg)?],
-                &[common.keep_session],
+                &[keeps_sessions(&common)?],
             )?;
             println!("{}", serde_json::to_string_pretty(&runs)?);
         }
@@ -179,9 +219,14 @@ fn main() -> Result<()> {
                 .collect::<Result<Vec<RouterSpec>>>()?;
             let keep = match both_keep_session {
                 true => vec![false, true],
-                false => vec![common.keep_session],
+                false => vec![keeps_sessions(&common)?],
             };
-            let runs = simulate(&common, &split(&policies)?, &routers, &keep)?;
+            let runs = simulate(
+                &common,
+                &ordering_policies(policies.as_deref(), &common)?,
+                &routers,
+                &keep,
+            )?;
             let first = &runs[0];
             println!(
                 "{} on {} worker(s), {} requests, profile {}{}\n",

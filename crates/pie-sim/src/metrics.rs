@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use pie_policy::cluster::ActionRecord;
 use serde::Serialize;
 
 use crate::sim::SimConfig;
@@ -107,6 +108,9 @@ const SERVICE_CLIENTS: usize = 8;
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RunMetrics {
     pub workload: String,
+    /// The cluster actors' actions, in order (`--router ...,scale-by-prop`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub actions: Vec<ActionRecord>,
     pub policy: String,
     pub router: String,
     pub keep_session: bool,
@@ -300,6 +304,7 @@ impl RunMetrics {
         let deadlines: Vec<bool> = served.iter().filter_map(|(q, r)| missed(q, r)).collect();
         Self {
             workload: workload.to_string(),
+            actions: Vec::new(),
             policy: cfg.policy.label().to_string(),
             router: cfg.router.label(),
             keep_session: cfg.keep_session,

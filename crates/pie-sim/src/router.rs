@@ -9,21 +9,30 @@ use std::str::FromStr;
 
 use pie_core::{BlockHash, Props};
 use pie_policy::cluster::{
-    self, routing_policy, ClusterIndex, ClusterPolicy, Reject, RouteRequest, RoutingConfigs,
-    WorkerView, ROUTING_POLICIES,
+    self, routing_policy, split_policies, ClusterIndex, ClusterPolicy, Reject, RouteRequest,
+    RoutingConfigs, WorkerView,
 };
 
-/// A routing pipeline: cluster policy names in order, as in the controller's
-/// `cluster_policies` (`session-affinity,cache-aware`).
+/// The cluster policies, as in the controller's `cluster_policies`
+/// (`session-affinity,cache-aware,scale-by-prop`): the routing pipeline in
+/// order, and the actors.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RouterSpec {
     names: Vec<String>,
+    actors: Vec<String>,
 }
 
 impl RouterSpec {
-    /// The pipeline as written: names joined by commas.
+    /// The list as written: names joined by commas.
     pub fn label(&self) -> String {
-        self.names.join(",")
+        let mut all = self.names.clone();
+        all.extend(self.actors.iter().cloned());
+        all.join(",")
+    }
+
+    /// The actors' names, in order.
+    pub fn actors(&self) -> Vec<&str> {
+        self.actors.iter().map(String::as_str).collect()
     }
 
     /// Fresh policy objects with the controller's default configs.
@@ -45,17 +54,17 @@ impl RouterSpec {
 impl FromStr for RouterSpec {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let names: Vec<String> = s.split(',').map(|n| n.trim().to_string()).collect();
-        if let Some(bad) = names
-            .iter()
-            .find(|n| !ROUTING_POLICIES.contains(&n.as_str()))
-        {
+        let all: Vec<String> = s.split(',').map(|n| n.trim().to_string()).collect();
+        let (routing, actors) = split_policies(&all).map_err(|e| format!("router `{s}`: {e}"))?;
+        if routing.is_empty() {
             return Err(format!(
-                "unknown cluster policy `{bad}` in router `{s}` (available: {})",
-                ROUTING_POLICIES.join(", ")
+                "router `{s}`: at least one routing policy (e.g. round-robin)"
             ));
         }
-        Ok(Self { names })
+        Ok(Self {
+            names: routing.into_iter().map(str::to_string).collect(),
+            actors: actors.into_iter().map(str::to_string).collect(),
+        })
     }
 }
 

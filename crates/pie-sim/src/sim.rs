@@ -21,12 +21,14 @@ use std::str::FromStr;
 use std::time::Instant;
 
 use pie_core::{block_hash, block_hashes, BlockHash, ModelFingerprint, SeqId};
-use pie_policy::scheduler::prefill_share;
-use pie_policy::{
-    Candidate, Deadline, DeadlineConfig, Fair, FairConfig, Fcfs, KeepSession, KeepSessionConfig,
-    OnMiss, Planned, Priority, PriorityConfig, Scheduler, StepLimits, WorkerPolicy,
+use pie_policy::cluster::{
+    ActionRecord, ActorConfigs, ClusterSnapshot, KvPages, ProcessState, WorkerState,
 };
+use pie_policy::runtime::{PolicyList, RuntimeConfig, WorkerPolicies};
+use pie_policy::scheduler::prefill_share;
+use pie_policy::{Candidate, KeepSession, OnMiss, Planned, Scheduler, StepLimits, WorkerPolicy};
 
+use crate::actors::SimActors;
 use crate::cost::{CostProfile, StepShape};
 use crate::events::{Event, Events};
 use crate::machine::SharedMachine;
@@ -52,15 +54,43 @@ impl PolicyName {
 
     /// A fresh policy object, with the defaults `pie serve` uses.
     pub fn build(self) -> Box<dyn WorkerPolicy> {
-        match self {
-            Self::Fcfs => Box::new(Fcfs),
-            Self::Fair => Box::new(Fair::new(FairConfig::default())),
-            Self::Priority => Box::new(Priority::new(PriorityConfig::default())),
-            Self::Deadline => Box::new(Deadline::new(DeadlineConfig::default())),
-            Self::DeadlineAbort => Box::new(Deadline::new(DeadlineConfig {
-                on_miss: OnMiss::Abort,
-            })),
+        self.build_with(&RuntimeConfig::default())
+    }
+
+    /// A fresh policy object with a worker's `[runtime]` settings, by the
+    /// worker's own factory (`pie_policy::runtime::WorkerPolicies`).
+    pub fn build_with(self, runtime: &RuntimeConfig) -> Box<dyn WorkerPolicy> {
+        WorkerPolicies::build(&self.runtime(runtime))
+            .expect("an ordering policy name the factory knows")
+            .ordering
+    }
+
+    /// `runtime` with this as its only worker policy (`deadline-abort`:
+    /// `deadline` with `on_miss = "abort"`).
+    fn runtime(self, runtime: &RuntimeConfig) -> RuntimeConfig {
+        let mut rt = runtime.clone();
+        let name = match self {
+            Self::DeadlineAbort => {
+                rt.deadline.on_miss = OnMiss::Abort;
+                "deadline"
+            }
+            other => other.label(),
+        };
+        rt.worker_policy = PolicyList::One(name.into());
+        rt
+    }
+
+    /// The ordering policy a worker's `[runtime]` runs (fcfs when it lists
+    /// none); an error for what the simulator does not model (`offload`).
+    pub fn of_runtime(runtime: &RuntimeConfig) -> Result<Self, String> {
+        let policies = WorkerPolicies::build(runtime)?;
+        if policies.offload.is_some() {
+            return Err("`offload` is not simulated: remove it from worker_policy".into());
         }
+        Ok(match policies.ordering.name() {
+            "deadline" if runtime.deadline.on_miss == OnMiss::Abort => Self::DeadlineAbort,
+            name => name.parse()?,
+        })
     }
 
     pub fn label(self) -> &'static str {
@@ -95,6 +125,13 @@ pub struct SimConfig {
     pub router: RouterSpec,
     /// Run `KeepSession` (retention from the `session` and `keep-ms` props).
     pub keep_session: bool,
+    /// The worker's `[runtime]` policy settings (`[runtime.fair]`,
+    /// `[runtime.keep-session]`, ...); its limits are the profile's.
+    pub runtime: RuntimeConfig,
+    /// The `[cluster.<actor>]` settings of the router's actors.
+    pub actor_configs: ActorConfigs,
+    /// How often the actors look at the cluster (simulated ms).
+    pub actor_tick_ms: u64,
     pub profile: CostProfile,
     /// Workers sharing one machine of the profile (`machine.rs`); 1: each worker
     /// has a machine to itself.
@@ -113,6 +150,9 @@ impl SimConfig {
             policy,
             router,
             keep_session: false,
+            runtime: RuntimeConfig::default(),
+            actor_configs: ActorConfigs::default(),
+            actor_tick_ms: 1000,
             profile,
             workers_per_machine: 1,
         }
@@ -158,6 +198,8 @@ struct Sim<'a> {
     published: Vec<(BlockHash, SeqId, u32)>,
     /// Steps and admissions, when [`run_schedule`] asks for them.
     log: Option<Schedule>,
+    /// The router's actors, if it lists any.
+    actors: Option<SimActors>,
 }
 
 const FINGERPRINT: ModelFingerprint = ModelFingerprint(0x51_u64);
@@ -168,7 +210,7 @@ const MAX_SCHEDULE_STEPS: usize = 100_000;
 /// Simulate `reqs` on the configured cluster; every request finishes (or is
 /// rejected or aborted), and the metrics say so.
 pub fn run(cfg: &SimConfig, workload: &str, reqs: &[Request]) -> anyhow::Result<RunMetrics> {
-    run_with(cfg, workload, reqs, &|| cfg.policy.build())
+    run_with(cfg, workload, reqs, &|| cfg.policy.build_with(&cfg.runtime))
 }
 
 /// [`run`] with each worker's ordering policy made by `policy` instead of
@@ -188,7 +230,8 @@ pub fn run_with(
     }
     let mut counters = std::mem::take(&mut sim.counters);
     counters.preemptions = sim.workers.iter().map(|w| w.scheduler.preemptions()).sum();
-    Ok(RunMetrics::compute(
+    let actions: Vec<ActionRecord> = sim.actors.take().map(|a| a.records).unwrap_or_default();
+    let mut metrics = RunMetrics::compute(
         cfg,
         workload,
         reqs,
@@ -196,7 +239,9 @@ pub fn run_with(
         &clients,
         counters,
         wall_s,
-    ))
+    );
+    metrics.actions = actions;
+    Ok(metrics)
 }
 
 /// A one-worker run step by step: what the engine, driven on the simulator's
@@ -287,7 +332,7 @@ impl<'a> Sim<'a> {
         };
         let keep = cfg
             .keep_session
-            .then(|| KeepSession::new(KeepSessionConfig::default()));
+            .then(|| KeepSession::new(cfg.runtime.keep_session.clone()));
         let workers = (0..cfg.workers)
             .map(|_| {
                 let mut scheduler = Scheduler::new(policy(), limits);
@@ -337,11 +382,18 @@ impl<'a> Sim<'a> {
             tokens: Vec::new(),
             published: Vec::new(),
             log: None,
+            actors: None,
         }
     }
 
     fn run(&mut self) -> anyhow::Result<()> {
+        self.actors = SimActors::new(
+            &self.cfg.router.actors(),
+            &self.cfg.actor_configs,
+            self.cfg.actor_tick_ms,
+        )?;
         while let Some((now, ev)) = self.events.pop() {
+            self.tick_actors(now)?;
             if let Event::StepEnd(w) = ev {
                 if self.workers[w as usize].step_end != Some(now) {
                     continue;
@@ -355,6 +407,47 @@ impl<'a> Sim<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Every actor tick due by `now`, each over the cluster as it stands.
+    fn tick_actors(&mut self, now: u64) -> anyhow::Result<()> {
+        while let Some(at) = self.actors.as_ref().and_then(|a| a.due(now)) {
+            let snapshot = self.snapshot();
+            if let Some(actors) = &mut self.actors {
+                actors.tick(at, &snapshot)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The cluster as an actor sees it: every worker with its load and pages,
+    /// every sequence with its props.
+    fn snapshot(&self) -> ClusterSnapshot {
+        let total = self.cfg.profile.kv_pages;
+        let mut snapshot = ClusterSnapshot::default();
+        for (w, worker) in self.workers.iter().enumerate() {
+            let name = format!("w{w}");
+            snapshot.workers.push(WorkerState {
+                name: name.clone(),
+                healthy: true,
+                load: self.router.load(w),
+                max_running: self.cfg.profile.max_running,
+                kv_pages: Some(KvPages {
+                    used: total - worker.pages.free_pages() - worker.pages.cache.evictable(),
+                    total,
+                }),
+                ..WorkerState::default()
+            });
+            for c in worker.scheduler.candidates() {
+                let req = worker.pages.seq(slot(c.seq)).req;
+                snapshot.processes.push(ProcessState {
+                    id: format!("request-{req}"),
+                    worker: Some(name.clone()),
+                    props: c.props.clone(),
+                });
+            }
+        }
+        snapshot
     }
 
     fn step_ended(&mut self, w: usize, now: u64) -> anyhow::Result<()> {

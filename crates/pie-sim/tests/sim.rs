@@ -356,3 +356,52 @@ fn workers_on_one_machine_share_its_speed() {
         "{two:?}"
     );
 }
+
+/// Actors run in the simulator as in the controller (the same `ActorRunner`),
+/// on a tick of simulated time: scale-by-prop's hints come one step at a time
+/// per group, dry run records the same decisions unexecuted, and actors only
+/// observe (the schedule is the same with and without them).
+#[test]
+fn actors_tick_on_simulated_time_and_only_observe() {
+    let spec = WorkloadSpec::named("priority-mix").unwrap();
+    let reqs = spec.generate(2_000, 3);
+    let run_with = |pipeline: &str, dry_run: bool| {
+        let mut cfg = SimConfig::new(
+            4,
+            PolicyName::Priority,
+            router(pipeline),
+            CostProfile::gpu_a100_llama3_8b(),
+        );
+        cfg.actor_configs.scale_by_prop.prop = "priority".into();
+        cfg.actor_configs.scale_by_prop.target_load_per_worker = 4.0;
+        cfg.actor_configs.scale_by_prop.pending_timeout_ms = 2_000;
+        cfg.actor_configs.scale_by_prop.dry_run = dry_run;
+        cfg.actor_tick_ms = 500;
+        run(&cfg, spec.name(), &reqs).expect("simulation runs")
+    };
+    let plain = run_with("round-robin", false);
+    let acting = run_with("round-robin,scale-by-prop", false);
+    let dry = run_with("round-robin,scale-by-prop", true);
+    assert!(plain.actions.is_empty());
+    assert_eq!(acting.router, "round-robin,scale-by-prop");
+    assert_eq!(acting.ttft_ms, plain.ttft_ms, "actors only observe");
+    assert!(acting.actions.len() > 3, "{:?}", acting.actions);
+    let mut last: std::collections::HashMap<String, usize> = Default::default();
+    for a in &acting.actions {
+        assert_eq!(a.kind, "scale-hint");
+        assert_eq!(a.at_ms % 500, 0, "on the tick");
+        assert!(!a.dry_run);
+        let pie_policy::cluster::Action::ScaleHint(h) = &a.action else {
+            panic!("{a:?}");
+        };
+        if let Some(prev) = last.insert(h.group.clone(), h.recommended) {
+            assert!(
+                prev.abs_diff(h.recommended) <= 1,
+                "one step at a time: {a:?}"
+            );
+        }
+    }
+    assert!(last.len() > 1, "a group per priority value: {last:?}");
+    assert_eq!(dry.actions.len(), acting.actions.len());
+    assert!(dry.actions.iter().all(|a| a.dry_run));
+}

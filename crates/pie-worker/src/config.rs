@@ -3,7 +3,6 @@
 
 use std::path::{Path, PathBuf};
 
-use pie_policy::{DeadlineConfig, FairConfig, KeepSessionConfig, OffloadConfig, PriorityConfig};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -57,146 +56,18 @@ pub struct ModelConfig {
     pub name: Option<String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RuntimeConfig {
-    /// One policy name or a list (see `pie-policy`).
-    pub worker_policy: PolicyList,
-    pub page_size: usize,
-    /// KV pool size in pages; `kv_memory` instead gives it in bytes.
-    pub kv_pages: Option<usize>,
-    /// KV pool size as bytes or a string like "512MiB", "2GiB".
-    pub kv_memory: Option<ByteSize>,
-    pub max_batch_tokens: usize,
-    pub max_running: usize,
-    pub fair: FairConfig,
-    pub priority: PriorityConfig,
-    pub deadline: DeadlineConfig,
-    #[serde(rename = "keep-session")]
-    pub keep_session: KeepSessionConfig,
-    pub offload: OffloadConfig,
-}
-
-impl Default for RuntimeConfig {
-    fn default() -> Self {
-        Self {
-            worker_policy: PolicyList::default(),
-            page_size: 16,
-            kv_pages: None,
-            kv_memory: None,
-            max_batch_tokens: 512,
-            max_running: 64,
-            fair: FairConfig::default(),
-            priority: PriorityConfig::default(),
-            deadline: DeadlineConfig::default(),
-            keep_session: KeepSessionConfig::default(),
-            offload: OffloadConfig::default(),
-        }
-    }
-}
-
-/// `worker_policy = "fcfs"` or `worker_policy = ["fair", "keep-session"]`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum PolicyList {
-    One(String),
-    Many(Vec<String>),
-}
-
-impl Default for PolicyList {
-    fn default() -> Self {
-        PolicyList::One("fcfs".into())
-    }
-}
-
-impl PolicyList {
-    pub fn names(&self) -> Vec<String> {
-        match self {
-            PolicyList::One(n) => vec![n.clone()],
-            PolicyList::Many(v) => v.clone(),
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct ByteSize(pub u64);
-
-impl<'de> Deserialize<'de> for ByteSize {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Bytes(u64),
-            Text(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Bytes(b) => Ok(ByteSize(b)),
-            Raw::Text(t) => parse_bytes(&t)
-                .map(ByteSize)
-                .map_err(serde::de::Error::custom),
-        }
-    }
-}
-
-fn parse_bytes(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let num: f64 = num
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size like \"512MiB\""))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" => 1_000,
-        "kib" => 1 << 10,
-        "m" | "mb" => 1_000_000,
-        "mib" => 1 << 20,
-        "g" | "gb" => 1_000_000_000,
-        "gib" => 1 << 30,
-        other => {
-            return Err(format!(
-                "unknown size unit `{other}` in `{text}` (use B, KiB, MiB, GiB, KB, MB, GB)"
-            ))
-        }
-    };
-    Ok((num * mult as f64) as u64)
-}
-
-/// A config problem: where it is and what is wrong.
-#[derive(Debug, thiserror::Error)]
-#[error("{location}: {message}")]
-pub struct ConfigError {
-    pub location: String,
-    pub message: String,
-}
+pub use pie_core::config_file::ConfigError;
+pub use pie_core::ByteSize;
+pub use pie_policy::runtime::{PolicyList, RuntimeConfig};
 
 impl Config {
     /// Parse `text` (read from `file`, named in errors).
     pub fn parse(text: &str, file: &Path) -> Result<Self, ConfigError> {
-        let de = toml::Deserializer::new(text);
-        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
-            let key = e.path().to_string();
-            let inner = e.into_inner();
-            let line = inner
-                .span()
-                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
-            let location = match line {
-                Some(l) => format!("{}:{l}", file.display()),
-                None => file.display().to_string(),
-            };
-            let message = if key.is_empty() || key == "." {
-                inner.message().to_string()
-            } else {
-                format!("key `{key}`: {}", inner.message())
-            };
-            ConfigError { location, message }
-        })?;
-        config.validate().map_err(|(key, message)| ConfigError {
-            location: file.display().to_string(),
-            message: format!("key `{key}`: {message}"),
-        })?;
+        let config: Config = pie_core::config_file::parse_toml(text, file)?;
+        config
+            .runtime
+            .validate()
+            .map_err(|(key, message)| ConfigError::key(file, &key, message))?;
         Ok(config)
     }
 
@@ -206,32 +77,6 @@ impl Config {
             message: format!("cannot read: {e}"),
         })?;
         Self::parse(&text, file)
-    }
-
-    /// Checks serde cannot express. Returns the offending key and the problem.
-    fn validate(&self) -> Result<(), (String, String)> {
-        let rt = &self.runtime;
-        crate::policies::WorkerPolicies::build(rt)
-            .map_err(|e| ("runtime.worker_policy".to_string(), e))?;
-        for (key, value) in [
-            ("runtime.page_size", rt.page_size),
-            ("runtime.max_batch_tokens", rt.max_batch_tokens),
-            ("runtime.max_running", rt.max_running),
-        ] {
-            if value == 0 {
-                return Err((key.into(), "must be at least 1".into()));
-            }
-        }
-        if rt.kv_pages.is_some() && rt.kv_memory.is_some() {
-            return Err((
-                "runtime.kv_pages".into(),
-                "set kv_pages or kv_memory, not both".into(),
-            ));
-        }
-        if rt.kv_pages == Some(0) {
-            return Err(("runtime.kv_pages".into(), "must be at least 1".into()));
-        }
-        Ok(())
     }
 
     /// Every API key, inline and from `api_keys_file`.

@@ -9,7 +9,6 @@ pub mod fetch;
 pub mod metrics;
 pub mod offload;
 pub mod openai;
-pub mod policies;
 pub mod process;
 pub mod runtime;
 pub mod serve;

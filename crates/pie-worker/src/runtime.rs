@@ -16,8 +16,8 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::engine::{Engine, EngineCounters, FinishReason, Request, SeqInfo};
 use crate::metrics::Metrics;
-use crate::policies::WorkerPolicies;
 use crate::process::{now_ms, ProcEvent, ProcState, Process, StateCounts};
+use pie_policy::runtime::WorkerPolicies;
 use pie_workload::{TraceInput, TraceRecorder};
 
 /// What the engine thread reports to one sequence's driver.

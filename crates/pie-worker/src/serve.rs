@@ -15,8 +15,8 @@ use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
 use crate::fetch;
 use crate::metrics::Metrics;
-use crate::policies::WorkerPolicies;
 use crate::runtime::{Runtime, RuntimeSettings};
+use pie_policy::runtime::WorkerPolicies;
 
 /// Reads the configuration again (the file plus the command line's overrides).
 pub type Reloader = Arc<dyn Fn() -> Result<Config> + Send + Sync>;
