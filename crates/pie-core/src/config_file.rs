@@ -47,13 +47,17 @@ pub fn parse_toml<T: DeserializeOwned>(text: &str, file: &Path) -> Result<T, Con
     })
 }
 
-/// Read `file` and parse it as `T`.
-pub fn load_toml<T: DeserializeOwned>(file: &Path) -> Result<T, ConfigError> {
-    let text = std::fs::read_to_string(file).map_err(|e| ConfigError {
+/// A config file's text; an error names it.
+pub fn read(file: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(file).map_err(|e| ConfigError {
         location: file.display().to_string(),
         message: format!("cannot read: {e}"),
-    })?;
-    parse_toml(&text, file)
+    })
+}
+
+/// Read `file` and parse it as `T`.
+pub fn load_toml<T: DeserializeOwned>(file: &Path) -> Result<T, ConfigError> {
+    parse_toml(&read(file)?, file)
 }
 
 #[cfg(test)]

@@ -35,11 +35,7 @@ struct Keys {
 
 impl WorkerConfig {
     pub fn load(file: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(file).map_err(|e| ConfigError {
-            location: file.display().to_string(),
-            message: format!("cannot read: {e}"),
-        })?;
-        Self::parse(&text, file)
+        Self::parse(&pie_core::config_file::read(file)?, file)
     }
 
     pub fn parse(text: &str, file: &Path) -> Result<Self, ConfigError> {

@@ -72,11 +72,7 @@ impl Config {
     }
 
     pub fn load(file: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(file).map_err(|e| ConfigError {
-            location: file.display().to_string(),
-            message: format!("cannot read: {e}"),
-        })?;
-        Self::parse(&text, file)
+        Self::parse(&pie_core::config_file::read(file)?, file)
     }
 
     /// Every API key, inline and from `api_keys_file`.

@@ -230,6 +230,25 @@ fn on_simulator(schedule: &Schedule) -> (Observed, Vec<(usize, usize, usize)>) {
     (observed, batches)
 }
 
+/// One simulated worker with the engine's limits, its schedule logged.
+fn simulate(
+    config: &EngineConfig,
+    policy: PolicyName,
+    keep: bool,
+    reqs: &[SimRequest],
+) -> Schedule {
+    let profile = CostProfile {
+        page_size: config.page_size,
+        kv_pages: config.kv_pages,
+        max_batch_tokens: config.max_batch_tokens,
+        max_running: config.max_running,
+        ..CostProfile::cpu_placeholder()
+    };
+    let mut cfg = SimConfig::new(1, policy, "round-robin".parse().expect("router"), profile);
+    cfg.keep_session = keep;
+    pie_sim::run_schedule(&cfg, reqs, &|| policy.build()).expect("simulates")
+}
+
 const POLICIES: [PolicyName; 5] = [
     PolicyName::Fcfs,
     PolicyName::Fair,
@@ -267,16 +286,7 @@ proptest! {
     ) {
         let policy = POLICIES[policy];
         let reqs = requests(&conversations);
-        let profile = CostProfile {
-            page_size: config.page_size,
-            kv_pages: config.kv_pages,
-            max_batch_tokens: config.max_batch_tokens,
-            max_running: config.max_running,
-            ..CostProfile::cpu_placeholder()
-        };
-        let mut cfg = SimConfig::new(1, policy, "round-robin".parse().expect("router"), profile);
-        cfg.keep_session = keep;
-        let schedule = pie_sim::run_schedule(&cfg, &reqs, &|| policy.build()).expect("simulates");
+        let schedule = simulate(&config, policy, keep, &reqs);
         let (engine, engine_batches, preemptions, left) = on_engine(&config, policy, keep, &reqs, &schedule);
         let (sim, sim_batches) = on_simulator(&schedule);
         prop_assert_eq!(engine_batches, sim_batches, "tokens, free and cached pages per step");
@@ -305,22 +315,8 @@ fn the_generated_cases_preempt_retain_and_expire() {
             .expect("conversations")
             .current();
         let reqs = requests(&conversations);
-        let profile = CostProfile {
-            page_size: config.page_size,
-            kv_pages: config.kv_pages,
-            max_batch_tokens: config.max_batch_tokens,
-            max_running: config.max_running,
-            ..CostProfile::cpu_placeholder()
-        };
         for (policy, keep) in [(PolicyName::DeadlineAbort, false), (PolicyName::Fcfs, true)] {
-            let mut cfg = SimConfig::new(
-                1,
-                policy,
-                "round-robin".parse().expect("router"),
-                profile.clone(),
-            );
-            cfg.keep_session = keep;
-            let s = pie_sim::run_schedule(&cfg, &reqs, &|| policy.build()).expect("simulates");
+            let s = simulate(&config, policy, keep, &reqs);
             preempted += usize::from(s.preemptions > 0);
             expired += s.records.iter().filter(|r| r.expired).count();
             if keep {
