@@ -23,6 +23,8 @@
 
 mod kv;
 mod retention;
+#[cfg(test)]
+mod tests;
 
 pub use kv::KvAccounting;
 

@@ -1,0 +1,163 @@
+//! The scheduler's invariants over a toy page pool (no prefix cache): a step
+//! never computes more than `max_batch_tokens`, never holds pages for more
+//! than `max_running` sequences, never uses more pages than the pool has, the
+//! candidates' view of their pages stays true, and under every ordering policy
+//! every sequence finishes (no livelock: fair once had one).
+
+use std::collections::HashMap;
+
+use pie_core::{PropValue, Props, SeqId};
+use proptest::prelude::*;
+
+use super::*;
+use crate::{Deadline, DeadlineConfig, Fair, FairConfig, Fcfs, Priority, PriorityConfig};
+
+struct ToySeq {
+    prompt: usize,
+    max_tokens: usize,
+    generated: usize,
+    len: usize,
+    pages: usize,
+}
+
+impl ToySeq {
+    fn tokens(&self) -> usize {
+        self.prompt + self.generated
+    }
+}
+
+struct ToyKv {
+    page_size: usize,
+    free: usize,
+    seqs: HashMap<SeqId, ToySeq>,
+    retained: HashMap<String, usize>,
+}
+
+impl KvAccounting for ToyKv {
+    fn holds_pages(&self, seq: SeqId) -> bool {
+        self.seqs[&seq].pages > 0
+    }
+    fn prefill_remaining(&self, seq: SeqId) -> usize {
+        let s = &self.seqs[&seq];
+        s.prompt.saturating_sub(s.len)
+    }
+    fn uncomputed(&self, seq: SeqId) -> usize {
+        let s = &self.seqs[&seq];
+        s.tokens() - s.len
+    }
+    fn room(&self, seq: SeqId) -> usize {
+        let s = &self.seqs[&seq];
+        (s.pages + self.free) * self.page_size - s.len
+    }
+    fn attach_prefix(&mut self, _seq: SeqId) -> usize {
+        0
+    }
+    fn reserve(&mut self, seq: SeqId, tokens: usize) {
+        let s = self.seqs.get_mut(&seq).unwrap();
+        let need = (s.len + tokens).div_ceil(self.page_size) - s.pages;
+        assert!(need <= self.free, "reserve beyond the room");
+        self.free -= need;
+        s.pages += need;
+    }
+    fn release(&mut self, seq: SeqId) {
+        let s = self.seqs.get_mut(&seq).unwrap();
+        self.free += s.pages;
+        s.pages = 0;
+        s.len = 0;
+    }
+    fn admitted(&mut self, _seq: SeqId, _cached_tokens: usize) {}
+    fn retain(&mut self, seq: SeqId, session: &str) {
+        let s = self.seqs.get_mut(&seq).unwrap();
+        assert!(self.retained.insert(session.into(), s.pages).is_none());
+        s.pages = 0;
+    }
+    fn drop_retained(&mut self, session: &str) {
+        self.free += self.retained.remove(session).unwrap_or(0);
+    }
+}
+
+fn policy(i: usize) -> Box<dyn WorkerPolicy> {
+    match i {
+        0 => Box::new(Fcfs),
+        1 => Box::new(Fair::new(FairConfig::default())),
+        2 => Box::new(Priority::new(PriorityConfig::default())),
+        _ => Box::new(Deadline::new(DeadlineConfig::default())),
+    }
+}
+
+proptest! {
+    #[test]
+    fn steps_respect_the_limits_and_every_sequence_finishes(
+        policy_index in 0usize..4,
+        keep in any::<bool>(),
+        page_size in 1usize..8,
+        pages in 8usize..40,
+        max_batch_tokens in 1usize..64,
+        max_running in 1usize..6,
+        jobs in prop::collection::vec((1usize..40, 1usize..10, 0i64..3, 0u64..20), 1..12),
+    ) {
+        let limits = StepLimits { max_batch_tokens, max_running };
+        let mut scheduler = Scheduler::new(policy(policy_index), limits);
+        if keep {
+            scheduler.set_keep_session(Some(KeepSession::new(Default::default())));
+        }
+        let capacity = pages * page_size;
+        let mut kv = ToyKv { page_size, free: pages, seqs: HashMap::new(), retained: HashMap::new() };
+        let mut pending: Vec<(u64, usize)> = jobs.iter().enumerate().map(|(i, j)| (j.3, i)).collect();
+        pending.sort();
+        let total_tokens: usize = jobs.iter().map(|j| j.0 + j.1).sum();
+        let mut finished = 0;
+        let mut plan = Vec::new();
+        for now in 0..(20 + 40 * total_tokens as u64) {
+            while pending.first().is_some_and(|&(at, _)| at <= now) {
+                let (_, i) = pending.remove(0);
+                let (prompt, output, priority, _) = jobs[i];
+                // Admission caps a sequence to the pool, as the engine does.
+                let prompt = prompt.min(capacity - 1);
+                let seq = SeqId(i as u64);
+                kv.seqs.insert(seq, ToySeq { prompt, max_tokens: output.min(capacity - prompt), generated: 0, len: 0, pages: 0 });
+                let mut props = Props::new();
+                props.set("priority", PropValue::Int(priority)).unwrap();
+                props.set("session", PropValue::Str(format!("s{}", i % 3))).unwrap();
+                props.set("keep-ms", PropValue::Int(5)).unwrap();
+                props.set("deadline-ms", PropValue::Int(10 + i as i64)).unwrap();
+                let client = if i % 2 == 0 { "a" } else { "b" };
+                scheduler.add(&kv, Candidate { seq, arrival_ms: now, running: false, prefill_tokens: 0, client: client.into(), props });
+            }
+            scheduler.expire_retained(&mut kv, now);
+            scheduler.plan(&mut kv, now, &mut plan);
+            let tokens: usize = plan.iter().map(|p| p.tokens).sum();
+            prop_assert!(tokens <= max_batch_tokens);
+            prop_assert!(kv.seqs.values().filter(|s| s.pages > 0).count() <= max_running);
+            let held: usize = kv.seqs.values().map(|s| s.pages).sum::<usize>() + kv.retained.values().sum::<usize>();
+            prop_assert_eq!(held + kv.free, pages, "pages are conserved");
+            for c in scheduler.candidates() {
+                prop_assert_eq!(c.running, kv.holds_pages(c.seq));
+                prop_assert_eq!(c.prefill_tokens, kv.prefill_remaining(c.seq));
+            }
+            let mut done = Vec::new();
+            for p in &plan {
+                let s = kv.seqs.get_mut(&p.seq).unwrap();
+                let prefill = prefill_share(s.prompt, s.len, p.tokens);
+                s.len += p.tokens;
+                let mut generated = 0;
+                if s.len == s.tokens() {
+                    s.generated += 1;
+                    generated = 1;
+                    if s.generated >= s.max_tokens {
+                        done.push(p.index);
+                    }
+                }
+                scheduler.charge(&kv, p.index, prefill, generated);
+            }
+            for seq in scheduler.finish(&mut kv, &done, true) {
+                kv.seqs.remove(&seq);
+                finished += 1;
+            }
+            if finished == jobs.len() {
+                break;
+            }
+        }
+        prop_assert_eq!(finished, jobs.len(), "every sequence finishes");
+    }
+}
