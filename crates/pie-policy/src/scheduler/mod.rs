@@ -20,6 +20,9 @@
 //! every admitted sequence that fits the pool on its own finishes; a step's
 //! tokens never exceed `max_batch_tokens` nor its running sequences
 //! `max_running`; retained pages go before any running sequence is preempted.
+//! Tested over a toy page pool (`tests.rs`: limits, page conservation, every
+//! sequence finishes under each policy) and against the real engine
+//! (`pie-worker/tests/sim_equivalence.rs`).
 
 mod kv;
 mod retention;
