@@ -52,9 +52,21 @@ pub enum Outcome {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct LoggedAction {
+    /// The action's kind (a metric label), beside the record for readers.
+    pub kind: &'static str,
     #[serde(flatten)]
     pub record: ActionRecord,
     pub outcome: Outcome,
+}
+
+impl LoggedAction {
+    fn new(record: ActionRecord, outcome: Outcome) -> Self {
+        Self {
+            kind: record.action.kind(),
+            record,
+            outcome,
+        }
+    }
 }
 
 /// A published scale hint and who made it why.
@@ -137,7 +149,7 @@ impl Actors {
     /// Count a request (with its props) as demand until the guard drops; None
     /// when no actor is configured, so routing pays nothing for it.
     pub fn track(&self, props: &Props) -> Option<DemandGuard> {
-        if !self.tracking.load(Ordering::Relaxed) {
+        if !self.active() {
             return None;
         }
         let mut d = self.demand.lock().unwrap_or_else(|e| e.into_inner());
@@ -155,6 +167,11 @@ impl Actors {
             demand: self.demand.clone(),
             id,
         })
+    }
+
+    /// Whether any actor is configured.
+    pub fn active(&self) -> bool {
+        self.tracking.load(Ordering::Relaxed)
     }
 
     /// Queue events for the actors; they see them before the next tick.
@@ -233,9 +250,9 @@ impl Actors {
         for record in records {
             let outcome = self.execute(&ctl.metrics, &record);
             if let Outcome::Failed { error } = &outcome {
-                tracing::error!(actor = record.actor, kind = record.kind, "{error}");
+                tracing::error!(actor = record.actor, kind = record.action.kind(), "{error}");
             }
-            self.log_action(&ctl.metrics, LoggedAction { record, outcome });
+            self.log_action(&ctl.metrics, LoggedAction::new(record, outcome));
         }
     }
 
@@ -282,7 +299,7 @@ impl Actors {
             .actions
             .get_or_create(&ActionLabels {
                 actor: logged.record.actor.clone(),
-                kind: logged.record.kind.clone(),
+                kind: logged.kind.to_string(),
                 dry_run: logged.record.dry_run.to_string(),
             })
             .inc();
@@ -360,7 +377,6 @@ mod tests {
         ActionRecord {
             at_ms: 1,
             actor: "a".into(),
-            kind: action.kind().into(),
             action,
             reason: "why".into(),
             dry_run,
@@ -404,13 +420,7 @@ mod tests {
             Outcome::Failed { error } if error.contains("drain-worker")
         ));
         for _ in 0..ACTION_LOG_LEN + 5 {
-            actors.log_action(
-                &metrics,
-                LoggedAction {
-                    record: drain.clone(),
-                    outcome: Outcome::DryRun,
-                },
-            );
+            actors.log_action(&metrics, LoggedAction::new(drain.clone(), Outcome::DryRun));
         }
         assert_eq!(actors.log.lock().expect("lock").len(), ACTION_LOG_LEN);
         assert!(metrics.encode().contains(

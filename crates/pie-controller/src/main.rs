@@ -110,13 +110,16 @@ fn main() -> Result<()> {
             let every = Duration::from_millis(config.cluster.poll_ms.max(10));
             tokio::spawn(async move {
                 loop {
-                    let before = poller.registry.snapshot();
+                    // Health changes are events only for actors: no copies without them.
+                    let before = poller.actors.active().then(|| poller.registry.snapshot());
                     poller
                         .registry
                         .poll(&poller.http, poller.worker_key.as_deref())
                         .await;
-                    let after = poller.registry.snapshot();
-                    poller.actors.notify(actors::health_events(&before, &after));
+                    if let Some(before) = before {
+                        let after = poller.registry.snapshot();
+                        poller.actors.notify(actors::health_events(&before, &after));
+                    }
                     // Capacity can also free up on the workers' side.
                     poller.release_waiters();
                     tokio::time::sleep(every).await;

@@ -388,7 +388,7 @@ fn actors_tick_on_simulated_time_and_only_observe() {
     assert!(acting.actions.len() > 3, "{:?}", acting.actions);
     let mut last: std::collections::HashMap<String, usize> = Default::default();
     for a in &acting.actions {
-        assert_eq!(a.kind, "scale-hint");
+        assert_eq!(a.action.kind(), "scale-hint");
         assert_eq!(a.at_ms % 500, 0, "on the tick");
         assert!(!a.dry_run);
         let pie_policy::cluster::Action::ScaleHint(h) = &a.action else {

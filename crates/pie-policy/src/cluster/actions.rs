@@ -210,7 +210,6 @@ pub struct Decision {
 pub struct ActionRecord {
     pub at_ms: u64,
     pub actor: String,
-    pub kind: String,
     pub action: Action,
     pub reason: String,
     /// Recorded only: the executor must not carry it out.

@@ -34,16 +34,6 @@ impl ActorRunner {
         Ok(Self { slots })
     }
 
-    /// Actors built elsewhere (a custom actor, a test), with their dry-run flags.
-    pub fn from_actors(actors: Vec<(Box<dyn ClusterActor>, bool)>) -> Self {
-        Self {
-            slots: actors
-                .into_iter()
-                .map(|(actor, dry_run)| Slot { actor, dry_run })
-                .collect(),
-        }
-    }
-
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
     }
@@ -78,7 +68,6 @@ impl ActorRunner {
             out.extend(f(slot.actor.as_mut()).into_iter().map(|d| ActionRecord {
                 at_ms: now_ms,
                 actor: actor.to_string(),
-                kind: d.action.kind().to_string(),
                 action: d.action,
                 reason: d.reason,
                 dry_run: slot.dry_run,
@@ -134,7 +123,7 @@ mod tests {
             let rec = &records[0];
             assert_eq!((rec.at_ms, rec.dry_run), (5, dry_run));
             assert_eq!(
-                (rec.actor.as_str(), rec.kind.as_str()),
+                (rec.actor.as_str(), rec.action.kind()),
                 ("scale-by-prop", "scale-hint")
             );
             assert!(matches!(&rec.action, Action::ScaleHint(h) if h.recommended == 2));
