@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     Deadline, DeadlineConfig, Fair, FairConfig, Fcfs, KeepSession, KeepSessionConfig, Offload,
-    OffloadConfig, Priority, PriorityConfig, StepLimits, WorkerPolicy,
+    OffloadConfig, Priority, PriorityConfig, WorkerPolicy,
 };
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -97,13 +97,6 @@ impl RuntimeConfig {
             return Err(("runtime.kv_pages".into(), "must be at least 1".into()));
         }
         Ok(())
-    }
-
-    pub fn step_limits(&self) -> StepLimits {
-        StepLimits {
-            max_batch_tokens: self.max_batch_tokens,
-            max_running: self.max_running,
-        }
     }
 }
 

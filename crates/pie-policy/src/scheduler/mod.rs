@@ -32,13 +32,12 @@ mod tests;
 pub use kv::KvAccounting;
 
 use pie_core::{Props, SeqId};
-use serde::{Deserialize, Serialize};
 
 use crate::{Candidate, KeepSession, WorkerPolicy};
 use retention::Retained;
 
 /// A worker's per-step limits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StepLimits {
     /// Tokens computed in one step (prefill chunks plus decode tokens).
     pub max_batch_tokens: usize,
@@ -101,10 +100,6 @@ impl Scheduler {
     /// Turn keep-session on or off; retained sessions stay until they expire.
     pub fn set_keep_session(&mut self, keep: Option<KeepSession>) {
         self.keep = keep;
-    }
-
-    pub fn limits(&self) -> StepLimits {
-        self.limits
     }
 
     pub fn len(&self) -> usize {
