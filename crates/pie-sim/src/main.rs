@@ -116,6 +116,7 @@ fn split<T: std::str::FromStr<Err = String>>(list: &str) -> Result<Vec<T>> {
 
 fn simulate(
     common: &Common,
+    worker: Option<&WorkerConfig>,
     policies: &[PolicyName],
     routers: &[RouterSpec],
     keep_session: &[bool],
@@ -130,12 +131,8 @@ fn simulate(
         load: common.load,
     })?;
     let mut profile = pie_sim::profile::load(&common.profile)?;
-    let worker = worker_config(common)?;
-    let runtime = worker
-        .as_ref()
-        .map(|w| w.runtime.clone())
-        .unwrap_or_default();
-    if let Some(w) = &worker {
+    let runtime = worker.map(|w| w.runtime.clone()).unwrap_or_default();
+    if let Some(w) = worker {
         w.apply_limits(&mut profile);
     }
     profile.kv_pages = common.kv_pages.unwrap_or(profile.kv_pages);
@@ -168,6 +165,7 @@ fn simulate(
     Ok(runs)
 }
 
+/// `--worker-config`, read once per command.
 fn worker_config(common: &Common) -> Result<Option<WorkerConfig>> {
     Ok(match &common.worker_config {
         Some(path) => Some(WorkerConfig::load(path)?),
@@ -176,8 +174,11 @@ fn worker_config(common: &Common) -> Result<Option<WorkerConfig>> {
 }
 
 /// The ordering policies to run: those named, else the worker config's, else fcfs.
-fn ordering_policies(named: Option<&str>, common: &Common) -> Result<Vec<PolicyName>> {
-    match (named, worker_config(common)?) {
+fn ordering_policies(
+    named: Option<&str>,
+    worker: Option<&WorkerConfig>,
+) -> Result<Vec<PolicyName>> {
+    match (named, worker) {
         (Some(list), _) => split(list),
         (None, Some(w)) => Ok(vec![
             PolicyName::of_runtime(&w.runtime).map_err(anyhow::Error::msg)?
@@ -187,8 +188,8 @@ fn ordering_policies(named: Option<&str>, common: &Common) -> Result<Vec<PolicyN
 }
 
 /// Keep-session: the flag, or the worker config lists it.
-fn keeps_sessions(common: &Common) -> Result<bool> {
-    Ok(common.keep_session || worker_config(common)?.is_some_and(|w| w.keeps_sessions()))
+fn keeps_sessions(common: &Common, worker: Option<&WorkerConfig>) -> bool {
+    common.keep_session || worker.is_some_and(WorkerConfig::keeps_sessions)
 }
 
 fn main() -> Result<()> {
@@ -198,11 +199,13 @@ fn main() -> Result<()> {
             policy,
             router,
         } => {
+            let worker = worker_config(&common)?;
             let runs = simulate(
                 &common,
-                &ordering_policies(policy.as_deref(), &common)?,
+                worker.as_ref(),
+                &ordering_policies(policy.as_deref(), worker.as_ref())?,
                 &[router.parse().map_err(anyhow::Error::msg)?],
-                &[keeps_sessions(&common)?],
+                &[keeps_sessions(&common, worker.as_ref())],
             )?;
             println!("{}", serde_json::to_string_pretty(&runs)?);
         }
@@ -217,13 +220,15 @@ fn main() -> Result<()> {
                 .iter()
                 .map(|r| r.parse().map_err(anyhow::Error::msg))
                 .collect::<Result<Vec<RouterSpec>>>()?;
+            let worker = worker_config(&common)?;
             let keep = match both_keep_session {
                 true => vec![false, true],
-                false => vec![keeps_sessions(&common)?],
+                false => vec![keeps_sessions(&common, worker.as_ref())],
             };
             let runs = simulate(
                 &common,
-                &ordering_policies(policies.as_deref(), &common)?,
+                worker.as_ref(),
+                &ordering_policies(policies.as_deref(), worker.as_ref())?,
                 &routers,
                 &keep,
             )?;
