@@ -256,7 +256,11 @@ impl KvAccounting for PageModel<'_> {
         s.pages = 0;
         s.published = 0;
         s.len = 0;
-        pages.retained.insert(session.to_string(), retained);
+        let previous = pages.retained.insert(session.to_string(), retained);
+        debug_assert!(
+            previous.is_none(),
+            "the scheduler drops a session's pages first"
+        );
     }
 
     fn drop_retained(&mut self, session: &str) {

@@ -114,17 +114,20 @@ impl KvAccounting for EngineKv {
     fn admitted(&mut self, seq: SeqId, cached_tokens: usize) {
         let s = self.seq_mut(seq);
         if s.cached_tokens.is_none() {
-            s.cached_tokens = Some(cached_tokens.min(s.prompt_len));
-            self.prefix_hit_tokens += cached_tokens as u64;
+            let hit = cached_tokens.min(s.prompt_len);
+            s.cached_tokens = Some(hit);
+            self.prefix_hit_tokens += hit as u64;
             self.started.push(seq);
         }
     }
 
     fn retain(&mut self, seq: SeqId, session: &str) {
         let table = std::mem::take(&mut self.seq_mut(seq).table);
-        if let Some(mut old) = self.retained.insert(session.to_string(), table) {
-            old.release(&mut self.pool);
-        }
+        let previous = self.retained.insert(session.to_string(), table);
+        debug_assert!(
+            previous.is_none(),
+            "the scheduler drops a session's pages first"
+        );
     }
 
     fn drop_retained(&mut self, session: &str) {
