@@ -78,6 +78,9 @@ pub struct ClusterConfig {
     pub max_queued: usize,
     /// How often the actors see a fresh cluster snapshot.
     pub actor_tick_ms: u64,
+    /// Workers that may join by registration (`POST /v1/cluster/register`,
+    /// a worker-role key); beyond: 403.
+    pub max_registered_workers: usize,
     #[serde(rename = "cache-aware")]
     pub cache_aware: CacheAwareConfig,
     #[serde(rename = "session-affinity")]
@@ -100,6 +103,7 @@ impl Default for ClusterConfig {
             poll_ms: 250,
             max_queued: DEFAULT_MAX_QUEUED,
             actor_tick_ms: 1000,
+            max_registered_workers: 64,
             cache_aware: CacheAwareConfig::default(),
             session_affinity: SessionAffinityConfig::default(),
             pin: PinConfig::default(),
@@ -170,6 +174,7 @@ impl ServerConfig {
                 .map_err(|(line, message)| anyhow!("{}:{line}: {message}", path.display()))?;
             keys.extend(from_file);
         }
+        pie_core::auth::check_keys(&keys).map_err(|e| anyhow!("server.api_keys: {e}"))?;
         Ok(keys)
     }
 }

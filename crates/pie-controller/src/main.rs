@@ -85,6 +85,7 @@ fn main() -> Result<()> {
         queue: Mutex::new(PriorityQueue::new(config.cluster.max_queued)),
         woken: Default::default(),
         api_keys: RwLock::new(config.server.api_keys()?),
+        max_registered_workers: config.cluster.max_registered_workers,
         trace: trace_recorder(&config)?,
         tokenizer,
         http: reqwest::Client::new(),

@@ -17,7 +17,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use futures_util::StreamExt;
-use pie_core::auth::{authenticate, ApiKey};
+use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+use pie_core::auth::{authenticate, ApiKey, KeyLimits, Role, ACT_AS_CLIENT, ACT_AS_ROLE};
 use pie_core::{PropValue, Props};
 use pie_model::{ChatMessage, Tokenizer};
 use pie_policy::cluster::{record, route, ClusterPolicy, PriorityQueue, RouteRequest};
@@ -27,7 +28,7 @@ use tokio::sync::oneshot;
 
 use crate::actors::{Actors, DemandGuard};
 use crate::metrics::{ControllerMetrics, RouteLabels};
-use crate::registry::{with_worker_key, Registry};
+use crate::registry::{with_worker_key, RegisterLimits, Registry};
 use crate::trace::TracedRequest;
 
 pub struct Controller {
@@ -45,21 +46,39 @@ pub struct Controller {
     pub worker_key: Option<String>,
     /// Client keys (`[server] api_keys`); empty: no authentication.
     pub api_keys: RwLock<Vec<ApiKey>>,
+    /// `[cluster] max_registered_workers`.
+    pub max_registered_workers: usize,
     /// `[server] trace_file`: routed OpenAI requests are recorded here.
     pub trace: Option<TraceRecorder>,
     /// The cluster actors named in `cluster_policies`, and what they see.
     pub actors: Actors,
 }
 
-/// The name of the client key that authenticated a request.
+/// The client key that authenticated a request (absent when the controller
+/// has no keys: then every caller may do everything).
 #[derive(Clone, Debug)]
-struct ClientName(String);
+struct ClientKey {
+    name: String,
+    role: Role,
+    limits: KeyLimits,
+}
 
-/// With client keys configured, every route but /health needs one (401 JSON).
+/// The role a controller route needs.
+fn required_role(path: &str) -> Role {
+    match path {
+        "/v1/cluster/register" | "/v1/cluster/actions" | "/v1/cluster/scale" => Role::Worker,
+        p if p.starts_with("/v1/admin/") => Role::Admin,
+        _ => Role::Client,
+    }
+}
+
+/// With client keys configured, every route but /health needs one (401 JSON),
+/// and the route's role (403 naming it).
 async fn auth(State(ctl): State<Shared>, mut req: Request, next: Next) -> Response {
-    let name = {
+    let path = req.uri().path().to_string();
+    let key = {
         let keys = ctl.api_keys.read().unwrap_or_else(|e| e.into_inner());
-        if keys.is_empty() || req.uri().path() == "/health" {
+        if keys.is_empty() || path == "/health" {
             None
         } else {
             let header = req
@@ -67,33 +86,73 @@ async fn auth(State(ctl): State<Shared>, mut req: Request, next: Next) -> Respon
                 .get("authorization")
                 .and_then(|v| v.to_str().ok());
             match authenticate(&keys, header) {
-                Ok(k) => Some(k.name.clone()),
+                Ok(k) => Some(ClientKey {
+                    name: k.name.clone(),
+                    role: k.role,
+                    limits: k.limits.clone(),
+                }),
                 Err(e) => return error(StatusCode::UNAUTHORIZED, e.to_string()),
             }
         }
     };
-    if let Some(name) = name {
-        req.extensions_mut().insert(ClientName(name));
+    if let Some(key) = key {
+        let need = required_role(&path);
+        let allowed = match need {
+            Role::Client => true,
+            Role::Worker => key.role.is_internal(),
+            Role::Admin => key.role == Role::Admin,
+        };
+        if !allowed {
+            return error(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "key `{}` may not call {path}: it needs a key with role `{}`",
+                    key.name,
+                    need.as_str()
+                ),
+            );
+        }
+        req.extensions_mut().insert(key);
     }
     next.run(req).await
 }
 
+/// Who a forwarded request is for, as the worker learns it from the
+/// `x-pie-client` headers (it trusts them from the controller's worker key).
+/// Without client keys the controller is open: its callers act as admin.
+fn acting_as(key: &Option<Extension<ClientKey>>) -> (String, Role) {
+    match key {
+        Some(Extension(k)) => (k.name.clone(), k.role),
+        None => ("anonymous".to_string(), Role::Admin),
+    }
+}
+
 impl Controller {
-    /// Add (or update) a worker; a new one gets a KV event follower.
+    /// Add (or update) a worker from the config; a new one gets a KV event
+    /// follower.
     pub fn add_worker(self: &Arc<Self>, name: &str, url: &str, group: Option<String>) {
-        if let Some(slot) = self.registry.register(name, url, group) {
-            let ctl = self.clone();
-            tokio::spawn(async move {
-                crate::kv_sync::follow(
-                    &ctl.registry,
-                    &ctl.http,
-                    ctl.worker_key.as_deref(),
-                    slot,
-                    &ctl.metrics,
-                )
-                .await
-            });
+        let limits = RegisterLimits {
+            max_registered: self.max_registered_workers,
+            may_rebind: true,
+        };
+        if let Ok(Some(slot)) = self.registry.register(name, url, group, None, limits) {
+            self.follow_kv_events(slot);
         }
+    }
+
+    /// Start following a new worker's KV event stream.
+    fn follow_kv_events(self: &Arc<Self>, slot: usize) {
+        let ctl = self.clone();
+        tokio::spawn(async move {
+            crate::kv_sync::follow(
+                &ctl.registry,
+                &ctl.http,
+                ctl.worker_key.as_deref(),
+                slot,
+                &ctl.metrics,
+            )
+            .await
+        });
     }
 
     /// Wake as many waiting requests as there are free running slots not yet
@@ -271,7 +330,10 @@ async fn metrics(State(ctl): State<Shared>) -> Response {
         .into_response()
 }
 
-async fn cluster(State(ctl): State<Shared>) -> Json<Value> {
+async fn cluster(State(ctl): State<Shared>, key: Option<Extension<ClientKey>>) -> Json<Value> {
+    if matches!(&key, Some(Extension(k)) if k.role == Role::Client) {
+        return Json(client_view_of_cluster(&ctl));
+    }
     let (names, sessions) = {
         let pipeline = ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner());
         let names: Vec<&str> = pipeline.iter().map(|p| p.name()).collect();
@@ -291,30 +353,86 @@ async fn cluster(State(ctl): State<Shared>) -> Json<Value> {
     }))
 }
 
-async fn register(State(ctl): State<Shared>, Json(body): Json<Value>) -> Response {
+/// What a client key sees of the cluster: workers' health and load, not their
+/// addresses, sessions, actors or cache contents.
+fn client_view_of_cluster(ctl: &Controller) -> Value {
+    let workers: Vec<Value> = ctl
+        .registry
+        .snapshot()
+        .iter()
+        .map(|w| json!({"name": w.name, "healthy": w.healthy, "load": w.load}))
+        .collect();
+    json!({"workers": workers})
+}
+
+/// Longest worker name registration accepts.
+const MAX_WORKER_NAME: usize = 64;
+
+/// A registration's body, checked: a worker name usable in `WORKER~ID` ids and
+/// an http(s) URL.
+fn registration(body: &Value) -> Result<(String, String, Option<String>), String> {
     let group = match &body["group"] {
         Value::Null => None,
         Value::String(g) if !g.is_empty() => Some(g.clone()),
-        _ => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "register: `group` must be a non-empty string",
-            )
-        }
+        _ => return Err("register: `group` must be a non-empty string".into()),
     };
-    match (body["name"].as_str(), body["url"].as_str()) {
-        (Some(name), Some(url)) if !name.is_empty() && url.starts_with("http") => {
-            ctl.add_worker(name, url, group);
+    let usage = "register needs {\"name\": ..., \"url\": \"http://...\"} (optional \"group\")";
+    let (Some(name), Some(url)) = (body["name"].as_str(), body["url"].as_str()) else {
+        return Err(usage.into());
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= MAX_WORKER_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if !name_ok {
+        return Err(format!(
+            "register: `name` must be 1 to {MAX_WORKER_NAME} characters of a-z, A-Z, 0-9, `-`, `_`, `.`"
+        ));
+    }
+    match reqwest::Url::parse(url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.has_host() => {}
+        _ => {
+            return Err(format!(
+                "register: `url` must be an http(s) URL, got `{url}`"
+            ))
+        }
+    }
+    Ok((name.to_string(), url.to_string(), group))
+}
+
+/// Registration (a worker's heartbeat): the name is bound to the key that
+/// first registered it.
+async fn register(
+    State(ctl): State<Shared>,
+    key: Option<Extension<ClientKey>>,
+    Json(body): Json<Value>,
+) -> Response {
+    let (name, url, group) = match registration(&body) {
+        Ok(r) => r,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
+    let (by, role) = acting_as(&key);
+    let limits = RegisterLimits {
+        max_registered: ctl.max_registered_workers,
+        may_rebind: role == Role::Admin && key.is_some(),
+    };
+    match ctl.registry.register(&name, &url, group, Some(&by), limits) {
+        Ok(new_slot) => {
+            if let Some(slot) = new_slot {
+                ctl.follow_kv_events(slot);
+            }
             Json(json!({"registered": name})).into_response()
         }
-        _ => error(
-            StatusCode::BAD_REQUEST,
-            "register needs {\"name\": ..., \"url\": \"http://...\"} (optional \"group\")",
-        ),
+        Err(message) => error(StatusCode::FORBIDDEN, message),
     }
 }
 
-async fn models(State(ctl): State<Shared>, headers: HeaderMap) -> Response {
+async fn models(
+    State(ctl): State<Shared>,
+    key: Option<Extension<ClientKey>>,
+    headers: HeaderMap,
+) -> Response {
     let Some((_, url)) = ctl.registry.views(&[], false).into_iter().next() else {
         return error(StatusCode::SERVICE_UNAVAILABLE, "no healthy worker");
     };
@@ -323,22 +441,31 @@ async fn models(State(ctl): State<Shared>, headers: HeaderMap) -> Response {
         Method::GET,
         &format!("{url}/v1/models"),
         &headers,
+        &acting_as(&key),
         Bytes::new(),
     )
     .await
     .unwrap_or_else(|e| error(StatusCode::BAD_GATEWAY, e))
 }
 
-/// Set the body's `props.client` to `name`; the new body.
-fn with_client_prop(json: &mut Value, name: String) -> Result<Bytes, String> {
+/// A client key's request props checked against its limits (the key's weight
+/// filled in) and its `client` prop set, written back into the body; the new
+/// body. Workers trust these props from the controller's worker key.
+fn with_client_props(json: &mut Value, key: &ClientKey) -> Result<Bytes, String> {
     let Some(obj) = json.as_object_mut() else {
         return Err("the body must be a JSON object".into());
     };
-    let props = obj.entry("props").or_insert_with(|| json!({}));
-    let Some(props) = props.as_object_mut() else {
-        return Err("`props` must be an object".into());
-    };
-    props.insert("client".into(), Value::String(name));
+    let props_json = obj.entry("props").or_insert_with(|| json!({}));
+    let mut props = Props::from_json(props_json).map_err(|e| e.to_string())?;
+    if key.role == Role::Client {
+        key.limits
+            .apply(&key.name, &mut props)
+            .map_err(|e| e.to_string())?;
+    }
+    props
+        .set("client", PropValue::Str(key.name.clone()))
+        .map_err(|e| e.to_string())?;
+    *props_json = serde_json::to_value(&props).map_err(|e| e.to_string())?;
     serde_json::to_vec(json)
         .map(Bytes::from)
         .map_err(|e| e.to_string())
@@ -388,7 +515,7 @@ fn route_inputs(ctl: &Controller, path: &str, body: &Value) -> Result<(Vec<u32>,
 
 async fn generate(
     State(ctl): State<Shared>,
-    client: Option<Extension<ClientName>>,
+    client: Option<Extension<ClientKey>>,
     method: Method,
     uri: axum::http::Uri,
     headers: HeaderMap,
@@ -400,13 +527,14 @@ async fn generate(
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("body is not JSON: {e}")),
     };
     // The authenticated client is who the workers' fair share counts.
-    let body = match client {
-        Some(Extension(ClientName(name))) => match with_client_prop(&mut json, name) {
+    let body = match &client {
+        Some(Extension(key)) => match with_client_props(&mut json, key) {
             Ok(body) => body,
             Err(message) => return error(StatusCode::BAD_REQUEST, message),
         },
         None => body,
     };
+    let acting = acting_as(&client);
     let (tokens, props) = match route_inputs(&ctl, &path, &json) {
         Ok(v) => v,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
@@ -466,6 +594,7 @@ async fn generate(
             method.clone(),
             &format!("{url}{path}"),
             &headers,
+            &acting,
             body.clone(),
         )
         .await;
@@ -540,9 +669,15 @@ async fn send(
     method: Method,
     url: &str,
     headers: &HeaderMap,
+    (client, role): &(String, Role),
     body: Bytes,
 ) -> Result<Upstream, String> {
-    let mut req = ctl.http.request(method, url).body(body);
+    let mut req = ctl
+        .http
+        .request(method, url)
+        .header(ACT_AS_CLIENT, client)
+        .header(ACT_AS_ROLE, role.as_str())
+        .body(body);
     if let Some(ct) = headers.get("content-type") {
         req = req.header("content-type", ct);
     }
@@ -599,9 +734,10 @@ async fn forward(
     method: Method,
     url: &str,
     headers: &HeaderMap,
+    acting: &(String, Role),
     body: Bytes,
 ) -> Result<Response, String> {
-    send(ctl, method, url, headers, body)
+    send(ctl, method, url, headers, acting, body)
         .await
         .map(Upstream::into_response)
 }
@@ -622,28 +758,45 @@ async fn qualify_id(resp: Response, worker: &str) -> Response {
 
 async fn on_process(
     State(ctl): State<Shared>,
+    key: Option<Extension<ClientKey>>,
     method: Method,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    to_owner(&ctl, method, &id, "", &headers, body).await
+    let acting = acting_as(&key);
+    to_owner(&ctl, method, &id, "", &headers, &acting, body).await
 }
 
 async fn on_process_events(
     State(ctl): State<Shared>,
+    key: Option<Extension<ClientKey>>,
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    to_owner(&ctl, Method::GET, &id, "/events", &headers, Bytes::new()).await
+    let acting = acting_as(&key);
+    to_owner(
+        &ctl,
+        Method::GET,
+        &id,
+        "/events",
+        &headers,
+        &acting,
+        Bytes::new(),
+    )
+    .await
 }
 
+/// A `WORKER~ID` process route, forwarded to its worker for the caller: the
+/// worker answers 404 for a process the caller does not own. The id is
+/// percent-encoded into the upstream path, so it can only name a process.
 async fn to_owner(
     ctl: &Controller,
     method: Method,
     id: &str,
     suffix: &str,
     headers: &HeaderMap,
+    acting: &(String, Role),
     body: Bytes,
 ) -> Response {
     let Some((worker, local)) = id.split_once('~') else {
@@ -658,11 +811,13 @@ async fn to_owner(
             format!("no worker `{worker}` for process `{id}`"),
         );
     };
+    let local = utf8_percent_encode(local, NON_ALPHANUMERIC);
     forward(
         ctl,
         method,
         &format!("{url}/v1/processes/{local}{suffix}"),
         headers,
+        acting,
         body,
     )
     .await

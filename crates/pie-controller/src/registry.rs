@@ -46,11 +46,16 @@ pub struct Worker {
     pub fingerprint: u64,
     /// Routed here since start.
     pub routed: u64,
+    /// The key that registered it (its name is bound to that key); None for a
+    /// worker from the controller's config.
+    #[serde(skip)]
+    pub registered_by: Option<String>,
 }
 
 impl Worker {
     fn new(slot: usize, name: &str, url: &str, group: Option<String>) -> Self {
         Self {
+            registered_by: None,
             name: name.into(),
             url: url.trim_end_matches('/').into(),
             slot,
@@ -78,6 +83,14 @@ impl Worker {
     }
 }
 
+/// What a registration may do (see `Registry::register`).
+#[derive(Clone, Copy, Debug)]
+pub struct RegisterLimits {
+    pub max_registered: usize,
+    /// An admin may re-point a name registered by another key.
+    pub may_rebind: bool,
+}
+
 #[derive(Default)]
 pub struct Registry {
     workers: RwLock<Vec<Worker>>,
@@ -99,22 +112,43 @@ impl Registry {
         ws
     }
 
-    /// Add or update a worker (dynamic registration and heartbeats). Returns
+    /// Add or update a worker. `by` is the key registering it (None: the
+    /// controller's config). A name stays bound to the key that first
+    /// registered it: another key (but an admin, `may_rebind`) cannot re-point
+    /// it, and at most `max_registered` workers come from registration. Returns
     /// the new worker's slot when it was not known before.
-    pub fn register(&self, name: &str, url: &str, group: Option<String>) -> Option<usize> {
+    pub fn register(
+        &self,
+        name: &str,
+        url: &str,
+        group: Option<String>,
+        by: Option<&str>,
+        limits: RegisterLimits,
+    ) -> Result<Option<usize>, String> {
         let mut ws = self.workers.write().unwrap_or_else(|e| e.into_inner());
-        match ws.iter_mut().find(|w| w.name == name) {
-            Some(w) => {
-                w.url = url.trim_end_matches('/').into();
-                w.group = group;
-                None
+        if let Some(w) = ws.iter_mut().find(|w| w.name == name) {
+            if w.registered_by.as_deref() != by && !limits.may_rebind {
+                return Err(match &w.registered_by {
+                    None => format!("worker `{name}` is in the controller's config"),
+                    Some(_) => format!("worker `{name}` is registered by another key"),
+                });
             }
-            None => {
-                let slot = ws.len();
-                ws.push(Worker::new(slot, name, url, group));
-                Some(slot)
-            }
+            w.url = url.trim_end_matches('/').into();
+            w.group = group;
+            return Ok(None);
         }
+        let registered = ws.iter().filter(|w| w.registered_by.is_some()).count();
+        if by.is_some() && registered >= limits.max_registered {
+            return Err(format!(
+                "{registered} workers are registered, the most this controller takes \
+                 (cluster.max_registered_workers)"
+            ));
+        }
+        let slot = ws.len();
+        let mut worker = Worker::new(slot, name, url, group);
+        worker.registered_by = by.map(String::from);
+        ws.push(worker);
+        Ok(Some(slot))
     }
 
     pub fn url_of(&self, name: &str) -> Option<String> {
@@ -277,7 +311,12 @@ mod tests {
         let r = Registry::default();
         for (i, &(busy, max_running)) in slots.iter().enumerate() {
             let name = format!("w{i}");
-            r.register(&name, "http://127.0.0.1:1", None);
+            let limits = RegisterLimits {
+                max_registered: 0,
+                may_rebind: false,
+            };
+            r.register(&name, "http://127.0.0.1:1", None, None, limits)
+                .unwrap();
             r.update(&name, |w| {
                 w.healthy = true;
                 w.running = busy;

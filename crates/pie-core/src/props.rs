@@ -50,6 +50,7 @@ pub const KNOWN_PROPS: &[(&str, PropType)] = &[
     ("weight", PropType::Float),
     ("session", PropType::Str),
     ("pin", PropType::Str),
+    ("persist", PropType::Bool),
 ];
 
 /// A prop that breaks the rules, with the key that does.

@@ -1,28 +1,42 @@
 //! `fair`: fair share across clients with a virtual token counter (VTC; Sheng et
-//! al., "Fairness in Serving Large Language Models", OSDI 2024).
+//! al., "Fairness in Serving Large Language Models", OSDI 2024), and max-min
+//! fair running slots.
 //!
 //! Rule: each client has a counter. Serving a sequence charges its client
 //! `input_weight` per prompt token computed and `output_weight` per generated
-//! token, divided by the client's `weight` prop. Running sequences (those
-//! holding pages) go first, then waiting ones; within each, the client with the
-//! smallest counter first, FCFS within a client. So fairness decides admission,
-//! as in VTC, and never displaces a running sequence: an order that follows the
-//! service charged flips between two sequences as they are served, and if
-//! either could preempt the other for pages, both would be recomputed forever
-//! (found by the engine-vs-simulator property test). The order is
-//! work-conserving: every runnable sequence stays in it. When a client goes from no
-//! runnable work to some, its counter is lifted to `max(own, min over the clients
-//! that already have work)`, so idling earns no credit.
-//! Props read: `weight` (float > 0, default 1). The client comes from the request.
+//! token, divided by the client's `weight` prop. The worker's `max_running`
+//! slots are divided max-min fairly by demand (each client's sequences on the
+//! worker): a client asking for less than an equal split gets all it asks, the
+//! rest is split among the others. A client's sequences within its slot share
+//! (running ones first, then by arrival) go before every sequence beyond a
+//! share, and a waiting sequence within its share takes the slot of a running
+//! one beyond another's (preempts for slots): so a light client below its
+//! share gets all of its demand at once, without waiting for a flooder's
+//! sequence to finish. Within each of the two groups, running sequences go
+//! first, then waiting ones; among those, the client with the smallest counter
+//! first, FCFS within a client. Running first keeps progress: an order that
+//! follows the service charged flips between two sequences as they are served,
+//! and if either could preempt the other for pages, both would be recomputed
+//! forever (found by the engine-vs-simulator property test). The order is
+//! work-conserving: every runnable sequence stays in it, slots beyond the
+//! shares go to the sequences beyond a share. When a client goes from no
+//! runnable work to some, its counter is lifted to `max(own, min over the
+//! clients that already have work)`, so idling earns no credit.
+//! Props read: `weight` (float > 0, default 1; a client key's limits cap it).
+//! The client comes from the request.
 //! Config keys: `[runtime.fair] input_weight` (default 1), `output_weight` (2).
 //! Invariant (tested): for two backlogged clients, the weighted service difference
 //! stays within `2 * max(input_weight * max_input_len, output_weight * max_batch_tokens)`;
-//! a client sending ten times more requests gets no more service; the lift holds.
+//! a client sending ten times more requests gets no more service; the lift
+//! holds; a light client (2 sequences) beside a flooder (12) on 4 slots gets
+//! half of the tokens (`scheduler/tests.rs`).
 
 use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+
+use pie_core::SeqId;
 
 use crate::worker::{Candidate, WorkerPolicy};
 
@@ -48,6 +62,8 @@ pub struct Fair {
     counters: HashMap<String, f64>,
     /// Clients that had runnable work at the last ordering.
     active: HashSet<String>,
+    /// The worker's running slots, divided among clients (unbounded until told).
+    max_running: Option<usize>,
 }
 
 impl Fair {
@@ -82,6 +98,42 @@ fn weight(c: &Candidate) -> f64 {
     c.props.float("weight").filter(|w| *w > 0.0).unwrap_or(1.0)
 }
 
+/// Max-min fair division of `slots` among clients by their demand: in order
+/// of demand, each gets the smaller of its demand and an equal split of what
+/// is left (whole slots; a remainder stays undivided).
+fn slot_shares<'a>(demand: &HashMap<&'a str, usize>, slots: usize) -> HashMap<&'a str, usize> {
+    let mut by_demand: Vec<(&str, usize)> = demand.iter().map(|(c, n)| (*c, *n)).collect();
+    by_demand.sort_by_key(|&(client, n)| (n, client));
+    let mut left = slots;
+    let count = by_demand.len();
+    by_demand
+        .into_iter()
+        .enumerate()
+        .map(|(i, (client, n))| {
+            let share = n.min(left / (count - i));
+            left -= share;
+            (client, share)
+        })
+        .collect()
+}
+
+/// The sequences beyond their client's slot share: a client's running
+/// sequences count first, then its waiting ones by arrival.
+fn beyond_share(candidates: &[Candidate], slots: usize) -> HashSet<SeqId> {
+    let mut mine: HashMap<&str, Vec<&Candidate>> = HashMap::new();
+    for c in candidates {
+        mine.entry(c.client.as_str()).or_default().push(c);
+    }
+    let demand = mine.iter().map(|(c, seqs)| (*c, seqs.len())).collect();
+    let shares = slot_shares(&demand, slots);
+    let mut beyond = HashSet::new();
+    for (client, mut seqs) in mine {
+        seqs.sort_by_key(|c| (!c.running, c.arrival_ms, c.seq));
+        beyond.extend(seqs[shares[client]..].iter().map(|c| c.seq));
+    }
+    beyond
+}
+
 impl WorkerPolicy for Fair {
     fn name(&self) -> &'static str {
         "fair"
@@ -90,15 +142,25 @@ impl WorkerPolicy for Fair {
     fn order(&mut self, _now_ms: u64, candidates: &mut [Candidate]) {
         let present: HashSet<&str> = candidates.iter().map(|c| c.client.as_str()).collect();
         self.lift_newcomers(&present);
+        let beyond = beyond_share(candidates, self.max_running.unwrap_or(usize::MAX));
         // Counters are never negative, so their bit patterns sort like their values.
         candidates.sort_by_cached_key(|c| {
             (
+                beyond.contains(&c.seq),
                 !c.running,
                 self.counter(&c.client).to_bits(),
                 c.arrival_ms,
                 c.seq,
             )
         });
+    }
+
+    fn preempts_for_slots(&self) -> bool {
+        true
+    }
+
+    fn set_max_running(&mut self, max_running: usize) {
+        self.max_running = Some(max_running);
     }
 
     fn charge(&mut self, c: &Candidate, prefill_tokens: usize, generated_tokens: usize) {

@@ -7,8 +7,8 @@
 //! in the page export format; the local worker imports them and decodes. A failed
 //! or slow peer means the prefill runs locally: offload never fails a request.
 //! Props read: none. Config keys: `[runtime.offload] peers` (URLs), `queue_tokens`
-//! (default 2048), `wait_ms` (default 2000), `timeout_ms` (default 10000), `key`
-//! (the peers' API key).
+//! (default 2048), `wait_ms` (default 2000), `timeout_ms` (default 10000). The
+//! worker calls its peers with its one worker key (`[server] worker_key`).
 //! Invariant (tested): offload exactly when over either threshold and a peer exists.
 
 use serde::{Deserialize, Serialize};
@@ -20,7 +20,6 @@ pub struct OffloadConfig {
     pub queue_tokens: usize,
     pub wait_ms: u64,
     pub timeout_ms: u64,
-    pub key: Option<String>,
 }
 
 impl Default for OffloadConfig {
@@ -30,7 +29,6 @@ impl Default for OffloadConfig {
             queue_tokens: 2048,
             wait_ms: 2000,
             timeout_ms: 10_000,
-            key: None,
         }
     }
 }

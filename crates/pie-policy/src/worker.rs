@@ -40,6 +40,10 @@ pub trait WorkerPolicy: Send {
         false
     }
 
+    /// The worker's `max_running`, for a policy that divides running slots
+    /// among clients (the scheduler tells it before the first order).
+    fn set_max_running(&mut self, _max_running: usize) {}
+
     /// Whether the sequence should be stopped now (e.g. its deadline passed).
     fn abort(&self, _now_ms: u64, _candidate: &Candidate) -> bool {
         false

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
 use futures_util::stream::{self, Stream, StreamExt};
-use pie_core::{PropError, Props};
+use pie_core::{PropError, PropValue, Props};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio_stream::wrappers::BroadcastStream;
@@ -21,6 +21,7 @@ use tokio_stream::wrappers::BroadcastStream;
 use crate::config::ApiKey;
 use crate::process::{ProcEvent, ProcState, Process};
 use crate::runtime::{GenOptions, Inferlet, LaunchError, Prompt, Runtime};
+use pie_core::auth::{Caller, KeyLimits, Role, ACT_AS_CLIENT, ACT_AS_ROLE};
 
 /// Shared server state: the runtime appears once the model has loaded.
 #[derive(Clone)]
@@ -131,12 +132,34 @@ fn json_rejection(rejection: JsonRejection) -> ApiError {
     ApiError::new(status, message)
 }
 
-/// The API key that authenticated the request.
+/// The API key that authenticated a request (absent when no keys are configured).
 #[derive(Clone, Debug)]
-pub struct KeyName {
+pub struct Authed {
     pub name: String,
-    /// A controller's key: the request's `client` prop names the client.
-    pub forwards_client: bool,
+    pub role: Role,
+    pub limits: KeyLimits,
+    /// A worker key's request made for a client (a controller forwarding):
+    /// that client's name and role, from the `x-pie-client` headers.
+    pub acting_for: Option<(String, Role)>,
+}
+
+/// The role a route needs, by its path.
+fn required_role(path: &str) -> Role {
+    if path.starts_with("/v1/admin/") {
+        Role::Admin
+    } else if path.starts_with("/v1/internal/") || path == "/v1/policies" {
+        Role::Worker
+    } else {
+        Role::Client
+    }
+}
+
+fn forbidden(path: &str, name: &str, need: Role) -> Response {
+    let message = format!(
+        "key `{name}` may not call {path}: it needs a key with role `{}`",
+        need.as_str()
+    );
+    ApiError::new(StatusCode::FORBIDDEN, message).into_response()
 }
 
 async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
@@ -145,33 +168,99 @@ async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Re
         .read()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
-    if keys.is_empty() || req.uri().path() == "/health" {
+    let path = req.uri().path().to_string();
+    if keys.is_empty() || path == "/health" {
         return next.run(req).await;
     }
     let header = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    match pie_core::auth::authenticate(&keys, header) {
-        Ok(k) => {
-            let key = KeyName {
-                name: k.name.clone(),
-                forwards_client: k.forwards_client,
-            };
-            req.extensions_mut().insert(key);
-            next.run(req).await
-        }
-        Err(e) => ApiError::new(StatusCode::UNAUTHORIZED, e.to_string()).into_response(),
+    let key = match pie_core::auth::authenticate(&keys, header) {
+        Ok(k) => k,
+        Err(e) => return ApiError::new(StatusCode::UNAUTHORIZED, e.to_string()).into_response(),
+    };
+    let need = required_role(&path);
+    let allowed = match need {
+        Role::Client => true,
+        Role::Worker => key.role.is_internal(),
+        Role::Admin => key.role == Role::Admin,
+    };
+    if !allowed {
+        return forbidden(&path, &key.name, need);
+    }
+    let acting_for = (key.role == Role::Worker)
+        .then(|| acting_for(req.headers()))
+        .flatten();
+    req.extensions_mut().insert(Authed {
+        name: key.name.clone(),
+        role: key.role,
+        limits: key.limits.clone(),
+        acting_for,
+    });
+    next.run(req).await
+}
+
+/// The client a controller says it acts for; its role defaults to `client`.
+fn acting_for(headers: &axum::http::HeaderMap) -> Option<(String, Role)> {
+    let client = headers.get(ACT_AS_CLIENT)?.to_str().ok()?.to_string();
+    let role = headers
+        .get(ACT_AS_ROLE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(Role::parse)
+        .filter(|r| *r != Role::Worker)
+        .unwrap_or(Role::Client);
+    Some((client, role))
+}
+
+/// Who is asking, for ownership: a worker key acting for a client is that client.
+pub fn caller_of(auth: &Option<Extension<Authed>>) -> Caller {
+    match auth {
+        None => Caller::Open,
+        Some(Extension(a)) => match &a.acting_for {
+            Some((client, role)) => Caller::Key {
+                name: client.clone(),
+                role: *role,
+            },
+            None => Caller::Key {
+                name: a.name.clone(),
+                role: a.role,
+            },
+        },
     }
 }
 
-/// Client of a process: the API key's name (or, for a key that forwards
-/// clients, the `client` prop), else the `client` prop, else "anonymous".
-pub fn client_of(key: &Option<Extension<KeyName>>, props: &Props) -> String {
-    match key {
-        Some(Extension(k)) if !k.forwards_client => k.name.clone(),
-        Some(Extension(k)) => props.str("client").unwrap_or(&k.name).to_string(),
-        None => props.str("client").unwrap_or("anonymous").to_string(),
+/// The client a new process belongs to, with its props checked against the
+/// key's limits: a client key is its own client; a worker key (a controller)
+/// names the client it forwards in the `client` prop, after applying that
+/// client's limits; with no keys configured the `client` prop names it. With
+/// keys, the `client` prop is set to the client, so policies and views agree.
+pub fn client_of(auth: &Option<Extension<Authed>>, props: &mut Props) -> Result<String, ApiError> {
+    let client = resolve_client(auth, props)?;
+    if auth.is_some() {
+        props.set("client", PropValue::Str(client.clone()))?;
+    }
+    Ok(client)
+}
+
+fn resolve_client(auth: &Option<Extension<Authed>>, props: &mut Props) -> Result<String, ApiError> {
+    let Some(Extension(a)) = auth else {
+        return Ok(props.str("client").unwrap_or("anonymous").to_string());
+    };
+    match (a.role, &a.acting_for) {
+        (Role::Worker, acting) => {
+            let acting = acting.as_ref().map(|(client, _)| client.as_str());
+            Ok(props
+                .str("client")
+                .or(acting)
+                .unwrap_or(&a.name)
+                .to_string())
+        }
+        (Role::Client, _) => {
+            a.limits.apply(&a.name, props)?;
+            Ok(a.name.clone())
+        }
+        (Role::Admin, _) => Ok(a.name.clone()),
     }
 }
 
@@ -470,11 +559,11 @@ pub fn props_of(value: Option<&Value>) -> Result<Props, ApiError> {
 
 async fn launch_process(
     State(state): State<AppState>,
-    key: Option<Extension<KeyName>>,
+    auth: Option<Extension<Authed>>,
     ApiJson(body): ApiJson<LaunchBody>,
 ) -> Result<Response, ApiError> {
     let rt = state.runtime()?;
-    let props = props_of(body.props.as_ref())?;
+    let mut props = props_of(body.props.as_ref())?;
     let (inferlet, opts) = match body.inferlet.as_str() {
         "text-completion" => {
             let a: TextArgs = parse_args(&body.inferlet, body.args)?;
@@ -502,24 +591,44 @@ async fn launch_process(
             .param("inferlet"))
         }
     };
-    let client = client_of(&key, &props);
+    let client = client_of(&auth, &mut props)?;
     let (process, _) = rt.launch(inferlet, opts, props, client)?;
     Ok((StatusCode::CREATED, Json(json!({"id": process.id}))).into_response())
 }
 
-fn find(rt: &Runtime, id: &str) -> Result<Arc<Process>, ApiError> {
-    rt.process(id).ok_or_else(|| {
-        ApiError::new(StatusCode::NOT_FOUND, format!("no process `{id}`")).param("id")
-    })
+/// The process `id` if the caller may see it: another client's process is as
+/// absent as one that never existed (404 either way).
+fn find(
+    rt: &Runtime,
+    id: &str,
+    auth: &Option<Extension<Authed>>,
+) -> Result<Arc<Process>, ApiError> {
+    let caller = caller_of(auth);
+    rt.process(id)
+        .filter(|p| caller.may_access(&p.client))
+        .ok_or_else(|| {
+            ApiError::new(StatusCode::NOT_FOUND, format!("no process `{id}`")).param("id")
+        })
 }
+
+/// Most processes one page of `GET /v1/processes` holds.
+const MAX_PAGE: usize = 1000;
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ListQuery {
     state: Option<String>,
+    /// Processes per page (default 100, at most `MAX_PAGE`).
+    limit: Option<usize>,
+    /// The last id of the previous page: this page starts after it.
+    after: Option<String>,
 }
 
+/// The caller's processes, oldest first, a page at a time (OpenAI's list shape:
+/// `has_more`, `first_id`, `last_id`; pass `after=LAST_ID` for the next page).
 async fn list_processes(
     State(state): State<AppState>,
+    auth: Option<Extension<Authed>>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let rt = state.runtime()?;
@@ -532,21 +641,50 @@ async fn list_processes(
             .param("state")
         })?),
     };
-    let list: Vec<Value> = rt
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(
+            ApiError::bad_request(format!("limit must be 1 to {MAX_PAGE}, got {limit}"))
+                .param("limit"),
+        );
+    }
+    let caller = caller_of(&auth);
+    let visible: Vec<Arc<Process>> = rt
         .processes()
-        .iter()
+        .into_iter()
+        .filter(|p| caller.may_access(&p.client))
         .filter(|p| filter.is_none_or(|f| p.state() == f))
+        .collect();
+    let start = match &q.after {
+        None => 0,
+        Some(after) => {
+            visible.iter().position(|p| p.id == *after).ok_or_else(|| {
+                ApiError::bad_request(format!("after: no process `{after}` in this list"))
+                    .param("after")
+            })? + 1
+        }
+    };
+    let page = &visible[start..(start + limit).min(visible.len())];
+    let data: Vec<Value> = page
+        .iter()
         .map(|p| serde_json::to_value(p.view()).unwrap_or(Value::Null))
         .collect();
-    Ok(Json(json!({"object": "list", "data": list})))
+    Ok(Json(json!({
+        "object": "list",
+        "data": data,
+        "has_more": start + page.len() < visible.len(),
+        "first_id": page.first().map(|p| &p.id),
+        "last_id": page.last().map(|p| &p.id),
+    })))
 }
 
 async fn get_process(
     State(state): State<AppState>,
     Path(id): Path<String>,
+    auth: Option<Extension<Authed>>,
 ) -> Result<Json<Value>, ApiError> {
     let rt = state.runtime()?;
-    let p = find(&rt, &id)?;
+    let p = find(&rt, &id, &auth)?;
     Ok(Json(serde_json::to_value(p.view()).unwrap_or(Value::Null)))
 }
 
@@ -559,10 +697,11 @@ struct PatchBody {
 async fn patch_process(
     State(state): State<AppState>,
     Path(id): Path<String>,
+    auth: Option<Extension<Authed>>,
     ApiJson(body): ApiJson<PatchBody>,
 ) -> Result<Json<Value>, ApiError> {
     let rt = state.runtime()?;
-    let p = find(&rt, &id)?;
+    let p = find(&rt, &id, &auth)?;
     let props = rt.patch_props(&p, &body.props)?;
     Ok(Json(json!({"id": p.id, "props": props})))
 }
@@ -570,9 +709,10 @@ async fn patch_process(
 async fn kill_process(
     State(state): State<AppState>,
     Path(id): Path<String>,
+    auth: Option<Extension<Authed>>,
 ) -> Result<Json<Value>, ApiError> {
     let rt = state.runtime()?;
-    let p = find(&rt, &id)?;
+    let p = find(&rt, &id, &auth)?;
     let killed = rt.kill(&p);
     Ok(Json(
         json!({"id": p.id, "killed": killed, "state": p.state()}),
@@ -584,9 +724,10 @@ async fn kill_process(
 async fn process_events(
     State(state): State<AppState>,
     Path(id): Path<String>,
+    auth: Option<Extension<Authed>>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let rt = state.runtime()?;
-    let p = find(&rt, &id)?;
+    let p = find(&rt, &id, &auth)?;
     Ok(Sse::new(watch_events(&p).map(native_event)).keep_alive(KeepAlive::default()))
 }
 

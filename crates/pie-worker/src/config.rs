@@ -29,6 +29,10 @@ pub struct ServerConfig {
     /// Record finished requests here as a Mooncake-format JSONL trace (lengths,
     /// 512-token block ids and props; never token ids). Unset: no trace.
     pub trace_file: Option<PathBuf>,
+    /// The key this worker presents when it calls peers (offload), a pool or a
+    /// controller (registration): a key with role `worker` there. The
+    /// environment's `PIE_WORKER_KEY` takes precedence.
+    pub worker_key: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -41,6 +45,7 @@ impl Default for ServerConfig {
             max_queued: 256,
             max_body_bytes: 1 << 20,
             trace_file: None,
+            worker_key: None,
         }
     }
 }
@@ -90,7 +95,26 @@ impl Config {
                 })?;
             keys.extend(from_file);
         }
+        pie_core::auth::check_keys(&keys).map_err(|message| ConfigError {
+            location: "server.api_keys".into(),
+            message,
+        })?;
         Ok(keys)
+    }
+
+    /// The key this worker presents to peers, pools and controllers.
+    pub fn worker_key(&self) -> Result<Option<String>, ConfigError> {
+        if std::env::var_os("PIE_CONTROLLER_KEY").is_some() {
+            return Err(ConfigError {
+                location: "PIE_CONTROLLER_KEY".into(),
+                message: "replaced by PIE_WORKER_KEY (or [server] worker_key): one worker key for \
+                          the controller, peers and pools"
+                    .into(),
+            });
+        }
+        Ok(std::env::var("PIE_WORKER_KEY")
+            .ok()
+            .or_else(|| self.server.worker_key.clone()))
     }
 
     /// KV pool pages for a model whose page takes `page_bytes`.
@@ -114,8 +138,15 @@ host = "127.0.0.1"
 port = 8080
 # Named API keys. When any are set, every route but /health needs
 # `Authorization: Bearer KEY`; the key's name is the process's client.
-# api_keys = [{ name = "alice", key = "sk-alice-secret" }]
-# api_keys_file = "keys.txt"      # lines of `name key`
+# role: "client" (default: its own processes only), "worker" (internal
+# routes; what a controller or peer presents), "admin" (everything).
+# limits (client keys): weight (default 1), max_priority, max_keep_ms,
+# min_deadline_ms, pin (default true), persist (default false), cache_salt.
+# api_keys = [{ name = "alice", key = "sk-alice-secret" },
+#             { name = "ctl", key = "sk-ctl", role = "worker" },
+#             { name = "bob", key = "sk-bob", limits = { max_priority = 5 } }]
+# api_keys_file = "keys.txt"      # lines of `name key [role] [limit=value ...]`
+# worker_key = "sk-w1"            # presented to peers and the controller (or PIE_WORKER_KEY)
 max_queued = 256                   # processes waiting to start; beyond: 429
 max_body_bytes = 1048576           # beyond: 413
 # trace_file = "trace.jsonl"       # record finished requests (lengths, block ids, props; no tokens)
@@ -151,7 +182,6 @@ peers = []                         # peer worker URLs for prefill offload
 queue_tokens = 2048                # offload when waiting prefill tokens exceed this
 wait_ms = 2000                     # ... or the estimated prefill wait exceeds this
 timeout_ms = 10000                 # a slower peer is abandoned (prefill runs locally)
-# key = "sk-peer"                 # API key the peers accept
 "#;
 
 #[cfg(test)]

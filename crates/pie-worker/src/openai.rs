@@ -20,8 +20,7 @@ use serde_json::{json, Value};
 use tokio_stream::wrappers::BroadcastStream;
 
 use crate::api::{
-    client_of, events_until_done, props_of, ApiError, ApiJson, AppState, GenArgs, KeyName,
-    PromptArg,
+    client_of, events_until_done, props_of, ApiError, ApiJson, AppState, Authed, GenArgs, PromptArg,
 };
 use crate::process::{now_ms, ProcEvent, ProcState, Process, Usage};
 use crate::runtime::{Inferlet, Runtime};
@@ -173,7 +172,7 @@ pub async fn models(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
 
 pub async fn completions(
     State(state): State<AppState>,
-    key: Option<Extension<KeyName>>,
+    auth: Option<Extension<Authed>>,
     ApiJson(req): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     let prompt = req.prompt.into_prompt()?;
@@ -181,7 +180,7 @@ pub async fn completions(
     common.gen.max_tokens = common.gen.max_tokens.or(Some(16));
     serve(
         state,
-        key,
+        auth,
         Inferlet::TextCompletion { prompt },
         common,
         Kind::Completion,
@@ -191,7 +190,7 @@ pub async fn completions(
 
 pub async fn chat_completions(
     State(state): State<AppState>,
-    key: Option<Extension<KeyName>>,
+    auth: Option<Extension<Authed>>,
     ApiJson(req): ApiJson<ChatRequest>,
 ) -> Result<Response, ApiError> {
     if req.messages.is_empty() {
@@ -207,7 +206,7 @@ pub async fn chat_completions(
     // OpenAI clients send the whole conversation each turn: no server-side history.
     serve(
         state,
-        key,
+        auth,
         Inferlet::Chat {
             messages,
             resume_session: false,
@@ -220,7 +219,7 @@ pub async fn chat_completions(
 
 async fn serve(
     state: AppState,
-    key: Option<Extension<KeyName>>,
+    auth: Option<Extension<Authed>>,
     inferlet: Inferlet,
     common: Common,
     kind: Kind,
@@ -241,9 +240,9 @@ async fn serve(
     if common.n.unwrap_or(1) != 1 {
         return Err(ApiError::bad_request("only n = 1 is supported").param("n"));
     }
-    let props = request_props(&common)?;
+    let mut props = request_props(&common)?;
     let opts = common.gen.options(1.0)?;
-    let client = client_of(&key, &props);
+    let client = client_of(&auth, &mut props)?;
     let (process, rx) = rt.launch(inferlet, opts, props, client)?;
     let guard = KillOnDrop {
         rt: rt.clone(),

@@ -147,6 +147,8 @@ pub struct RuntimeSettings {
     pub max_queued: AtomicUsize,
     /// `[server] trace_file`: finished processes are recorded here.
     pub trace: Option<TraceRecorder>,
+    /// `[server] worker_key`: presented to offload peers.
+    pub worker_key: Option<String>,
 }
 
 /// KV event batches kept for slow subscribers; one that falls further behind
@@ -322,7 +324,7 @@ impl Runtime {
             (
                 o.peer(n).unwrap_or_default().to_string(),
                 o.config.timeout_ms,
-                o.config.key.clone(),
+                self.settings.worker_key.clone(),
             )
         };
         match self.fetch_peer_pages(&peer, prompt, timeout, key).await {
@@ -377,7 +379,7 @@ impl Runtime {
             .cloned()
     }
 
-    /// Every process on record, oldest first.
+    /// Every process on record, oldest first (ids sort in launch order).
     pub fn processes(&self) -> Vec<Arc<Process>> {
         let mut all: Vec<_> = self
             .processes
@@ -387,7 +389,7 @@ impl Runtime {
             .values()
             .cloned()
             .collect();
-        all.sort_by_key(|p| p.snapshot().created_ms);
+        all.sort_by(|a, b| a.id.cmp(&b.id));
         all
     }
 
@@ -438,7 +440,7 @@ impl Runtime {
                 self.max_seq_tokens
             )));
         }
-        let id = format!("proc-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+        let id = process_id(self.next_id.fetch_add(1, Ordering::Relaxed));
         let process = Arc::new(Process::new(
             id,
             inferlet.name(),
@@ -547,6 +549,12 @@ impl Runtime {
         }
         Ok(props)
     }
+}
+
+/// A process id: the launch number (fixed-width hex, so ids sort in launch
+/// order) and 64 random bits, so that no client can guess another's id.
+fn process_id(number: u64) -> String {
+    format!("proc-{number:012x}{:016x}", rand::random::<u64>())
 }
 
 /// A resumed chat session's id and the messages of this turn's prompt.

@@ -30,6 +30,7 @@ pub async fn serve(
     registration: Option<(String, String)>,
 ) -> Result<()> {
     let api_keys = config.api_keys()?;
+    let worker_key = config.worker_key()?;
     let addr = format!("{}:{}", config.server.host, config.server.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
@@ -54,19 +55,23 @@ pub async fn serve(
     println!("pie: ready");
     tokio::spawn(reload_on_sighup(state));
     if let Some((controller, name)) = registration {
-        tokio::spawn(heartbeat(controller, name, format!("http://{local}")));
+        tokio::spawn(heartbeat(
+            controller,
+            name,
+            format!("http://{local}"),
+            worker_key,
+        ));
     }
     server.await.context("server task panicked")??;
     Ok(())
 }
 
 /// Register with a controller and keep registering (a heartbeat), so a restarted
-/// controller learns about this worker again. A controller that requires API
-/// keys gets `PIE_CONTROLLER_KEY` from the environment.
-async fn heartbeat(controller: String, name: String, url: String) {
+/// controller learns about this worker again. A controller with API keys needs
+/// this worker's key (`[server] worker_key`) to have role `worker` there.
+async fn heartbeat(controller: String, name: String, url: String, key: Option<String>) {
     let http = reqwest::Client::new();
     let endpoint = format!("{}/v1/cluster/register", controller.trim_end_matches('/'));
-    let key = std::env::var("PIE_CONTROLLER_KEY").ok();
     loop {
         let mut req = http
             .post(&endpoint)
@@ -202,6 +207,7 @@ fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
         model_name,
         max_queued: config.server.max_queued.into(),
         trace,
+        worker_key: config.worker_key()?,
     };
     Ok(Runtime::start(
         engine,

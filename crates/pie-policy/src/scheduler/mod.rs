@@ -74,7 +74,8 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn new(policy: Box<dyn WorkerPolicy>, limits: StepLimits) -> Self {
+    pub fn new(mut policy: Box<dyn WorkerPolicy>, limits: StepLimits) -> Self {
+        policy.set_max_running(limits.max_running);
         Self {
             policy,
             keep: None,
@@ -94,6 +95,7 @@ impl Scheduler {
     /// old one's state (see `WorkerPolicy::restore`).
     pub fn set_policy(&mut self, mut policy: Box<dyn WorkerPolicy>) {
         policy.restore(self.policy.name(), &self.policy.summary());
+        policy.set_max_running(self.limits.max_running);
         self.policy = policy;
     }
 

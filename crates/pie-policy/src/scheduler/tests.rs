@@ -161,3 +161,108 @@ proptest! {
         prop_assert_eq!(finished, jobs.len(), "every sequence finishes");
     }
 }
+
+/// Generated tokens per client when a flooder keeps 12 sequences and a light
+/// client 2 on a worker with 4 running slots, both closed loop (a finished
+/// sequence is replaced by the same client's next one `GAP` steps later: the
+/// response's way back and the next request's way in), 48 generated tokens
+/// each: the light-client scenario.
+fn light_and_flooder_tokens(policy: Box<dyn WorkerPolicy>) -> (usize, usize) {
+    const GAP: u64 = 2;
+    let limits = StepLimits {
+        max_batch_tokens: 64,
+        max_running: 4,
+    };
+    let mut scheduler = Scheduler::new(policy, limits);
+    let mut kv = ToyKv {
+        page_size: 16,
+        free: 1000,
+        seqs: HashMap::new(),
+        retained: HashMap::new(),
+    };
+    let mut next = 0u64;
+    let mut arrivals: Vec<(u64, &str)> = [vec![(0, "flood"); 12], vec![(0, "light"); 2]].concat();
+    let mut tokens: HashMap<&str, usize> = HashMap::new();
+    let mut plan = Vec::new();
+    for now in 0..4000 {
+        let due: Vec<&str> = arrivals
+            .iter()
+            .filter(|a| a.0 <= now)
+            .map(|a| a.1)
+            .collect();
+        arrivals.retain(|a| a.0 > now);
+        for client in due {
+            let seq = SeqId(next);
+            next += 1;
+            kv.seqs.insert(
+                seq,
+                ToySeq {
+                    prompt: 8,
+                    max_tokens: 48,
+                    generated: 0,
+                    len: 0,
+                    pages: 0,
+                },
+            );
+            scheduler.add(
+                &kv,
+                Candidate {
+                    seq,
+                    arrival_ms: now,
+                    running: false,
+                    prefill_tokens: 0,
+                    client: client.into(),
+                    props: Props::new(),
+                },
+            );
+        }
+        scheduler.plan(&mut kv, now, &mut plan);
+        let mut done = Vec::new();
+        for p in &plan {
+            let s = kv.seqs.get_mut(&p.seq).unwrap();
+            let prefill = prefill_share(s.prompt, s.len, p.tokens);
+            s.len += p.tokens;
+            let mut generated = 0;
+            if s.len == s.tokens() {
+                s.generated += 1;
+                generated = 1;
+                let client = scheduler.candidates()[p.index].client.clone();
+                *tokens
+                    .entry(if client == "light" { "light" } else { "flood" })
+                    .or_default() += 1;
+                if s.generated >= s.max_tokens {
+                    done.push(p.index);
+                }
+            }
+            scheduler.charge(&kv, p.index, prefill, generated);
+        }
+        let finished: Vec<&str> = done
+            .iter()
+            .map(|&i| {
+                if scheduler.candidates()[i].client == "light" {
+                    "light"
+                } else {
+                    "flood"
+                }
+            })
+            .collect();
+        for seq in scheduler.finish(&mut kv, &done, true) {
+            kv.seqs.remove(&seq);
+        }
+        arrivals.extend(finished.into_iter().map(|c| (now + GAP, c)));
+    }
+    (tokens["light"], tokens["flood"])
+}
+
+#[test]
+fn a_light_client_gets_all_its_demand_beside_a_flooder() {
+    let (light, flood) = light_and_flooder_tokens(policy(1));
+    let share = light as f64 / (light + flood) as f64;
+    assert!(
+        share >= 0.45,
+        "fair: the light client got {share:.3} of the tokens"
+    );
+    let (light, flood) = light_and_flooder_tokens(policy(0));
+    let fcfs = light as f64 / (light + flood) as f64;
+    assert!(fcfs < 0.3, "fcfs, for contrast, gives it {fcfs:.3}");
+}

@@ -1,0 +1,261 @@
+//! Tenancy on one worker: roles on keys, process ownership, per-key limits.
+//! Each case is an attack that used to work, now refused.
+
+mod common;
+
+use common::Server;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+const KEYS: &str = r#"[server]
+api_keys = [
+  { name = "alice", key = "sk-alice" },
+  { name = "bob", key = "sk-bob", limits = { max_priority = 5, min_deadline_ms = 1000 } },
+  { name = "ctl", key = "sk-ctl", role = "worker" },
+  { name = "root", key = "sk-root", role = "admin" },
+]
+"#;
+
+/// (status, body) of a request with `key`, and optional extra headers.
+async fn call(
+    s: &Server,
+    method: Method,
+    path: &str,
+    key: &str,
+    body: Option<Value>,
+    headers: &[(&str, &str)],
+) -> (u16, Value) {
+    let mut req = s.client.request(method, s.url(path)).bearer_auth(key);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+async fn launch_as(s: &Server, key: &str, props: Value) -> (u16, Value) {
+    let body = json!({"inferlet": "text-completion",
+        "args": {"prompt": "hello", "max_tokens": 2}, "props": props});
+    call(s, Method::POST, "/v1/processes", key, Some(body), &[]).await
+}
+
+fn message(body: &Value) -> &str {
+    body["error"]["message"].as_str().unwrap_or("")
+}
+
+#[tokio::test]
+async fn a_client_sees_only_its_own_processes() {
+    let s = Server::start(KEYS, &[]).await;
+    let (status, r) = launch_as(&s, "sk-alice", json!({})).await;
+    assert_eq!(status, 201, "{r}");
+    let id = r["id"].as_str().unwrap().to_string();
+    let path = format!("/v1/processes/{id}");
+
+    for (method, suffix, body) in [
+        (Method::GET, "", None),
+        (Method::GET, "/events", None),
+        (Method::PATCH, "", Some(json!({"props": {"x": 1}}))),
+        (Method::DELETE, "", None),
+    ] {
+        let (status, body) = call(
+            &s,
+            method.clone(),
+            &format!("{path}{suffix}"),
+            "sk-bob",
+            body,
+            &[],
+        )
+        .await;
+        assert_eq!(status, 404, "bob {method} {suffix}: {body}");
+        assert!(message(&body).contains("no process"), "{body}");
+    }
+    // A client key cannot claim to act for alice: only worker keys may.
+    let (status, _) = call(
+        &s,
+        Method::GET,
+        &path,
+        "sk-bob",
+        None,
+        &[("x-pie-client", "alice")],
+    )
+    .await;
+    assert_eq!(status, 404);
+
+    let (_, list) = call(&s, Method::GET, "/v1/processes", "sk-bob", None, &[]).await;
+    assert_eq!(list["data"].as_array().unwrap().len(), 0, "{list}");
+    let (_, list) = call(&s, Method::GET, "/v1/processes", "sk-alice", None, &[]).await;
+    assert_eq!(list["data"][0]["id"], id.as_str());
+
+    // The admin sees everyone's; a controller's worker key sees what the
+    // client it acts for may see.
+    let (status, _) = call(&s, Method::GET, &path, "sk-root", None, &[]).await;
+    assert_eq!(status, 200);
+    let (status, _) = call(
+        &s,
+        Method::GET,
+        &path,
+        "sk-ctl",
+        None,
+        &[("x-pie-client", "bob")],
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, p) = call(
+        &s,
+        Method::GET,
+        &path,
+        "sk-ctl",
+        None,
+        &[("x-pie-client", "alice")],
+    )
+    .await;
+    assert_eq!((status, p["client"].as_str()), (200, Some("alice")));
+
+    // Alice's process survived bob's DELETE.
+    let (_, p) = call(&s, Method::GET, &path, "sk-alice", None, &[]).await;
+    assert_ne!(p["state"], "killed", "{p}");
+}
+
+#[tokio::test]
+async fn client_keys_cannot_call_internal_or_admin_routes() {
+    let s = Server::start(KEYS, &[]).await;
+    let internal = [
+        (
+            Method::POST,
+            "/v1/internal/prefill",
+            Some(json!({"tokens": [1, 2, 3]})),
+        ),
+        (Method::GET, "/v1/internal/state", None),
+        (Method::GET, "/v1/policies", None),
+    ];
+    for (method, path, body) in &internal {
+        let (status, r) = call(&s, method.clone(), path, "sk-alice", body.clone(), &[]).await;
+        assert_eq!(status, 403, "{path}: {r}");
+        assert!(message(&r).contains("role `worker`"), "{r}");
+        let (status, r) = call(&s, method.clone(), path, "sk-ctl", body.clone(), &[]).await;
+        assert_eq!(status, 200, "a worker key may call {path}: {r}");
+    }
+    let (status, r) = call(
+        &s,
+        Method::GET,
+        "/v1/internal/kv-events",
+        "sk-alice",
+        None,
+        &[],
+    )
+    .await;
+    assert_eq!(status, 403, "{r}");
+    for key in ["sk-alice", "sk-ctl"] {
+        let (status, r) = call(&s, Method::POST, "/v1/admin/reload", key, None, &[]).await;
+        assert_eq!(status, 403, "{key}: {r}");
+        assert!(message(&r).contains("role `admin`"), "{r}");
+    }
+    let (status, r) = call(&s, Method::POST, "/v1/admin/reload", "sk-root", None, &[]).await;
+    assert_eq!(status, 200, "{r}");
+}
+
+#[tokio::test]
+async fn props_beyond_a_keys_limits_are_refused_naming_the_prop_and_limit() {
+    let s = Server::start(KEYS, &[]).await;
+    for (props, prop, says) in [
+        (json!({"weight": 1e9}), "weight", "limit of 1"),
+        (json!({"priority": 1000000}), "priority", "limit of 5"),
+        (json!({"deadline-ms": 10}), "deadline-ms", "limit of 1000"),
+    ] {
+        let (status, r) = launch_as(&s, "sk-bob", props).await;
+        assert_eq!(status, 400, "{r}");
+        assert_eq!(r["error"]["param"], format!("props.{prop}"), "{r}");
+        assert!(message(&r).contains(says), "{r}");
+    }
+    let (status, r) = launch_as(&s, "sk-bob", json!({"priority": 5})).await;
+    assert_eq!(status, 201, "within the limit: {r}");
+    let id = r["id"].as_str().unwrap();
+    let (_, p) = call(
+        &s,
+        Method::GET,
+        &format!("/v1/processes/{id}"),
+        "sk-bob",
+        None,
+        &[],
+    )
+    .await;
+    assert_eq!(
+        p["props"]["weight"], 1.0,
+        "the key's weight is filled in: {p}"
+    );
+    assert_eq!(p["props"]["client"], "bob", "{p}");
+    // The OpenAI route checks the same limits.
+    let body = json!({"prompt": "hi", "max_tokens": 1, "props": {"priority": 6}});
+    let (status, r) = call(
+        &s,
+        Method::POST,
+        "/v1/completions",
+        "sk-bob",
+        Some(body),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        (status, r["error"]["param"].as_str()),
+        (400, Some("props.priority")),
+        "{r}"
+    );
+}
+
+#[tokio::test]
+async fn process_ids_are_unguessable_and_lists_come_in_pages() {
+    let s = Server::start(KEYS, &[]).await;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let (status, r) = launch_as(&s, "sk-alice", json!({})).await;
+        assert_eq!(status, 201);
+        ids.push(r["id"].as_str().unwrap().to_string());
+    }
+    // 64 random bits after the launch number: neighbours share no suffix.
+    let random = |id: &str| id[id.len() - 16..].to_string();
+    assert_ne!(random(&ids[0]), random(&ids[1]));
+    assert!(
+        ids.iter().all(|id| id.len() == "proc-".len() + 28),
+        "{ids:?}"
+    );
+
+    let mut seen = Vec::new();
+    let mut path = "/v1/processes?limit=2".to_string();
+    loop {
+        let (status, page) = call(&s, Method::GET, &path, "sk-alice", None, &[]).await;
+        assert_eq!(status, 200, "{page}");
+        let data = page["data"].as_array().unwrap();
+        assert!(data.len() <= 2);
+        seen.extend(data.iter().map(|p| p["id"].as_str().unwrap().to_string()));
+        if page["has_more"] == false {
+            break;
+        }
+        path = format!(
+            "/v1/processes?limit=2&after={}",
+            page["last_id"].as_str().unwrap()
+        );
+    }
+    assert_eq!(seen, ids, "every process once, in launch order");
+    let (status, r) = call(
+        &s,
+        Method::GET,
+        "/v1/processes?limit=0",
+        "sk-alice",
+        None,
+        &[],
+    )
+    .await;
+    assert_eq!(
+        (status, r["error"]["param"].as_str()),
+        (400, Some("limit")),
+        "{r}"
+    );
+}
