@@ -18,7 +18,9 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use futures_util::StreamExt;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
-use pie_core::auth::{authenticate, ApiKey, KeyLimits, Role, ACT_AS_CLIENT, ACT_AS_ROLE};
+use pie_core::auth::{
+    authenticate, ApiKey, KeyLimits, Role, ACT_AS_CACHE_SALT, ACT_AS_CLIENT, ACT_AS_ROLE,
+};
 use pie_core::{PropValue, Props};
 use pie_model::{ChatMessage, Tokenizer};
 use pie_policy::cluster::{record, route, ClusterPolicy, PriorityQueue, RouteRequest};
@@ -119,11 +121,25 @@ async fn auth(State(ctl): State<Shared>, mut req: Request, next: Next) -> Respon
 
 /// Who a forwarded request is for, as the worker learns it from the
 /// `x-pie-client` headers (it trusts them from the controller's worker key).
+struct Acting {
+    client: String,
+    role: Role,
+    cache_salt: Option<String>,
+}
+
 /// Without client keys the controller is open: its callers act as admin.
-fn acting_as(key: &Option<Extension<ClientKey>>) -> (String, Role) {
+fn acting_as(key: &Option<Extension<ClientKey>>) -> Acting {
     match key {
-        Some(Extension(k)) => (k.name.clone(), k.role),
-        None => ("anonymous".to_string(), Role::Admin),
+        Some(Extension(k)) => Acting {
+            client: k.name.clone(),
+            role: k.role,
+            cache_salt: k.limits.cache_salt.clone(),
+        },
+        None => Acting {
+            client: "anonymous".to_string(),
+            role: Role::Admin,
+            cache_salt: None,
+        },
     }
 }
 
@@ -412,12 +428,15 @@ async fn register(
         Ok(r) => r,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
-    let (by, role) = acting_as(&key);
+    let by = acting_as(&key);
     let limits = RegisterLimits {
         max_registered: ctl.max_registered_workers,
-        may_rebind: role == Role::Admin && key.is_some(),
+        may_rebind: by.role == Role::Admin && key.is_some(),
     };
-    match ctl.registry.register(&name, &url, group, Some(&by), limits) {
+    match ctl
+        .registry
+        .register(&name, &url, group, Some(&by.client), limits)
+    {
         Ok(new_slot) => {
             if let Some(slot) = new_slot {
                 ctl.follow_kv_events(slot);
@@ -433,7 +452,7 @@ async fn models(
     key: Option<Extension<ClientKey>>,
     headers: HeaderMap,
 ) -> Response {
-    let Some((_, url)) = ctl.registry.views(&[], false).into_iter().next() else {
+    let Some((_, url)) = ctl.registry.views(&[], None, false).into_iter().next() else {
         return error(StatusCode::SERVICE_UNAVAILABLE, "no healthy worker");
     };
     forward(
@@ -547,9 +566,11 @@ async fn generate(
         Err(refused) => return refused,
     };
     // Under cluster-priority a request goes where a slot is free.
-    let views = ctl
-        .registry
-        .views(&tokens, ctl.queueing.load(Ordering::Relaxed));
+    let views = ctl.registry.views(
+        &tokens,
+        acting.cache_salt.as_deref(),
+        ctl.queueing.load(Ordering::Relaxed),
+    );
     let worker_views: Vec<_> = views.iter().map(|(v, _)| v.clone()).collect();
     let req = RouteRequest {
         props: &props,
@@ -669,15 +690,18 @@ async fn send(
     method: Method,
     url: &str,
     headers: &HeaderMap,
-    (client, role): &(String, Role),
+    acting: &Acting,
     body: Bytes,
 ) -> Result<Upstream, String> {
     let mut req = ctl
         .http
         .request(method, url)
-        .header(ACT_AS_CLIENT, client)
-        .header(ACT_AS_ROLE, role.as_str())
+        .header(ACT_AS_CLIENT, &acting.client)
+        .header(ACT_AS_ROLE, acting.role.as_str())
         .body(body);
+    if let Some(salt) = &acting.cache_salt {
+        req = req.header(ACT_AS_CACHE_SALT, salt);
+    }
     if let Some(ct) = headers.get("content-type") {
         req = req.header("content-type", ct);
     }
@@ -734,7 +758,7 @@ async fn forward(
     method: Method,
     url: &str,
     headers: &HeaderMap,
-    acting: &(String, Role),
+    acting: &Acting,
     body: Bytes,
 ) -> Result<Response, String> {
     send(ctl, method, url, headers, acting, body)
@@ -796,7 +820,7 @@ async fn to_owner(
     id: &str,
     suffix: &str,
     headers: &HeaderMap,
-    acting: &(String, Role),
+    acting: &Acting,
     body: Bytes,
 ) -> Response {
     let Some((worker, local)) = id.split_once('~') else {

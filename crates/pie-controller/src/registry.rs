@@ -10,7 +10,8 @@
 use std::sync::RwLock;
 use std::time::Duration;
 
-use pie_core::{block_hashes, ModelFingerprint};
+use pie_core::hash::chain_from;
+use pie_core::ModelFingerprint;
 use pie_policy::cluster::{ClusterIndex, WorkerView};
 use serde::Serialize;
 use serde_json::Value;
@@ -232,7 +233,12 @@ impl Registry {
 
     /// Healthy workers as the policies see them for `prompt`, with their URLs;
     /// with `with_free_slot`, only those below `max_running` (all of them if none is).
-    pub fn views(&self, prompt: &[u32], with_free_slot: bool) -> Vec<(WorkerView, String)> {
+    pub fn views(
+        &self,
+        prompt: &[u32],
+        cache_salt: Option<&str>,
+        with_free_slot: bool,
+    ) -> Vec<(WorkerView, String)> {
         let ws = self.workers.read().unwrap_or_else(|e| e.into_inner());
         let index = self.index.read().unwrap_or_else(|e| e.into_inner());
         // Workers of one model share page size and fingerprint: hash once per kind.
@@ -248,14 +254,12 @@ impl Registry {
                     let at = match depths.iter().position(|(k, _)| *k == kind) {
                         Some(at) => at,
                         None => {
-                            let hashes: Vec<u64> = block_hashes(
-                                ModelFingerprint(w.fingerprint),
-                                &prompt[..prompt.len() - 1],
-                                w.page_size,
-                            )
-                            .iter()
-                            .map(|h| h.0)
-                            .collect();
+                            let root = ModelFingerprint(w.fingerprint).salted_root(cache_salt);
+                            let hashes: Vec<u64> =
+                                chain_from(root, &prompt[..prompt.len() - 1], w.page_size)
+                                    .iter()
+                                    .map(|h| h.0)
+                                    .collect();
                             depths.push((kind, index.prefix_blocks(&hashes, ws.len())));
                             depths.len() - 1
                         }
@@ -332,7 +336,11 @@ mod tests {
         let r = registry(&[(2, 2), (3, 4)]);
         assert!(!r.saturated());
         assert_eq!(r.free_slots(), 1);
-        assert_eq!(r.views(&[], true).len(), 1, "only the worker with room");
+        assert_eq!(
+            r.views(&[], None, true).len(),
+            1,
+            "only the worker with room"
+        );
         assert!(
             !registry(&[]).saturated(),
             "no healthy worker: refused with 503 by routing, not queued forever"

@@ -303,6 +303,8 @@ impl Caller {
 /// ignore them from any other key.
 pub const ACT_AS_CLIENT: &str = "x-pie-client";
 pub const ACT_AS_ROLE: &str = "x-pie-client-role";
+/// The forwarded client's cache salt (its key's `limits.cache_salt`).
+pub const ACT_AS_CACHE_SALT: &str = "x-pie-cache-salt";
 
 #[cfg(test)]
 mod tests {

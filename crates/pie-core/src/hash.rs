@@ -29,6 +29,22 @@ impl ModelFingerprint {
     pub fn root(self) -> BlockHash {
         BlockHash(self.0)
     }
+
+    /// The root of a context whose pages may be shared only with contexts of
+    /// the same cache salt (a tenant's): no salt is the plain root, and a
+    /// salted chain never meets an unsalted or differently salted one.
+    pub fn salted_root(self, salt: Option<&str>) -> BlockHash {
+        match salt {
+            None => self.root(),
+            Some(salt) => {
+                let mut h = Xxh3::new();
+                h.update(b"pie-cache-salt\0");
+                h.update(&self.0.to_le_bytes());
+                h.update(salt.as_bytes());
+                BlockHash(h.digest())
+            }
+        }
+    }
 }
 
 /// Hash of the page holding `tokens`, whose preceding page hashed to `parent`.
@@ -54,7 +70,13 @@ pub fn block_hashes(
     tokens: &[u32],
     page_size: usize,
 ) -> Vec<BlockHash> {
-    let mut parent = fingerprint.root();
+    chain_from(fingerprint.root(), tokens, page_size)
+}
+
+/// The hashes of the full pages of `tokens`, chained from `root` (see
+/// [`ModelFingerprint::salted_root`]).
+pub fn chain_from(root: BlockHash, tokens: &[u32], page_size: usize) -> Vec<BlockHash> {
+    let mut parent = root;
     tokens
         .chunks_exact(page_size)
         .map(|page| {
@@ -67,6 +89,18 @@ pub fn block_hashes(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn salted_chains_share_nothing_with_other_salts() {
+        let fp = ModelFingerprint(7);
+        let tokens = [1, 2, 3, 4];
+        assert_eq!(fp.salted_root(None), fp.root());
+        let a = chain_from(fp.salted_root(Some("a")), &tokens, 2);
+        assert_eq!(a, chain_from(fp.salted_root(Some("a")), &tokens, 2));
+        let b = chain_from(fp.salted_root(Some("b")), &tokens, 2);
+        let plain = block_hashes(fp, &tokens, 2);
+        assert!(a.iter().all(|h| !b.contains(h) && !plain.contains(h)));
+    }
 
     #[test]
     fn hash_is_fixed_across_runs() {

@@ -12,11 +12,23 @@ pub struct PageTable {
     len: usize,
     /// Block hashes of the full pages, in order (the chain continues from the last).
     hashes: Vec<BlockHash>,
+    /// Where the chain starts when not at the pool's model fingerprint: a
+    /// tenant's cache salt (`ModelFingerprint::salted_root`).
+    root: Option<BlockHash>,
 }
 
 impl PageTable {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A table whose pages chain from `root`: they are shared only with
+    /// tables of the same root.
+    pub fn with_root(root: BlockHash) -> Self {
+        Self {
+            root: Some(root),
+            ..Self::default()
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -86,6 +98,7 @@ impl PageTable {
                 .hashes
                 .last()
                 .copied()
+                .or(self.root)
                 .unwrap_or(pool.fingerprint().root());
             let hash = block_hash(parent, &tokens[i * page_size..(i + 1) * page_size]);
             pool.publish(self.pages[i], hash);
@@ -126,6 +139,7 @@ impl PageTable {
             pages,
             len: self.len,
             hashes: self.hashes[..full].to_vec(),
+            root: self.root,
         })
     }
 }

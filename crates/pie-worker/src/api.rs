@@ -21,7 +21,7 @@ use tokio_stream::wrappers::BroadcastStream;
 use crate::config::ApiKey;
 use crate::process::{ProcEvent, ProcState, Process};
 use crate::runtime::{GenOptions, Inferlet, LaunchError, Prompt, Runtime};
-use pie_core::auth::{Caller, KeyLimits, Role, ACT_AS_CLIENT, ACT_AS_ROLE};
+use pie_core::auth::{Caller, KeyLimits, Role, ACT_AS_CACHE_SALT, ACT_AS_CLIENT, ACT_AS_ROLE};
 
 /// Shared server state: the runtime appears once the model has loaded.
 #[derive(Clone)]
@@ -141,6 +141,9 @@ pub struct Authed {
     /// A worker key's request made for a client (a controller forwarding):
     /// that client's name and role, from the `x-pie-client` headers.
     pub acting_for: Option<(String, Role)>,
+    /// Whose cached KV the request may share: a client key's own salt, or
+    /// the one a controller forwards for its client.
+    pub cache_salt: Option<String>,
 }
 
 /// The role a route needs, by its path.
@@ -189,28 +192,41 @@ async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Re
     if !allowed {
         return forbidden(&path, &key.name, need);
     }
-    let acting_for = (key.role == Role::Worker)
-        .then(|| acting_for(req.headers()))
-        .flatten();
+    let is_worker = key.role == Role::Worker;
+    let acting_for = is_worker.then(|| acting_for(req.headers())).flatten();
+    let cache_salt = match key.role {
+        Role::Client => key.limits.cache_salt.clone(),
+        Role::Worker => header_text(req.headers(), ACT_AS_CACHE_SALT),
+        Role::Admin => None,
+    };
     req.extensions_mut().insert(Authed {
         name: key.name.clone(),
         role: key.role,
         limits: key.limits.clone(),
         acting_for,
+        cache_salt,
     });
     next.run(req).await
 }
 
 /// The client a controller says it acts for; its role defaults to `client`.
 fn acting_for(headers: &axum::http::HeaderMap) -> Option<(String, Role)> {
-    let client = headers.get(ACT_AS_CLIENT)?.to_str().ok()?.to_string();
-    let role = headers
-        .get(ACT_AS_ROLE)
-        .and_then(|v| v.to_str().ok())
+    let client = header_text(headers, ACT_AS_CLIENT)?;
+    let role = header_text(headers, ACT_AS_ROLE)
+        .as_deref()
         .and_then(Role::parse)
         .filter(|r| *r != Role::Worker)
         .unwrap_or(Role::Client);
     Some((client, role))
+}
+
+fn header_text(headers: &axum::http::HeaderMap, name: &str) -> Option<String> {
+    Some(headers.get(name)?.to_str().ok()?.to_string())
+}
+
+/// The cache salt a request's pages chain from (see [`Authed::cache_salt`]).
+pub fn cache_salt_of(auth: &Option<Extension<Authed>>) -> Option<String> {
+    auth.as_ref().and_then(|Extension(a)| a.cache_salt.clone())
 }
 
 /// Who is asking, for ownership: a worker key acting for a client is that client.
@@ -494,6 +510,7 @@ impl GenArgs {
             },
             stop,
             ignore_eos: self.ignore_eos,
+            cache_salt: None,
         })
     }
 }
@@ -592,6 +609,10 @@ async fn launch_process(
         }
     };
     let client = client_of(&auth, &mut props)?;
+    let opts = GenOptions {
+        cache_salt: cache_salt_of(&auth),
+        ..opts
+    };
     let (process, _) = rt.launch(inferlet, opts, props, client)?;
     Ok((StatusCode::CREATED, Json(json!({"id": process.id}))).into_response())
 }

@@ -60,6 +60,9 @@ pub struct Request {
     pub client: String,
     /// The owning process's props (policies read them).
     pub props: Props,
+    /// The tenant's cache salt: its pages chain from a salted root, so they
+    /// are shared only with requests of the same salt.
+    pub cache_salt: Option<String>,
 }
 
 impl Request {
@@ -75,6 +78,7 @@ impl Request {
             arrival_ms: 0,
             client: String::new(),
             props: Props::new(),
+            cache_salt: None,
         }
     }
 }
@@ -254,6 +258,11 @@ impl Engine {
                 what,
             });
         }
+        let chain_root = self
+            .kv
+            .pool
+            .fingerprint()
+            .salted_root(req.cache_salt.as_deref());
         let mut stop_tokens = req.stop_tokens;
         if !req.ignore_eos {
             stop_tokens.extend_from_slice(self.model.tokenizer.stop_tokens());
@@ -264,7 +273,8 @@ impl Engine {
             tokens: req.prompt,
             stop_tokens,
             sampler: Sampler::new(req.sampling),
-            table: PageTable::new(),
+            table: PageTable::with_root(chain_root),
+            chain_root,
             cached_tokens: None,
         };
         Ok(self.insert(seq, req.arrival_ms, req.client, req.props))
@@ -309,6 +319,7 @@ impl Engine {
             stop_tokens: p.stop_tokens.clone(),
             sampler: Sampler::new(sampling),
             table,
+            chain_root: p.chain_root,
             cached_tokens: Some(0),
         };
         Ok(self.insert(seq, arrival_ms, client, props))

@@ -411,6 +411,7 @@ fn run(
         arrival_ms: 0,
         client: String::new(),
         props: Default::default(),
+        cache_salt: None,
     })?;
     let mut decoder = IncrementalDecoder::default();
     let mut stdout = std::io::stdout();

@@ -20,10 +20,11 @@ use serde_json::{json, Value};
 use tokio_stream::wrappers::BroadcastStream;
 
 use crate::api::{
-    client_of, events_until_done, props_of, ApiError, ApiJson, AppState, Authed, GenArgs, PromptArg,
+    cache_salt_of, client_of, events_until_done, props_of, ApiError, ApiJson, AppState, Authed,
+    GenArgs, PromptArg,
 };
 use crate::process::{now_ms, ProcEvent, ProcState, Process, Usage};
-use crate::runtime::{Inferlet, Runtime};
+use crate::runtime::{GenOptions, Inferlet, Runtime};
 
 /// Kills the process when the request that owns it goes away unfinished.
 struct KillOnDrop {
@@ -241,7 +242,10 @@ async fn serve(
         return Err(ApiError::bad_request("only n = 1 is supported").param("n"));
     }
     let mut props = request_props(&common)?;
-    let opts = common.gen.options(1.0)?;
+    let opts = GenOptions {
+        cache_salt: cache_salt_of(&auth),
+        ..common.gen.options(1.0)?
+    };
     let client = client_of(&auth, &mut props)?;
     let (process, rx) = rt.launch(inferlet, opts, props, client)?;
     let guard = KillOnDrop {

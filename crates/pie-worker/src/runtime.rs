@@ -97,6 +97,8 @@ pub struct GenOptions {
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
+    /// The tenant's cache salt: its KV is shared only with the same salt.
+    pub cache_salt: Option<String>,
 }
 
 /// Why a launch was refused (mapped to HTTP statuses by the API).
@@ -286,6 +288,7 @@ impl Runtime {
             arrival_ms: now_ms(),
             client: "peer".into(),
             props: Props::new(),
+            cache_salt: None,
         };
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let (reply_tx, reply) = oneshot::channel();
@@ -458,6 +461,7 @@ impl Runtime {
             sampling: opts.sampling.clone(),
             stop_tokens: Vec::new(),
             ignore_eos: opts.ignore_eos,
+            cache_salt: opts.cache_salt.clone(),
             arrival_ms: now_ms(),
             props,
         };
@@ -632,6 +636,9 @@ impl Driver {
                     return;
                 }
                 SeqEvent::Finished(reason, info) => {
+                    // A sequence that starts and ends in one step is gone
+                    // before its `Started` could say what was cached.
+                    self.process.set_cached_tokens(info.cached_tokens);
                     self.process
                         .push_text(text.flush(), None, info.generated_tokens);
                     self.complete(if reason == FinishReason::Stop {

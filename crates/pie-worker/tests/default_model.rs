@@ -43,6 +43,7 @@ fn greedy(model: &Arc<Model>, text: &str, max_tokens: usize) -> String {
             arrival_ms: 0,
             client: String::new(),
             props: Default::default(),
+            cache_salt: None,
         })
         .unwrap();
     let mut out: HashMap<_, Vec<u32>> = HashMap::new();

@@ -259,3 +259,36 @@ async fn process_ids_are_unguessable_and_lists_come_in_pages() {
         "{r}"
     );
 }
+
+#[tokio::test]
+async fn cache_salts_keep_tenants_from_seeing_each_others_prefixes() {
+    let keys = r#"[server]
+api_keys = [
+  { name = "alice", key = "sk-alice", limits = { cache_salt = "team-a" } },
+  { name = "carol", key = "sk-carol", limits = { cache_salt = "team-a" } },
+  { name = "bob", key = "sk-bob" },
+  { name = "dave", key = "sk-dave" },
+]
+"#;
+    let s = Server::start(keys, &["--page-size", "16"]).await;
+    let prompt: Vec<u32> = (0..64).map(|i| 40 + i % 50).collect();
+    let cached = async |key: &str| {
+        let body = json!({"prompt": prompt, "max_tokens": 1});
+        let (status, r) = call(&s, Method::POST, "/v1/completions", key, Some(body), &[]).await;
+        assert_eq!(status, 200, "{r}");
+        r["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(cached("sk-alice").await, 0);
+    assert!(cached("sk-carol").await >= 48, "the same salt shares");
+    assert_eq!(
+        cached("sk-bob").await,
+        0,
+        "no salt sees nothing of team-a's"
+    );
+    assert!(
+        cached("sk-dave").await >= 48,
+        "unsalted keys share as before"
+    );
+}

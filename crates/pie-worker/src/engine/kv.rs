@@ -4,7 +4,8 @@
 
 use std::collections::HashMap;
 
-use pie_core::{block_hashes, SeqId};
+use pie_core::hash::chain_from;
+use pie_core::{BlockHash, SeqId};
 use pie_kv::{KvPool, PageTable};
 use pie_model::Sampler;
 use pie_policy::KvAccounting;
@@ -18,6 +19,8 @@ pub(super) struct Sequence {
     pub stop_tokens: Vec<u32>,
     pub sampler: Sampler,
     pub table: PageTable,
+    /// Where its block-hash chain starts (the model's root, or salted).
+    pub chain_root: BlockHash,
     /// Prompt tokens found cached at its first admission.
     pub cached_tokens: Option<usize>,
 }
@@ -84,8 +87,8 @@ impl KvAccounting for EngineKv {
             .seqs
             .get_mut(&seq)
             .expect("the scheduler names live sequences");
-        let hashes = block_hashes(
-            self.pool.fingerprint(),
+        let hashes = chain_from(
+            s.chain_root,
             &s.tokens[..s.tokens.len() - 1],
             self.page_size,
         );
