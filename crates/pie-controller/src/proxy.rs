@@ -613,15 +613,21 @@ impl Upstream {
         }
     }
 
-    /// Relay unbuffered; a stream that breaks midway ends with an error event.
+    /// Relay unbuffered; a stream that breaks or stalls midway ends with an
+    /// error event (and ends there: a stalled body would time out again).
     fn into_response(self) -> Response {
-        let stream = self.body.map(|chunk| match chunk {
-            Ok(b) => Ok::<Bytes, std::convert::Infallible>(b),
-            Err(e) => {
-                let message = format!("the worker's stream broke: {}", describe(&e));
-                let event = pie_core::api_error::error_body(502, &message, None);
-                Ok(Bytes::from(format!("data: {event}\n\n")))
-            }
+        let stream = self.body.scan(false, |broken, chunk| {
+            let out = match chunk {
+                _ if *broken => None,
+                Ok(b) => Some(b),
+                Err(e) => {
+                    *broken = true;
+                    let message = format!("the worker's stream broke: {}", describe(&e));
+                    let event = pie_core::api_error::error_body(502, &message, None);
+                    Some(Bytes::from(format!("data: {event}\n\n")))
+                }
+            };
+            std::future::ready(out.map(Ok::<Bytes, std::convert::Infallible>))
         });
         let mut out = Response::new(Body::from_stream(stream));
         *out.status_mut() = self.status;
