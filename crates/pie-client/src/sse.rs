@@ -221,4 +221,67 @@ mod tests {
             assert_eq!(p.push(b"data: 0123456789\n\n").unwrap().len(), 1);
         }
     }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Bytes that are mostly SSE: fields, comments, line ends, and noise.
+        fn sse_bytes() -> impl Strategy<Value = Vec<u8>> {
+            let piece = prop_oneof![
+                Just(b"data: ".to_vec()),
+                Just(b"data:".to_vec()),
+                Just(b"event: kv".to_vec()),
+                Just(b": keep-alive".to_vec()),
+                Just(b"\n".to_vec()),
+                Just(b"\r\n".to_vec()),
+                Just(b"\r".to_vec()),
+                "[a-z{}\":, é]{0,8}".prop_map(String::into_bytes),
+                proptest::collection::vec(any::<u8>(), 0..6),
+            ];
+            proptest::collection::vec(piece, 0..40).prop_map(|p| p.concat())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Any input, cut anywhere, parses to the same events as in one piece.
+            #[test]
+            fn chunking_never_changes_the_events(
+                bytes in sse_bytes(),
+                cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..5),
+            ) {
+                let whole = SseParser::default().push_events(&bytes).unwrap();
+                let mut at: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
+                at.sort_unstable();
+                let mut p = SseParser::default();
+                let mut pieces = Vec::new();
+                let mut start = 0;
+                for end in at.into_iter().chain([bytes.len()]) {
+                    pieces.extend(p.push_events(&bytes[start..end]).unwrap());
+                    start = end;
+                }
+                prop_assert_eq!(pieces, whole);
+            }
+
+            /// Under a small cap every input either parses or names the cap,
+            /// and each event it returns fits under the cap.
+            #[test]
+            fn a_small_cap_errs_naming_the_limit(bytes in sse_bytes(), limit in 1usize..64) {
+                let mut p = SseParser::with_limit(limit);
+                match p.push_events(&bytes) {
+                    Ok(events) => {
+                        for e in events {
+                            prop_assert!(e.data.len() <= limit, "{:?} over {}", e, limit);
+                        }
+                    }
+                    Err(e) => {
+                        prop_assert_eq!(e.limit, limit);
+                        let named = format!("{} byte limit", limit);
+                        prop_assert!(e.to_string().contains(&named), "{}", e);
+                    }
+                }
+            }
+        }
+    }
 }
