@@ -222,7 +222,12 @@ impl ServerConfig {
 
 impl Config {
     pub fn load(file: &Path) -> Result<Self> {
-        let config: Config = pie_core::config_file::load_toml(file)?;
+        Self::parse(&pie_core::config_file::read(file)?, file)
+    }
+
+    /// Parse `text` (read from `file`, named in errors) and check its policies.
+    pub fn parse(text: &str, file: &Path) -> Result<Self> {
+        let config: Config = pie_core::config_file::parse_toml(text, file)?;
         config
             .cluster
             .pipeline()

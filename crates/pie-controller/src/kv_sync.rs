@@ -20,7 +20,7 @@ use crate::metrics::ControllerMetrics;
 use crate::registry::{with_worker_key, Registry};
 
 /// One message of the stream.
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum KvMessage {
     Snapshot(KvSnapshot),
     Batch(KvEventBatch),
