@@ -185,7 +185,10 @@ impl Client {
         // goes back to the pool instead of being dropped mid-response.
         while let Some(chunk) = bytes.next().await {
             let chunk = chunk.map_err(|e| ClientError::Stream(e.to_string()))?;
-            for data in parser.push(&chunk) {
+            let events = parser
+                .push(&chunk)
+                .map_err(|e| ClientError::Stream(e.to_string()))?;
+            for data in events {
                 if data == "[DONE]" {
                     c.e2e = start.elapsed();
                     done = true;

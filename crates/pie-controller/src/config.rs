@@ -1,7 +1,9 @@
 //! The controller's `config.toml`: `[server]`, `[model]` (for the tokenizer) and
 //! `[cluster]`. Unknown keys are errors naming file, line and key.
 
+use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 use pie_core::auth::{parse_key_file, ApiKey};
@@ -76,6 +78,20 @@ pub struct ClusterConfig {
     pub poll_ms: u64,
     /// With `cluster-priority`: requests waiting in the controller before 429.
     pub max_queued: usize,
+    /// The longest a request waits for a running slot (in the cluster-priority
+    /// queue, or for any worker to come back) before 503 with `Retry-After`.
+    pub max_wait_ms: NonZeroU64,
+    /// Connecting to a worker (requests, polls, KV event streams).
+    pub connect_timeout_ms: NonZeroU64,
+    /// The longest silence while reading a worker's response: before its first
+    /// byte (then another worker is tried) and between two bytes (then the
+    /// stream ends with an error event). Not a total: a streamed response may
+    /// run for as long as it keeps sending; a non-streamed one must arrive
+    /// within it.
+    pub read_timeout_ms: NonZeroU64,
+    /// A KV event stream without a byte for this long (workers send a keep-alive
+    /// every 15 s) is half-open: it is dropped and resubscribed.
+    pub kv_idle_timeout_ms: NonZeroU64,
     /// How often the actors see a fresh cluster snapshot.
     pub actor_tick_ms: u64,
     /// Workers that may join by registration (`POST /v1/cluster/register`,
@@ -102,6 +118,10 @@ impl Default for ClusterConfig {
             worker_key: None,
             poll_ms: 250,
             max_queued: DEFAULT_MAX_QUEUED,
+            max_wait_ms: ms(30_000),
+            connect_timeout_ms: ms(2_000),
+            read_timeout_ms: ms(120_000),
+            kv_idle_timeout_ms: ms(45_000),
             actor_tick_ms: 1000,
             max_registered_workers: 64,
             cache_aware: CacheAwareConfig::default(),
@@ -112,10 +132,36 @@ impl Default for ClusterConfig {
     }
 }
 
+/// A default duration in ms (timeouts and waits are never 0: a 0 in the file
+/// is an error naming its line and key).
+fn ms(n: u64) -> NonZeroU64 {
+    NonZeroU64::new(n).unwrap_or(NonZeroU64::MIN)
+}
+
 /// `cluster-priority` is not a routing step: it gates requests before routing.
 pub const CLUSTER_PRIORITY: &str = "cluster-priority";
 
 impl ClusterConfig {
+    fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms.get())
+    }
+
+    /// The client requests are proxied with: connect and read timeouts.
+    pub fn proxy_client(&self) -> reqwest::Result<reqwest::Client> {
+        reqwest::Client::builder()
+            .connect_timeout(self.connect_timeout())
+            .read_timeout(Duration::from_millis(self.read_timeout_ms.get()))
+            .build()
+    }
+
+    /// The client KV event streams are followed with: they are idle for long
+    /// stretches, so `kv_idle_timeout_ms` bounds their reads, not `read_timeout_ms`.
+    pub fn kv_client(&self) -> reqwest::Result<reqwest::Client> {
+        reqwest::Client::builder()
+            .connect_timeout(self.connect_timeout())
+            .build()
+    }
+
     /// Whether requests wait in the controller when the cluster is saturated.
     pub fn queueing(&self) -> bool {
         self.cluster_policies.iter().any(|p| p == CLUSTER_PRIORITY)
@@ -181,7 +227,12 @@ impl ServerConfig {
 
 impl Config {
     pub fn load(file: &Path) -> Result<Self> {
-        let config: Config = pie_core::config_file::load_toml(file)?;
+        Self::parse(&pie_core::config_file::read(file)?, file)
+    }
+
+    /// Parse `text` (read from `file`, named in errors) and check its policies.
+    pub fn parse(text: &str, file: &Path) -> Result<Self> {
+        let config: Config = pie_core::config_file::parse_toml(text, file)?;
         config
             .cluster
             .pipeline()

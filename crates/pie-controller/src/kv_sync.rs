@@ -5,7 +5,9 @@
 //! that worker; numbered batches follow. A batch whose number is not the next
 //! one means an event was lost: the follower drops the connection and
 //! resubscribes, and the new snapshot repairs the index. A dropped connection
-//! (worker restart, network) is repaired the same way.
+//! (worker restart, network) is repaired the same way, and so is a half-open
+//! one: a stream that sends nothing, not even the worker's keep-alive comment
+//! (every 15 s), for `kv_idle_timeout_ms` is dropped and resubscribed.
 
 use std::time::Duration;
 
@@ -18,7 +20,7 @@ use crate::metrics::ControllerMetrics;
 use crate::registry::{with_worker_key, Registry};
 
 /// One message of the stream.
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum KvMessage {
     Snapshot(KvSnapshot),
     Batch(KvEventBatch),
@@ -87,18 +89,26 @@ pub fn parse_event(event: &SseEvent) -> Option<Result<KvMessage, String>> {
     Some(parsed.map_err(|e| format!("bad `{}` event: {e}", event.name)))
 }
 
+/// How a follower reaches the workers' streams.
+pub struct Stream<'a> {
+    pub http: &'a reqwest::Client,
+    /// The controller's worker key.
+    pub key: Option<&'a str>,
+    /// No byte for this long: the stream is half-open.
+    pub idle_timeout: Duration,
+}
+
 /// Follow worker `slot` for as long as the controller runs.
 pub async fn follow(
     registry: &Registry,
-    http: &reqwest::Client,
-    key: Option<&str>,
+    stream: &Stream<'_>,
     slot: usize,
     metrics: &ControllerMetrics,
 ) {
     let mut backoff = Duration::from_millis(50);
     loop {
         if let Some(url) = registry.url_of_slot(slot) {
-            match subscribe(registry, http, key, slot, &url, metrics).await {
+            match subscribe(registry, stream, slot, &url, metrics).await {
                 Ok(()) => backoff = Duration::from_millis(50),
                 Err(e) => {
                     tracing::debug!(slot, url, error = e, "kv event stream ended; resubscribing");
@@ -114,23 +124,38 @@ pub async fn follow(
 /// One subscription: Ok when it ran and ended for a resync, Err when it failed.
 async fn subscribe(
     registry: &Registry,
-    http: &reqwest::Client,
-    key: Option<&str>,
+    stream: &Stream<'_>,
     slot: usize,
     url: &str,
     metrics: &ControllerMetrics,
 ) -> Result<(), String> {
-    let req = with_worker_key(http.get(format!("{url}/v1/internal/kv-events")), key);
-    let resp = req.send().await.map_err(|e| e.to_string())?;
+    let idle = stream.idle_timeout;
+    let silent = || {
+        format!(
+            "half-open: nothing for kv_idle_timeout_ms = {}",
+            idle.as_millis()
+        )
+    };
+    let req = with_worker_key(
+        stream.http.get(format!("{url}/v1/internal/kv-events")),
+        stream.key,
+    );
+    let resp = tokio::time::timeout(idle, req.send())
+        .await
+        .map_err(|_| silent())?
+        .map_err(|e| e.to_string())?;
     if !resp.status().is_success() {
         return Err(format!("status {}", resp.status()));
     }
     let mut body = resp.bytes_stream();
     let mut parser = SseParser::default();
     let mut follower = KvFollower::default();
-    while let Some(chunk) = body.next().await {
+    while let Some(chunk) = tokio::time::timeout(idle, body.next())
+        .await
+        .map_err(|_| silent())?
+    {
         let chunk = chunk.map_err(|e| e.to_string())?;
-        for event in parser.push_events(&chunk) {
+        for event in parser.push_events(&chunk).map_err(|e| e.to_string())? {
             let Some(msg) = parse_event(&event) else {
                 continue;
             };
@@ -213,9 +238,11 @@ mod tests {
     #[test]
     fn events_parse_into_messages() {
         let mut p = SseParser::default();
-        let events = p.push_events(
-            b"event: kv\ndata: {\"seq\":3,\"stored\":[1],\"removed\":[]}\n\n:\n\nevent: lagged\ndata: reconnect\n\nevent: snapshot\ndata: {\"seq\": \"x\"}\n\n",
-        );
+        let events = p
+            .push_events(
+                b"event: kv\ndata: {\"seq\":3,\"stored\":[1],\"removed\":[]}\n\n:\n\nevent: lagged\ndata: reconnect\n\nevent: snapshot\ndata: {\"seq\": \"x\"}\n\n",
+            )
+            .unwrap();
         assert_eq!(events.len(), 3, "the keep-alive comment is no event");
         assert_eq!(parse_event(&events[0]), Some(Ok(batch(3, &[1], &[]))));
         assert_eq!(parse_event(&events[1]), Some(Ok(KvMessage::Lagged)));

@@ -1,5 +1,6 @@
 //! The `pie-controller` command line.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -10,11 +11,12 @@ use clap::Parser;
 use pie_controller::actors::{self, Actors};
 use pie_controller::config::{Config, WorkerEntry};
 use pie_controller::proxy::{router, Controller};
-use pie_controller::registry::Registry;
+use pie_controller::registry::{Registry, Worker};
 use pie_model::gguf::GgufFile;
 use pie_model::Tokenizer;
 use pie_policy::cluster::PriorityQueue;
 use pie_workload::TraceRecorder;
+use tokio::task::JoinHandle;
 
 #[derive(Parser)]
 #[command(
@@ -83,12 +85,15 @@ fn main() -> Result<()> {
         pipeline: Mutex::new(pipeline),
         queueing: AtomicBool::new(config.cluster.queueing()),
         queue: Mutex::new(PriorityQueue::new(config.cluster.max_queued)),
+        max_wait_ms: config.cluster.max_wait_ms.get().into(),
         woken: Default::default(),
         api_keys: RwLock::new(config.server.api_keys()?),
         max_registered_workers: config.cluster.max_registered_workers,
         trace: trace_recorder(&config)?,
         tokenizer,
-        http: reqwest::Client::new(),
+        http: config.cluster.proxy_client()?,
+        kv_http: config.cluster.kv_client()?,
+        kv_idle_timeout: Duration::from_millis(config.cluster.kv_idle_timeout_ms.get()),
         worker_key: config.cluster.worker_key.clone(),
         actors: Actors::new(runner, config.cluster.actor_tick_ms),
     });
@@ -107,25 +112,8 @@ fn main() -> Result<()> {
                 ctl.add_worker(&w.name, &w.url, w.group.clone());
             }
             tokio::spawn(actors::run(ctl.clone()));
-            let poller = ctl.clone();
             let every = Duration::from_millis(config.cluster.poll_ms.max(10));
-            tokio::spawn(async move {
-                loop {
-                    // Health changes are events only for actors: no copies without them.
-                    let before = poller.actors.active().then(|| poller.registry.snapshot());
-                    poller
-                        .registry
-                        .poll(&poller.http, poller.worker_key.as_deref())
-                        .await;
-                    if let Some(before) = before {
-                        let after = poller.registry.snapshot();
-                        poller.actors.notify(actors::health_events(&before, &after));
-                    }
-                    // Capacity can also free up on the workers' side.
-                    poller.release_waiters();
-                    tokio::time::sleep(every).await;
-                }
-            });
+            tokio::spawn(poll_workers(ctl.clone(), every));
             if let Some(path) = args_config {
                 tokio::spawn(reload_on_sighup(ctl.clone(), path, cli_policies));
             }
@@ -136,6 +124,37 @@ fn main() -> Result<()> {
             axum::serve(listener, router(ctl)).await?;
             Ok(())
         })
+}
+
+/// Every `every`, poll each worker whose last poll has finished, each in its
+/// own task: a slow worker delays only its own health.
+async fn poll_workers(ctl: Arc<Controller>, every: Duration) {
+    let mut polls: HashMap<String, JoinHandle<()>> = HashMap::new();
+    let mut before: Option<Vec<Worker>> = None;
+    loop {
+        for (name, url) in ctl.registry.endpoints() {
+            if polls.get(&name).is_some_and(|p| !p.is_finished()) {
+                continue;
+            }
+            let (ctl, worker) = (ctl.clone(), name.clone());
+            let poll = tokio::spawn(async move {
+                let key = ctl.worker_key.as_deref();
+                ctl.registry.poll(&ctl.http, key, &worker, &url).await;
+                // Capacity can also free up on the workers' side.
+                ctl.release_waiters();
+            });
+            polls.insert(name, poll);
+        }
+        tokio::time::sleep(every).await;
+        // Health changes are events only for actors: no copies without them.
+        before = ctl.actors.active().then(|| {
+            let after = ctl.registry.snapshot();
+            if let Some(before) = &before {
+                ctl.actors.notify(actors::health_events(before, &after));
+            }
+            after
+        });
+    }
 }
 
 /// The `[server] trace_file` recorder; tracing needs the tokenizer.
@@ -153,8 +172,8 @@ fn trace_recorder(config: &Config) -> Result<Option<TraceRecorder>> {
 }
 
 /// SIGHUP re-reads the config file: `cluster_policies` (and their sections) and
-/// the static workers apply at once; actors are rebuilt (their state restarts);
-/// an invalid file changes nothing and is logged and counted. A `--policies`
+/// the static workers, `max_queued` and `max_wait_ms` apply at once; actors are
+/// rebuilt (their state restarts); the HTTP timeouts need a restart; an invalid file changes nothing and is logged and counted. A `--policies`
 /// flag keeps overriding the file.
 #[cfg(unix)]
 async fn reload_on_sighup(ctl: Arc<Controller>, path: PathBuf, cli_policies: Option<Vec<String>>) {
@@ -184,6 +203,8 @@ async fn reload_on_sighup(ctl: Arc<Controller>, path: PathBuf, cli_policies: Opt
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .set_max_queued(config.cluster.max_queued);
+                ctl.max_wait_ms
+                    .store(config.cluster.max_wait_ms.get(), Ordering::Relaxed);
                 ctl.release_waiters();
                 for w in &config.cluster.workers {
                     ctl.add_worker(&w.name, &w.url, w.group.clone());

@@ -39,6 +39,7 @@ pub struct ControllerMetrics {
     pub reload_failures: Counter,
     pub queued: Gauge,
     pub queue_full: Counter,
+    pub wait_timeouts: Counter,
     pub kv_snapshots: Counter,
     pub kv_resyncs: Counter,
     pub actions: Family<ActionLabels, Counter>,
@@ -56,6 +57,7 @@ impl Default for ControllerMetrics {
             reload_failures: Counter::default(),
             queued: Gauge::default(),
             queue_full: Counter::default(),
+            wait_timeouts: Counter::default(),
             kv_snapshots: Counter::default(),
             kv_resyncs: Counter::default(),
             actions: Family::default(),
@@ -86,7 +88,7 @@ impl Default for ControllerMetrics {
         );
         r.register(
             "retries",
-            "Requests moved to another worker after a refused connection",
+            "Requests moved to another worker after a failed or silent one",
             m.retries.clone(),
         );
         r.register(
@@ -108,6 +110,11 @@ impl Default for ControllerMetrics {
             "queue_full",
             "Requests refused with 429 because max_queued were waiting",
             m.queue_full.clone(),
+        );
+        r.register(
+            "wait_timeouts",
+            "Requests refused with 503 after waiting max_wait_ms for a slot",
+            m.wait_timeouts.clone(),
         );
         r.register(
             "kv_snapshots",

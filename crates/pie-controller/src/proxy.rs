@@ -1,13 +1,15 @@
 //! Routing and pass-through. Client requests are parsed only as far as routing
 //! needs (prompt, props, session); the body goes to the worker unchanged and the
 //! response streams back unbuffered, with `x-pie-worker` and `x-pie-route`. A
-//! worker that refuses the connection is marked down and the next candidate is
-//! tried; a stream that breaks after its first byte ends with an error event.
+//! worker that refuses the connection, or stays silent past `read_timeout_ms`,
+//! is marked down and the next candidate is tried; a stream that breaks or
+//! stalls after its first byte ends with an error event. No request waits
+//! unbounded: a wait for a slot ends at `max_wait_ms` with 503 and `Retry-After`.
 //! Native process ids are made cluster-unique as `WORKER~ID`.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
@@ -41,10 +43,16 @@ pub struct Controller {
     /// worker is at `max_running`.
     pub queueing: AtomicBool,
     pub queue: Mutex<PriorityQueue<oneshot::Sender<SlotTicket>>>,
+    /// `[cluster] max_wait_ms`: the longest wait for a slot before 503.
+    pub max_wait_ms: AtomicU64,
     /// Requests woken from the queue that have not yet claimed their slot.
     pub woken: Arc<AtomicUsize>,
     pub tokenizer: Option<Tokenizer>,
+    /// Proxied requests and polls: connect and read timeouts.
     pub http: reqwest::Client,
+    /// KV event streams: connect timeout; reads bounded by `kv_idle_timeout`.
+    pub kv_http: reqwest::Client,
+    pub kv_idle_timeout: Duration,
     pub worker_key: Option<String>,
     /// Client keys (`[server] api_keys`); empty: no authentication.
     pub api_keys: RwLock<Vec<ApiKey>>,
@@ -160,14 +168,12 @@ impl Controller {
     fn follow_kv_events(self: &Arc<Self>, slot: usize) {
         let ctl = self.clone();
         tokio::spawn(async move {
-            crate::kv_sync::follow(
-                &ctl.registry,
-                &ctl.http,
-                ctl.worker_key.as_deref(),
-                slot,
-                &ctl.metrics,
-            )
-            .await
+            let stream = crate::kv_sync::Stream {
+                http: &ctl.kv_http,
+                key: ctl.worker_key.as_deref(),
+                idle_timeout: ctl.kv_idle_timeout,
+            };
+            crate::kv_sync::follow(&ctl.registry, &stream, slot, &ctl.metrics).await
         });
     }
 
@@ -207,22 +213,30 @@ impl Controller {
             let (tx, rx) = oneshot::channel();
             if let Err(r) = queue.push(props, tx) {
                 self.metrics.queue_full.inc();
-                let mut resp = error(StatusCode::TOO_MANY_REQUESTS, r.message);
-                resp.headers_mut()
-                    .insert("retry-after", HeaderValue::from_static("1"));
-                return Err(resp);
+                return Err(retry_later(StatusCode::TOO_MANY_REQUESTS, r.message));
             }
             self.metrics.queued.set(queue.len() as i64);
             rx
         };
         // A slot may have freed between the check and the push.
         self.release_waiters();
-        rx.await.map(Some).map_err(|_| {
-            error(
+        let max_wait_ms = self.max_wait_ms.load(Ordering::Relaxed);
+        match tokio::time::timeout(Duration::from_millis(max_wait_ms), rx).await {
+            Ok(Ok(ticket)) => Ok(Some(ticket)),
+            Ok(Err(_)) => Err(retry_later(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the controller is shutting down",
-            )
-        })
+            )),
+            Err(_) => {
+                self.metrics.wait_timeouts.inc();
+                // Our sender is closed now: take it out of the queue's count.
+                self.release_waiters();
+                Err(retry_later(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("no worker had a free slot within max_wait_ms = {max_wait_ms}"),
+                ))
+            }
+        }
     }
 }
 
@@ -296,6 +310,14 @@ type Shared = Arc<Controller>;
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
     let body = pie_core::api_error::error_body(status.as_u16(), &message.into(), None);
     (status, Json(body)).into_response()
+}
+
+/// A refusal the client should retry (429, 502, 503): with `Retry-After: 1`.
+fn retry_later(status: StatusCode, message: impl Into<String>) -> Response {
+    let mut resp = error(status, message);
+    resp.headers_mut()
+        .insert("retry-after", HeaderValue::from_static("1"));
+    resp
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -585,10 +607,12 @@ async fn generate(
     let (chosen, reason) = match decision {
         Ok(d) => d,
         Err(r) => {
-            return error(
-                StatusCode::from_u16(r.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
-                r.message,
-            )
+            let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+            return if status == StatusCode::SERVICE_UNAVAILABLE {
+                retry_later(status, r.message)
+            } else {
+                error(status, r.message)
+            };
         }
     };
     // Native processes have no response to read an output length from.
@@ -603,7 +627,7 @@ async fn generate(
         let why = if attempt == 0 {
             reason.clone()
         } else {
-            format!("retry after connection failure: {}", view.name)
+            format!("retry after a failed or silent worker: {}", view.name)
         };
         let mut slot = InFlight::begin(&ctl, &view.name);
         drop(ticket.take());
@@ -671,10 +695,21 @@ async fn generate(
             }
         }
     }
-    error(
+    retry_later(
         StatusCode::BAD_GATEWAY,
         "every candidate worker failed before responding",
     )
+}
+
+/// A worker request's failure, naming the timeout that ended it.
+fn describe(e: &reqwest::Error) -> String {
+    if e.is_connect() && e.is_timeout() {
+        format!("no connection within connect_timeout_ms ({e})")
+    } else if e.is_timeout() {
+        format!("silent past read_timeout_ms ({e})")
+    } else {
+        e.to_string()
+    }
 }
 
 /// A worker's response before its body is relayed.
@@ -706,7 +741,7 @@ async fn send(
         req = req.header("content-type", ct);
     }
     let req = with_worker_key(req, ctl.worker_key.as_deref());
-    let resp = req.send().await.map_err(|e| e.to_string())?;
+    let resp = req.send().await.map_err(|e| describe(&e))?;
     Ok(Upstream {
         status: resp.status(),
         content_type: resp.headers().get("content-type").cloned(),
@@ -726,7 +761,10 @@ impl Upstream {
                     .boxed();
                 Ok(self)
             }
-            Some(Err(e)) => Err(format!("the worker failed before responding: {e}")),
+            Some(Err(e)) => Err(format!(
+                "the worker failed before responding: {}",
+                describe(&e)
+            )),
             None => {
                 self.body = futures_util::stream::empty().boxed();
                 Ok(self)
@@ -734,15 +772,21 @@ impl Upstream {
         }
     }
 
-    /// Relay unbuffered; a stream that breaks midway ends with an error event.
+    /// Relay unbuffered; a stream that breaks or stalls midway ends with an
+    /// error event (and ends there: a stalled body would time out again).
     fn into_response(self) -> Response {
-        let stream = self.body.map(|chunk| match chunk {
-            Ok(b) => Ok::<Bytes, std::convert::Infallible>(b),
-            Err(e) => {
-                let message = format!("the worker's stream broke: {e}");
-                let event = pie_core::api_error::error_body(502, &message, None);
-                Ok(Bytes::from(format!("data: {event}\n\n")))
-            }
+        let stream = self.body.scan(false, |broken, chunk| {
+            let out = match chunk {
+                _ if *broken => None,
+                Ok(b) => Some(b),
+                Err(e) => {
+                    *broken = true;
+                    let message = format!("the worker's stream broke: {}", describe(&e));
+                    let event = pie_core::api_error::error_body(502, &message, None);
+                    Some(Bytes::from(format!("data: {event}\n\n")))
+                }
+            };
+            std::future::ready(out.map(Ok::<Bytes, std::convert::Infallible>))
         });
         let mut out = Response::new(Body::from_stream(stream));
         *out.status_mut() = self.status;

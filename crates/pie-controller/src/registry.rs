@@ -2,7 +2,9 @@
 //!
 //! Every `poll_ms` the controller reads each worker's `/v1/internal/state`:
 //! health, load, running processes and `max_running` (a few numbers, no cache
-//! contents). What each worker caches arrives separately, as its KV event stream
+//! contents). Workers are polled in parallel, each in its own task, so a slow
+//! one delays only its own entry; any failure, timeout or non-2xx answer (a
+//! worker whose engine died answers 503) marks a worker down. What each worker caches arrives separately, as its KV event stream
 //! (`kv_sync.rs`), into one [`ClusterIndex`] for all workers: the cached prefix of
 //! a prompt on every worker costs one lookup per prompt page, and memory is about
 //! 20 bytes per distinct indexed block per 64 workers (see `ClusterIndex`).
@@ -15,6 +17,9 @@ use pie_core::ModelFingerprint;
 use pie_policy::cluster::{ClusterIndex, WorkerView};
 use serde::Serialize;
 use serde_json::Value;
+
+/// A poll unanswered this long marks the worker down.
+const POLL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// `req` authenticated with the controller's `[cluster] worker_key`, if any.
 pub fn with_worker_key(req: reqwest::RequestBuilder, key: Option<&str>) -> reqwest::RequestBuilder {
@@ -224,11 +229,17 @@ impl Registry {
             .sum()
     }
 
-    /// Every healthy worker is at its `max_running`.
+    /// No healthy worker is below its `max_running` (none healthy included):
+    /// a request must wait for a slot.
     pub fn saturated(&self) -> bool {
         let ws = self.workers.read().unwrap_or_else(|e| e.into_inner());
-        let mut healthy = ws.iter().filter(|w| w.healthy).peekable();
-        healthy.peek().is_some() && !healthy.any(Worker::has_room)
+        !ws.iter().any(|w| w.healthy && w.has_room())
+    }
+
+    /// Every worker's name and URL (what a poll round reads).
+    pub fn endpoints(&self) -> Vec<(String, String)> {
+        let ws = self.workers.read().unwrap_or_else(|e| e.into_inner());
+        ws.iter().map(|w| (w.name.clone(), w.url.clone())).collect()
     }
 
     /// Healthy workers as the policies see them for `prompt`, with their URLs;
@@ -278,31 +289,33 @@ impl Registry {
             .collect()
     }
 
-    /// Poll every worker's health and load once.
-    pub async fn poll(&self, http: &reqwest::Client, key: Option<&str>) {
-        for w in self.snapshot() {
-            let req = with_worker_key(
-                http.get(format!("{}/v1/internal/state", w.url))
-                    .timeout(Duration::from_secs(2)),
-                key,
-            );
-            let state: Option<Value> = match req.send().await {
-                Ok(r) if r.status().is_success() => r.json().await.ok(),
-                _ => None,
-            };
-            self.update(&w.name, |entry| match state {
-                Some(s) => {
-                    let num = |k: &str| s[k].as_u64().unwrap_or(0);
-                    entry.healthy = true;
-                    entry.load = num("load") as usize;
-                    entry.running = num("running") as usize;
-                    entry.max_running = num("max_running") as usize;
-                    entry.page_size = num("page_size") as usize;
-                    entry.fingerprint = num("fingerprint");
-                }
-                None => entry.healthy = false,
-            });
-        }
+    /// Poll worker `name` at `url` once: its state, or down.
+    pub async fn poll(&self, http: &reqwest::Client, key: Option<&str>, name: &str, url: &str) {
+        let state = read_state(http, key, url).await;
+        self.update(name, |entry| match state {
+            Some(s) => {
+                let num = |k: &str| s[k].as_u64().unwrap_or(0);
+                entry.healthy = true;
+                entry.load = num("load") as usize;
+                entry.running = num("running") as usize;
+                entry.max_running = num("max_running") as usize;
+                entry.page_size = num("page_size") as usize;
+                entry.fingerprint = num("fingerprint");
+            }
+            None => entry.healthy = false,
+        });
+    }
+}
+
+/// A worker's `/v1/internal/state` as JSON; None when it fails, times out or
+/// answers anything but 2xx with JSON.
+async fn read_state(http: &reqwest::Client, key: Option<&str>, url: &str) -> Option<Value> {
+    let req = http
+        .get(format!("{url}/v1/internal/state"))
+        .timeout(POLL_TIMEOUT);
+    match with_worker_key(req, key).send().await {
+        Ok(r) if r.status().is_success() => r.json().await.ok(),
+        _ => None,
     }
 }
 
@@ -342,9 +355,13 @@ mod tests {
             "only the worker with room"
         );
         assert!(
-            !registry(&[]).saturated(),
-            "no healthy worker: refused with 503 by routing, not queued forever"
+            registry(&[]).saturated(),
+            "no healthy worker: wait (at most max_wait_ms) for one"
         );
+        let r = registry(&[(0, 2)]);
+        r.mark_down("w0");
+        assert!(r.saturated(), "a down worker's room does not count");
+        assert_eq!(r.free_slots(), 0);
         assert!(
             !registry(&[(9, 0)]).saturated(),
             "no max_running reported: room"

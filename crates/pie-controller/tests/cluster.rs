@@ -1175,3 +1175,233 @@ fn bad_actor_configs_are_refused_naming_the_file_and_key() {
         }
     }
 }
+
+/// A worker that answers polls (until its engine "dies": then 503) but never
+/// answers a completion, except one whose body says "stall": one event, then
+/// silence. Its n-th KV event subscription sends a snapshot of
+/// `kv_blocks[n]` blocks and then nothing, not even a keep-alive.
+struct FakeWorker {
+    url: String,
+    engine_dead: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl FakeWorker {
+    /// `full`: it reports its one running slot taken.
+    async fn start(kv_blocks: &'static [u64], full: bool) -> FakeWorker {
+        use axum::response::IntoResponse;
+        use futures_util::StreamExt;
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::Arc;
+
+        fn silent_after(first: String) -> axum::response::Response {
+            let body = futures_util::stream::once(async move { Ok::<_, std::io::Error>(first) })
+                .chain(futures_util::stream::pending());
+            (
+                [("content-type", "text/event-stream")],
+                axum::body::Body::from_stream(body),
+            )
+                .into_response()
+        }
+        let dead = Arc::new(AtomicBool::new(false));
+        let subscriptions = Arc::new(AtomicUsize::new(0));
+        let is_dead = dead.clone();
+        let app = axum::Router::new()
+            .route(
+                "/v1/internal/state",
+                axum::routing::get(move || {
+                    let dead = is_dead.load(Ordering::SeqCst);
+                    async move {
+                        if dead {
+                            (
+                                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                                "engine panicked",
+                            )
+                                .into_response()
+                        } else {
+                            let busy = usize::from(full);
+                            axum::Json(json!({"load": busy, "running": busy, "max_running": 1}))
+                                .into_response()
+                        }
+                    }
+                }),
+            )
+            .route(
+                "/v1/internal/kv-events",
+                axum::routing::get(move || {
+                    let n = subscriptions.fetch_add(1, Ordering::SeqCst);
+                    let blocks = kv_blocks[n.min(kv_blocks.len() - 1)];
+                    let snapshot = json!({"seq": 1, "fingerprint": 1, "page_size": 16,
+                        "hashes": (1..=blocks).collect::<Vec<u64>>()});
+                    async move { silent_after(format!("event: snapshot\ndata: {snapshot}\n\n")) }
+                }),
+            )
+            .route(
+                "/v1/completions",
+                axum::routing::post(|body: String| async move {
+                    if body.contains("stall") {
+                        silent_after("data: {\"choices\": [{\"text\": \"a\"}]}\n\n".into())
+                    } else {
+                        std::future::pending().await
+                    }
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        FakeWorker {
+            url,
+            engine_dead: dead,
+        }
+    }
+
+    /// `[cluster]` lines listing it as worker `name`.
+    fn config(&self, name: &str) -> String {
+        format!(
+            "[[cluster.workers]]\nname = \"{name}\"\nurl = \"{}\"\n",
+            self.url
+        )
+    }
+}
+
+/// The `/v1/cluster` entry of worker `name`.
+async fn worker_entry(c: &Cluster, name: &str) -> Value {
+    let cluster = c.cluster().await;
+    let workers = cluster["workers"].as_array().unwrap();
+    workers.iter().find(|w| w["name"] == name).unwrap().clone()
+}
+
+#[tokio::test]
+async fn a_silent_worker_is_passed_over_within_the_read_timeout_and_a_dead_engine_is_down() {
+    let hole = FakeWorker::start(&[0], false).await;
+    let config = format!("read_timeout_ms = 1000\n{}", hole.config("hole"));
+    let c = Cluster::start_with(Spec {
+        workers: 1,
+        cluster_config: &config,
+        ..Spec::new("pin,round-robin")
+    })
+    .await;
+    // Round robin sends every other request to the silent worker first.
+    for i in 0..4 {
+        let start = Instant::now();
+        let (status, worker, route, body) = c
+            .complete(json!({"prompt": format!("p{i}"), "max_tokens": 2}))
+            .await;
+        assert_eq!((status, worker.as_str()), (200, "w0"), "{route} {body}");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+    assert!(c.metric("pie_controller_retries_total").await >= 1.0);
+
+    // After its first byte a stall cannot be retried: the stream ends with an error.
+    wait_for("the silent worker polled healthy again", async || {
+        worker_entry(&c, "hole").await["healthy"] == true
+    })
+    .await;
+    let r = c
+        .http
+        .post(format!("{}/v1/completions", c.controller.url))
+        .json(&json!({"prompt": "stall", "stream": true, "props": {"pin": "hole"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = tokio::time::timeout(Duration::from_secs(10), r.text())
+        .await
+        .expect("the stalled stream ends")
+        .unwrap();
+    assert!(
+        text.starts_with("data: {\"choices\"") && text.contains("silent past read_timeout_ms"),
+        "{text}"
+    );
+
+    // A worker whose engine died answers 503 on its state: down.
+    hole.engine_dead
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    wait_for("the dead-engine worker is down", async || {
+        worker_entry(&c, "hole").await["healthy"] == false
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_half_open_kv_stream_is_resubscribed_and_the_index_catches_up() {
+    // The first subscription sends 2 blocks and falls silent; the second, 5.
+    let fake = FakeWorker::start(&[2, 5], false).await;
+    let config = format!("kv_idle_timeout_ms = 500\n{}", fake.config("fake"));
+    let c = Cluster::start_with(Spec {
+        workers: 0,
+        cluster_config: &config,
+        ..Spec::new("round-robin")
+    })
+    .await;
+    wait_for("the first snapshot", async || {
+        worker_entry(&c, "fake").await["indexed_blocks"] == 2
+    })
+    .await;
+    let silent_since = Instant::now();
+    wait_for("resubscribed with a fresh snapshot", async || {
+        worker_entry(&c, "fake").await["indexed_blocks"] == 5
+    })
+    .await;
+    assert!(silent_since.elapsed() >= Duration::from_millis(400));
+    assert_eq!(c.metric("pie_controller_kv_snapshots_total").await, 2.0);
+}
+
+/// POST a completion; (status, Retry-After, body, how long it took).
+async fn timed_completion(c: &Cluster, prompt: &str) -> (u16, String, Value, Duration) {
+    let start = Instant::now();
+    let r = c
+        .http
+        .post(format!("{}/v1/completions", c.controller.url))
+        .json(&json!({"prompt": prompt, "max_tokens": 1}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let retry_after = r
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    (
+        status,
+        retry_after,
+        r.json().await.unwrap(),
+        start.elapsed(),
+    )
+}
+
+#[tokio::test]
+async fn a_request_waits_for_a_slot_at_most_max_wait_ms_then_gets_503_with_retry_after() {
+    let full = FakeWorker::start(&[0], true).await;
+    let config = format!("max_wait_ms = 800\n{}", full.config("full"));
+    let c = Cluster::start_with(Spec {
+        workers: 0,
+        cluster_config: &config,
+        ..Spec::new("cluster-priority,least-loaded")
+    })
+    .await;
+    for (case, prompt) in [("every worker full", "full"), ("every worker down", "down")] {
+        if prompt == "down" {
+            full.engine_dead
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            wait_for("the worker is down", async || {
+                worker_entry(&c, "full").await["healthy"] == false
+            })
+            .await;
+        }
+        let (status, retry_after, body, took) = timed_completion(&c, prompt).await;
+        assert_eq!((status, retry_after.as_str()), (503, "1"), "{case}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("max_wait_ms = 800"), "{case}: {message}");
+        assert!(
+            took >= Duration::from_millis(800) && took < Duration::from_secs(5),
+            "{case}: {took:?}"
+        );
+        assert_eq!(c.cluster().await["queued"], 0, "{case}: the waiter left");
+    }
+    assert_eq!(c.metric("pie_controller_wait_timeouts_total").await, 2.0);
+}

@@ -237,4 +237,89 @@ mod tests {
             Err(TransferError::Unpublished(unpublished))
         );
     }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// How a page's bytes are damaged.
+        #[derive(Clone, Debug)]
+        enum Damage {
+            /// XOR the byte at an offset with a non-zero mask.
+            Flip(prop::sample::Index, u8),
+            Truncate(prop::sample::Index),
+            Extend(Vec<u8>),
+        }
+
+        fn damage() -> impl Strategy<Value = Damage> {
+            prop_oneof![
+                (any::<prop::sample::Index>(), 1u8..=255).prop_map(|(i, m)| Damage::Flip(i, m)),
+                any::<prop::sample::Index>().prop_map(Damage::Truncate),
+                proptest::collection::vec(any::<u8>(), 1..16).prop_map(Damage::Extend),
+            ]
+        }
+
+        /// The error an import must give for `damage` (None: it imports).
+        fn expected(damage: &Damage, len: usize, rechecksum: bool) -> Option<TransferError> {
+            let want = page_bytes_len(pool(1).layout());
+            let checksum = || (!rechecksum).then_some(TransferError::Checksum);
+            match damage {
+                Damage::Flip(i, _) => match i.index(len) {
+                    0..8 => Some(TransferError::Magic),
+                    _ if !rechecksum => Some(TransferError::Checksum),
+                    8..16 => Some(TransferError::Model { got: 0, want: 1 }),
+                    24..40 => Some(TransferError::Layout {
+                        got: pool(1).layout(),
+                        want: pool(1).layout(),
+                        dtype: 0,
+                    }),
+                    _ => None,
+                },
+                Damage::Truncate(i) if i.index(len) < HEADER_BYTES + 8 => {
+                    Some(TransferError::Length(i.index(len), want))
+                }
+                Damage::Truncate(i) => {
+                    checksum().or(Some(TransferError::Length(i.index(len), want)))
+                }
+                Damage::Extend(extra) => {
+                    checksum().or(Some(TransferError::Length(len + extra.len(), want)))
+                }
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            /// Damaged page bytes never panic an import: each is refused with
+            /// the cause its damage implies (magic, checksum, model, layout or
+            /// length), or imports when only the hash or values changed under
+            /// a valid checksum.
+            #[test]
+            fn damaged_pages_are_refused_with_their_cause(d in damage(), rechecksum in any::<bool>()) {
+                let mut a = pool(1);
+                let page = published_page(&mut a);
+                let mut bytes = export_page(&a, page).unwrap();
+                let len = bytes.len();
+                match &d {
+                    Damage::Flip(i, mask) => bytes[i.index(len)] ^= mask,
+                    Damage::Truncate(i) => bytes.truncate(i.index(len)),
+                    Damage::Extend(extra) => bytes.extend_from_slice(extra),
+                }
+                if rechecksum && bytes.len() >= 8 {
+                    let body = bytes.len() - 8;
+                    let sum = xxh3_64(&bytes[..body]).to_le_bytes();
+                    bytes[body..].copy_from_slice(&sum);
+                }
+                let result = import_page(&mut pool(1), &bytes);
+                prop_assert_eq!(
+                    result.as_ref().err().map(std::mem::discriminant),
+                    expected(&d, len, rechecksum).as_ref().map(std::mem::discriminant),
+                    "{:?}", result
+                );
+                if let Err(TransferError::Length(got, want)) = result {
+                    prop_assert_eq!((got, want), (bytes.len(), len));
+                }
+            }
+        }
+    }
 }
