@@ -17,12 +17,8 @@ use pie_core::{PropValue, Props};
 use pie_model::ChatMessage;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio_stream::wrappers::BroadcastStream;
 
-use crate::api::{
-    client_of, events_until_done, props_of, ApiError, ApiJson, AppState, GenArgs, KeyName,
-    PromptArg,
-};
+use crate::api::{client_of, props_of, ApiError, ApiJson, AppState, GenArgs, KeyName, PromptArg};
 use crate::process::{now_ms, ProcEvent, ProcState, Process, Usage};
 use crate::runtime::{Inferlet, Runtime};
 
@@ -244,7 +240,7 @@ async fn serve(
     let props = request_props(&common)?;
     let opts = common.gen.options(1.0)?;
     let client = client_of(&key, &props);
-    let (process, rx) = rt.launch(inferlet, opts, props, client)?;
+    let (process, events) = rt.launch(inferlet, opts, props, client)?;
     let guard = KillOnDrop {
         rt: rt.clone(),
         process: process.clone(),
@@ -255,7 +251,6 @@ async fn serve(
         created: now_ms() / 1000,
         kind,
     };
-    let events = events_until_done(BroadcastStream::new(rx).filter_map(|e| async move { e.ok() }));
     if common.stream {
         let include_usage = common.stream_options.unwrap_or_default().include_usage;
         Ok(stream_response(meta, events, include_usage, guard).into_response())
