@@ -1060,6 +1060,10 @@ fn step(engine: &mut Engine, subs: &mut Subscribers) {
         notify(subs, id, SeqEvent::Finished(reason, info), &mut gone);
         subs.remove(&id);
     }
+    for (id, error) in out.failed {
+        notify(subs, id, SeqEvent::Failed(error), &mut gone);
+        subs.remove(&id);
+    }
     // A driver that went away (its process was killed) no longer needs its sequence.
     for id in gone {
         engine.abort(id);
