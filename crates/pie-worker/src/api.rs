@@ -103,6 +103,9 @@ impl From<LaunchError> for ApiError {
                 ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string())
             },
             LaunchError::BadRequest(m) => ApiError::bad_request(m),
+            LaunchError::Unhealthy(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+            }
         }
     }
 }
@@ -281,7 +284,7 @@ fn resolve_client(auth: &Option<Extension<Authed>>, props: &mut Props) -> Result
 }
 
 pub fn router(state: AppState, max_body_bytes: usize) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(crate::openai::models))
@@ -303,22 +306,56 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/v1/admin/reload", axum::routing::post(admin_reload))
         .route("/v1/internal/prefill", axum::routing::post(peer_prefill))
         .route("/v1/internal/state", get(worker_state))
-        .route("/v1/internal/kv-events", get(kv_events))
+        .route("/v1/internal/kv-events", get(kv_events));
+    #[cfg(feature = "fault-injection")]
+    let router = router.route("/v1/admin/fault", axum::routing::post(inject_fault));
+    router
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(state)
 }
 
+/// 200 `ok`; 503 while the model loads, and 503 `unhealthy` with the reason
+/// when the engine panicked or stalls (see `supervisor`).
 async fn health(State(state): State<AppState>) -> Response {
     match state.runtime.get() {
-        Some(_) => Json(json!({"status": "ok"})).into_response(),
+        Some(rt) => match rt.health() {
+            Ok(()) => Json(json!({"status": "ok"})).into_response(),
+            Err(reason) => unhealthy(&reason),
+        },
         None => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"status": "loading"})),
         )
             .into_response(),
     }
+}
+
+fn unhealthy(reason: &str) -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({"status": "unhealthy", "reason": reason})),
+    )
+        .into_response()
+}
+
+#[cfg(feature = "fault-injection")]
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FaultBody {
+    fault: crate::supervisor::Fault,
+}
+
+/// `fault-injection` builds only: `{"fault": "panic" | "stall"}` makes the
+/// engine thread panic, or stop making progress while work is pending.
+#[cfg(feature = "fault-injection")]
+async fn inject_fault(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<FaultBody>,
+) -> Result<Json<Value>, ApiError> {
+    state.runtime()?.inject_fault(body.fault);
+    Ok(Json(json!({"injected": body.fault})))
 }
 
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
@@ -349,10 +386,14 @@ async fn policies(State(state): State<AppState>) -> Result<Json<Value>, ApiError
     })))
 }
 
-/// For a controller: load and the prefix cache's block hashes (a snapshot).
-/// Health and load for a controller's poll; cheap (no cache contents).
-async fn worker_state(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+/// Health and load for a controller's poll; cheap (no cache contents). An
+/// unhealthy engine answers 503 with the reason, as `/health` does, so the
+/// controller takes the worker out of routing.
+async fn worker_state(State(state): State<AppState>) -> Result<Response, ApiError> {
     let rt = state.runtime()?;
+    if let Err(reason) = rt.health() {
+        return Ok(unhealthy(&reason));
+    }
     let (queued, running) = (
         rt.count_in(ProcState::Queued),
         rt.count_in(ProcState::Running),
@@ -365,7 +406,8 @@ async fn worker_state(State(state): State<AppState>) -> Result<Json<Value>, ApiE
         "page_size": rt.shape.page_size,
         "fingerprint": rt.shape.fingerprint,
         "model": rt.settings.model_name,
-    })))
+    }))
+    .into_response())
 }
 
 fn json_event(name: &str, data: &impl serde::Serialize) -> Event {
@@ -749,43 +791,7 @@ async fn process_events(
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let rt = state.runtime()?;
     let p = find(&rt, &id, &auth)?;
-    Ok(Sse::new(watch_events(&p).map(native_event)).keep_alive(KeepAlive::default()))
-}
-
-/// Every event of a process from its start: the output so far as one text event,
-/// then live events, ending with (and including) the final `Done`.
-pub fn watch_events(p: &Process) -> impl Stream<Item = ProcEvent> + Send + 'static {
-    let (snapshot, rx) = p.watch();
-    let mut first = Vec::new();
-    if !snapshot.output.is_empty() {
-        first.push(ProcEvent::Text(snapshot.output.clone()));
-    }
-    if snapshot.state.is_final() {
-        first.push(ProcEvent::Done {
-            state: snapshot.state,
-            finish_reason: snapshot.finish_reason,
-            usage: snapshot.usage,
-            error: snapshot.error,
-        });
-    }
-    events_until_done(
-        stream::iter(first).chain(BroadcastStream::new(rx).filter_map(|e| async move { e.ok() })),
-    )
-}
-
-/// Events up to and including the first `Done`; ends right after it without
-/// waiting for the source (which stays open while the process record lives).
-pub fn events_until_done(
-    events: impl Stream<Item = ProcEvent> + Send + 'static,
-) -> impl Stream<Item = ProcEvent> + Send + 'static {
-    stream::unfold((Box::pin(events), false), |(mut events, done)| async move {
-        if done {
-            return None;
-        }
-        let e = events.next().await?;
-        let done = matches!(e, ProcEvent::Done { .. });
-        Some((e, (events, done)))
-    })
+    Ok(Sse::new(p.events().map(native_event)).keep_alive(KeepAlive::default()))
 }
 
 fn native_event(e: ProcEvent) -> Result<Event, Infallible> {

@@ -33,6 +33,15 @@ pub struct ServerConfig {
     /// controller (registration): a key with role `worker` there. The
     /// environment's `PIE_WORKER_KEY` takes precedence.
     pub worker_key: Option<String>,
+    /// The engine is unhealthy (503 on /health) after this long without
+    /// progress while work is pending.
+    pub stall_ms: u64,
+    /// Chat sessions kept; past this the least recently used is forgotten.
+    pub max_sessions: usize,
+    /// Finished process records kept for the API; past this the oldest go.
+    pub max_finished_processes: usize,
+    /// A finished process record is forgotten this long after it ended.
+    pub finished_ttl_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -46,6 +55,10 @@ impl Default for ServerConfig {
             max_body_bytes: 1 << 20,
             trace_file: None,
             worker_key: None,
+            stall_ms: 30_000,
+            max_sessions: 10_000,
+            max_finished_processes: 10_000,
+            finished_ttl_ms: 3_600_000,
         }
     }
 }
@@ -150,6 +163,10 @@ port = 8080
 max_queued = 256                   # processes waiting to start; beyond: 429
 max_body_bytes = 1048576           # beyond: 413
 # trace_file = "trace.jsonl"       # record finished requests (lengths, block ids, props; no tokens)
+stall_ms = 30000                   # engine without progress this long with work pending: 503 on /health
+max_sessions = 10000               # chat sessions kept; beyond: least recently used forgotten
+max_finished_processes = 10000     # finished process records kept; beyond: oldest forgotten
+finished_ttl_ms = 3600000          # a finished process record is forgotten this long after it ended
 
 [model]
 # path = "/models/model.gguf"     # unset: SmolLM2-135M-Instruct, fetched on first use

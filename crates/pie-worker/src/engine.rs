@@ -115,6 +115,9 @@ pub struct StepOutput {
     pub batch_tokens: usize,
     /// Sequences scheduled for the first time in this step.
     pub started: Vec<SeqId>,
+    /// Sequences stopped by an error of their own, with it (their pages are
+    /// released); the rest of the batch ran.
+    pub failed: Vec<(SeqId, String)>,
 }
 
 /// Counters since start.
@@ -352,7 +355,9 @@ impl Engine {
         let mut plan = Vec::new();
         self.scheduler.plan(&mut self.kv, now_ms, &mut plan);
         out.started = std::mem::take(&mut self.kv.started);
+        let rejected = self.reject_invalid(&mut plan);
         if plan.is_empty() {
+            self.fail(rejected, &mut out);
             return Ok(out);
         }
         let mut logits = self.forward(&plan)?.into_iter();
@@ -395,7 +400,52 @@ impl Engine {
         for id in self.scheduler.finish(&mut self.kv, &done, true) {
             self.kv.seqs.remove(&id);
         }
+        self.fail(rejected, &mut out);
         Ok(out)
+    }
+
+    /// Take out of `plan` the chunks that would fail the whole batched forward
+    /// because of their own sequence (a token outside the vocabulary, a
+    /// position past the context), so that only those sequences fail.
+    fn reject_invalid(&self, plan: &mut Vec<Planned>) -> Vec<(SeqId, String)> {
+        let mut rejected = Vec::new();
+        plan.retain(|p| match self.chunk_error(p) {
+            Some(error) => {
+                rejected.push((p.seq, error));
+                false
+            }
+            None => true,
+        });
+        rejected
+    }
+
+    fn chunk_error(&self, p: &Planned) -> Option<String> {
+        let s = &self.kv.seqs[&p.seq];
+        let end = s.table.len() + p.tokens;
+        if end > self.model.max_positions() {
+            return Some(format!(
+                "sequence of {end} tokens exceeds the model's context length {}",
+                self.model.max_positions()
+            ));
+        }
+        let vocab = self.model.config.vocab;
+        s.tokens[s.table.len()..end]
+            .iter()
+            .find(|t| **t as usize >= vocab)
+            .map(|t| format!("token id {t} is outside the vocabulary ({vocab} tokens)"))
+    }
+
+    /// Stop the `rejected` sequences (pages released, not retained) and report them.
+    fn fail(&mut self, rejected: Vec<(SeqId, String)>, out: &mut StepOutput) {
+        // Looked up now: finishing the step's other sequences moved indices.
+        let indices: Vec<usize> = rejected
+            .iter()
+            .filter_map(|(id, _)| self.scheduler.position(*id))
+            .collect();
+        for id in self.scheduler.finish(&mut self.kv, &indices, false) {
+            self.kv.seqs.remove(&id);
+        }
+        out.failed.extend(rejected);
     }
 
     /// One batched forward over the planned chunks; logits of the chunks that

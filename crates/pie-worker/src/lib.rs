@@ -10,7 +10,10 @@ pub mod metrics;
 pub mod offload;
 pub mod openai;
 pub mod process;
+pub mod records;
 pub mod runtime;
 pub mod serve;
+pub mod sessions;
+pub mod supervisor;
 
 pub use engine::{Engine, EngineConfig, FinishReason, Request};

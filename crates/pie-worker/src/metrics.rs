@@ -34,6 +34,14 @@ pub struct Metrics {
     pub deadline_misses: Counter,
     pub offloaded_prefills: Counter,
     pub offload_failures: Counter,
+    /// 1 while the engine thread is alive and making progress (see `supervisor`).
+    pub engine_healthy: Gauge,
+    pub engine_panics: Counter,
+    pub engine_stalls: Counter,
+    /// Finished process records kept for the API (bounded).
+    pub finished_records: Gauge,
+    /// Chat sessions kept (bounded).
+    pub chat_sessions: Gauge,
 }
 
 impl Default for Metrics {
@@ -62,6 +70,11 @@ impl Metrics {
             deadline_misses: Counter::default(),
             offloaded_prefills: Counter::default(),
             offload_failures: Counter::default(),
+            engine_healthy: Gauge::default(),
+            engine_panics: Counter::default(),
+            engine_stalls: Counter::default(),
+            finished_records: Gauge::default(),
+            chat_sessions: Gauge::default(),
             registry: Registry::with_prefix("pie"),
         };
         m.registry
@@ -142,6 +155,31 @@ impl Metrics {
             "offload_failures",
             "Offloads that failed and ran locally",
             m.offload_failures.clone(),
+        );
+        m.registry.register(
+            "engine_healthy",
+            "1 while the engine thread is alive and making progress, else 0 (/health says why)",
+            m.engine_healthy.clone(),
+        );
+        m.registry.register(
+            "engine_panics",
+            "Engine thread panics (the worker stays unhealthy until restarted)",
+            m.engine_panics.clone(),
+        );
+        m.registry.register(
+            "engine_stalls",
+            "Times the engine made no progress for server.stall_ms with work pending",
+            m.engine_stalls.clone(),
+        );
+        m.registry.register(
+            "finished_process_records",
+            "Finished process records kept (server.max_finished_processes, finished_ttl_ms)",
+            m.finished_records.clone(),
+        );
+        m.registry.register(
+            "chat_sessions",
+            "Chat sessions kept (server.max_sessions, least recently used go)",
+            m.chat_sessions.clone(),
         );
         m
     }

@@ -17,11 +17,9 @@ use pie_core::{PropValue, Props};
 use pie_model::ChatMessage;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio_stream::wrappers::BroadcastStream;
 
 use crate::api::{
-    cache_salt_of, client_of, events_until_done, props_of, ApiError, ApiJson, AppState, Authed,
-    GenArgs, PromptArg,
+    cache_salt_of, client_of, props_of, ApiError, ApiJson, AppState, Authed, GenArgs, PromptArg,
 };
 use crate::process::{now_ms, ProcEvent, ProcState, Process, Usage};
 use crate::runtime::{GenOptions, Inferlet, Runtime};
@@ -247,7 +245,7 @@ async fn serve(
         ..common.gen.options(1.0)?
     };
     let client = client_of(&auth, &mut props)?;
-    let (process, rx) = rt.launch(inferlet, opts, props, client)?;
+    let (process, events) = rt.launch(inferlet, opts, props, client)?;
     let guard = KillOnDrop {
         rt: rt.clone(),
         process: process.clone(),
@@ -258,7 +256,6 @@ async fn serve(
         created: now_ms() / 1000,
         kind,
     };
-    let events = events_until_done(BroadcastStream::new(rx).filter_map(|e| async move { e.ok() }));
     if common.stream {
         let include_usage = common.stream_options.unwrap_or_default().include_usage;
         Ok(stream_response(meta, events, include_usage, guard).into_response())

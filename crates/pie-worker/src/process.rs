@@ -1,13 +1,20 @@
 //! Inferlet processes: the record of one request (id, client, props, state,
 //! timestamps, token counts, output) and the events its watchers receive.
+//!
+//! Watchers read the stored output by index rather than from a bounded
+//! channel, so a slow reader cannot be overrun: it sees every output piece
+//! exactly once, however far behind it is. The output is bounded by the
+//! process's `max_tokens`, so keeping all of it costs nothing a channel would
+//! save.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use futures_util::stream::{self, BoxStream, StreamExt};
 use pie_core::{Props, SeqId};
 use serde::Serialize;
-use tokio::sync::broadcast;
+use tokio::sync::watch;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -104,6 +111,27 @@ pub struct ProcData {
     /// Generated token ids (stop strings do not trim these).
     pub output_tokens: Vec<u32>,
     pub error: Option<String>,
+    /// Where each `Text` event's piece of `output` ends: watchers replay the
+    /// pieces by index.
+    #[serde(skip)]
+    piece_ends: Vec<usize>,
+}
+
+impl ProcData {
+    /// The event at `index` of the process's event sequence (its output
+    /// pieces, then `Done`), if it has happened yet.
+    fn event_at(&self, index: usize) -> Option<ProcEvent> {
+        if let Some(&end) = self.piece_ends.get(index) {
+            let start = index.checked_sub(1).map_or(0, |i| self.piece_ends[i]);
+            return Some(ProcEvent::Text(self.output[start..end].to_string()));
+        }
+        (index == self.piece_ends.len() && self.state.is_final()).then(|| ProcEvent::Done {
+            state: self.state,
+            finish_reason: self.finish_reason,
+            usage: self.usage,
+            error: self.error.clone(),
+        })
+    }
 }
 
 /// How many processes are queued and running, kept up to date by their state
@@ -147,9 +175,8 @@ pub struct Process {
     pub client: String,
     counts: Arc<StateCounts>,
     data: Mutex<ProcData>,
-    /// Dropped once the process is final, so that a finished record does not
-    /// keep its event buffer (`EVENT_BUFFER` slots) while it stays listed.
-    events: Mutex<Option<broadcast::Sender<ProcEvent>>>,
+    /// Bumped after every change of `data` that adds an event; wakes watchers.
+    changes: watch::Sender<u64>,
     seq: OnceLock<SeqId>,
 }
 
@@ -168,8 +195,6 @@ pub fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
-
-const EVENT_BUFFER: usize = 4096;
 
 impl Process {
     pub fn new(
@@ -192,6 +217,7 @@ impl Process {
             output: String::new(),
             output_tokens: Vec::new(),
             error: None,
+            piece_ends: Vec::new(),
         };
         Self {
             id,
@@ -199,7 +225,7 @@ impl Process {
             client,
             counts,
             data: Mutex::new(data),
-            events: Mutex::new(Some(broadcast::channel(EVENT_BUFFER).0)),
+            changes: watch::channel(0).0,
             seq: OnceLock::new(),
         }
     }
@@ -208,15 +234,9 @@ impl Process {
         self.data.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Callers hold the data lock, so events and state changes stay in order.
-    fn events(&self) -> std::sync::MutexGuard<'_, Option<broadcast::Sender<ProcEvent>>> {
-        self.events.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn send(&self, event: ProcEvent) {
-        if let Some(tx) = self.events().as_ref() {
-            let _ = tx.send(event);
-        }
+    /// Wake the watchers (called after a change that adds an event).
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n += 1);
     }
 
     pub fn snapshot(&self) -> ProcData {
@@ -256,16 +276,26 @@ impl Process {
         Ok(d.props.clone())
     }
 
-    /// The output so far and a receiver for everything after it, with no gap and no
-    /// duplicate between the two.
-    pub fn watch(&self) -> (ProcData, broadcast::Receiver<ProcEvent>) {
-        let d = self.lock();
-        let rx = match self.events().as_ref() {
-            Some(tx) => tx.subscribe(),
-            // Final: the snapshot says everything; the receiver is closed.
-            None => broadcast::channel(1).1,
-        };
-        (d.clone(), rx)
+    /// Every event of the process from its start: one `Text` per output piece,
+    /// then the final `Done`, after which the stream ends. Read from the stored
+    /// output by index, so no reader misses or repeats a piece however slowly
+    /// it reads.
+    pub fn events(self: &Arc<Self>) -> BoxStream<'static, ProcEvent> {
+        let start = (self.clone(), self.changes.subscribe(), 0);
+        stream::unfold(Some(start), |state| async move {
+            let (process, mut changes, index) = state?;
+            loop {
+                // Marked seen before reading, so a change after the read wakes us.
+                changes.borrow_and_update();
+                let event = process.lock().event_at(index);
+                match event {
+                    Some(done @ ProcEvent::Done { .. }) => return Some((done, None)),
+                    Some(text) => return Some((text, Some((process, changes, index + 1)))),
+                    None => changes.changed().await.ok()?,
+                }
+            }
+        })
+        .boxed()
     }
 
     pub fn mark_running(&self) {
@@ -286,13 +316,16 @@ impl Process {
             d.first_token_ms = Some(now_ms());
         }
         d.output.push_str(&text);
+        let end = d.output.len();
+        d.piece_ends.push(end);
         d.output_tokens.extend(token);
         d.usage = Usage::new(
             d.usage.prompt_tokens,
             completion_tokens,
             d.usage.prompt_tokens_details.cached_tokens,
         );
-        self.send(ProcEvent::Text(text));
+        drop(d);
+        self.changed();
     }
 
     pub fn set_cached_tokens(&self, cached: usize) {
@@ -315,14 +348,97 @@ impl Process {
         d.state = state;
         d.finish_reason = finish_reason;
         d.finished_ms = Some(now_ms());
-        d.error = error.clone();
-        self.send(ProcEvent::Done {
-            state,
-            finish_reason,
-            usage: d.usage,
-            error,
-        });
-        self.events().take();
+        d.error = error;
+        drop(d);
+        self.changed();
         true
+    }
+
+    /// When it reached its final state (unix ms), if it has.
+    pub fn finished_ms(&self) -> Option<u64> {
+        self.lock().finished_ms
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn process() -> Arc<Process> {
+        Arc::new(Process::new(
+            "proc-1".into(),
+            "text-completion",
+            "c".into(),
+            Props::new(),
+            3,
+            Arc::default(),
+        ))
+    }
+
+    fn text_of(events: &[ProcEvent]) -> String {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                ProcEvent::Text(t) => Some(t.as_str()),
+                ProcEvent::Done { .. } => None,
+            })
+            .collect()
+    }
+
+    /// A reader that reads nothing until 10,000 pieces are out (the old
+    /// 4,096-slot broadcast dropped the first ones and still ended normally).
+    #[tokio::test]
+    async fn a_reader_far_behind_sees_every_piece_once_then_done() {
+        let p = process();
+        let events = p.events();
+        for i in 0..10_000u32 {
+            p.push_text(format!("{i},"), Some(i), i as usize + 1);
+        }
+        p.finish(ProcState::Finished, Some("length"), None);
+        let all: Vec<ProcEvent> = events.collect().await;
+        assert_eq!(all.len(), 10_001);
+        assert_eq!(all[4096], ProcEvent::Text("4096,".into()));
+        assert_eq!(text_of(&all), p.snapshot().output);
+        match all.last() {
+            Some(ProcEvent::Done { state, usage, .. }) => {
+                assert_eq!(*state, ProcState::Finished);
+                assert_eq!(usage.completion_tokens, 10_000);
+            }
+            other => panic!("last event {other:?}"),
+        }
+    }
+
+    /// A live reader, woken piece by piece while the writer runs, sees the same
+    /// events as one that subscribes after the end; empty pieces included.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn live_and_late_readers_see_the_same_events() {
+        let p = process();
+        let live = tokio::spawn(p.events().collect::<Vec<_>>());
+        let writer = p.clone();
+        tokio::spawn(async move {
+            for i in 0..500u32 {
+                let piece = if i % 7 == 0 {
+                    String::new()
+                } else {
+                    "é".repeat(1 + i as usize % 3)
+                };
+                writer.push_text(piece, Some(i), i as usize + 1);
+                if i % 50 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+            writer.finish(ProcState::Failed, None, Some("boom".into()));
+        })
+        .await
+        .unwrap();
+        let live = live.await.unwrap();
+        let late: Vec<ProcEvent> = p.events().collect().await;
+        assert_eq!(live.len(), 501);
+        assert_eq!(live, late);
+        assert!(matches!(
+            live.last(),
+            Some(ProcEvent::Done { state: ProcState::Failed, error: Some(e), .. }) if e == "boom"
+        ));
+        assert_eq!(text_of(&live), p.snapshot().output);
     }
 }

@@ -1,11 +1,14 @@
-//! The worker runtime: the engine on its own thread, the process table, and the
-//! built-in inferlets that drive generation for each process.
+//! The worker runtime: the engine on its own thread (supervised, see
+//! [`crate::supervisor`]), the process table, and the built-in inferlets that
+//! drive generation for each process.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+use futures_util::stream::BoxStream;
 
 use pie_core::{KvEventBatch, KvSnapshot, Props, SeqId};
 use pie_kv::IndexChange;
@@ -17,6 +20,9 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use crate::engine::{Engine, EngineCounters, FinishReason, Request, SeqInfo};
 use crate::metrics::Metrics;
 use crate::process::{now_ms, ProcEvent, ProcState, Process, StateCounts};
+use crate::records::{ProcessTable, RecordLimits};
+use crate::sessions::Sessions;
+use crate::supervisor::{self, Supervision};
 use pie_policy::runtime::WorkerPolicies;
 use pie_workload::{TraceInput, TraceRecorder};
 
@@ -51,6 +57,9 @@ enum Command {
         pages: Vec<Vec<u8>>,
         reply: oneshot::Sender<usize>,
     },
+    /// `fault-injection`: panic on the engine thread.
+    #[cfg(feature = "fault-injection")]
+    Panic,
 }
 
 /// Engine load published after every engine iteration, read by offload.
@@ -108,39 +117,9 @@ pub enum LaunchError {
     Overloaded(usize),
     #[error("{0}")]
     BadRequest(String),
-}
-
-/// Finished processes stay visible in the API until this many records exist.
-const MAX_PROCESS_RECORDS: usize = 10_000;
-
-/// Processes by id, and their ids in launch order for dropping the oldest
-/// finished records first.
-#[derive(Default)]
-struct ProcessTable {
-    by_id: HashMap<String, Arc<Process>>,
-    order: VecDeque<String>,
-}
-
-impl ProcessTable {
-    /// Add `process`; past `MAX_PROCESS_RECORDS`, forget the oldest finished
-    /// ones. Unfinished ones met on the way go to the back (amortised O(1)).
-    fn insert(&mut self, process: Arc<Process>) {
-        let mut passes = self.order.len();
-        while self.by_id.len() >= MAX_PROCESS_RECORDS && passes > 0 {
-            passes -= 1;
-            let Some(id) = self.order.pop_front() else {
-                break;
-            };
-            match self.by_id.get(&id) {
-                Some(p) if !p.state().is_final() => self.order.push_back(id),
-                _ => {
-                    self.by_id.remove(&id);
-                }
-            }
-        }
-        self.order.push_back(process.id.clone());
-        self.by_id.insert(process.id.clone(), process);
-    }
+    /// The engine panicked or stalls (see `Runtime::health`).
+    #[error("the worker is unhealthy: {0}")]
+    Unhealthy(String),
 }
 
 pub struct RuntimeSettings {
@@ -151,7 +130,17 @@ pub struct RuntimeSettings {
     pub trace: Option<TraceRecorder>,
     /// `[server] worker_key`: presented to offload peers.
     pub worker_key: Option<String>,
+    /// `[server] stall_ms`: the engine is unhealthy after this long without
+    /// progress while work is pending.
+    pub stall_ms: u64,
+    /// `[server] max_sessions`: chat sessions kept (least recently used go).
+    pub max_sessions: usize,
+    /// `[server] max_finished_processes` and `finished_ttl_ms`.
+    pub records: RecordLimits,
 }
+
+/// Every event of one process, from its start to its final `Done`.
+pub type ProcEvents = BoxStream<'static, ProcEvent>;
 
 /// KV event batches kept for slow subscribers; one that falls further behind
 /// is disconnected and resubscribes for a fresh snapshot.
@@ -183,8 +172,19 @@ pub struct Runtime {
     kv_events: broadcast::Sender<Arc<KvEventBatch>>,
     processes: Mutex<ProcessTable>,
     state_counts: Arc<StateCounts>,
-    sessions: Mutex<HashMap<String, Vec<ChatMessage>>>,
+    sessions: Mutex<Sessions>,
     next_id: AtomicU64,
+    supervision: Arc<Supervision>,
+    /// The engine's health the watchdog last acted on (a `Seen`).
+    seen: AtomicU8,
+}
+
+/// The engine's health as the watchdog saw it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    Healthy,
+    Stalled,
+    Panicked,
 }
 
 impl Runtime {
@@ -212,15 +212,20 @@ impl Runtime {
             tx: kv_events.clone(),
             seq: 0,
         };
-        let (thread_metrics, thread_load) = (metrics.clone(), load.clone());
+        let supervision = Arc::new(Supervision::new(settings.stall_ms));
+        let thread = EngineThread {
+            metrics: metrics.clone(),
+            load: load.clone(),
+            supervision: supervision.clone(),
+        };
         std::thread::Builder::new()
             .name("pie-engine".into())
-            .spawn(move || engine_loop(engine, rx, publisher, &thread_metrics, &thread_load))
+            .spawn(move || thread.run(engine, rx, publisher))
             .expect("spawning the engine thread");
-        Arc::new(Self {
+        let state_counts = Arc::<StateCounts>::default();
+        let rt = Arc::new(Self {
             model,
             shape,
-            settings,
             metrics,
             max_seq_tokens,
             policy_names: Mutex::new(policies.names),
@@ -231,11 +236,85 @@ impl Runtime {
             http: reqwest::Client::new(),
             commands: tx,
             kv_events,
-            processes: Mutex::new(ProcessTable::default()),
-            state_counts: Arc::default(),
-            sessions: Mutex::new(HashMap::new()),
+            processes: Mutex::new(ProcessTable::new(settings.records, state_counts.clone())),
+            state_counts,
+            sessions: Mutex::new(Sessions::new(settings.max_sessions)),
             next_id: AtomicU64::new(1),
-        })
+            settings,
+            supervision,
+            seen: AtomicU8::new(Seen::Healthy as u8),
+        });
+        supervisor::spawn_watchdog(Arc::downgrade(&rt), &rt.supervision);
+        rt
+    }
+
+    /// `Err(reason)` when the engine thread panicked or stalls.
+    pub fn health(&self) -> Result<(), String> {
+        self.supervision.health()
+    }
+
+    /// Why the engine no longer serves a sequence (for processes failed by it).
+    fn engine_stopped(&self) -> String {
+        self.health()
+            .err()
+            .unwrap_or_else(|| "the engine stopped".into())
+    }
+
+    /// The watchdog's tick: when the engine is first seen panicked or stalled,
+    /// count it and fail every live process with the reason (their clients get
+    /// an error instead of waiting forever); then drop expired records.
+    pub fn supervise(&self) {
+        let health = self.health();
+        let seen = match &health {
+            Ok(()) => Seen::Healthy,
+            Err(_) if self.supervision.has_panicked() => Seen::Panicked,
+            Err(_) => Seen::Stalled,
+        };
+        let before = self.seen.swap(seen as u8, Ordering::Relaxed);
+        match health {
+            Err(reason) if before != seen as u8 => {
+                let counter = match seen {
+                    Seen::Panicked => &self.metrics.engine_panics,
+                    _ => &self.metrics.engine_stalls,
+                };
+                counter.inc();
+                tracing::error!("{reason}: failing every live process");
+                self.fail_live(&reason);
+            }
+            _ => {}
+        }
+        self.lock_processes().sweep(now_ms());
+    }
+
+    fn fail_live(&self, reason: &str) {
+        let live: Vec<Arc<Process>> = self
+            .lock_processes()
+            .all()
+            .filter(|p| !p.state().is_final())
+            .cloned()
+            .collect();
+        for p in live {
+            if p.finish(ProcState::Failed, None, Some(reason.to_string())) {
+                self.metrics.count_request("failed");
+                if let Some(seq) = p.seq() {
+                    self.send(Command::Abort(seq));
+                }
+            }
+        }
+    }
+
+    /// `fault-injection`: make the engine thread panic or stall.
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_fault(&self, fault: supervisor::Fault) {
+        tracing::warn!(?fault, "fault injected into the engine");
+        match fault {
+            supervisor::Fault::Panic => self.send(Command::Panic),
+            supervisor::Fault::Stall => self.supervision.set_stall_fault(),
+        }
+    }
+
+    fn lock_processes(&self) -> std::sync::MutexGuard<'_, ProcessTable> {
+        self.processes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn send(&self, cmd: Command) {
@@ -374,24 +453,12 @@ impl Runtime {
     }
 
     pub fn process(&self, id: &str) -> Option<Arc<Process>> {
-        self.processes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .by_id
-            .get(id)
-            .cloned()
+        self.lock_processes().get(id).cloned()
     }
 
     /// Every process on record, oldest first (ids sort in launch order).
     pub fn processes(&self) -> Vec<Arc<Process>> {
-        let mut all: Vec<_> = self
-            .processes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .by_id
-            .values()
-            .cloned()
-            .collect();
+        let mut all: Vec<_> = self.lock_processes().all().cloned().collect();
         all.sort_by(|a, b| a.id.cmp(&b.id));
         all
     }
@@ -409,30 +476,37 @@ impl Runtime {
         self.metrics
             .running
             .set(self.count_in(ProcState::Running) as i64);
+        self.metrics
+            .engine_healthy
+            .set(i64::from(self.health().is_ok()));
+        self.metrics
+            .finished_records
+            .set(self.lock_processes().finished() as i64);
+        self.metrics
+            .chat_sessions
+            .set(self.lock_sessions().len() as i64);
         self.metrics.encode()
     }
 
-    fn register(&self, process: Arc<Process>) {
-        self.processes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(process);
+    fn lock_sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Start a process; the receiver sees all its events from the start.
+    /// Start a process; the stream has all its events from the start.
     pub fn launch(
         self: &Arc<Self>,
         inferlet: Inferlet,
         opts: GenOptions,
         props: Props,
         client: String,
-    ) -> Result<(Arc<Process>, broadcast::Receiver<ProcEvent>), LaunchError> {
+    ) -> Result<(Arc<Process>, ProcEvents), LaunchError> {
+        self.health().map_err(LaunchError::Unhealthy)?;
         let queued = self.count_in(ProcState::Queued);
         if queued >= self.settings.max_queued.load(Ordering::Relaxed) {
             self.metrics.count_request("rejected_overload");
             return Err(LaunchError::Overloaded(queued));
         }
-        let (prompt, session_messages) = self.prompt_tokens(&inferlet, &props)?;
+        let (prompt, session_messages) = self.prompt_tokens(&inferlet, &props, &client)?;
         if prompt.is_empty() {
             return Err(LaunchError::BadRequest("the prompt is empty".into()));
         }
@@ -452,8 +526,8 @@ impl Runtime {
             prompt.len(),
             self.state_counts.clone(),
         ));
-        let (_, events) = process.watch();
-        self.register(process.clone());
+        let events = process.events();
+        self.lock_processes().insert(process.clone());
         let req = Request {
             client: process.client.clone(),
             prompt,
@@ -482,10 +556,13 @@ impl Runtime {
     }
 
     /// The prompt's tokens and, for a resumed chat session, the messages to record.
+    /// A session belongs to its client: another client naming the same session
+    /// starts its own.
     fn prompt_tokens(
         &self,
         inferlet: &Inferlet,
         props: &Props,
+        client: &str,
     ) -> Result<(Vec<u32>, Option<SessionTurn>), LaunchError> {
         let bad = |e: anyhow::Error| LaunchError::BadRequest(e.to_string());
         match inferlet {
@@ -505,16 +582,13 @@ impl Runtime {
                 messages,
                 resume_session,
             } => {
-                let session = props.str("session").filter(|_| *resume_session);
+                let session = props
+                    .str("session")
+                    .filter(|_| *resume_session)
+                    .map(|s| session_key(client, s));
                 let mut all = session
-                    .map(|s| {
-                        self.sessions
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get(s)
-                            .cloned()
-                            .unwrap_or_default()
-                    })
+                    .as_deref()
+                    .and_then(|s| self.lock_sessions().get(s))
                     .unwrap_or_default();
                 all.extend(messages.iter().cloned());
                 let text = self
@@ -524,7 +598,7 @@ impl Runtime {
                     .map_err(bad)?;
                 Ok((
                     self.model.tokenizer.encode(&text).map_err(bad)?,
-                    session.map(|s| (s.to_string(), all)),
+                    session.map(|s| (s, all)),
                 ))
             }
         }
@@ -561,6 +635,12 @@ fn process_id(number: u64) -> String {
     format!("proc-{number:012x}{:016x}", rand::random::<u64>())
 }
 
+/// Where a client's chat session is kept: length-prefixed, so no pair of client
+/// and session names can spell another pair's key.
+fn session_key(client: &str, session: &str) -> String {
+    format!("{}:{client}{session}", client.len())
+}
+
 /// A resumed chat session's id and the messages of this turn's prompt.
 type SessionTurn = (String, Vec<ChatMessage>);
 
@@ -587,7 +667,7 @@ impl Driver {
             reply: reply_tx,
         });
         let Ok(seq) = reply.await else {
-            self.fail("the engine stopped".into());
+            self.fail(self.rt.engine_stopped());
             return;
         };
         self.process.set_seq(seq);
@@ -620,9 +700,15 @@ impl Driver {
                     }
                     last_token = Some(now);
                     tokens += 1;
-                    let delta = decoder
-                        .push(&self.rt.model.tokenizer, t)
-                        .unwrap_or_default();
+                    let delta = match decoder.push(&self.rt.model.tokenizer, t) {
+                        Ok(delta) => delta,
+                        Err(e) => {
+                            // This process's output would be wrong; others are unaffected.
+                            self.rt.send(Command::Abort(seq));
+                            self.fail(format!("cannot detokenize token {t}: {e}"));
+                            return;
+                        }
+                    };
                     let (emit, stopped) = text.push(&delta);
                     self.process.push_text(emit, Some(t), tokens);
                     if stopped {
@@ -654,6 +740,8 @@ impl Driver {
                 }
             }
         }
+        // The engine dropped the sequence without a last word: it is gone.
+        self.fail(self.rt.engine_stopped());
     }
 
     fn complete(&self, reason: &'static str) {
@@ -675,11 +763,7 @@ impl Driver {
             });
             // The inferlet records which turn this was as its own prop.
             let turns = messages.iter().filter(|m| m.role == "assistant").count() as i64;
-            self.rt
-                .sessions
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(session, messages);
+            self.rt.lock_sessions().insert(session, messages);
             let _ = self
                 .process
                 .update_props(|p| p.set("turn", pie_core::PropValue::Int(turns)));
@@ -699,6 +783,21 @@ impl Driver {
             if done > d.created_ms.saturating_add(deadline.max(0) as u64) {
                 self.rt.metrics.deadline_misses.inc();
             }
+        }
+    }
+}
+
+/// A driver that ends before its process does (its task panicked or was
+/// dropped) fails the process and frees its sequence: a failure in one
+/// process's own code never leaves it running forever.
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if self.process.state().is_final() {
+            return;
+        }
+        self.fail("internal error: the process's driver stopped unexpectedly".into());
+        if let Some(seq) = self.process.seq() {
+            self.rt.send(Command::Abort(seq));
         }
     }
 }
@@ -815,14 +914,39 @@ impl KvPublisher {
     }
 }
 
+/// What the engine thread shares with the rest of the runtime.
+struct EngineThread {
+    metrics: Arc<Metrics>,
+    load: Arc<Load>,
+    supervision: Arc<Supervision>,
+}
+
+type Subscribers = HashMap<SeqId, mpsc::UnboundedSender<SeqEvent>>;
+
+impl EngineThread {
+    /// The engine loop under supervision: a panic fails every sequence it was
+    /// serving with the panic's message, and the worker reports it.
+    fn run(self, engine: Engine, commands: std_mpsc::Receiver<Command>, kv: KvPublisher) {
+        let mut subs = Subscribers::new();
+        let looped = supervisor::run_supervised(&self.supervision, || {
+            engine_loop(engine, &commands, kv, &mut subs, &self)
+        });
+        if let Err(reason) = looped {
+            for (_, tx) in subs.drain() {
+                let _ = tx.send(SeqEvent::Failed(reason.clone()));
+            }
+        }
+    }
+}
+
 fn engine_loop(
     mut engine: Engine,
-    commands: std_mpsc::Receiver<Command>,
+    commands: &std_mpsc::Receiver<Command>,
     mut kv: KvPublisher,
-    metrics: &Metrics,
-    load: &Load,
+    subs: &mut Subscribers,
+    shared: &EngineThread,
 ) {
-    let mut subs: HashMap<SeqId, mpsc::UnboundedSender<SeqEvent>> = HashMap::new();
+    let (metrics, load, supervision) = (&*shared.metrics, &*shared.load, &*shared.supervision);
     let mut rate = RateWindow {
         samples: VecDeque::new(),
     };
@@ -839,16 +963,26 @@ fn engine_loop(
             .store(prefill_per_s.to_bits(), Ordering::Relaxed);
         if !engine.has_work() {
             metrics.tokens_per_second.set(0.0);
+            supervision.idle();
             match commands.recv() {
-                Ok(cmd) => apply(&mut engine, &mut subs, &mut kv, cmd),
+                Ok(cmd) => {
+                    supervision.progress();
+                    apply(&mut engine, subs, &mut kv, cmd)
+                }
                 Err(_) => return,
             }
         }
+        #[cfg(feature = "fault-injection")]
+        if supervision.stall_fault() && engine.has_work() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            continue;
+        }
+        supervision.progress();
         while let Ok(cmd) = commands.try_recv() {
-            apply(&mut engine, &mut subs, &mut kv, cmd);
+            apply(&mut engine, subs, &mut kv, cmd);
         }
         if engine.has_work() {
-            step(&mut engine, &mut subs);
+            step(&mut engine, subs);
         }
         kv.publish(&mut engine);
     }
@@ -884,12 +1018,7 @@ fn report(
     metrics.pages_free.set(stats.free as i64);
 }
 
-fn apply(
-    engine: &mut Engine,
-    subs: &mut HashMap<SeqId, mpsc::UnboundedSender<SeqEvent>>,
-    kv: &mut KvPublisher,
-    cmd: Command,
-) {
+fn apply(engine: &mut Engine, subs: &mut Subscribers, kv: &mut KvPublisher, cmd: Command) {
     match cmd {
         Command::Add { req, events, reply } => match engine.add(req) {
             Ok(id) => {
@@ -930,10 +1059,12 @@ fn apply(
         Command::ImportPages { pages, reply } => {
             let _ = reply.send(engine.import_pages(&pages));
         }
+        #[cfg(feature = "fault-injection")]
+        Command::Panic => panic!("fault injected: engine panic"),
     }
 }
 
-fn step(engine: &mut Engine, subs: &mut HashMap<SeqId, mpsc::UnboundedSender<SeqEvent>>) {
+fn step(engine: &mut Engine, subs: &mut Subscribers) {
     let out = match engine.step(now_ms()) {
         Ok(out) => out,
         Err(e) => {
@@ -957,6 +1088,10 @@ fn step(engine: &mut Engine, subs: &mut HashMap<SeqId, mpsc::UnboundedSender<Seq
         notify(subs, id, SeqEvent::Finished(reason, info), &mut gone);
         subs.remove(&id);
     }
+    for (id, error) in out.failed {
+        notify(subs, id, SeqEvent::Failed(error), &mut gone);
+        subs.remove(&id);
+    }
     // A driver that went away (its process was killed) no longer needs its sequence.
     for id in gone {
         engine.abort(id);
@@ -964,59 +1099,10 @@ fn step(engine: &mut Engine, subs: &mut HashMap<SeqId, mpsc::UnboundedSender<Seq
     }
 }
 
-fn notify(
-    subs: &HashMap<SeqId, mpsc::UnboundedSender<SeqEvent>>,
-    id: SeqId,
-    event: SeqEvent,
-    gone: &mut Vec<SeqId>,
-) {
+fn notify(subs: &Subscribers, id: SeqId, event: SeqEvent, gone: &mut Vec<SeqId>) {
     if let Some(tx) = subs.get(&id) {
         if tx.send(event).is_err() {
             gone.push(id);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn process(i: usize, counts: &Arc<StateCounts>) -> Arc<Process> {
-        Arc::new(Process::new(
-            format!("proc-{i}"),
-            "text-completion",
-            "c".into(),
-            Props::new(),
-            1,
-            counts.clone(),
-        ))
-    }
-
-    #[test]
-    fn the_oldest_finished_records_go_first_and_counts_follow_states() {
-        let counts = Arc::new(StateCounts::default());
-        let mut table = ProcessTable::default();
-        for i in 0..MAX_PROCESS_RECORDS {
-            let p = process(i, &counts);
-            if i > 0 {
-                p.finish(ProcState::Finished, Some("stop"), None);
-            }
-            table.insert(p);
-        }
-        assert_eq!(counts.get(ProcState::Queued), 1);
-        table.by_id["proc-0"].mark_running();
-        assert_eq!(counts.get(ProcState::Queued), 0);
-        assert_eq!(counts.get(ProcState::Running), 1);
-        table.insert(process(MAX_PROCESS_RECORDS, &counts));
-        assert_eq!(table.by_id.len(), MAX_PROCESS_RECORDS);
-        assert!(
-            table.by_id.contains_key("proc-0"),
-            "a running process stays"
-        );
-        assert!(
-            !table.by_id.contains_key("proc-1"),
-            "the oldest finished one goes"
-        );
-        assert_eq!(counts.get(ProcState::Queued), 1);
     }
 }

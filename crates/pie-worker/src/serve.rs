@@ -154,6 +154,22 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
             "server.max_body_bytes",
             old.server.max_body_bytes != new.server.max_body_bytes,
         ),
+        (
+            "server.stall_ms",
+            old.server.stall_ms != new.server.stall_ms,
+        ),
+        (
+            "server.max_sessions",
+            old.server.max_sessions != new.server.max_sessions,
+        ),
+        (
+            "server.max_finished_processes",
+            old.server.max_finished_processes != new.server.max_finished_processes,
+        ),
+        (
+            "server.finished_ttl_ms",
+            old.server.finished_ttl_ms != new.server.finished_ttl_ms,
+        ),
         ("model", old.model != new.model),
         ("runtime.page_size", o.page_size != n.page_size),
         (
@@ -208,6 +224,12 @@ fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
         max_queued: config.server.max_queued.into(),
         trace,
         worker_key: config.worker_key()?,
+        stall_ms: config.server.stall_ms,
+        max_sessions: config.server.max_sessions,
+        records: crate::records::RecordLimits {
+            max_finished: config.server.max_finished_processes,
+            finished_ttl_ms: config.server.finished_ttl_ms,
+        },
     };
     Ok(Runtime::start(
         engine,

@@ -281,3 +281,34 @@ fn expired_sequences_stop_before_computing_and_free_their_pages() {
     drain(&mut e);
     assert_eq!(e.pool_stats().used, 0);
 }
+
+/// A sequence whose own input would fail the batched forward fails alone:
+/// the sequence batched with it generates what it generates alone.
+#[test]
+fn a_sequence_with_a_bad_token_fails_alone_and_the_batch_goes_on() {
+    let good = prompt(3, 9);
+    let expected = alone(&good, 6);
+    let mut e = engine(64, 512);
+    let outside = model().config.vocab as u32;
+    let bad = e.add(request(&[1, 2, outside], 6)).unwrap();
+    let ok = e.add(request(&good, 6)).unwrap();
+    let first = e.step(0).unwrap();
+    assert_eq!(first.failed.len(), 1);
+    assert_eq!(first.failed[0].0, bad);
+    assert!(
+        first.failed[0].1.contains("outside the vocabulary"),
+        "{}",
+        first.failed[0].1
+    );
+    let mut tokens: Vec<u32> = first
+        .tokens
+        .iter()
+        .filter(|t| t.0 == ok)
+        .map(|t| t.1)
+        .collect();
+    let rest = drain(&mut e);
+    assert!(!rest.contains_key(&bad), "the failed sequence ran no more");
+    tokens.extend(rest.get(&ok).cloned().unwrap_or_default());
+    assert_eq!(tokens, expected);
+    assert_eq!(e.pool_stats().used, 0, "no page leaked");
+}

@@ -292,3 +292,40 @@ api_keys = [
         "unsalted keys share as before"
     );
 }
+
+#[tokio::test]
+async fn a_chat_session_belongs_to_its_client() {
+    let s = Server::start(KEYS, &[]).await;
+    let turn = |content: &str| json!({"inferlet": "chat", "args": {"messages": [{"role": "user", "content": content}], "max_tokens": 4, "ignore_eos": true}, "props": {"session": "conv-1"}});
+    let prompt_tokens = async |key: &str, content: &str| {
+        let (status, r) = call(
+            &s,
+            Method::POST,
+            "/v1/processes",
+            key,
+            Some(turn(content)),
+            &[],
+        )
+        .await;
+        assert_eq!(status, 201, "{r}");
+        let path = format!("/v1/processes/{}", r["id"].as_str().unwrap());
+        s.eventually("turn finished", async || {
+            call(&s, Method::GET, &path, key, None, &[]).await.1["state"] == "finished"
+        })
+        .await;
+        call(&s, Method::GET, &path, key, None, &[]).await.1["usage"]["prompt_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let alone = prompt_tokens("sk-alice", "a secret question").await;
+    let resumed = prompt_tokens("sk-alice", "a secret question").await;
+    assert!(
+        resumed > alone + 4,
+        "alice's second turn holds her first: {alone} then {resumed}"
+    );
+    let bob = prompt_tokens("sk-bob", "a secret question").await;
+    assert_eq!(
+        bob, alone,
+        "bob's `conv-1` starts empty: alice's turns are not his"
+    );
+}
