@@ -1,76 +1,14 @@
 //! Three real `pie serve` workers (test model) behind a real `pie-controller`.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use pie_model::synth::{write_test_model, SynthSpec};
+use common::{bin, model, spawn, wait_for, Proc};
 use serde_json::{json, Value};
-
-/// A child process killed on drop.
-struct Proc {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn bin(name: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_BIN_EXE_pie-controller")).with_file_name(name);
-    assert!(
-        path.exists(),
-        "{} missing: run `cargo build --release --bin pie` first",
-        path.display()
-    );
-    path
-}
-
-fn spawn(program: &Path, args: &[&str], prefix: &str) -> Proc {
-    let mut child = Command::new(program)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = lines.next().expect("no output").unwrap();
-    let url = first
-        .strip_prefix(prefix)
-        .unwrap_or_else(|| panic!("unexpected line {first:?}"))
-        .to_string();
-    std::thread::spawn(move || for _ in lines {});
-    Proc { child, url }
-}
-
-fn model() -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("cluster-model-{}.gguf", std::process::id()));
-    if !path.exists() {
-        write_test_model(
-            &path,
-            &SynthSpec {
-                seed: 3,
-                ..SynthSpec::default()
-            },
-        )
-        .unwrap();
-    }
-    path
-}
-
-async fn wait_for(what: &str, mut f: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !f().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 /// A TCP relay in front of a worker; `cut` drops every connection through it
 /// and refuses new ones until `restore`.
@@ -459,7 +397,7 @@ async fn sighup_reloads_cluster_policies_and_refuses_broken_files() {
     let c = Cluster::start("round-robin", "256").await;
     let hup = || {
         assert!(Command::new("kill")
-            .args(["-HUP", &c.controller.child.id().to_string()])
+            .args(["-HUP", &c.controller.pid().to_string()])
             .status()
             .unwrap()
             .success())

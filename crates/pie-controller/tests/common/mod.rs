@@ -16,6 +16,12 @@ pub struct Proc {
     pub url: String,
 }
 
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.child.kill();
