@@ -106,21 +106,8 @@ async fn auth(State(ctl): State<Shared>, mut req: Request, next: Next) -> Respon
         }
     };
     if let Some(key) = key {
-        let need = required_role(&path);
-        let allowed = match need {
-            Role::Client => true,
-            Role::Worker => key.role.is_internal(),
-            Role::Admin => key.role == Role::Admin,
-        };
-        if !allowed {
-            return error(
-                StatusCode::FORBIDDEN,
-                format!(
-                    "key `{}` may not call {path}: it needs a key with role `{}`",
-                    key.name,
-                    need.as_str()
-                ),
-            );
+        if let Err(message) = key.role.may_call(required_role(&path), &key.name, &path) {
+            return error(StatusCode::FORBIDDEN, message);
         }
         req.extensions_mut().insert(key);
     }
@@ -622,6 +609,7 @@ async fn generate(
     let mut order: Vec<usize> = (0..views.len()).filter(|&i| i != chosen).collect();
     order.sort_by_key(|&i| views[i].0.load);
     order.insert(0, chosen);
+    let candidates = order.len();
     for (attempt, i) in order.into_iter().enumerate() {
         let (view, url) = &views[i];
         let why = if attempt == 0 {
@@ -648,6 +636,13 @@ async fn generate(
             Err(e) => Err(e),
         };
         match started {
+            // A worker whose own queue is full (its 429) is no free slot:
+            // the next candidate may have one.
+            Ok(upstream)
+                if upstream.status == StatusCode::TOO_MANY_REQUESTS && attempt + 1 < candidates =>
+            {
+                tracing::debug!(worker = view.name, "worker queue full; trying the next");
+            }
             Ok(upstream) => {
                 slot.traced = traced.take();
                 slot.demand = demand.take();
@@ -715,7 +710,8 @@ fn describe(e: &reqwest::Error) -> String {
 /// A worker's response before its body is relayed.
 struct Upstream {
     status: StatusCode,
-    content_type: Option<HeaderValue>,
+    /// The worker's headers the client needs (`content-type`, `retry-after`).
+    relayed: HeaderMap,
     body: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
 }
 
@@ -742,9 +738,13 @@ async fn send(
     }
     let req = with_worker_key(req, ctl.worker_key.as_deref());
     let resp = req.send().await.map_err(|e| describe(&e))?;
+    let relayed = ["content-type", "retry-after"]
+        .into_iter()
+        .filter_map(|name| Some((name.parse().ok()?, resp.headers().get(name)?.clone())))
+        .collect();
     Ok(Upstream {
         status: resp.status(),
-        content_type: resp.headers().get("content-type").cloned(),
+        relayed,
         body: resp.bytes_stream().boxed(),
     })
 }
@@ -790,9 +790,7 @@ impl Upstream {
         });
         let mut out = Response::new(Body::from_stream(stream));
         *out.status_mut() = self.status;
-        if let Some(ct) = self.content_type {
-            out.headers_mut().insert("content-type", ct);
-        }
+        out.headers_mut().extend(self.relayed);
         out
     }
 }

@@ -1,4 +1,4 @@
-//! Three real `pie serve` workers (test model) behind a real `pie-controller`.
+//! Real `pie serve` workers (test model) behind a real `pie-controller`.
 
 mod common;
 
@@ -618,15 +618,21 @@ async fn killing_a_worker_mid_load_loses_no_request_that_had_not_started_streami
     assert!(c.metric("pie_controller_retries_total").await >= 1.0);
 }
 
-#[tokio::test]
-async fn client_keys_guard_the_controller_and_name_the_client_on_workers() {
-    let worker_cfg = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("worker-keys-{}.toml", std::process::id()));
+/// A worker config whose only key is the controller's (`sk-ctl`, role worker).
+fn worker_config_trusting_the_controller(tag: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("worker-{tag}-{}.toml", std::process::id()));
     std::fs::write(
-        &worker_cfg,
+        &path,
         "[server]\napi_keys = [{ name = \"controller\", key = \"sk-ctl\", role = \"worker\" }]\n",
     )
     .unwrap();
+    path
+}
+
+#[tokio::test]
+async fn client_keys_guard_the_controller_and_name_the_client_on_workers() {
+    let worker_cfg = worker_config_trusting_the_controller("keys");
     let c = Cluster::start_with(Spec {
         workers: 1,
         worker_args: &["--config", worker_cfg.to_str().unwrap()],
@@ -754,13 +760,7 @@ async fn registration_needs_a_worker_key_binds_the_name_and_is_bounded() {
 
 #[tokio::test]
 async fn ownership_and_limits_hold_through_the_controller() {
-    let worker_cfg = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("worker-owner-keys-{}.toml", std::process::id()));
-    std::fs::write(
-        &worker_cfg,
-        "[server]\napi_keys = [{ name = \"controller\", key = \"sk-ctl\", role = \"worker\" }]\n",
-    )
-    .unwrap();
+    let worker_cfg = worker_config_trusting_the_controller("owner-keys");
     let c = Cluster::start_with(Spec {
         workers: 1,
         worker_args: &["--config", worker_cfg.to_str().unwrap()],
@@ -1178,6 +1178,15 @@ impl FakeWorker {
                 axum::routing::post(|body: String| async move {
                     if body.contains("stall") {
                         silent_after("data: {\"choices\": [{\"text\": \"a\"}]}\n\n".into())
+                    } else if body.contains("queue-full") {
+                        let busy = json!({"error": {"message": "too many queued processes"}});
+                        let retry = [("retry-after", "7")];
+                        (
+                            axum::http::StatusCode::TOO_MANY_REQUESTS,
+                            retry,
+                            axum::Json(busy),
+                        )
+                            .into_response()
                     } else {
                         std::future::pending().await
                     }
@@ -1342,4 +1351,116 @@ async fn a_request_waits_for_a_slot_at_most_max_wait_ms_then_gets_503_with_retry
         assert_eq!(c.cluster().await["queued"], 0, "{case}: the waiter left");
     }
     assert_eq!(c.metric("pie_controller_wait_timeouts_total").await, 2.0);
+}
+
+/// The names of the workers the controller routes to.
+async fn healthy_workers(c: &Cluster) -> Vec<String> {
+    let mut names: Vec<String> = c.cluster().await["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["healthy"] == true)
+        .map(|w| w["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Needs the `pie` binary built with `fault-injection` (`cargo test
+/// --workspace --features pie-worker/fault-injection` builds it so).
+#[tokio::test]
+async fn after_an_engine_panic_the_controller_routes_to_the_other_worker() {
+    let c = Cluster::start_with(Spec {
+        workers: 2,
+        ..Spec::new("round-robin")
+    })
+    .await;
+    let complete = async |prompt: String| {
+        c.complete(json!({"prompt": prompt, "max_tokens": 4, "ignore_eos": true}))
+            .await
+    };
+    let mut before = std::collections::HashSet::new();
+    for i in 0..4 {
+        let (status, worker, _, body) = complete(format!("before {i}")).await;
+        assert_eq!(status, 200, "{body}");
+        before.insert(worker);
+    }
+    assert_eq!(before.len(), 2, "round-robin used both workers: {before:?}");
+
+    let w0 = c.workers[0].as_ref().unwrap().url.clone();
+    let r = c
+        .http
+        .post(format!("{w0}/v1/admin/fault"))
+        .json(&json!({"fault": "panic"}))
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(
+        r.status(),
+        404,
+        "the pie binary lacks the fault route: build it with `--features pie-worker/fault-injection`"
+    );
+    assert_eq!(r.status(), 200);
+    let injected = Instant::now();
+    wait_for("the controller to mark w0 down", async || {
+        healthy_workers(&c).await == ["w1"]
+    })
+    .await;
+    assert!(
+        injected.elapsed() < Duration::from_secs(2),
+        "w0 still routed to {:?} after its engine panicked",
+        injected.elapsed()
+    );
+    let health: Value = c
+        .http
+        .get(format!("{w0}/health"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["status"], "unhealthy", "{health}");
+
+    for i in 0..6 {
+        let (status, worker, _, body) = complete(format!("after {i}")).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(worker, "w1", "request {i} routed to the failed worker");
+        assert_eq!(body["usage"]["completion_tokens"], 4, "{body}");
+        assert_eq!(body["choices"][0]["finish_reason"], "length", "{body}");
+    }
+}
+
+#[tokio::test]
+async fn a_workers_full_queue_sends_the_request_on_and_its_retry_after_reaches_the_client() {
+    let full = FakeWorker::start(&[0], false).await;
+    let beside = Cluster::start_with(Spec {
+        workers: 1,
+        cluster_config: &full.config("full"),
+        ..Spec::new("pin,round-robin")
+    })
+    .await;
+    let pinned = json!({"prompt": "queue-full", "max_tokens": 2, "props": {"pin": "full"}});
+    let (status, worker, _, body) = beside.complete(pinned.clone()).await;
+    assert_eq!((status, worker.as_str()), (200, "w0"), "{body}");
+
+    let alone = Cluster::start_with(Spec {
+        workers: 0,
+        cluster_config: &full.config("full"),
+        ..Spec::new("round-robin")
+    })
+    .await;
+    let r = alone
+        .http
+        .post(format!("{}/v1/completions", alone.controller.url))
+        .json(&pinned)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(
+        r.headers()["retry-after"],
+        "7",
+        "the worker's Retry-After is relayed"
+    );
 }

@@ -44,6 +44,23 @@ impl Role {
     pub fn is_internal(self) -> bool {
         matches!(self, Role::Worker | Role::Admin)
     }
+
+    /// May a key of this role call a route that needs `need`; Err is the 403
+    /// message naming the key and the role it lacks.
+    pub fn may_call(self, need: Role, key_name: &str, path: &str) -> Result<(), String> {
+        let allowed = match need {
+            Role::Client => true,
+            Role::Worker => self.is_internal(),
+            Role::Admin => self == Role::Admin,
+        };
+        if allowed {
+            return Ok(());
+        }
+        Err(format!(
+            "key `{key_name}` may not call {path}: it needs a key with role `{}`",
+            need.as_str()
+        ))
+    }
 }
 
 /// What an operator allows a client key's requests to ask for. A request prop

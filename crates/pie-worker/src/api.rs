@@ -160,14 +160,6 @@ fn required_role(path: &str) -> Role {
     }
 }
 
-fn forbidden(path: &str, name: &str, need: Role) -> Response {
-    let message = format!(
-        "key `{name}` may not call {path}: it needs a key with role `{}`",
-        need.as_str()
-    );
-    ApiError::new(StatusCode::FORBIDDEN, message).into_response()
-}
-
 async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let keys = state
         .api_keys
@@ -186,14 +178,8 @@ async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Re
         Ok(k) => k,
         Err(e) => return ApiError::new(StatusCode::UNAUTHORIZED, e.to_string()).into_response(),
     };
-    let need = required_role(&path);
-    let allowed = match need {
-        Role::Client => true,
-        Role::Worker => key.role.is_internal(),
-        Role::Admin => key.role == Role::Admin,
-    };
-    if !allowed {
-        return forbidden(&path, &key.name, need);
+    if let Err(message) = key.role.may_call(required_role(&path), &key.name, &path) {
+        return ApiError::new(StatusCode::FORBIDDEN, message).into_response();
     }
     let is_worker = key.role == Role::Worker;
     let acting_for = is_worker.then(|| acting_for(req.headers())).flatten();

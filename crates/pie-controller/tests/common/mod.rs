@@ -1,8 +1,6 @@
 //! Helpers for tests that run real `pie serve` workers (test model) behind a
 //! real `pie-controller` as child processes.
 
-#![allow(dead_code)]
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -56,14 +54,6 @@ pub fn spawn(program: &Path, args: &[&str], prefix: &str) -> Proc {
         .to_string();
     std::thread::spawn(move || for _ in lines {});
     Proc { child, url }
-}
-
-/// `pie serve` on a free port with the test model and extra flags.
-pub fn worker(args: &[&str]) -> Proc {
-    let model = model();
-    let mut all = vec!["serve", "--port", "0", "--model", model.to_str().unwrap()];
-    all.extend(args);
-    spawn(&bin("pie"), &all, "pie: listening on ")
 }
 
 /// The synthesized test model, written once per test binary.
