@@ -17,9 +17,9 @@
 # The worker's max_queued defaults to max_running, not below: the controller
 # admits up to max_running requests per worker, and when a batch of equal-length
 # requests finishes in one engine step, max_running new ones reach the worker
-# before its next step admits them; a smaller worker queue refuses (429) requests
-# the controller admitted, and the controller relays that 429 without the
-# worker's Retry-After (WORKER_MAX_QUEUED=4 shows it; see BENCHMARKS.md).
+# before its next step admits them; a smaller worker queue refuses (429, with
+# Retry-After, relayed by the controller) requests the controller admitted
+# (WORKER_MAX_QUEUED=4 shows it; see BENCHMARKS.md).
 # Exits non-zero naming every failed check. The processes it starts are killed
 # on exit, whatever happens.
 #
