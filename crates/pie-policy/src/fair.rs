@@ -24,11 +24,12 @@
 //! clients that already have work)`, so idling earns no credit.
 //! Props read: `weight` (float > 0, default 1; a client key's limits cap it).
 //! The client comes from the request.
-//! Config keys: `[runtime.fair] input_weight` (default 1), `output_weight` (2).
+//! Config keys: `[runtime.fair] input_weight` (default 1), `output_weight` (2),
+//! `max_idle_clients` (10000).
 //! Invariant (tested): for two backlogged clients, the weighted service difference
 //! stays within `2 * max(input_weight * max_input_len, output_weight * max_batch_tokens)`;
 //! a client sending ten times more requests gets no more service; the lift
-//! holds; a light client (2 sequences) beside a flooder (12) on 4 slots gets
+//! holds; idle clients' counters do not pile up; a light client (2 sequences) beside a flooder (12) on 4 slots gets
 //! half of the tokens (`scheduler/tests.rs`).
 
 use std::collections::{HashMap, HashSet};
@@ -45,6 +46,10 @@ use crate::worker::{Candidate, WorkerPolicy};
 pub struct FairConfig {
     pub input_weight: f64,
     pub output_weight: f64,
+    /// Counters kept for clients without work; past this the smallest go
+    /// (a returning client then starts at the floor, which can only favour it
+    /// by the service it had beyond the clients with work).
+    pub max_idle_clients: usize,
 }
 
 impl Default for FairConfig {
@@ -52,6 +57,7 @@ impl Default for FairConfig {
         Self {
             input_weight: 1.0,
             output_weight: 2.0,
+            max_idle_clients: 10_000,
         }
     }
 }
@@ -60,6 +66,12 @@ impl Default for FairConfig {
 pub struct Fair {
     config: FairConfig,
     counters: HashMap<String, f64>,
+    /// The counter of every client not in `counters`: a client without work
+    /// whose counter is at or below every client with work is forgotten (on
+    /// its return it would be lifted to at least that), so the map holds only
+    /// clients with work or with more service than them, not every client ever
+    /// seen.
+    floor: f64,
     /// Clients that had runnable work at the last ordering.
     active: HashSet<String>,
     /// The worker's running slots, divided among clients (unbounded until told).
@@ -75,7 +87,37 @@ impl Fair {
     }
 
     pub fn counter(&self, client: &str) -> f64 {
-        self.counters.get(client).copied().unwrap_or(0.0)
+        self.counters.get(client).copied().unwrap_or(self.floor)
+    }
+
+    /// Forget idle clients at or below the smallest counter with work.
+    fn forget_idle(&mut self, present: &HashSet<&str>) {
+        let Some(min) = present
+            .iter()
+            .map(|c| self.counter(c))
+            .min_by(f64::total_cmp)
+        else {
+            return;
+        };
+        self.counters
+            .retain(|client, counter| *counter > min || present.contains(client.as_str()));
+        self.floor = self.floor.max(min);
+        let idle = self.counters.len() - present.len();
+        if idle > self.config.max_idle_clients {
+            let mut by_counter: Vec<(f64, String)> = self
+                .counters
+                .iter()
+                .filter(|(client, _)| !present.contains(client.as_str()))
+                .map(|(client, counter)| (*counter, client.clone()))
+                .collect();
+            by_counter.sort_by(|a, b| a.0.total_cmp(&b.0));
+            for (_, client) in by_counter
+                .into_iter()
+                .take(idle - self.config.max_idle_clients)
+            {
+                self.counters.remove(&client);
+            }
+        }
     }
 
     /// Lift the counters of clients that just got work.
@@ -142,6 +184,7 @@ impl WorkerPolicy for Fair {
     fn order(&mut self, _now_ms: u64, candidates: &mut [Candidate]) {
         let present: HashSet<&str> = candidates.iter().map(|c| c.client.as_str()).collect();
         self.lift_newcomers(&present);
+        self.forget_idle(&present);
         let beyond = beyond_share(candidates, self.max_running.unwrap_or(usize::MAX));
         // Counters are never negative, so their bit patterns sort like their values.
         candidates.sort_by_cached_key(|c| {
@@ -163,15 +206,20 @@ impl WorkerPolicy for Fair {
         self.max_running = Some(max_running);
     }
 
+    fn tracked_clients(&self) -> usize {
+        self.counters.len()
+    }
+
     fn charge(&mut self, c: &Candidate, prefill_tokens: usize, generated_tokens: usize) {
         let cost = (self.config.input_weight * prefill_tokens as f64
             + self.config.output_weight * generated_tokens as f64)
             / weight(c);
-        *self.counters.entry(c.client.clone()).or_default() += cost;
+        let floor = self.floor;
+        *self.counters.entry(c.client.clone()).or_insert(floor) += cost;
     }
 
     fn summary(&self) -> Value {
-        json!({"counters": self.counters, "input_weight": self.config.input_weight, "output_weight": self.config.output_weight})
+        json!({"counters": self.counters, "floor": self.floor, "input_weight": self.config.input_weight, "output_weight": self.config.output_weight})
     }
 
     fn restore(&mut self, previous_name: &str, previous: &Value) {
@@ -183,6 +231,9 @@ impl WorkerPolicy for Fair {
             .and_then(|c| serde_json::from_value(c.clone()).ok())
         {
             self.counters = counters;
+        }
+        if let Some(floor) = previous.get("floor").and_then(Value::as_f64) {
+            self.floor = floor;
         }
     }
 }
@@ -284,11 +335,32 @@ mod tests {
     }
 
     #[test]
-    fn weight_divides_the_charge() {
+    fn counters_of_idle_clients_are_bounded() {
         let mut p = Fair::new(FairConfig {
-            input_weight: 1.0,
-            output_weight: 2.0,
+            max_idle_clients: 100,
+            ..FairConfig::default()
         });
+        for i in 0..1000 {
+            let mut q = vec![cand(i, &format!("once-{i}"), i)];
+            p.order(0, &mut q);
+            p.charge(&q[0], 10, 0);
+        }
+        let mut q = vec![cand(1000, "steady", 1000)];
+        p.order(0, &mut q);
+        assert!(
+            p.tracked_clients() <= 101,
+            "{} counters kept",
+            p.tracked_clients()
+        );
+        // A forgotten client comes back at the floor, never below a client with work.
+        let mut q = vec![cand(1001, "steady", 1001), cand(1002, "once-3", 1002)];
+        p.order(0, &mut q);
+        assert!(p.counter("once-3") >= p.counter("steady"));
+    }
+
+    #[test]
+    fn weight_divides_the_charge() {
+        let mut p = Fair::new(FairConfig::default());
         let mut heavy = cand(0, "h", 0);
         heavy.props.set("weight", PropValue::Float(4.0)).unwrap();
         p.charge(&heavy, 8, 4);

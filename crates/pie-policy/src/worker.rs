@@ -49,6 +49,11 @@ pub trait WorkerPolicy: Send {
         false
     }
 
+    /// Clients whose state the policy keeps (a gauge: it must stay bounded).
+    fn tracked_clients(&self) -> usize {
+        0
+    }
+
     /// A JSON summary of the policy's state for `GET /v1/policies`.
     fn summary(&self) -> Value {
         Value::Null

@@ -184,6 +184,7 @@ max_running = 64                   # sequences holding KV pages at once
 [runtime.fair]                     # VTC fair share across clients
 input_weight = 1.0                 # charge per prompt token
 output_weight = 2.0                # charge per generated token
+max_idle_clients = 10000           # counters kept for clients without work
 
 [runtime.priority]
 # aging_ms = 1000                 # +1 effective priority per aging_ms waited

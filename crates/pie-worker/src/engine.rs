@@ -222,6 +222,10 @@ impl Engine {
         self.scheduler.set_keep_session(keep);
     }
 
+    pub fn policy_clients(&self) -> usize {
+        self.scheduler.policy().tracked_clients()
+    }
+
     pub fn policy_summary(&self) -> serde_json::Value {
         self.scheduler.policy().summary()
     }

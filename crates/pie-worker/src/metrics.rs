@@ -42,6 +42,7 @@ pub struct Metrics {
     pub finished_records: Gauge,
     /// Chat sessions kept (bounded).
     pub chat_sessions: Gauge,
+    pub policy_clients: Gauge,
 }
 
 impl Default for Metrics {
@@ -75,6 +76,7 @@ impl Metrics {
             engine_stalls: Counter::default(),
             finished_records: Gauge::default(),
             chat_sessions: Gauge::default(),
+            policy_clients: Gauge::default(),
             registry: Registry::with_prefix("pie"),
         };
         m.registry
@@ -180,6 +182,11 @@ impl Metrics {
             "chat_sessions",
             "Chat sessions kept (server.max_sessions, least recently used go)",
             m.chat_sessions.clone(),
+        );
+        m.registry.register(
+            "policy_clients",
+            "Clients whose state the ordering policy keeps (fair: runtime.fair.max_idle_clients bounds the idle ones)",
+            m.policy_clients.clone(),
         );
         m
     }

@@ -1016,6 +1016,7 @@ fn report(
     metrics.pages_used.set(stats.used as i64);
     metrics.pages_cached.set(stats.cached as i64);
     metrics.pages_free.set(stats.free as i64);
+    metrics.policy_clients.set(engine.policy_clients() as i64);
 }
 
 fn apply(engine: &mut Engine, subs: &mut Subscribers, kv: &mut KvPublisher, cmd: Command) {

@@ -137,12 +137,17 @@ async fn fair_gives_a_flooding_and_a_light_client_equal_service() {
         "fair: flood {flood_n} vs light {light_n}"
     );
     let (_, policies) = fair.get("/v1/policies").await;
+    let counters = policies["state"]["ordering_state"]["counters"]
+        .as_object()
+        .unwrap();
     assert!(
-        policies["state"]["ordering_state"]["counters"]["light"]
-            .as_f64()
-            .unwrap()
-            > 0.0,
+        !counters.is_empty() && counters.values().all(|c| c.as_f64().unwrap() > 0.0),
         "{policies}"
+    );
+    assert_eq!(
+        fair.metric("pie_policy_clients").await,
+        counters.len() as f64,
+        "the gauge counts the counters kept"
     );
 
     let fcfs = Server::start("", &["--worker-policy", "fcfs", "--max-running", "2"]).await;
