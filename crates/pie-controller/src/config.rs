@@ -9,7 +9,8 @@ use anyhow::{anyhow, Result};
 use pie_core::auth::{parse_key_file, ApiKey};
 use pie_policy::cluster::{
     routing_policy, split_policies, ActorConfigs, ActorRunner, CacheAwareConfig, ClusterPolicy,
-    PinConfig, RoutingConfigs, ScaleByPropConfig, SessionAffinityConfig, DEFAULT_MAX_QUEUED,
+    PinConfig, QueueOrder, RoutingConfigs, ScaleByPropConfig, SessionAffinityConfig,
+    DEFAULT_MAX_QUEUED,
 };
 use serde::{Deserialize, Serialize};
 
@@ -78,6 +79,10 @@ pub struct ClusterConfig {
     pub poll_ms: u64,
     /// With `cluster-priority`: requests waiting in the controller before 429.
     pub max_queued: usize,
+    /// With `cluster-priority`: how one priority level of the wait queue is
+    /// ordered: "priority" (FCFS) or "fair" (the client with the fewest
+    /// requests in flight cluster-wide first).
+    pub queue_order: QueueOrder,
     /// The longest a request waits for a running slot (in the cluster-priority
     /// queue, or for any worker to come back) before 503 with `Retry-After`.
     pub max_wait_ms: NonZeroU64,
@@ -118,6 +123,7 @@ impl Default for ClusterConfig {
             worker_key: None,
             poll_ms: 250,
             max_queued: DEFAULT_MAX_QUEUED,
+            queue_order: QueueOrder::Priority,
             max_wait_ms: ms(30_000),
             connect_timeout_ms: ms(2_000),
             read_timeout_ms: ms(120_000),

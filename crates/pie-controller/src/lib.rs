@@ -7,6 +7,7 @@
 //! - [`actors`]: the cluster actors' snapshot, tick, and executed actions.
 
 pub mod actors;
+pub mod clients;
 pub mod config;
 pub mod kv_sync;
 pub mod metrics;

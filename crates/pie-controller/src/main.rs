@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Parser;
 use pie_controller::actors::{self, Actors};
-use pie_controller::config::{Config, WorkerEntry};
+use pie_controller::config::{ClusterConfig, Config, WorkerEntry};
 use pie_controller::proxy::{router, Controller};
 use pie_controller::registry::{Registry, Worker};
 use pie_model::gguf::GgufFile;
@@ -84,7 +84,8 @@ fn main() -> Result<()> {
         metrics: Default::default(),
         pipeline: Mutex::new(pipeline),
         queueing: AtomicBool::new(config.cluster.queueing()),
-        queue: Mutex::new(PriorityQueue::new(config.cluster.max_queued)),
+        queue: Mutex::new(wait_queue(&config.cluster)),
+        clients_in_flight: Default::default(),
         max_wait_ms: config.cluster.max_wait_ms.get().into(),
         woken: Default::default(),
         api_keys: RwLock::new(config.server.api_keys()?),
@@ -199,10 +200,11 @@ async fn reload_on_sighup(ctl: Arc<Controller>, path: PathBuf, cli_policies: Opt
                 *ctl.api_keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
                 ctl.queueing
                     .store(config.cluster.queueing(), Ordering::Relaxed);
-                ctl.queue
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .set_max_queued(config.cluster.max_queued);
+                {
+                    let mut queue = ctl.queue.lock().unwrap_or_else(|e| e.into_inner());
+                    queue.set_max_queued(config.cluster.max_queued);
+                    queue.set_order(config.cluster.queue_order);
+                }
                 ctl.max_wait_ms
                     .store(config.cluster.max_wait_ms.get(), Ordering::Relaxed);
                 ctl.release_waiters();
@@ -225,4 +227,11 @@ async fn reload_on_sighup(
     _path: PathBuf,
     _cli_policies: Option<Vec<String>>,
 ) {
+}
+
+/// `cluster-priority`'s wait queue as `[cluster]` configures it.
+fn wait_queue<T>(cluster: &ClusterConfig) -> PriorityQueue<T> {
+    let mut queue = PriorityQueue::new(cluster.max_queued);
+    queue.set_order(cluster.queue_order);
+    queue
 }

@@ -31,6 +31,7 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use crate::actors::{Actors, DemandGuard};
+use crate::clients::ClientsInFlight;
 use crate::metrics::{ControllerMetrics, RouteLabels};
 use crate::registry::{with_worker_key, RegisterLimits, Registry};
 use crate::trace::TracedRequest;
@@ -45,6 +46,8 @@ pub struct Controller {
     pub queue: Mutex<PriorityQueue<oneshot::Sender<SlotTicket>>>,
     /// `[cluster] max_wait_ms`: the longest wait for a slot before 503.
     pub max_wait_ms: AtomicU64,
+    /// Requests in flight per client (`queue_order = "fair"` reads them).
+    pub clients_in_flight: ClientsInFlight,
     /// Requests woken from the queue that have not yet claimed their slot.
     pub woken: Arc<AtomicUsize>,
     pub tokenizer: Option<Tokenizer>,
@@ -177,7 +180,9 @@ impl Controller {
             usize::MAX
         };
         while free > 0 {
-            let Some(tx) = queue.pop() else { break };
+            let Some(tx) = queue.pop(|client| self.clients_in_flight.count(client)) else {
+                break;
+            };
             // A ticket refused by a waiter that left is dropped, and un-counts itself.
             if tx.send(SlotTicket::new(&self.woken)).is_ok() {
                 free -= 1;
@@ -250,17 +255,21 @@ impl Drop for SlotTicket {
 struct InFlight {
     ctl: Arc<Controller>,
     worker: String,
+    /// Whose request it is (counted in `Controller::clients_in_flight`).
+    client: String,
     traced: Option<TracedRequest>,
     /// The request as the actors' demand, until it finishes.
     demand: Option<DemandGuard>,
 }
 
 impl InFlight {
-    fn begin(ctl: &Arc<Controller>, worker: &str) -> Self {
+    fn begin(ctl: &Arc<Controller>, worker: &str, client: &str) -> Self {
         ctl.registry.count_started(worker);
+        ctl.clients_in_flight.started(client);
         Self {
             ctl: ctl.clone(),
             worker: worker.to_string(),
+            client: client.to_string(),
             traced: None,
             demand: None,
         }
@@ -270,6 +279,7 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.ctl.registry.count_finished(&self.worker);
+        self.ctl.clients_in_flight.finished(&self.client);
         self.ctl.release_waiters();
         if let (Some(recorder), Some(t)) = (&self.ctl.trace, self.traced.take()) {
             let output = t.output_length();
@@ -374,6 +384,7 @@ async fn cluster(State(ctl): State<Shared>, key: Option<Extension<ClientKey>>) -
         "cluster_priority": ctl.queueing.load(Ordering::Relaxed),
         "sessions": sessions,
         "queued": queued,
+        "clients_in_flight": ctl.clients_in_flight.clients(),
         "index_entries": index_entries,
     }))
 }
@@ -617,7 +628,8 @@ async fn generate(
         } else {
             format!("retry after a failed or silent worker: {}", view.name)
         };
-        let mut slot = InFlight::begin(&ctl, &view.name);
+        let client = props.str("client").unwrap_or("anonymous");
+        let mut slot = InFlight::begin(&ctl, &view.name, client);
         drop(ticket.take());
         if let Some(d) = &demand {
             d.placed(&view.name);

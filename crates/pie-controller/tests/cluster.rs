@@ -566,6 +566,58 @@ async fn cluster_priority_admits_high_priority_first_and_bounds_the_queue() {
 }
 
 #[tokio::test]
+async fn a_fair_queue_serves_the_client_with_fewer_requests_in_flight_first() {
+    let c = Cluster::start_with(Spec {
+        workers: 1,
+        worker_args: &["--kv-pages", "512", "--max-running", "2"],
+        cluster_config: "queue_order = \"fair\"\n[server]\napi_keys = [\
+            { name = \"alice\", key = \"sk-alice\" }, { name = \"bob\", key = \"sk-bob\" },\
+            { name = \"root\", key = \"sk-root\", role = \"admin\" }]",
+        client_key: Some("sk-alice"),
+        ..Spec::new("cluster-priority,least-loaded")
+    })
+    .await;
+    let queued = async || {
+        call_as(&c, reqwest::Method::GET, "/v1/cluster", "sk-root", None)
+            .await
+            .1["queued"]
+            .clone()
+    };
+    // Alice holds both slots, then queues two more; bob queues one after her.
+    let mut holds = vec![open_stream(&c).await, open_stream(&c).await];
+    let done = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (i, (name, key)) in [
+        ("alice-1", "sk-alice"),
+        ("alice-2", "sk-alice"),
+        ("bob-1", "sk-bob"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (http, url, done) = (c.http.clone(), c.controller.url.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let r = http
+                .post(format!("{url}/v1/completions"))
+                .bearer_auth(key)
+                .json(&json!({"prompt": name, "max_tokens": 1}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200, "{name}");
+            done.lock().unwrap().push(name);
+        }));
+        wait_for("queued", async || queued().await == i + 1).await;
+    }
+    // One slot frees while alice still has a request in flight: bob goes first.
+    holds.pop();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*done.lock().unwrap(), ["bob-1", "alice-1", "alice-2"]);
+}
+
+#[tokio::test]
 async fn killing_a_worker_mid_load_loses_no_request_that_had_not_started_streaming() {
     let mut c = Cluster::start_with(Spec {
         worker_args: &["--kv-pages", "512", "--max-running", "1"],

@@ -29,7 +29,7 @@ pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use index::ClusterIndex;
 pub use least_loaded::LeastLoaded;
 pub use pin::{Pin, PinConfig};
-pub use priority::{PriorityQueue, DEFAULT_MAX_QUEUED};
+pub use priority::{PriorityQueue, QueueOrder, DEFAULT_MAX_QUEUED};
 pub use round_robin::RoundRobin;
 pub use runner::ActorRunner;
 pub use scale_by_prop::{ScaleByProp, ScaleByPropConfig};

@@ -3,11 +3,17 @@
 //! Rule: when every candidate worker is at its `max_running` (the controller's
 //! registry decides that from the workers' reports), or requests are
 //! already waiting, a new request waits in the controller; when a slot frees, the
-//! waiting request with the highest `priority` goes first, FCFS within a level.
+//! waiting request with the highest `priority` goes first, FCFS within a level;
+//! with `[cluster] queue_order = "fair"`, within a level the request of the
+//! client with the fewest requests in flight across the whole cluster goes
+//! first (then FCFS), so a client cannot multiply its share by spreading
+//! requests over workers: slots go max-min fairly by client, cluster-wide.
 //! At most `[cluster] max_queued` requests wait; one more is refused with 429.
-//! Props read: `priority` (int, default 0). Config keys: `[cluster] max_queued`
-//! (default 1024). Invariant (tested): pops come out by priority, then arrival,
-//! and the queue never holds more than `max_queued`.
+//! Props read: `priority` (int, default 0), `client` (set by the controller
+//! from the client's key). Config keys: `[cluster] max_queued` (default 1024),
+//! `queue_order` ("priority" or "fair"). Invariant (tested): pops come out by
+//! priority, then arrival (then, under "fair", fewest in flight before
+//! arrival), and the queue never holds more than `max_queued`.
 //!
 //! The queue is generic over what waits (the controller stores a wake-up handle),
 //! so it is pure and the simulator can reuse it.
@@ -16,14 +22,27 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 use pie_core::Props;
+use serde::{Deserialize, Serialize};
 
 use super::Reject;
+
+/// How waiting requests of one priority level are ordered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueOrder {
+    /// First come, first served.
+    #[default]
+    Priority,
+    /// The client with the fewest requests in flight cluster-wide first.
+    Fair,
+}
 
 pub const DEFAULT_MAX_QUEUED: usize = 1024;
 
 struct Waiting<T> {
     priority: i64,
     arrival: u64,
+    client: String,
     item: T,
 }
 
@@ -51,6 +70,7 @@ pub struct PriorityQueue<T> {
     heap: BinaryHeap<Waiting<T>>,
     arrivals: u64,
     max_queued: usize,
+    order: QueueOrder,
 }
 
 impl<T> PriorityQueue<T> {
@@ -59,7 +79,12 @@ impl<T> PriorityQueue<T> {
             heap: BinaryHeap::new(),
             arrivals: 0,
             max_queued,
+            order: QueueOrder::Priority,
         }
+    }
+
+    pub fn set_order(&mut self, order: QueueOrder) {
+        self.order = order;
     }
 
     pub fn set_max_queued(&mut self, max_queued: usize) {
@@ -90,14 +115,30 @@ impl<T> PriorityQueue<T> {
         self.heap.push(Waiting {
             priority: props.int("priority").unwrap_or(0),
             arrival: self.arrivals,
+            client: props.str("client").unwrap_or("anonymous").to_string(),
             item,
         });
         Ok(())
     }
 
-    /// The next request to admit.
-    pub fn pop(&mut self) -> Option<T> {
-        self.heap.pop().map(|w| w.item)
+    /// The next request to admit; `in_flight` says how many requests a
+    /// client has running across the cluster (read only under "fair").
+    pub fn pop(&mut self, in_flight: impl Fn(&str) -> usize) -> Option<T> {
+        if self.order == QueueOrder::Priority {
+            return self.heap.pop().map(|w| w.item);
+        }
+        let mut waiting = std::mem::take(&mut self.heap).into_vec();
+        let next = (0..waiting.len()).min_by_key(|&i| {
+            let w = &waiting[i];
+            (
+                std::cmp::Reverse(w.priority),
+                in_flight(&w.client),
+                w.arrival,
+            )
+        })?;
+        let chosen = waiting.swap_remove(next);
+        self.heap = waiting.into();
+        Some(chosen.item)
     }
 
     /// Drop waiting items that no longer want a slot (e.g. the client left).
@@ -137,6 +178,30 @@ mod tests {
         q.push(&Props::new(), 3).expect("room after the leaver");
     }
 
+    #[test]
+    fn fair_order_serves_the_client_with_least_in_flight_first() {
+        let mut q = PriorityQueue::new(usize::MAX);
+        q.set_order(QueueOrder::Fair);
+        let as_client = |client: &str, priority: i64| {
+            let mut props = with_priority(priority);
+            props.set("client", PropValue::Str(client.into())).unwrap();
+            props
+        };
+        for (i, client) in ["flood", "flood", "flood", "light"].iter().enumerate() {
+            q.push(&as_client(client, 0), i).unwrap();
+        }
+        q.push(&as_client("flood", 1), 9).unwrap();
+        let in_flight = |client: &str| if client == "flood" { 5 } else { 1 };
+        assert_eq!(q.pop(in_flight), Some(9), "priority still comes first");
+        assert_eq!(
+            q.pop(in_flight),
+            Some(3),
+            "then the light client, despite arriving last"
+        );
+        assert_eq!(q.pop(in_flight), Some(0), "then FCFS");
+        assert_eq!(q.len(), 2);
+    }
+
     proptest! {
         #[test]
         fn pops_by_priority_then_arrival(prios in prop::collection::vec(-3i64..4, 0..60)) {
@@ -144,7 +209,7 @@ mod tests {
             for (i, p) in prios.iter().enumerate() {
                 q.push(&with_priority(*p), i).expect("unbounded");
             }
-            let order: Vec<usize> = std::iter::from_fn(|| q.pop()).collect();
+            let order: Vec<usize> = std::iter::from_fn(|| q.pop(|_| 0)).collect();
             let mut want: Vec<usize> = (0..prios.len()).collect();
             want.sort_by_key(|&i| (std::cmp::Reverse(prios[i]), i));
             prop_assert_eq!(order, want);
