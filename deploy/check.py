@@ -399,7 +399,27 @@ def check_keda(docs, d, where):
     metrics = (ROOT / "crates/pie-controller/src/metrics.rs").read_text()
     gauge_defined = ('sub_registry_with_prefix("pie_cluster")' in metrics
                      and '"scale_recommended"' in metrics)
-    for t in d["spec"]["triggers"]:
+    spec = d["spec"]
+    for k in ("minReplicaCount", "maxReplicaCount", "pollingInterval", "cooldownPeriod"):
+        if k in spec and not isinstance(spec[k], int):
+            fail(sw, f"{k} must be an integer")
+    # The autoscaler's bounds are the advisor's: scale-by-prop clamps its
+    # recommendation to [min_workers, max_workers] in the controller's config.
+    sbp = {}
+    for x in docs:
+        if x["kind"] == "ConfigMap" and "config.toml" in x.get("data", {}):
+            cfg = tomllib.loads(x["data"]["config.toml"])
+            sbp = cfg.get("cluster", {}).get("scale-by-prop", sbp)
+    for key, ours, default in (("minReplicaCount", "min_workers", 1), ("maxReplicaCount", "max_workers", 16)):
+        if spec.get(key) != sbp.get(ours, default):
+            fail(sw, f"{key} {spec.get(key)} differs from [cluster.scale-by-prop] {ours} {sbp.get(ours, default)}")
+    for t in spec["triggers"]:
+        if not t.get("type") or not isinstance(t.get("metadata"), dict):
+            fail(sw, "a trigger needs `type` and `metadata` (KEDA CRD)")
+            continue
+        for k, v in t["metadata"].items():
+            if not isinstance(v, str):
+                fail(sw, f"trigger metadata {k} must be a string (KEDA CRD: map of strings)")
         q = t.get("metadata", {}).get("query", "")
         if "pie_cluster_scale_recommended" not in q or not gauge_defined:
             fail(sw, "the trigger must query pie_cluster_scale_recommended (crates/pie-controller/src/metrics.rs)")
