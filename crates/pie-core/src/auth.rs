@@ -219,7 +219,7 @@ fn parse_key_line(line: &str) -> Result<ApiKey, String> {
     api_key
         .limits
         .validate()
-        .map_err(|(field, m)| format!("{field}: {m}"))?;
+        .map_err(|(field, m)| format!("limits: {field}: {m}"))?;
     Ok(api_key)
 }
 

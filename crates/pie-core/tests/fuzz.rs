@@ -89,13 +89,15 @@ proptest! {
     }
 
     /// A key file parses into non-empty names and keys, or the error names a
-    /// line that really has no `name key` pair.
+    /// line that really has no `name key` pair, or the role or limits on it
+    /// that are wrong.
     #[test]
     fn key_files_parse_or_name_the_bad_line(
         lines in proptest::collection::vec(
             prop_oneof![
                 "[a-z]{1,6} [A-Za-z0-9]{1,12}",
                 "[a-z]{1,6}\t +[A-Za-z0-9 ]{0,12}",
+                "[a-z]{1,6} sk-[a-z]{1,4} (client|worker|admin|[a-z_]{1,12}=[0-9a-z.\"-]{0,6}|weight=-?[0-9]{1,2})",
                 "# .{0,10}",
                 "[ \t]{0,3}",
                 ".{0,16}",
@@ -115,9 +117,17 @@ proptest! {
             Err((line, message)) => {
                 let bad = text.lines().nth(line.wrapping_sub(1));
                 prop_assert!(bad.is_some(), "line {} of {:?}", line, text);
-                let bad = bad.unwrap_or_default().trim();
-                prop_assert!(!bad.is_empty() && !bad.contains(char::is_whitespace), "{:?}", bad);
-                prop_assert!(message.contains("name key"), "{}", message);
+                let words: Vec<&str> = bad.unwrap_or_default().split_whitespace().collect();
+                prop_assert!(!words.is_empty(), "an empty line is never an error");
+                if words.len() < 2 {
+                    prop_assert!(message.contains("name key"), "{}", message);
+                } else {
+                    // After `name key`: a role or `limit=value` words; the error names which.
+                    let named = words[2..].iter().any(|w| {
+                        message.contains(&format!("`{w}`")) || w.contains('=') && message.starts_with("limits")
+                    });
+                    prop_assert!(named, "{} (line {:?})", message, words);
+                }
             }
         }
     }
