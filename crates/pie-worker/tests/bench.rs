@@ -155,8 +155,10 @@ fn calibrate_writes_a_profile_for_the_simulator() {
             .expect("a CostProfile");
     let _ = std::fs::remove_file(&out);
     assert!(profile.calibrated);
+    // Timings, not a speed target: on a loaded machine the fitted intercept can
+    // come out 0 (the fit keeps terms non-negative), but tokens always cost.
     assert!(
-        profile.a_ms > 0.0 && profile.b_ms_per_token > 0.0,
+        profile.a_ms >= 0.0 && profile.b_ms_per_token > 0.0,
         "{profile:?}"
     );
     assert!(profile.c_ms_per_context_token >= 0.0);
