@@ -1,5 +1,9 @@
 //! Routing and pass-through. Client requests are parsed only as far as routing
-//! needs (prompt, props, session); the body goes to the worker unchanged and the
+//! needs (prompt, props, session); the body goes to the worker unchanged but for
+//! a client key's props and the prompt's token ids (`pie_prompt_tokens`: the
+//! tokens routing computed, with the model fingerprint, so the worker does not
+//! tokenize again; only under the worker key, only to workers of that
+//! fingerprint, never for a native chat resuming a session), and the
 //! response streams back unbuffered, with `x-pie-worker` and `x-pie-route`. A
 //! worker that refuses the connection, or stays silent past `read_timeout_ms`,
 //! is marked down and the next candidate is tried; a stream that breaks or
