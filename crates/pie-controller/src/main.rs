@@ -75,9 +75,12 @@ fn main() -> Result<()> {
     }
     let pipeline = config.cluster.pipeline().map_err(anyhow::Error::msg)?;
     let runner = config.cluster.actors().map_err(anyhow::Error::msg)?;
-    let tokenizer = match &config.model.path {
-        Some(path) => Some(Tokenizer::from_gguf(&GgufFile::open(path)?)?),
-        None => None,
+    let (tokenizer, model_fingerprint) = match &config.model.path {
+        Some(path) => {
+            let gguf = GgufFile::open(path)?;
+            (Some(Tokenizer::from_gguf(&gguf)?), Some(gguf.fingerprint.0))
+        }
+        None => (None, None),
     };
     let ctl = Arc::new(Controller {
         registry: Registry::default(),
@@ -92,6 +95,7 @@ fn main() -> Result<()> {
         max_registered_workers: config.cluster.max_registered_workers,
         trace: trace_recorder(&config)?,
         tokenizer,
+        model_fingerprint,
         http: config.cluster.proxy_client()?,
         kv_http: config.cluster.kv_client()?,
         kv_idle_timeout: Duration::from_millis(config.cluster.kv_idle_timeout_ms.get()),

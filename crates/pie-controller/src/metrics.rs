@@ -4,6 +4,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 /// Labels of a routing decision.
@@ -29,6 +30,19 @@ pub struct GroupLabels {
     pub group: String,
 }
 
+/// A part of the controller's own time per routed request
+/// (`pie_controller_overhead_seconds`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PartLabels {
+    /// `tokenize`, `hash`, `route` or `proxy` (see [`ControllerMetrics::overhead`]).
+    pub part: &'static str,
+}
+
+fn overhead_histogram() -> Histogram {
+    // 10 us to about 0.6 s in steps of 1.5x.
+    Histogram::new(exponential_buckets(1e-5, 1.5, 28))
+}
+
 /// Metrics under `pie_controller_` describe this process; those under
 /// `pie_cluster_` describe the cluster it advises (what an autoscaler reads).
 pub struct ControllerMetrics {
@@ -45,6 +59,18 @@ pub struct ControllerMetrics {
     pub actions: Family<ActionLabels, Counter>,
     pub scale_recommended: Family<GroupLabels, Gauge>,
     pub scale_current: Family<GroupLabels, Gauge>,
+    /// The controller's own time per routed request, by part: `tokenize`
+    /// (parsing the body, props, the chat template and tokenizing the prompt),
+    /// `hash` (the block-hash chain and the cluster-index lookup of every
+    /// worker's cached prefix), `route` (the policy pipeline's decision, its
+    /// lock included), `proxy` (the controller's work from the decision to
+    /// handing the request to its HTTP client, the forwarded body with
+    /// `pie_prompt_tokens` included, plus its work from the worker's first
+    /// bytes to handing the response on; the wait for the worker, and for a
+    /// slot in the cluster-priority queue, are not the controller's cost and
+    /// are left out). Each part is observed once per request that reaches it:
+    /// `proxy` once per request relayed.
+    pub overhead: Family<PartLabels, Histogram, fn() -> Histogram>,
 }
 
 impl Default for ControllerMetrics {
@@ -63,6 +89,7 @@ impl Default for ControllerMetrics {
             actions: Family::default(),
             scale_recommended: Family::default(),
             scale_current: Family::default(),
+            overhead: Family::new_with_constructor(overhead_histogram),
         };
         let cluster = m.registry.sub_registry_with_prefix("pie_cluster");
         cluster.register(
@@ -126,11 +153,23 @@ impl Default for ControllerMetrics {
             "KV event subscriptions restarted (gap, lag or lost connection)",
             m.kv_resyncs.clone(),
         );
+        r.register(
+            "overhead_seconds",
+            "The controller's own time per routed request, by part (tokenize, hash, route, proxy)",
+            m.overhead.clone(),
+        );
         m
     }
 }
 
 impl ControllerMetrics {
+    /// Record `seconds` of the controller's own time in `part`.
+    pub fn observe_part(&self, part: &'static str, seconds: f64) {
+        self.overhead
+            .get_or_create(&PartLabels { part })
+            .observe(seconds);
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)

@@ -1,5 +1,9 @@
 //! Routing and pass-through. Client requests are parsed only as far as routing
-//! needs (prompt, props, session); the body goes to the worker unchanged and the
+//! needs (prompt, props, session); the body goes to the worker unchanged but for
+//! a client key's props and the prompt's token ids (`pie_prompt_tokens`: the
+//! tokens routing computed, with the model fingerprint, so the worker does not
+//! tokenize again; only under the worker key, only to workers of that
+//! fingerprint, never for a native chat resuming a session), and the
 //! response streams back unbuffered, with `x-pie-worker` and `x-pie-route`. A
 //! worker that refuses the connection, or stays silent past `read_timeout_ms`,
 //! is marked down and the next candidate is tried; a stream that breaks or
@@ -9,7 +13,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
@@ -51,6 +55,9 @@ pub struct Controller {
     /// Requests woken from the queue that have not yet claimed their slot.
     pub woken: Arc<AtomicUsize>,
     pub tokenizer: Option<Tokenizer>,
+    /// The fingerprint of the GGUF `tokenizer` came from: forwarded with the
+    /// prompt's ids (`pie_prompt_tokens`) to workers reporting the same one.
+    pub model_fingerprint: Option<u64>,
     /// Proxied requests and polls: connect and read timeouts.
     pub http: reqwest::Client,
     /// KV event streams: connect timeout; reads bounded by `kv_idle_timeout`.
@@ -510,9 +517,24 @@ fn with_client_props(json: &mut Value, key: &ClientKey) -> Result<Bytes, String>
         .map_err(|e| e.to_string())
 }
 
+/// What routing needs from a generation request.
+struct RouteInputs {
+    /// The prompt's tokens (empty without a tokenizer).
+    tokens: Vec<u32>,
+    props: Props,
+    /// `tokens` came from tokenizing text here (not sent as ids), and a
+    /// worker can use them as they are: not a native chat resuming a session,
+    /// whose earlier turns only the worker knows.
+    forwardable: bool,
+}
+
+/// The field carrying the controller's prompt token ids to a worker; see
+/// `pie_worker::runtime::PromptTokens`.
+const PROMPT_TOKENS_FIELD: &str = "pie_prompt_tokens";
+
 /// What routing needs from a generation request: its prompt tokens and props.
 /// Errors are messages for a 400.
-fn route_inputs(ctl: &Controller, path: &str, body: &Value) -> Result<(Vec<u32>, Props), String> {
+fn route_inputs(ctl: &Controller, path: &str, body: &Value) -> Result<RouteInputs, String> {
     let props_json = &body["props"];
     let mut props = if props_json.is_null() {
         Props::new()
@@ -524,32 +546,54 @@ fn route_inputs(ctl: &Controller, path: &str, body: &Value) -> Result<(Vec<u32>,
             .set("session", PropValue::Str(session.into()))
             .map_err(|e| e.to_string())?;
     }
-    let args = if path == "/v1/processes" {
-        &body["args"]
-    } else {
-        body
-    };
+    let native = path == "/v1/processes";
+    let args = if native { &body["args"] } else { body };
     let Some(tk) = &ctl.tokenizer else {
-        return Ok((Vec::new(), props));
+        return Ok(RouteInputs {
+            tokens: Vec::new(),
+            props,
+            forwardable: false,
+        });
     };
-    let tokens = if let Some(messages) = args.get("messages") {
+    let (tokens, forwardable) = if let Some(messages) = args.get("messages") {
         let messages: Vec<ChatMessage> =
             serde_json::from_value(messages.clone()).map_err(|e| format!("messages: {e}"))?;
-        tk.apply_chat_template(&messages)
+        let tokens = tk
+            .apply_chat_template(&messages)
             .and_then(|t| tk.encode(&t))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        // The native chat inferlet prepends a session's earlier turns.
+        let resumes = native && props.str("session").is_some();
+        (tokens, !resumes)
     } else {
         match &args["prompt"] {
-            Value::String(s) => tk.encode(s).unwrap_or_default(),
-            Value::Array(a) => a
-                .iter()
-                .filter_map(Value::as_u64)
-                .map(|t| t as u32)
-                .collect(),
-            _ => Vec::new(),
+            Value::String(s) => (tk.encode(s).unwrap_or_default(), true),
+            Value::Array(a) => (
+                a.iter()
+                    .filter_map(Value::as_u64)
+                    .map(|t| t as u32)
+                    .collect(),
+                false,
+            ),
+            _ => (Vec::new(), false),
         }
     };
-    Ok((tokens, props))
+    Ok(RouteInputs {
+        forwardable: forwardable && !tokens.is_empty(),
+        tokens,
+        props,
+    })
+}
+
+/// `json` with the controller's prompt ids for a worker of model
+/// `fingerprint`, serialized (the field is top-level for the OpenAI routes and
+/// native processes alike).
+fn with_prompt_tokens(mut json: Value, fingerprint: u64, ids: &[u32]) -> Option<Bytes> {
+    json.as_object_mut()?.insert(
+        PROMPT_TOKENS_FIELD.into(),
+        json!({"fingerprint": fingerprint, "ids": ids}),
+    );
+    serde_json::to_vec(&json).ok().map(Bytes::from)
 }
 
 async fn generate(
@@ -561,10 +605,20 @@ async fn generate(
     body: Bytes,
 ) -> Response {
     let path = uri.path().to_string();
+    let parse_started = Instant::now();
     let mut json: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("body is not JSON: {e}")),
     };
+    // Only the controller speaks for a prompt's ids (its worker key vouches).
+    if json.get(PROMPT_TOKENS_FIELD).is_some() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{PROMPT_TOKENS_FIELD} is set by the controller only; send token ids as `prompt`"
+            ),
+        );
+    }
     // The authenticated client is who the workers' fair share counts.
     let body = match &client {
         Some(Extension(key)) => match with_client_props(&mut json, key) {
@@ -574,10 +628,15 @@ async fn generate(
         None => body,
     };
     let acting = acting_as(&client);
-    let (tokens, props) = match route_inputs(&ctl, &path, &json) {
+    let RouteInputs {
+        tokens,
+        props,
+        forwardable,
+    } = match route_inputs(&ctl, &path, &json) {
         Ok(v) => v,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
+    let tokenize_s = parse_started.elapsed().as_secs_f64();
     let arrival_ms = now_ms();
     // Waiting in the queue already counts as demand.
     let mut demand = ctl.actors.track(&props);
@@ -586,11 +645,13 @@ async fn generate(
         Err(refused) => return refused,
     };
     // Under cluster-priority a request goes where a slot is free.
+    let hash_started = Instant::now();
     let views = ctl.registry.views(
         &tokens,
         acting.cache_salt.as_deref(),
         ctl.queueing.load(Ordering::Relaxed),
     );
+    let route_started = Instant::now();
     let worker_views: Vec<_> = views.iter().map(|(v, _)| v.clone()).collect();
     let req = RouteRequest {
         props: &props,
@@ -602,6 +663,15 @@ async fn generate(
         &req,
         &worker_views,
     );
+    let decided = Instant::now();
+    ctl.metrics.observe_part("tokenize", tokenize_s);
+    ctl.metrics
+        .observe_part("hash", (route_started - hash_started).as_secs_f64());
+    ctl.metrics
+        .observe_part("route", (decided - route_started).as_secs_f64());
+    // The controller's own time in the proxy, without its waits on workers.
+    let mut proxy_s = 0.0;
+    let mut proxy_from = decided;
     let (chosen, reason) = match decision {
         Ok(d) => d,
         Err(r) => {
@@ -616,6 +686,14 @@ async fn generate(
     // Native processes have no response to read an output length from.
     let mut traced = (ctl.trace.is_some() && path != "/v1/processes")
         .then(|| TracedRequest::new(TraceInput::of(&tokens, arrival_ms), props.clone()));
+    // The prompt's ids for workers of our model, when a worker key vouches
+    // for them (workers without keys would ignore them).
+    let ids_for = match (ctl.model_fingerprint, &ctl.worker_key) {
+        (Some(fingerprint), Some(_)) if forwardable => {
+            with_prompt_tokens(json, fingerprint, &tokens).map(|b| (fingerprint, b))
+        }
+        _ => None,
+    };
     // The chosen worker first, then the rest by load, for connection failures.
     let mut order: Vec<usize> = (0..views.len()).filter(|&i| i != chosen).collect();
     order.sort_by_key(|&i| views[i].0.load);
@@ -634,19 +712,29 @@ async fn generate(
         if let Some(d) = &demand {
             d.placed(&view.name);
         }
+        let body = match &ids_for {
+            Some((fingerprint, with_ids))
+                if ctl.registry.fingerprint_of(&view.name) == Some(*fingerprint) =>
+            {
+                with_ids.clone()
+            }
+            _ => body.clone(),
+        };
+        proxy_s += proxy_from.elapsed().as_secs_f64();
         let sent = send(
             &ctl,
             method.clone(),
             &format!("{url}{path}"),
             &headers,
             &acting,
-            body.clone(),
+            body,
         )
         .await;
         let started = match sent {
             Ok(upstream) => upstream.first_bytes().await,
             Err(e) => Err(e),
         };
+        proxy_from = Instant::now();
         match started {
             // A worker whose own queue is full (its 429) is no free slot:
             // the next candidate may have one.
@@ -686,11 +774,14 @@ async fn generate(
                     "x-pie-route",
                     HeaderValue::from_str(&why).unwrap_or(HeaderValue::from_static("?")),
                 );
-                return if path == "/v1/processes" {
+                let resp = if path == "/v1/processes" {
                     qualify_id(resp, &view.name).await
                 } else {
                     resp
                 };
+                proxy_s += proxy_from.elapsed().as_secs_f64();
+                ctl.metrics.observe_part("proxy", proxy_s);
+                return resp;
             }
             Err(e) => {
                 tracing::warn!(

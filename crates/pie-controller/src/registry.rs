@@ -161,6 +161,11 @@ impl Registry {
         self.read_worker(|w| w.name == name, |w| w.url.clone())
     }
 
+    /// The model fingerprint worker `name` last reported (0 before its first poll).
+    pub fn fingerprint_of(&self, name: &str) -> Option<u64> {
+        self.read_worker(|w| w.name == name, |w| w.fingerprint)
+    }
+
     pub fn url_of_slot(&self, slot: usize) -> Option<String> {
         self.read_worker(|w| w.slot == slot, |w| w.url.clone())
     }

@@ -1516,3 +1516,137 @@ async fn a_workers_full_queue_sends_the_request_on_and_its_retry_after_reaches_t
         "the worker's Retry-After is relayed"
     );
 }
+
+/// POST `body` to `url` + `path`, with `key` if any: (status, JSON body).
+async fn post_json(url: &str, path: &str, key: Option<&str>, body: &Value) -> (u16, Value) {
+    let mut req = reqwest::Client::new()
+        .post(format!("{url}{path}"))
+        .json(body);
+    if let Some(key) = key {
+        req = req.bearer_auth(key);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// A worker metric, read with the controller's worker key.
+async fn worker_metric(url: &str, name: &str) -> f64 {
+    let text = reqwest::Client::new()
+        .get(format!("{url}/metrics"))
+        .bearer_auth("sk-ctl")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Tokenize once: through the controller the worker uses the controller's
+/// prompt ids (`pie_prompt_tokens`, counted), and greedy outputs are token for
+/// token those of the same text sent to the worker directly: completions, chat
+/// through its template, and stop strings. A native chat session is not
+/// pretokenized; a client cannot send the field; every routed request is
+/// timed once per part in `pie_controller_overhead_seconds`.
+#[tokio::test]
+async fn forwarded_prompt_tokens_give_the_outputs_of_text() {
+    let worker_cfg = worker_config_trusting_the_controller("tokenize-once");
+    let c = Cluster::start_with(Spec {
+        workers: 1,
+        worker_args: &["--config", worker_cfg.to_str().unwrap()],
+        cluster_config: "worker_key = \"sk-ctl\"",
+        ..Spec::new("least-loaded")
+    })
+    .await;
+    let worker = c.workers[0].as_ref().unwrap().url.clone();
+    let ctl = c.controller.url.clone();
+    let counter = "pie_pretokenized_requests_total";
+    let completion = json!({"prompt": "The quick brown fox jumps over", "max_tokens": 16,
+        "temperature": 0, "ignore_eos": true});
+    let chat = json!({"messages": [{"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Name three colours, please."}],
+        "max_tokens": 16, "temperature": 0, "ignore_eos": true});
+    let mut bodies = vec![
+        ("/v1/completions", completion.clone()),
+        ("/v1/chat/completions", chat.clone()),
+    ];
+    // Each with a stop string from the middle of its own greedy text.
+    for (path, body) in bodies.clone() {
+        let (status, r) = post_json(&worker, path, Some("sk-ctl"), &body).await;
+        assert_eq!(status, 200, "{r}");
+        let text = r["choices"][0]["text"]
+            .as_str()
+            .or(r["choices"][0]["message"]["content"].as_str())
+            .unwrap()
+            .to_string();
+        let chars: Vec<char> = text.chars().collect();
+        assert!(chars.len() >= 6, "{path}: too little text to cut: {r}");
+        let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+        let mut with_stop = body.clone();
+        with_stop["stop"] = json!(stop);
+        bodies.push((path, with_stop));
+    }
+    let mut routed = 0;
+    for (path, body) in &bodies {
+        let before = worker_metric(&worker, counter).await;
+        let (status, direct) = post_json(&worker, path, Some("sk-ctl"), body).await;
+        assert_eq!(status, 200, "{direct}");
+        assert_eq!(
+            worker_metric(&worker, counter).await,
+            before,
+            "text is tokenized"
+        );
+        let (status, via) = post_json(&ctl, path, None, body).await;
+        assert_eq!(status, 200, "{via}");
+        routed += 1;
+        assert_eq!(
+            worker_metric(&worker, counter).await,
+            before + 1.0,
+            "{path}: the controller's ids were used"
+        );
+        assert_eq!(via["choices"], direct["choices"], "{path} {body}");
+        assert_eq!(
+            via["usage"]["prompt_tokens"], direct["usage"]["prompt_tokens"],
+            "{path}"
+        );
+        assert_eq!(
+            via["usage"]["completion_tokens"], direct["usage"]["completion_tokens"],
+            "{path}"
+        );
+        if body.get("stop").is_some() {
+            assert_eq!(via["choices"][0]["finish_reason"], "stop", "{via}");
+        }
+    }
+    // A native chat may resume a session only the worker knows: no ids.
+    let before = worker_metric(&worker, counter).await;
+    let native = json!({"inferlet": "chat", "args": {"messages": chat["messages"], "max_tokens": 2},
+        "props": {"session": "s1"}});
+    let (status, r) = post_json(&ctl, "/v1/processes", None, &native).await;
+    assert_eq!(status, 201, "{r}");
+    routed += 1;
+    assert_eq!(worker_metric(&worker, counter).await, before, "{r}");
+    // The field is the controller's: a caller's is refused, naming it.
+    let mut forged = completion.clone();
+    forged["pie_prompt_tokens"] = json!({"fingerprint": 1, "ids": [1, 2]});
+    let (status, r) = post_json(&ctl, "/v1/completions", None, &forged).await;
+    assert_eq!(status, 400, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("pie_prompt_tokens"),
+        "{r}"
+    );
+    for part in ["tokenize", "hash", "route", "proxy"] {
+        let count = c
+            .metric(&format!(
+                "pie_controller_overhead_seconds_count{{part=\"{part}\"}}"
+            ))
+            .await;
+        assert_eq!(count, routed as f64, "{part}");
+    }
+}

@@ -20,7 +20,9 @@ use tokio_stream::wrappers::BroadcastStream;
 
 use crate::config::ApiKey;
 use crate::process::{ProcEvent, ProcState, Process};
-use crate::runtime::{GenOptions, Inferlet, LaunchError, Prompt, Runtime};
+use crate::runtime::{
+    GenOptions, Inferlet, LaunchError, Prompt, PromptTokens, Runtime, PROMPT_TOKENS_FIELD,
+};
 use pie_core::auth::{Caller, KeyLimits, Role, ACT_AS_CACHE_SALT, ACT_AS_CLIENT, ACT_AS_ROLE};
 
 /// Shared server state: the runtime appears once the model has loaded.
@@ -232,6 +234,29 @@ pub fn caller_of(auth: &Option<Extension<Authed>>) -> Caller {
                 role: a.role,
             },
         },
+    }
+}
+
+/// The forwarded `pie_prompt_tokens` a request may use. The rule: only a
+/// `worker`-role key (a controller, which tokenized the request's own text)
+/// may send them; from a `client` or `admin` key they are refused with 400
+/// naming the field (a client wanting ids sends a token-id `prompt`, which is
+/// what the output is then reported against; ids beside a text `prompt`
+/// could differ from it). A worker without keys cannot tell a controller from
+/// a client, so it ignores them and tokenizes the text itself.
+pub fn trusted_prompt_tokens(
+    auth: &Option<Extension<Authed>>,
+    field: Option<PromptTokens>,
+) -> Result<Option<PromptTokens>, ApiError> {
+    match (auth, field) {
+        (_, None) | (None, Some(_)) => Ok(None),
+        (Some(Extension(a)), Some(p)) if a.role == Role::Worker => Ok(Some(p)),
+        (Some(Extension(a)), Some(_)) => Err(ApiError::bad_request(format!(
+            "{PROMPT_TOKENS_FIELD} is accepted only from a worker-role key (a controller); key `{}` has role `{}`",
+            a.name,
+            a.role.as_str()
+        ))
+        .param(PROMPT_TOKENS_FIELD)),
     }
 }
 
@@ -574,6 +599,9 @@ struct LaunchBody {
     args: Value,
     #[serde(default)]
     props: Option<Value>,
+    /// See [`trusted_prompt_tokens`].
+    #[serde(default)]
+    pie_prompt_tokens: Option<PromptTokens>,
 }
 
 #[derive(Deserialize)]
@@ -636,12 +664,13 @@ async fn launch_process(
             .param("inferlet"))
         }
     };
+    let pretokenized = trusted_prompt_tokens(&auth, body.pie_prompt_tokens)?;
     let client = client_of(&auth, &mut props)?;
     let opts = GenOptions {
         cache_salt: cache_salt_of(&auth),
         ..opts
     };
-    let (process, _) = rt.launch(inferlet, opts, props, client)?;
+    let (process, _) = rt.launch(inferlet, opts, props, client, pretokenized)?;
     Ok((StatusCode::CREATED, Json(json!({"id": process.id}))).into_response())
 }
 

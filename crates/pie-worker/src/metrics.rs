@@ -43,6 +43,8 @@ pub struct Metrics {
     /// Chat sessions kept (bounded).
     pub chat_sessions: Gauge,
     pub policy_clients: Gauge,
+    /// Requests whose prompt tokens a controller forwarded (not tokenized here).
+    pub pretokenized: Counter,
 }
 
 impl Default for Metrics {
@@ -77,6 +79,7 @@ impl Metrics {
             finished_records: Gauge::default(),
             chat_sessions: Gauge::default(),
             policy_clients: Gauge::default(),
+            pretokenized: Counter::default(),
             registry: Registry::with_prefix("pie"),
         };
         m.registry
@@ -187,6 +190,11 @@ impl Metrics {
             "policy_clients",
             "Clients whose state the ordering policy keeps (fair: runtime.fair.max_idle_clients bounds the idle ones)",
             m.policy_clients.clone(),
+        );
+        m.registry.register(
+            "pretokenized_requests",
+            "Requests whose prompt token ids a controller forwarded (pie_prompt_tokens) and the worker used instead of tokenizing",
+            m.pretokenized.clone(),
         );
         m
     }

@@ -19,10 +19,11 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::api::{
-    cache_salt_of, client_of, props_of, ApiError, ApiJson, AppState, Authed, GenArgs, PromptArg,
+    cache_salt_of, client_of, props_of, trusted_prompt_tokens, ApiError, ApiJson, AppState, Authed,
+    GenArgs, PromptArg,
 };
 use crate::process::{now_ms, ProcEvent, ProcState, Process, Usage};
-use crate::runtime::{GenOptions, Inferlet, Runtime};
+use crate::runtime::{GenOptions, Inferlet, PromptTokens, Runtime};
 
 /// Kills the process when the request that owns it goes away unfinished.
 struct KillOnDrop {
@@ -54,6 +55,8 @@ struct Common {
     n: Option<usize>,
     props: Option<Value>,
     session: Option<String>,
+    /// A controller's token ids for the prompt (see `api::trusted_prompt_tokens`).
+    pie_prompt_tokens: Option<PromptTokens>,
     #[serde(flatten)]
     gen: GenArgs,
 }
@@ -220,7 +223,7 @@ async fn serve(
     state: AppState,
     auth: Option<Extension<Authed>>,
     inferlet: Inferlet,
-    common: Common,
+    mut common: Common,
     kind: Kind,
 ) -> Result<Response, ApiError> {
     let rt = state.runtime()?;
@@ -244,8 +247,9 @@ async fn serve(
         cache_salt: cache_salt_of(&auth),
         ..common.gen.options(1.0)?
     };
+    let pretokenized = trusted_prompt_tokens(&auth, common.pie_prompt_tokens.take())?;
     let client = client_of(&auth, &mut props)?;
-    let (process, events) = rt.launch(inferlet, opts, props, client)?;
+    let (process, events) = rt.launch(inferlet, opts, props, client, pretokenized)?;
     let guard = KillOnDrop {
         rt: rt.clone(),
         process: process.clone(),

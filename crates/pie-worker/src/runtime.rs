@@ -76,6 +76,22 @@ pub enum Prompt {
     Tokens(Vec<u32>),
 }
 
+/// `pie_prompt_tokens`: a prompt's token ids as a controller computed them
+/// (completions: the prompt; chat: the messages after the chat template),
+/// so the worker need not tokenize again. Trusted only from a `worker`-role
+/// key (see `api::trusted_prompt_tokens`); checked here against this
+/// worker's model fingerprint and vocabulary, so a mismatch is a 400, never
+/// other tokens than the text names.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromptTokens {
+    pub fingerprint: u64,
+    pub ids: Vec<u32>,
+}
+
+/// The request field that carries [`PromptTokens`].
+pub const PROMPT_TOKENS_FIELD: &str = "pie_prompt_tokens";
+
 /// A built-in inferlet and its input.
 #[derive(Clone, Debug)]
 pub enum Inferlet {
@@ -499,6 +515,7 @@ impl Runtime {
         opts: GenOptions,
         props: Props,
         client: String,
+        pretokenized: Option<PromptTokens>,
     ) -> Result<(Arc<Process>, ProcEvents), LaunchError> {
         self.health().map_err(LaunchError::Unhealthy)?;
         let queued = self.count_in(ProcState::Queued);
@@ -506,7 +523,8 @@ impl Runtime {
             self.metrics.count_request("rejected_overload");
             return Err(LaunchError::Overloaded(queued));
         }
-        let (prompt, session_messages) = self.prompt_tokens(&inferlet, &props, &client)?;
+        let (prompt, session_messages) =
+            self.prompt_tokens(&inferlet, &props, &client, pretokenized)?;
         if prompt.is_empty() {
             return Err(LaunchError::BadRequest("the prompt is empty".into()));
         }
@@ -557,27 +575,38 @@ impl Runtime {
 
     /// The prompt's tokens and, for a resumed chat session, the messages to record.
     /// A session belongs to its client: another client naming the same session
-    /// starts its own.
+    /// starts its own. `pretokenized` ids (checked: this model's fingerprint,
+    /// every id in the vocabulary) replace tokenizing a text prompt or a chat
+    /// without earlier turns on this worker; a session with earlier turns is
+    /// tokenized here (the controller cannot know them), and a token-id prompt
+    /// is used as sent.
     fn prompt_tokens(
         &self,
         inferlet: &Inferlet,
         props: &Props,
         client: &str,
+        pretokenized: Option<PromptTokens>,
     ) -> Result<(Vec<u32>, Option<SessionTurn>), LaunchError> {
         let bad = |e: anyhow::Error| LaunchError::BadRequest(e.to_string());
+        let mut pretokenized = match pretokenized {
+            Some(p) => Some(self.checked_prompt_tokens(p)?),
+            None => None,
+        };
         match inferlet {
             Inferlet::TextCompletion {
                 prompt: Prompt::Text(text),
-            } => Ok((self.model.tokenizer.encode(text).map_err(bad)?, None)),
+            } => Ok((
+                self.ids_or(pretokenized, || {
+                    self.model.tokenizer.encode(text).map_err(bad)
+                })?,
+                None,
+            )),
             Inferlet::TextCompletion {
                 prompt: Prompt::Tokens(ids),
-            } => match ids.iter().find(|t| **t as usize >= self.model.config.vocab) {
-                Some(t) => Err(LaunchError::BadRequest(format!(
-                    "prompt token id {t} is outside the vocabulary ({} tokens)",
-                    self.model.config.vocab
-                ))),
-                None => Ok((ids.clone(), None)),
-            },
+            } => {
+                self.check_vocab("prompt", ids)?;
+                Ok((ids.clone(), None))
+            }
             Inferlet::Chat {
                 messages,
                 resume_session,
@@ -590,17 +619,61 @@ impl Runtime {
                     .as_deref()
                     .and_then(|s| self.lock_sessions().get(s))
                     .unwrap_or_default();
+                if !all.is_empty() {
+                    // Earlier turns the controller did not see: the ids lack them.
+                    pretokenized = None;
+                }
                 all.extend(messages.iter().cloned());
-                let text = self
-                    .model
-                    .tokenizer
-                    .apply_chat_template(&all)
-                    .map_err(bad)?;
-                Ok((
-                    self.model.tokenizer.encode(&text).map_err(bad)?,
-                    session.map(|s| (s, all)),
-                ))
+                let tokenize = || {
+                    let text = self
+                        .model
+                        .tokenizer
+                        .apply_chat_template(&all)
+                        .map_err(bad)?;
+                    self.model.tokenizer.encode(&text).map_err(bad)
+                };
+                let ids = self.ids_or(pretokenized, tokenize)?;
+                Ok((ids, session.map(|s| (s, all))))
             }
+        }
+    }
+
+    /// The forwarded ids (counted), or the prompt tokenized here.
+    fn ids_or(
+        &self,
+        pretokenized: Option<Vec<u32>>,
+        tokenize: impl FnOnce() -> Result<Vec<u32>, LaunchError>,
+    ) -> Result<Vec<u32>, LaunchError> {
+        match pretokenized {
+            Some(ids) => {
+                self.metrics.pretokenized.inc();
+                Ok(ids)
+            }
+            None => tokenize(),
+        }
+    }
+
+    /// Forwarded ids if they are this model's: its fingerprint, its vocabulary.
+    fn checked_prompt_tokens(&self, p: PromptTokens) -> Result<Vec<u32>, LaunchError> {
+        let ours = self.shape.fingerprint;
+        if p.fingerprint != ours {
+            return Err(LaunchError::BadRequest(format!(
+                "{PROMPT_TOKENS_FIELD}.fingerprint {:#018x} is not this worker's model ({ours:#018x})",
+                p.fingerprint
+            )));
+        }
+        self.check_vocab(&format!("{PROMPT_TOKENS_FIELD}.ids"), &p.ids)?;
+        Ok(p.ids)
+    }
+
+    /// Every id below the vocabulary size, or a 400 naming `what`.
+    fn check_vocab(&self, what: &str, ids: &[u32]) -> Result<(), LaunchError> {
+        match ids.iter().find(|t| **t as usize >= self.model.config.vocab) {
+            Some(t) => Err(LaunchError::BadRequest(format!(
+                "{what} token id {t} is outside the vocabulary ({} tokens)",
+                self.model.config.vocab
+            ))),
+            None => Ok(()),
         }
     }
 

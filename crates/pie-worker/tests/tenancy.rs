@@ -329,3 +329,139 @@ async fn a_chat_session_belongs_to_its_client() {
         "bob's `conv-1` starts empty: alice's turns are not his"
     );
 }
+
+/// `pie_pretokenized_requests_total`, read with the worker key.
+async fn pretokenized(s: &Server) -> f64 {
+    let (status, text) = call(s, Method::GET, "/metrics", "sk-ctl", None, &[]).await;
+    assert_eq!(status, 200, "{text}");
+    common::metric_value(text.as_str().unwrap(), "pie_pretokenized_requests_total")
+}
+
+/// `pie_prompt_tokens` (a controller's prompt ids): only a worker key may send
+/// them; a client key is refused naming the field; the fingerprint must be the
+/// worker's model and every id in its vocabulary; accepted ids are used (the
+/// counter) and give the same output as the text.
+#[tokio::test]
+async fn forwarded_prompt_tokens_only_from_a_worker_key_and_checked() {
+    let s = Server::start(KEYS, &[]).await;
+    let (status, state) = call(&s, Method::GET, "/v1/internal/state", "sk-ctl", None, &[]).await;
+    assert_eq!(status, 200, "{state}");
+    let fingerprint = state["fingerprint"].as_u64().unwrap();
+    let (status, models) = call(&s, Method::GET, "/v1/models", "sk-ctl", None, &[]).await;
+    assert_eq!(status, 200, "{models}");
+    let vocab = models["data"][0]["vocab_size"].as_u64().unwrap();
+    // The ids of "hello" as the worker tokenizes it: a text request's usage.
+    let text = json!({"prompt": "hello", "max_tokens": 6, "temperature": 0, "ignore_eos": true});
+    let (status, by_text) = call(
+        &s,
+        Method::POST,
+        "/v1/completions",
+        "sk-ctl",
+        Some(text.clone()),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200, "{by_text}");
+    let n = by_text["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(n >= 1, "{by_text}");
+    let with = |ids: Value, fp: Value| {
+        let mut body = text.clone();
+        body["pie_prompt_tokens"] = json!({"fingerprint": fp, "ids": ids});
+        body
+    };
+    // The right ids: the model's own tokenizer, as a controller has it.
+    let gguf = pie_model::gguf::GgufFile::open(&common::test_model()).unwrap();
+    assert_eq!(gguf.fingerprint.0, fingerprint);
+    let ids = pie_model::Tokenizer::from_gguf(&gguf)
+        .unwrap()
+        .encode("hello")
+        .unwrap();
+    assert_eq!(ids.len() as u64, n);
+    assert_eq!(pretokenized(&s).await, 0.0);
+
+    // A client key: refused, naming the field.
+    let (status, r) = call(
+        &s,
+        Method::POST,
+        "/v1/completions",
+        "sk-alice",
+        Some(with(json!(ids), json!(fingerprint))),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 400, "{r}");
+    assert!(message(&r).contains("pie_prompt_tokens"), "{r}");
+    assert!(message(&r).contains("worker-role"), "{r}");
+    // Also on the native route.
+    let native = json!({"inferlet": "text-completion", "args": {"prompt": "hello", "max_tokens": 2},
+        "pie_prompt_tokens": {"fingerprint": fingerprint, "ids": ids}});
+    let (status, r) = call(
+        &s,
+        Method::POST,
+        "/v1/processes",
+        "sk-alice",
+        Some(native),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 400, "{r}");
+    assert!(message(&r).contains("pie_prompt_tokens"), "{r}");
+
+    // A worker key with another model's fingerprint.
+    let (status, r) = call(
+        &s,
+        Method::POST,
+        "/v1/completions",
+        "sk-ctl",
+        Some(with(json!(ids), json!(fingerprint ^ 1))),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 400, "{r}");
+    assert!(message(&r).contains("pie_prompt_tokens.fingerprint"), "{r}");
+    // ... or an id outside the vocabulary.
+    let (status, r) = call(
+        &s,
+        Method::POST,
+        "/v1/completions",
+        "sk-ctl",
+        Some(with(json!([1, vocab]), json!(fingerprint))),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 400, "{r}");
+    assert!(message(&r).contains("pie_prompt_tokens.ids"), "{r}");
+    assert!(message(&r).contains(&format!("token id {vocab}")), "{r}");
+    assert_eq!(pretokenized(&s).await, 0.0);
+
+    // The right ids from a worker key are used, and answer as the text did.
+    let (status, r) = call(
+        &s,
+        Method::POST,
+        "/v1/completions",
+        "sk-ctl",
+        Some(with(json!(ids), json!(fingerprint))),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(pretokenized(&s).await, 1.0);
+    assert_eq!(
+        r["choices"][0]["text"], by_text["choices"][0]["text"],
+        "{r} vs {by_text}"
+    );
+    assert_eq!(r["usage"], by_text["usage"]);
+    // Different ids than the text's are what the worker computes on: the
+    // check is of the key's role, not of the text (the controller's job).
+    let (status, r) = call(
+        &s,
+        Method::POST,
+        "/v1/completions",
+        "sk-ctl",
+        Some(with(json!([ids[0]]), json!(fingerprint))),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["usage"]["prompt_tokens"], 1, "{r}");
+}
