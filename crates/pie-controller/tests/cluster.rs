@@ -326,6 +326,8 @@ async fn workers_register_themselves_and_native_ids_route_back() {
             &c.controller.url,
             "--name",
             "late",
+            "--group",
+            "gold",
         ],
         "pie: listening on ",
     );
@@ -334,7 +336,7 @@ async fn workers_register_themselves_and_native_ids_route_back() {
             .as_array()
             .unwrap()
             .iter()
-            .any(|w| w["name"] == "late" && w["healthy"] == true)
+            .any(|w| w["name"] == "late" && w["healthy"] == true && w["group"] == "gold")
     })
     .await;
 

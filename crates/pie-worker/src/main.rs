@@ -142,6 +142,10 @@ struct ServeArgs {
     /// This worker's name in the cluster.
     #[arg(long)]
     name: Option<String>,
+    /// This worker's group label at the controller (`scale-by-prop` counts
+    /// workers per group).
+    #[arg(long, requires = "controller")]
+    group: Option<String>,
 }
 
 impl ServeArgs {
@@ -271,7 +275,15 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Cmd::Serve(args) => {
             let config = args.config()?;
-            let registration = args.controller.clone().zip(args.name.clone());
+            let registration =
+                args.controller
+                    .clone()
+                    .zip(args.name.clone())
+                    .map(|(controller, name)| pie_worker::serve::Registration {
+                        controller,
+                        name,
+                        group: args.group.clone(),
+                    });
             let reloader: pie_worker::serve::Reloader = std::sync::Arc::new(move || args.config());
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

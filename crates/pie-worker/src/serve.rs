@@ -27,7 +27,7 @@ pub type Reloader = Arc<dyn Fn() -> Result<Config> + Send + Sync>;
 pub async fn serve(
     config: Config,
     reloader: Reloader,
-    registration: Option<(String, String)>,
+    registration: Option<Registration>,
 ) -> Result<()> {
     let api_keys = config.api_keys()?;
     let worker_key = config.worker_key()?;
@@ -54,10 +54,9 @@ pub async fn serve(
     let _ = state.runtime.set(runtime);
     println!("pie: ready");
     tokio::spawn(reload_on_sighup(state));
-    if let Some((controller, name)) = registration {
+    if let Some(registration) = registration {
         tokio::spawn(heartbeat(
-            controller,
-            name,
+            registration,
             format!("http://{local}"),
             worker_key,
         ));
@@ -66,16 +65,33 @@ pub async fn serve(
     Ok(())
 }
 
+/// `pie serve --controller URL --name NAME [--group GROUP]`.
+pub struct Registration {
+    pub controller: String,
+    pub name: String,
+    /// The worker's `group` label (`scale-by-prop` counts workers per group).
+    pub group: Option<String>,
+}
+
 /// Register with a controller and keep registering (a heartbeat), so a restarted
 /// controller learns about this worker again. A controller with API keys needs
 /// this worker's key (`[server] worker_key`) to have role `worker` there.
-async fn heartbeat(controller: String, name: String, url: String, key: Option<String>) {
+async fn heartbeat(registration: Registration, url: String, key: Option<String>) {
+    let Registration {
+        controller,
+        name,
+        group,
+    } = registration;
     let http = reqwest::Client::new();
     let endpoint = format!("{}/v1/cluster/register", controller.trim_end_matches('/'));
+    let mut body = json!({"name": name, "url": url});
+    if let Some(group) = group {
+        body["group"] = json!(group);
+    }
     loop {
         let mut req = http
             .post(&endpoint)
-            .json(&json!({"name": name, "url": url}))
+            .json(&body)
             .timeout(std::time::Duration::from_secs(2));
         if let Some(k) = &key {
             req = req.bearer_auth(k);
