@@ -495,26 +495,25 @@ async fn models(
 }
 
 /// A client key's request props checked against its limits (the key's weight
-/// filled in) and its `client` prop set, written back into the body; the new
-/// body. Workers trust these props from the controller's worker key.
-fn with_client_props(json: &mut Value, key: &ClientKey) -> Result<Bytes, String> {
-    let Some(obj) = json.as_object_mut() else {
-        return Err("the body must be a JSON object".into());
-    };
-    let props_json = obj.entry("props").or_insert_with(|| json!({}));
-    let mut props = Props::from_json(props_json).map_err(|e| e.to_string())?;
+/// filled in) and its `client` prop set, then written back into the body the
+/// workers get: they trust these props from the controller's worker key.
+fn apply_client_key(props: &mut Props, json: &mut Value, key: &ClientKey) -> Result<(), String> {
     if key.role == Role::Client {
         key.limits
-            .apply(&key.name, &mut props)
+            .apply(&key.name, props)
             .map_err(|e| e.to_string())?;
     }
     props
         .set("client", PropValue::Str(key.name.clone()))
         .map_err(|e| e.to_string())?;
-    *props_json = serde_json::to_value(&props).map_err(|e| e.to_string())?;
-    serde_json::to_vec(json)
-        .map(Bytes::from)
-        .map_err(|e| e.to_string())
+    let Some(obj) = json.as_object_mut() else {
+        return Err("the body must be a JSON object".into());
+    };
+    obj.insert(
+        "props".into(),
+        serde_json::to_value(&*props).map_err(|e| e.to_string())?,
+    );
+    Ok(())
 }
 
 /// What routing needs from a generation request.
@@ -619,22 +618,24 @@ async fn generate(
             ),
         );
     }
-    // The authenticated client is who the workers' fair share counts.
-    let body = match &client {
-        Some(Extension(key)) => match with_client_props(&mut json, key) {
-            Ok(body) => body,
-            Err(message) => return error(StatusCode::BAD_REQUEST, message),
-        },
-        None => body,
-    };
     let acting = acting_as(&client);
     let RouteInputs {
         tokens,
-        props,
+        mut props,
         forwardable,
     } = match route_inputs(&ctl, &path, &json) {
         Ok(v) => v,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
+    // The authenticated client is who the workers' fair share counts.
+    let body = match &client {
+        Some(Extension(key)) => match apply_client_key(&mut props, &mut json, key)
+            .and_then(|()| serde_json::to_vec(&json).map_err(|e| e.to_string()))
+        {
+            Ok(body) => Bytes::from(body),
+            Err(message) => return error(StatusCode::BAD_REQUEST, message),
+        },
+        None => body,
     };
     let tokenize_s = parse_started.elapsed().as_secs_f64();
     let arrival_ms = now_ms();

@@ -379,16 +379,11 @@ async fn forwarded_prompt_tokens_only_from_a_worker_key_and_checked() {
     assert_eq!(ids.len() as u64, n);
     assert_eq!(pretokenized(&s).await, 0.0);
 
+    let complete = async |key: &str, body: Value| {
+        call(&s, Method::POST, "/v1/completions", key, Some(body), &[]).await
+    };
     // A client key: refused, naming the field.
-    let (status, r) = call(
-        &s,
-        Method::POST,
-        "/v1/completions",
-        "sk-alice",
-        Some(with(json!(ids), json!(fingerprint))),
-        &[],
-    )
-    .await;
+    let (status, r) = complete("sk-alice", with(json!(ids), json!(fingerprint))).await;
     assert_eq!(status, 400, "{r}");
     assert!(message(&r).contains("pie_prompt_tokens"), "{r}");
     assert!(message(&r).contains("worker-role"), "{r}");
@@ -408,42 +403,18 @@ async fn forwarded_prompt_tokens_only_from_a_worker_key_and_checked() {
     assert!(message(&r).contains("pie_prompt_tokens"), "{r}");
 
     // A worker key with another model's fingerprint.
-    let (status, r) = call(
-        &s,
-        Method::POST,
-        "/v1/completions",
-        "sk-ctl",
-        Some(with(json!(ids), json!(fingerprint ^ 1))),
-        &[],
-    )
-    .await;
+    let (status, r) = complete("sk-ctl", with(json!(ids), json!(fingerprint ^ 1))).await;
     assert_eq!(status, 400, "{r}");
     assert!(message(&r).contains("pie_prompt_tokens.fingerprint"), "{r}");
     // ... or an id outside the vocabulary.
-    let (status, r) = call(
-        &s,
-        Method::POST,
-        "/v1/completions",
-        "sk-ctl",
-        Some(with(json!([1, vocab]), json!(fingerprint))),
-        &[],
-    )
-    .await;
+    let (status, r) = complete("sk-ctl", with(json!([1, vocab]), json!(fingerprint))).await;
     assert_eq!(status, 400, "{r}");
     assert!(message(&r).contains("pie_prompt_tokens.ids"), "{r}");
     assert!(message(&r).contains(&format!("token id {vocab}")), "{r}");
     assert_eq!(pretokenized(&s).await, 0.0);
 
     // The right ids from a worker key are used, and answer as the text did.
-    let (status, r) = call(
-        &s,
-        Method::POST,
-        "/v1/completions",
-        "sk-ctl",
-        Some(with(json!(ids), json!(fingerprint))),
-        &[],
-    )
-    .await;
+    let (status, r) = complete("sk-ctl", with(json!(ids), json!(fingerprint))).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(pretokenized(&s).await, 1.0);
     assert_eq!(
@@ -453,15 +424,7 @@ async fn forwarded_prompt_tokens_only_from_a_worker_key_and_checked() {
     assert_eq!(r["usage"], by_text["usage"]);
     // Different ids than the text's are what the worker computes on: the
     // check is of the key's role, not of the text (the controller's job).
-    let (status, r) = call(
-        &s,
-        Method::POST,
-        "/v1/completions",
-        "sk-ctl",
-        Some(with(json!([ids[0]]), json!(fingerprint))),
-        &[],
-    )
-    .await;
+    let (status, r) = complete("sk-ctl", with(json!([ids[0]]), json!(fingerprint))).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["usage"]["prompt_tokens"], 1, "{r}");
 }

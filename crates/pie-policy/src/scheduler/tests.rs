@@ -85,6 +85,32 @@ fn policy(i: usize) -> Box<dyn WorkerPolicy> {
     }
 }
 
+/// Compute a planned step on the toy pool and charge it. Returns the indices
+/// of the sequences that generated a token and of those that finished, in
+/// plan order.
+fn compute_step(
+    kv: &mut ToyKv,
+    scheduler: &mut Scheduler,
+    plan: &[Planned],
+) -> (Vec<usize>, Vec<usize>) {
+    let (mut generated, mut done) = (Vec::new(), Vec::new());
+    for p in plan {
+        let s = kv.seqs.get_mut(&p.seq).unwrap();
+        let prefill = prefill_share(s.prompt, s.len, p.tokens);
+        s.len += p.tokens;
+        let new_token = s.len == s.tokens();
+        if new_token {
+            s.generated += 1;
+            generated.push(p.index);
+            if s.generated >= s.max_tokens {
+                done.push(p.index);
+            }
+        }
+        scheduler.charge(kv, p.index, prefill, usize::from(new_token));
+    }
+    (generated, done)
+}
+
 proptest! {
     #[test]
     fn steps_respect_the_limits_and_every_sequence_finishes(
@@ -135,21 +161,7 @@ proptest! {
                 prop_assert_eq!(c.running, kv.holds_pages(c.seq));
                 prop_assert_eq!(c.prefill_tokens, kv.prefill_remaining(c.seq));
             }
-            let mut done = Vec::new();
-            for p in &plan {
-                let s = kv.seqs.get_mut(&p.seq).unwrap();
-                let prefill = prefill_share(s.prompt, s.len, p.tokens);
-                s.len += p.tokens;
-                let mut generated = 0;
-                if s.len == s.tokens() {
-                    s.generated += 1;
-                    generated = 1;
-                    if s.generated >= s.max_tokens {
-                        done.push(p.index);
-                    }
-                }
-                scheduler.charge(&kv, p.index, prefill, generated);
-            }
+            let (_, done) = compute_step(&mut kv, &mut scheduler, &plan);
             for seq in scheduler.finish(&mut kv, &done, true) {
                 kv.seqs.remove(&seq);
                 finished += 1;
@@ -217,35 +229,15 @@ fn light_and_flooder_tokens(policy: Box<dyn WorkerPolicy>) -> (usize, usize) {
             );
         }
         scheduler.plan(&mut kv, now, &mut plan);
-        let mut done = Vec::new();
-        for p in &plan {
-            let s = kv.seqs.get_mut(&p.seq).unwrap();
-            let prefill = prefill_share(s.prompt, s.len, p.tokens);
-            s.len += p.tokens;
-            let mut generated = 0;
-            if s.len == s.tokens() {
-                s.generated += 1;
-                generated = 1;
-                let client = scheduler.candidates()[p.index].client.clone();
-                *tokens
-                    .entry(if client == "light" { "light" } else { "flood" })
-                    .or_default() += 1;
-                if s.generated >= s.max_tokens {
-                    done.push(p.index);
-                }
-            }
-            scheduler.charge(&kv, p.index, prefill, generated);
+        let (generated, done) = compute_step(&mut kv, &mut scheduler, &plan);
+        let client_at = |i: usize| match scheduler.candidates()[i].client.as_str() {
+            "light" => "light",
+            _ => "flood",
+        };
+        for &i in &generated {
+            *tokens.entry(client_at(i)).or_default() += 1;
         }
-        let finished: Vec<&str> = done
-            .iter()
-            .map(|&i| {
-                if scheduler.candidates()[i].client == "light" {
-                    "light"
-                } else {
-                    "flood"
-                }
-            })
-            .collect();
+        let finished: Vec<&str> = done.iter().map(|&i| client_at(i)).collect();
         for seq in scheduler.finish(&mut kv, &done, true) {
             kv.seqs.remove(&seq);
         }
