@@ -113,8 +113,10 @@ pub struct StepOutput {
     pub finished: Vec<(SeqId, FinishReason, SeqInfo)>,
     /// Tokens computed in this step (prefill and decode).
     pub batch_tokens: usize,
-    /// Sequences scheduled for the first time in this step.
-    pub started: Vec<SeqId>,
+    /// Sequences scheduled for the first time in this step, with the prompt
+    /// tokens they found cached (known here even for one that also finishes
+    /// in this step and is gone by the time anyone could ask).
+    pub started: Vec<(SeqId, usize)>,
     /// Sequences stopped by an error of their own, with it (their pages are
     /// released); the rest of the batch ran.
     pub failed: Vec<(SeqId, String)>,

@@ -795,9 +795,6 @@ impl Driver {
                     return;
                 }
                 SeqEvent::Finished(reason, info) => {
-                    // A sequence that starts and ends in one step is gone
-                    // before its `Started` could say what was cached.
-                    self.process.set_cached_tokens(info.cached_tokens);
                     self.process
                         .push_text(text.flush(), None, info.generated_tokens);
                     self.complete(if reason == FinishReason::Stop {
@@ -1151,8 +1148,7 @@ fn step(engine: &mut Engine, subs: &mut Subscribers) {
         }
     };
     let mut gone = Vec::new();
-    for id in out.started {
-        let cached_tokens = engine.info(id).map_or(0, |i| i.cached_tokens);
+    for (id, cached_tokens) in out.started {
         notify(subs, id, SeqEvent::Started { cached_tokens }, &mut gone);
     }
     for (id, token) in out.tokens {

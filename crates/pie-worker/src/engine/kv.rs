@@ -47,7 +47,7 @@ pub(super) struct EngineKv {
     pub retained: HashMap<String, PageTable>,
     pub prefix_hit_tokens: u64,
     /// Sequences admitted for the first time since the last take.
-    pub started: Vec<SeqId>,
+    pub started: Vec<(SeqId, usize)>,
 }
 
 impl EngineKv {
@@ -120,7 +120,7 @@ impl KvAccounting for EngineKv {
             let hit = cached_tokens.min(s.prompt_len);
             s.cached_tokens = Some(hit);
             self.prefix_hit_tokens += hit as u64;
-            self.started.push(seq);
+            self.started.push((seq, hit));
         }
     }
 
