@@ -163,41 +163,49 @@ fn required_role(path: &str) -> Role {
 }
 
 async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    let keys = state
-        .api_keys
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    let path = req.uri().path().to_string();
+    match authenticate_request(&state, &req) {
+        Ok(Some(authed)) => {
+            req.extensions_mut().insert(authed);
+        }
+        Ok(None) => {}
+        Err(refused) => return refused.into_response(),
+    }
+    next.run(req).await
+}
+
+/// Who sent `req`, checked against the keys and the route's role (under the
+/// keys' read lock: the key list is not copied per request). None when no
+/// keys are configured, and for `/health`.
+fn authenticate_request(state: &AppState, req: &Request) -> Result<Option<Authed>, ApiError> {
+    let keys = state.api_keys.read().unwrap_or_else(|e| e.into_inner());
+    let path = req.uri().path();
     if keys.is_empty() || path == "/health" {
-        return next.run(req).await;
+        return Ok(None);
     }
     let header = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let key = match pie_core::auth::authenticate(&keys, header) {
-        Ok(k) => k,
-        Err(e) => return ApiError::new(StatusCode::UNAUTHORIZED, e.to_string()).into_response(),
-    };
-    if let Err(message) = key.role.may_call(required_role(&path), &key.name, &path) {
-        return ApiError::new(StatusCode::FORBIDDEN, message).into_response();
-    }
-    let is_worker = key.role == Role::Worker;
-    let acting_for = is_worker.then(|| acting_for(req.headers())).flatten();
+    let key = pie_core::auth::authenticate(&keys, header)
+        .map_err(|e| ApiError::new(StatusCode::UNAUTHORIZED, e.to_string()))?;
+    key.role
+        .may_call(required_role(path), &key.name, path)
+        .map_err(|message| ApiError::new(StatusCode::FORBIDDEN, message))?;
+    let acting_for = (key.role == Role::Worker)
+        .then(|| acting_for(req.headers()))
+        .flatten();
     let cache_salt = match key.role {
         Role::Client => key.limits.cache_salt.clone(),
         Role::Worker => header_text(req.headers(), ACT_AS_CACHE_SALT),
         Role::Admin => None,
     };
-    req.extensions_mut().insert(Authed {
+    Ok(Some(Authed {
         name: key.name.clone(),
         role: key.role,
         limits: key.limits.clone(),
         acting_for,
         cache_salt,
-    });
-    next.run(req).await
+    }))
 }
 
 /// The client a controller says it acts for; its role defaults to `client`.
