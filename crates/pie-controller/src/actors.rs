@@ -26,7 +26,7 @@ use axum::{Json, Router};
 use pie_core::Props;
 use pie_policy::cluster::{
     Action, ActionRecord, ActorRunner, ClusterEvent, ClusterSnapshot, ProcessState, ScaleHint,
-    Stage, WorkerState,
+    WorkerState,
 };
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -214,7 +214,7 @@ impl Actors {
                 .into_iter()
                 .map(|w| WorkerState {
                     name: w.name,
-                    stage: Stage::Both,
+                    stage: w.stage,
                     group: w.group,
                     healthy: w.healthy,
                     draining: false,

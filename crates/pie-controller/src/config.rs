@@ -9,8 +9,8 @@ use anyhow::{anyhow, Result};
 use pie_core::auth::{parse_key_file, ApiKey};
 use pie_policy::cluster::{
     routing_policy, split_policies, ActorConfigs, ActorRunner, CacheAwareConfig, ClusterPolicy,
-    PinConfig, QueueOrder, RoutingConfigs, ScaleByPropConfig, SessionAffinityConfig,
-    DEFAULT_MAX_QUEUED,
+    DisaggregateConfig, PinConfig, QueueOrder, RoutingConfigs, ScaleByPropConfig,
+    SessionAffinityConfig, DEFAULT_MAX_QUEUED,
 };
 use serde::{Deserialize, Serialize};
 
@@ -107,6 +107,7 @@ pub struct ClusterConfig {
     #[serde(rename = "session-affinity")]
     pub session_affinity: SessionAffinityConfig,
     pub pin: PinConfig,
+    pub disaggregate: DisaggregateConfig,
     #[serde(rename = "scale-by-prop")]
     pub scale_by_prop: ScaleByPropConfig,
 }
@@ -133,6 +134,7 @@ impl Default for ClusterConfig {
             cache_aware: CacheAwareConfig::default(),
             session_affinity: SessionAffinityConfig::default(),
             pin: PinConfig::default(),
+            disaggregate: DisaggregateConfig::default(),
             scale_by_prop: ScaleByPropConfig::default(),
         }
     }
@@ -194,6 +196,7 @@ impl ClusterConfig {
             pin: self.pin.clone(),
             session_affinity: self.session_affinity.clone(),
             cache_aware: self.cache_aware.clone(),
+            disaggregate: self.disaggregate.clone(),
         };
         let (routing, _) = self.split()?;
         routing

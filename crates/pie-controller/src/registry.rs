@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use pie_core::hash::chain_from;
 use pie_core::ModelFingerprint;
-use pie_policy::cluster::{ClusterIndex, WorkerView};
+use pie_policy::cluster::{ClusterIndex, Stage, WorkerView};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -50,6 +50,8 @@ pub struct Worker {
     pub indexed_blocks: usize,
     pub page_size: usize,
     pub fingerprint: u64,
+    /// Its `[runtime] stage`: prefill-stage workers only prefill for others.
+    pub stage: Stage,
     /// Routed here since start.
     pub routed: u64,
     /// The key that registered it (its name is bound to that key); None for a
@@ -74,6 +76,7 @@ impl Worker {
             indexed_blocks: 0,
             page_size: 0,
             fingerprint: 0,
+            stage: Stage::Both,
             routed: 0,
         }
     }
@@ -287,6 +290,8 @@ impl Registry {
                         name: w.name.clone(),
                         load: w.load,
                         cached_prefix_tokens: cached,
+                        stage: w.stage,
+                        max_running: w.max_running,
                     },
                     w.url.clone(),
                 )
@@ -306,6 +311,7 @@ impl Registry {
                 entry.max_running = num("max_running") as usize;
                 entry.page_size = num("page_size") as usize;
                 entry.fingerprint = num("fingerprint");
+                entry.stage = serde_json::from_value(s["stage"].clone()).unwrap_or_default();
             }
             None => entry.healthy = false,
         });

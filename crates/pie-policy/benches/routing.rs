@@ -70,6 +70,7 @@ fn bench(c: &mut Criterion) {
                     name: name.clone(),
                     load: i % 5,
                     cached_prefix_tokens: d * PAGE,
+                    ..WorkerView::default()
                 })
                 .collect();
             let req = RouteRequest {

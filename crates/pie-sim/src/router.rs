@@ -87,6 +87,7 @@ impl Router {
                     name: format!("w{i}"),
                     load: 0,
                     cached_prefix_tokens: 0,
+                    ..WorkerView::default()
                 })
                 .collect(),
             index: spec.reads_prefixes().then(ClusterIndex::new),

@@ -58,6 +58,7 @@ fn controller_views(
             name: format!("w{w}"),
             load: loads[w],
             cached_prefix_tokens: prefix.iter().take_while(|h| held[w].contains(h)).count() * PAGE,
+            ..WorkerView::default()
         })
         .collect()
 }

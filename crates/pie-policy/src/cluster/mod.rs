@@ -11,6 +11,7 @@
 
 mod actions;
 mod cache_aware;
+mod disaggregate;
 mod index;
 mod least_loaded;
 mod pin;
@@ -26,6 +27,7 @@ pub use actions::{
 };
 
 pub use cache_aware::{CacheAware, CacheAwareConfig};
+pub use disaggregate::{Disaggregate, DisaggregateConfig, PrefillPlacement};
 pub use index::ClusterIndex;
 pub use least_loaded::LeastLoaded;
 pub use pin::{Pin, PinConfig};
@@ -44,6 +46,7 @@ pub const ROUTING_POLICIES: &[&str] = &[
     "cache-aware",
     "least-loaded",
     "round-robin",
+    "disaggregate",
 ];
 
 /// The configs of the configurable routing policies (`[cluster.<name>]`).
@@ -52,6 +55,7 @@ pub struct RoutingConfigs {
     pub pin: PinConfig,
     pub session_affinity: SessionAffinityConfig,
     pub cache_aware: CacheAwareConfig,
+    pub disaggregate: DisaggregateConfig,
 }
 
 /// A fresh routing policy by name, as the controller and the simulator build
@@ -66,6 +70,7 @@ pub fn routing_policy(
         "cache-aware" => Box::new(CacheAware::new(configs.cache_aware.clone())),
         "least-loaded" => Box::new(LeastLoaded),
         "round-robin" => Box::new(RoundRobin::default()),
+        "disaggregate" => Box::new(Disaggregate::new(configs.disaggregate.clone())),
         other => {
             return Err(format!(
                 "unknown cluster policy `{other}` (available: {})",
@@ -130,13 +135,17 @@ pub fn split_policies(names: &[String]) -> Result<(Vec<&str>, Vec<&str>), String
 }
 
 /// What a cluster policy knows of one worker.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct WorkerView {
     pub name: String,
     /// Processes queued or running on it.
     pub load: usize,
     /// Prompt tokens of this request already in its prefix cache.
     pub cached_prefix_tokens: usize,
+    /// Prefill-stage workers only prefill for others (`disaggregate`).
+    pub stage: Stage,
+    /// Its running-slot limit; 0 when unknown.
+    pub max_running: usize,
 }
 
 /// What a cluster policy knows of one request.
@@ -167,6 +176,18 @@ pub trait ClusterPolicy: Send {
         candidates: &mut Vec<usize>,
     ) -> Result<Option<String>, Reject>;
 
+    /// Where the prefill of a request routed to `decode` runs (`disaggregate`);
+    /// None when this policy does not place prefills.
+    fn place_prefill(
+        &mut self,
+        _now_ms: u64,
+        _req: &RouteRequest,
+        _workers: &[WorkerView],
+        _decode: usize,
+    ) -> Option<PrefillPlacement> {
+        None
+    }
+
     /// The request went to `worker` (session-affinity records it).
     fn routed(&mut self, _now_ms: u64, _req: &RouteRequest, _worker: &str) {}
 
@@ -191,7 +212,17 @@ pub fn route(
             message: "no healthy worker".into(),
         });
     }
-    let mut candidates: Vec<usize> = (0..workers.len()).collect();
+    // Prefill-stage workers only ever prefill for others.
+    let mut candidates: Vec<usize> = (0..workers.len())
+        .filter(|&i| workers[i].stage != Stage::Prefill)
+        .collect();
+    if candidates.is_empty() {
+        return Err(Reject {
+            status: 503,
+            message: "no healthy decode worker (every healthy worker has stage = \"prefill\")"
+                .into(),
+        });
+    }
     let mut decided = None;
     for p in policies.iter_mut() {
         if let Some(reason) = p.route(now_ms, req, workers, &mut candidates)? {
@@ -224,6 +255,20 @@ pub fn route(
     Ok((chosen, reason))
 }
 
+/// Where the prefill of a request routed to `decode` runs: the first policy
+/// that places prefills decides; None when no policy does.
+pub fn place_prefill(
+    policies: &mut [Box<dyn ClusterPolicy>],
+    now_ms: u64,
+    req: &RouteRequest,
+    workers: &[WorkerView],
+    decode: usize,
+) -> Option<PrefillPlacement> {
+    policies
+        .iter_mut()
+        .find_map(|p| p.place_prefill(now_ms, req, workers, decode))
+}
+
 /// Tell the pipeline where the request actually went (the chosen worker, or the
 /// one that took it after a connection failure).
 pub fn record(
@@ -247,6 +292,8 @@ pub(crate) fn views(loads: &[usize], cached: &[usize]) -> Vec<WorkerView> {
             name: format!("w{i}"),
             load,
             cached_prefix_tokens: c,
+            stage: Stage::Both,
+            max_running: 0,
         })
         .collect()
 }
