@@ -6,11 +6,14 @@
 //! - [`PageTable`]: one context's pages and how many of its tokens have KV.
 //! - [`transfer`]: a page to bytes and back, with a header and a checksum, so
 //!   pages can move between workers, a pool and disk.
+//! - [`stream`]: pages as a framed stream with a handshake, checked by the
+//!   receiver against the prompt's own block-hash chain.
 //!
 //! Invariant (tested): a page referenced by a live page table is never evicted or
 //! handed out again; once every table is released, every refcount is zero.
 
 mod pool;
+pub mod stream;
 mod table;
 pub mod transfer;
 

@@ -2,11 +2,13 @@ use std::collections::{BTreeMap, HashMap};
 
 use pie_core::{BlockHash, ModelFingerprint};
 
+use serde::{Deserialize, Serialize};
+
 use crate::OutOfPages;
 
 /// Shape of one page: `page_size` tokens of K and V for each of `layers` layers,
 /// each token `kv_dim` (= kv heads x head dim) floats.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KvLayout {
     pub layers: usize,
     pub page_size: usize,

@@ -12,10 +12,14 @@
 //! | per layer: K then V, `page_size * kv_dim` f32 each | ... |
 //! | XXH3-64 of everything above | 8 |
 //!
-//! An import checks every header field against the receiving pool and the checksum,
-//! so a page from another model or a torn transfer is refused, never used.
+//! A page's address wherever it travels or rests is its [`PageFormat`]
+//! (model fingerprint, dtype, layout: page size, layers, KV width) and its block
+//! hash, so pages of different models or dtypes never collide. An import checks
+//! every header field against the receiving pool and the checksum, so a page
+//! from another model or a torn transfer is refused, never used.
 
 use pie_core::{BlockHash, ModelFingerprint};
+use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::{KvLayout, KvPool, OutOfPages, PageId};
@@ -44,6 +48,46 @@ pub enum TransferError {
     Unpublished(PageId),
     #[error(transparent)]
     OutOfPages(#[from] OutOfPages),
+}
+
+/// What a page must match to be used by a pool: the handshake of a page
+/// stream (`crate::stream`) and the header of every page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PageFormat {
+    pub fingerprint: ModelFingerprint,
+    /// 0 = f32 (the only dtype pools hold today).
+    pub dtype: u32,
+    pub layout: KvLayout,
+}
+
+impl PageFormat {
+    pub fn of(pool: &KvPool) -> Self {
+        Self {
+            fingerprint: pool.fingerprint(),
+            dtype: DTYPE_F32,
+            layout: pool.layout(),
+        }
+    }
+
+    /// The first field where `other` differs from this format, named, with
+    /// both values; None when they match.
+    pub fn mismatch(&self, other: &PageFormat) -> Option<String> {
+        let fields = [
+            ("model fingerprint", self.fingerprint.0, other.fingerprint.0),
+            ("kv dtype", self.dtype as u64, other.dtype as u64),
+            (
+                "page_size",
+                self.layout.page_size as u64,
+                other.layout.page_size as u64,
+            ),
+            ("layers", self.layout.layers as u64, other.layout.layers as u64),
+            ("kv_dim", self.layout.kv_dim as u64, other.layout.kv_dim as u64),
+        ];
+        fields
+            .into_iter()
+            .find(|(_, mine, theirs)| mine != theirs)
+            .map(|(name, mine, theirs)| format!("{name} differs: {theirs:#x} there, {mine:#x} here"))
+    }
 }
 
 /// Serialized size of one page of `layout`.
@@ -86,9 +130,16 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
-/// Check a serialized page and return its block hash without importing it.
+/// Check a serialized page against a pool's format and return its block hash
+/// without importing it.
 pub fn verify_page(pool: &KvPool, bytes: &[u8]) -> Result<BlockHash, TransferError> {
-    let want_layout = pool.layout();
+    verify_page_format(&PageFormat::of(pool), bytes)
+}
+
+/// Check a serialized page against `format` (no pool needed: a receiver
+/// verifies a stream off the thread that owns its pool).
+pub fn verify_page_format(format: &PageFormat, bytes: &[u8]) -> Result<BlockHash, TransferError> {
+    let want_layout = format.layout;
     let expected = page_bytes_len(want_layout);
     if bytes.len() < HEADER_BYTES + 8 {
         return Err(TransferError::Length(bytes.len(), expected));
@@ -101,10 +152,10 @@ pub fn verify_page(pool: &KvPool, bytes: &[u8]) -> Result<BlockHash, TransferErr
         return Err(TransferError::Checksum);
     }
     let fingerprint = ModelFingerprint(u64_at(bytes, 8));
-    if fingerprint != pool.fingerprint() {
+    if fingerprint != format.fingerprint {
         return Err(TransferError::Model {
             got: fingerprint.0,
-            want: pool.fingerprint().0,
+            want: format.fingerprint.0,
         });
     }
     let dtype = u32_at(bytes, 24);
@@ -113,7 +164,7 @@ pub fn verify_page(pool: &KvPool, bytes: &[u8]) -> Result<BlockHash, TransferErr
         page_size: u32_at(bytes, 32) as usize,
         kv_dim: u32_at(bytes, 36) as usize,
     };
-    if got != want_layout || dtype != DTYPE_F32 {
+    if got != want_layout || dtype != format.dtype {
         return Err(TransferError::Layout {
             got,
             want: want_layout,
