@@ -70,11 +70,7 @@ pub enum StreamError {
     #[error("page {at}: {error}")]
     Page { at: usize, error: TransferError },
     #[error("page {at} carries block hash {got:016x}, the prompt's chain has {want}")]
-    Chain {
-        at: usize,
-        got: u64,
-        want: String,
-    },
+    Chain { at: usize, got: u64, want: String },
     #[error("stream ended before its end frame (torn)")]
     Torn,
     #[error("bytes after the end frame")]
@@ -315,7 +311,10 @@ mod tests {
         let in_second_page = flipped.len() - 40;
         flipped[in_second_page] ^= 0x10;
         let err = refusal(&flipped, chain.clone());
-        assert_eq!((err.reason(), err.to_string().starts_with("page 2")), ("checksum", true));
+        assert_eq!(
+            (err.reason(), err.to_string().starts_with("page 2")),
+            ("checksum", true)
+        );
 
         let (foreign, foreign_chain) = source(3, 10);
         let err = refusal(&stream_of(&foreign, &foreign_chain), chain.clone());

@@ -80,13 +80,23 @@ impl PageFormat {
                 self.layout.page_size as u64,
                 other.layout.page_size as u64,
             ),
-            ("layers", self.layout.layers as u64, other.layout.layers as u64),
-            ("kv_dim", self.layout.kv_dim as u64, other.layout.kv_dim as u64),
+            (
+                "layers",
+                self.layout.layers as u64,
+                other.layout.layers as u64,
+            ),
+            (
+                "kv_dim",
+                self.layout.kv_dim as u64,
+                other.layout.kv_dim as u64,
+            ),
         ];
         fields
             .into_iter()
             .find(|(_, mine, theirs)| mine != theirs)
-            .map(|(name, mine, theirs)| format!("{name} differs: {theirs:#x} there, {mine:#x} here"))
+            .map(|(name, mine, theirs)| {
+                format!("{name} differs: {theirs:#x} there, {mine:#x} here")
+            })
     }
 }
 

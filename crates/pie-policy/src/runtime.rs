@@ -7,6 +7,7 @@
 use pie_core::ByteSize;
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::Stage;
 use crate::{
     Deadline, DeadlineConfig, Fair, FairConfig, Fcfs, KeepSession, KeepSessionConfig, Offload,
     OffloadConfig, Priority, PriorityConfig, WorkerPolicy,
@@ -30,6 +31,33 @@ pub struct RuntimeConfig {
     #[serde(rename = "keep-session")]
     pub keep_session: KeepSessionConfig,
     pub offload: OffloadConfig,
+    /// What this worker serves: "both", or one side of `disaggregate`.
+    pub stage: Stage,
+    pub transfer: TransferConfig,
+}
+
+/// `[runtime.transfer]`: moving KV pages between workers (offload, disaggregate).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransferConfig {
+    /// A pull slower than this (the peer's prefill included) is abandoned and
+    /// the prompt is prefilled here.
+    pub timeout_ms: u64,
+    /// The most page bytes one pull may bring in.
+    pub max_bytes: ByteSize,
+    /// Pages exported to a peer stay pinned this long after the last page
+    /// sent (renewed while the transfer runs).
+    pub lease_ms: u64,
+}
+
+impl Default for TransferConfig {
+    fn default() -> Self {
+        Self {
+            timeout_ms: 60_000,
+            max_bytes: ByteSize(1 << 30),
+            lease_ms: 10_000,
+        }
+    }
 }
 
 impl Default for RuntimeConfig {
@@ -46,6 +74,8 @@ impl Default for RuntimeConfig {
             deadline: DeadlineConfig::default(),
             keep_session: KeepSessionConfig::default(),
             offload: OffloadConfig::default(),
+            stage: Stage::Both,
+            transfer: TransferConfig::default(),
         }
     }
 }
@@ -82,6 +112,15 @@ impl RuntimeConfig {
             ("runtime.page_size", self.page_size),
             ("runtime.max_batch_tokens", self.max_batch_tokens),
             ("runtime.max_running", self.max_running),
+            (
+                "runtime.transfer.timeout_ms",
+                self.transfer.timeout_ms as usize,
+            ),
+            (
+                "runtime.transfer.max_bytes",
+                self.transfer.max_bytes.0 as usize,
+            ),
+            ("runtime.transfer.lease_ms", self.transfer.lease_ms as usize),
         ] {
             if value == 0 {
                 return Err((key.into(), "must be at least 1".into()));

@@ -21,7 +21,8 @@ use tokio_stream::wrappers::BroadcastStream;
 use crate::config::ApiKey;
 use crate::process::{ProcEvent, ProcState, Process};
 use crate::runtime::{
-    GenOptions, Inferlet, LaunchError, Prompt, PromptTokens, Runtime, PROMPT_TOKENS_FIELD,
+    GenOptions, Inferlet, LaunchError, Prompt, PromptTokens, PullRequest, Runtime, ServeError,
+    PROMPT_TOKENS_FIELD,
 };
 use pie_core::auth::{Caller, KeyLimits, Role, ACT_AS_CACHE_SALT, ACT_AS_CLIENT, ACT_AS_ROLE};
 
@@ -256,15 +257,53 @@ pub fn trusted_prompt_tokens(
     auth: &Option<Extension<Authed>>,
     field: Option<PromptTokens>,
 ) -> Result<Option<PromptTokens>, ApiError> {
+    controller_field(auth, PROMPT_TOKENS_FIELD, field, false)
+}
+
+/// The request field naming the prefill worker a controller chose.
+pub const PREFILL_FROM_FIELD: &str = "pie_prefill_from";
+
+/// `pie_prefill_from`: the URL of the worker a controller's `disaggregate`
+/// chose to prefill the prompt; this worker pulls the pages from it. Refused
+/// (400) from a `client` or `admin` key; without keys it is taken (such a
+/// worker answers its internal routes to anyone as well). Must be an http(s)
+/// URL.
+pub fn trusted_prefill_from(
+    auth: &Option<Extension<Authed>>,
+    field: Option<String>,
+) -> Result<Option<String>, ApiError> {
+    let url = controller_field(auth, PREFILL_FROM_FIELD, field, true)?;
+    if let Some(u) = &url {
+        let scheme = reqwest::Url::parse(u).map(|p| p.scheme().to_string());
+        if !matches!(scheme.as_deref(), Ok("http" | "https")) {
+            return Err(ApiError::bad_request(format!(
+                "{PREFILL_FROM_FIELD} must be an http(s) URL, got `{u}`"
+            ))
+            .param(PREFILL_FROM_FIELD));
+        }
+    }
+    Ok(url)
+}
+
+/// A field only a controller may set: taken from a `worker` key, refused
+/// with 400 naming it from any other key; without keys, taken or ignored as
+/// `taken_without_keys` says.
+fn controller_field<T>(
+    auth: &Option<Extension<Authed>>,
+    name: &str,
+    field: Option<T>,
+    taken_without_keys: bool,
+) -> Result<Option<T>, ApiError> {
     match (auth, field) {
-        (_, None) | (None, Some(_)) => Ok(None),
-        (Some(Extension(a)), Some(p)) if a.role == Role::Worker => Ok(Some(p)),
+        (_, None) => Ok(None),
+        (None, Some(v)) => Ok(taken_without_keys.then_some(v)),
+        (Some(Extension(a)), Some(v)) if a.role == Role::Worker => Ok(Some(v)),
         (Some(Extension(a)), Some(_)) => Err(ApiError::bad_request(format!(
-            "{PROMPT_TOKENS_FIELD} is accepted only from a worker-role key (a controller); key `{}` has role `{}`",
+            "{name} is accepted only from a worker-role key (a controller); key `{}` has role `{}`",
             a.name,
             a.role.as_str()
         ))
-        .param(PROMPT_TOKENS_FIELD)),
+        .param(name)),
     }
 }
 
@@ -323,7 +362,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/v1/processes/{id}/events", get(process_events))
         .route("/v1/policies", get(policies))
         .route("/v1/admin/reload", axum::routing::post(admin_reload))
-        .route("/v1/internal/prefill", axum::routing::post(peer_prefill))
+        .route("/v1/internal/kv/pull", axum::routing::post(kv_pull))
         .route("/v1/internal/state", get(worker_state))
         .route("/v1/internal/kv-events", get(kv_events));
     #[cfg(feature = "fault-injection")]
@@ -364,16 +403,21 @@ fn unhealthy(reason: &str) -> Response {
 #[serde(deny_unknown_fields)]
 struct FaultBody {
     fault: crate::supervisor::Fault,
+    /// For `slow-transfer`: the pause before each page sent.
+    #[serde(default)]
+    delay_ms: u64,
 }
 
 /// `fault-injection` builds only: `{"fault": "panic" | "stall"}` makes the
-/// engine thread panic, or stop making progress while work is pending.
+/// engine thread panic, or stop making progress while work is pending;
+/// `{"fault": "slow-transfer", "delay_ms": N}` pauses before each KV page
+/// sent to a peer.
 #[cfg(feature = "fault-injection")]
 async fn inject_fault(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<FaultBody>,
 ) -> Result<Json<Value>, ApiError> {
-    state.runtime()?.inject_fault(body.fault);
+    state.runtime()?.inject_fault(body.fault, body.delay_ms);
     Ok(Json(json!({"injected": body.fault})))
 }
 
@@ -424,6 +468,7 @@ async fn worker_state(State(state): State<AppState>) -> Result<Response, ApiErro
         "max_running": rt.shape.max_running,
         "page_size": rt.shape.page_size,
         "fingerprint": rt.shape.fingerprint,
+        "stage": rt.settings.stage,
         "model": rt.settings.model_name,
     }))
     .into_response())
@@ -473,44 +518,28 @@ async fn admin_reload(State(state): State<AppState>) -> Result<Json<Value>, ApiE
     })
 }
 
-#[derive(Deserialize)]
-struct PrefillBody {
-    tokens: Vec<u32>,
-}
-
-/// Offload target: prefill the tokens and return their full pages (see `offload`).
-async fn peer_prefill(
+/// A peer pulls KV pages (see `runtime::transfer`): a page stream, 409
+/// when the page formats differ, 400 for bad tokens.
+async fn kv_pull(
     State(state): State<AppState>,
-    ApiJson(body): ApiJson<PrefillBody>,
+    ApiJson(body): ApiJson<PullRequest>,
 ) -> Result<Response, ApiError> {
     let rt = state.runtime()?;
-    if body.tokens.is_empty() || body.tokens.len() >= rt.max_seq_tokens {
-        return Err(ApiError::bad_request(format!(
-            "tokens: need 1 to {} tokens, got {}",
-            rt.max_seq_tokens - 1,
-            body.tokens.len()
-        ))
-        .param("tokens"));
+    match rt.serve_pull(body).await {
+        Ok(stream) => {
+            Ok(([(header::CONTENT_TYPE, "application/octet-stream")], stream).into_response())
+        }
+        Err(e @ ServeError::Handshake(_)) => {
+            Err(ApiError::new(StatusCode::CONFLICT, e.to_string()))
+        }
+        Err(e @ ServeError::BadTokens(_)) => {
+            Err(ApiError::bad_request(e.to_string()).param("tokens"))
+        }
+        Err(e @ ServeError::Prefill(_)) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            e.to_string(),
+        )),
     }
-    if let Some(bad) = body
-        .tokens
-        .iter()
-        .find(|t| **t as usize >= rt.model.config.vocab)
-    {
-        return Err(
-            ApiError::bad_request(format!("token id {bad} is outside the vocabulary"))
-                .param("tokens"),
-        );
-    }
-    let pages = rt
-        .prefill_for_peer(body.tokens)
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
-    Ok((
-        [(header::CONTENT_TYPE, "application/octet-stream")],
-        crate::offload::join_pages(&pages),
-    )
-        .into_response())
 }
 
 /// Sampling and length arguments shared by every way of starting generation.
@@ -571,6 +600,7 @@ impl GenArgs {
             },
             stop,
             ignore_eos: self.ignore_eos,
+            prefill_from: None,
             cache_salt: None,
         })
     }
@@ -610,6 +640,9 @@ struct LaunchBody {
     /// See [`trusted_prompt_tokens`].
     #[serde(default)]
     pie_prompt_tokens: Option<PromptTokens>,
+    /// See [`trusted_prefill_from`].
+    #[serde(default)]
+    pie_prefill_from: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -676,6 +709,7 @@ async fn launch_process(
     let client = client_of(&auth, &mut props)?;
     let opts = GenOptions {
         cache_salt: cache_salt_of(&auth),
+        prefill_from: trusted_prefill_from(&auth, body.pie_prefill_from)?,
         ..opts
     };
     let (process, _) = rt.launch(inferlet, opts, props, client, pretokenized)?;

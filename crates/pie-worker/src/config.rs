@@ -179,6 +179,7 @@ page_size = 16                     # tokens per KV page
 # kv_memory = "1GiB"              # ... in bytes (default 1GiB)
 max_batch_tokens = 512             # tokens per engine step (prefill chunks + decodes)
 max_running = 64                   # sequences holding KV pages at once
+stage = "both"                     # or "prefill" / "decode" (disaggregate, in the controller)
 
 # Policy options (used when the policy is listed in worker_policy).
 [runtime.fair]                     # VTC fair share across clients
@@ -200,6 +201,11 @@ peers = []                         # peer worker URLs for prefill offload
 queue_tokens = 2048                # offload when waiting prefill tokens exceed this
 wait_ms = 2000                     # ... or the estimated prefill wait exceeds this
 timeout_ms = 10000                 # a slower peer is abandoned (prefill runs locally)
+
+[runtime.transfer]                 # KV pages pulled from peers (offload, disaggregate)
+timeout_ms = 60000                 # a slower pull is abandoned (prefill runs locally)
+max_bytes = "1GiB"                 # the most page bytes one pull brings in
+lease_ms = 10000                   # pages sent to a peer stay pinned this long after the last one
 "#;
 
 #[cfg(test)]

@@ -12,12 +12,13 @@
 //! admitted sequence finishes.
 
 mod kv;
+mod transfer;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::Result;
-use pie_core::{block_hashes, Props, SeqId};
+use pie_core::{Props, SeqId};
 use pie_kv::{KvPool, PageTable, PoolStats};
 use pie_model::{Model, Sampler, SamplingParams, SeqInput};
 use pie_policy::{
@@ -508,23 +509,5 @@ impl Engine {
             .values()
             .map(|s| s.prompt_len.saturating_sub(s.table.len()))
             .sum()
-    }
-
-    /// Export the cached full pages of `tokens`' prefix (for offload to a peer).
-    pub fn export_prefix(&self, tokens: &[u32]) -> Vec<Vec<u8>> {
-        let pool = &self.kv.pool;
-        let hashes = block_hashes(pool.fingerprint(), tokens, self.config.page_size);
-        pool.longest_prefix(&hashes)
-            .into_iter()
-            .filter_map(|page| pie_kv::transfer::export_page(pool, page).ok())
-            .collect()
-    }
-
-    /// Import pages exported by a peer; returns how many were accepted.
-    pub fn import_pages(&mut self, pages: &[Vec<u8>]) -> usize {
-        pages
-            .iter()
-            .filter(|bytes| pie_kv::transfer::import_page(&mut self.kv.pool, bytes).is_ok())
-            .count()
     }
 }

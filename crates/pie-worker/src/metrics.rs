@@ -14,6 +14,17 @@ pub struct StatusLabel {
     pub status: String,
 }
 
+/// "in" (pulled from a peer) or "out" (sent to one).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabel {
+    pub direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
     /// Finished requests by final state (finished, failed, killed) or HTTP rejection.
@@ -33,7 +44,16 @@ pub struct Metrics {
     pub config_reload_failures: Counter,
     pub deadline_misses: Counter,
     pub offloaded_prefills: Counter,
-    pub offload_failures: Counter,
+    pub transfer_pages: Family<DirectionLabel, Counter>,
+    pub transfer_bytes: Family<DirectionLabel, Counter>,
+    /// Transfers refused or cut short, by reason (checksum, chain, handshake,
+    /// torn, timeout, bytes, peer, ...).
+    pub transfer_refusals: Family<ReasonLabel, Counter>,
+    /// Pulls that ended incomplete: the rest of the prompt was prefilled here.
+    pub transfer_fallbacks: Counter,
+    pub transfer_seconds: Histogram,
+    /// Pages pinned by leases of transfers to peers.
+    pub transfer_leased_pages: Gauge,
     /// 1 while the engine thread is alive and making progress (see `supervisor`).
     pub engine_healthy: Gauge,
     pub engine_panics: Counter,
@@ -72,7 +92,12 @@ impl Metrics {
             config_reload_failures: Counter::default(),
             deadline_misses: Counter::default(),
             offloaded_prefills: Counter::default(),
-            offload_failures: Counter::default(),
+            transfer_pages: Family::default(),
+            transfer_bytes: Family::default(),
+            transfer_refusals: Family::default(),
+            transfer_fallbacks: Counter::default(),
+            transfer_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            transfer_leased_pages: Gauge::default(),
             engine_healthy: Gauge::default(),
             engine_panics: Counter::default(),
             engine_stalls: Counter::default(),
@@ -157,9 +182,34 @@ impl Metrics {
             m.offloaded_prefills.clone(),
         );
         m.registry.register(
-            "offload_failures",
-            "Offloads that failed and ran locally",
-            m.offload_failures.clone(),
+            "kv_transfer_pages",
+            "KV pages moved between workers, by direction (in: pulled, out: sent)",
+            m.transfer_pages.clone(),
+        );
+        m.registry.register(
+            "kv_transfer_bytes",
+            "KV page bytes moved between workers, by direction",
+            m.transfer_bytes.clone(),
+        );
+        m.registry.register(
+            "kv_transfer_refusals",
+            "KV transfers refused or cut short, by reason",
+            m.transfer_refusals.clone(),
+        );
+        m.registry.register(
+            "kv_transfer_fallbacks",
+            "KV pulls that ended incomplete; the rest of the prompt was prefilled locally",
+            m.transfer_fallbacks.clone(),
+        );
+        m.registry.register(
+            "kv_transfer_seconds",
+            "Time of one KV pull, the peer's prefill included",
+            m.transfer_seconds.clone(),
+        );
+        m.registry.register(
+            "kv_leased_pages",
+            "KV pages pinned while they are sent to peers",
+            m.transfer_leased_pages.clone(),
         );
         m.registry.register(
             "engine_healthy",
@@ -204,6 +254,20 @@ impl Metrics {
             .get_or_create(&StatusLabel {
                 status: status.to_string(),
             })
+            .inc();
+    }
+
+    pub fn count_transfer(&self, direction: &'static str, pages: usize, bytes: u64) {
+        let label = DirectionLabel { direction };
+        self.transfer_pages
+            .get_or_create(&label)
+            .inc_by(pages as u64);
+        self.transfer_bytes.get_or_create(&label).inc_by(bytes);
+    }
+
+    pub fn count_transfer_refusal(&self, reason: &'static str) {
+        self.transfer_refusals
+            .get_or_create(&ReasonLabel { reason })
             .inc();
     }
 

@@ -19,8 +19,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::api::{
-    cache_salt_of, client_of, props_of, trusted_prompt_tokens, ApiError, ApiJson, AppState, Authed,
-    GenArgs, PromptArg,
+    cache_salt_of, client_of, props_of, trusted_prefill_from, trusted_prompt_tokens, ApiError,
+    ApiJson, AppState, Authed, GenArgs, PromptArg,
 };
 use crate::process::{now_ms, ProcEvent, ProcState, Process, Usage};
 use crate::runtime::{GenOptions, Inferlet, PromptTokens, Runtime};
@@ -57,6 +57,8 @@ struct Common {
     session: Option<String>,
     /// A controller's token ids for the prompt (see `api::trusted_prompt_tokens`).
     pie_prompt_tokens: Option<PromptTokens>,
+    /// The prefill worker a controller chose (see `api::trusted_prefill_from`).
+    pie_prefill_from: Option<String>,
     #[serde(flatten)]
     gen: GenArgs,
 }
@@ -245,6 +247,7 @@ async fn serve(
     let mut props = request_props(&common)?;
     let opts = GenOptions {
         cache_salt: cache_salt_of(&auth),
+        prefill_from: trusted_prefill_from(&auth, common.pie_prefill_from.take())?,
         ..common.gen.options(1.0)?
     };
     let pretokenized = trusted_prompt_tokens(&auth, common.pie_prompt_tokens.take())?;

@@ -6,11 +6,11 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures_util::stream::BoxStream;
 
-use pie_core::{KvEventBatch, KvSnapshot, Props, SeqId};
+use pie_core::{BlockHash, KvEventBatch, KvSnapshot, Props, SeqId};
 use pie_kv::IndexChange;
 use pie_model::{ChatMessage, IncrementalDecoder, Model, SamplingParams};
 use pie_policy::{KeepSession, Offload, WorkerPolicy};
@@ -18,13 +18,20 @@ use serde_json::{json, Value};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::engine::{Engine, EngineCounters, FinishReason, Request, SeqInfo};
+use crate::leases::Leases;
 use crate::metrics::Metrics;
 use crate::process::{now_ms, ProcEvent, ProcState, Process, StateCounts};
 use crate::records::{ProcessTable, RecordLimits};
 use crate::sessions::Sessions;
 use crate::supervisor::{self, Supervision};
-use pie_policy::runtime::WorkerPolicies;
+use pie_kv::transfer::PageFormat;
+use pie_policy::cluster::Stage;
+use pie_policy::runtime::{TransferConfig, WorkerPolicies};
+
+mod transfer;
+
 use pie_workload::{TraceInput, TraceRecorder};
+pub use transfer::{Pull, PullError, PullRequest, ServeError};
 
 /// What the engine thread reports to one sequence's driver.
 #[derive(Debug)]
@@ -49,10 +56,26 @@ enum Command {
     },
     Summary(oneshot::Sender<Value>),
     KvSnapshot(oneshot::Sender<KvSnapshot>),
-    ExportPrefix {
-        tokens: Vec<u32>,
-        reply: oneshot::Sender<Vec<Vec<u8>>>,
+    /// How many leading pages of the chain the pool holds.
+    CachedPages {
+        chain: Vec<BlockHash>,
+        reply: oneshot::Sender<usize>,
     },
+    /// Pin the pool's leading pages of the chain under a new lease: (lease, pages).
+    PinPrefix {
+        chain: Vec<BlockHash>,
+        ttl: Duration,
+        reply: oneshot::Sender<(u64, usize)>,
+    },
+    /// Pages `from..from + count` of a lease, exported (renews the lease);
+    /// None when the lease is gone.
+    ExportLeased {
+        lease: u64,
+        from: usize,
+        count: usize,
+        reply: oneshot::Sender<Option<Vec<Vec<u8>>>>,
+    },
+    ReleaseLease(u64),
     ImportPages {
         pages: Vec<Vec<u8>>,
         reply: oneshot::Sender<usize>,
@@ -124,6 +147,9 @@ pub struct GenOptions {
     pub ignore_eos: bool,
     /// The tenant's cache salt: its KV is shared only with the same salt.
     pub cache_salt: Option<String>,
+    /// A peer worker (URL) that prefills the prompt; this worker pulls its
+    /// pages (a controller's `disaggregate`, see `api::trusted_prefill_from`).
+    pub prefill_from: Option<String>,
 }
 
 /// Why a launch was refused (mapped to HTTP statuses by the API).
@@ -144,8 +170,12 @@ pub struct RuntimeSettings {
     pub max_queued: AtomicUsize,
     /// `[server] trace_file`: finished processes are recorded here.
     pub trace: Option<TraceRecorder>,
-    /// `[server] worker_key`: presented to offload peers.
+    /// `[server] worker_key`: presented to peers (pulls of KV pages).
     pub worker_key: Option<String>,
+    /// `[runtime] stage`, reported to the controller.
+    pub stage: Stage,
+    /// `[runtime.transfer]`.
+    pub transfer: TransferConfig,
     /// `[server] stall_ms`: the engine is unhealthy after this long without
     /// progress while work is pending.
     pub stall_ms: u64,
@@ -173,6 +203,8 @@ pub struct EngineShape {
 pub struct Runtime {
     pub model: Arc<Model>,
     pub shape: EngineShape,
+    /// What pages must match to be imported here (the transfer handshake).
+    pub page_format: PageFormat,
     pub settings: RuntimeSettings,
     pub metrics: Arc<Metrics>,
     /// Tokens one sequence may hold (prompt + output).
@@ -193,6 +225,9 @@ pub struct Runtime {
     supervision: Arc<Supervision>,
     /// The engine's health the watchdog last acted on (a `Seen`).
     seen: AtomicU8,
+    /// `fault-injection`: a pause before each page this worker sends.
+    #[cfg(feature = "fault-injection")]
+    transfer_delay_ms: AtomicU64,
 }
 
 /// The engine's health as the watchdog saw it.
@@ -222,6 +257,7 @@ impl Runtime {
             fingerprint: engine.pool().fingerprint().0,
             max_running: engine.config().max_running,
         };
+        let page_format = engine.page_format();
         let load = Arc::new(Load::default());
         let (kv_events, _) = broadcast::channel(KV_EVENT_BACKLOG);
         let publisher = KvPublisher {
@@ -242,6 +278,7 @@ impl Runtime {
         let rt = Arc::new(Self {
             model,
             shape,
+            page_format,
             metrics,
             max_seq_tokens,
             policy_names: Mutex::new(policies.names),
@@ -259,6 +296,8 @@ impl Runtime {
             settings,
             supervision,
             seen: AtomicU8::new(Seen::Healthy as u8),
+            #[cfg(feature = "fault-injection")]
+            transfer_delay_ms: AtomicU64::new(0),
         });
         supervisor::spawn_watchdog(Arc::downgrade(&rt), &rt.supervision);
         rt
@@ -321,11 +360,14 @@ impl Runtime {
 
     /// `fault-injection`: make the engine thread panic or stall.
     #[cfg(feature = "fault-injection")]
-    pub fn inject_fault(&self, fault: supervisor::Fault) {
-        tracing::warn!(?fault, "fault injected into the engine");
+    pub fn inject_fault(&self, fault: supervisor::Fault, delay_ms: u64) {
+        tracing::warn!(?fault, "fault injected");
         match fault {
             supervisor::Fault::Panic => self.send(Command::Panic),
             supervisor::Fault::Stall => self.supervision.set_stall_fault(),
+            supervisor::Fault::SlowTransfer => {
+                self.transfer_delay_ms.store(delay_ms, Ordering::Relaxed)
+            }
         }
     }
 
@@ -369,13 +411,15 @@ impl Runtime {
         Some((rx.await.ok()?, events))
     }
 
-    /// Prefill `tokens` for a peer and return their full pages in export format.
-    pub async fn prefill_for_peer(
+    /// Prefill `tokens` (under `cache_salt`) for a peer, which then pulls
+    /// their pages.
+    async fn prefill_for_peer(
         self: &Arc<Self>,
         tokens: Vec<u32>,
-    ) -> Result<Vec<Vec<u8>>, String> {
+        cache_salt: Option<String>,
+    ) -> Result<(), String> {
         let req = Request {
-            prompt: tokens.clone(),
+            prompt: tokens,
             max_tokens: 1,
             sampling: SamplingParams::default(),
             stop_tokens: Vec::new(),
@@ -383,7 +427,7 @@ impl Runtime {
             arrival_ms: now_ms(),
             client: "peer".into(),
             props: Props::new(),
-            cache_salt: None,
+            cache_salt,
         };
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let (reply_tx, reply) = oneshot::channel();
@@ -392,80 +436,52 @@ impl Runtime {
             events: events_tx,
             reply: reply_tx,
         });
-        reply.await.map_err(|_| "the engine stopped".to_string())?;
+        reply.await.map_err(|_| self.engine_stopped())?;
         while let Some(e) = events.recv().await {
             match e {
-                SeqEvent::Finished(..) => break,
+                SeqEvent::Finished(..) => return Ok(()),
                 SeqEvent::Failed(err) => return Err(err),
                 _ => {}
             }
         }
-        let (tx, rx) = oneshot::channel();
-        self.send(Command::ExportPrefix { tokens, reply: tx });
-        rx.await.map_err(|_| "the engine stopped".to_string())
+        Err(self.engine_stopped())
     }
 
-    /// Offload a prompt's prefill to a peer when busy; true if its pages arrived.
-    /// Any failure leaves the prefill to run locally.
-    async fn offload_prefill(&self, prompt: &[u32]) -> bool {
-        let (peer, timeout, key) = {
-            let offload = self.offload.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(o) = offload.as_ref() else {
-                return false;
-            };
-            let waiting = self.load.waiting_prefill_tokens.load(Ordering::Relaxed) + prompt.len();
-            let rate = f64::from_bits(self.load.prefill_tokens_per_s.load(Ordering::Relaxed));
-            if !o.should_offload(waiting, rate) {
-                return false;
-            }
-            let n = self.offloads.fetch_add(1, Ordering::Relaxed) as usize;
-            (
-                o.peer(n).unwrap_or_default().to_string(),
-                o.config.timeout_ms,
-                self.settings.worker_key.clone(),
-            )
+    /// Before a process's prefill: pull its pages from the prefill worker the
+    /// controller chose (`disaggregate`), or from an offload peer when this
+    /// worker is busy. Any failure leaves the prefill (of what is missing) here.
+    async fn remote_prefill(&self, req: &Request, prefill_from: Option<&str>) {
+        let (peer, timeout_ms) = match prefill_from {
+            Some(peer) => (peer.to_string(), self.settings.transfer.timeout_ms),
+            None => match self.offload_peer(req.prompt.len()) {
+                Some(offload) => offload,
+                None => return,
+            },
         };
-        match self.fetch_peer_pages(&peer, prompt, timeout, key).await {
-            Ok(pages) => {
-                let (tx, rx) = oneshot::channel();
-                self.send(Command::ImportPages { pages, reply: tx });
-                let imported = rx.await.unwrap_or(0);
-                self.metrics.offloaded_prefills.inc();
-                tracing::debug!(peer, imported, "prefill offloaded");
-                true
-            }
-            Err(e) => {
-                self.metrics.offload_failures.inc();
-                tracing::warn!(peer, error = %e, "prefill offload failed; prefilling locally");
-                false
-            }
+        let pull = Pull {
+            peer: &peer,
+            tokens: &req.prompt,
+            cache_salt: req.cache_salt.as_deref(),
+            prefill: true,
+            timeout_ms,
+        };
+        if self.pull_pages(pull).await.is_ok() && prefill_from.is_none() {
+            self.metrics.offloaded_prefills.inc();
         }
     }
 
-    async fn fetch_peer_pages(
-        &self,
-        peer: &str,
-        prompt: &[u32],
-        timeout_ms: u64,
-        key: Option<String>,
-    ) -> Result<Vec<Vec<u8>>, String> {
-        let mut req = self
-            .http
-            .post(format!(
-                "{}/v1/internal/prefill",
-                peer.trim_end_matches('/')
-            ))
-            .json(&json!({"tokens": prompt}))
-            .timeout(std::time::Duration::from_millis(timeout_ms));
-        if let Some(key) = key {
-            req = req.bearer_auth(key);
+    /// The offload peer and its timeout when `offload` says a prompt of
+    /// `prompt_tokens` should be prefilled elsewhere.
+    fn offload_peer(&self, prompt_tokens: usize) -> Option<(String, u64)> {
+        let offload = self.offload.lock().unwrap_or_else(|e| e.into_inner());
+        let o = offload.as_ref()?;
+        let waiting = self.load.waiting_prefill_tokens.load(Ordering::Relaxed) + prompt_tokens;
+        let rate = f64::from_bits(self.load.prefill_tokens_per_s.load(Ordering::Relaxed));
+        if !o.should_offload(waiting, rate) {
+            return None;
         }
-        let resp = req.send().await.map_err(|e| e.to_string())?;
-        if !resp.status().is_success() {
-            return Err(format!("peer answered {}", resp.status()));
-        }
-        let body = resp.bytes().await.map_err(|e| e.to_string())?;
-        crate::offload::split_pages(&body)
+        let n = self.offloads.fetch_add(1, Ordering::Relaxed) as usize;
+        Some((o.peer(n)?.to_string(), o.config.timeout_ms))
     }
 
     pub fn process(&self, id: &str) -> Option<Arc<Process>> {
@@ -568,6 +584,7 @@ impl Runtime {
             stop: opts.stop,
             session_messages,
             trace_input,
+            prefill_from: opts.prefill_from,
         };
         tokio::spawn(driver.run(req));
         Ok((process, events))
@@ -727,11 +744,15 @@ struct Driver {
     session_messages: Option<SessionTurn>,
     /// Set when the server records a trace.
     trace_input: Option<TraceInput>,
+    /// The prefill worker to pull the prompt's pages from (`disaggregate`).
+    prefill_from: Option<String>,
 }
 
 impl Driver {
     async fn run(self, req: Request) {
-        self.rt.offload_prefill(&req.prompt).await;
+        self.rt
+            .remote_prefill(&req, self.prefill_from.as_deref())
+            .await;
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let (reply_tx, reply) = oneshot::channel();
         self.rt.send(Command::Add {
@@ -1024,7 +1045,10 @@ fn engine_loop(
         samples: VecDeque::new(),
     };
     let mut reported = engine.counters();
+    let mut leases = Leases::default();
     loop {
+        engine.unpin(&leases.expire(Instant::now()));
+        metrics.transfer_leased_pages.set(leases.pinned() as i64);
         report(&engine, metrics, &mut reported, &mut rate);
         load.waiting_prefill_tokens
             .store(engine.waiting_prefill_tokens(), Ordering::Relaxed);
@@ -1034,12 +1058,23 @@ fn engine_loop(
         if !engine.has_work() {
             metrics.tokens_per_second.set(0.0);
             supervision.idle();
-            match commands.recv() {
+            // Idle, it still wakes to expire a lease.
+            let wait = leases
+                .next_expiry()
+                .map(|at| at.saturating_duration_since(Instant::now()));
+            let received = match wait {
+                None => commands
+                    .recv()
+                    .map_err(|_| std_mpsc::RecvTimeoutError::Disconnected),
+                Some(wait) => commands.recv_timeout(wait),
+            };
+            match received {
                 Ok(cmd) => {
                     supervision.progress();
-                    apply(&mut engine, subs, &mut kv, cmd)
+                    apply(&mut engine, subs, &mut kv, &mut leases, cmd)
                 }
-                Err(_) => return,
+                Err(std_mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
             }
         }
         #[cfg(feature = "fault-injection")]
@@ -1049,7 +1084,7 @@ fn engine_loop(
         }
         supervision.progress();
         while let Ok(cmd) = commands.try_recv() {
-            apply(&mut engine, subs, &mut kv, cmd);
+            apply(&mut engine, subs, &mut kv, &mut leases, cmd);
         }
         if engine.has_work() {
             step(&mut engine, subs);
@@ -1089,7 +1124,13 @@ fn report(
     metrics.policy_clients.set(engine.policy_clients() as i64);
 }
 
-fn apply(engine: &mut Engine, subs: &mut Subscribers, kv: &mut KvPublisher, cmd: Command) {
+fn apply(
+    engine: &mut Engine,
+    subs: &mut Subscribers,
+    kv: &mut KvPublisher,
+    leases: &mut Leases,
+    cmd: Command,
+) {
     match cmd {
         Command::Add { req, events, reply } => match engine.add(req) {
             Ok(id) => {
@@ -1124,9 +1165,29 @@ fn apply(engine: &mut Engine, subs: &mut Subscribers, kv: &mut KvPublisher, cmd:
             let retained: Vec<Value> = engine.retained_sessions().into_iter().map(|(session, pages, expires_ms)| json!({"session": session, "pages": pages, "expires_ms": expires_ms})).collect();
             let _ = reply.send(json!({"ordering": engine.policy_name(), "ordering_state": engine.policy_summary(), "retained_sessions": retained}));
         }
-        Command::ExportPrefix { tokens, reply } => {
-            let _ = reply.send(engine.export_prefix(&tokens));
+        Command::CachedPages { chain, reply } => {
+            let _ = reply.send(engine.cached_pages(&chain));
         }
+        Command::PinPrefix { chain, ttl, reply } => {
+            let pages = engine.pin_prefix(&chain);
+            let n = pages.len();
+            let lease = leases.grant(pages, ttl, Instant::now());
+            if reply.send((lease, n)).is_err() {
+                engine.unpin(&leases.release(lease));
+            }
+        }
+        Command::ExportLeased {
+            lease,
+            from,
+            count,
+            reply,
+        } => {
+            let pages = leases
+                .renew(lease, from, count, Instant::now())
+                .map(|pages| engine.export_pages(pages));
+            let _ = reply.send(pages);
+        }
+        Command::ReleaseLease(lease) => engine.unpin(&leases.release(lease)),
         Command::ImportPages { pages, reply } => {
             let _ = reply.send(engine.import_pages(&pages));
         }

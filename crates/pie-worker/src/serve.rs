@@ -240,6 +240,8 @@ fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
         max_queued: config.server.max_queued.into(),
         trace,
         worker_key: config.worker_key()?,
+        stage: config.runtime.stage,
+        transfer: config.runtime.transfer.clone(),
         stall_ms: config.server.stall_ms,
         max_sessions: config.server.max_sessions,
         records: crate::records::RecordLimits {

@@ -34,12 +34,14 @@ pub struct Supervision {
 /// Faults the `fault-injection` feature can inject into the engine thread.
 #[cfg(feature = "fault-injection")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Fault {
     /// Panic at the engine's next loop iteration.
     Panic,
     /// Sleep instead of stepping while work is pending.
     Stall,
+    /// Pause `delay_ms` before each KV page this worker sends to a peer.
+    SlowTransfer,
 }
 
 impl Supervision {

@@ -1,13 +1,11 @@
-//! Property-based fuzzing of the worker's file and wire inputs: `config.toml`
-//! (the default file, mutated) and the page framing of `/v1/internal/prefill`
-//! (`offload::split_pages`). No input panics; a config error names the file and
-//! the line or key; a torn body says what is torn. `PROPTEST_CASES` overrides
-//! the case count.
+//! Property-based fuzzing of the worker's file inputs: `config.toml` (the
+//! default file, mutated). No input panics; a config error names the file and
+//! the line or key. `PROPTEST_CASES` overrides the case count. (The KV page
+//! stream is fuzzed where it is defined, in `pie-kv`.)
 
 use std::path::Path;
 
 use pie_worker::config::{Config, DEFAULT_CONFIG};
-use pie_worker::offload::{join_pages, split_pages};
 use proptest::prelude::*;
 
 #[path = "../../pie-core/tests/support/config_edits.rs"]
@@ -27,23 +25,6 @@ proptest! {
             let located = shown.starts_with("config.toml")
                 && (e.message.contains("key `") || e.location.starts_with("config.toml:"));
             prop_assert!(located, "{}\n--- from:\n{}", shown, text);
-        }
-    }
-
-    /// Any body splits into pages that frame back to it, or is refused as torn.
-    #[test]
-    fn page_bodies_split_exactly_or_are_torn(
-        pages in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..4),
-        cut in any::<prop::sample::Index>(),
-        noise in proptest::collection::vec(any::<u8>(), 0..12),
-    ) {
-        let body = join_pages(&pages);
-        prop_assert_eq!(split_pages(&body).unwrap(), pages);
-        let mut damaged = body[..cut.index(body.len() + 1)].to_vec();
-        damaged.extend(&noise);
-        match split_pages(&damaged) {
-            Ok(split) => prop_assert_eq!(join_pages(&split), damaged),
-            Err(why) => prop_assert!(why.starts_with("truncated page"), "{}", why),
         }
     }
 }

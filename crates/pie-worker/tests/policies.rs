@@ -254,7 +254,12 @@ async fn offload_prefills_on_the_peer_and_survives_its_death() {
     let (status, resp) = busy.post("/v1/completions", other).await;
     assert_eq!(status, 200, "a dead peer never fails the request: {resp}");
     assert_eq!(resp["usage"]["completion_tokens"], 12);
-    assert_eq!(busy.metric("pie_offload_failures_total").await, 1.0);
+    assert_eq!(busy.metric("pie_kv_transfer_fallbacks_total").await, 1.0);
+    assert_eq!(
+        busy.metric("pie_kv_transfer_refusals_total{reason=\"peer\"}")
+            .await,
+        1.0
+    );
 }
 
 #[tokio::test]

@@ -1,0 +1,54 @@
+//! The engine's side of moving pages: leasing published pages for export,
+//! serializing them, and importing pages a peer sent. Only the engine thread
+//! calls these (it owns the pool); the HTTP side streams and verifies.
+
+use pie_core::BlockHash;
+use pie_kv::transfer::{export_page, import_page, PageFormat};
+use pie_kv::PageId;
+
+use super::Engine;
+
+impl Engine {
+    /// The format a page must have to be used here (the transfer handshake).
+    pub fn page_format(&self) -> PageFormat {
+        PageFormat::of(&self.kv.pool)
+    }
+
+    /// How many leading pages of `chain` this pool holds.
+    pub fn cached_pages(&self, chain: &[BlockHash]) -> usize {
+        self.kv.pool.longest_prefix(chain).len()
+    }
+
+    /// Pin the pool's leading pages of `chain` so they cannot be evicted while
+    /// they are exported; the caller must `unpin` them.
+    pub fn pin_prefix(&mut self, chain: &[BlockHash]) -> Vec<PageId> {
+        let pages = self.kv.pool.longest_prefix(chain);
+        for &page in &pages {
+            self.kv.pool.retain(page);
+        }
+        pages
+    }
+
+    pub fn unpin(&mut self, pages: &[PageId]) {
+        for &page in pages {
+            self.kv.pool.release(page);
+        }
+    }
+
+    /// Pinned, published pages in the transfer format.
+    pub fn export_pages(&self, pages: &[PageId]) -> Vec<Vec<u8>> {
+        pages
+            .iter()
+            .filter_map(|&page| export_page(&self.kv.pool, page).ok())
+            .collect()
+    }
+
+    /// Import verified pages as cached pages; returns how many the pool holds
+    /// afterwards (already present ones count; a full pool stops the import).
+    pub fn import_pages(&mut self, pages: &[Vec<u8>]) -> usize {
+        pages
+            .iter()
+            .take_while(|bytes| import_page(&mut self.kv.pool, bytes).is_ok())
+            .count()
+    }
+}

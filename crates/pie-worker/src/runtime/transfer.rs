@@ -1,0 +1,337 @@
+//! The one transfer path for KV pages between workers. A worker pulls the
+//! pages of a prompt it lacks from a peer (`POST /v1/internal/kv/pull`),
+//! after the peer prefilled them when asked (offload, disaggregate), and
+//! serves such pulls to its peers.
+//!
+//! What a pull guarantees:
+//! - nothing moves unless both sides have the same [`PageFormat`] (the peer
+//!   answers 409 naming the field; the stream header repeats the check);
+//! - every imported page passed its checksum and carries the hash the
+//!   puller's own chain (from the prompt's tokens and its cache salt) has at
+//!   its place: a peer cannot plant pages under other hashes;
+//! - exported pages are pinned under a lease (renewed per page sent, released
+//!   at the end or after `[runtime.transfer] lease_ms` of silence), so they are
+//!   not evicted mid-transfer;
+//! - a pull is bounded in bytes (`max_bytes`) and time (`timeout_ms`); whatever
+//!   fails, the pages that arrived whole stay and the rest of the prompt is
+//!   prefilled locally: a transfer never fails or hangs a request.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use pie_core::hash::chain_from;
+use pie_core::{BlockHash, ModelFingerprint};
+use pie_kv::stream::{Checked, FrameReader, StreamCheck, StreamError, StreamHeader, END_FRAME};
+use pie_kv::transfer::PageFormat;
+use serde::{Deserialize, Serialize};
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::{Command, Runtime};
+
+/// Pages imported per engine command while a stream arrives.
+const IMPORT_BATCH: usize = 32;
+/// Pages exported per engine command while a stream is sent.
+const EXPORT_BATCH: usize = 4;
+
+/// What a puller asks a peer for.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PullRequest {
+    /// The puller's page format; the peer refuses (409) any other.
+    pub format: PageFormat,
+    pub tokens: Vec<u32>,
+    #[serde(default)]
+    pub cache_salt: Option<String>,
+    /// Leading pages the puller already holds: the stream starts after them.
+    #[serde(default)]
+    pub skip_pages: usize,
+    /// Prefill `tokens` first (offload, disaggregate); otherwise only pages
+    /// already cached are sent.
+    #[serde(default)]
+    pub prefill: bool,
+    /// The peer sends no more page bytes than this.
+    pub max_bytes: u64,
+}
+
+/// Why a pull brought fewer pages than the prompt has.
+#[derive(Debug, thiserror::Error)]
+pub enum PullError {
+    #[error("peer failed: {0}")]
+    Peer(String),
+    #[error(transparent)]
+    Refused(#[from] StreamError),
+    #[error("over the {0}-byte bound of one transfer")]
+    Bytes(u64),
+    #[error("not done within {0} ms")]
+    Timeout(u64),
+}
+
+impl PullError {
+    /// The `reason` label of `pie_kv_transfer_refusals_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Peer(_) => "peer",
+            Self::Refused(e) => e.reason(),
+            Self::Bytes(_) => "bytes",
+            Self::Timeout(_) => "timeout",
+        }
+    }
+}
+
+/// One pull: from whom, for which prompt.
+pub struct Pull<'a> {
+    pub peer: &'a str,
+    pub tokens: &'a [u32],
+    pub cache_salt: Option<&'a str>,
+    pub prefill: bool,
+    pub timeout_ms: u64,
+}
+
+/// Verified pages on their way into the pool, imported in batches.
+#[derive(Default)]
+struct Arrivals {
+    batch: Vec<Vec<u8>>,
+    bytes: u64,
+    held: usize,
+}
+
+impl Runtime {
+    /// The block hashes of `tokens`' full pages under `salt`, as the engine
+    /// computes them.
+    fn chain(&self, tokens: &[u32], salt: Option<&str>) -> Vec<BlockHash> {
+        let root = ModelFingerprint(self.shape.fingerprint).salted_root(salt);
+        chain_from(root, tokens, self.shape.page_size)
+    }
+
+    /// Pull the prompt's pages this pool lacks; returns how many leading
+    /// pages it holds afterwards. Failures are counted (refusal by reason, a
+    /// fallback to local prefill) and logged; the caller prefills what is
+    /// missing either way.
+    pub(crate) async fn pull_pages(&self, pull: Pull<'_>) -> Result<usize, PullError> {
+        let chain = self.chain(pull.tokens, pull.cache_salt);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.send(Command::CachedPages {
+            chain: chain.clone(),
+            reply: tx,
+        });
+        let have = rx
+            .await
+            .map_err(|_| PullError::Peer(self.engine_stopped()))?;
+        if have >= chain.len() {
+            return Ok(have);
+        }
+        let started = std::time::Instant::now();
+        let mut arrivals = Arrivals {
+            held: have,
+            ..Arrivals::default()
+        };
+        let limit = Duration::from_millis(pull.timeout_ms);
+        let streamed =
+            match tokio::time::timeout(limit, self.stream_in(&pull, chain, &mut arrivals)).await {
+                Ok(result) => result,
+                Err(_) => Err(PullError::Timeout(pull.timeout_ms)),
+            };
+        // Whole, verified pages are kept whatever ended the stream.
+        self.import(&mut arrivals).await;
+        self.metrics
+            .transfer_seconds
+            .observe(started.elapsed().as_secs_f64());
+        match streamed {
+            Ok(()) => Ok(arrivals.held),
+            Err(e) => {
+                self.metrics.count_transfer_refusal(e.reason());
+                self.metrics.transfer_fallbacks.inc();
+                tracing::warn!(peer = pull.peer, error = %e, pages = arrivals.held, "KV pull incomplete; prefilling the rest locally");
+                Err(e)
+            }
+        }
+    }
+
+    async fn stream_in(
+        &self,
+        pull: &Pull<'_>,
+        chain: Vec<BlockHash>,
+        arrivals: &mut Arrivals,
+    ) -> Result<(), PullError> {
+        let max_bytes = self.settings.transfer.max_bytes.0;
+        let body = PullRequest {
+            format: self.page_format,
+            tokens: pull.tokens.to_vec(),
+            cache_salt: pull.cache_salt.map(str::to_string),
+            skip_pages: arrivals.held,
+            prefill: pull.prefill,
+            max_bytes,
+        };
+        let url = format!("{}/v1/internal/kv/pull", pull.peer.trim_end_matches('/'));
+        let mut req = self.http.post(url).json(&body);
+        if let Some(key) = &self.settings.worker_key {
+            req = req.bearer_auth(key);
+        }
+        let mut resp = req
+            .send()
+            .await
+            .map_err(|e| PullError::Peer(e.to_string()))?;
+        let status = resp.status();
+        if !status.is_success() {
+            let message = resp.text().await.unwrap_or_default();
+            return Err(if status == reqwest::StatusCode::CONFLICT {
+                StreamError::Handshake(message).into()
+            } else {
+                PullError::Peer(format!("answered {status}: {message}"))
+            });
+        }
+        let mut check = StreamCheck::new(self.page_format, chain, arrivals.held);
+        let mut frames = FrameReader::new(check.max_frame());
+        // A connection that breaks mid-body is a torn stream.
+        while let Some(chunk) = resp.chunk().await.map_err(|_| StreamError::Torn)? {
+            frames.push(&chunk);
+            while let Some(frame) = frames.next_frame()? {
+                if let Checked::Page(_, page) = check.frame(frame)? {
+                    arrivals.bytes += page.len() as u64;
+                    if arrivals.bytes > max_bytes {
+                        return Err(PullError::Bytes(max_bytes));
+                    }
+                    arrivals.batch.push(page);
+                    if arrivals.batch.len() >= IMPORT_BATCH {
+                        self.import(arrivals).await;
+                    }
+                }
+            }
+        }
+        if !check.ended() {
+            return Err(StreamError::Torn.into());
+        }
+        if frames.pending() > 0 {
+            return Err(StreamError::AfterEnd.into());
+        }
+        Ok(())
+    }
+
+    /// Import the arrived pages into the pool and count them.
+    async fn import(&self, arrivals: &mut Arrivals) {
+        if arrivals.batch.is_empty() {
+            return;
+        }
+        let pages = std::mem::take(&mut arrivals.batch);
+        let bytes: u64 = pages.iter().map(|p| p.len() as u64).sum();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.send(Command::ImportPages { pages, reply: tx });
+        let imported = rx.await.unwrap_or(0);
+        arrivals.held += imported;
+        self.metrics.count_transfer("in", imported, bytes);
+    }
+
+    /// Answer a peer's pull: prefill first if asked, pin the prompt's cached
+    /// pages under a lease and stream them. A format mismatch is a 409 naming
+    /// the field; bad tokens are a 400.
+    pub(crate) async fn serve_pull(self: &Arc<Self>, req: PullRequest) -> Result<Body, ServeError> {
+        if let Some(why) = self.page_format.mismatch(&req.format) {
+            self.metrics.count_transfer_refusal("handshake");
+            return Err(ServeError::Handshake(format!("handshake refused: {why}")));
+        }
+        if req.tokens.is_empty() || req.tokens.len() >= self.max_seq_tokens {
+            return Err(ServeError::BadTokens(format!(
+                "tokens: need 1 to {} tokens, got {}",
+                self.max_seq_tokens - 1,
+                req.tokens.len()
+            )));
+        }
+        self.check_vocab("tokens", &req.tokens)
+            .map_err(|e| ServeError::BadTokens(e.to_string()))?;
+        if req.prefill {
+            self.prefill_for_peer(req.tokens.clone(), req.cache_salt.clone())
+                .await
+                .map_err(ServeError::Prefill)?;
+        }
+        let chain = self.chain(&req.tokens, req.cache_salt.as_deref());
+        let ttl = Duration::from_millis(self.settings.transfer.lease_ms);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.send(Command::PinPrefix {
+            chain,
+            ttl,
+            reply: tx,
+        });
+        let (lease, pages) = rx
+            .await
+            .map_err(|_| ServeError::Prefill(self.engine_stopped()))?;
+        let (out, body) = tokio::sync::mpsc::channel(2);
+        let rt = self.clone();
+        tokio::spawn(async move {
+            rt.stream_out(lease, req.skip_pages..pages, req.max_bytes, out)
+                .await;
+            rt.send(Command::ReleaseLease(lease));
+        });
+        Ok(Body::from_stream(ReceiverStream::new(body)))
+    }
+
+    /// Send the leased pages `range` as a stream; stops early (without the end
+    /// frame, so the puller sees a torn stream) when the lease is gone or the
+    /// puller went away, and ends the stream before exceeding `max_bytes`.
+    async fn stream_out(
+        &self,
+        lease: u64,
+        range: std::ops::Range<usize>,
+        max_bytes: u64,
+        out: tokio::sync::mpsc::Sender<std::io::Result<Vec<u8>>>,
+    ) {
+        if out
+            .send(Ok(StreamHeader::new(self.page_format).frame()))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let mut sent_bytes = 0u64;
+        for from in range.clone().step_by(EXPORT_BATCH) {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let count = EXPORT_BATCH.min(range.end - from);
+            self.send(Command::ExportLeased {
+                lease,
+                from,
+                count,
+                reply: tx,
+            });
+            let Ok(Some(pages)) = rx.await else {
+                return;
+            };
+            for page in pages {
+                if sent_bytes + page.len() as u64 > max_bytes {
+                    let _ = out.send(Ok(END_FRAME.to_vec())).await;
+                    return;
+                }
+                self.slow_transfer_fault().await;
+                sent_bytes += page.len() as u64;
+                self.metrics.count_transfer("out", 1, page.len() as u64);
+                if out.send(Ok(pie_kv::stream::frame(&page))).await.is_err() {
+                    return;
+                }
+            }
+        }
+        let _ = out.send(Ok(END_FRAME.to_vec())).await;
+    }
+
+    #[cfg(feature = "fault-injection")]
+    async fn slow_transfer_fault(&self) {
+        let ms = self
+            .transfer_delay_ms
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if ms > 0 {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+    }
+
+    #[cfg(not(feature = "fault-injection"))]
+    async fn slow_transfer_fault(&self) {}
+}
+
+/// Why a pull was not served (mapped to HTTP by the API).
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("{0}")]
+    Handshake(String),
+    #[error("{0}")]
+    BadTokens(String),
+    #[error("prefill for the peer failed: {0}")]
+    Prefill(String),
+}
