@@ -48,6 +48,12 @@ impl Seq {
         self.prompt_len + self.generated
     }
 
+    /// Its prompt's full pages before the last prompt token: the prefix a
+    /// worker can attach from its cache (so what a remote prefill hands over).
+    pub fn prefix_pages(&self, page_size: usize) -> usize {
+        ((self.prompt_len as usize).saturating_sub(1) / page_size).min(self.hashes.len())
+    }
+
     /// Pages it holds outside the prefix cache, given its `duplicates` (see
     /// [`WorkerPages::duplicates`]).
     fn private_pages(&self, duplicates: &[u32]) -> usize {

@@ -458,6 +458,7 @@ impl<'a> Sim<'a> {
                 name: name.clone(),
                 healthy: true,
                 load: self.router.load(w),
+                stage: self.router.views()[w].stage,
                 max_running: self.cfg.profile.max_running,
                 kv_pages: Some(KvPages {
                     used: total - worker.pages.free_pages() - worker.pages.cache.evictable(),
@@ -613,15 +614,12 @@ impl<'a> Sim<'a> {
 
     /// A prefill ended on prefill worker `p`: the prompt's full pages that the
     /// decode worker does not hold go to it over its link.
-    fn hand_off(&mut self, p: usize, mut s: Seq, now: u64) {
-        let Some(d) = s.handoff.take().map(|d| d as usize) else {
-            return;
-        };
+    fn hand_off(&mut self, p: usize, mut s: Seq, d: usize, now: u64) {
+        s.handoff = None;
         self.router.set_load(p, self.router.load(p) - 1);
         let ps = self.cfg.profile.page_size;
-        let usable = ((s.prompt_len as usize - 1) / ps).min(s.hashes.len());
         let cache = &self.workers[d].pages.cache;
-        let pages = s.hashes[..usable]
+        let pages = s.hashes[..s.prefix_pages(ps)]
             .iter()
             .filter(|h| !cache.contains(h))
             .count() as u64;
@@ -645,8 +643,8 @@ impl<'a> Sim<'a> {
             .remove(&r)
             .ok_or_else(|| anyhow::anyhow!("request {r} transferred twice"))?;
         let d = self.records[r as usize].worker as usize;
-        let usable = ((s.prompt_len as usize - 1) / self.cfg.profile.page_size).min(s.hashes.len());
-        self.workers[d].pages.receive(&s.hashes[..usable]);
+        let pages = s.prefix_pages(self.cfg.profile.page_size);
+        self.workers[d].pages.receive(&s.hashes[..pages]);
         self.sync_index(d);
         self.admit(d, s, now)
     }
@@ -877,10 +875,9 @@ impl<'a> Sim<'a> {
         let (scheduler, mut kv, _) = self.split(w);
         for seq in scheduler.finish(&mut kv, indices, may_retain) {
             let s = self.workers[w].pages.remove(slot(seq));
-            if may_retain && s.handoff.is_some() {
-                self.hand_off(w, s, now);
-            } else {
-                self.close(w, s, now, !may_retain);
+            match s.handoff {
+                Some(d) if may_retain => self.hand_off(w, s, d as usize, now),
+                _ => self.close(w, s, now, !may_retain),
             }
         }
     }
