@@ -1,6 +1,7 @@
 //! The simulation's event queue: open-loop arrivals (sorted once), later-turn
-//! arrivals and step ends. Step ends (at most one per worker) and later turns
-//! (up to one per conversation) sit in two heaps, so the frequent step events
+//! arrivals, ends of KV transfers (a disaggregated prefill's pages reaching the
+//! decode worker) and step ends. Step ends (at most one per worker) and the
+//! rest (up to one per conversation or transfer) sit in two heaps, so the frequent step events
 //! stay in a small heap that fits the cache. Order: earliest time first; an
 //! open-loop arrival goes before queued events at the same time, and queued
 //! events at the same time go in the order they were pushed.
@@ -14,17 +15,21 @@ use crate::workload::Request;
 pub enum Event {
     StepEnd(u32),
     Arrive(u32),
+    /// Request `r`'s prefilled pages reached its decode worker.
+    Transferred(u32),
 }
 
-/// (time us, push number, worker or request)
+/// (time us, push number, worker)
 type Entry = Reverse<(u64, u64, u32)>;
+/// (time us, push number, event): arrivals and transfers.
+type Queued = Reverse<(u64, u64, Event)>;
 
 pub struct Events {
     open: Vec<u32>,
     next_open: usize,
     open_at: Vec<u64>,
     steps: BinaryHeap<Entry>,
-    turns: BinaryHeap<Entry>,
+    turns: BinaryHeap<Queued>,
     pushed: u64,
 }
 
@@ -50,7 +55,7 @@ impl Events {
         self.pushed += 1;
         match ev {
             Event::StepEnd(w) => self.steps.push(Reverse((at_us, self.pushed, w))),
-            Event::Arrive(r) => self.turns.push(Reverse((at_us, self.pushed, r))),
+            other => self.turns.push(Reverse((at_us, self.pushed, other))),
         }
     }
 
@@ -64,10 +69,10 @@ impl Events {
 
     /// The next event and its time; None when none is left.
     pub fn pop(&mut self) -> Option<(u64, Event)> {
-        let step = self.steps.peek().map(|Reverse(e)| *e);
-        let turn = self.turns.peek().map(|Reverse(e)| *e);
+        let step = self.steps.peek().map(|Reverse(e)| (e.0, e.1));
+        let turn = self.turns.peek().map(|Reverse(e)| (e.0, e.1));
         let queued = match (step, turn) {
-            (Some(s), Some(t)) => Some(if (s.0, s.1) < (t.0, t.1) { s } else { t }.0),
+            (Some(s), Some(t)) => Some(s.min(t).0),
             (s, t) => s.or(t).map(|e| e.0),
         };
         if let Some(&at) = self.open_at.get(self.next_open) {
@@ -77,7 +82,7 @@ impl Events {
             }
         }
         match (step, turn) {
-            (Some(s), Some(t)) if (t.0, t.1) < (s.0, s.1) => self.pop_turn(),
+            (Some(s), Some(t)) if t < s => self.pop_turn(),
             (Some(_), _) => self
                 .steps
                 .pop()
@@ -87,8 +92,6 @@ impl Events {
     }
 
     fn pop_turn(&mut self) -> Option<(u64, Event)> {
-        self.turns
-            .pop()
-            .map(|Reverse((at, _, r))| (at, Event::Arrive(r)))
+        self.turns.pop().map(|Reverse((at, _, ev))| (at, ev))
     }
 }

@@ -4,7 +4,9 @@
 
 pub mod actors;
 pub mod cache;
+pub mod disaggregate;
 pub mod events;
+pub mod histogram;
 pub mod machine;
 pub mod metrics;
 pub mod pages;

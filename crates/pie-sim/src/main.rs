@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use pie_sim::metrics::{class_table, markdown_table};
+use pie_sim::metrics::{class_table, markdown_table, transfer_table};
 use pie_sim::requests::{self, Input};
 use pie_sim::worker_config::WorkerConfig;
 use pie_sim::{run, PolicyName, RouterSpec, RunMetrics, SimConfig};
@@ -32,7 +32,7 @@ enum Command {
         policy: Option<String>,
         /// The cluster policies' pipeline, comma-separated as in the controller's
         /// `cluster_policies`: pin, session-affinity, cache-aware, least-loaded,
-        /// round-robin.
+        /// round-robin, disaggregate (with --prefill-workers).
         #[arg(long, default_value = "round-robin")]
         router: String,
     },
@@ -60,8 +60,8 @@ enum Command {
 
 #[derive(Args)]
 struct Common {
-    /// shared-prefix, multi-turn, multi-tenant, deadline-mix, priority-mix, or
-    /// trace (with --trace).
+    /// shared-prefix, multi-turn, multi-tenant, deadline-mix, priority-mix,
+    /// prefill-decode-mix, or trace (with --trace).
     #[arg(long)]
     workload: String,
     /// A JSONL trace (Mooncake format plus `props`) for --workload trace.
@@ -95,6 +95,15 @@ struct Common {
     /// Override the profile's `max_running` (sequences a worker runs at once).
     #[arg(long)]
     max_running: Option<usize>,
+    /// Make workers w0..wN-1 prefill-stage and the rest decode-stage (0: all
+    /// `both`); `--router disaggregate,...` then prefills long prompts on them
+    /// and moves the KV pages to the decode worker.
+    #[arg(long, default_value_t = 0)]
+    prefill_workers: usize,
+    /// KV bytes per token, which prices page transfers between workers
+    /// (default: the profile's model; see `pie_sim::disaggregate`).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    kv_bytes_per_token: Option<u64>,
     /// Run keep-session (retention by the `session` and `keep-ms` props).
     #[arg(long)]
     keep_session: bool,
@@ -146,6 +155,9 @@ fn simulate(
                 cfg.keep_session = keep;
                 cfg.runtime = runtime.clone();
                 cfg.workers_per_machine = common.workers_per_machine as usize;
+                cfg.prefill_workers = common.prefill_workers;
+                cfg.kv_bytes_per_token =
+                    common.kv_bytes_per_token.unwrap_or(cfg.kv_bytes_per_token);
                 let m = run(&cfg, &workload, &reqs)?;
                 eprintln!(
                     "{}: {} events in {:.2} s ({:.2e} events/s)",
@@ -246,6 +258,10 @@ fn main() -> Result<()> {
                 }
             );
             print!("{}", markdown_table(&runs));
+            let transfers = transfer_table(&runs);
+            if !transfers.is_empty() {
+                print!("\nDisaggregated prefills:\n\n{transfers}");
+            }
             let classes = class_table(&runs);
             if !classes.is_empty() {
                 print!("\nPer class:\n\n{classes}");

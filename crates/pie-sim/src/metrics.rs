@@ -1,13 +1,16 @@
-//! Metrics of one simulated run: what each request experienced (TTFT, end-to-end
-//! latency, prefix hits, deadline), per-client service for fairness, per-class
-//! latencies, throughput, and the simulator's own speed (events per second). The
-//! whole [`RunMetrics`] serialises to JSON; [`markdown_table`] compares runs.
+//! Metrics of one simulated run: what each request experienced (TTFT,
+//! inter-token latency, end-to-end latency, prefix hits, deadline), per-client service for fairness, per-class
+//! latencies, throughput, disaggregated prefills' transfers, and the simulator's
+//! own speed (events per second). The whole [`RunMetrics`] serialises to JSON;
+//! [`markdown_table`] and [`transfer_table`] compare runs.
 
 use std::collections::{BTreeMap, HashMap};
 
 use pie_policy::cluster::ActionRecord;
 use serde::Serialize;
 
+use crate::disaggregate::{Disaggregation, TransferCounters};
+use crate::histogram::LogHistogram;
 use crate::sim::SimConfig;
 use crate::workload::Request;
 
@@ -18,6 +21,8 @@ pub struct Record {
     pub first_token_us: Option<u64>,
     pub finish_us: Option<u64>,
     pub worker: u32,
+    /// The prefill-stage worker that prefilled it (`disaggregate`).
+    pub prefill_worker: Option<u32>,
     pub prompt_tokens: u32,
     pub generated_tokens: u32,
     /// Prompt tokens served from the prefix cache at first scheduling.
@@ -44,6 +49,9 @@ pub struct Counters {
     /// Tokens served (prompt computed + generated) per client id until the last
     /// open-loop arrival.
     pub window_service: Vec<u64>,
+    /// Gaps between consecutive output tokens of a request.
+    pub itl: LogHistogram,
+    pub transfers: TransferCounters,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -126,6 +134,9 @@ pub struct RunMetrics {
     pub ttft_ms: Percentiles,
     /// TTFT at each whole percentile 0..=100 (for CDF plots).
     pub ttft_cdf_ms: Vec<f64>,
+    /// Inter-token latency: time between consecutive output tokens of a
+    /// request, over every such pair (to within 1%, see `histogram.rs`).
+    pub itl_ms: Percentiles,
     pub e2e_ms: Percentiles,
     pub sim_time_s: f64,
     /// Generated tokens per simulated second.
@@ -149,6 +160,9 @@ pub struct RunMetrics {
     /// Jain's index of the clients' `window_tokens` (1: equal service).
     pub jain_window: f64,
     pub classes: BTreeMap<String, ClassStats>,
+    /// Prefill-stage workers and KV transfers (`--prefill-workers`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disaggregation: Option<Disaggregation>,
     pub events: u64,
     pub wall_s: f64,
     pub events_per_s: f64,
@@ -302,6 +316,19 @@ impl RunMetrics {
             }
         };
         let deadlines: Vec<bool> = served.iter().filter_map(|(q, r)| missed(q, r)).collect();
+        let disaggregation = (cfg.prefill_workers > 0).then(|| {
+            let remote: Vec<(&Request, &Record)> = served
+                .iter()
+                .filter(|(_, r)| r.prefill_worker.is_some())
+                .copied()
+                .collect();
+            Disaggregation::new(
+                cfg.prefill_workers,
+                cfg.kv_bytes_per_token,
+                &counters.transfers,
+                ttft(&remote),
+            )
+        });
         Self {
             workload: workload.to_string(),
             actions: Vec::new(),
@@ -321,6 +348,7 @@ impl RunMetrics {
             aborted: records.iter().filter(|r| r.expired).count(),
             ttft_ms: ttft(&served),
             ttft_cdf_ms: ttft_cdf(&served),
+            itl_ms: counters.itl.percentiles_ms(),
             e2e_ms: e2e(&served),
             sim_time_s,
             output_tokens_per_s: per_s(generated_tokens),
@@ -348,6 +376,7 @@ impl RunMetrics {
             clients,
             jain_window,
             classes,
+            disaggregation,
             events: counters.events,
             wall_s,
             events_per_s: if wall_s > 0.0 {
@@ -362,18 +391,20 @@ impl RunMetrics {
 /// One row per run, for `pie-sim compare`.
 pub fn markdown_table(runs: &[RunMetrics]) -> String {
     let mut s = String::from(
-        "| policy | router | TTFT p50 / p90 / p99 ms | e2e p50 / p99 ms | output tok/s | prefix hit | Jain (window) | deadline misses | preemptions | events/s |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+        "| policy | router | TTFT p50 / p90 / p99 ms | ITL p50 / p99 ms | e2e p50 / p99 ms | output tok/s | prefix hit | Jain (window) | deadline misses | preemptions | events/s |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in runs {
         s.push_str(&format!(
-            "| {} | {}{} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} | {:.0} | {:.1}% | {:.3} | {} / {} | {} | {:.2e} |\n",
+            "| {} | {}{} | {:.0} / {:.0} / {:.0} | {:.1} / {:.1} | {:.0} / {:.0} | {:.0} | {:.1}% | {:.3} | {} / {} | {} | {:.2e} |\n",
             r.policy,
             r.router,
             if r.keep_session { " +keep-session" } else { "" },
             r.ttft_ms.p50,
             r.ttft_ms.p90,
             r.ttft_ms.p99,
+            r.itl_ms.p50,
+            r.itl_ms.p99,
             r.e2e_ms.p50,
             r.e2e_ms.p99,
             r.output_tokens_per_s,
@@ -383,6 +414,37 @@ pub fn markdown_table(runs: &[RunMetrics]) -> String {
             r.deadline_requests,
             r.preemptions,
             r.events_per_s,
+        ));
+    }
+    s
+}
+
+/// One row per run with prefill-stage workers (empty when none has them).
+pub fn transfer_table(runs: &[RunMetrics]) -> String {
+    let staged: Vec<(&RunMetrics, &Disaggregation)> = runs
+        .iter()
+        .filter_map(|r| r.disaggregation.as_ref().map(|d| (r, d)))
+        .collect();
+    if staged.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "| router | workers (prefill + decode) | remote prefills | remote TTFT p50 / p99 ms | transferred pages | transferred GB | transfer s (summed) | link wait s (summed) |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    for (r, d) in staged {
+        s.push_str(&format!(
+            "| {} | {} + {} | {} | {:.0} / {:.0} | {} | {:.1} | {:.1} | {:.1} |\n",
+            r.router,
+            d.prefill_workers,
+            r.workers - d.prefill_workers,
+            d.remote_prefills,
+            d.remote_ttft_ms.p50,
+            d.remote_ttft_ms.p99,
+            d.transferred_pages,
+            d.transferred_bytes as f64 / 1e9,
+            d.transfer_s,
+            d.transfer_wait_s,
         ));
     }
     s

@@ -36,11 +36,22 @@ pub struct Seq {
     pub req: u32,
     /// Tokens served while load was offered, added to its client's at finish.
     pub window_tokens: u64,
+    /// When its last output token was sampled (for inter-token latency).
+    pub last_token_us: u64,
+    /// A prefill for decode worker `Some(w)` (`disaggregate`): it ends when its
+    /// prompt is computed, sampling no token, and its pages go to `w`.
+    pub handoff: Option<u32>,
 }
 
 impl Seq {
     pub fn tokens(&self) -> u32 {
         self.prompt_len + self.generated
+    }
+
+    /// Its prompt's full pages before the last prompt token: the prefix a
+    /// worker can attach from its cache (so what a remote prefill hands over).
+    pub fn prefix_pages(&self, page_size: usize) -> usize {
+        ((self.prompt_len as usize).saturating_sub(1) / page_size).min(self.hashes.len())
     }
 
     /// Pages it holds outside the prefix cache, given its `duplicates` (see
@@ -139,6 +150,26 @@ impl WorkerPages {
         } else {
             self.duplicates.entry(slot).or_default().push(page);
         }
+    }
+
+    /// Take in the pages of `hashes` another worker computed (a disaggregated
+    /// prefill's, leading page first) into the prefix cache, unreferenced, as
+    /// many as fit by evicting other unreferenced pages; returns how many are
+    /// cached now. Tail pages are released first, so they are evicted first.
+    pub fn receive(&mut self, hashes: &[BlockHash]) -> usize {
+        let mut held = Vec::with_capacity(hashes.len());
+        for &h in hashes {
+            // Pinned while the rest go in, so that making room cannot evict them.
+            if !self.cache.acquire(h) {
+                if self.free_pages() == 0 && !self.cache.evict_one() {
+                    break;
+                }
+                self.cache.insert(h);
+            }
+            held.push(h);
+        }
+        self.cache.release_all(&held);
+        held.len()
     }
 
     pub fn free_pages(&self) -> usize {

@@ -1,6 +1,7 @@
 //! The cluster plane in the simulator: the real `pie_policy::cluster` pipeline
-//! (`route`, then `record`, as `pie-controller`'s proxy calls them) over one
-//! `WorkerView` per simulated worker. The views are kept up to date as the
+//! (`route`, `place_prefill`, then `record`, as `pie-controller`'s proxy calls
+//! them) over one `WorkerView` per simulated worker, each with its stage
+//! (`--prefill-workers`) and running-slot limit. The views are kept up to date as the
 //! simulation runs instead of rebuilt per request: loads as requests arrive and
 //! finish, and, when a policy in the pipeline reads them, cached-prefix lengths
 //! from the controller's own `ClusterIndex`, fed by the workers' cache logs.
@@ -10,7 +11,7 @@ use std::str::FromStr;
 use pie_core::{BlockHash, Props};
 use pie_policy::cluster::{
     self, routing_policy, split_policies, ClusterIndex, ClusterPolicy, Reject, RouteRequest,
-    RoutingConfigs, WorkerView,
+    RoutingConfigs, Stage, WorkerView,
 };
 
 /// The cluster policies, as in the controller's `cluster_policies`
@@ -45,9 +46,13 @@ impl RouterSpec {
             .collect()
     }
 
-    /// Whether a policy of the pipeline reads `cached_prefix_tokens`.
+    /// Whether a policy of the pipeline reads `cached_prefix_tokens`
+    /// (`disaggregate`: the decode worker's, and cache-aware's among prefill
+    /// workers).
     pub fn reads_prefixes(&self) -> bool {
-        self.names.iter().any(|n| n == "cache-aware")
+        self.names
+            .iter()
+            .any(|n| n == "cache-aware" || n == "disaggregate")
     }
 }
 
@@ -66,6 +71,16 @@ impl FromStr for RouterSpec {
             actors: actors.into_iter().map(str::to_string).collect(),
         })
     }
+}
+
+/// Where a request goes: its decode worker, and the prefill-stage worker that
+/// prefills it first when `disaggregate` places it remotely.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Routed {
+    pub decode: usize,
+    pub prefill: Option<usize>,
+    /// Its prompt tokens not cached on the decode worker, as the pipeline saw.
+    pub uncached_tokens: usize,
 }
 
 /// The pipeline and the views it routes over.
@@ -93,6 +108,21 @@ impl Router {
             index: spec.reads_prefixes().then(ClusterIndex::new),
             page_size,
         }
+    }
+
+    /// Workers `w0..w{prefill_workers}` prefill-stage and the rest
+    /// decode-stage (all `both` when 0), each with `max_running` slots (what
+    /// `disaggregate` reads to call a prefill worker saturated).
+    pub fn staged(mut self, prefill_workers: usize, max_running: usize) -> Self {
+        for (i, view) in self.views.iter_mut().enumerate() {
+            view.max_running = max_running;
+            view.stage = match (prefill_workers, i < prefill_workers) {
+                (0, _) => Stage::Both,
+                (_, true) => Stage::Prefill,
+                (_, false) => Stage::Decode,
+            };
+        }
+        self
     }
 
     /// Whether the workers' caches must report their inserts and evictions.
@@ -127,22 +157,28 @@ impl Router {
     }
 
     /// Route a request whose prompt's full pages (all but its last token) hash
-    /// to `prefix`, and record the placement; returns the worker's index.
+    /// to `prefix`, place its prefill, and record the placement.
     pub fn route(
         &mut self,
         now_ms: u64,
         props: &Props,
         prompt_tokens: usize,
         prefix: &[BlockHash],
-    ) -> Result<usize, Reject> {
+    ) -> Result<Routed, Reject> {
         self.set_cached_prefixes(prefix);
         let req = RouteRequest {
             props,
             prompt_tokens,
         };
-        let (chosen, _reason) = cluster::route(&mut self.pipeline, now_ms, &req, &self.views)?;
-        cluster::record(&mut self.pipeline, now_ms, &req, &self.views[chosen].name);
-        Ok(chosen)
+        let (decode, _reason) = cluster::route(&mut self.pipeline, now_ms, &req, &self.views)?;
+        let prefill = cluster::place_prefill(&mut self.pipeline, now_ms, &req, &self.views, decode)
+            .and_then(|placement| placement.remote_worker());
+        cluster::record(&mut self.pipeline, now_ms, &req, &self.views[decode].name);
+        Ok(Routed {
+            decode,
+            prefill,
+            uncached_tokens: prompt_tokens.saturating_sub(self.views[decode].cached_prefix_tokens),
+        })
     }
 
     /// Each worker's leading run of `prefix` pages, as the controller's registry

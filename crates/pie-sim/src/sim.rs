@@ -14,7 +14,11 @@
 //! tokens take effect when it ends: full pages are published to the prefix cache,
 //! sampled tokens counted, the policy charged, finished sequences released or
 //! retained for their session. Workers may share a host (`machine.rs`): their
-//! concurrent steps then split its speed.
+//! concurrent steps then split its speed. With prefill-stage workers
+//! (`disaggregate.rs`), a request the router prefills remotely is first a
+//! prefill-only sequence on the prefill worker; when its prompt is computed its
+//! full pages travel to the decode worker's prefix cache (a transfer event), and
+//! it is then admitted there like a new arrival that finds its prefix cached.
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -30,6 +34,7 @@ use pie_policy::{Candidate, KeepSession, OnMiss, Planned, Scheduler, StepLimits,
 
 use crate::actors::SimActors;
 use crate::cost::{CostProfile, StepShape};
+use crate::disaggregate::{kv_bytes_per_token, Links};
 use crate::events::{Event, Events};
 use crate::machine::SharedMachine;
 use crate::metrics::{Counters, Record, RunMetrics};
@@ -136,6 +141,12 @@ pub struct SimConfig {
     /// Workers sharing one machine of the profile (`machine.rs`); 1: each worker
     /// has a machine to itself.
     pub workers_per_machine: usize,
+    /// Workers `w0..` of this many are prefill-stage (the rest decode-stage);
+    /// 0: every worker does both.
+    pub prefill_workers: usize,
+    /// KV bytes per token, which prices a transfer of pages between workers
+    /// (default: the model the profile models, `disaggregate::kv_bytes_per_token`).
+    pub kv_bytes_per_token: u64,
 }
 
 impl SimConfig {
@@ -153,8 +164,10 @@ impl SimConfig {
             runtime: RuntimeConfig::default(),
             actor_configs: ActorConfigs::default(),
             actor_tick_ms: 1000,
+            kv_bytes_per_token: kv_bytes_per_token(&profile),
             profile,
             workers_per_machine: 1,
+            prefill_workers: 0,
         }
     }
 }
@@ -200,6 +213,10 @@ struct Sim<'a> {
     log: Option<Schedule>,
     /// The router's actors, if it lists any.
     actors: Option<SimActors>,
+    /// The decode workers' receiving links for prefilled pages.
+    links: Links,
+    /// Prefilled requests whose pages are on their way to the decode worker.
+    in_transfer: HashMap<u32, Seq>,
 }
 
 const FINGERPRINT: ModelFingerprint = ModelFingerprint(0x51_u64);
@@ -315,6 +332,12 @@ fn validate(cfg: &SimConfig) -> anyhow::Result<()> {
         cfg.workers_per_machine > 0,
         "workers per machine must be positive"
     );
+    anyhow::ensure!(
+        cfg.prefill_workers < cfg.workers,
+        "--prefill-workers ({}) must leave at least one of the {} workers to decode",
+        cfg.prefill_workers,
+        cfg.workers
+    );
     Ok(())
 }
 
@@ -324,7 +347,8 @@ impl<'a> Sim<'a> {
         reqs: &'a [Request],
         policy: &dyn Fn() -> Box<dyn WorkerPolicy>,
     ) -> Self {
-        let router = Router::new(&cfg.router, cfg.workers, cfg.profile.page_size);
+        let router = Router::new(&cfg.router, cfg.workers, cfg.profile.page_size)
+            .staged(cfg.prefill_workers, cfg.profile.max_running);
         let track = router.tracks_prefixes();
         let limits = StepLimits {
             max_batch_tokens: cfg.profile.max_batch_tokens,
@@ -383,6 +407,8 @@ impl<'a> Sim<'a> {
             published: Vec::new(),
             log: None,
             actors: None,
+            links: Links::new(cfg.workers),
+            in_transfer: HashMap::new(),
         }
     }
 
@@ -404,6 +430,7 @@ impl<'a> Sim<'a> {
             match ev {
                 Event::Arrive(r) => self.arrive(r as usize, now)?,
                 Event::StepEnd(w) => self.step_ended(w as usize, now)?,
+                Event::Transferred(r) => self.transferred(r, now)?,
             }
         }
         Ok(())
@@ -431,6 +458,7 @@ impl<'a> Sim<'a> {
                 name: name.clone(),
                 healthy: true,
                 load: self.router.load(w),
+                stage: self.router.views()[w].stage,
                 max_running: self.cfg.profile.max_running,
                 kv_pages: Some(KvPages {
                     used: total - worker.pages.free_pages() - worker.pages.cache.evictable(),
@@ -509,10 +537,11 @@ impl<'a> Sim<'a> {
         let routed = self
             .router
             .route(now / 1000, &req.props, prompt_len, &hashes[..usable]);
-        let Ok(w) = routed else {
+        let Ok(routed) = routed else {
             self.reject(r, now);
             return Ok(());
         };
+        let decode = routed.decode;
         let client = self.client_id(&req.client);
         let seq = Seq {
             hashes,
@@ -525,18 +554,44 @@ impl<'a> Sim<'a> {
             client,
             req: r as u32,
             window_tokens: 0,
+            last_token_us: 0,
+            handoff: routed.prefill.map(|_| decode as u32),
         };
+        self.records[r].worker = decode as u32;
+        self.records[r].prompt_tokens = prompt_len as u32;
+        // The decode worker has the request from now on, as the controller
+        // counts it; a prefill worker only while it prefills.
+        self.router.set_load(decode, self.router.load(decode) + 1);
+        let Some(p) = routed.prefill else {
+            return self.admit(decode, seq, now);
+        };
+        self.records[r].prefill_worker = Some(p as u32);
+        let t = &mut self.counters.transfers;
+        let uncached = routed.uncached_tokens as u64;
+        t.min_remote_uncached_tokens = match t.remote_prefills {
+            0 => uncached,
+            _ => t.min_remote_uncached_tokens.min(uncached),
+        };
+        t.remote_prefills += 1;
+        self.router.set_load(p, self.router.load(p) + 1);
+        self.admit(p, seq, now)
+    }
+
+    /// Queue `seq` on worker `w`'s scheduler (a new arrival, or a prefilled
+    /// request reaching its decode worker) and wake the worker if idle.
+    fn admit(&mut self, w: usize, seq: Seq, now: u64) -> anyhow::Result<()> {
+        let r = seq.req as usize;
+        let prefill_tokens = seq.prompt_len as usize;
         let slot = self.workers[w].pages.insert(seq).ok_or_else(|| {
             anyhow::anyhow!("more than 2^{SLOT_BITS} live sequences on worker {w}")
         })?;
         self.arrivals += 1;
-        self.records[r].worker = w as u32;
-        self.records[r].prompt_tokens = prompt_len as u32;
+        let req = &self.reqs[r];
         let candidate = Candidate {
             seq: SeqId(self.arrivals << SLOT_BITS | slot as u64),
-            arrival_ms: now / 1000,
+            arrival_ms: self.records[r].arrival_us / 1000,
             running: false,
-            prefill_tokens: prompt_len,
+            prefill_tokens,
             client: req.client.clone(),
             props: req.props.clone(),
         };
@@ -545,7 +600,6 @@ impl<'a> Sim<'a> {
         if let Some(log) = &mut self.log {
             log.admissions.push((r, log.steps.len()));
         }
-        self.router.set_load(w, self.router.load(w) + 1);
         if self.workers[w].step_end.is_none() {
             if self.events.next_at() == Some(now) {
                 // Wake it once every arrival at this instant is in, as the
@@ -556,6 +610,43 @@ impl<'a> Sim<'a> {
             }
         }
         Ok(())
+    }
+
+    /// A prefill ended on prefill worker `p`: the prompt's full pages that the
+    /// decode worker does not hold go to it over its link.
+    fn hand_off(&mut self, p: usize, mut s: Seq, d: usize, now: u64) {
+        s.handoff = None;
+        self.router.set_load(p, self.router.load(p) - 1);
+        let ps = self.cfg.profile.page_size;
+        let cache = &self.workers[d].pages.cache;
+        let pages = s.hashes[..s.prefix_pages(ps)]
+            .iter()
+            .filter(|h| !cache.contains(h))
+            .count() as u64;
+        let bytes = pages * ps as u64 * self.cfg.kv_bytes_per_token;
+        let (start, end) = self.links.book(&self.cfg.profile, d, now, bytes);
+        let t = &mut self.counters.transfers;
+        t.pages += pages;
+        t.bytes += bytes;
+        t.transfer_us += end - start;
+        t.wait_us += start - now;
+        let r = s.req;
+        self.in_transfer.insert(r, s);
+        self.events.push(end, Event::Transferred(r));
+    }
+
+    /// Request `r`'s prefilled pages reached its decode worker: into its prefix
+    /// cache (as many as fit), then the request joins its queue.
+    fn transferred(&mut self, r: u32, now: u64) -> anyhow::Result<()> {
+        let s = self
+            .in_transfer
+            .remove(&r)
+            .ok_or_else(|| anyhow::anyhow!("request {r} transferred twice"))?;
+        let d = self.records[r as usize].worker as usize;
+        let pages = s.prefix_pages(self.cfg.profile.page_size);
+        self.workers[d].pages.receive(&s.hashes[..pages]);
+        self.sync_index(d);
+        self.admit(d, s, now)
     }
 
     /// A dense id per client name (allocating only for a new client).
@@ -724,14 +815,25 @@ impl<'a> Sim<'a> {
             s.published = s.published.max(full);
             s.len = new_len;
             let mut generated = 0;
-            if new_len == s.tokens() {
+            if s.handoff.is_some() {
+                // A remote prefill samples nothing; its prompt is done.
+                if new_len >= s.prompt_len {
+                    done.push(p.index);
+                }
+            } else if new_len == s.tokens() {
                 s.generated += 1;
                 generated = 1;
                 if s.generated == 1 {
                     self.records[s.req as usize].first_token_us = Some(now);
+                } else {
+                    self.counters.itl.add(now - s.last_token_us);
                 }
+                s.last_token_us = now;
                 if s.generated >= s.max_tokens {
                     done.push(p.index);
+                }
+                if w < self.cfg.prefill_workers {
+                    self.counters.transfers.prefill_worker_output_tokens += 1;
                 }
             }
             if in_window {
@@ -773,7 +875,10 @@ impl<'a> Sim<'a> {
         let (scheduler, mut kv, _) = self.split(w);
         for seq in scheduler.finish(&mut kv, indices, may_retain) {
             let s = self.workers[w].pages.remove(slot(seq));
-            self.close(w, s, now, !may_retain);
+            match s.handoff {
+                Some(d) if may_retain => self.hand_off(w, s, d as usize, now),
+                _ => self.close(w, s, now, !may_retain),
+            }
         }
     }
 
@@ -797,6 +902,10 @@ impl<'a> Sim<'a> {
             self.carried[n] = Some(s.hashes);
         }
         self.router.set_load(w, self.router.load(w) - 1);
+        if let Some(d) = s.handoff.map(|d| d as usize) {
+            // Expired while prefilling remotely: its decode worker drops it too.
+            self.router.set_load(d, self.router.load(d) - 1);
+        }
         self.follow_up(req, now);
     }
 }

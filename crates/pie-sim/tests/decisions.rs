@@ -84,7 +84,9 @@ fn replay_cluster(pipeline: &str, seed: u64) -> usize {
         if let Ok(w) = want {
             cluster::record(&mut direct, now_ms, &req, &views[w].name);
         }
-        let got = sim.route(now_ms, &props, req.prompt_tokens, &pages);
+        let got = sim
+            .route(now_ms, &props, req.prompt_tokens, &pages)
+            .map(|r| r.decode);
         assert_eq!(got, want, "{pipeline}: request {i}");
         let Ok(w) = got else { continue };
         agreed += 1;

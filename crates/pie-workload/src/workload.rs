@@ -2,7 +2,8 @@
 //!
 //! Owns the request shape (a prompt made of token segments, the output it will
 //! generate, props, arrival) and the built-in workloads: `shared-prefix`,
-//! `multi-turn`, `multi-tenant`, `deadline-mix` and `priority-mix`. Arrivals are
+//! `multi-turn`, `multi-tenant`, `deadline-mix`, `priority-mix` and
+//! `prefill-decode-mix`. Arrivals are
 //! open-loop Poisson at the workload's rate, except later turns of a conversation,
 //! which arrive a think time after the previous turn finished (closed loop). The
 //! same spec, request count and seed give the same list.
@@ -175,6 +176,20 @@ pub struct PriorityMix {
     pub rate_per_s: f64,
 }
 
+/// `prefill-decode-mix`: decode streams (short prompts, long outputs) with
+/// long prompts of short outputs arriving among them: what makes a colocated
+/// worker's decode steps wait on prefills (`disaggregate`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PrefillDecodeMix {
+    /// The fraction of requests that are long prompts.
+    pub long_fraction: f64,
+    pub long_prompt_len: u32,
+    pub long_output_len: u32,
+    pub stream_prompt_len: u32,
+    pub stream_output_len: u32,
+    pub rate_per_s: f64,
+}
+
 /// A workload and its parameters. Default rates are for one worker of the
 /// default (GPU) profile, where a 256 + 128 token request costs about 45 ms of
 /// step time (about 22 requests/s): `multi-tenant`'s flood alone overloads it,
@@ -188,6 +203,7 @@ pub enum WorkloadSpec {
     MultiTenant(MultiTenant),
     DeadlineMix(DeadlineMix),
     PriorityMix(PriorityMix),
+    PrefillDecodeMix(PrefillDecodeMix),
 }
 
 pub const WORKLOADS: &[&str] = &[
@@ -196,6 +212,7 @@ pub const WORKLOADS: &[&str] = &[
     "multi-tenant",
     "deadline-mix",
     "priority-mix",
+    "prefill-decode-mix",
 ];
 
 impl WorkloadSpec {
@@ -240,6 +257,14 @@ impl WorkloadSpec {
                 input_len: 256,
                 output_len: 128,
                 rate_per_s: 20.0,
+            }),
+            "prefill-decode-mix" => Self::PrefillDecodeMix(PrefillDecodeMix {
+                long_fraction: 0.1,
+                long_prompt_len: 2000,
+                long_output_len: 16,
+                stream_prompt_len: 128,
+                stream_output_len: 512,
+                rate_per_s: RATE_PREFILL_DECODE_MIX,
             }),
             other => {
                 return Err(format!(
@@ -289,6 +314,7 @@ impl WorkloadSpec {
             Self::MultiTenant(_) => "multi-tenant",
             Self::DeadlineMix(_) => "deadline-mix",
             Self::PriorityMix(_) => "priority-mix",
+            Self::PrefillDecodeMix(_) => "prefill-decode-mix",
         }
     }
 
@@ -303,6 +329,7 @@ impl WorkloadSpec {
             }
             Self::DeadlineMix(w) => w.rate_per_s *= factor,
             Self::PriorityMix(w) => w.rate_per_s *= factor,
+            Self::PrefillDecodeMix(w) => w.rate_per_s *= factor,
         }
     }
 
@@ -315,6 +342,7 @@ impl WorkloadSpec {
             Self::MultiTenant(w) => multi_tenant(w, requests, &mut rng),
             Self::DeadlineMix(w) => deadline_mix(w, requests, &mut rng),
             Self::PriorityMix(w) => priority_mix(w, requests, &mut rng),
+            Self::PrefillDecodeMix(w) => prefill_decode_mix(w, requests, &mut rng),
         }
     }
 }
@@ -349,6 +377,11 @@ fn plain(
         props: Props::new(),
     }
 }
+
+/// `prefill-decode-mix`'s default rate per worker of the GPU profile: about
+/// 70% busy colocated, where a stream costs about 60 ms of batched decode and a
+/// long prompt about 220 ms of prefill.
+const RATE_PREFILL_DECODE_MIX: f64 = 8.0;
 
 const SYSTEM: u64 = 1;
 const QUESTION: u64 = 2;
@@ -486,6 +519,24 @@ fn priority_mix(w: &PriorityMix, n: usize, rng: &mut StdRng) -> Vec<Request> {
             );
             prop(&mut r.props, "priority", PropValue::Int(i64::from(high)));
             r
+        })
+        .collect()
+}
+
+fn prefill_decode_mix(w: &PrefillDecodeMix, n: usize, rng: &mut StdRng) -> Vec<Request> {
+    let mut t = 0;
+    (0..n)
+        .map(|i| {
+            t += gap_us(rng, w.rate_per_s);
+            let long = rng.gen_bool(w.long_fraction.clamp(0.0, 1.0));
+            let (class, input, output) = if long {
+                ("long-prompt", w.long_prompt_len, w.long_output_len)
+            } else {
+                ("stream", w.stream_prompt_len, w.stream_output_len)
+            };
+            let prompt = vec![Segment::named(&[QUESTION, i as u64], input)];
+            let output = Segment::named(&[OUTPUT, i as u64], output);
+            plain(t, "default", class, prompt, output)
         })
         .collect()
 }
