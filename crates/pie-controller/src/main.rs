@@ -75,6 +75,7 @@ fn main() -> Result<()> {
     }
     let pipeline = config.cluster.pipeline().map_err(anyhow::Error::msg)?;
     let runner = config.cluster.actors().map_err(anyhow::Error::msg)?;
+    check_tokenizer_for(&config.cluster, config.model.path.is_some())?;
     let (tokenizer, model_fingerprint) = match &config.model.path {
         Some(path) => {
             let gguf = GgufFile::open(path)?;
@@ -162,6 +163,16 @@ async fn poll_workers(ctl: Arc<Controller>, every: Duration) {
     }
 }
 
+/// `disaggregate` decides by a prompt's uncached tokens: without the model's
+/// tokenizer it could never send a prefill anywhere, so it is refused.
+fn check_tokenizer_for(cluster: &ClusterConfig, has_tokenizer: bool) -> Result<()> {
+    anyhow::ensure!(
+        has_tokenizer || !cluster.cluster_policies.iter().any(|p| p == "disaggregate"),
+        "cluster.cluster_policies: `disaggregate` needs [model] path (or --model): it counts a prompt's uncached tokens"
+    );
+    Ok(())
+}
+
 /// The `[server] trace_file` recorder; tracing needs the tokenizer.
 fn trace_recorder(config: &Config) -> Result<Option<TraceRecorder>> {
     let Some(path) = &config.server.trace_file else {
@@ -193,6 +204,7 @@ async fn reload_on_sighup(ctl: Arc<Controller>, path: PathBuf, cli_policies: Opt
             }
             let pipeline = c.cluster.pipeline().map_err(anyhow::Error::msg)?;
             let runner = c.cluster.actors().map_err(anyhow::Error::msg)?;
+            check_tokenizer_for(&c.cluster, ctl.tokenizer.is_some())?;
             let keys = c.server.api_keys()?;
             Ok((c, pipeline, runner, keys))
         });

@@ -29,7 +29,9 @@ use pie_core::auth::{
 };
 use pie_core::{PropValue, Props};
 use pie_model::{ChatMessage, Tokenizer};
-use pie_policy::cluster::{record, route, ClusterPolicy, PriorityQueue, RouteRequest};
+use pie_policy::cluster::{
+    place_prefill, record, route, ClusterPolicy, PriorityQueue, RouteRequest, Stage,
+};
 use pie_workload::{TraceInput, TraceRecorder};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
@@ -530,6 +532,9 @@ struct RouteInputs {
 /// The field carrying the controller's prompt token ids to a worker; see
 /// `pie_worker::runtime::PromptTokens`.
 const PROMPT_TOKENS_FIELD: &str = "pie_prompt_tokens";
+/// The field naming the prefill worker of a disaggregated request (the
+/// worker's `api::PREFILL_FROM_FIELD`).
+const PREFILL_FROM_FIELD: &str = "pie_prefill_from";
 
 /// What routing needs from a generation request: its prompt tokens and props.
 /// Errors are messages for a 400.
@@ -587,6 +592,16 @@ fn route_inputs(ctl: &Controller, path: &str, body: &Value) -> Result<RouteInput
 /// `json` with the controller's prompt ids for a worker of model
 /// `fingerprint`, serialized (the field is top-level for the OpenAI routes and
 /// native processes alike).
+/// The body for the decode worker of a disaggregated request: it pulls the
+/// prompt's pages from `prefill_url` (`pie_prefill_from`).
+fn with_prefill_from(mut json: Value, prefill_url: &str) -> Result<(Value, Bytes), String> {
+    json.as_object_mut()
+        .ok_or("the body is not a JSON object")?
+        .insert(PREFILL_FROM_FIELD.into(), json!(prefill_url));
+    let body = serde_json::to_vec(&json).map_err(|e| e.to_string())?;
+    Ok((json, Bytes::from(body)))
+}
+
 fn with_prompt_tokens(mut json: Value, fingerprint: u64, ids: &[u32]) -> Option<Bytes> {
     json.as_object_mut()?.insert(
         PROMPT_TOKENS_FIELD.into(),
@@ -609,14 +624,15 @@ async fn generate(
         Ok(v) => v,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("body is not JSON: {e}")),
     };
-    // Only the controller speaks for a prompt's ids (its worker key vouches).
-    if json.get(PROMPT_TOKENS_FIELD).is_some() {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "{PROMPT_TOKENS_FIELD} is set by the controller only; send token ids as `prompt`"
-            ),
-        );
+    // Only the controller speaks for a prompt's ids and where its prefill
+    // runs (its worker key vouches).
+    for field in [PROMPT_TOKENS_FIELD, PREFILL_FROM_FIELD] {
+        if json.get(field).is_some() {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("{field} is set by the controller only"),
+            );
+        }
     }
     let acting = acting_as(&client);
     let RouteInputs {
@@ -658,12 +674,13 @@ async fn generate(
         props: &props,
         prompt_tokens: tokens.len(),
     };
-    let decision = route(
-        &mut ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner()),
-        now_ms(),
-        &req,
-        &worker_views,
-    );
+    let decision = {
+        let mut pipeline = ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner());
+        route(&mut pipeline, now_ms(), &req, &worker_views).map(|(chosen, reason)| {
+            let placement = place_prefill(&mut pipeline, now_ms(), &req, &worker_views, chosen);
+            (chosen, reason, placement)
+        })
+    };
     let decided = Instant::now();
     ctl.metrics.observe_part("tokenize", tokenize_s);
     ctl.metrics
@@ -673,7 +690,7 @@ async fn generate(
     // The controller's own time in the proxy, without its waits on workers.
     let mut proxy_s = 0.0;
     let mut proxy_from = decided;
-    let (chosen, reason) = match decision {
+    let (chosen, reason, placement) = match decision {
         Ok(d) => d,
         Err(r) => {
             let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
@@ -682,6 +699,19 @@ async fn generate(
             } else {
                 error(status, r.message)
             };
+        }
+    };
+    let (reason, json, body) = match &placement {
+        None => (reason, json, body),
+        Some(p) => {
+            let why = format!("disaggregate: {}; {reason}", p.reason());
+            match p.remote_worker() {
+                None => (why, json, body),
+                Some(w) => match with_prefill_from(json, &views[w].1) {
+                    Ok((json, body)) => (why, json, body),
+                    Err(message) => return error(StatusCode::BAD_REQUEST, message),
+                },
+            }
         }
     };
     // Native processes have no response to read an output length from.
@@ -695,8 +725,11 @@ async fn generate(
         }
         _ => None,
     };
-    // The chosen worker first, then the rest by load, for connection failures.
-    let mut order: Vec<usize> = (0..views.len()).filter(|&i| i != chosen).collect();
+    // The chosen worker first, then the rest by load, for connection failures
+    // (prefill-stage workers only ever prefill for others).
+    let mut order: Vec<usize> = (0..views.len())
+        .filter(|&i| i != chosen && views[i].0.stage != Stage::Prefill)
+        .collect();
     order.sort_by_key(|&i| views[i].0.load);
     order.insert(0, chosen);
     let candidates = order.len();

@@ -9,6 +9,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use pie_model::synth::{write_test_model, SynthSpec};
 use pie_model::{ChatMessage, IncrementalDecoder, Model, SamplingParams};
+use pie_policy::cluster::Stage;
 use pie_policy::Fcfs;
 use pie_worker::config::{Config, PolicyList, DEFAULT_CONFIG};
 use pie_worker::engine::{Engine, EngineConfig, Request};
@@ -136,6 +137,9 @@ struct ServeArgs {
     max_running: Option<usize>,
     #[arg(long)]
     max_queued: Option<usize>,
+    /// `[runtime] stage`: both, prefill or decode (the controller's `disaggregate`).
+    #[arg(long)]
+    stage: Option<Stage>,
     /// A pie-controller to register with (and heartbeat to) once ready.
     #[arg(long, requires = "name")]
     controller: Option<String>,
@@ -170,6 +174,7 @@ impl ServeArgs {
         rt.page_size = me.page_size.unwrap_or(rt.page_size);
         rt.max_batch_tokens = me.max_batch_tokens.unwrap_or(rt.max_batch_tokens);
         rt.max_running = me.max_running.unwrap_or(rt.max_running);
+        rt.stage = me.stage.unwrap_or(rt.stage);
         // Flags go through the same checks as the file.
         let text = toml::to_string(&c)?;
         Ok(Config::parse(

@@ -18,6 +18,19 @@ pub enum Stage {
     Decode,
 }
 
+impl std::str::FromStr for Stage {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "both" => Ok(Self::Both),
+            "prefill" => Ok(Self::Prefill),
+            "decode" => Ok(Self::Decode),
+            other => Err(format!("unknown stage `{other}` (both, prefill, decode)")),
+        }
+    }
+}
+
 /// Occupancy of a worker's KV page pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KvPages {
