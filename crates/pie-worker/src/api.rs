@@ -363,6 +363,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/v1/policies", get(policies))
         .route("/v1/admin/reload", axum::routing::post(admin_reload))
         .route("/v1/internal/kv/pull", axum::routing::post(kv_pull))
+        .route("/v1/internal/kv/push", axum::routing::post(kv_push))
         .route("/v1/internal/state", get(worker_state))
         .route("/v1/internal/kv-events", get(kv_events));
     #[cfg(feature = "fault-injection")]
@@ -525,20 +526,29 @@ async fn kv_pull(
     ApiJson(body): ApiJson<PullRequest>,
 ) -> Result<Response, ApiError> {
     let rt = state.runtime()?;
-    match rt.serve_pull(body).await {
-        Ok(stream) => {
-            Ok(([(header::CONTENT_TYPE, "application/octet-stream")], stream).into_response())
-        }
-        Err(e @ ServeError::Handshake(_)) => {
-            Err(ApiError::new(StatusCode::CONFLICT, e.to_string()))
-        }
-        Err(e @ ServeError::BadTokens(_)) => {
-            Err(ApiError::bad_request(e.to_string()).param("tokens"))
-        }
-        Err(e @ ServeError::Prefill(_)) => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            e.to_string(),
-        )),
+    let stream = rt.serve_pull(body).await.map_err(transfer_error)?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], stream).into_response())
+}
+
+/// A peer pushes KV pages (see `runtime::transfer`): `{"pages": N}`, the
+/// prompt's leading pages held now; 422 naming the refusal (the whole pages
+/// before it are kept), 400 for a bad header.
+async fn kv_push(
+    State(state): State<AppState>,
+    body: axum::body::Body,
+) -> Result<Json<Value>, ApiError> {
+    let rt = state.runtime()?;
+    let pages = rt.receive_push(body).await.map_err(transfer_error)?;
+    Ok(Json(json!({"pages": pages})))
+}
+
+fn transfer_error(e: ServeError) -> ApiError {
+    let message = e.to_string();
+    match e {
+        ServeError::Handshake(_) => ApiError::new(StatusCode::CONFLICT, message),
+        ServeError::BadTokens(_) => ApiError::bad_request(message).param("tokens"),
+        ServeError::Refused { .. } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, message),
+        ServeError::Prefill(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message),
     }
 }
 

@@ -79,7 +79,8 @@ struct BenchArgs {
     /// A worker (`pie serve`) or a `pie-controller`.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     url: String,
-    /// shared-prefix, multi-turn, multi-tenant, deadline-mix, priority-mix.
+    /// shared-prefix, multi-turn, multi-tenant, deadline-mix, priority-mix,
+    /// prefill-decode-mix.
     #[arg(long, default_value = "shared-prefix")]
     workload: String,
     /// Override a workload parameter (repeatable), e.g. `--set system_len=256`.

@@ -31,7 +31,7 @@ use pie_policy::runtime::{TransferConfig, WorkerPolicies};
 mod transfer;
 
 use pie_workload::{TraceInput, TraceRecorder};
-pub use transfer::{Pull, PullError, PullRequest, ServeError};
+pub use transfer::{Pull, PullError, PullRequest, PushHeader, ServeError};
 
 /// What the engine thread reports to one sequence's driver.
 #[derive(Debug)]

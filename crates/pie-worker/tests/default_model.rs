@@ -123,3 +123,27 @@ async fn pie_serve_answers_paris_over_http() {
     let answer = resp["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(answer.contains("Paris"), "answer was {answer:?}");
 }
+
+#[tokio::test]
+async fn a_disaggregated_prefill_on_the_default_model_answers_as_one_engine() {
+    let Some(model) = default_model() else {
+        return;
+    };
+    let path = fetch::cached_default_model();
+    let prefill = common::Server::start_model(&path, "", &["--stage", "prefill"]).await;
+    let decode = common::Server::start_model(&path, "", &["--stage", "decode"]).await;
+    let text = "The lighthouse keeper climbed the stairs every evening to light the lamp. "
+        .repeat(12)
+        + "One night the lamp would not light, so the keeper";
+    let expected = greedy(&model, &text, 24);
+    let (status, resp) = decode
+        .post(
+            "/v1/completions",
+            serde_json::json!({"prompt": text, "max_tokens": 24, "temperature": 0, "pie_prefill_from": prefill.url}),
+        )
+        .await;
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(resp["choices"][0]["text"], expected.as_str());
+    assert!(decode.metric("pie_kv_transfer_pages_total").await >= 10.0);
+    assert_eq!(decode.metric("pie_kv_transfer_fallbacks_total").await, 0.0);
+}

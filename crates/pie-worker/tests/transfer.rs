@@ -132,17 +132,7 @@ async fn a_peer_serves_its_cached_pages_as_a_checked_stream_and_refuses_another_
     let s = Server::start("", &[]).await;
     let tokens = prompt(2, 6 * PAGE + 3);
     text_of(&s, completion(&tokens)).await;
-    let state = s.get("/v1/internal/state").await.1;
-    let format = PageFormat {
-        fingerprint: ModelFingerprint(state["fingerprint"].as_u64().unwrap()),
-        dtype: 0,
-        // The test model: 2 layers, 2 KV heads of 16.
-        layout: KvLayout {
-            layers: 2,
-            page_size: PAGE,
-            kv_dim: 32,
-        },
-    };
+    let format = format_of(&s).await;
     assert_eq!(pull(&s, &tokens, format, 0).await, (200, (0..6).collect()));
     assert_eq!(pull(&s, &tokens, format, 4).await, (200, vec![4, 5]));
 
@@ -335,4 +325,78 @@ mod faults {
         let metrics = decode.metrics_text().await;
         assert_eq!(refusals(&metrics, "torn"), 1.0, "{metrics}");
     }
+}
+
+/// The page format of the test model at `PAGE` tokens per page.
+async fn format_of(s: &Server) -> PageFormat {
+    let state = s.get("/v1/internal/state").await.1;
+    PageFormat {
+        fingerprint: ModelFingerprint(state["fingerprint"].as_u64().unwrap()),
+        dtype: 0,
+        // The test model: 2 layers, 2 KV heads of 16.
+        layout: KvLayout {
+            layers: 2,
+            page_size: PAGE,
+            kv_dim: 32,
+        },
+    }
+}
+
+#[tokio::test]
+async fn pushed_pages_are_checked_and_kept_up_to_a_refusal() {
+    let source = Server::start("", &[]).await;
+    let tokens = prompt(4, 8 * PAGE + 1);
+    text_of(&source, completion(&tokens)).await;
+    let format = format_of(&source).await;
+    let stream = source
+        .client
+        .post(source.url("/v1/internal/kv/pull"))
+        .json(&json!({"format": format, "tokens": tokens, "max_bytes": 1u64 << 30}))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let push = |to: &Server, stream: Vec<u8>| {
+        let mut body =
+            pie_kv::stream::frame(&serde_json::to_vec(&json!({"tokens": tokens})).unwrap());
+        body.extend(stream);
+        let req = to.client.post(to.url("/v1/internal/kv/push")).body(body);
+        async move {
+            let r = req.send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+
+    let whole = Server::start("", &[]).await;
+    assert_eq!(
+        push(&whole, stream.to_vec()).await,
+        (200, json!({"pages": 8}))
+    );
+    let (_, resp) = text_of(&whole, completion(&tokens)).await;
+    assert_eq!(
+        resp["usage"]["prompt_tokens_details"]["cached_tokens"],
+        8 * PAGE,
+        "the pushed pages serve the prompt"
+    );
+
+    let damaged = Server::start("", &[]).await;
+    let page_frame = pie_kv::transfer::page_bytes_len(format.layout) + 4;
+    let mut flipped = stream.to_vec();
+    let in_page_3 = stream.len() - 4 - 5 * page_frame + 100;
+    flipped[in_page_3] ^= 1;
+    let (status, body) = push(&damaged, flipped).await;
+    assert_eq!(status, 422, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("after 3 pages") && message.contains("checksum"),
+        "{message}"
+    );
+    assert_eq!(
+        damaged
+            .metric("pie_kv_transfer_refusals_total{reason=\"checksum\"}")
+            .await,
+        1.0
+    );
 }

@@ -6,11 +6,13 @@
 //! are never candidates for it). Then, as NVIDIA Dynamo's conditional
 //! disaggregation: the prefill goes remote only when the prompt's part not
 //! cached on the decode worker is at least `min_remote_prefill_tokens` and some
-//! prefill-stage worker is not saturated (its load below its `max_running`);
+//! prefill-stage worker is not saturated (its load, queued + running, below
+//! `max_prefill_load`, or below its `max_running` when that is 0);
 //! among those, the one chosen is what `cache-aware` would choose (its longest
 //! cached prefix, load balanced). Otherwise the prefill stays on the decode
 //! worker. Props read: none. Config keys: `[cluster.disaggregate]
-//! min_remote_prefill_tokens` (default 512). Invariant (tested): a remote
+//! min_remote_prefill_tokens` (default 512), `max_prefill_load` (default 0:
+//! the worker's `max_running`). Invariant (tested): a remote
 //! prefill is only ever placed on a prefill-stage worker that is not saturated
 //! and never for fewer uncached tokens than the threshold; a decode worker is
 //! never a prefill-stage worker.
@@ -24,12 +26,16 @@ use super::{CacheAware, ClusterPolicy, Reject, RouteRequest, Stage, WorkerView};
 pub struct DisaggregateConfig {
     /// Uncached prompt tokens below which prefill stays on the decode worker.
     pub min_remote_prefill_tokens: usize,
+    /// Processes (queued + running) at which a prefill worker counts as
+    /// saturated; 0: its `max_running`.
+    pub max_prefill_load: usize,
 }
 
 impl Default for DisaggregateConfig {
     fn default() -> Self {
         Self {
             min_remote_prefill_tokens: 512,
+            max_prefill_load: 0,
         }
     }
 }
@@ -74,8 +80,14 @@ impl Disaggregate {
     }
 }
 
-fn saturated(w: &WorkerView) -> bool {
-    w.max_running > 0 && w.load >= w.max_running
+impl DisaggregateConfig {
+    fn saturated(&self, w: &WorkerView) -> bool {
+        let limit = match self.max_prefill_load {
+            0 => w.max_running,
+            n => n,
+        };
+        limit > 0 && w.load >= limit
+    }
 }
 
 impl ClusterPolicy for Disaggregate {
@@ -119,7 +131,7 @@ impl ClusterPolicy for Disaggregate {
                 "prefill stays on {decoder} (no prefill worker)"
             )));
         }
-        prefillers.retain(|&i| !saturated(&workers[i]));
+        prefillers.retain(|&i| !self.config.saturated(&workers[i]));
         if prefillers.is_empty() {
             return Some(PrefillPlacement::Local(format!(
                 "prefill stays on {decoder} (prefill workers saturated)"
@@ -200,6 +212,21 @@ mod tests {
         assert_eq!(
             place(&w, 2000).1.reason(),
             "prefill stays on w1 (prefill workers saturated)"
+        );
+        let mut tight = Disaggregate::new(DisaggregateConfig {
+            max_prefill_load: 2,
+            ..DisaggregateConfig::default()
+        });
+        let w = staged(&[2, 0], &[0, 0], &[P, D]);
+        let props = Props::new();
+        let req = RouteRequest {
+            props: &props,
+            prompt_tokens: 2000,
+        };
+        assert_eq!(
+            tight.place_prefill(0, &req, &w, 1).unwrap().reason(),
+            "prefill stays on w1 (prefill workers saturated)",
+            "max_prefill_load 2 is below the worker's max_running 4"
         );
         let w = staged(&[0, 0], &[0, 0], &[D, Stage::Both]);
         assert_eq!(

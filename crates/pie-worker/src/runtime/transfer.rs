@@ -1,7 +1,8 @@
 //! The one transfer path for KV pages between workers. A worker pulls the
 //! pages of a prompt it lacks from a peer (`POST /v1/internal/kv/pull`),
-//! after the peer prefilled them when asked (offload, disaggregate), and
-//! serves such pulls to its peers.
+//! after the peer prefilled them when asked (offload, disaggregate), serves
+//! such pulls to its peers, and takes pages a peer pushes
+//! (`POST /v1/internal/kv/push`, checked the same way).
 //!
 //! What a pull guarantees:
 //! - nothing moves unless both sides have the same [`PageFormat`] (the peer
@@ -20,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
+use futures_util::{Stream, StreamExt};
 use pie_core::hash::chain_from;
 use pie_core::{BlockHash, ModelFingerprint};
 use pie_kv::stream::{Checked, FrameReader, StreamCheck, StreamError, StreamHeader, END_FRAME};
@@ -104,20 +106,23 @@ impl Runtime {
         chain_from(root, tokens, self.shape.page_size)
     }
 
+    /// How many leading pages of `chain` the pool holds.
+    async fn cached_pages(&self, chain: &[BlockHash]) -> Result<usize, String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.send(Command::CachedPages {
+            chain: chain.to_vec(),
+            reply: tx,
+        });
+        rx.await.map_err(|_| self.engine_stopped())
+    }
+
     /// Pull the prompt's pages this pool lacks; returns how many leading
     /// pages it holds afterwards. Failures are counted (refusal by reason, a
     /// fallback to local prefill) and logged; the caller prefills what is
     /// missing either way.
     pub(crate) async fn pull_pages(&self, pull: Pull<'_>) -> Result<usize, PullError> {
         let chain = self.chain(pull.tokens, pull.cache_salt);
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.send(Command::CachedPages {
-            chain: chain.clone(),
-            reply: tx,
-        });
-        let have = rx
-            .await
-            .map_err(|_| PullError::Peer(self.engine_stopped()))?;
+        let have = self.cached_pages(&chain).await.map_err(PullError::Peer)?;
         if have >= chain.len() {
             return Ok(have);
         }
@@ -126,26 +131,30 @@ impl Runtime {
             held: have,
             ..Arrivals::default()
         };
-        let limit = Duration::from_millis(pull.timeout_ms);
-        let streamed =
-            match tokio::time::timeout(limit, self.stream_in(&pull, chain, &mut arrivals)).await {
-                Ok(result) => result,
-                Err(_) => Err(PullError::Timeout(pull.timeout_ms)),
-            };
-        // Whole, verified pages are kept whatever ended the stream.
-        self.import(&mut arrivals).await;
+        let streamed = within(pull.timeout_ms, self.stream_in(&pull, chain, &mut arrivals)).await;
+        let settled = self.settle(&mut arrivals, started, streamed).await;
+        if let Err(e) = &settled {
+            self.metrics.transfer_fallbacks.inc();
+            tracing::warn!(peer = pull.peer, error = %e, pages = arrivals.held, "KV pull incomplete; prefilling the rest locally");
+        }
+        settled
+    }
+
+    /// After a stream ended (or was cut): keep the whole pages that arrived,
+    /// and count its time and any refusal.
+    async fn settle(
+        &self,
+        arrivals: &mut Arrivals,
+        started: std::time::Instant,
+        streamed: Result<(), PullError>,
+    ) -> Result<usize, PullError> {
+        self.import(arrivals).await;
         self.metrics
             .transfer_seconds
             .observe(started.elapsed().as_secs_f64());
-        match streamed {
-            Ok(()) => Ok(arrivals.held),
-            Err(e) => {
-                self.metrics.count_transfer_refusal(e.reason());
-                self.metrics.transfer_fallbacks.inc();
-                tracing::warn!(peer = pull.peer, error = %e, pages = arrivals.held, "KV pull incomplete; prefilling the rest locally");
-                Err(e)
-            }
-        }
+        streamed.map(|()| arrivals.held).inspect_err(|e| {
+            self.metrics.count_transfer_refusal(e.reason());
+        })
     }
 
     async fn stream_in(
@@ -154,21 +163,20 @@ impl Runtime {
         chain: Vec<BlockHash>,
         arrivals: &mut Arrivals,
     ) -> Result<(), PullError> {
-        let max_bytes = self.settings.transfer.max_bytes.0;
         let body = PullRequest {
             format: self.page_format,
             tokens: pull.tokens.to_vec(),
             cache_salt: pull.cache_salt.map(str::to_string),
             skip_pages: arrivals.held,
             prefill: pull.prefill,
-            max_bytes,
+            max_bytes: self.settings.transfer.max_bytes.0,
         };
         let url = format!("{}/v1/internal/kv/pull", pull.peer.trim_end_matches('/'));
         let mut req = self.http.post(url).json(&body);
         if let Some(key) = &self.settings.worker_key {
             req = req.bearer_auth(key);
         }
-        let mut resp = req
+        let resp = req
             .send()
             .await
             .map_err(|e| PullError::Peer(e.to_string()))?;
@@ -183,9 +191,27 @@ impl Runtime {
         }
         let mut check = StreamCheck::new(self.page_format, chain, arrivals.held);
         let mut frames = FrameReader::new(check.max_frame());
-        // A connection that breaks mid-body is a torn stream.
-        while let Some(chunk) = resp.chunk().await.map_err(|_| StreamError::Torn)? {
-            frames.push(&chunk);
+        let mut body = resp.bytes_stream();
+        self.receive(&mut body, &mut frames, &mut check, arrivals)
+            .await
+    }
+
+    /// Read the page stream in `body` into the pool, batch by batch, up to
+    /// its end frame; every page checked by `check`, the bytes bounded by
+    /// `[runtime.transfer] max_bytes`.
+    async fn receive<S, B, E>(
+        &self,
+        body: &mut S,
+        frames: &mut FrameReader,
+        check: &mut StreamCheck,
+        arrivals: &mut Arrivals,
+    ) -> Result<(), PullError>
+    where
+        S: Stream<Item = Result<B, E>> + Unpin,
+        B: AsRef<[u8]>,
+    {
+        let max_bytes = self.settings.transfer.max_bytes.0;
+        loop {
             while let Some(frame) = frames.next_frame()? {
                 if let Checked::Page(_, page) = check.frame(frame)? {
                     arrivals.bytes += page.len() as u64;
@@ -198,6 +224,11 @@ impl Runtime {
                     }
                 }
             }
+            // A connection that breaks mid-body is a torn stream.
+            match body.next().await {
+                Some(chunk) => frames.push(chunk.map_err(|_| StreamError::Torn)?.as_ref()),
+                None => break,
+            }
         }
         if !check.ended() {
             return Err(StreamError::Torn.into());
@@ -206,6 +237,53 @@ impl Runtime {
             return Err(StreamError::AfterEnd.into());
         }
         Ok(())
+    }
+
+    /// Take pages a peer pushes (`POST /v1/internal/kv/push`): the body is a
+    /// [`PushHeader`] frame, then a page stream from the prompt's first page,
+    /// checked as a pull is. Returns the leading pages held afterwards; on a
+    /// refusal the whole pages before it are kept.
+    pub(crate) async fn receive_push(&self, body: Body) -> Result<usize, ServeError> {
+        let started = std::time::Instant::now();
+        let mut body = body.into_data_stream();
+        let max_page = pie_kv::transfer::page_bytes_len(self.page_format.layout);
+        let mut frames = FrameReader::new(max_page.max(MAX_PUSH_HEADER_BYTES));
+        let header = first_frame(&mut body, &mut frames)
+            .await
+            .and_then(|bytes| {
+                serde_json::from_slice::<PushHeader>(&bytes)
+                    .map_err(|e| StreamError::Header(e.to_string()).into())
+            })
+            .map_err(|e| ServeError::BadTokens(format!("push header: {e}")))?;
+        self.check_tokens(&header.tokens)?;
+        let chain = self.chain(&header.tokens, header.cache_salt.as_deref());
+        let mut check = StreamCheck::new(self.page_format, chain, 0);
+        let mut arrivals = Arrivals::default();
+        let timeout_ms = self.settings.transfer.timeout_ms;
+        let streamed = within(
+            timeout_ms,
+            self.receive(&mut body, &mut frames, &mut check, &mut arrivals),
+        )
+        .await;
+        self.settle(&mut arrivals, started, streamed)
+            .await
+            .map_err(|error| ServeError::Refused {
+                pages: arrivals.held,
+                error,
+            })
+    }
+
+    /// Tokens a peer names: 1 to `max_seq_tokens - 1` ids of this vocabulary.
+    fn check_tokens(&self, tokens: &[u32]) -> Result<(), ServeError> {
+        if tokens.is_empty() || tokens.len() >= self.max_seq_tokens {
+            return Err(ServeError::BadTokens(format!(
+                "tokens: need 1 to {} tokens, got {}",
+                self.max_seq_tokens - 1,
+                tokens.len()
+            )));
+        }
+        self.check_vocab("tokens", tokens)
+            .map_err(|e| ServeError::BadTokens(e.to_string()))
     }
 
     /// Import the arrived pages into the pool and count them.
@@ -230,15 +308,7 @@ impl Runtime {
             self.metrics.count_transfer_refusal("handshake");
             return Err(ServeError::Handshake(format!("handshake refused: {why}")));
         }
-        if req.tokens.is_empty() || req.tokens.len() >= self.max_seq_tokens {
-            return Err(ServeError::BadTokens(format!(
-                "tokens: need 1 to {} tokens, got {}",
-                self.max_seq_tokens - 1,
-                req.tokens.len()
-            )));
-        }
-        self.check_vocab("tokens", &req.tokens)
-            .map_err(|e| ServeError::BadTokens(e.to_string()))?;
+        self.check_tokens(&req.tokens)?;
         if req.prefill {
             self.prefill_for_peer(req.tokens.clone(), req.cache_salt.clone())
                 .await
@@ -325,7 +395,7 @@ impl Runtime {
     async fn slow_transfer_fault(&self) {}
 }
 
-/// Why a pull was not served (mapped to HTTP by the API).
+/// Why a pull was not served or a push not taken (mapped to HTTP by the API).
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("{0}")]
@@ -334,4 +404,45 @@ pub enum ServeError {
     BadTokens(String),
     #[error("prefill for the peer failed: {0}")]
     Prefill(String),
+    #[error("push refused after {pages} pages: {error}")]
+    Refused { pages: usize, error: PullError },
+}
+
+/// The first frame of a push: the prompt whose pages follow.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PushHeader {
+    pub tokens: Vec<u32>,
+    #[serde(default)]
+    pub cache_salt: Option<String>,
+}
+
+/// A push header holds a prompt's token ids: bounded well above any context.
+const MAX_PUSH_HEADER_BYTES: usize = 4 << 20;
+
+/// `work`, or a timeout after `timeout_ms`.
+async fn within(
+    timeout_ms: u64,
+    work: impl std::future::Future<Output = Result<(), PullError>>,
+) -> Result<(), PullError> {
+    tokio::time::timeout(Duration::from_millis(timeout_ms), work)
+        .await
+        .unwrap_or(Err(PullError::Timeout(timeout_ms)))
+}
+
+/// The first whole frame of `body`.
+async fn first_frame<S, B, E>(body: &mut S, frames: &mut FrameReader) -> Result<Vec<u8>, PullError>
+where
+    S: Stream<Item = Result<B, E>> + Unpin,
+    B: AsRef<[u8]>,
+{
+    loop {
+        if let Some(frame) = frames.next_frame()? {
+            return Ok(frame);
+        }
+        match body.next().await {
+            Some(chunk) => frames.push(chunk.map_err(|_| StreamError::Torn)?.as_ref()),
+            None => return Err(StreamError::Torn.into()),
+        }
+    }
 }
