@@ -38,7 +38,10 @@ one's end: the decode streams' inter-token latency p50/p99 (gaps between
 consecutive SSE chunks with text of one stream, both inside the window; a chunk
 is one token except where the detokenizer holds back a partial character), the
 long prompts' TTFT p50/p90 (first chunk with text), and output tokens/s (the
-workers' `pie_generated_tokens_total` over the window). In (b) every long prompt's `x-pie-route` must
+workers' `pie_generated_tokens_total` over the window). Also printed: ITL p99.9
+and max, and the share of the streams' time spent in gaps over 1 s (a prefill
+chunk sharing a step stalls a stream for seconds, but such gaps are few, so
+count-based percentiles can miss them). In (b) every long prompt's `x-pie-route` must
 say `disaggregate: prefill on`, and `pie_kv_transfer_fallbacks_total` must be 0.
 
 Exit 1 with a message naming the failed check or the failing process.
@@ -172,6 +175,7 @@ def bench_transfer(a):
         rb, _ = complete(wb, dict(body, pie_prefill_from=wa))
         b_wall = time.monotonic() - t
         mb1 = metrics(wb)
+        ma2 = metrics(wa)
         rc, _ = complete(wc, dict(body, max_tokens=1))
         mc1 = metrics(wc)
         if delta(ma1, ma0, "pie_time_to_first_token_seconds_count") != 1:
@@ -196,6 +200,7 @@ def bench_transfer(a):
             "b_computed": delta(mb1, mb0, "pie_prompt_tokens_total"),
             "b_cached": rb["usage"]["prompt_tokens_details"]["cached_tokens"],
             "b_wall": b_wall,
+            "a_computed": delta(ma2, ma1, "pie_prompt_tokens_total"),  # A's part of the pull
             "text": ta,
         }
         row["mbps"] = row["bytes"] / row["transfer"] / 1e6
@@ -204,17 +209,20 @@ def bench_transfer(a):
     print(f"== transfer vs recompute: {a.prompts} prompts of {a.prompt_tokens} token ids, "
           "loopback, unpinned workers")
     print(f"{'prompt':<7}{'pages':>6}{'MB':>8}{'pull s':>9}{'MB/s':>8}{'A TTFT s':>10}"
-          f"{'C TTFT s':>10}{'A/pull':>8}{'B TTFT s':>10}{'B computed':>11}  greedy A == B")
+          f"{'C TTFT s':>10}{'A/pull':>8}{'B TTFT s':>10}{'B computed':>11}"
+          f"{'A computed':>11}  greedy A == B")
     for i, r in enumerate(rows):
         print(f"{i:<7}{r['pages']:>6.0f}{r['bytes'] / 1e6:>8.1f}{r['transfer']:>9.3f}"
               f"{r['mbps']:>8.0f}{r['recompute_a']:>10.3f}{r['recompute_c']:>10.3f}"
-              f"{r['ratio']:>8.1f}{r['b_ttft']:>10.3f}{r['b_computed']:>11.0f}  yes {r['text']!r}")
+              f"{r['ratio']:>8.1f}{r['b_ttft']:>10.3f}{r['b_computed']:>11.0f}"
+              f"{r['a_computed']:>11.0f}  yes {r['text']!r}")
     med = {k: statistics.median(r[k] for r in rows)
            for k in ["pages", "bytes", "transfer", "mbps", "recompute_a", "recompute_c",
-                     "ratio", "b_ttft", "b_computed"]}
+                     "ratio", "b_ttft", "b_computed", "a_computed"]}
     print(f"{'median':<7}{med['pages']:>6.0f}{med['bytes'] / 1e6:>8.1f}{med['transfer']:>9.3f}"
           f"{med['mbps']:>8.0f}{med['recompute_a']:>10.3f}{med['recompute_c']:>10.3f}"
-          f"{med['ratio']:>8.1f}{med['b_ttft']:>10.3f}{med['b_computed']:>11.0f}")
+          f"{med['ratio']:>8.1f}{med['b_ttft']:>10.3f}{med['b_computed']:>11.0f}"
+          f"{med['a_computed']:>11.0f}")
     print(f"recompute (C, never used before) / pull, median: "
           f"{statistics.median(r['recompute_c'] / r['transfer'] for r in rows):.1f}x; "
           f"A/pull median {med['ratio']:.1f}x (target >= 50x)")
@@ -381,7 +389,10 @@ def run_setup(a, label, disaggregate, tmp):
     res = {
         "label": label,
         "itl_p50": pct(gaps, 0.5) * 1e3, "itl_p99": pct(gaps, 0.99) * 1e3, "gaps": len(gaps),
-        "itl_max": max(gaps) * 1e3,
+        "itl_p999": pct(gaps, 0.999) * 1e3, "itl_max": max(gaps) * 1e3,
+        # share of the streams' time spent in gaps over 1 s (time-weighted, unlike
+        # the percentiles, which count a 5 s stall once)
+        "stall": sum(g for g in gaps if g > 1.0) / sum(gaps),
         "ttft_p50": pct(ttfts, 0.5), "ttft_p90": pct(ttfts, 0.9),
         "tok_s": tokens / window, "window": window, "remote": remote, "fallbacks": fallbacks,
         "pulls": pulls, "pull_s": pull_s / pulls if pulls else 0.0, "pull_mb": tin / 1e6,
@@ -391,8 +402,9 @@ def run_setup(a, label, disaggregate, tmp):
     }
     print(f"== {label}: window {window:.1f} s, {len(gaps)} decode gaps, routes {res['routes']}")
     print(f"   decode routes (up to 4) {sorted({(s.route or '').split(';')[0] for s in decode})[:4]}")
-    print(f"   decode ITL p50 {res['itl_p50']:.1f} ms, p99 {res['itl_p99']:.1f} ms, max "
-          f"{res['itl_max']:.0f} ms; long-prompt "
+    print(f"   decode ITL p50 {res['itl_p50']:.1f} ms, p99 {res['itl_p99']:.1f} ms, p99.9 "
+          f"{res['itl_p999']:.0f} ms, max {res['itl_max']:.0f} ms, time in gaps > 1 s "
+          f"{res['stall'] * 100:.1f}%; long-prompt "
           f"TTFT p50 {res['ttft_p50']:.2f} s, p90 {res['ttft_p90']:.2f} s (all: "
           + ", ".join(f"{x:.2f}" for x in ttfts) + f"); {res['tok_s']:.1f} output tok/s")
     print(f"   prompt tokens computed in the window: w0 {res['w0_prompt']:.0f}, "
@@ -417,14 +429,17 @@ def bench_serve(a):
         fail(f"{dis['fallbacks']:.0f} transfers fell back to a local prefill")
     print(f"== {a.streams} decode streams ({a.stream_tokens} tokens each), {a.long_prompts} long "
           f"prompts of {a.long_tokens} tokens every {a.long_interval} s, cores {a.cores}")
-    print(f"{'':<22}{'colocated':>11}{'disagg':>11}{'disagg/colo':>13}")
+    print(f"{'':<25}{'colocated':>11}{'disagg':>11}{'disagg/colo':>13}")
     for key, name, fmt in [("itl_p50", "decode ITL p50 ms", "{:.1f}"),
                            ("itl_p99", "decode ITL p99 ms", "{:.1f}"),
+                           ("itl_p999", "decode ITL p99.9 ms", "{:.0f}"),
+                           ("itl_max", "decode ITL max ms", "{:.0f}"),
+                           ("stall", "stream time in >1s gaps", "{:.3f}"),
                            ("ttft_p50", "long TTFT p50 s", "{:.2f}"),
                            ("ttft_p90", "long TTFT p90 s", "{:.2f}"),
                            ("tok_s", "output tok/s", "{:.1f}")]:
-        print(f"{name:<22}{fmt.format(colo[key]):>11}{fmt.format(dis[key]):>11}"
-              f"{dis[key] / colo[key]:>13.2f}")
+        ratio = dis[key] / colo[key] if colo[key] else float("nan")
+        print(f"{name:<25}{fmt.format(colo[key]):>11}{fmt.format(dis[key]):>11}{ratio:>13.2f}")
     print(f"remote prefills {dis['remote']}/{a.long_prompts}, fallbacks {dis['fallbacks']:.0f}")
 
 
