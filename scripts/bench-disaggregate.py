@@ -6,7 +6,7 @@ Usage: scripts/bench-disaggregate.py [transfer|serve|all]
            [--model PATH] [--seed 13]
            transfer: [--prompts 3] [--prompt-tokens 2000] [--check-tokens 8]
            serve:    [--streams 8] [--stream-tokens 300] [--long-prompts 6]
-                     [--long-tokens 1500] [--long-interval 12] [--warmup-s 5]
+                     [--long-tokens 1500] [--long-interval 25] [--warmup-s 5]
                      [--min-remote 512] [--cores 0,1]
 
 `transfer` (default part of `all`): starts three `pie serve` workers A, B, C.
@@ -32,7 +32,10 @@ decode` (second core) behind `--policies disaggregate,cache-aware`
 `max_tokens` --stream-tokens, `ignore_eos`, temperature 0, restarted when
 done); after --warmup-s, --long-prompts long prompts (--long-tokens distinct
 random token ids, `max_tokens` 8, streaming) arrive every --long-interval s
-(each in its own thread, so they may overlap if one takes longer). Measured,
+(each in its own thread, so they may overlap if one takes longer). Keep
+--long-interval above one core's prefill time for a long prompt (about 12-20 s
+on a shared 2-core machine): otherwise the one prefill worker's queue grows,
+pulls reach `[runtime.transfer] timeout_ms` and fall back, and (b) fails. Measured,
 client side, in the window from the first long prompt's arrival to the last
 one's end: the decode streams' inter-token latency p50/p99 (gaps between
 consecutive SSE chunks with text of one stream, both inside the window; a chunk
@@ -460,7 +463,7 @@ def main():
     ap.add_argument("--stream-tokens", type=int, default=300)
     ap.add_argument("--long-prompts", type=int, default=6)
     ap.add_argument("--long-tokens", type=int, default=1500)
-    ap.add_argument("--long-interval", type=float, default=12.0)
+    ap.add_argument("--long-interval", type=float, default=25.0)
     ap.add_argument("--warmup-s", type=float, default=5.0)
     ap.add_argument("--min-remote", type=int, default=512)
     ap.add_argument("--cores", default="0,1")
