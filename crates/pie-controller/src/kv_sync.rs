@@ -37,6 +37,17 @@ pub enum Resync {
 }
 
 /// The sequence state of one worker's subscription.
+impl KvMessage {
+    /// The blocks this message says the worker holds (a snapshot: all).
+    pub fn stored(&self) -> Vec<u64> {
+        match self {
+            KvMessage::Snapshot(s) => s.hashes.clone(),
+            KvMessage::Batch(b) => b.stored.clone(),
+            KvMessage::Lagged => Vec::new(),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct KvFollower {
     seq: Option<u64>,
@@ -163,6 +174,7 @@ async fn subscribe(
             if matches!(msg, KvMessage::Snapshot(_)) {
                 metrics.kv_snapshots.inc();
             }
+            let stored = msg.stored();
             if let Err(why) = registry.with_index(|index| follower.apply(index, slot, msg)) {
                 tracing::info!(
                     slot,
@@ -171,6 +183,7 @@ async fn subscribe(
                 );
                 return Ok(());
             }
+            registry.confirm_pending(slot, &stored);
         }
     }
     Err("stream closed".into())

@@ -103,6 +103,8 @@ fn main() -> Result<()> {
         worker_key: config.cluster.worker_key.clone(),
         actors: Actors::new(runner, config.cluster.actor_tick_ms),
     });
+    ctl.registry
+        .set_anticipate_ms(config.cluster.cache_aware.anticipate_ms);
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
@@ -211,6 +213,8 @@ async fn reload_on_sighup(ctl: Arc<Controller>, path: PathBuf, cli_policies: Opt
         match fresh {
             Ok((config, pipeline, runner, keys)) => {
                 *ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner()) = pipeline;
+                ctl.registry
+                    .set_anticipate_ms(config.cluster.cache_aware.anticipate_ms);
                 ctl.actors
                     .replace(runner, config.cluster.actor_tick_ms, &ctl.metrics);
                 *ctl.api_keys.write().unwrap_or_else(|e| e.into_inner()) = keys;

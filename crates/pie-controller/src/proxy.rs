@@ -395,6 +395,7 @@ async fn cluster(State(ctl): State<Shared>, key: Option<Extension<ClientKey>>) -
         "queued": queued,
         "clients_in_flight": ctl.clients_in_flight.clients(),
         "index_entries": index_entries,
+        "pending_blocks": ctl.registry.pending_blocks(),
     }))
 }
 
@@ -662,24 +663,33 @@ async fn generate(
         Err(refused) => return refused,
     };
     // Under cluster-priority a request goes where a slot is free.
-    let hash_started = Instant::now();
-    let views = ctl.registry.views(
-        &tokens,
-        acting.cache_salt.as_deref(),
-        ctl.queueing.load(Ordering::Relaxed),
-    );
-    let route_started = Instant::now();
-    let worker_views: Vec<_> = views.iter().map(|(v, _)| v.clone()).collect();
+    // Views, decision and anticipation under one lock: a request routed
+    // right after this one sees this one's prefix as pending on its worker.
     let req = RouteRequest {
         props: &props,
         prompt_tokens: tokens.len(),
     };
-    let decision = {
+    let (views, decision, hash_started, route_started) = {
         let mut pipeline = ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner());
-        route(&mut pipeline, now_ms(), &req, &worker_views).map(|(chosen, reason)| {
-            let placement = place_prefill(&mut pipeline, now_ms(), &req, &worker_views, chosen);
-            (chosen, reason, placement)
-        })
+        let hash_started = Instant::now();
+        let views = ctl.registry.views(
+            &tokens,
+            acting.cache_salt.as_deref(),
+            ctl.queueing.load(Ordering::Relaxed),
+        );
+        let route_started = Instant::now();
+        let worker_views: Vec<_> = views.iter().map(|(v, _)| v.clone()).collect();
+        let decision =
+            route(&mut pipeline, now_ms(), &req, &worker_views).map(|(chosen, reason)| {
+                let placement = place_prefill(&mut pipeline, now_ms(), &req, &worker_views, chosen);
+                ctl.registry.anticipate(
+                    &worker_views[chosen].name,
+                    &tokens,
+                    acting.cache_salt.as_deref(),
+                );
+                (chosen, reason, placement)
+            });
+        (views, decision, hash_started, route_started)
     };
     let decided = Instant::now();
     ctl.metrics.observe_part("tokenize", tokenize_s);

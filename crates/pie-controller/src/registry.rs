@@ -9,14 +9,16 @@
 //! a prompt on every worker costs one lookup per prompt page, and memory is about
 //! 20 bytes per distinct indexed block per 64 workers (see `ClusterIndex`).
 
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
 use pie_core::hash::chain_from;
 use pie_core::ModelFingerprint;
-use pie_policy::cluster::{ClusterIndex, Stage, WorkerView};
+use pie_policy::cluster::{ClusterIndex, PendingBlocks, Stage, WorkerView};
 use serde::Serialize;
 use serde_json::Value;
+
+use crate::proxy::now_ms;
 
 /// A poll unanswered this long marks the worker down.
 const POLL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -104,6 +106,8 @@ pub struct RegisterLimits {
 pub struct Registry {
     workers: RwLock<Vec<Worker>>,
     index: RwLock<ClusterIndex>,
+    /// Blocks of prompts routed to a worker, not yet in its KV events.
+    pending: Mutex<PendingBlocks>,
 }
 
 impl Registry {
@@ -198,6 +202,47 @@ impl Registry {
         }
     }
 
+    /// `[cluster.cache-aware] anticipate_ms` (0: routed prompts are not
+    /// anticipated).
+    pub fn set_anticipate_ms(&self, ttl_ms: u64) {
+        self.lock_pending().set_ttl(ttl_ms);
+    }
+
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, PendingBlocks> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A prompt was routed to worker `name`: its blocks count as pending there.
+    pub fn anticipate(&self, name: &str, prompt: &[u32], cache_salt: Option<&str>) {
+        let Some((slot, hashes)) = self.read_worker(
+            |w| w.name == name,
+            |w| {
+                (
+                    w.slot,
+                    routing_chain(w.fingerprint, w.page_size, prompt, cache_salt),
+                )
+            },
+        ) else {
+            return;
+        };
+        let index = self.index.read().unwrap_or_else(|e| e.into_inner());
+        self.lock_pending()
+            .anticipate(slot, &hashes, &index, now_ms());
+    }
+
+    /// Worker `slot` published these blocks: held, no longer pending.
+    pub fn confirm_pending(&self, slot: usize, hashes: &[u64]) {
+        let mut pending = self.lock_pending();
+        for &h in hashes {
+            pending.confirm(slot, h);
+        }
+    }
+
+    /// Pending (worker, block) pairs.
+    pub fn pending_blocks(&self) -> usize {
+        self.lock_pending().len()
+    }
+
     /// Change the cluster index (from a worker's KV events).
     pub fn with_index<T>(&self, f: impl FnOnce(&mut ClusterIndex) -> T) -> T {
         f(&mut self.index.write().unwrap_or_else(|e| e.into_inner()))
@@ -260,36 +305,41 @@ impl Registry {
     ) -> Vec<(WorkerView, String)> {
         let ws = self.workers.read().unwrap_or_else(|e| e.into_inner());
         let index = self.index.read().unwrap_or_else(|e| e.into_inner());
-        // Workers of one model share page size and fingerprint: hash once per kind.
-        let mut depths: Vec<((u64, usize), Vec<usize>)> = Vec::new();
+        let mut pending = self.lock_pending();
+        pending.expire(now_ms());
+        // Workers of one model share page size and fingerprint: hash once per
+        // kind. Per kind: each worker's held and held-or-pending depths.
+        type Depths = (Vec<usize>, Vec<usize>);
+        let mut depths: Vec<((u64, usize), Depths)> = Vec::new();
         let any_room = ws.iter().any(|w| w.healthy && w.has_room());
         ws.iter()
             .filter(|w| w.healthy && (!with_free_slot || !any_room || w.has_room()))
             .map(|w| {
-                let cached = if w.page_size == 0 || prompt.is_empty() {
-                    0
+                let (cached, anticipated) = if w.page_size == 0 || prompt.is_empty() {
+                    (0, 0)
                 } else {
                     let kind = (w.fingerprint, w.page_size);
                     let at = match depths.iter().position(|(k, _)| *k == kind) {
                         Some(at) => at,
                         None => {
-                            let root = ModelFingerprint(w.fingerprint).salted_root(cache_salt);
-                            let hashes: Vec<u64> =
-                                chain_from(root, &prompt[..prompt.len() - 1], w.page_size)
-                                    .iter()
-                                    .map(|h| h.0)
-                                    .collect();
-                            depths.push((kind, index.prefix_blocks(&hashes, ws.len())));
+                            let hashes =
+                                routing_chain(w.fingerprint, w.page_size, prompt, cache_salt);
+                            let held = index.prefix_blocks(&hashes, ws.len());
+                            let ahead =
+                                index.prefix_blocks_with(pending.index(), &hashes, ws.len());
+                            depths.push((kind, (held, ahead)));
                             depths.len() - 1
                         }
                     };
-                    depths[at].1[w.slot] * w.page_size
+                    let (held, ahead) = &depths[at].1;
+                    (held[w.slot] * w.page_size, ahead[w.slot] * w.page_size)
                 };
                 (
                     WorkerView {
                         name: w.name.clone(),
                         load: w.load,
                         cached_prefix_tokens: cached,
+                        anticipated_prefix_tokens: anticipated,
                         stage: w.stage,
                         max_running: w.max_running,
                     },
@@ -316,6 +366,27 @@ impl Registry {
             None => entry.healthy = false,
         });
     }
+}
+
+/// The block hashes routing looks up for `prompt` on a worker of this kind:
+/// its full pages but the last token's (that one is always computed).
+fn routing_chain(
+    fingerprint: u64,
+    page_size: usize,
+    prompt: &[u32],
+    salt: Option<&str>,
+) -> Vec<u64> {
+    let Some((_, head)) = prompt.split_last() else {
+        return Vec::new();
+    };
+    if page_size == 0 {
+        return Vec::new();
+    }
+    let root = ModelFingerprint(fingerprint).salted_root(salt);
+    chain_from(root, head, page_size)
+        .iter()
+        .map(|h| h.0)
+        .collect()
 }
 
 /// A worker's `/v1/internal/state` as JSON; None when it fails, times out or

@@ -1761,3 +1761,41 @@ fn disaggregate_without_the_model_is_refused_at_start() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("`disaggregate` needs [model] path"), "{err}");
 }
+
+/// Send four requests sharing a new 192-token prefix at once; the workers
+/// they landed on.
+async fn one_new_prefix_at_once(c: &Cluster) -> std::collections::HashSet<String> {
+    let system: Vec<u32> = (0..192).map(|i| 32 + (i * 13) % 200).collect();
+    let sends = (0..4u32).map(|q| {
+        let mut prompt = system.clone();
+        prompt.extend([40 + q, 41, 42]);
+        c.complete(json!({"prompt": prompt, "max_tokens": 16, "ignore_eos": true}))
+    });
+    let mut workers = std::collections::HashSet::new();
+    for (status, worker, _, body) in futures_util::future::join_all(sends).await {
+        assert_eq!(status, 200, "{body}");
+        workers.insert(worker);
+    }
+    workers
+}
+
+#[tokio::test]
+async fn requests_of_one_new_prefix_arriving_together_land_on_one_worker() {
+    let c = Cluster::start("cache-aware", "512").await;
+    let landed = one_new_prefix_at_once(&c).await;
+    assert_eq!(
+        landed.len(),
+        1,
+        "anticipated on the first one's worker: {landed:?}"
+    );
+    let blind = Cluster::start_with(Spec {
+        cluster_config: "[cluster.cache-aware]\nanticipate_ms = 0\n",
+        ..Spec::new("cache-aware")
+    })
+    .await;
+    let spread = one_new_prefix_at_once(&blind).await;
+    assert!(
+        spread.len() > 1,
+        "without anticipation they look cold: {spread:?}"
+    );
+}

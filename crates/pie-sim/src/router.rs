@@ -4,14 +4,16 @@
 //! (`--prefill-workers`) and running-slot limit. The views are kept up to date as the
 //! simulation runs instead of rebuilt per request: loads as requests arrive and
 //! finish, and, when a policy in the pipeline reads them, cached-prefix lengths
-//! from the controller's own `ClusterIndex`, fed by the workers' cache logs.
+//! from the controller's own `ClusterIndex`, fed by the workers' cache logs,
+//! and the prefixes anticipated on the workers requests were routed to
+//! (`PendingBlocks`, as the controller's registry keeps them).
 
 use std::str::FromStr;
 
 use pie_core::{BlockHash, Props};
 use pie_policy::cluster::{
-    self, routing_policy, split_policies, ClusterIndex, ClusterPolicy, Reject, RouteRequest,
-    RoutingConfigs, Stage, WorkerView,
+    self, routing_policy, split_policies, CacheAwareConfig, ClusterIndex, ClusterPolicy,
+    PendingBlocks, Reject, RouteRequest, RoutingConfigs, Stage, WorkerView,
 };
 
 /// The cluster policies, as in the controller's `cluster_policies`
@@ -89,6 +91,9 @@ pub struct Router {
     views: Vec<WorkerView>,
     /// Which workers hold each page, when a policy reads cached prefixes.
     index: Option<ClusterIndex>,
+    /// Pages of prompts routed to a worker and not yet in its cache, as the
+    /// controller anticipates them.
+    pending: PendingBlocks,
     page_size: usize,
 }
 
@@ -106,6 +111,7 @@ impl Router {
                 })
                 .collect(),
             index: spec.reads_prefixes().then(ClusterIndex::new),
+            pending: PendingBlocks::new(CacheAwareConfig::default().anticipate_ms),
             page_size,
         }
     }
@@ -150,6 +156,7 @@ impl Router {
         for &(h, added) in log {
             if added {
                 index.store(w, h.0);
+                self.pending.confirm(w, h.0);
             } else {
                 index.remove(w, h.0);
             }
@@ -165,7 +172,9 @@ impl Router {
         prompt_tokens: usize,
         prefix: &[BlockHash],
     ) -> Result<Routed, Reject> {
-        self.set_cached_prefixes(prefix);
+        self.pending.expire(now_ms);
+        let hashes: Vec<u64> = prefix.iter().map(|h| h.0).collect();
+        self.set_cached_prefixes(&hashes);
         let req = RouteRequest {
             props,
             prompt_tokens,
@@ -174,6 +183,9 @@ impl Router {
         let prefill = cluster::place_prefill(&mut self.pipeline, now_ms, &req, &self.views, decode)
             .and_then(|placement| placement.remote_worker());
         cluster::record(&mut self.pipeline, now_ms, &req, &self.views[decode].name);
+        if let Some(index) = &self.index {
+            self.pending.anticipate(decode, &hashes, index, now_ms);
+        }
         Ok(Routed {
             decode,
             prefill,
@@ -181,16 +193,17 @@ impl Router {
         })
     }
 
-    /// Each worker's leading run of `prefix` pages, as the controller's registry
-    /// computes it.
-    fn set_cached_prefixes(&mut self, prefix: &[BlockHash]) {
+    /// Each worker's leading run of `prefix` pages held, and held or
+    /// pending, as the controller's registry computes them.
+    fn set_cached_prefixes(&mut self, hashes: &[u64]) {
         let Some(index) = &self.index else {
             return;
         };
-        let hashes: Vec<u64> = prefix.iter().map(|h| h.0).collect();
-        let depths = index.prefix_blocks(&hashes, self.views.len());
-        for (view, depth) in self.views.iter_mut().zip(depths) {
-            view.cached_prefix_tokens = depth * self.page_size;
+        let held = index.prefix_blocks(hashes, self.views.len());
+        let ahead = index.prefix_blocks_with(self.pending.index(), hashes, self.views.len());
+        for ((view, held), ahead) in self.views.iter_mut().zip(held).zip(ahead) {
+            view.cached_prefix_tokens = held * self.page_size;
+            view.anticipated_prefix_tokens = ahead * self.page_size;
         }
     }
 }
@@ -219,12 +232,33 @@ mod tests {
         r.cache_changed(1, &[(h(1), true), (h(3), true)]);
         // Worker 2 holds the second page only: not a prefix.
         r.cache_changed(2, &[(h(2), true)]);
-        r.set_cached_prefixes(&[h(1), h(2), h(3)]);
+        r.set_cached_prefixes(&[1, 2, 3]);
         let cached: Vec<usize> = r.views().iter().map(|v| v.cached_prefix_tokens).collect();
         assert_eq!(cached, [32, 16, 0]);
         r.cache_changed(0, &[(h(1), false)]);
-        r.set_cached_prefixes(&[h(1), h(2)]);
+        r.set_cached_prefixes(&[1, 2]);
         let cached: Vec<usize> = r.views().iter().map(|v| v.cached_prefix_tokens).collect();
         assert_eq!(cached, [0, 16, 0]);
+    }
+
+    #[test]
+    fn a_routed_prefix_is_pending_on_its_worker_until_its_cache_confirms_it() {
+        let spec: RouterSpec = "cache-aware".parse().expect("valid");
+        let mut r = Router::new(&spec, 3, 16);
+        let prefix = [BlockHash(7), BlockHash(8)];
+        let props = Props::new();
+        let first = r.route(0, &props, 40, &prefix).expect("routed").decode;
+        r.set_load(first, 1);
+        let second = r.route(5, &props, 40, &prefix).expect("routed").decode;
+        assert_eq!(second, first, "the prefix is anticipated there");
+        let view = &r.views()[first];
+        assert_eq!(
+            (view.cached_prefix_tokens, view.anticipated_prefix_tokens),
+            (0, 32)
+        );
+        r.cache_changed(first, &[(BlockHash(7), true), (BlockHash(8), true)]);
+        r.set_cached_prefixes(&[7, 8]);
+        assert_eq!(r.views()[first].cached_prefix_tokens, 32);
+        assert!(r.pending.is_empty(), "confirmed by the cache's log");
     }
 }

@@ -14,7 +14,9 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use pie_core::{BlockHash, PropValue, Props, SeqId};
-use pie_policy::cluster::{self, Reject, RouteRequest, WorkerView};
+use pie_policy::cluster::{
+    self, CacheAwareConfig, ClusterIndex, PendingBlocks, Reject, RouteRequest, WorkerView,
+};
 use pie_policy::{Candidate, WorkerPolicy};
 use pie_sim::router::{Router, RouterSpec};
 use pie_sim::{run_with, CostProfile, PolicyName, SimConfig, WorkloadSpec};
@@ -47,18 +49,26 @@ fn request(rng: &mut StdRng, i: usize) -> (Props, Vec<BlockHash>) {
     (props, pages)
 }
 
-/// The controller's view: each worker's cached prefix from its block-hash set.
+/// The controller's view: each worker's cached prefix from its block-hash
+/// set, and its prefix held or pending (routed there, not yet confirmed).
 fn controller_views(
     loads: &[usize],
     held: &[HashSet<BlockHash>],
+    pending: &PendingBlocks,
     prefix: &[BlockHash],
 ) -> Vec<WorkerView> {
     (0..WORKERS)
-        .map(|w| WorkerView {
-            name: format!("w{w}"),
-            load: loads[w],
-            cached_prefix_tokens: prefix.iter().take_while(|h| held[w].contains(h)).count() * PAGE,
-            ..WorkerView::default()
+        .map(|w| {
+            let depth = |counts: &dyn Fn(&BlockHash) -> bool| {
+                prefix.iter().take_while(|h| counts(h)).count() * PAGE
+            };
+            WorkerView {
+                name: format!("w{w}"),
+                load: loads[w],
+                cached_prefix_tokens: depth(&|h| held[w].contains(h)),
+                anticipated_prefix_tokens: depth(&|h| held[w].contains(h) || pending.holds(w, h.0)),
+                ..WorkerView::default()
+            }
         })
         .collect()
 }
@@ -69,12 +79,16 @@ fn replay_cluster(pipeline: &str, seed: u64) -> usize {
     let mut direct = spec.build();
     let mut loads = vec![0usize; WORKERS];
     let mut held: Vec<HashSet<BlockHash>> = vec![HashSet::new(); WORKERS];
+    // The controller's registry anticipates as the router does.
+    let mut pending = PendingBlocks::new(CacheAwareConfig::default().anticipate_ms);
+    let mut held_index = ClusterIndex::new();
     let mut rng = StdRng::seed_from_u64(seed);
     let mut agreed = 0;
     for i in 0..2000 {
         let now_ms = i as u64 * 7;
         let (props, pages) = request(&mut rng, i);
-        let views = controller_views(&loads, &held, &pages);
+        pending.expire(now_ms);
+        let views = controller_views(&loads, &held, &pending, &pages);
         let req = RouteRequest {
             props: &props,
             prompt_tokens: pages.len() * PAGE + 1,
@@ -83,6 +97,8 @@ fn replay_cluster(pipeline: &str, seed: u64) -> usize {
             cluster::route(&mut direct, now_ms, &req, &views).map(|(w, _)| w);
         if let Ok(w) = want {
             cluster::record(&mut direct, now_ms, &req, &views[w].name);
+            let hashes: Vec<u64> = pages.iter().map(|h| h.0).collect();
+            pending.anticipate(w, &hashes, &held_index, now_ms);
         }
         let got = sim
             .route(now_ms, &props, req.prompt_tokens, &pages)
@@ -99,6 +115,10 @@ fn replay_cluster(pipeline: &str, seed: u64) -> usize {
             .map(|h| (*h, true))
             .collect();
         sim.cache_changed(w, &added);
+        for (h, _) in &added {
+            held_index.store(w, h.0);
+            pending.confirm(w, h.0);
+        }
         // Requests finish and caches evict a page at random.
         let (v, e) = (rng.gen_range(0..WORKERS), rng.gen_range(0..WORKERS));
         if loads[v] > 0 && rng.gen_bool(0.7) {
@@ -107,6 +127,7 @@ fn replay_cluster(pipeline: &str, seed: u64) -> usize {
         }
         if let Some(&h) = held[e].iter().min_by_key(|h| h.0 ^ i as u64) {
             held[e].remove(&h);
+            held_index.remove(e, h.0);
             sim.cache_changed(e, &[(h, false)]);
         }
     }

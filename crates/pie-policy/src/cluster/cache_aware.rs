@@ -3,13 +3,16 @@
 //!
 //! Rule (as SGLang's router): when the candidates' loads are imbalanced, that is
 //! `max - min > balance_abs` and `max > balance_rel * min`, load wins and the
-//! least-loaded worker goes first. Otherwise the worker with the most cached
-//! prefix tokens goes first; a cold prompt (no cached prefix anywhere) goes to the
-//! least loaded, rotating among equally loaded workers; prefix ties go to the
-//! least loaded. Props read: none. Config keys:
-//! `[cluster.cache-aware] balance_abs` (default 8), `balance_rel` (default 1.5).
-//! Invariant (tested): balanced load -> longest prefix first; imbalanced -> least
-//! loaded first; cold -> least loaded.
+//! least-loaded worker goes first. Otherwise the worker with the longest prefix
+//! cached or anticipated (routed there and not yet confirmed, see
+//! `PendingBlocks`) goes first, a tie going to the one that holds more of it,
+//! then to the least loaded; a cold prompt (no such prefix anywhere) goes to
+//! the least loaded, rotating among equally loaded workers. Props read: none.
+//! Config keys: `[cluster.cache-aware] balance_abs` (default 8), `balance_rel`
+//! (default 1.5), `anticipate_ms` (default 30000: how long a routed prompt's
+//! blocks count as pending on its worker; 0: never). Invariant (tested):
+//! balanced load -> longest prefix first; imbalanced -> least loaded first;
+//! cold -> least loaded; an anticipated prefix never beats the same prefix held.
 
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +23,8 @@ use super::{ClusterPolicy, Reject, RouteRequest, WorkerView};
 pub struct CacheAwareConfig {
     pub balance_abs: usize,
     pub balance_rel: f64,
+    /// How long a routed prompt's blocks count as pending on its worker.
+    pub anticipate_ms: u64,
 }
 
 impl Default for CacheAwareConfig {
@@ -27,8 +32,14 @@ impl Default for CacheAwareConfig {
         Self {
             balance_abs: 8,
             balance_rel: 1.5,
+            anticipate_ms: 30_000,
         }
     }
+}
+
+/// Prefix tokens a worker holds or will hold (never fewer than it holds).
+fn anticipated(w: &WorkerView) -> usize {
+    w.anticipated_prefix_tokens.max(w.cached_prefix_tokens)
 }
 
 #[derive(Debug, Default)]
@@ -66,7 +77,7 @@ impl ClusterPolicy for CacheAware {
             && max as f64 > self.config.balance_rel * min as f64;
         let best_cached = candidates
             .iter()
-            .map(|&i| workers[i].cached_prefix_tokens)
+            .map(|&i| anticipated(&workers[i]))
             .max()
             .unwrap_or(0);
         if imbalanced || best_cached == 0 {
@@ -89,16 +100,27 @@ impl ClusterPolicy for CacheAware {
         }
         candidates.sort_by_key(|&i| {
             (
+                std::cmp::Reverse(anticipated(&workers[i])),
                 std::cmp::Reverse(workers[i].cached_prefix_tokens),
                 workers[i].load,
                 i,
             )
         });
         let w = &workers[candidates[0]];
-        Ok(Some(format!(
-            "{}/{} prefix tokens on {}",
-            w.cached_prefix_tokens, req.prompt_tokens, w.name
-        )))
+        let pending = anticipated(w) - w.cached_prefix_tokens;
+        Ok(Some(if pending > 0 {
+            format!(
+                "{}/{} prefix tokens on {} ({pending} of them pending)",
+                anticipated(w),
+                req.prompt_tokens,
+                w.name
+            )
+        } else {
+            format!(
+                "{}/{} prefix tokens on {}",
+                w.cached_prefix_tokens, req.prompt_tokens, w.name
+            )
+        }))
     }
 }
 
@@ -140,5 +162,33 @@ mod tests {
         );
         // Equal prefixes: the less loaded one.
         assert_eq!(first(&[4, 2], &[64, 64]).0, 1);
+    }
+
+    #[test]
+    fn an_anticipated_prefix_attracts_its_group_but_never_beats_it_held() {
+        let route = |w: &[WorkerView]| {
+            let mut c: Vec<usize> = (0..w.len()).collect();
+            let props = Props::new();
+            let req = RouteRequest {
+                props: &props,
+                prompt_tokens: 512,
+            };
+            let why = CacheAware::default().route(0, &req, w, &mut c).unwrap();
+            (c[0], why.unwrap())
+        };
+        // w1 will hold 480 tokens (a request of the group went there): not cold.
+        let mut w = views(&[2, 3, 2], &[0, 0, 16]);
+        w[1].anticipated_prefix_tokens = 480;
+        assert_eq!(
+            route(&w),
+            (
+                1,
+                "480/512 prefix tokens on w1 (480 of them pending)".into()
+            )
+        );
+        // w2 holds the same 480: held beats pending, whatever the load.
+        w[2].cached_prefix_tokens = 480;
+        w[2].load = 4;
+        assert_eq!(route(&w).0, 2);
     }
 }

@@ -94,6 +94,15 @@ impl ClusterIndex {
         }
     }
 
+    /// Whether `slot` holds `hash`.
+    pub fn holds(&self, slot: usize, hash: u64) -> bool {
+        let (shard, bit) = split(slot);
+        self.shards
+            .get(shard)
+            .and_then(|map| map.get(&hash))
+            .is_some_and(|mask| mask & bit != 0)
+    }
+
     /// Blocks `slot` holds.
     pub fn blocks_of(&self, slot: usize) -> usize {
         self.counts.get(slot).copied().unwrap_or(0)
@@ -107,26 +116,47 @@ impl ClusterIndex {
     /// For each slot below `slots`, how many leading blocks of the chain `hashes`
     /// it holds.
     pub fn prefix_blocks(&self, hashes: &[u64], slots: usize) -> Vec<usize> {
-        let mut out = vec![0; slots];
-        for (shard, map) in self.shards.iter().enumerate() {
-            let base = shard * SLOTS_PER_SHARD;
-            if base >= slots {
+        prefix_blocks_of(&[self], hashes, slots)
+    }
+
+    /// As [`Self::prefix_blocks`], a block counting as held when this index or
+    /// `other` has it (held blocks and anticipated ones).
+    pub fn prefix_blocks_with(
+        &self,
+        other: &ClusterIndex,
+        hashes: &[u64],
+        slots: usize,
+    ) -> Vec<usize> {
+        prefix_blocks_of(&[self, other], hashes, slots)
+    }
+}
+
+/// For each slot, the leading blocks of `hashes` held in any of `indexes`.
+fn prefix_blocks_of(indexes: &[&ClusterIndex], hashes: &[u64], slots: usize) -> Vec<usize> {
+    let mut out = vec![0; slots];
+    let shards = indexes.iter().map(|i| i.shards.len()).max().unwrap_or(0);
+    for shard in 0..shards {
+        let base = shard * SLOTS_PER_SHARD;
+        if base >= slots {
+            break;
+        }
+        let maps: Vec<&HashMap<u64, u64>> =
+            indexes.iter().filter_map(|i| i.shards.get(shard)).collect();
+        let mut alive = u64::MAX;
+        for (depth, h) in hashes.iter().enumerate() {
+            let held = maps
+                .iter()
+                .fold(0, |m, map| m | map.get(h).copied().unwrap_or(0));
+            let dropped = alive & !held;
+            record_depth(&mut out, base, dropped, depth);
+            alive &= held;
+            if alive == 0 {
                 break;
             }
-            let mut alive = u64::MAX;
-            for (depth, h) in hashes.iter().enumerate() {
-                let held = map.get(h).copied().unwrap_or(0);
-                let dropped = alive & !held;
-                record_depth(&mut out, base, dropped, depth);
-                alive &= held;
-                if alive == 0 {
-                    break;
-                }
-            }
-            record_depth(&mut out, base, alive, hashes.len());
         }
-        out
+        record_depth(&mut out, base, alive, hashes.len());
     }
+    out
 }
 
 /// Slots in `mask` (offset by `base`) hold exactly `depth` leading blocks.
@@ -154,6 +184,7 @@ mod tests {
         idx.store(70, 1);
         assert_eq!(idx.prefix_blocks(&[1, 2, 3, 4], 71)[..2], [3, 2]);
         assert_eq!(idx.prefix_blocks(&[1, 2, 3, 4], 71)[70], 1);
+        assert!(idx.holds(70, 1) && !idx.holds(70, 2) && !idx.holds(9, 1));
         assert_eq!(
             idx.prefix_blocks(&[4, 1], 2),
             vec![0, 0],
@@ -169,6 +200,17 @@ mod tests {
             3,
             "blocks 1 and 3 of shard 0, block 1 of shard 1"
         );
+    }
+
+    #[test]
+    fn a_block_held_in_either_index_counts() {
+        let (mut held, mut pending) = (ClusterIndex::new(), ClusterIndex::new());
+        held.replace(0, [1, 2]);
+        pending.replace(0, [3]);
+        pending.replace(65, [1, 2, 3]);
+        assert_eq!(held.prefix_blocks_with(&pending, &[1, 2, 3, 4], 66)[0], 3);
+        assert_eq!(held.prefix_blocks_with(&pending, &[1, 2, 3, 4], 66)[65], 3);
+        assert_eq!(pending.prefix_blocks_with(&held, &[4, 1], 1), vec![0]);
     }
 
     #[derive(Clone, Debug)]

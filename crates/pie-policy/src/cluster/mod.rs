@@ -14,6 +14,7 @@ mod cache_aware;
 mod disaggregate;
 mod index;
 mod least_loaded;
+mod pending;
 mod pin;
 mod priority;
 mod round_robin;
@@ -30,6 +31,7 @@ pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use disaggregate::{Disaggregate, DisaggregateConfig, PrefillPlacement};
 pub use index::ClusterIndex;
 pub use least_loaded::LeastLoaded;
+pub use pending::PendingBlocks;
 pub use pin::{Pin, PinConfig};
 pub use priority::{PriorityQueue, QueueOrder, DEFAULT_MAX_QUEUED};
 pub use round_robin::RoundRobin;
@@ -142,6 +144,10 @@ pub struct WorkerView {
     pub load: usize,
     /// Prompt tokens of this request already in its prefix cache.
     pub cached_prefix_tokens: usize,
+    /// Prompt tokens in its prefix cache or on their way there (routed to it,
+    /// not yet confirmed: see `PendingBlocks`); at least `cached_prefix_tokens`
+    /// where the observer anticipates, 0 where it does not.
+    pub anticipated_prefix_tokens: usize,
     /// Prefill-stage workers only prefill for others (`disaggregate`).
     pub stage: Stage,
     /// Its running-slot limit; 0 when unknown.
@@ -292,8 +298,7 @@ pub(crate) fn views(loads: &[usize], cached: &[usize]) -> Vec<WorkerView> {
             name: format!("w{i}"),
             load,
             cached_prefix_tokens: c,
-            stage: Stage::Both,
-            max_running: 0,
+            ..WorkerView::default()
         })
         .collect()
 }
