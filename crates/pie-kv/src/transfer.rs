@@ -24,6 +24,9 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::{KvLayout, KvPool, OutOfPages, PageId};
 
+#[cfg(not(target_endian = "little"))]
+compile_error!("the KV page format stores f32 values as little-endian bytes, copied as slices: big-endian hosts are not supported");
+
 const MAGIC: &[u8; 8] = b"PIEKVPG1";
 const DTYPE_F32: u32 = 0;
 const HEADER_BYTES: usize = 8 + 8 + 8 + 4 * 4;
@@ -123,9 +126,8 @@ pub fn export_page(pool: &KvPool, page: PageId) -> Result<Vec<u8>, TransferError
     }
     for layer in 0..layout.layers {
         let (k, v) = pool.page_kv(layer, page);
-        for x in k.iter().chain(v) {
-            out.extend_from_slice(&x.to_le_bytes());
-        }
+        out.extend_from_slice(bytemuck::cast_slice(k));
+        out.extend_from_slice(bytemuck::cast_slice(v));
     }
     let sum = xxh3_64(&out);
     out.extend_from_slice(&sum.to_le_bytes());
@@ -195,18 +197,14 @@ pub fn import_page(pool: &mut KvPool, bytes: &[u8]) -> Result<PageId, TransferEr
         return Ok(page);
     }
     let page = pool.allocate()?;
-    let floats = pool.layout().page_floats();
-    let mut values = bytes[HEADER_BYTES..bytes.len() - 8]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")));
+    let half = pool.layout().page_floats() * std::mem::size_of::<f32>();
+    // Verified above: exactly `layers` x (K, V) of `half` bytes each.
+    let mut values = bytes[HEADER_BYTES..bytes.len() - 8].chunks_exact(half);
     for layer in 0..pool.layout().layers {
         let (k, v) = pool.page_kv_mut(layer, page);
-        for (dst, src) in k
-            .iter_mut()
-            .chain(v.iter_mut())
-            .zip(values.by_ref().take(2 * floats))
-        {
-            *dst = src;
+        for dst in [k, v] {
+            let src = values.next().expect("verified length");
+            bytemuck::cast_slice_mut::<f32, u8>(dst).copy_from_slice(src);
         }
     }
     pool.publish(page, hash);

@@ -436,15 +436,22 @@ impl Runtime {
             events: events_tx,
             reply: reply_tx,
         });
-        reply.await.map_err(|_| self.engine_stopped())?;
+        let seq = reply.await.map_err(|_| self.engine_stopped())?;
+        // A puller that gave up (timeout, gone) drops this future: the
+        // prefill stops instead of computing for no one.
+        let abandoned = AbortOnDrop {
+            rt: self,
+            seq,
+            armed: true,
+        };
         while let Some(e) = events.recv().await {
             match e {
-                SeqEvent::Finished(..) => return Ok(()),
-                SeqEvent::Failed(err) => return Err(err),
+                SeqEvent::Finished(..) => return abandoned.done(Ok(())),
+                SeqEvent::Failed(err) => return abandoned.done(Err(err)),
                 _ => {}
             }
         }
-        Err(self.engine_stopped())
+        abandoned.done(Err(self.engine_stopped()))
     }
 
     /// Before a process's prefill: pull its pages from the prefill worker the
@@ -716,6 +723,29 @@ impl Runtime {
             self.send(Command::SetProps(seq, props.clone()));
         }
         Ok(props)
+    }
+}
+
+/// Aborts its sequence when dropped before `done`.
+struct AbortOnDrop<'a> {
+    rt: &'a Runtime,
+    seq: SeqId,
+    armed: bool,
+}
+
+impl AbortOnDrop<'_> {
+    /// The sequence ended by itself: nothing to abort.
+    fn done<T>(mut self, result: T) -> T {
+        self.armed = false;
+        result
+    }
+}
+
+impl Drop for AbortOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.rt.send(Command::Abort(self.seq));
+        }
     }
 }
 

@@ -34,7 +34,10 @@ use super::{Command, Runtime};
 /// Pages imported per engine command while a stream arrives.
 const IMPORT_BATCH: usize = 32;
 /// Pages exported per engine command while a stream is sent.
-const EXPORT_BATCH: usize = 4;
+const EXPORT_BATCH: usize = 8;
+/// Chunks queued between the exporting task and the HTTP body: enough to
+/// keep the socket busy while the engine exports the next batch.
+const SEND_QUEUE: usize = 2 * EXPORT_BATCH;
 
 /// What a puller asks a peer for.
 #[derive(Debug, Serialize, Deserialize)]
@@ -309,12 +312,20 @@ impl Runtime {
             return Err(ServeError::Handshake(format!("handshake refused: {why}")));
         }
         self.check_tokens(&req.tokens)?;
-        if req.prefill {
+        let chain = self.chain(&req.tokens, req.cache_salt.as_deref());
+        // Only full pages move: when they are all here, prefilling computes
+        // nothing the puller receives.
+        if req.prefill
+            && self
+                .cached_pages(&chain)
+                .await
+                .map_err(ServeError::Prefill)?
+                < chain.len()
+        {
             self.prefill_for_peer(req.tokens.clone(), req.cache_salt.clone())
                 .await
                 .map_err(ServeError::Prefill)?;
         }
-        let chain = self.chain(&req.tokens, req.cache_salt.as_deref());
         let ttl = Duration::from_millis(self.settings.transfer.lease_ms);
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.send(Command::PinPrefix {
@@ -325,7 +336,7 @@ impl Runtime {
         let (lease, pages) = rx
             .await
             .map_err(|_| ServeError::Prefill(self.engine_stopped()))?;
-        let (out, body) = tokio::sync::mpsc::channel(2);
+        let (out, body) = tokio::sync::mpsc::channel(SEND_QUEUE);
         let rt = self.clone();
         tokio::spawn(async move {
             rt.stream_out(lease, req.skip_pages..pages, req.max_bytes, out)
@@ -373,7 +384,9 @@ impl Runtime {
                 self.slow_transfer_fault().await;
                 sent_bytes += page.len() as u64;
                 self.metrics.count_transfer("out", 1, page.len() as u64);
-                if out.send(Ok(pie_kv::stream::frame(&page))).await.is_err() {
+                // The frame's length, then the page itself (not copied into one).
+                let length = (page.len() as u32).to_le_bytes().to_vec();
+                if out.send(Ok(length)).await.is_err() || out.send(Ok(page)).await.is_err() {
                     return;
                 }
             }
