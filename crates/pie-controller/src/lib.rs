@@ -3,6 +3,8 @@
 //! - [`config`]: `config.toml` and the routing pipeline it names.
 //! - [`registry`]: the workers (static and registered), their health, load and
 //!   prefix-cache index, polled from each worker's `/v1/internal/state`.
+//! - [`model`]: the tokenizer and fingerprint routing uses (`--model`, or a
+//!   worker's).
 //! - [`proxy`]: routing decisions and the pass-through of requests and streams.
 //! - [`actors`]: the cluster actors' snapshot, tick, and executed actions.
 
@@ -11,6 +13,7 @@ pub mod clients;
 pub mod config;
 pub mod kv_sync;
 pub mod metrics;
+pub mod model;
 pub mod proxy;
 pub mod registry;
 pub mod trace;

@@ -3,13 +3,14 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
 use pie_controller::actors::{self, Actors};
 use pie_controller::config::{ClusterConfig, Config, WorkerEntry};
+use pie_controller::model::RoutingModel;
 use pie_controller::proxy::{router, Controller};
 use pie_controller::registry::{Registry, Worker};
 use pie_model::gguf::GgufFile;
@@ -75,14 +76,19 @@ fn main() -> Result<()> {
     }
     let pipeline = config.cluster.pipeline().map_err(anyhow::Error::msg)?;
     let runner = config.cluster.actors().map_err(anyhow::Error::msg)?;
-    check_tokenizer_for(&config.cluster, config.model.path.is_some())?;
-    let (tokenizer, model_fingerprint) = match &config.model.path {
+    let model = OnceLock::new();
+    match &config.model.path {
         Some(path) => {
             let gguf = GgufFile::open(path)?;
-            (Some(Tokenizer::from_gguf(&gguf)?), Some(gguf.fingerprint.0))
+            let _ = model.set(RoutingModel {
+                tokenizer: Tokenizer::from_gguf(&gguf)?,
+                fingerprint: gguf.fingerprint.0,
+            });
         }
-        None => (None, None),
-    };
+        None => tracing::warn!(
+            "no --model: the tokenizer comes from the first worker that answers; no worker takes requests before (cache-aware, disaggregate, tokenize-once and trace_file all need the prompt's tokens)"
+        ),
+    }
     let ctl = Arc::new(Controller {
         registry: Registry::default(),
         metrics: Default::default(),
@@ -95,8 +101,7 @@ fn main() -> Result<()> {
         api_keys: RwLock::new(config.server.api_keys()?),
         max_registered_workers: config.cluster.max_registered_workers,
         trace: trace_recorder(&config)?,
-        tokenizer,
-        model_fingerprint,
+        model,
         http: config.cluster.proxy_client()?,
         kv_http: config.cluster.kv_client()?,
         kv_idle_timeout: Duration::from_millis(config.cluster.kv_idle_timeout_ms.get()),
@@ -147,7 +152,10 @@ async fn poll_workers(ctl: Arc<Controller>, every: Duration) {
             let (ctl, worker) = (ctl.clone(), name.clone());
             let poll = tokio::spawn(async move {
                 let key = ctl.worker_key.as_deref();
-                ctl.registry.poll(&ctl.http, key, &worker, &url).await;
+                let model = ctl.learn_model(&url).await;
+                ctl.registry
+                    .poll(&ctl.http, key, &worker, &url, model)
+                    .await;
                 // Capacity can also free up on the workers' side.
                 ctl.release_waiters();
             });
@@ -165,25 +173,12 @@ async fn poll_workers(ctl: Arc<Controller>, every: Duration) {
     }
 }
 
-/// `disaggregate` decides by a prompt's uncached tokens: without the model's
-/// tokenizer it could never send a prefill anywhere, so it is refused.
-fn check_tokenizer_for(cluster: &ClusterConfig, has_tokenizer: bool) -> Result<()> {
-    anyhow::ensure!(
-        has_tokenizer || !cluster.cluster_policies.iter().any(|p| p == "disaggregate"),
-        "cluster.cluster_policies: `disaggregate` needs [model] path (or --model): it counts a prompt's uncached tokens"
-    );
-    Ok(())
-}
-
-/// The `[server] trace_file` recorder; tracing needs the tokenizer.
+/// The `[server] trace_file` recorder (it counts and hashes prompt tokens:
+/// the tokenizer is `--model`'s or the workers').
 fn trace_recorder(config: &Config) -> Result<Option<TraceRecorder>> {
     let Some(path) = &config.server.trace_file else {
         return Ok(None);
     };
-    anyhow::ensure!(
-        config.model.path.is_some(),
-        "server.trace_file needs [model] path (or --model): the trace counts and hashes prompt tokens"
-    );
     let recorder = TraceRecorder::open(path)
         .with_context(|| format!("server.trace_file: cannot open {}", path.display()))?;
     Ok(Some(recorder))
@@ -206,7 +201,6 @@ async fn reload_on_sighup(ctl: Arc<Controller>, path: PathBuf, cli_policies: Opt
             }
             let pipeline = c.cluster.pipeline().map_err(anyhow::Error::msg)?;
             let runner = c.cluster.actors().map_err(anyhow::Error::msg)?;
-            check_tokenizer_for(&c.cluster, ctl.tokenizer.is_some())?;
             let keys = c.server.api_keys()?;
             Ok((c, pipeline, runner, keys))
         });

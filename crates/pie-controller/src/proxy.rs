@@ -12,7 +12,7 @@
 //! Native process ids are made cluster-unique as `WORKER~ID`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
@@ -28,7 +28,7 @@ use pie_core::auth::{
     authenticate, ApiKey, KeyLimits, Role, ACT_AS_CACHE_SALT, ACT_AS_CLIENT, ACT_AS_ROLE,
 };
 use pie_core::{PropValue, Props};
-use pie_model::{ChatMessage, Tokenizer};
+use pie_model::ChatMessage;
 use pie_policy::cluster::{
     place_prefill, record, route, ClusterPolicy, PriorityQueue, RouteRequest, Stage,
 };
@@ -39,6 +39,7 @@ use tokio::sync::oneshot;
 use crate::actors::{Actors, DemandGuard};
 use crate::clients::ClientsInFlight;
 use crate::metrics::{ControllerMetrics, RouteLabels};
+use crate::model::RoutingModel;
 use crate::registry::{with_worker_key, RegisterLimits, Registry};
 use crate::trace::TracedRequest;
 
@@ -56,10 +57,11 @@ pub struct Controller {
     pub clients_in_flight: ClientsInFlight,
     /// Requests woken from the queue that have not yet claimed their slot.
     pub woken: Arc<AtomicUsize>,
-    pub tokenizer: Option<Tokenizer>,
-    /// The fingerprint of the GGUF `tokenizer` came from: forwarded with the
-    /// prompt's ids (`pie_prompt_tokens`) to workers reporting the same one.
-    pub model_fingerprint: Option<u64>,
+    /// The tokenizer and fingerprint routing uses (see `model`): set at
+    /// start from `--model`, or from the first worker that answers. The
+    /// prompt's ids go to workers reporting the same fingerprint
+    /// (`pie_prompt_tokens`).
+    pub model: OnceLock<RoutingModel>,
     /// Proxied requests and polls: connect and read timeouts.
     pub http: reqwest::Client,
     /// KV event streams: connect timeout; reads bounded by `kv_idle_timeout`.
@@ -553,7 +555,7 @@ fn route_inputs(ctl: &Controller, path: &str, body: &Value) -> Result<RouteInput
     }
     let native = path == "/v1/processes";
     let args = if native { &body["args"] } else { body };
-    let Some(tk) = &ctl.tokenizer else {
+    let Some(tk) = ctl.routing_model().map(|m| &m.tokenizer) else {
         return Ok(RouteInputs {
             tokens: Vec::new(),
             props,
@@ -729,7 +731,7 @@ async fn generate(
         .then(|| TracedRequest::new(TraceInput::of(&tokens, arrival_ms), props.clone()));
     // The prompt's ids for workers of our model, when a worker key vouches
     // for them (workers without keys would ignore them).
-    let ids_for = match (ctl.model_fingerprint, &ctl.worker_key) {
+    let ids_for = match (ctl.routing_model().map(|m| m.fingerprint), &ctl.worker_key) {
         (Some(fingerprint), Some(_)) if forwardable => {
             with_prompt_tokens(json, fingerprint, &tokens).map(|b| (fingerprint, b))
         }

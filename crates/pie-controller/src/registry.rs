@@ -54,6 +54,9 @@ pub struct Worker {
     pub fingerprint: u64,
     /// Its `[runtime] stage`: prefill-stage workers only prefill for others.
     pub stage: Stage,
+    /// Why it answers but is not admitted (another model, no tokenizer to
+    /// read); None when admitted or down.
+    pub refused: Option<String>,
     /// Routed here since start.
     pub routed: u64,
     /// The key that registered it (its name is bound to that key); None for a
@@ -79,6 +82,7 @@ impl Worker {
             page_size: 0,
             fingerprint: 0,
             stage: Stage::Both,
+            refused: None,
             routed: 0,
         }
     }
@@ -349,21 +353,43 @@ impl Registry {
             .collect()
     }
 
-    /// Poll worker `name` at `url` once: its state, or down.
-    pub async fn poll(&self, http: &reqwest::Client, key: Option<&str>, name: &str, url: &str) {
+    /// Poll worker `name` at `url` once: its state, or down. It is admitted
+    /// (healthy) only with the cluster's model fingerprint `expected` (Err:
+    /// why the model could not be learned from it).
+    pub async fn poll(
+        &self,
+        http: &reqwest::Client,
+        key: Option<&str>,
+        name: &str,
+        url: &str,
+        expected: Result<u64, String>,
+    ) {
         let state = read_state(http, key, url).await;
-        self.update(name, |entry| match state {
-            Some(s) => {
-                let num = |k: &str| s[k].as_u64().unwrap_or(0);
-                entry.healthy = true;
-                entry.load = num("load") as usize;
-                entry.running = num("running") as usize;
-                entry.max_running = num("max_running") as usize;
-                entry.page_size = num("page_size") as usize;
-                entry.fingerprint = num("fingerprint");
-                entry.stage = serde_json::from_value(s["stage"].clone()).unwrap_or_default();
+        self.update(name, |entry| {
+            let Some(s) = state else {
+                entry.healthy = false;
+                return;
+            };
+            let num = |k: &str| s[k].as_u64().unwrap_or(0);
+            entry.load = num("load") as usize;
+            entry.running = num("running") as usize;
+            entry.max_running = num("max_running") as usize;
+            entry.page_size = num("page_size") as usize;
+            entry.fingerprint = num("fingerprint");
+            entry.stage = serde_json::from_value(s["stage"].clone()).unwrap_or_default();
+            let refused = match expected {
+                Ok(want) if want == entry.fingerprint => None,
+                Ok(want) => Some(format!(
+                    "its model fingerprint {:#018x} differs from the cluster's {want:#018x} (the controller's --model, or its first worker's)",
+                    entry.fingerprint
+                )),
+                Err(why) => Some(why),
+            };
+            if refused.is_some() && refused != entry.refused {
+                tracing::error!(worker = name, reason = refused.as_deref(), "worker not admitted");
             }
-            None => entry.healthy = false,
+            entry.healthy = refused.is_none();
+            entry.refused = refused;
         });
     }
 }

@@ -73,6 +73,8 @@ struct Spec<'a> {
     groups: &'a [&'a str],
     /// Each worker's `--stage` (none: both).
     stages: &'a [&'a str],
+    /// Give the controller `--model` (else it reads the workers' tokenizer).
+    controller_model: bool,
 }
 
 impl<'a> Spec<'a> {
@@ -87,6 +89,7 @@ impl<'a> Spec<'a> {
             client_key: None,
             groups: &[],
             stages: &[],
+            controller_model: true,
         }
     }
 }
@@ -113,7 +116,10 @@ impl Cluster {
                 Some(spawn(&bin("pie"), &args, "pie: listening on "))
             })
             .collect();
-        let mut args = vec!["--port".to_string(), "0".into(), "--model".into(), m.into()];
+        let mut args = vec!["--port".to_string(), "0".into()];
+        if spec.controller_model {
+            args.extend(["--model".into(), m.into()]);
+        }
         // Tests run in parallel in one process: one file per cluster.
         static CLUSTERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let cfg = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
@@ -1202,6 +1208,11 @@ impl FakeWorker {
         }
         let dead = Arc::new(AtomicBool::new(false));
         let subscriptions = Arc::new(AtomicUsize::new(0));
+        // The controller admits workers of its own model only.
+        let fingerprint = pie_model::gguf::GgufFile::open(&model())
+            .unwrap()
+            .fingerprint
+            .0;
         let is_dead = dead.clone();
         let app = axum::Router::new()
             .route(
@@ -1217,8 +1228,9 @@ impl FakeWorker {
                                 .into_response()
                         } else {
                             let busy = usize::from(full);
-                            axum::Json(json!({"load": busy, "running": busy, "max_running": 1}))
-                                .into_response()
+                            axum::Json(json!({"load": busy, "running": busy, "max_running": 1,
+                                "fingerprint": fingerprint}))
+                            .into_response()
                         }
                     }
                 }),
@@ -1751,15 +1763,84 @@ async fn disaggregate_prefills_long_prompts_remotely_with_one_workers_output_and
     .await;
 }
 
-#[test]
-fn disaggregate_without_the_model_is_refused_at_start() {
-    let out = std::process::Command::new(bin("pie-controller"))
-        .args(["--port", "0", "--policies", "disaggregate,cache-aware"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("`disaggregate` needs [model] path"), "{err}");
+#[tokio::test]
+async fn without_model_the_controller_reads_a_workers_tokenizer_and_routes_by_prefix() {
+    let c = Cluster::start_with(Spec {
+        controller_model: false,
+        ..Spec::new("disaggregate,cache-aware")
+    })
+    .await;
+    let system = "You are the keeper of a lighthouse on a rocky northern island. ".repeat(6);
+    let ask = |q: &str| json!({"prompt": format!("{system}{q}"), "max_tokens": 2});
+    let (status, first, _, body) = c.complete(ask("Who are you?")).await;
+    assert_eq!(status, 200, "{body}");
+    wait_for("the first prompt's pages indexed", async || {
+        c.cluster().await["index_entries"].as_u64().unwrap_or(0) > 0
+    })
+    .await;
+    let (status, second, route, _) = c.complete(ask("What do you see?")).await;
+    assert_eq!((status, second.as_str()), (200, first.as_str()));
+    let cached: usize = route
+        .split("cache-aware: ")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(cached >= 64, "real prefix matches from the text: {route}");
+}
+
+#[tokio::test]
+async fn a_worker_of_another_model_is_not_admitted_and_both_fingerprints_are_named() {
+    let c = Cluster::start_with(Spec {
+        workers: 1,
+        ..Spec::new("cache-aware")
+    })
+    .await;
+    let other = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "controller-other-model-{}.gguf",
+        std::process::id()
+    ));
+    pie_model::synth::write_test_model(
+        &other,
+        &pie_model::synth::SynthSpec {
+            seed: 11,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let stranger = spawn(
+        &bin("pie"),
+        &[
+            "serve",
+            "--port",
+            "0",
+            "--model",
+            other.to_str().unwrap(),
+            "--controller",
+            &c.controller.url,
+            "--name",
+            "stranger",
+        ],
+        "pie: listening on ",
+    );
+    wait_for("the stranger refused", async || {
+        let cluster = c.cluster().await;
+        let refused = cluster["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["name"] == "stranger")
+            .map(|w| (w["healthy"].clone(), w["refused"].as_str().unwrap_or("").to_string()));
+        matches!(refused, Some((healthy, why)) if healthy == false && why.matches("0x").count() == 2)
+    })
+    .await;
+    for _ in 0..4 {
+        let (status, worker, _, _) = c
+            .complete(json!({"prompt": "hello", "max_tokens": 1}))
+            .await;
+        assert_eq!((status, worker.as_str()), (200, "w0"));
+    }
+    drop(stranger);
 }
 
 /// Send four requests sharing a new 192-token prefix at once; the workers

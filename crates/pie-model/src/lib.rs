@@ -19,4 +19,4 @@ pub mod tokenizer;
 pub use gguf::LlamaConfig;
 pub use model::{Model, SeqInput};
 pub use sampling::{Sampler, SamplingParams};
-pub use tokenizer::{ChatMessage, IncrementalDecoder, Tokenizer};
+pub use tokenizer::{ChatMessage, IncrementalDecoder, Tokenizer, TokenizerSpec};

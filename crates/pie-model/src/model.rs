@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use crate::gguf::{GgufFile, LlamaConfig};
 use crate::matmul::QWeight;
 use crate::ops::{axpy, dot, rms_norm, silu, softmax, Rope};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
 struct Layer {
     attn_norm: Vec<f32>,
@@ -29,6 +29,8 @@ pub struct Model {
     pub config: LlamaConfig,
     pub fingerprint: ModelFingerprint,
     pub tokenizer: Tokenizer,
+    /// What `tokenizer` was built from, for a controller without the model.
+    pub tokenizer_spec: TokenizerSpec,
     embed: Vec<f32>,
     layers: Vec<Layer>,
     norm: Vec<f32>,
@@ -58,7 +60,8 @@ impl Model {
     pub fn load(path: &Path) -> Result<Self> {
         let mut f = GgufFile::open(path)?;
         let config = f.llama_config()?;
-        let tokenizer = Tokenizer::from_gguf(&f)?;
+        let tokenizer_spec = TokenizerSpec::from_gguf(&f)?;
+        let tokenizer = Tokenizer::from_spec(tokenizer_spec.clone())?;
         let mut layers = Vec::with_capacity(config.layers);
         for i in 0..config.layers {
             let p = |n: &str| format!("blk.{i}.{n}.weight");
@@ -91,6 +94,7 @@ impl Model {
             fingerprint: f.fingerprint,
             config,
             tokenizer,
+            tokenizer_spec,
             embed,
             layers,
             norm,

@@ -41,6 +41,59 @@ pub struct Tokenizer {
     eos_text: String,
 }
 
+/// What a tokenizer is built from: the GGUF's `tokenizer.*` metadata, as
+/// plain data, so that a worker can hand its tokenizer to a controller that
+/// has no copy of the model (`GET /v1/internal/tokenizer`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TokenizerSpec {
+    /// `tokenizer.ggml.pre` (`smollm` splits digits first).
+    pub pre: String,
+    pub tokens: Vec<String>,
+    /// "a b" pairs, in rank order.
+    pub merges: Vec<String>,
+    pub token_types: Vec<i32>,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub add_bos: bool,
+    pub chat_template: Option<String>,
+}
+
+impl TokenizerSpec {
+    pub fn from_gguf(f: &GgufFile) -> Result<Self> {
+        let kind = f
+            .get("tokenizer.ggml.model")?
+            .to_string()
+            .map_err(|e| anyhow!("{e}"))?
+            .clone();
+        if kind != "gpt2" {
+            bail!("unsupported tokenizer `{kind}`: Pie reads GPT-2-style byte-level BPE vocabularies (tokenizer.ggml.model = gpt2)");
+        }
+        let merges = if f.metadata().contains_key("tokenizer.ggml.merges") {
+            string_array(f, "tokenizer.ggml.merges")?
+        } else {
+            Vec::new()
+        };
+        let text = |key: &str| f.get(key).ok().and_then(|v| v.to_string().ok().cloned());
+        let id = |key: &str| f.get_usize(key).ok().map(|x| x as u32);
+        Ok(Self {
+            pre: text("tokenizer.ggml.pre").unwrap_or_default(),
+            tokens: string_array(f, "tokenizer.ggml.tokens")?,
+            merges,
+            token_types: match f.get("tokenizer.ggml.token_type") {
+                Ok(Value::Array(v)) => v.iter().map(|x| x.to_i32().unwrap_or(1)).collect(),
+                _ => Vec::new(),
+            },
+            bos: id("tokenizer.ggml.bos_token_id"),
+            eos: id("tokenizer.ggml.eos_token_id"),
+            add_bos: f
+                .get("tokenizer.ggml.add_bos_token")
+                .and_then(|v| v.to_bool().map_err(|e| anyhow!("{e}")))
+                .unwrap_or(false),
+            chat_template: text("tokenizer.chat_template"),
+        })
+    }
+}
+
 fn string_array(f: &GgufFile, key: &str) -> Result<Vec<String>> {
     match f.get(key)? {
         Value::Array(items) => items
@@ -65,21 +118,14 @@ pub fn byte_level_char(byte: u8) -> char {
 
 impl Tokenizer {
     pub fn from_gguf(f: &GgufFile) -> Result<Self> {
-        let kind = f
-            .get("tokenizer.ggml.model")?
-            .to_string()
-            .map_err(|e| anyhow!("{e}"))?
-            .clone();
-        if kind != "gpt2" {
-            bail!("unsupported tokenizer `{kind}`: Pie reads GPT-2-style byte-level BPE vocabularies (tokenizer.ggml.model = gpt2)");
-        }
-        let tokens = string_array(f, "tokenizer.ggml.tokens")?;
-        let merges = if f.metadata().contains_key("tokenizer.ggml.merges") {
-            string_array(f, "tokenizer.ggml.merges")?
-        } else {
-            Vec::new()
-        };
-        let merges = merges
+        Self::from_spec(TokenizerSpec::from_gguf(f)?)
+    }
+
+    /// The tokenizer a [`TokenizerSpec`] describes (read from a GGUF, or sent
+    /// by a worker to a controller).
+    pub fn from_spec(spec: TokenizerSpec) -> Result<Self> {
+        let merges = spec
+            .merges
             .iter()
             .map(|m| {
                 m.split_once(' ')
@@ -87,7 +133,8 @@ impl Tokenizer {
                     .with_context(|| format!("bad merge `{m}`"))
             })
             .collect::<Result<Vec<_>>>()?;
-        let vocab: Vocab = tokens
+        let vocab: Vocab = spec
+            .tokens
             .iter()
             .enumerate()
             .map(|(i, t)| (t.clone(), i as u32))
@@ -98,12 +145,7 @@ impl Tokenizer {
             .map_err(|e| anyhow!("building BPE: {e}"))?;
         let mut inner = tokenizers::Tokenizer::new(bpe);
         let byte_level = ByteLevel::new(false, true, true);
-        let pre = f
-            .get("tokenizer.ggml.pre")
-            .ok()
-            .and_then(|v| v.to_string().ok().cloned())
-            .unwrap_or_default();
-        if pre == "smollm" {
+        if spec.pre == "smollm" {
             inner.with_pre_tokenizer(Some(Sequence::new(vec![
                 Digits::new(true).into(),
                 byte_level.into(),
@@ -112,47 +154,33 @@ impl Tokenizer {
             inner.with_pre_tokenizer(Some(byte_level));
         }
         inner.with_decoder(Some(ByteLevelDecoder::default()));
-        let types: Vec<i32> = match f.get("tokenizer.ggml.token_type") {
-            Ok(Value::Array(v)) => v.iter().map(|x| x.to_i32().unwrap_or(1)).collect(),
-            _ => Vec::new(),
-        };
-        let specials: Vec<AddedToken> = tokens
+        let specials: Vec<AddedToken> = spec
+            .tokens
             .iter()
-            .zip(&types)
+            .zip(&spec.token_types)
             .filter(|(_, t)| matches!(**t, TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED))
             .map(|(tok, _)| AddedToken::from(tok.clone(), true))
             .collect();
         inner.add_special_tokens(&specials);
-        let id = |key: &str| f.get_usize(key).ok().map(|x| x as u32);
-        let eos = id("tokenizer.ggml.eos_token_id");
         let mut stop_tokens: Vec<u32> = END_OF_TURN_TOKENS
             .iter()
             .filter_map(|t| vocab.get(*t).copied())
             .collect();
-        stop_tokens.extend(eos);
+        stop_tokens.extend(spec.eos);
         stop_tokens.sort_unstable();
         stop_tokens.dedup();
         let text_of = |id: Option<u32>| {
-            id.and_then(|i| tokens.get(i as usize))
+            id.and_then(|i| spec.tokens.get(i as usize))
                 .cloned()
                 .unwrap_or_default()
         };
-        let bos = id("tokenizer.ggml.bos_token_id");
         Ok(Self {
-            bos_text: text_of(bos),
-            eos_text: text_of(eos),
+            bos_text: text_of(spec.bos),
+            eos_text: text_of(spec.eos),
             inner,
-            bos: bos.filter(|_| {
-                f.get("tokenizer.ggml.add_bos_token")
-                    .and_then(|v| v.to_bool().map_err(|e| anyhow!("{e}")))
-                    .unwrap_or(false)
-            }),
+            bos: spec.bos.filter(|_| spec.add_bos),
             stop_tokens,
-            chat_template: f
-                .get("tokenizer.chat_template")
-                .ok()
-                .and_then(|v| v.to_string().ok().cloned())
-                .map(chat_environment),
+            chat_template: spec.chat_template.map(chat_environment),
         })
     }
 
@@ -250,5 +278,30 @@ impl IncrementalDecoder {
         } else {
             Ok(String::new())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{write_test_model, SynthSpec};
+
+    #[test]
+    fn a_spec_sent_as_json_builds_the_same_tokenizer() {
+        let path = std::env::temp_dir().join(format!("pie-spec-{}.gguf", std::process::id()));
+        write_test_model(&path, &SynthSpec::default()).expect("writes");
+        let gguf = GgufFile::open(&path).expect("opens");
+        let direct = Tokenizer::from_gguf(&gguf).expect("builds");
+        let spec = TokenizerSpec::from_gguf(&gguf).expect("reads");
+        let _ = std::fs::remove_file(&path);
+        let sent: TokenizerSpec =
+            serde_json::from_str(&serde_json::to_string(&spec).expect("serializes"))
+                .expect("parses");
+        assert_eq!(sent, spec);
+        let rebuilt = Tokenizer::from_spec(sent).expect("builds");
+        let text = "The 12 lighthouses<|endoftext|> shine.";
+        assert_eq!(rebuilt.encode(text).unwrap(), direct.encode(text).unwrap());
+        assert_eq!(rebuilt.stop_tokens(), direct.stop_tokens());
+        assert_eq!(rebuilt.vocab_size(), direct.vocab_size());
     }
 }

@@ -365,6 +365,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/v1/internal/kv/pull", axum::routing::post(kv_pull))
         .route("/v1/internal/kv/push", axum::routing::post(kv_push))
         .route("/v1/internal/state", get(worker_state))
+        .route("/v1/internal/tokenizer", get(worker_tokenizer))
         .route("/v1/internal/kv-events", get(kv_events));
     #[cfg(feature = "fault-injection")]
     let router = router.route("/v1/admin/fault", axum::routing::post(inject_fault));
@@ -473,6 +474,16 @@ async fn worker_state(State(state): State<AppState>) -> Result<Response, ApiErro
         "model": rt.settings.model_name,
     }))
     .into_response())
+}
+
+/// The model's tokenizer as data, with the model's fingerprint: what a
+/// controller started without `--model` routes with.
+async fn worker_tokenizer(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let rt = state.runtime()?;
+    Ok(Json(json!({
+        "fingerprint": rt.shape.fingerprint,
+        "tokenizer": rt.model.tokenizer_spec,
+    })))
 }
 
 fn json_event(name: &str, data: &impl serde::Serialize) -> Event {
