@@ -17,7 +17,9 @@
 #    closed loop at concurrency 1, alternating, twice each, with cold prompts
 #    (new to the worker) and warm ones (cached): TTFT p50 ratio.
 #
-# Prints each pair and the ratio sim/real (target: within 0.75..1.25).
+# Prints each pair and the ratio sim/real (target: within 0.75..1.25). Exits
+# non-zero, after every step has run, when a TTFT p50 or p90 ratio of step 2 or
+# 3 is outside that band (each such row is marked OUTSIDE).
 # Needs: cargo build --release (pie, pie-controller, pie-sim), python3, curl.
 # Env: MODEL (default: the default model), REQUESTS, RATE (requests/s in all), SEED,
 # OUT (working directory, default a temp dir), SKIP_CALIBRATE=1 with OUT/profile.json present
@@ -34,6 +36,7 @@ RATE=${RATE:-0.5}
 SEED=${SEED:-1}
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
+rm -f "$OUT/outside"
 NICE_CMD=()
 if [[ $EUID == 0 ]]; then NICE_CMD=(nice -n "${NICE:--10}"); fi
 MODEL_ARGS=()
@@ -81,10 +84,11 @@ calibrate() {
   "${NICE_CMD[@]}" $BIN/pie bench --calibrate "${MODEL_ARGS[@]}" --out "$PROFILE" | grep -Ev '^ +([0-9]|batch)'
 }
 
-compare() { # name real.json sim.json
-  python3 - "$@" <<'PY'
+compare() { # name real.json sim.json; appends rows outside the band to $OUT/outside
+  python3 - "$@" "$OUT/outside" <<'PY'
 import json, sys
 name, real, sim = sys.argv[1], json.load(open(sys.argv[2]))["summary"], json.load(open(sys.argv[3]))[0]
+outside = open(sys.argv[4], "a")
 rows = [("TTFT p50 (ms)", real["ttft_ms"]["p50"], sim["ttft_ms"]["p50"]),
         ("TTFT p90 (ms)", real["ttft_ms"]["p90"], sim["ttft_ms"]["p90"]),
         ("e2e p50 (ms)", real["e2e_ms"]["p50"], sim["e2e_ms"]["p50"]),
@@ -93,7 +97,10 @@ rows = [("TTFT p50 (ms)", real["ttft_ms"]["p50"], sim["ttft_ms"]["p50"]),
 print(f"| {name} | real | sim | sim/real |\n|---|---:|---:|---:|")
 for label, r, s in rows:
     ratio = s / r if r else float("nan")
-    print(f"| {label} | {r:.3f} | {s:.3f} | {ratio:.2f} |")
+    held = label.startswith("TTFT") and not 0.75 <= ratio <= 1.25
+    print(f"| {label} | {r:.3f} | {s:.3f} | {ratio:.2f} |{' OUTSIDE 0.75..1.25' if held else ''}")
+    if held:
+        outside.write(f"{name}: {label} sim/real {ratio:.2f}\n")
 print(f"(real: {real['completed']}/{real['requests']} completed in {real['duration_s']:.1f} s, errors {real['errors']}; "
       f"sim: {sim['completed']}/{sim['requests']} in {sim['sim_time_s']:.1f} simulated s)")
 PY
@@ -173,3 +180,8 @@ for kind in ("cold", "warm"):
           f"(added {statistics.mean(c) - statistics.mean(d):.2f} ms)\n")
 PY
 echo "== files in $OUT"
+if [[ -s "$OUT/outside" ]]; then
+  echo "FAIL: simulator fidelity outside 0.75..1.25:" >&2
+  cat "$OUT/outside" >&2
+  exit 1
+fi
