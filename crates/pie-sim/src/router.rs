@@ -217,7 +217,7 @@ impl Router {
                     .filter_map(|p| p.named_worker(now_ms, &req))
                     .filter_map(|name| self.slots.get(name).copied())
                     .collect();
-                let shortlist = loads.shortlist(self.holders.iter().copied(), named);
+                let shortlist = loads.shortlist(&self.holders, &named);
                 cluster::route_among(&mut self.pipeline, now_ms, &req, &self.views, shortlist)?
             }
             _ => cluster::route(&mut self.pipeline, now_ms, &req, &self.views)?,

@@ -83,30 +83,49 @@ impl LoadOrder {
     }
 
     /// The shortlist for a request: `holders` (slots holding or anticipating
-    /// a prefix of its prompt) and `named` (the workers the policies name for
-    /// it) that are candidates, every candidate at the minimum load, and one at
-    /// the maximum; ascending, each once. Empty when there is no candidate.
-    pub fn shortlist(
-        &self,
-        holders: impl IntoIterator<Item = usize>,
-        named: impl IntoIterator<Item = usize>,
-    ) -> Vec<usize> {
+    /// a prefix of its prompt, ascending) and `named` (the workers the
+    /// policies name for it) that are candidates, every candidate at the
+    /// minimum load, and one at the maximum; ascending, each once. Empty when
+    /// there is no candidate. Costs a merge of the holders with the
+    /// least-loaded workers.
+    pub fn shortlist(&self, holders: &[usize], named: &[usize]) -> Vec<usize> {
         let (Some((_, least)), Some((_, most))) = (
             self.buckets.first_key_value(),
             self.buckets.last_key_value(),
         ) else {
             return Vec::new();
         };
-        let mut out: Vec<usize> = least.clone();
-        out.push(most[0]);
-        out.extend(
-            holders
-                .into_iter()
-                .chain(named)
-                .filter(|&s| self.contains(s)),
-        );
-        out.sort_unstable();
-        out.dedup();
+        debug_assert!(holders.windows(2).all(|w| w[0] < w[1]), "ascending");
+        let mut out = Vec::with_capacity(least.len() + holders.len() + named.len() + 1);
+        let (mut a, mut b) = (least.iter().peekable(), holders.iter().peekable());
+        loop {
+            // The least loaded are candidates; a holder may not be.
+            match (a.peek(), b.peek()) {
+                (Some(&&x), Some(&&y)) if x <= y => {
+                    if x == y {
+                        b.next();
+                    }
+                    a.next();
+                    out.push(x);
+                }
+                (_, Some(&&y)) => {
+                    b.next();
+                    if self.contains(y) {
+                        out.push(y);
+                    }
+                }
+                (Some(_), None) => {
+                    out.extend(a);
+                    break;
+                }
+                (None, None) => break,
+            }
+        }
+        for &slot in named.iter().chain([&most[0]]) {
+            if let (Err(at), true) = (out.binary_search(&slot), self.contains(slot)) {
+                out.insert(at, slot);
+            }
+        }
         out
     }
 }
@@ -128,11 +147,11 @@ mod tests {
             order.set(slot, load);
         }
         order.remove(2);
-        assert_eq!(order.shortlist([4], []), vec![0, 1, 3, 4]);
+        assert_eq!(order.shortlist(&[4], &[]), vec![0, 1, 3, 4]);
         order.set(1, 7);
         // Slot 2 is no candidate: a holder or name there is left out.
-        assert_eq!(order.shortlist([2], [0]), vec![0, 1, 3]);
-        assert!(LoadOrder::new().shortlist([1], [2]).is_empty());
+        assert_eq!(order.shortlist(&[2], &[0, 0]), vec![0, 1, 3]);
+        assert!(LoadOrder::new().shortlist(&[1], &[2]).is_empty());
         assert!(decides_on_shortlist(&[
             "pin",
             "session-affinity",
@@ -214,12 +233,12 @@ mod tests {
                         order.set(i, v.load);
                     }
                 }
-                let holders = views.iter().enumerate().filter(|(_, v)| v.anticipated_prefix_tokens > 0).map(|(i, _)| i);
+                let holders: Vec<usize> = (0..views.len()).filter(|&i| views[i].anticipated_prefix_tokens > 0).collect();
                 let named: Vec<usize> = short.iter()
                     .filter_map(|p| p.named_worker(now_ms, &req))
                     .filter_map(|n| views.iter().position(|v| v.name == n))
                     .collect();
-                let shortlist = order.shortlist(holders, named);
+                let shortlist = order.shortlist(&holders, &named);
                 let want = route(&mut full, now_ms, &req, &views);
                 let got = route_among(&mut short, now_ms, &req, &views, shortlist);
                 prop_assert_eq!(&got, &want, "step {}", t);
