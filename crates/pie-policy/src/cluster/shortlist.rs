@@ -176,15 +176,29 @@ mod tests {
             prop_oneof![4 => Just(0usize), 1 => 1..4usize],
             prop::bool::weighted(0.05),
         );
+        // Narrow loads make ties and balanced load common; a cold step
+        // (no prefix anywhere) rotates among the least loaded.
         (
             prop::option::weighted(0.5, 0..6u8),
             prop::option::weighted(0.1, 0..(workers as u8 + 2)),
             prop::collection::vec(worker, workers),
+            any::<bool>(),
+            prop::bool::weighted(0.4),
         )
-            .prop_map(|(session, pin, workers)| Step {
-                session,
-                pin,
-                workers,
+            .prop_map(|(session, pin, mut workers, narrow, cold)| {
+                for (load, held, extra, _) in &mut workers {
+                    if narrow {
+                        *load %= 3;
+                    }
+                    if cold {
+                        (*held, *extra) = (0, 0);
+                    }
+                }
+                Step {
+                    session,
+                    pin,
+                    workers,
+                }
             })
     }
 
