@@ -236,7 +236,7 @@ pub fn route(
 /// [`route`] over the given candidates (indices of `workers`, none of them
 /// prefill-stage) instead of every decode-capable worker: with a shortlist
 /// (see [`LoadOrder::shortlist`]) and a pipeline of [`SHORTLIST_POLICIES`], the
-/// same decision at a cost that does not grow with the number of workers.
+/// same decision at a cost that follows the shortlist, not the number of workers.
 pub fn route_among(
     policies: &mut [Box<dyn ClusterPolicy>],
     now_ms: u64,
