@@ -7,13 +7,23 @@
 //! from the controller's own `ClusterIndex`, fed by the workers' cache logs,
 //! and the prefixes anticipated on the workers requests were routed to
 //! (`PendingBlocks`, as the controller's registry keeps them).
+//!
+//! At 1,000 workers a request costs what its prompt and the workers that can
+//! win cost, not a pass over every worker: only the holders of the prompt's
+//! prefix have non-zero prefix fields in their views (the previous request's
+//! holders are reset), and a pipeline that decides the same on a shortlist
+//! (`decides_on_shortlist`) routes among the holders, the least-loaded
+//! workers, the most loaded one and the workers its policies name
+//! (`LoadOrder::shortlist`, loads kept in order as they change).
 
+use std::collections::HashMap;
 use std::str::FromStr;
 
 use pie_core::{BlockHash, Props};
 use pie_policy::cluster::{
-    self, routing_policy, split_policies, CacheAwareConfig, ClusterIndex, ClusterPolicy,
-    PendingBlocks, Reject, RouteRequest, RoutingConfigs, Stage, WorkerView,
+    self, decides_on_shortlist, routing_policy, split_policies, CacheAwareConfig, ClusterIndex,
+    ClusterPolicy, LoadOrder, PendingBlocks, Reject, RouteRequest, RoutingConfigs, Stage,
+    WorkerView,
 };
 
 /// The cluster policies, as in the controller's `cluster_policies`
@@ -95,11 +105,24 @@ pub struct Router {
     /// controller anticipates them.
     pending: PendingBlocks,
     page_size: usize,
+    /// The workers whose views have non-zero prefix fields (the last
+    /// request's holders); every other view has zeros there.
+    holders: Vec<usize>,
+    /// The decode-capable workers by load, when the pipeline routes on a
+    /// shortlist.
+    loads: Option<LoadOrder>,
+    /// Worker slots by name, for the workers policies name.
+    slots: HashMap<String, usize>,
 }
 
 impl Router {
     /// Workers are named `w0`, `w1`, ... (the names `pin` refers to).
     pub fn new(spec: &RouterSpec, workers: usize, page_size: usize) -> Self {
+        let loads = decides_on_shortlist(&spec.names).then(|| {
+            let mut order = LoadOrder::new();
+            (0..workers).for_each(|w| order.set(w, 0));
+            order
+        });
         Self {
             pipeline: spec.build(),
             views: (0..workers)
@@ -113,6 +136,9 @@ impl Router {
             index: spec.reads_prefixes().then(ClusterIndex::new),
             pending: PendingBlocks::new(CacheAwareConfig::default().anticipate_ms),
             page_size,
+            holders: Vec::new(),
+            loads,
+            slots: (0..workers).map(|i| (format!("w{i}"), i)).collect(),
         }
     }
 
@@ -127,6 +153,9 @@ impl Router {
                 (_, true) => Stage::Prefill,
                 (_, false) => Stage::Decode,
             };
+            if let (Some(loads), Stage::Prefill) = (&mut self.loads, view.stage) {
+                loads.remove(i);
+            }
         }
         self
     }
@@ -146,6 +175,9 @@ impl Router {
 
     pub fn set_load(&mut self, w: usize, load: usize) {
         self.views[w].load = load;
+        if let Some(loads) = self.loads.as_mut().filter(|l| l.contains(w)) {
+            loads.set(w, load);
+        }
     }
 
     /// Worker `w`'s cache added (true) or evicted (false) these pages.
@@ -179,7 +211,17 @@ impl Router {
             props,
             prompt_tokens,
         };
-        let (decode, _reason) = cluster::route(&mut self.pipeline, now_ms, &req, &self.views)?;
+        let (decode, _reason) = match &self.loads {
+            Some(loads) if !self.views.is_empty() => {
+                let named: Vec<usize> = (self.pipeline.iter())
+                    .filter_map(|p| p.named_worker(now_ms, &req))
+                    .filter_map(|name| self.slots.get(name).copied())
+                    .collect();
+                let shortlist = loads.shortlist(&self.holders, &named);
+                cluster::route_among(&mut self.pipeline, now_ms, &req, &self.views, shortlist)?
+            }
+            _ => cluster::route(&mut self.pipeline, now_ms, &req, &self.views)?,
+        };
         let prefill = cluster::place_prefill(&mut self.pipeline, now_ms, &req, &self.views, decode)
             .and_then(|placement| placement.remote_worker());
         cluster::record(&mut self.pipeline, now_ms, &req, &self.views[decode].name);
@@ -194,16 +236,22 @@ impl Router {
     }
 
     /// Each worker's leading run of `prefix` pages held, and held or
-    /// pending, as the controller's registry computes them.
+    /// pending, as the controller's registry computes them: set on the
+    /// holders, the previous request's holders reset to zero.
     fn set_cached_prefixes(&mut self, hashes: &[u64]) {
         let Some(index) = &self.index else {
             return;
         };
-        let held = index.prefix_blocks(hashes, self.views.len());
-        let ahead = index.prefix_blocks_with(self.pending.index(), hashes, self.views.len());
-        for ((view, held), ahead) in self.views.iter_mut().zip(held).zip(ahead) {
-            view.cached_prefix_tokens = held * self.page_size;
-            view.anticipated_prefix_tokens = ahead * self.page_size;
+        for &w in &self.holders {
+            self.views[w].cached_prefix_tokens = 0;
+            self.views[w].anticipated_prefix_tokens = 0;
+        }
+        let holders = index.prefix_holders(self.pending.index(), hashes, self.views.len());
+        self.holders.clear();
+        for h in holders {
+            self.views[h.slot].cached_prefix_tokens = h.held * self.page_size;
+            self.views[h.slot].anticipated_prefix_tokens = h.ahead * self.page_size;
+            self.holders.push(h.slot);
         }
     }
 }

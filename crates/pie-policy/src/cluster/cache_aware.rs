@@ -42,6 +42,17 @@ fn anticipated(w: &WorkerView) -> usize {
     w.anticipated_prefix_tokens.max(w.cached_prefix_tokens)
 }
 
+/// Sorts `candidates` by `key`, which differs for every candidate (it ends
+/// with the index), so any sort gives the one order: the keys are read from
+/// the views once each, then sorted in place of the indices.
+fn sort_by_unique_key<K: Ord>(candidates: &mut [usize], key: impl Fn(usize) -> K) {
+    let mut keyed: Vec<(K, usize)> = candidates.iter().map(|&i| (key(i), i)).collect();
+    keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    for (slot, (_, i)) in candidates.iter_mut().zip(keyed) {
+        *slot = i;
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct CacheAware {
     config: CacheAwareConfig,
@@ -81,7 +92,7 @@ impl ClusterPolicy for CacheAware {
             .max()
             .unwrap_or(0);
         if imbalanced || best_cached == 0 {
-            candidates.sort_by_key(|&i| (workers[i].load, i));
+            sort_by_unique_key(candidates, |i| (workers[i].load, i));
             let ties = candidates
                 .iter()
                 .take_while(|&&i| workers[i].load == min)
@@ -98,7 +109,7 @@ impl ClusterPolicy for CacheAware {
             };
             return Ok(Some(why));
         }
-        candidates.sort_by_key(|&i| {
+        sort_by_unique_key(candidates, |i| {
             (
                 std::cmp::Reverse(anticipated(&workers[i])),
                 std::cmp::Reverse(workers[i].cached_prefix_tokens),

@@ -9,16 +9,56 @@
 //! most 7/8: about 20 bytes per distinct block per shard of 64 workers. A block
 //! held by several workers of a shard costs one entry, not several.
 //!
+//! The keys are block hashes, already uniformly distributed: they are mixed
+//! with one multiplication (`BlockHasher`) instead of SipHash, which made the
+//! probes most of a routing decision's cost at 1,000 workers.
+//!
 //! Invariant (tested): after any sequence of `store`, `remove` and `replace`,
-//! `prefix_blocks` agrees with a per-worker set of hashes.
+//! `prefix_blocks` agrees with a per-worker set of hashes, and
+//! `prefix_holders` with `prefix_blocks` and `prefix_blocks_with`.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 const SLOTS_PER_SHARD: usize = 64;
 
+/// Hashes a block hash (a `u64` already spread over its range) by a folded
+/// 128-bit multiplication, so both the high bits (the table's tags) and the
+/// low bits (its buckets) depend on all of it.
+#[derive(Debug, Default)]
+struct BlockHasher(u64);
+
+impl Hasher for BlockHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        let m = u128::from(self.0 ^ x) * 0x9e37_79b9_7f4a_7c15;
+        self.0 = (m as u64) ^ ((m >> 64) as u64);
+    }
+}
+
+type Shard = HashMap<u64, u64, BuildHasherDefault<BlockHasher>>;
+
+/// How many leading blocks of a prompt's chain one slot holds, and holds or
+/// has pending.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PrefixHolder {
+    pub slot: usize,
+    pub held: usize,
+    pub ahead: usize,
+}
+
 #[derive(Debug, Default)]
 pub struct ClusterIndex {
-    shards: Vec<HashMap<u64, u64>>,
+    shards: Vec<Shard>,
     /// Blocks each slot holds.
     counts: Vec<usize>,
 }
@@ -35,7 +75,7 @@ impl ClusterIndex {
     fn grow_to(&mut self, slot: usize) {
         let (shard, _) = split(slot);
         if self.shards.len() <= shard {
-            self.shards.resize_with(shard + 1, HashMap::new);
+            self.shards.resize_with(shard + 1, Shard::default);
         }
         if self.counts.len() <= slot {
             self.counts.resize(slot + 1, 0);
@@ -129,6 +169,74 @@ impl ClusterIndex {
     ) -> Vec<usize> {
         prefix_blocks_of(&[self, other], hashes, slots)
     }
+
+    /// The slots below `slots` holding, here or in `pending`, at least the
+    /// first block of the chain `hashes`, with what [`Self::prefix_blocks`]
+    /// (`held`) and [`Self::prefix_blocks_with`] (`ahead`) report for them;
+    /// ascending by slot. One walk for both and no pass over every slot: the
+    /// cost follows the prompt's blocks times the shards where a slot still
+    /// holds its chain, plus the holders.
+    pub fn prefix_holders(
+        &self,
+        pending: &ClusterIndex,
+        hashes: &[u64],
+        slots: usize,
+    ) -> Vec<PrefixHolder> {
+        let mut out = Vec::new();
+        let shards = self.shards.len().max(pending.shards.len());
+        for shard in 0..shards {
+            let base = shard * SLOTS_PER_SHARD;
+            if base >= slots || hashes.is_empty() {
+                break;
+            }
+            let probe =
+                |map: Option<&Shard>, h: &u64| map.and_then(|m| m.get(h)).copied().unwrap_or(0);
+            let (mine, theirs) = (self.shards.get(shard), pending.shards.get(shard));
+            // Per bit of the shard: the depth where it stopped holding (held
+            // only, and held or pending); `hashes.len()` if it never did.
+            let (mut held_at, mut ahead_at) = ([hashes.len(); 64], [hashes.len(); 64]);
+            let (mut held_alive, mut ahead_alive) = (u64::MAX, u64::MAX);
+            let mut holders = 0;
+            for (depth, h) in hashes.iter().enumerate() {
+                let held = probe(mine, h);
+                let ahead = held
+                    | if ahead_alive & !held != 0 {
+                        probe(theirs, h)
+                    } else {
+                        0
+                    };
+                for_bits(held_alive & !held, |bit| held_at[bit] = depth);
+                for_bits(ahead_alive & !ahead, |bit| ahead_at[bit] = depth);
+                held_alive &= held;
+                ahead_alive &= ahead;
+                if depth == 0 {
+                    holders = ahead;
+                }
+                if ahead_alive == 0 {
+                    break;
+                }
+            }
+            for_bits(holders, |bit| {
+                let slot = base + bit;
+                if slot < slots {
+                    out.push(PrefixHolder {
+                        slot,
+                        held: held_at[bit],
+                        ahead: ahead_at[bit],
+                    });
+                }
+            });
+        }
+        out
+    }
+}
+
+/// Calls `f` with each set bit's position in `mask`, ascending.
+fn for_bits(mut mask: u64, mut f: impl FnMut(usize)) {
+    while mask != 0 {
+        f(mask.trailing_zeros() as usize);
+        mask &= mask - 1;
+    }
 }
 
 /// For each slot, the leading blocks of `hashes` held in any of `indexes`.
@@ -140,8 +248,7 @@ fn prefix_blocks_of(indexes: &[&ClusterIndex], hashes: &[u64], slots: usize) -> 
         if base >= slots {
             break;
         }
-        let maps: Vec<&HashMap<u64, u64>> =
-            indexes.iter().filter_map(|i| i.shards.get(shard)).collect();
+        let maps: Vec<&Shard> = indexes.iter().filter_map(|i| i.shards.get(shard)).collect();
         let mut alive = u64::MAX;
         for (depth, h) in hashes.iter().enumerate() {
             let held = maps
@@ -211,6 +318,11 @@ mod tests {
         assert_eq!(held.prefix_blocks_with(&pending, &[1, 2, 3, 4], 66)[0], 3);
         assert_eq!(held.prefix_blocks_with(&pending, &[1, 2, 3, 4], 66)[65], 3);
         assert_eq!(pending.prefix_blocks_with(&held, &[4, 1], 1), vec![0]);
+        let holder = |slot, held, ahead| PrefixHolder { slot, held, ahead };
+        assert_eq!(
+            held.prefix_holders(&pending, &[1, 2, 3, 4], 66),
+            vec![holder(0, 2, 3), holder(65, 0, 3)]
+        );
     }
 
     #[derive(Clone, Debug)]
@@ -231,7 +343,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn agrees_with_per_worker_sets(ops in prop::collection::vec(op(), 0..200), chain in prop::collection::vec(0..8u64, 0..6)) {
+        fn agrees_with_per_worker_sets(ops in prop::collection::vec(op(), 0..200), chain in prop::collection::vec(0..8u64, 0..6), extra in prop::collection::vec(0..8u64, 0..40)) {
             let mut idx = ClusterIndex::new();
             let mut sets = vec![HashSet::new(); 130];
             for op in ops {
@@ -242,6 +354,18 @@ mod tests {
                 }
             }
             let got = idx.prefix_blocks(&chain, 130);
+            let mut pending = ClusterIndex::new();
+            for (slot, &h) in extra.iter().enumerate() {
+                pending.store(slot * 7 % 130, h);
+            }
+            let ahead = idx.prefix_blocks_with(&pending, &chain, 130);
+            let mut sparse = vec![(0, 0); 130];
+            for p in idx.prefix_holders(&pending, &chain, 130) {
+                prop_assert!(p.ahead > 0 && sparse[p.slot] == (0, 0), "slot {} once, a holder", p.slot);
+                sparse[p.slot] = (p.held, p.ahead);
+            }
+            let dense: Vec<(usize, usize)> = got.iter().copied().zip(ahead).collect();
+            prop_assert_eq!(sparse, dense, "holders are the slots holding a prefix");
             for (slot, set) in sets.iter().enumerate() {
                 let want = chain.iter().take_while(|h| set.contains(h)).count();
                 prop_assert_eq!(got[slot], want, "slot {}", slot);

@@ -21,6 +21,7 @@ mod round_robin;
 mod runner;
 mod scale_by_prop;
 mod session_affinity;
+mod shortlist;
 
 pub use actions::{
     Action, ActionRecord, ClusterActor, ClusterEvent, ClusterSnapshot, Decision, HotPrefix,
@@ -29,7 +30,7 @@ pub use actions::{
 
 pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use disaggregate::{Disaggregate, DisaggregateConfig, PrefillPlacement};
-pub use index::ClusterIndex;
+pub use index::{ClusterIndex, PrefixHolder};
 pub use least_loaded::LeastLoaded;
 pub use pending::PendingBlocks;
 pub use pin::{Pin, PinConfig};
@@ -38,6 +39,7 @@ pub use round_robin::RoundRobin;
 pub use runner::ActorRunner;
 pub use scale_by_prop::{ScaleByProp, ScaleByPropConfig};
 pub use session_affinity::{SessionAffinity, SessionAffinityConfig};
+pub use shortlist::{decides_on_shortlist, LoadOrder, SHORTLIST_POLICIES};
 
 use pie_core::Props;
 
@@ -194,6 +196,12 @@ pub trait ClusterPolicy: Send {
         None
     }
 
+    /// The worker this policy would pick by name for this request, if any
+    /// (`pin`'s, the session's): a shortlist must hold it (see `LoadOrder`).
+    fn named_worker<'a>(&'a self, _now_ms: u64, _req: &RouteRequest<'a>) -> Option<&'a str> {
+        None
+    }
+
     /// The request went to `worker` (session-affinity records it).
     fn routed(&mut self, _now_ms: u64, _req: &RouteRequest, _worker: &str) {}
 
@@ -219,9 +227,23 @@ pub fn route(
         });
     }
     // Prefill-stage workers only ever prefill for others.
-    let mut candidates: Vec<usize> = (0..workers.len())
+    let candidates: Vec<usize> = (0..workers.len())
         .filter(|&i| workers[i].stage != Stage::Prefill)
         .collect();
+    route_among(policies, now_ms, req, workers, candidates)
+}
+
+/// [`route`] over the given candidates (indices of `workers`, none of them
+/// prefill-stage) instead of every decode-capable worker: with a shortlist
+/// (see [`LoadOrder::shortlist`]) and a pipeline of [`SHORTLIST_POLICIES`], the
+/// same decision at a cost that follows the shortlist, not the number of workers.
+pub fn route_among(
+    policies: &mut [Box<dyn ClusterPolicy>],
+    now_ms: u64,
+    req: &RouteRequest,
+    workers: &[WorkerView],
+    mut candidates: Vec<usize>,
+) -> Result<(usize, String), Reject> {
     if candidates.is_empty() {
         return Err(Reject {
             status: 503,

@@ -38,6 +38,10 @@ impl ClusterPolicy for Pin {
         "pin"
     }
 
+    fn named_worker<'a>(&'a self, _now_ms: u64, req: &RouteRequest<'a>) -> Option<&'a str> {
+        req.props.str("pin")
+    }
+
     fn route(
         &mut self,
         _now_ms: u64,

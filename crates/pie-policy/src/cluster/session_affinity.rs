@@ -89,6 +89,11 @@ impl ClusterPolicy for SessionAffinity {
         }
     }
 
+    fn named_worker<'a>(&'a self, now_ms: u64, req: &RouteRequest<'a>) -> Option<&'a str> {
+        let (worker, last) = self.sessions.get(req.props.str("session")?)?;
+        (now_ms.saturating_sub(*last) <= self.config.ttl_ms).then_some(worker.as_str())
+    }
+
     fn sessions(&self) -> Option<usize> {
         Some(self.sessions.len())
     }
