@@ -98,8 +98,17 @@ impl ClusterPolicy for CacheAware {
                 .take_while(|&&i| workers[i].load == min)
                 .count();
             if !imbalanced && ties > 1 {
-                candidates[..ties].rotate_left(self.next_cold % ties);
-                self.next_cold = self.next_cold.wrapping_add(1);
+                // Rotate over workers, not over places in the tie set: the
+                // set changes between decisions (a load counted until the next
+                // poll), and a place-based turn could skip a worker for good.
+                let next = candidates[..ties]
+                    .iter()
+                    .position(|&i| i >= self.next_cold)
+                    .unwrap_or(0);
+                candidates[..ties].rotate_left(next);
+            }
+            if !imbalanced {
+                self.next_cold = candidates[0] + 1;
             }
             let w = &workers[candidates[0]];
             let why = if imbalanced {
@@ -173,6 +182,31 @@ mod tests {
         );
         // Equal prefixes: the less loaded one.
         assert_eq!(first(&[4, 2], &[64, 64]).0, 1);
+    }
+
+    #[test]
+    fn cold_prompts_take_turns_over_workers_even_as_the_tie_set_changes() {
+        // The last pick still counts one load until the next poll.
+        let mut policy = CacheAware::default();
+        let props = Props::new();
+        let req = RouteRequest {
+            props: &props,
+            prompt_tokens: 64,
+        };
+        let picks: Vec<usize> = [[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]]
+            .iter()
+            .map(|loads| {
+                let w = views(loads, &[0, 0, 0]);
+                let mut c: Vec<usize> = (0..3).collect();
+                policy.route(0, &req, &w, &mut c).unwrap();
+                c[0]
+            })
+            .collect();
+        assert_eq!(
+            picks,
+            [0, 1, 2, 0],
+            "every worker gets a new prefix in turn"
+        );
     }
 
     #[test]
