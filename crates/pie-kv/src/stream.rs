@@ -47,9 +47,15 @@ impl StreamHeader {
 /// `bytes` as one frame.
 pub fn frame(bytes: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len() + 4);
-    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(&frame_length(bytes.len()));
     out.extend_from_slice(bytes);
     out
+}
+
+/// The length that starts a frame of `len` bytes (a sender may write it and
+/// the bytes separately, without copying them into one frame).
+pub fn frame_length(len: usize) -> [u8; 4] {
+    (len as u32).to_le_bytes()
 }
 
 /// The frame that ends a stream.

@@ -31,7 +31,8 @@ use pie_policy::runtime::{TransferConfig, WorkerPolicies};
 mod transfer;
 
 use pie_workload::{TraceInput, TraceRecorder};
-pub use transfer::{Pull, PullError, PullRequest, PushHeader, ServeError};
+use transfer::Pull;
+pub use transfer::{PullError, PullRequest, ServeError};
 
 /// What the engine thread reports to one sequence's driver.
 #[derive(Debug)]

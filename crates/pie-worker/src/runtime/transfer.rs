@@ -385,7 +385,7 @@ impl Runtime {
                 sent_bytes += page.len() as u64;
                 self.metrics.count_transfer("out", 1, page.len() as u64);
                 // The frame's length, then the page itself (not copied into one).
-                let length = (page.len() as u32).to_le_bytes().to_vec();
+                let length = pie_kv::stream::frame_length(page.len()).to_vec();
                 if out.send(Ok(length)).await.is_err() || out.send(Ok(page)).await.is_err() {
                     return;
                 }
