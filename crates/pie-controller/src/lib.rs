@@ -16,4 +16,5 @@ pub mod metrics;
 pub mod model;
 pub mod proxy;
 pub mod registry;
+pub mod relay;
 pub mod trace;

@@ -38,6 +38,14 @@ pub struct PartLabels {
     pub part: &'static str,
 }
 
+/// Why a stream went on on another worker.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MoveLabels {
+    /// `drain`, `relocate`, `rebalance` (a live hand-off) or `crash` (the
+    /// worker's stream broke: resumed from the tokens sent).
+    pub reason: &'static str,
+}
+
 fn overhead_histogram() -> Histogram {
     // 10 us to about 0.6 s in steps of 1.5x.
     Histogram::new(exponential_buckets(1e-5, 1.5, 28))
@@ -71,6 +79,14 @@ pub struct ControllerMetrics {
     /// are left out). Each part is observed once per request that reaches it:
     /// `proxy` once per request relayed.
     pub overhead: Family<PartLabels, Histogram, fn() -> Histogram>,
+    /// Streams resumed on another worker, by reason.
+    pub moved: Family<MoveLabels, Counter>,
+    /// Moves given up (no worker could take the stream, or the migration's
+    /// first stage failed: the process went on where it was).
+    pub move_failures: Family<MoveLabels, Counter>,
+    /// The pause a moved stream's client saw: from the last token of the
+    /// old worker to the first of the new one.
+    pub move_pause: Family<MoveLabels, Histogram, fn() -> Histogram>,
 }
 
 impl Default for ControllerMetrics {
@@ -90,6 +106,9 @@ impl Default for ControllerMetrics {
             scale_recommended: Family::default(),
             scale_current: Family::default(),
             overhead: Family::new_with_constructor(overhead_histogram),
+            moved: Family::default(),
+            move_failures: Family::default(),
+            move_pause: Family::new_with_constructor(overhead_histogram),
         };
         let cluster = m.registry.sub_registry_with_prefix("pie_cluster");
         cluster.register(
@@ -157,6 +176,21 @@ impl Default for ControllerMetrics {
             "overhead_seconds",
             "The controller's own time per routed request, by part (tokenize, hash, route, proxy)",
             m.overhead.clone(),
+        );
+        r.register(
+            "streams_moved",
+            "Streams resumed on another worker, by reason (drain, relocate, rebalance, crash)",
+            m.moved.clone(),
+        );
+        r.register(
+            "stream_move_failures",
+            "Stream moves given up, by reason",
+            m.move_failures.clone(),
+        );
+        r.register(
+            "stream_move_pause_seconds",
+            "Last token on the old worker to first token on the new one, by reason",
+            m.move_pause.clone(),
         );
         m
     }

@@ -41,6 +41,7 @@ use crate::clients::ClientsInFlight;
 use crate::metrics::{ControllerMetrics, RouteLabels};
 use crate::model::RoutingModel;
 use crate::registry::{with_worker_key, RegisterLimits, Registry};
+use crate::relay::{Relay, Streams, STREAM_IDS_FIELD};
 use crate::trace::TracedRequest;
 
 pub struct Controller {
@@ -76,6 +77,8 @@ pub struct Controller {
     pub trace: Option<TraceRecorder>,
     /// The cluster actors named in `cluster_policies`, and what they see.
     pub actors: Actors,
+    /// Streams in flight that can move to another worker.
+    pub streams: Streams,
 }
 
 /// The client key that authenticated a request (absent when the controller
@@ -130,10 +133,24 @@ async fn auth(State(ctl): State<Shared>, mut req: Request, next: Next) -> Respon
 
 /// Who a forwarded request is for, as the worker learns it from the
 /// `x-pie-client` headers (it trusts them from the controller's worker key).
-struct Acting {
+#[derive(Clone)]
+pub(crate) struct Acting {
     client: String,
     role: Role,
-    cache_salt: Option<String>,
+    pub cache_salt: Option<String>,
+}
+
+impl Acting {
+    /// `req` with the act-as headers.
+    pub fn apply(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        let req = req
+            .header(ACT_AS_CLIENT, &self.client)
+            .header(ACT_AS_ROLE, self.role.as_str());
+        match &self.cache_salt {
+            Some(salt) => req.header(ACT_AS_CACHE_SALT, salt),
+            None => req,
+        }
+    }
 }
 
 /// Without client keys the controller is open: its callers act as admin.
@@ -263,12 +280,12 @@ impl Drop for SlotTicket {
 
 /// A request occupying a running slot on `worker` until its response body is
 /// dropped (fully streamed or abandoned by the client); then it is traced.
-struct InFlight {
+pub(crate) struct InFlight {
     ctl: Arc<Controller>,
     worker: String,
     /// Whose request it is (counted in `Controller::clients_in_flight`).
     client: String,
-    traced: Option<TracedRequest>,
+    pub traced: Option<TracedRequest>,
     /// The request as the actors' demand, until it finishes.
     demand: Option<DemandGuard>,
 }
@@ -284,6 +301,15 @@ impl InFlight {
             traced: None,
             demand: None,
         }
+    }
+}
+
+impl InFlight {
+    /// The request's stream went on on `worker`.
+    pub fn moved_to(&mut self, worker: &str) {
+        self.ctl.registry.count_finished(&self.worker);
+        self.ctl.registry.count_started(worker);
+        self.worker = worker.to_string();
     }
 }
 
@@ -592,6 +618,14 @@ fn route_inputs(ctl: &Controller, path: &str, body: &Value) -> Result<RouteInput
     })
 }
 
+/// A streamed OpenAI generation whose prompt tokens the controller knows:
+/// the controller can resume it elsewhere (see `relay`).
+fn movable(path: &str, json: &Value, tokens: &[u32]) -> bool {
+    matches!(path, "/v1/completions" | "/v1/chat/completions")
+        && json["stream"].as_bool() == Some(true)
+        && !tokens.is_empty()
+}
+
 /// `json` with the controller's prompt ids for a worker of model
 /// `fingerprint`, serialized (the field is top-level for the OpenAI routes and
 /// native processes alike).
@@ -647,14 +681,22 @@ async fn generate(
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
     // The authenticated client is who the workers' fair share counts.
-    let body = match &client {
-        Some(Extension(key)) => match apply_client_key(&mut props, &mut json, key)
-            .and_then(|()| serde_json::to_vec(&json).map_err(|e| e.to_string()))
-        {
+    if let Some(Extension(key)) = &client {
+        if let Err(message) = apply_client_key(&mut props, &mut json, key) {
+            return error(StatusCode::BAD_REQUEST, message);
+        }
+    }
+    let movable = movable(&path, &json, &tokens);
+    if movable {
+        json[STREAM_IDS_FIELD] = json!(true);
+    }
+    let body = if client.is_some() || movable {
+        match serde_json::to_vec(&json) {
             Ok(body) => Bytes::from(body),
-            Err(message) => return error(StatusCode::BAD_REQUEST, message),
-        },
-        None => body,
+            Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+        }
+    } else {
+        body
     };
     let tokenize_s = parse_started.elapsed().as_secs_f64();
     let arrival_ms = now_ms();
@@ -713,6 +755,15 @@ async fn generate(
             };
         }
     };
+    // A movable stream's body for the workers it may move to.
+    let mut resume_body = movable.then(|| match ctl.routing_model() {
+        Some(m) if forwardable && ctl.worker_key.is_some() => {
+            let mut b = json.clone();
+            b[PROMPT_TOKENS_FIELD] = json!({"fingerprint": m.fingerprint, "ids": tokens});
+            b
+        }
+        _ => json.clone(),
+    });
     let (reason, json, body) = match &placement {
         None => (reason, json, body),
         Some(p) => {
@@ -782,17 +833,35 @@ async fn generate(
         };
         proxy_from = Instant::now();
         match started {
-            // A worker whose own queue is full (its 429) is no free slot:
-            // the next candidate may have one.
+            // A worker whose own queue is full (its 429) is no free slot, and
+            // one that began draining (503) takes nothing: the next
+            // candidate may.
             Ok(upstream)
-                if upstream.status == StatusCode::TOO_MANY_REQUESTS && attempt + 1 < candidates =>
+                if matches!(
+                    upstream.status,
+                    StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+                ) && attempt + 1 < candidates =>
             {
-                tracing::debug!(worker = view.name, "worker queue full; trying the next");
+                tracing::debug!(worker = view.name, status = %upstream.status, "worker refused; trying the next");
             }
             Ok(upstream) => {
                 slot.traced = traced.take();
                 slot.demand = demand.take();
-                let mut resp = hold_until_streamed(upstream.into_response(), slot);
+                let mut resp = match resume_body.take() {
+                    Some(body) if upstream.status.is_success() => upstream.into_movable(Relay {
+                        ctl: ctl.clone(),
+                        path: path.clone(),
+                        headers: headers.clone(),
+                        acting,
+                        body,
+                        prompt: tokens.clone(),
+                        props: props.clone(),
+                        worker: view.name.clone(),
+                        url: url.clone(),
+                        slot,
+                    }),
+                    _ => hold_until_streamed(upstream.into_response(), slot),
+                };
                 ctl.registry.count_routed(&view.name);
                 let policy = why.split(':').next().unwrap_or_default().to_string();
                 ctl.metrics
@@ -857,15 +926,15 @@ fn describe(e: &reqwest::Error) -> String {
 }
 
 /// A worker's response before its body is relayed.
-struct Upstream {
-    status: StatusCode,
+pub(crate) struct Upstream {
+    pub status: StatusCode,
     /// The worker's headers the client needs (`content-type`, `retry-after`).
     relayed: HeaderMap,
-    body: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
+    pub body: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
 }
 
 /// Send one request to a worker; Err only when no response arrived at all.
-async fn send(
+pub(crate) async fn send(
     ctl: &Controller,
     method: Method,
     url: &str,
@@ -873,15 +942,7 @@ async fn send(
     acting: &Acting,
     body: Bytes,
 ) -> Result<Upstream, String> {
-    let mut req = ctl
-        .http
-        .request(method, url)
-        .header(ACT_AS_CLIENT, &acting.client)
-        .header(ACT_AS_ROLE, acting.role.as_str())
-        .body(body);
-    if let Some(salt) = &acting.cache_salt {
-        req = req.header(ACT_AS_CACHE_SALT, salt);
-    }
+    let mut req = acting.apply(ctl.http.request(method, url)).body(body);
     if let Some(ct) = headers.get("content-type") {
         req = req.header("content-type", ct);
     }
@@ -902,7 +963,7 @@ impl Upstream {
     /// Wait for the first bytes of the body: a worker that dies before sending
     /// any (e.g. while the request waited in its queue) is an Err, so the
     /// request can still go elsewhere; nothing has reached the client yet.
-    async fn first_bytes(mut self) -> Result<Self, String> {
+    pub async fn first_bytes(mut self) -> Result<Self, String> {
         match self.body.next().await {
             Some(Ok(first)) => {
                 self.body = futures_util::stream::once(async move { Ok(first) })
@@ -919,6 +980,14 @@ impl Upstream {
                 Ok(self)
             }
         }
+    }
+
+    /// Relay a movable stream (see `relay`).
+    fn into_movable(self, relay: Relay) -> Response {
+        let mut out = Response::new(relay.into_body(self.body));
+        *out.status_mut() = self.status;
+        out.headers_mut().extend(self.relayed);
+        out
     }
 
     /// Relay unbuffered; a stream that breaks or stalls midway ends with an

@@ -42,6 +42,8 @@ pub struct Worker {
     /// registration body for registered ones.
     pub group: Option<String>,
     pub healthy: bool,
+    /// It said it is draining: no new requests; its streams move elsewhere.
+    pub draining: bool,
     /// Queued + running processes, as the worker last reported (plus requests
     /// routed since).
     pub load: usize,
@@ -74,6 +76,7 @@ impl Worker {
             slot,
             group,
             healthy: false,
+            draining: false,
             load: 0,
             running: 0,
             max_running: 0,
@@ -85,6 +88,11 @@ impl Worker {
             refused: None,
             routed: 0,
         }
+    }
+
+    /// Takes new requests: healthy and not draining.
+    fn serving(&self) -> bool {
+        self.healthy && !self.draining
     }
 
     /// Processes occupying its running slots, by the freshest figure we have.
@@ -281,7 +289,7 @@ impl Registry {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .filter(|w| w.healthy)
+            .filter(|w| w.serving())
             .map(|w| w.max_running.saturating_sub(w.busy()))
             .sum()
     }
@@ -290,7 +298,13 @@ impl Registry {
     /// a request must wait for a slot.
     pub fn saturated(&self) -> bool {
         let ws = self.workers.read().unwrap_or_else(|e| e.into_inner());
-        !ws.iter().any(|w| w.healthy && w.has_room())
+        !ws.iter().any(|w| w.serving() && w.has_room())
+    }
+
+    /// Whether worker `name` said it is draining.
+    pub fn draining(&self, name: &str) -> bool {
+        self.read_worker(|w| w.name == name, |w| w.draining)
+            .unwrap_or(false)
     }
 
     /// Every worker's name and URL (what a poll round reads).
@@ -315,9 +329,9 @@ impl Registry {
         // kind. Per kind: each worker's held and held-or-pending depths.
         type Depths = (Vec<usize>, Vec<usize>);
         let mut depths: Vec<((u64, usize), Depths)> = Vec::new();
-        let any_room = ws.iter().any(|w| w.healthy && w.has_room());
+        let any_room = ws.iter().any(|w| w.serving() && w.has_room());
         ws.iter()
-            .filter(|w| w.healthy && (!with_free_slot || !any_room || w.has_room()))
+            .filter(|w| w.serving() && (!with_free_slot || !any_room || w.has_room()))
             .map(|w| {
                 let (cached, anticipated) = if w.page_size == 0 || prompt.is_empty() {
                     (0, 0)
@@ -377,6 +391,7 @@ impl Registry {
             entry.page_size = num("page_size") as usize;
             entry.fingerprint = num("fingerprint");
             entry.stage = serde_json::from_value(s["stage"].clone()).unwrap_or_default();
+            entry.draining = s["draining"].as_bool().unwrap_or(false);
             let refused = match expected {
                 Ok(want) if want == entry.fingerprint => None,
                 Ok(want) => Some(format!(

@@ -34,10 +34,22 @@ pub struct Sampler {
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Self {
-        let rng = match params.seed {
+        Self::resumed(params, 0)
+    }
+
+    /// A sampler that has already sampled `sampled` tokens: a seeded one is
+    /// where the same seed would be after them (each non-greedy sample draws
+    /// once), so a process resumed on another worker goes on as it would have.
+    pub fn resumed(params: SamplingParams, sampled: usize) -> Self {
+        let mut rng = match params.seed {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => StdRng::from_entropy(),
         };
+        if params.temperature > 0.0 {
+            for _ in 0..sampled {
+                rng.gen::<f32>();
+            }
+        }
         Self { params, rng }
     }
 
@@ -128,6 +140,22 @@ mod tests {
         };
         assert_eq!(a, b);
         assert!(a.iter().any(|&t| t != a[0]), "temperature 1 should vary");
+    }
+
+    #[test]
+    fn a_resumed_sampler_goes_on_as_the_original() {
+        let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
+        let mut whole = sampler(1.0, 0, 0.9, 5);
+        let all: Vec<u32> = (0..30).map(|_| whole.sample(&logits)).collect();
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.9,
+            seed: Some(5),
+        };
+        let mut resumed = Sampler::resumed(params, 12);
+        let rest: Vec<u32> = (0..18).map(|_| resumed.sample(&logits)).collect();
+        assert_eq!(rest, all[12..]);
     }
 
     #[test]

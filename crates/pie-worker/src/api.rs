@@ -21,8 +21,8 @@ use tokio_stream::wrappers::BroadcastStream;
 use crate::config::ApiKey;
 use crate::process::{ProcEvent, ProcState, Process};
 use crate::runtime::{
-    GenOptions, Inferlet, LaunchError, Prompt, PromptTokens, PullRequest, Runtime, ServeError,
-    PROMPT_TOKENS_FIELD,
+    GenOptions, Inferlet, LaunchError, Prompt, PromptTokens, PullRequest, Resume, Runtime,
+    ServeError, PROMPT_TOKENS_FIELD, RESUME_FIELD, STREAM_IDS_FIELD,
 };
 use pie_core::auth::{Caller, KeyLimits, Role, ACT_AS_CACHE_SALT, ACT_AS_CLIENT, ACT_AS_ROLE};
 
@@ -106,7 +106,7 @@ impl From<LaunchError> for ApiError {
                 ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string())
             },
             LaunchError::BadRequest(m) => ApiError::bad_request(m),
-            LaunchError::Unhealthy(_) => {
+            LaunchError::Unhealthy(_) | LaunchError::Draining => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
             }
         }
@@ -180,7 +180,7 @@ async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Re
 fn authenticate_request(state: &AppState, req: &Request) -> Result<Option<Authed>, ApiError> {
     let keys = state.api_keys.read().unwrap_or_else(|e| e.into_inner());
     let path = req.uri().path();
-    if keys.is_empty() || path == "/health" {
+    if keys.is_empty() || path == "/health" || path == "/livez" {
         return Ok(None);
     }
     let header = req
@@ -274,15 +274,47 @@ pub fn trusted_prefill_from(
 ) -> Result<Option<String>, ApiError> {
     let url = controller_field(auth, PREFILL_FROM_FIELD, field, true)?;
     if let Some(u) = &url {
-        let scheme = reqwest::Url::parse(u).map(|p| p.scheme().to_string());
-        if !matches!(scheme.as_deref(), Ok("http" | "https")) {
-            return Err(ApiError::bad_request(format!(
-                "{PREFILL_FROM_FIELD} must be an http(s) URL, got `{u}`"
-            ))
-            .param(PREFILL_FROM_FIELD));
-        }
+        check_peer_url(PREFILL_FROM_FIELD, u)?;
     }
     Ok(url)
+}
+
+/// A peer worker's URL in field `name`: http(s), or a 400 naming the field.
+fn check_peer_url(name: &str, url: &str) -> Result<(), ApiError> {
+    let scheme = reqwest::Url::parse(url).map(|p| p.scheme().to_string());
+    if matches!(scheme.as_deref(), Ok("http" | "https")) {
+        Ok(())
+    } else {
+        Err(
+            ApiError::bad_request(format!("{name} must be an http(s) URL, got `{url}`"))
+                .param(name),
+        )
+    }
+}
+
+/// `pie_resume`: the process ran on another worker and goes on here (see
+/// [`Resume`]); from a `worker` key only (400 from others), ignored without
+/// keys (a client could otherwise pass made-up output as generated). Its ids
+/// are checked against the vocabulary at launch, its `from` like
+/// `pie_prefill_from`.
+pub fn trusted_resume(
+    auth: &Option<Extension<Authed>>,
+    field: Option<Resume>,
+) -> Result<Option<Resume>, ApiError> {
+    let resume = controller_field(auth, RESUME_FIELD, field, false)?;
+    if let Some(from) = resume.as_ref().and_then(|r| r.from.as_deref()) {
+        check_peer_url(RESUME_FIELD, from)?;
+    }
+    Ok(resume)
+}
+
+/// `pie_stream_ids`: each streamed chunk carries its token id, so that a
+/// controller can resume the stream elsewhere; from a `worker` key only.
+pub fn trusted_stream_ids(
+    auth: &Option<Extension<Authed>>,
+    field: Option<bool>,
+) -> Result<bool, ApiError> {
+    Ok(controller_field(auth, STREAM_IDS_FIELD, field, false)?.unwrap_or(false))
 }
 
 /// A field only a controller may set: taken from a `worker` key, refused
@@ -344,6 +376,7 @@ fn resolve_client(auth: &Option<Extension<Authed>>, props: &mut Props) -> Result
 pub fn router(state: AppState, max_body_bytes: usize) -> Router {
     let router = Router::new()
         .route("/health", get(health))
+        .route("/livez", get(livez))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(crate::openai::models))
         .route(
@@ -362,6 +395,12 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/v1/processes/{id}/events", get(process_events))
         .route("/v1/policies", get(policies))
         .route("/v1/admin/reload", axum::routing::post(admin_reload))
+        .route("/v1/admin/drain", axum::routing::post(admin_drain))
+        .route(
+            "/v1/internal/processes/{id}/handoff",
+            axum::routing::post(hand_off),
+        )
+        .route("/v1/internal/kv/prefetch", axum::routing::post(kv_prefetch))
         .route("/v1/internal/kv/pull", axum::routing::post(kv_pull))
         .route("/v1/internal/kv/push", axum::routing::post(kv_push))
         .route("/v1/internal/state", get(worker_state))
@@ -376,11 +415,17 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .with_state(state)
 }
 
-/// 200 `ok`; 503 while the model loads, and 503 `unhealthy` with the reason
-/// when the engine panicked or stalls (see `supervisor`).
+/// Readiness: 200 `ok`; 503 while the model loads, 503 `draining` once a
+/// drain began, and 503 `unhealthy` with the reason when the engine panicked
+/// or stalls (see `supervisor`).
 async fn health(State(state): State<AppState>) -> Response {
     match state.runtime.get() {
         Some(rt) => match rt.health() {
+            Ok(()) if rt.draining() => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({"status": "draining", "processes": rt.live_processes()})),
+            )
+                .into_response(),
             Ok(()) => Json(json!({"status": "ok"})).into_response(),
             Err(reason) => unhealthy(&reason),
         },
@@ -389,6 +434,16 @@ async fn health(State(state): State<AppState>) -> Response {
             Json(json!({"status": "loading"})),
         )
             .into_response(),
+    }
+}
+
+/// Liveness: 200 while loading, serving or draining (a draining worker must
+/// not be restarted mid-drain); 503 only when the engine is unhealthy, which
+/// a restart cures.
+async fn livez(State(state): State<AppState>) -> Response {
+    match state.runtime.get().map(|rt| rt.health()) {
+        Some(Err(reason)) => unhealthy(&reason),
+        _ => Json(json!({"status": "live"})).into_response(),
     }
 }
 
@@ -472,6 +527,7 @@ async fn worker_state(State(state): State<AppState>) -> Result<Response, ApiErro
         "fingerprint": rt.shape.fingerprint,
         "stage": rt.settings.stage,
         "model": rt.settings.model_name,
+        "draining": rt.draining(),
     }))
     .into_response())
 }
@@ -528,6 +584,68 @@ async fn admin_reload(State(state): State<AppState>) -> Result<Json<Value>, ApiE
             "config reload refused, the running configuration stays: {e}"
         ))
     })
+}
+
+/// Begin a drain (as SIGTERM does): no new processes, `/health` 503
+/// `draining`; the worker exits once its processes are gone (finished, or
+/// moved by a controller) or after `[server] drain_timeout_ms`. 202 with
+/// the processes left; again while draining is the same.
+async fn admin_drain(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let rt = state.runtime()?;
+    if rt.start_drain() {
+        tracing::info!(processes = rt.live_processes(), "drain requested");
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"draining": true, "processes": rt.live_processes()})),
+    )
+        .into_response())
+}
+
+/// A controller moves a process elsewhere: it stops here at the token it is
+/// at and its stream ends with a hand-off (see `Runtime::hand_off`). 409 if
+/// it already ended.
+async fn hand_off(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let rt = state.runtime()?;
+    let p = rt
+        .process(&id)
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("no process `{id}`")))?;
+    if !rt.hand_off(&p) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("process `{id}` already ended ({})", p.state().as_str()),
+        ));
+    }
+    Ok(Json(json!({"id": id, "state": ProcState::Migrated})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PrefetchBody {
+    /// The worker that holds the pages.
+    from: String,
+    tokens: Vec<u32>,
+}
+
+/// A controller's first stage of a migration: pull the pages of `tokens`
+/// that `from` holds (nothing is computed there) into this pool while the
+/// process still runs there; `{"pages": N}` held here afterwards.
+async fn kv_prefetch(
+    State(state): State<AppState>,
+    auth: Option<Extension<Authed>>,
+    ApiJson(body): ApiJson<PrefetchBody>,
+) -> Result<Json<Value>, ApiError> {
+    let rt = state.runtime()?;
+    check_peer_url("from", &body.from)?;
+    rt.check_tokens(&body.tokens).map_err(transfer_error)?;
+    let pages = rt
+        .prefetch(&body.from, &body.tokens, cache_salt_of(&auth).as_deref())
+        .await
+        .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, e.to_string()))?;
+    Ok(Json(json!({"pages": pages})))
 }
 
 /// A peer pulls KV pages (see `runtime::transfer`): a page stream, 409
@@ -623,6 +741,7 @@ impl GenArgs {
             ignore_eos: self.ignore_eos,
             prefill_from: None,
             cache_salt: None,
+            resume: None,
         })
     }
 }
@@ -874,7 +993,7 @@ async fn process_events(
 
 fn native_event(e: ProcEvent) -> Result<Event, Infallible> {
     Ok(match e {
-        ProcEvent::Text(text) => Event::default()
+        ProcEvent::Text { text, .. } => Event::default()
             .event("text")
             .data(json!({"text": text}).to_string()),
         ProcEvent::Done {

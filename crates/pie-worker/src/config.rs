@@ -42,6 +42,9 @@ pub struct ServerConfig {
     pub max_finished_processes: usize,
     /// A finished process record is forgotten this long after it ended.
     pub finished_ttl_ms: u64,
+    /// A drain (SIGTERM, `POST /v1/admin/drain`) exits once no process is
+    /// left, or after this long, failing what is left.
+    pub drain_timeout_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -59,6 +62,7 @@ impl Default for ServerConfig {
             max_sessions: 10_000,
             max_finished_processes: 10_000,
             finished_ttl_ms: 3_600_000,
+            drain_timeout_ms: 120_000,
         }
     }
 }

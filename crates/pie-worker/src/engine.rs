@@ -64,6 +64,9 @@ pub struct Request {
     /// The tenant's cache salt: its pages chain from a salted root, so they
     /// are shared only with requests of the same salt.
     pub cache_salt: Option<String>,
+    /// Tokens at the end of `prompt` this process sampled before, elsewhere
+    /// (a resumed process): its sampler continues after them.
+    pub sampled_before: usize,
 }
 
 impl Request {
@@ -80,6 +83,7 @@ impl Request {
             client: String::new(),
             props: Props::new(),
             cache_salt: None,
+            sampled_before: 0,
         }
     }
 }
@@ -282,7 +286,7 @@ impl Engine {
             max_tokens: req.max_tokens.min(limit - req.prompt.len()),
             tokens: req.prompt,
             stop_tokens,
-            sampler: Sampler::new(req.sampling),
+            sampler: Sampler::resumed(req.sampling, req.sampled_before),
             table: PageTable::with_root(chain_root),
             chain_root,
             cached_tokens: None,

@@ -430,6 +430,7 @@ fn run(
         client: String::new(),
         props: Default::default(),
         cache_salt: None,
+        sampled_before: 0,
     })?;
     let mut decoder = IncrementalDecoder::default();
     let mut stdout = std::io::stdout();

@@ -19,11 +19,11 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::api::{
-    cache_salt_of, client_of, props_of, trusted_prefill_from, trusted_prompt_tokens, ApiError,
-    ApiJson, AppState, Authed, GenArgs, PromptArg,
+    cache_salt_of, client_of, props_of, trusted_prefill_from, trusted_prompt_tokens,
+    trusted_resume, trusted_stream_ids, ApiError, ApiJson, AppState, Authed, GenArgs, PromptArg,
 };
 use crate::process::{now_ms, ProcEvent, ProcState, Process, Usage};
-use crate::runtime::{GenOptions, Inferlet, PromptTokens, Runtime};
+use crate::runtime::{GenOptions, Inferlet, PromptTokens, Resume, Runtime};
 
 /// Kills the process when the request that owns it goes away unfinished.
 struct KillOnDrop {
@@ -59,6 +59,10 @@ struct Common {
     pie_prompt_tokens: Option<PromptTokens>,
     /// The prefill worker a controller chose (see `api::trusted_prefill_from`).
     pie_prefill_from: Option<String>,
+    /// A controller resumes a process that ran elsewhere (see `api::trusted_resume`).
+    pie_resume: Option<Resume>,
+    /// A controller asks for each chunk's token id (see `api::trusted_stream_ids`).
+    pie_stream_ids: Option<bool>,
     #[serde(flatten)]
     gen: GenArgs,
 }
@@ -248,7 +252,12 @@ async fn serve(
     let opts = GenOptions {
         cache_salt: cache_salt_of(&auth),
         prefill_from: trusted_prefill_from(&auth, common.pie_prefill_from.take())?,
+        resume: trusted_resume(&auth, common.pie_resume.take())?,
         ..common.gen.options(1.0)?
+    };
+    let relay = Relay {
+        token_ids: trusted_stream_ids(&auth, common.pie_stream_ids.take())?,
+        resumed: opts.resume.is_some(),
     };
     let pretokenized = trusted_prompt_tokens(&auth, common.pie_prompt_tokens.take())?;
     let client = client_of(&auth, &mut props)?;
@@ -265,7 +274,7 @@ async fn serve(
     };
     if common.stream {
         let include_usage = common.stream_options.unwrap_or_default().include_usage;
-        Ok(stream_response(meta, events, include_usage, guard).into_response())
+        Ok(stream_response(meta, events, include_usage, relay, guard).into_response())
     } else {
         whole_response(meta, events, guard).await
     }
@@ -279,6 +288,17 @@ fn request_props(common: &Common) -> Result<Props, ApiError> {
             .map_err(|e| ApiError::from(e).param("session"))?;
     }
     Ok(props)
+}
+
+/// What a controller asked of a stream so that it can move it.
+#[derive(Clone, Copy)]
+struct Relay {
+    /// Every token's chunk carries `pie_token_ids` (empty text included),
+    /// the stream opens with a `pie-process ID` comment, and a hand-off ends
+    /// it with a `pie-handoff` comment.
+    token_ids: bool,
+    /// The process goes on from another worker: the client has its opening.
+    resumed: bool,
 }
 
 struct Meta {
@@ -303,6 +323,10 @@ fn failure(state: ProcState, error: Option<String>) -> ApiError {
         ProcState::Killed => {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the process was killed")
         }
+        ProcState::Migrated => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the process was handed off to another worker",
+        ),
         _ => ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             error.unwrap_or_else(|| "generation failed".into()),
@@ -319,7 +343,7 @@ async fn whole_response(
     let mut events = std::pin::pin!(events);
     while let Some(e) = events.next().await {
         match e {
-            ProcEvent::Text(t) => text.push_str(&t),
+            ProcEvent::Text { text: t, .. } => text.push_str(&t),
             ProcEvent::Done {
                 state: ProcState::Finished,
                 finish_reason,
@@ -346,21 +370,37 @@ fn stream_response(
     meta: Meta,
     events: impl Stream<Item = ProcEvent> + Send + 'static,
     include_usage: bool,
+    relay: Relay,
     guard: KillOnDrop,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let data = |v: Value| Event::default().data(v.to_string());
-    let opening = match meta.kind {
-        Kind::Chat => vec![data(meta.body(true, json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]), None))],
-        Kind::Completion => Vec::new(),
-    };
+    let mut opening = Vec::new();
+    if relay.token_ids {
+        opening.push(Event::default().comment(format!("pie-process {}", guard.process.id)));
+    }
+    if matches!(meta.kind, Kind::Chat) && !relay.resumed {
+        opening.push(data(meta.body(true, json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]), None)));
+    }
     let body = events.flat_map(move |e| {
         let out: Vec<Event> = match e {
-            ProcEvent::Text(t) if t.is_empty() => Vec::new(),
-            ProcEvent::Text(t) => vec![data(meta.body(
+            ProcEvent::Text {
+                text,
+                token: Some(t),
+            } if relay.token_ids => {
+                let mut chunk = meta.body(true, json!([meta.kind.choice(&text, None, true)]), None);
+                chunk["pie_token_ids"] = json!([t]);
+                vec![data(chunk)]
+            }
+            ProcEvent::Text { text, .. } if text.is_empty() => Vec::new(),
+            ProcEvent::Text { text, .. } => vec![data(meta.body(
                 true,
-                json!([meta.kind.choice(&t, None, true)]),
+                json!([meta.kind.choice(&text, None, true)]),
                 None,
             ))],
+            ProcEvent::Done {
+                state: ProcState::Migrated,
+                ..
+            } if relay.token_ids => vec![Event::default().comment("pie-handoff")],
             ProcEvent::Done {
                 state: ProcState::Finished,
                 finish_reason,

@@ -24,13 +24,16 @@ pub enum ProcState {
     Finished,
     Failed,
     Killed,
+    /// Stopped here to go on on another worker (a controller's migration);
+    /// its stream ends with a hand-off, not an error.
+    Migrated,
 }
 
 impl ProcState {
     pub fn is_final(self) -> bool {
         matches!(
             self,
-            ProcState::Finished | ProcState::Failed | ProcState::Killed
+            ProcState::Finished | ProcState::Failed | ProcState::Killed | ProcState::Migrated
         )
     }
 
@@ -41,6 +44,7 @@ impl ProcState {
             "finished" => ProcState::Finished,
             "failed" => ProcState::Failed,
             "killed" => ProcState::Killed,
+            "migrated" => ProcState::Migrated,
             _ => return None,
         })
     }
@@ -52,6 +56,7 @@ impl ProcState {
             ProcState::Finished => "finished",
             ProcState::Failed => "failed",
             ProcState::Killed => "killed",
+            ProcState::Migrated => "migrated",
         }
     }
 }
@@ -86,8 +91,9 @@ impl Usage {
 /// What watchers of a process see.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ProcEvent {
-    /// New output text (possibly empty when a token completes no character).
-    Text(String),
+    /// New output text (possibly empty when a token completes no character)
+    /// and the token that produced it (None for text flushed at the end).
+    Text { text: String, token: Option<u32> },
     /// The final state; no event follows.
     Done {
         state: ProcState,
@@ -115,6 +121,9 @@ pub struct ProcData {
     /// pieces by index.
     #[serde(skip)]
     piece_ends: Vec<usize>,
+    /// The token of each piece.
+    #[serde(skip)]
+    piece_tokens: Vec<Option<u32>>,
 }
 
 impl ProcData {
@@ -123,7 +132,10 @@ impl ProcData {
     fn event_at(&self, index: usize) -> Option<ProcEvent> {
         if let Some(&end) = self.piece_ends.get(index) {
             let start = index.checked_sub(1).map_or(0, |i| self.piece_ends[i]);
-            return Some(ProcEvent::Text(self.output[start..end].to_string()));
+            return Some(ProcEvent::Text {
+                text: self.output[start..end].to_string(),
+                token: self.piece_tokens[index],
+            });
         }
         (index == self.piece_ends.len() && self.state.is_final()).then(|| ProcEvent::Done {
             state: self.state,
@@ -218,6 +230,7 @@ impl Process {
             output_tokens: Vec::new(),
             error: None,
             piece_ends: Vec::new(),
+            piece_tokens: Vec::new(),
         };
         Self {
             id,
@@ -318,6 +331,7 @@ impl Process {
         d.output.push_str(&text);
         let end = d.output.len();
         d.piece_ends.push(end);
+        d.piece_tokens.push(token);
         d.output_tokens.extend(token);
         d.usage = Usage::new(
             d.usage.prompt_tokens,
@@ -379,7 +393,7 @@ mod tests {
         events
             .iter()
             .filter_map(|e| match e {
-                ProcEvent::Text(t) => Some(t.as_str()),
+                ProcEvent::Text { text, .. } => Some(text.as_str()),
                 ProcEvent::Done { .. } => None,
             })
             .collect()
@@ -397,7 +411,13 @@ mod tests {
         p.finish(ProcState::Finished, Some("length"), None);
         let all: Vec<ProcEvent> = events.collect().await;
         assert_eq!(all.len(), 10_001);
-        assert_eq!(all[4096], ProcEvent::Text("4096,".into()));
+        assert_eq!(
+            all[4096],
+            ProcEvent::Text {
+                text: "4096,".into(),
+                token: Some(4096)
+            }
+        );
         assert_eq!(text_of(&all), p.snapshot().output);
         match all.last() {
             Some(ProcEvent::Done { state, usage, .. }) => {

@@ -3,7 +3,7 @@
 //! drive generation for each process.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -116,6 +116,28 @@ pub struct PromptTokens {
 /// The request field that carries [`PromptTokens`].
 pub const PROMPT_TOKENS_FIELD: &str = "pie_prompt_tokens";
 
+/// `pie_resume`: a process that ran on another worker goes on here (a
+/// controller's migration, or its recovery from a dead worker). Trusted only
+/// from a `worker`-role key (see `api::trusted_resume`).
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resume {
+    /// The ids the process generated so far, in order: the engine continues
+    /// after prompt + these, the sampler after as many samples, and the text
+    /// they made is not sent again.
+    pub tokens: Vec<u32>,
+    /// A live worker that holds their pages: pulled from it (never prefilled
+    /// there); None after a crash: computed here.
+    #[serde(default)]
+    pub from: Option<String>,
+}
+
+/// The request field that carries [`Resume`].
+pub const RESUME_FIELD: &str = "pie_resume";
+
+/// The request field asking for each streamed chunk's token id.
+pub const STREAM_IDS_FIELD: &str = "pie_stream_ids";
+
 /// A built-in inferlet and its input.
 #[derive(Clone, Debug)]
 pub enum Inferlet {
@@ -151,6 +173,17 @@ pub struct GenOptions {
     /// A peer worker (URL) that prefills the prompt; this worker pulls its
     /// pages (a controller's `disaggregate`, see `api::trusted_prefill_from`).
     pub prefill_from: Option<String>,
+    /// The process ran elsewhere until now.
+    pub resume: Option<Resume>,
+}
+
+/// A peer worker this process's pages come from before its prefill.
+#[derive(Clone, Debug)]
+struct PageSource {
+    url: String,
+    /// The peer computes the prompt first (disaggregate); otherwise it sends
+    /// what it holds (a migration's source).
+    prefill: bool,
 }
 
 /// Why a launch was refused (mapped to HTTP statuses by the API).
@@ -163,6 +196,9 @@ pub enum LaunchError {
     /// The engine panicked or stalls (see `Runtime::health`).
     #[error("the worker is unhealthy: {0}")]
     Unhealthy(String),
+    /// Draining: it takes no new processes (see `Runtime::start_drain`).
+    #[error("the worker is draining: it takes no new processes")]
+    Draining,
 }
 
 pub struct RuntimeSettings {
@@ -226,6 +262,8 @@ pub struct Runtime {
     supervision: Arc<Supervision>,
     /// The engine's health the watchdog last acted on (a `Seen`).
     seen: AtomicU8,
+    /// Set once by `start_drain`; never cleared (the worker exits drained).
+    draining: AtomicBool,
     /// `fault-injection`: a pause before each page this worker sends.
     #[cfg(feature = "fault-injection")]
     transfer_delay_ms: AtomicU64,
@@ -297,6 +335,7 @@ impl Runtime {
             settings,
             supervision,
             seen: AtomicU8::new(Seen::Healthy as u8),
+            draining: AtomicBool::new(false),
             #[cfg(feature = "fault-injection")]
             transfer_delay_ms: AtomicU64::new(0),
         });
@@ -342,14 +381,15 @@ impl Runtime {
         self.lock_processes().sweep(now_ms());
     }
 
-    fn fail_live(&self, reason: &str) {
+    /// Fail every live process with `reason`; returns how many there were.
+    pub fn fail_live(&self, reason: &str) -> usize {
         let live: Vec<Arc<Process>> = self
             .lock_processes()
             .all()
             .filter(|p| !p.state().is_final())
             .cloned()
             .collect();
-        for p in live {
+        for p in &live {
             if p.finish(ProcState::Failed, None, Some(reason.to_string())) {
                 self.metrics.count_request("failed");
                 if let Some(seq) = p.seq() {
@@ -357,6 +397,7 @@ impl Runtime {
                 }
             }
         }
+        live.len()
     }
 
     /// `fault-injection`: make the engine thread panic or stall.
@@ -429,6 +470,7 @@ impl Runtime {
             client: "peer".into(),
             props: Props::new(),
             cache_salt,
+            sampled_before: 0,
         };
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let (reply_tx, reply) = oneshot::channel();
@@ -458,11 +500,11 @@ impl Runtime {
     /// Before a process's prefill: pull its pages from the prefill worker the
     /// controller chose (`disaggregate`), or from an offload peer when this
     /// worker is busy. Any failure leaves the prefill (of what is missing) here.
-    async fn remote_prefill(&self, req: &Request, prefill_from: Option<&str>) {
-        let (peer, timeout_ms) = match prefill_from {
-            Some(peer) => (peer.to_string(), self.settings.transfer.timeout_ms),
+    async fn remote_prefill(&self, req: &Request, source: Option<&PageSource>) {
+        let (peer, prefill, timeout_ms) = match source {
+            Some(s) => (s.url.clone(), s.prefill, self.settings.transfer.timeout_ms),
             None => match self.offload_peer(req.prompt.len()) {
-                Some(offload) => offload,
+                Some((peer, timeout_ms)) => (peer, true, timeout_ms),
                 None => return,
             },
         };
@@ -470,10 +512,10 @@ impl Runtime {
             peer: &peer,
             tokens: &req.prompt,
             cache_salt: req.cache_salt.as_deref(),
-            prefill: true,
+            prefill,
             timeout_ms,
         };
-        if self.pull_pages(pull).await.is_ok() && prefill_from.is_none() {
+        if self.pull_pages(pull).await.is_ok() && source.is_none() {
             self.metrics.offloaded_prefills.inc();
         }
     }
@@ -542,16 +584,23 @@ impl Runtime {
         pretokenized: Option<PromptTokens>,
     ) -> Result<(Arc<Process>, ProcEvents), LaunchError> {
         self.health().map_err(LaunchError::Unhealthy)?;
+        if self.draining() {
+            return Err(LaunchError::Draining);
+        }
         let queued = self.count_in(ProcState::Queued);
         if queued >= self.settings.max_queued.load(Ordering::Relaxed) {
             self.metrics.count_request("rejected_overload");
             return Err(LaunchError::Overloaded(queued));
         }
-        let (prompt, session_messages) =
+        let (mut prompt, session_messages) =
             self.prompt_tokens(&inferlet, &props, &client, pretokenized)?;
         if prompt.is_empty() {
             return Err(LaunchError::BadRequest("the prompt is empty".into()));
         }
+        let prompt_len = prompt.len();
+        let resume = opts.resume.unwrap_or_default();
+        self.check_vocab(&format!("{RESUME_FIELD}.tokens"), &resume.tokens)?;
+        prompt.extend_from_slice(&resume.tokens);
         if prompt.len() >= self.max_seq_tokens {
             return Err(LaunchError::BadRequest(format!(
                 "the prompt has {} tokens but a sequence can hold at most {} (prompt and output, KV pool and context length)",
@@ -565,7 +614,7 @@ impl Runtime {
             inferlet.name(),
             client,
             props.clone(),
-            prompt.len(),
+            prompt_len,
             self.state_counts.clone(),
         ));
         let events = process.events();
@@ -573,13 +622,17 @@ impl Runtime {
         let req = Request {
             client: process.client.clone(),
             prompt,
-            max_tokens: opts.max_tokens.unwrap_or(usize::MAX),
+            max_tokens: opts
+                .max_tokens
+                .unwrap_or(usize::MAX)
+                .saturating_sub(resume.tokens.len()),
             sampling: opts.sampling.clone(),
             stop_tokens: Vec::new(),
             ignore_eos: opts.ignore_eos,
             cache_salt: opts.cache_salt.clone(),
             arrival_ms: now_ms(),
             props,
+            sampled_before: resume.tokens.len(),
         };
         let trace_input = self
             .settings
@@ -592,7 +645,15 @@ impl Runtime {
             stop: opts.stop,
             session_messages,
             trace_input,
-            prefill_from: opts.prefill_from,
+            pages_from: match (opts.prefill_from, resume.from) {
+                (Some(url), _) => Some(PageSource { url, prefill: true }),
+                (None, Some(url)) => Some(PageSource {
+                    url,
+                    prefill: false,
+                }),
+                (None, None) => None,
+            },
+            generated_before: resume.tokens,
         };
         tokio::spawn(driver.run(req));
         Ok((process, events))
@@ -704,14 +765,42 @@ impl Runtime {
 
     /// Kill a process: its sequence stops and its pages are released.
     pub fn kill(&self, process: &Process) -> bool {
-        if !process.finish(ProcState::Killed, None, None) {
+        self.stop(process, ProcState::Killed)
+    }
+
+    /// Stop a process here for a controller to resume it on another worker:
+    /// its output ends at the token it is at; its stream ends with a
+    /// hand-off. Its full pages stay cached (released, not freed) for the
+    /// target to pull.
+    pub fn hand_off(&self, process: &Process) -> bool {
+        self.stop(process, ProcState::Migrated)
+    }
+
+    fn stop(&self, process: &Process, state: ProcState) -> bool {
+        if !process.finish(state, None, None) {
             return false;
         }
-        self.metrics.count_request("killed");
+        self.metrics.count_request(state.as_str());
         if let Some(seq) = process.seq() {
             self.send(Command::Abort(seq));
         }
         true
+    }
+
+    /// Take no new processes from now on (`/health` answers 503 "draining");
+    /// the ones here finish or are moved by a controller. Returns false if
+    /// it was draining already.
+    pub fn start_drain(&self) -> bool {
+        !self.draining.swap(true, Ordering::Relaxed)
+    }
+
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Processes not yet in a final state (what a drain waits for).
+    pub fn live_processes(&self) -> usize {
+        self.count_in(ProcState::Queued) + self.count_in(ProcState::Running)
     }
 
     pub fn patch_props(
@@ -775,15 +864,32 @@ struct Driver {
     session_messages: Option<SessionTurn>,
     /// Set when the server records a trace.
     trace_input: Option<TraceInput>,
-    /// The prefill worker to pull the prompt's pages from (`disaggregate`).
-    prefill_from: Option<String>,
+    /// The worker to pull the prompt's pages from first.
+    pages_from: Option<PageSource>,
+    /// Resumed: the tokens it generated elsewhere (the end of the request's
+    /// prompt).
+    generated_before: Vec<u32>,
 }
 
 impl Driver {
     async fn run(self, req: Request) {
-        self.rt
-            .remote_prefill(&req, self.prefill_from.as_deref())
-            .await;
+        self.rt.remote_prefill(&req, self.pages_from.as_ref()).await;
+        let mut text = StopScanner::new(&self.stop);
+        let mut decoder = IncrementalDecoder::default();
+        // What the source held back (a partial character, a possible stop
+        // string's start) is held here the same way; what it sent is not
+        // sent again.
+        for &t in &self.generated_before {
+            if let Ok(delta) = decoder.push(&self.rt.model.tokenizer, t) {
+                text.push(&delta);
+            }
+        }
+        let mut tokens = self.generated_before.len();
+        if req.max_tokens == 0 {
+            self.process.push_text(text.flush(), None, tokens);
+            self.complete("length");
+            return;
+        }
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let (reply_tx, reply) = oneshot::channel();
         self.rt.send(Command::Add {
@@ -800,10 +906,8 @@ impl Driver {
             self.rt.send(Command::Abort(seq));
             return;
         }
-        let mut text = StopScanner::new(&self.stop);
-        let mut decoder = IncrementalDecoder::default();
-        let mut tokens = 0;
-        let mut last_token: Option<Instant> = None;
+        // A resumed process's first token here is no first token.
+        let mut last_token = (!self.generated_before.is_empty()).then(Instant::now);
         while let Some(event) = events.recv().await {
             match event {
                 SeqEvent::Started { cached_tokens } => {
@@ -847,8 +951,11 @@ impl Driver {
                     return;
                 }
                 SeqEvent::Finished(reason, info) => {
-                    self.process
-                        .push_text(text.flush(), None, info.generated_tokens);
+                    self.process.push_text(
+                        text.flush(),
+                        None,
+                        self.generated_before.len() + info.generated_tokens,
+                    );
                     self.complete(if reason == FinishReason::Stop {
                         "stop"
                     } else {

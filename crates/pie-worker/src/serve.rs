@@ -51,18 +51,95 @@ pub async fn serve(
     });
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     let runtime = loader.await.context("model loading panicked")??;
-    let _ = state.runtime.set(runtime);
+    let _ = state.runtime.set(runtime.clone());
     println!("pie: ready");
-    tokio::spawn(reload_on_sighup(state));
-    if let Some(registration) = registration {
+    tokio::spawn(reload_on_sighup(state.clone()));
+    let heartbeat = registration.map(|registration| {
         tokio::spawn(heartbeat(
             registration,
             format!("http://{local}"),
             worker_key,
-        ));
+        ))
+    });
+    tokio::select! {
+        served = server => served.context("server task panicked")??,
+        () = drained(&runtime, &state) => {
+            if let Some(h) = heartbeat {
+                h.abort();
+            }
+            println!("pie: drained");
+        }
     }
-    server.await.context("server task panicked")??;
     Ok(())
+}
+
+/// Returns once a drain (SIGTERM or `POST /v1/admin/drain`) has run its
+/// course: no process left, or `[server] drain_timeout_ms` passed (what is
+/// left is failed, naming the timeout). A controller moves the processes it
+/// relays to other workers meanwhile.
+async fn drained(rt: &Arc<Runtime>, state: &AppState) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(50));
+    let mut term = sigterm();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = next_signal(&mut term) => {
+                if rt.start_drain() {
+                    tracing::info!(processes = rt.live_processes(), "SIGTERM: draining");
+                }
+            }
+        }
+        if rt.draining() {
+            break;
+        }
+    }
+    let timeout_ms = state
+        .config
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .server
+        .drain_timeout_ms;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(timeout_ms);
+    while rt.live_processes() > 0 && tokio::time::Instant::now() < deadline {
+        tick.tick().await;
+    }
+    let left = rt.fail_live(&format!(
+        "the worker drained: server.drain_timeout_ms ({timeout_ms} ms) passed"
+    ));
+    tracing::info!(failed = left, "drained");
+}
+
+#[cfg(unix)]
+type Signal = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+type Signal = ();
+
+#[cfg(unix)]
+fn sigterm() -> Signal {
+    use tokio::signal::unix::{signal, SignalKind};
+    signal(SignalKind::terminate())
+        .map_err(|e| {
+            tracing::warn!("cannot listen for SIGTERM ({e}); drain with POST /v1/admin/drain")
+        })
+        .ok()
+}
+
+#[cfg(not(unix))]
+fn sigterm() -> Signal {}
+
+#[cfg(unix)]
+async fn next_signal(s: &mut Signal) {
+    if let Some(s) = s {
+        if s.recv().await.is_some() {
+            return;
+        }
+    }
+    std::future::pending().await
+}
+
+#[cfg(not(unix))]
+async fn next_signal(_: &mut Signal) {
+    std::future::pending().await
 }
 
 /// `pie serve --controller URL --name NAME [--group GROUP]`.

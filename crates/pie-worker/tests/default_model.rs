@@ -44,6 +44,7 @@ fn greedy(model: &Arc<Model>, text: &str, max_tokens: usize) -> String {
             client: String::new(),
             props: Default::default(),
             cache_salt: None,
+            sampled_before: 0,
         })
         .unwrap();
     let mut out: HashMap<_, Vec<u32>> = HashMap::new();

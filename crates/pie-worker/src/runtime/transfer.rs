@@ -119,6 +119,25 @@ impl Runtime {
         rx.await.map_err(|_| self.engine_stopped())
     }
 
+    /// The first stage of a migration: the pages of `tokens` that `peer`
+    /// holds, pulled into this pool's prefix cache (the process keeps running
+    /// there; its hand-off then pulls only what came after).
+    pub async fn prefetch(
+        &self,
+        peer: &str,
+        tokens: &[u32],
+        cache_salt: Option<&str>,
+    ) -> Result<usize, PullError> {
+        self.pull_pages(Pull {
+            peer,
+            tokens,
+            cache_salt,
+            prefill: false,
+            timeout_ms: self.settings.transfer.timeout_ms,
+        })
+        .await
+    }
+
     /// Pull the prompt's pages this pool lacks; returns how many leading
     /// pages it holds afterwards. Failures are counted (refusal by reason, a
     /// fallback to local prefill) and logged; the caller prefills what is
@@ -277,7 +296,7 @@ impl Runtime {
     }
 
     /// Tokens a peer names: 1 to `max_seq_tokens - 1` ids of this vocabulary.
-    fn check_tokens(&self, tokens: &[u32]) -> Result<(), ServeError> {
+    pub(crate) fn check_tokens(&self, tokens: &[u32]) -> Result<(), ServeError> {
         if tokens.is_empty() || tokens.len() >= self.max_seq_tokens {
             return Err(ServeError::BadTokens(format!(
                 "tokens: need 1 to {} tokens, got {}",

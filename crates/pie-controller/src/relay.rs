@@ -1,0 +1,735 @@
+//! Streams the controller can move between workers. A streamed OpenAI
+//! generation is relayed event by event; each token's chunk carries its id
+//! (`pie_stream_ids`, stripped here), so the controller knows exactly which
+//! tokens the client has. When the worker's stream breaks (the worker died),
+//! the request goes to another worker with `pie_resume` (the tokens sent so
+//! far): greedy and seeded sampling continue as they would have and the
+//! client sees every token once, with no error. A live move (a draining
+//! worker, a relocation, a rebalance) copies the pages in two stages: the
+//! target prefetches what the source holds while the source keeps decoding;
+//! then the source hands the process off and the target pulls only the pages
+//! that came after.
+//!
+//! Invariants: the client's chunks keep the first worker's `id` and
+//! `created`; a move that fails before the hand-off leaves the process where
+//! it was; after a hand-off or a break the stream goes on elsewhere or ends
+//! with an error event, never silently.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, Method};
+use futures_util::future::BoxFuture;
+use futures_util::stream::BoxStream;
+use futures_util::{FutureExt, StreamExt};
+use pie_core::Props;
+use pie_policy::cluster::{record, route, RouteRequest, Stage};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::metrics::MoveLabels;
+use crate::proxy::{now_ms, send, Acting, Controller, InFlight};
+use crate::registry::with_worker_key;
+
+/// The request field asking a worker for each chunk's token id.
+pub const STREAM_IDS_FIELD: &str = "pie_stream_ids";
+/// The request field resuming a process that ran elsewhere.
+const RESUME_FIELD: &str = "pie_resume";
+/// Workers tried for one resume before the stream ends with an error.
+const MAX_TARGETS: usize = 4;
+/// Resumes of one stream (a stream moved this often is failing, not moving).
+const MAX_RESUMES: usize = 8;
+
+/// Why a stream moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    Drain,
+    Relocate,
+    Rebalance,
+    Crash,
+}
+
+impl Reason {
+    fn label(self) -> MoveLabels {
+        MoveLabels {
+            reason: match self {
+                Reason::Drain => "drain",
+                Reason::Relocate => "relocate",
+                Reason::Rebalance => "rebalance",
+                Reason::Crash => "crash",
+            },
+        }
+    }
+}
+
+/// A request to move one stream; `to` None lets routing choose.
+#[derive(Clone, Debug)]
+pub struct Move {
+    pub to: Option<String>,
+    pub reason: Reason,
+}
+
+/// The movable streams in flight, by the controller's number for them.
+#[derive(Default)]
+pub struct Streams {
+    next: AtomicU64,
+    live: Mutex<HashMap<u64, Live>>,
+}
+
+struct Live {
+    worker: String,
+    session: Option<String>,
+    moves: mpsc::UnboundedSender<Move>,
+}
+
+impl Streams {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Live>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn add(&self, worker: &str, session: Option<String>) -> (u64, mpsc::UnboundedReceiver<Move>) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.lock().insert(
+            id,
+            Live {
+                worker: worker.to_string(),
+                session,
+                moves: tx,
+            },
+        );
+        (id, rx)
+    }
+
+    fn now_on(&self, id: u64, worker: &str) {
+        if let Some(l) = self.lock().get_mut(&id) {
+            l.worker = worker.to_string();
+        }
+    }
+
+    fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    /// Ask every stream on `worker` to move (a drain); returns how many.
+    pub fn move_from(&self, worker: &str, reason: Reason) -> usize {
+        self.ask(|l| l.worker == worker, None, reason)
+    }
+
+    /// Ask the streams of `session` to move to `to`; returns how many.
+    pub fn move_session(&self, session: &str, to: &str) -> usize {
+        self.ask(
+            |l| l.session.as_deref() == Some(session) && l.worker != to,
+            Some(to),
+            Reason::Relocate,
+        )
+    }
+
+    /// Streams on each worker (what a rebalance may move).
+    pub fn on_worker(&self, worker: &str) -> Vec<u64> {
+        self.lock()
+            .iter()
+            .filter(|(_, l)| l.worker == worker)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Ask stream `id` to move to `to`; false if it is gone.
+    pub fn move_one(&self, id: u64, to: &str, reason: Reason) -> bool {
+        self.lock().get(&id).is_some_and(|l| {
+            l.moves
+                .send(Move {
+                    to: Some(to.to_string()),
+                    reason,
+                })
+                .is_ok()
+        })
+    }
+
+    fn ask(&self, which: impl Fn(&Live) -> bool, to: Option<&str>, reason: Reason) -> usize {
+        self.lock()
+            .values()
+            .filter(|l| which(l))
+            .filter(|l| {
+                l.moves
+                    .send(Move {
+                        to: to.map(str::to_string),
+                        reason,
+                    })
+                    .is_ok()
+            })
+            .count()
+    }
+}
+
+/// A movable stream's request, as every worker gets it.
+pub(crate) struct Relay {
+    pub ctl: Arc<Controller>,
+    pub path: String,
+    pub headers: HeaderMap,
+    pub acting: Acting,
+    /// The body with `pie_stream_ids` (and `pie_prompt_tokens` where the
+    /// worker key vouches), without `pie_prefill_from`.
+    pub body: Value,
+    /// The prompt's ids as the workers see them.
+    pub prompt: Vec<u32>,
+    pub props: Props,
+    pub worker: String,
+    pub url: String,
+    pub slot: InFlight,
+}
+
+/// What one SSE event of a worker's stream means here.
+enum Event {
+    Forward(Bytes),
+    Skip,
+    Done(Bytes),
+    HandedOff,
+}
+
+/// A live move under way.
+struct Migration {
+    reason: Reason,
+    target: String,
+    /// The prefetch, then nothing while the hand-off is awaited.
+    stage: Option<BoxFuture<'static, Result<(), String>>>,
+}
+
+/// What the relay loop waits on next.
+enum Step {
+    Chunk(Option<reqwest::Result<Bytes>>),
+    Move(Option<Move>),
+    Staged(Result<(), String>),
+}
+
+impl Relay {
+    /// Relay `upstream` (the first worker's answer, first bytes included) to
+    /// the client, moving it when asked or when it breaks.
+    pub fn into_body(self, upstream: BoxStream<'static, reqwest::Result<Bytes>>) -> Body {
+        let (tx, rx) = mpsc::channel::<Bytes>(64);
+        let (id, moves) = self
+            .ctl
+            .streams
+            .add(&self.worker, self.props.str("session").map(str::to_string));
+        let streams = self.ctl.clone();
+        tokio::spawn(async move {
+            let mut run = Run {
+                relay: self,
+                generated: Vec::new(),
+                process: None,
+                first: None,
+                last_token: Instant::now(),
+                paused: None,
+                resumes: 0,
+                stream_id: id,
+            };
+            run.relay(upstream, tx, moves).await;
+            streams.streams.remove(id);
+        });
+        Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|b| (Ok::<Bytes, Infallible>(b), rx))
+        }))
+    }
+}
+
+struct Run {
+    relay: Relay,
+    /// Every token id the client has, in order.
+    generated: Vec<u32>,
+    /// The process's id on the current worker.
+    process: Option<String>,
+    /// `id` and `created` of the first worker's chunks.
+    first: Option<(Value, Value)>,
+    last_token: Instant,
+    /// Set from a resume to the first token after it.
+    paused: Option<Reason>,
+    resumes: usize,
+    stream_id: u64,
+}
+
+impl Run {
+    async fn relay(
+        &mut self,
+        mut upstream: BoxStream<'static, reqwest::Result<Bytes>>,
+        out: mpsc::Sender<Bytes>,
+        mut moves: mpsc::UnboundedReceiver<Move>,
+    ) {
+        let mut buf: Vec<u8> = Vec::new();
+        let mut migration: Option<Migration> = None;
+        loop {
+            let step = tokio::select! {
+                chunk = upstream.next() => Step::Chunk(chunk),
+                m = moves.recv() => Step::Move(m),
+                staged = stage(&mut migration) => Step::Staged(staged),
+            };
+            let resume = match step {
+                Step::Chunk(Some(Ok(bytes))) => {
+                    buf.extend_from_slice(&bytes);
+                    match self.forward_events(&mut buf, &out).await {
+                        Flow::Go => continue,
+                        Flow::End => return,
+                        Flow::HandedOff => {
+                            let source = self.relay.url.clone();
+                            let (reason, target) = match migration.take() {
+                                Some(m) => (m.reason, Some(m.target)),
+                                None => (Reason::Drain, None),
+                            };
+                            (reason, target, Some(source))
+                        }
+                    }
+                }
+                Step::Chunk(_) => {
+                    tracing::warn!(
+                        worker = self.relay.worker,
+                        "the worker's stream broke; resuming it elsewhere"
+                    );
+                    self.relay.ctl.registry.mark_down(&self.relay.worker);
+                    let target = migration.take().map(|m| m.target);
+                    (Reason::Crash, target, None)
+                }
+                Step::Move(None) => continue,
+                Step::Move(Some(m)) => {
+                    if migration.is_none() {
+                        migration = self.begin_move(m);
+                    }
+                    continue;
+                }
+                Step::Staged(result) => {
+                    let Some(m) = &mut migration else { continue };
+                    let handed = match result {
+                        Ok(()) => self.hand_off().await,
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = handed {
+                        tracing::warn!(
+                            worker = self.relay.worker,
+                            target = m.target,
+                            error = e,
+                            "move abandoned; the process goes on where it is"
+                        );
+                        self.count_failure(m.reason);
+                        migration = None;
+                    }
+                    continue;
+                }
+            };
+            buf.clear();
+            let (reason, target, source) = resume;
+            match self.resume(reason, target, source).await {
+                Ok(next) => upstream = next,
+                Err(message) => {
+                    self.count_failure(reason);
+                    let event = pie_core::api_error::error_body(502, &message, None);
+                    let _ = out.send(Bytes::from(format!("data: {event}\n\n"))).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Forward the complete events in `buf`.
+    async fn forward_events(&mut self, buf: &mut Vec<u8>, out: &mpsc::Sender<Bytes>) -> Flow {
+        while let Some(block) = next_block(buf) {
+            let bytes = match self.event(&block) {
+                Event::Skip => continue,
+                Event::HandedOff => return Flow::HandedOff,
+                Event::Forward(bytes) => bytes,
+                Event::Done(bytes) => {
+                    self.observe(&bytes);
+                    let _ = out.send(bytes).await;
+                    return Flow::End;
+                }
+            };
+            self.observe(&bytes);
+            if out.send(bytes).await.is_err() {
+                // The client left: dropping the worker's stream kills the process.
+                return Flow::End;
+            }
+        }
+        Flow::Go
+    }
+
+    fn observe(&mut self, bytes: &Bytes) {
+        if let Some(t) = &mut self.relay.slot.traced {
+            t.observe(bytes);
+        }
+    }
+
+    /// One SSE event (its bytes, blank line included).
+    fn event(&mut self, block: &[u8]) -> Event {
+        let text = String::from_utf8_lossy(block);
+        let mut data = None;
+        for line in text.lines() {
+            if let Some(comment) = line.strip_prefix(':') {
+                let comment = comment.trim();
+                if let Some(id) = comment.strip_prefix("pie-process ") {
+                    self.process = Some(id.to_string());
+                    return Event::Skip;
+                }
+                if comment == "pie-handoff" {
+                    return Event::HandedOff;
+                }
+            } else if let Some(d) = line.strip_prefix("data:") {
+                data = Some(d.trim_start().to_string());
+            }
+        }
+        let raw = Bytes::copy_from_slice(block);
+        let Some(data) = data else {
+            return Event::Forward(raw);
+        };
+        if data == "[DONE]" {
+            return Event::Done(raw);
+        }
+        let Ok(mut chunk) = serde_json::from_str::<Value>(&data) else {
+            return Event::Forward(raw);
+        };
+        let ids = chunk
+            .as_object_mut()
+            .and_then(|o| o.remove(STREAM_IDS_KEY))
+            .and_then(|v| serde_json::from_value::<Vec<u32>>(v).ok());
+        self.keep_identity(&mut chunk);
+        let Some(ids) = ids else {
+            return Event::Forward(Bytes::from(format!("data: {chunk}\n\n")));
+        };
+        self.generated.extend_from_slice(&ids);
+        if let Some(reason) = self.paused.take() {
+            self.relay
+                .ctl
+                .metrics
+                .move_pause
+                .get_or_create(&reason.label())
+                .observe(self.last_token.elapsed().as_secs_f64());
+        }
+        self.last_token = Instant::now();
+        if adds_nothing(&chunk) {
+            return Event::Skip;
+        }
+        Event::Forward(Bytes::from(format!("data: {chunk}\n\n")))
+    }
+
+    /// The first worker's `id` and `created` on every chunk.
+    fn keep_identity(&mut self, chunk: &mut Value) {
+        let Some(o) = chunk.as_object_mut() else {
+            return;
+        };
+        if !o.contains_key("id") {
+            return;
+        }
+        match &self.first {
+            None => {
+                self.first = Some((o["id"].clone(), o["created"].clone()));
+            }
+            Some((id, created)) => {
+                o.insert("id".into(), id.clone());
+                o.insert("created".into(), created.clone());
+            }
+        }
+    }
+
+    /// Choose where a move goes and start its first stage (the prefetch).
+    fn begin_move(&self, m: Move) -> Option<Migration> {
+        let target = match m.to {
+            Some(name) => self.relay.ctl.registry.url_of(&name).map(|url| (name, url)),
+            None => self.choose(&[self.relay.worker.clone()]),
+        };
+        let Some((target, target_url)) = target.filter(|(name, _)| *name != self.relay.worker)
+        else {
+            tracing::warn!(
+                worker = self.relay.worker,
+                "no worker to move the stream to; it stays"
+            );
+            self.count_failure(m.reason);
+            return None;
+        };
+        let mut tokens = self.relay.prompt.clone();
+        tokens.extend_from_slice(&self.generated);
+        let prefetch = post_json(
+            self.relay.ctl.clone(),
+            format!("{target_url}/v1/internal/kv/prefetch"),
+            self.relay.acting.clone(),
+            json!({"from": self.relay.url, "tokens": tokens}),
+        );
+        Some(Migration {
+            reason: m.reason,
+            target,
+            stage: Some(prefetch.map(|r| r.map(|_| ())).boxed()),
+        })
+    }
+
+    /// Ask the current worker to hand the process off.
+    async fn hand_off(&self) -> Result<(), String> {
+        let process = self
+            .process
+            .as_ref()
+            .ok_or("the worker did not name its process")?;
+        post_json(
+            self.relay.ctl.clone(),
+            format!("{}/v1/internal/processes/{process}/handoff", self.relay.url),
+            self.relay.acting.clone(),
+            json!({}),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// A serving worker for the stream, not one of `exclude`, by the routing
+    /// pipeline over its prompt and tokens so far (cache-aware finds the
+    /// pages, session-affinity the session).
+    fn choose(&self, exclude: &[String]) -> Option<(String, String)> {
+        let ctl = &self.relay.ctl;
+        let mut tokens = self.relay.prompt.clone();
+        tokens.extend_from_slice(&self.generated);
+        let views: Vec<_> = ctl
+            .registry
+            .views(&tokens, self.relay.acting.cache_salt.as_deref(), false)
+            .into_iter()
+            .filter(|(v, _)| v.stage != Stage::Prefill && !exclude.contains(&v.name))
+            .collect();
+        let worker_views: Vec<_> = views.iter().map(|(v, _)| v.clone()).collect();
+        let req = RouteRequest {
+            props: &self.relay.props,
+            prompt_tokens: tokens.len(),
+        };
+        let mut pipeline = ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner());
+        let chosen = route(&mut pipeline, now_ms(), &req, &worker_views)
+            .map(|(i, _)| i)
+            .ok()
+            .or_else(|| (0..views.len()).min_by_key(|&i| views[i].0.load))?;
+        let (view, url) = &views[chosen];
+        Some((view.name.clone(), url.clone()))
+    }
+
+    /// Send the request, with the tokens so far, to `target` or a worker
+    /// routing chooses (then others); `source` is a live worker that holds
+    /// the pages (pulled from it). A live source that still serves is the
+    /// last resort: it resumes from its own cache.
+    async fn resume(
+        &mut self,
+        reason: Reason,
+        target: Option<String>,
+        source: Option<String>,
+    ) -> Result<BoxStream<'static, reqwest::Result<Bytes>>, String> {
+        self.resumes += 1;
+        if self.resumes > MAX_RESUMES {
+            return Err(format!(
+                "the stream was moved {MAX_RESUMES} times; giving up"
+            ));
+        }
+        let ctl = self.relay.ctl.clone();
+        let old = self.relay.worker.clone();
+        let mut tried = vec![old.clone()];
+        let mut candidates: Vec<(String, String)> = target
+            .and_then(|name| ctl.registry.url_of(&name).map(|url| (name, url)))
+            .into_iter()
+            .collect();
+        let mut body = self.relay.body.clone();
+        body[RESUME_FIELD] = json!({"tokens": self.generated, "from": source});
+        let body = Bytes::from(body.to_string());
+        for _ in 0..MAX_TARGETS {
+            let next = match candidates.pop() {
+                Some(c) => Some(c),
+                None => self.choose(&tried),
+            };
+            let Some((name, url)) = next else { break };
+            tried.push(name.clone());
+            if let Some(upstream) = self.try_worker(&name, &url, body.clone()).await {
+                self.switch_to(reason, &name, &url);
+                return Ok(upstream);
+            }
+        }
+        if source.is_some() && !tried[1..].contains(&old) {
+            let url = self.relay.url.clone();
+            if let Some(upstream) = self.try_worker(&old, &url, body).await {
+                self.switch_to(reason, &old, &url);
+                return Ok(upstream);
+            }
+        }
+        Err(format!(
+            "the stream's worker `{old}` stopped and no other worker could resume it"
+        ))
+    }
+
+    /// The worker's stream if it started (2xx and first bytes).
+    async fn try_worker(
+        &self,
+        name: &str,
+        url: &str,
+        body: Bytes,
+    ) -> Option<BoxStream<'static, reqwest::Result<Bytes>>> {
+        let r = &self.relay;
+        let sent = send(
+            &r.ctl,
+            Method::POST,
+            &format!("{url}{}", r.path),
+            &r.headers,
+            &r.acting,
+            body,
+        )
+        .await;
+        match sent {
+            Ok(upstream) if upstream.status.is_success() => match upstream.first_bytes().await {
+                Ok(up) => Some(up.body),
+                Err(e) => {
+                    tracing::warn!(worker = name, error = e, "resume failed");
+                    r.ctl.registry.mark_down(name);
+                    None
+                }
+            },
+            Ok(upstream) => {
+                tracing::warn!(worker = name, status = %upstream.status, "resume refused");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(worker = name, error = e, "resume failed");
+                r.ctl.registry.mark_down(name);
+                None
+            }
+        }
+    }
+
+    fn switch_to(&mut self, reason: Reason, name: &str, url: &str) {
+        let ctl = &self.relay.ctl;
+        tracing::info!(
+            from = self.relay.worker,
+            to = name,
+            tokens = self.generated.len(),
+            ?reason,
+            "stream moved"
+        );
+        ctl.metrics.moved.get_or_create(&reason.label()).inc();
+        self.relay.slot.moved_to(name);
+        ctl.streams.now_on(self.stream_id, name);
+        record(
+            &mut ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner()),
+            now_ms(),
+            &RouteRequest {
+                props: &self.relay.props,
+                prompt_tokens: self.relay.prompt.len() + self.generated.len(),
+            },
+            name,
+        );
+        self.relay.worker = name.to_string();
+        self.relay.url = url.to_string();
+        self.process = None;
+        self.paused = Some(reason);
+    }
+
+    fn count_failure(&self, reason: Reason) {
+        self.relay
+            .ctl
+            .metrics
+            .move_failures
+            .get_or_create(&reason.label())
+            .inc();
+    }
+}
+
+/// Where the relay loop goes after a chunk.
+enum Flow {
+    Go,
+    End,
+    HandedOff,
+}
+
+/// The field of a chunk carrying its token ids (see the worker's `openai.rs`).
+const STREAM_IDS_KEY: &str = "pie_token_ids";
+
+/// The migration's pending stage, or never.
+async fn stage(migration: &mut Option<Migration>) -> Result<(), String> {
+    match migration.as_mut().and_then(|m| m.stage.as_mut()) {
+        Some(f) => {
+            let result = f.await;
+            if let Some(m) = migration.as_mut() {
+                m.stage = None;
+            }
+            result
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// A completion or chat chunk with no text and no finish: a token that made
+/// no character yet, sent only for its id.
+fn adds_nothing(chunk: &Value) -> bool {
+    let choice = &chunk["choices"][0];
+    let text = choice["text"]
+        .as_str()
+        .or_else(|| choice["delta"]["content"].as_str())
+        .unwrap_or_default();
+    text.is_empty() && choice["finish_reason"].is_null()
+}
+
+/// Take one complete SSE event (up to and including its blank line).
+fn next_block(buf: &mut Vec<u8>) -> Option<Vec<u8>> {
+    let end = buf.windows(2).position(|w| w == b"\n\n")? + 2;
+    let rest = buf.split_off(end);
+    Some(std::mem::replace(buf, rest))
+}
+
+/// POST `body` to a worker's internal route under the worker key, acting for
+/// the stream's client (its cache salt).
+async fn post_json(
+    ctl: Arc<Controller>,
+    url: String,
+    acting: Acting,
+    body: Value,
+) -> Result<Value, String> {
+    let req = acting.apply(ctl.http.post(&url)).json(&body);
+    let resp = with_worker_key(req, ctl.worker_key.as_deref())
+        .send()
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    let status = resp.status();
+    let answer: Value = resp.json().await.unwrap_or(Value::Null);
+    if status.is_success() {
+        Ok(answer)
+    } else {
+        Err(format!("{url}: {status} {answer}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_split_at_blank_lines_whatever_the_chunking() {
+        let stream = b": pie-process p1\n\ndata: {\"a\":1}\n\ndata: [DONE]\n\n";
+        for cut in 0..stream.len() {
+            let mut buf = Vec::new();
+            let mut blocks = Vec::new();
+            for part in [&stream[..cut], &stream[cut..]] {
+                buf.extend_from_slice(part);
+                while let Some(b) = next_block(&mut buf) {
+                    blocks.push(b);
+                }
+            }
+            assert_eq!(
+                blocks,
+                vec![
+                    b": pie-process p1\n\n".to_vec(),
+                    b"data: {\"a\":1}\n\n".to_vec(),
+                    b"data: [DONE]\n\n".to_vec()
+                ],
+                "cut at {cut}"
+            );
+            assert!(buf.is_empty());
+        }
+    }
+
+    #[test]
+    fn only_textless_unfinished_chunks_add_nothing() {
+        let c = json!({"choices": [{"text": "hi", "finish_reason": null}]});
+        assert!(!adds_nothing(&c));
+        let c = json!({"choices": [{"delta": {"content": ""}, "finish_reason": null}]});
+        assert!(adds_nothing(&c));
+        let c = json!({"choices": [{"text": "", "finish_reason": null}]});
+        assert!(adds_nothing(&c));
+        let c = json!({"choices": [{"delta": {}, "finish_reason": "stop"}]});
+        assert!(!adds_nothing(&c));
+    }
+}
