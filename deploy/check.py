@@ -284,7 +284,9 @@ def check_workload(docs, d, name, where, ports_seen):
         if not grace > pre + shutdown:
             fail(cw, f"terminationGracePeriodSeconds {grace} must exceed preStop {pre} s "
                      f"+ shutdown {shutdown} s")
-        if handles_sigterm(kind):
+        if kind == "worker":
+            check_drain(c, cfg, shutdown, cw)
+        elif handles_sigterm(kind):
             fail(cw, f"pie-{kind} now handles SIGTERM (drain?): set pie.dev/shutdown-seconds to its "
                      "shutdown timeout, revisit the liveness probe (a draining pod must stay live) "
                      "and update this check")
@@ -294,6 +296,26 @@ def check_workload(docs, d, name, where, ports_seen):
             fail(cw, "the controller must run as exactly 1 replica (its state is in memory)")
         if kind == "controller":
             check_worker_key_listed(docs, spec, c, cfg, cw)
+
+
+# `[server] drain_timeout_ms` when config.toml does not set it (pie-worker's config.rs).
+DEFAULT_DRAIN_TIMEOUT_MS = 120_000
+
+
+def check_drain(c, cfg, shutdown, cw):
+    """pie serve drains on SIGTERM for up to drain_timeout_ms: the pod's shutdown
+    budget must cover it, and liveness must stay 200 while draining (/livez;
+    /health is 503 `draining`, so a liveness probe on it kills the pod mid-drain)."""
+    if not handles_sigterm("worker"):
+        fail(cw, "pie-worker no longer handles SIGTERM: the drain this manifest is sized for is gone")
+    drain_ms = cfg.get("server", {}).get("drain_timeout_ms", DEFAULT_DRAIN_TIMEOUT_MS)
+    if shutdown * 1000 < drain_ms:
+        fail(cw, f"pie.dev/shutdown-seconds {shutdown} is shorter than server.drain_timeout_ms "
+                 f"{drain_ms} ms: Kubernetes would kill the pod mid-drain")
+    live = c.get("livenessProbe", {}).get("httpGet", {}).get("path")
+    if live == "/health":
+        fail(cw, "livenessProbe on /health: it is 503 while draining, so a draining worker "
+                 "would be restarted; use /livez")
 
 
 def check_registration(docs, c, cw):

@@ -50,8 +50,13 @@ CASES = [
      "trigger metadata threshold must be a string"),
     ("Dockerfile as root", "deploy/Dockerfile", "USER 10001:10001", "USER root", "non-root USER"),
     ("Dockerfile healthcheck", "deploy/Dockerfile", '/health" || exit 1', '/status" || exit 1', "HEALTHCHECK must probe /health"),
-    ("server learns SIGTERM", "crates/pie-worker/src/serve.rs", "SignalKind::hangup()", "SignalKind::terminate()",
+    ("controller learns SIGTERM", "crates/pie-controller/src/main.rs", "SignalKind::hangup()", "SignalKind::terminate()",
      "now handles SIGTERM"),
+    ("worker forgets SIGTERM", "crates/pie-worker/src/serve.rs", "SignalKind::terminate()", "SignalKind::hangup()",
+     "no longer handles SIGTERM"),
+    ("worker liveness on /health", W, "path: /livez", "path: /health", "would be restarted; use /livez"),
+    ("drain longer than the shutdown budget", W, 'pie.dev/shutdown-seconds: "120"', 'pie.dev/shutdown-seconds: "60"',
+     "shorter than server.drain_timeout_ms 120000 ms"),
 ]
 
 

@@ -915,7 +915,7 @@ async fn generate(
 }
 
 /// A worker request's failure, naming the timeout that ended it.
-fn describe(e: &reqwest::Error) -> String {
+pub(crate) fn describe(e: &reqwest::Error) -> String {
     if e.is_connect() && e.is_timeout() {
         format!("no connection within connect_timeout_ms ({e})")
     } else if e.is_timeout() {

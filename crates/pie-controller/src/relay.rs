@@ -32,7 +32,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::metrics::MoveLabels;
-use crate::proxy::{now_ms, send, Acting, Controller, InFlight};
+use crate::proxy::{describe, now_ms, send, Acting, Controller, InFlight};
 use crate::registry::with_worker_key;
 
 /// The request field asking a worker for each chunk's token id.
@@ -261,6 +261,7 @@ impl Run {
         let mut buf: Vec<u8> = Vec::new();
         let mut migration: Option<Migration> = None;
         loop {
+            let mut broke = None;
             let step = tokio::select! {
                 chunk = upstream.next() => Step::Chunk(chunk),
                 m = moves.recv() => Step::Move(m),
@@ -282,12 +283,25 @@ impl Run {
                         }
                     }
                 }
-                Step::Chunk(_) => {
+                Step::Chunk(broken) => {
+                    let cause = match broken {
+                        Some(Err(e)) => describe(&e),
+                        _ => "it ended early".into(),
+                    };
+                    let message = format!("the worker's stream broke: {cause}");
+                    // A worker that did not name its process sends no ids:
+                    // what the client has is unknown, so it cannot resume.
+                    if self.process.is_none() {
+                        let _ = out.send(error_event(&message)).await;
+                        return;
+                    }
                     tracing::warn!(
                         worker = self.relay.worker,
+                        cause,
                         "the worker's stream broke; resuming it elsewhere"
                     );
                     self.relay.ctl.registry.mark_down(&self.relay.worker);
+                    broke = Some(message);
                     let target = migration.take().map(|m| m.target);
                     (Reason::Crash, target, None)
                 }
@@ -321,10 +335,13 @@ impl Run {
             let (reason, target, source) = resume;
             match self.resume(reason, target, source).await {
                 Ok(next) => upstream = next,
-                Err(message) => {
+                Err(why) => {
                     self.count_failure(reason);
-                    let event = pie_core::api_error::error_body(502, &message, None);
-                    let _ = out.send(Bytes::from(format!("data: {event}\n\n"))).await;
+                    let message = match broke {
+                        Some(broke) => format!("{broke}; {why}"),
+                        None => why,
+                    };
+                    let _ = out.send(error_event(&message)).await;
                     return;
                 }
             }
@@ -548,9 +565,7 @@ impl Run {
                 return Ok(upstream);
             }
         }
-        Err(format!(
-            "the stream's worker `{old}` stopped and no other worker could resume it"
-        ))
+        Err(format!("no worker could resume the stream of `{old}`"))
     }
 
     /// The worker's stream if it started (2xx and first bytes).
@@ -637,6 +652,12 @@ enum Flow {
 
 /// The field of a chunk carrying its token ids (see the worker's `openai.rs`).
 const STREAM_IDS_KEY: &str = "pie_token_ids";
+
+/// An SSE error event (the stream ends after it).
+fn error_event(message: &str) -> Bytes {
+    let event = pie_core::api_error::error_body(502, message, None);
+    Bytes::from(format!("data: {event}\n\n"))
+}
 
 /// The migration's pending stage, or never.
 async fn stage(migration: &mut Option<Migration>) -> Result<(), String> {

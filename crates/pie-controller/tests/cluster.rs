@@ -380,8 +380,12 @@ async fn workers_register_themselves_and_native_ids_route_back() {
 }
 
 #[tokio::test]
-async fn a_stream_broken_after_its_first_byte_ends_with_an_error_event() {
-    let mut c = Cluster::start("least-loaded", "256").await;
+async fn a_broken_stream_that_no_worker_can_resume_ends_with_an_error_event() {
+    let mut c = Cluster::start_with(Spec {
+        workers: 1,
+        ..Spec::new("least-loaded")
+    })
+    .await;
     let body = json!({"prompt": "long", "max_tokens": 100_000, "ignore_eos": true, "stream": true});
     let mut r = c
         .http
@@ -390,20 +394,23 @@ async fn a_stream_broken_after_its_first_byte_ends_with_an_error_event() {
         .send()
         .await
         .unwrap();
-    let worker: usize = r.headers()["x-pie-worker"].to_str().unwrap()[1..]
-        .parse()
-        .unwrap();
-    let mut seen = String::from_utf8_lossy(&r.chunk().await.unwrap().unwrap()).to_string();
+    let mut seen = String::new();
+    while !seen.contains("\"text\"") {
+        seen.push_str(&String::from_utf8_lossy(&r.chunk().await.unwrap().unwrap()));
+    }
     assert!(seen.starts_with("data: {"), "{seen}");
-    c.workers[worker] = None; // the worker dies mid-stream
+    c.workers[0] = None; // the only worker dies mid-stream
     while let Ok(Some(chunk)) = r.chunk().await {
         seen.push_str(&String::from_utf8_lossy(&chunk));
     }
     let last = seen.trim_end().rsplit("\n\n").next().unwrap();
     assert!(
-        last.contains("\"error\"") && last.contains("stream broke"),
+        last.contains("\"error\"")
+            && last.contains("stream broke")
+            && last.contains("no worker could resume"),
         "no silent truncation: {last}"
     );
+    assert!(!seen.contains("pie_token_ids") && !seen.contains("pie-process"));
 }
 
 #[tokio::test]
@@ -631,57 +638,159 @@ async fn a_fair_queue_serves_the_client_with_fewer_requests_in_flight_first() {
     assert_eq!(*done.lock().unwrap(), ["bob-1", "alice-1", "alice-2"]);
 }
 
+/// A streamed completion through the controller: its text, and whether it
+/// ended with `[DONE]` and no error event.
+async fn stream_text(mut r: reqwest::Response) -> (String, bool, String) {
+    let mut raw = String::new();
+    while let Ok(Some(chunk)) = r.chunk().await {
+        raw.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let mut text = String::new();
+    for data in raw.split("\n\n").filter_map(|e| e.strip_prefix("data: ")) {
+        if let Ok(v) = serde_json::from_str::<Value>(data) {
+            text += v["choices"][0]["text"].as_str().unwrap_or_default();
+            text += v["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or_default();
+        }
+    }
+    let clean = raw.trim_end().ends_with("data: [DONE]") && !raw.contains("\"error\"");
+    (text, clean, raw)
+}
+
+/// `n` long streamed completions (greedy, or seeded at temperature 1) through
+/// the controller, started at once.
+fn stream_load(
+    c: &Cluster,
+    n: usize,
+    seeded: bool,
+) -> Vec<tokio::task::JoinHandle<(String, bool, String)>> {
+    (0..n)
+        .map(|i| {
+            let (http, url) = (c.http.clone(), c.controller.url.clone());
+            tokio::spawn(async move {
+                let r = http
+                    .post(format!("{url}/v1/completions"))
+                    .json(&load_body(i, seeded, true))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200);
+                stream_text(r).await
+            })
+        })
+        .collect()
+}
+
+fn load_body(i: usize, seeded: bool, stream: bool) -> Value {
+    let mut body = json!({"prompt": format!("request number {i} says"), "max_tokens": 1000, "ignore_eos": true, "stream": stream, "temperature": 0});
+    if seeded {
+        body["temperature"] = json!(1.0);
+        body["seed"] = json!(i);
+    }
+    body
+}
+
+/// What request `i` of `stream_load` generates undisturbed on one worker.
+async fn undisturbed(c: &Cluster, worker_url: &str, i: usize, seeded: bool) -> String {
+    let v: Value = c
+        .http
+        .post(format!("{worker_url}/v1/completions"))
+        .json(&load_body(i, seeded, false))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
 #[tokio::test]
-async fn killing_a_worker_mid_load_loses_no_request_that_had_not_started_streaming() {
+async fn killing_a_worker_mid_stream_loses_nothing_its_streams_resume_elsewhere() {
     let mut c = Cluster::start_with(Spec {
-        worker_args: &["--kv-pages", "512", "--max-running", "1"],
+        worker_args: &["--kv-pages", "512", "--max-running", "2"],
         ..Spec::new("least-loaded")
     })
     .await;
-    let mut tasks = Vec::new();
-    for i in 0..12 {
-        let (http, url) = (c.http.clone(), c.controller.url.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut r = http
-                .post(format!("{url}/v1/completions"))
-                .json(&json!({"prompt": format!("req {i}"), "max_tokens": 300, "ignore_eos": true, "stream": true}))
-                .send()
-                .await
-                .unwrap();
-            let status = r.status().as_u16();
-            let mut text = String::new();
-            while let Ok(Some(chunk)) = r.chunk().await {
-                text.push_str(&String::from_utf8_lossy(&chunk));
-            }
-            (status, text)
-        }));
-    }
-    wait_for("w0 busy", async || {
+    let tasks = stream_load(&c, 12, false);
+    wait_for("w0 streaming", async || {
         c.cluster().await["workers"][0]["in_flight"].as_u64() >= Some(2)
     })
     .await;
-    c.workers[0] = None;
-    let mut completed = 0;
-    for t in tasks {
-        let (status, text) = t.await.unwrap();
-        assert_eq!(status, 200, "{text}");
-        let tokens = text.matches("\"text\"").count();
-        if text.trim_end().ends_with("data: [DONE]") {
-            completed += 1;
-        } else {
-            assert!(
-                tokens > 0 && text.contains("stream broke"),
-                "only a request that had started streaming may fail, with an error event: {text}"
-            );
-        }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    c.workers[0] = None; // kill -9: no chance to migrate
+    let survivor = c.workers[1].as_ref().unwrap().url.clone();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let (text, clean, raw) = t.await.unwrap();
+        assert!(clean, "request {i} saw an error or no end: {raw}");
+        assert_eq!(
+            text,
+            undisturbed(&c, &survivor, i, false).await,
+            "request {i}"
+        );
     }
     assert!(
-        completed >= 10,
-        "at most w0's running request fails: {completed}/12 completed"
+        labelled_metric(&c, "pie_controller_streams_moved_total{reason=\"crash\"}").await
+            >= Some(1.0)
     );
-    // w0 held at least two requests and runs one at a time: the waiting one
-    // had sent no byte and went to another worker.
-    assert!(c.metric("pie_controller_retries_total").await >= 1.0);
+}
+
+#[tokio::test]
+async fn a_draining_worker_hands_its_streams_off_and_exits_with_identical_transcripts() {
+    for seeded in [false, true] {
+        let mut c = Cluster::start_with(Spec {
+            worker_args: &["--kv-pages", "512", "--max-running", "4"],
+            ..Spec::new("least-loaded")
+        })
+        .await;
+        let tasks = stream_load(&c, 6, seeded);
+        wait_for("w0 streaming", async || {
+            c.cluster().await["workers"][0]["in_flight"].as_u64() >= Some(2)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let w0 = c.workers[0].as_ref().unwrap().url.clone();
+        let (status, body) = post_json(&w0, "/v1/admin/drain", None, &json!({})).await;
+        assert_eq!((status, body["draining"].clone()), (202, json!(true)));
+        let health = reqwest::get(format!("{w0}/health")).await.unwrap();
+        assert_eq!(health.status(), 503);
+        assert_eq!(health.json::<Value>().await.unwrap()["status"], "draining");
+        assert_eq!(
+            reqwest::get(format!("{w0}/livez")).await.unwrap().status(),
+            200
+        );
+        let survivor = c.workers[1].as_ref().unwrap().url.clone();
+        for (i, t) in tasks.into_iter().enumerate() {
+            let (text, clean, raw) = t.await.unwrap();
+            assert!(clean, "request {i} saw an error or no end: {raw}");
+            assert_eq!(
+                text,
+                undisturbed(&c, &survivor, i, seeded).await,
+                "request {i} (seeded: {seeded})"
+            );
+        }
+        assert!(
+            labelled_metric(&c, "pie_controller_streams_moved_total{reason=\"drain\"}").await
+                >= Some(1.0),
+            "{}",
+            c.get_text("/metrics").await
+        );
+        // The targets pulled the pages instead of computing them.
+        let mut pulled = 0.0;
+        for w in &c.workers[1..] {
+            pulled += worker_metric(
+                &w.as_ref().unwrap().url,
+                "pie_kv_transfer_pages_total{direction=\"in\"}",
+            )
+            .await;
+        }
+        assert!(pulled > 0.0, "no page moved");
+        wait_for("the drained worker exits", async || {
+            c.workers[0].as_mut().unwrap().exited()
+        })
+        .await;
+    }
 }
 
 /// A worker config whose only key is the controller's (`sk-ctl`, role worker).

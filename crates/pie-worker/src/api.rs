@@ -293,15 +293,15 @@ fn check_peer_url(name: &str, url: &str) -> Result<(), ApiError> {
 }
 
 /// `pie_resume`: the process ran on another worker and goes on here (see
-/// [`Resume`]); from a `worker` key only (400 from others), ignored without
-/// keys (a client could otherwise pass made-up output as generated). Its ids
-/// are checked against the vocabulary at launch, its `from` like
+/// [`Resume`]); from a `worker` key only (400 from others); without keys it
+/// is taken (such a worker trusts every caller, as with `pie_prefill_from`).
+/// Its ids are checked against the vocabulary at launch, its `from` like
 /// `pie_prefill_from`.
 pub fn trusted_resume(
     auth: &Option<Extension<Authed>>,
     field: Option<Resume>,
 ) -> Result<Option<Resume>, ApiError> {
-    let resume = controller_field(auth, RESUME_FIELD, field, false)?;
+    let resume = controller_field(auth, RESUME_FIELD, field, true)?;
     if let Some(from) = resume.as_ref().and_then(|r| r.from.as_deref()) {
         check_peer_url(RESUME_FIELD, from)?;
     }
@@ -309,12 +309,13 @@ pub fn trusted_resume(
 }
 
 /// `pie_stream_ids`: each streamed chunk carries its token id, so that a
-/// controller can resume the stream elsewhere; from a `worker` key only.
+/// controller can resume the stream elsewhere; from a `worker` key only
+/// (taken without keys).
 pub fn trusted_stream_ids(
     auth: &Option<Extension<Authed>>,
     field: Option<bool>,
 ) -> Result<bool, ApiError> {
-    Ok(controller_field(auth, STREAM_IDS_FIELD, field, false)?.unwrap_or(false))
+    Ok(controller_field(auth, STREAM_IDS_FIELD, field, true)?.unwrap_or(false))
 }
 
 /// A field only a controller may set: taken from a `worker` key, refused

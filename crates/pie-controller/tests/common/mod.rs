@@ -18,6 +18,11 @@ impl Proc {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// Whether it has exited (reaped if so).
+    pub fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
 }
 
 impl Drop for Proc {
