@@ -34,6 +34,7 @@ use serde_json::{json, Value};
 use crate::metrics::{ActionLabels, ControllerMetrics, GroupLabels};
 use crate::proxy::{now_ms, Controller};
 use crate::registry::Worker;
+use crate::relay::{Reason, Streams};
 
 /// Actions kept for `GET /v1/cluster/actions`.
 pub const ACTION_LOG_LEN: usize = 256;
@@ -86,6 +87,10 @@ struct Demand {
     requests: BTreeMap<u64, ProcessState>,
 }
 
+fn request_id(n: u64) -> String {
+    format!("request-{n}")
+}
+
 /// A request counted in the snapshot until dropped.
 pub struct DemandGuard {
     demand: Arc<Mutex<Demand>>,
@@ -93,6 +98,11 @@ pub struct DemandGuard {
 }
 
 impl DemandGuard {
+    /// Its id in the actors' snapshot (`ProcessState::id`).
+    pub fn process_id(&self) -> String {
+        request_id(self.id)
+    }
+
     /// The request is being sent to `worker`.
     pub fn placed(&self, worker: &str) {
         let mut d = self.demand.lock().unwrap_or_else(|e| e.into_inner());
@@ -158,7 +168,7 @@ impl Actors {
         d.requests.insert(
             id,
             ProcessState {
-                id: format!("request-{id}"),
+                id: request_id(id),
                 worker: None,
                 props: props.clone(),
             },
@@ -248,7 +258,7 @@ impl Actors {
             records
         };
         for record in records {
-            let outcome = self.execute(&ctl.metrics, &record);
+            let outcome = self.execute(&ctl.metrics, &ctl.streams, &record);
             if let Outcome::Failed { error } = &outcome {
                 tracing::error!(actor = record.actor, kind = record.action.kind(), "{error}");
             }
@@ -256,7 +266,12 @@ impl Actors {
         }
     }
 
-    fn execute(&self, metrics: &ControllerMetrics, record: &ActionRecord) -> Outcome {
+    fn execute(
+        &self,
+        metrics: &ControllerMetrics,
+        streams: &Streams,
+        record: &ActionRecord,
+    ) -> Outcome {
         if record.dry_run {
             return Outcome::DryRun;
         }
@@ -285,11 +300,20 @@ impl Actors {
                 );
                 Outcome::Executed
             }
+            // Only streams the controller relays can move (see `relay`).
+            Action::MigrateProcess { process, to, .. } => {
+                if streams.move_process(process, to, Reason::Rebalance) {
+                    Outcome::Executed
+                } else {
+                    Outcome::Failed {
+                        error: format!(
+                            "`{process}` is not a movable stream in flight (only streamed OpenAI requests move)"
+                        ),
+                    }
+                }
+            }
             other => Outcome::Failed {
-                error: format!(
-                    "the controller cannot execute `{}` yet: no page transfer between workers",
-                    other.kind()
-                ),
+                error: format!("the controller cannot execute `{}` yet", other.kind()),
             },
         }
     }
@@ -395,11 +419,14 @@ mod tests {
             value: 9.0,
         });
         assert_eq!(
-            actors.execute(&metrics, &hint(true, h.clone())),
+            actors.execute(&metrics, &Streams::default(), &hint(true, h.clone())),
             Outcome::DryRun
         );
         assert!(!metrics.encode().contains("pie_cluster_scale_recommended{"));
-        assert_eq!(actors.execute(&metrics, &hint(false, h)), Outcome::Executed);
+        assert_eq!(
+            actors.execute(&metrics, &Streams::default(), &hint(false, h)),
+            Outcome::Executed
+        );
         let text = metrics.encode();
         assert!(
             text.contains("pie_cluster_scale_recommended{group=\"gold\"} 3"),
@@ -416,7 +443,7 @@ mod tests {
             },
         );
         assert!(matches!(
-            actors.execute(&metrics, &drain),
+            actors.execute(&metrics, &Streams::default(), &drain),
             Outcome::Failed { error } if error.contains("drain-worker")
         ));
         for _ in 0..ACTION_LOG_LEN + 5 {

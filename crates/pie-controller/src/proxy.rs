@@ -94,7 +94,7 @@ struct ClientKey {
 fn required_role(path: &str) -> Role {
     match path {
         "/v1/cluster/register" | "/v1/cluster/actions" | "/v1/cluster/scale" => Role::Worker,
-        p if p.starts_with("/v1/admin/") => Role::Admin,
+        p if p.starts_with("/v1/admin/") || p.starts_with("/v1/cluster/sessions/") => Role::Admin,
         _ => Role::Client,
     }
 }
@@ -287,7 +287,7 @@ pub(crate) struct InFlight {
     client: String,
     pub traced: Option<TracedRequest>,
     /// The request as the actors' demand, until it finishes.
-    demand: Option<DemandGuard>,
+    pub demand: Option<DemandGuard>,
 }
 
 impl InFlight {
@@ -341,7 +341,7 @@ fn hold_until_streamed(resp: Response, mut slot: InFlight) -> Response {
 
 type Shared = Arc<Controller>;
 
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
+pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> Response {
     let body = pie_core::api_error::error_body(status.as_u16(), &message.into(), None);
     (status, Json(body)).into_response()
 }
@@ -376,6 +376,7 @@ pub fn router(ctl: Shared) -> Router {
         )
         .route("/v1/processes/{id}/events", get(on_process_events))
         .merge(crate::actors::routes())
+        .merge(crate::relay::routes())
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
         .layer(middleware::from_fn_with_state(ctl.clone(), auth))
         .with_state(ctl)

@@ -22,17 +22,23 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderMap, Method};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 use futures_util::{FutureExt, StreamExt};
 use pie_core::Props;
 use pie_policy::cluster::{record, route, RouteRequest, Stage};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::metrics::MoveLabels;
-use crate::proxy::{describe, now_ms, send, Acting, Controller, InFlight};
+use crate::proxy::{describe, error, now_ms, send, Acting, Controller, InFlight};
 use crate::registry::with_worker_key;
 
 /// The request field asking a worker for each chunk's token id.
@@ -83,6 +89,8 @@ pub struct Streams {
 struct Live {
     worker: String,
     session: Option<String>,
+    /// Its id in the actors' snapshot (`request-N`), when actors run.
+    process: Option<String>,
     moves: mpsc::UnboundedSender<Move>,
 }
 
@@ -91,14 +99,15 @@ impl Streams {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn add(&self, worker: &str, session: Option<String>) -> (u64, mpsc::UnboundedReceiver<Move>) {
+    fn add(&self, live: LiveSpec) -> (u64, mpsc::UnboundedReceiver<Move>) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         self.lock().insert(
             id,
             Live {
-                worker: worker.to_string(),
-                session,
+                worker: live.worker,
+                session: live.session,
+                process: live.process,
                 moves: tx,
             },
         );
@@ -129,25 +138,14 @@ impl Streams {
         )
     }
 
-    /// Streams on each worker (what a rebalance may move).
-    pub fn on_worker(&self, worker: &str) -> Vec<u64> {
-        self.lock()
-            .iter()
-            .filter(|(_, l)| l.worker == worker)
-            .map(|(id, _)| *id)
-            .collect()
-    }
-
-    /// Ask stream `id` to move to `to`; false if it is gone.
-    pub fn move_one(&self, id: u64, to: &str, reason: Reason) -> bool {
-        self.lock().get(&id).is_some_and(|l| {
-            l.moves
-                .send(Move {
-                    to: Some(to.to_string()),
-                    reason,
-                })
-                .is_ok()
-        })
+    /// Ask the stream of the actors' process `process` to move to `to`;
+    /// false if no such stream is in flight.
+    pub fn move_process(&self, process: &str, to: &str, reason: Reason) -> bool {
+        self.ask(
+            |l| l.process.as_deref() == Some(process) && l.worker != to,
+            Some(to),
+            reason,
+        ) > 0
     }
 
     fn ask(&self, which: impl Fn(&Live) -> bool, to: Option<&str>, reason: Reason) -> usize {
@@ -164,6 +162,13 @@ impl Streams {
             })
             .count()
     }
+}
+
+/// What names a stream in the registry of movable streams.
+struct LiveSpec {
+    worker: String,
+    session: Option<String>,
+    process: Option<String>,
 }
 
 /// A movable stream's request, as every worker gets it.
@@ -211,10 +216,11 @@ impl Relay {
     /// the client, moving it when asked or when it breaks.
     pub fn into_body(self, upstream: BoxStream<'static, reqwest::Result<Bytes>>) -> Body {
         let (tx, rx) = mpsc::channel::<Bytes>(64);
-        let (id, moves) = self
-            .ctl
-            .streams
-            .add(&self.worker, self.props.str("session").map(str::to_string));
+        let (id, moves) = self.ctl.streams.add(LiveSpec {
+            worker: self.worker.clone(),
+            session: self.props.str("session").map(str::to_string),
+            process: self.slot.demand.as_ref().map(|d| d.process_id()),
+        });
         let streams = self.ctl.clone();
         tokio::spawn(async move {
             let mut run = Run {
@@ -640,6 +646,53 @@ impl Run {
             .move_failures
             .get_or_create(&reason.label())
             .inc();
+    }
+}
+
+pub fn routes() -> Router<Arc<Controller>> {
+    Router::new().route("/v1/cluster/sessions/{session}/relocate", post(relocate))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RelocateBody {
+    worker: String,
+}
+
+/// `POST /v1/cluster/sessions/{session}/relocate {"worker": NAME}` (admin):
+/// the session's streams in flight move to that worker, live (prefetch,
+/// hand-off, pull). 202 with how many were asked to move; 404 when the worker
+/// does not serve or no stream of the session is in flight.
+async fn relocate(
+    State(ctl): State<Arc<Controller>>,
+    Path(session): Path<String>,
+    body: Result<Json<RelocateBody>, JsonRejection>,
+) -> Response {
+    let Json(RelocateBody { worker }) = match body {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let serving = ctl
+        .registry
+        .snapshot()
+        .iter()
+        .any(|w| w.name == worker && w.healthy && !w.draining);
+    if !serving {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("worker `{worker}` is not a serving worker of this cluster"),
+        );
+    }
+    match ctl.streams.move_session(&session, &worker) {
+        0 => error(
+            StatusCode::NOT_FOUND,
+            format!("no stream of session `{session}` is in flight off `{worker}`"),
+        ),
+        moving => (
+            StatusCode::ACCEPTED,
+            Json(json!({"session": session, "worker": worker, "moving": moving})),
+        )
+            .into_response(),
     }
 }
 

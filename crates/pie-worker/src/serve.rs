@@ -49,7 +49,14 @@ pub async fn serve(
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let mut server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
     let runtime = loader.await.context("model loading panicked")??;
     let _ = state.runtime.set(runtime.clone());
     println!("pie: ready");
@@ -62,11 +69,15 @@ pub async fn serve(
         ))
     });
     tokio::select! {
-        served = server => served.context("server task panicked")??,
+        served = &mut server => served.context("server task panicked")??,
         () = drained(&runtime, &state) => {
             if let Some(h) = heartbeat {
                 h.abort();
             }
+            // Streams that just ended send their last events; endless ones
+            // (a controller's KV event stream) are cut after a grace second.
+            let _ = stop.send(());
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), server).await;
             println!("pie: drained");
         }
     }

@@ -111,6 +111,21 @@ impl Server {
         assert!(ok, "kill -HUP failed");
     }
 
+    /// Send SIGTERM (a drain).
+    pub fn terminate(&self) {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -TERM failed");
+    }
+
+    /// Whether the server has exited (reaped if so).
+    pub fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
     /// Stop the server now (as a crash would).
     pub fn kill(&mut self) {
         let _ = self.child.kill();
