@@ -713,7 +713,7 @@ async fn killing_a_worker_mid_stream_loses_nothing_its_streams_resume_elsewhere(
         ..Spec::new("least-loaded")
     })
     .await;
-    let tasks = stream_load(&c, 12, false);
+    let tasks = stream_load(&c, 24, false);
     wait_for("w0 streaming", async || {
         c.cluster().await["workers"][0]["in_flight"].as_u64() >= Some(2)
     })
@@ -751,8 +751,21 @@ async fn a_draining_worker_hands_its_streams_off_and_exits_with_identical_transc
         .await;
         tokio::time::sleep(Duration::from_millis(100)).await;
         let w0 = c.workers[0].as_ref().unwrap().url.clone();
-        let (status, body) = post_json(&w0, "/v1/admin/drain", None, &json!({})).await;
-        assert_eq!((status, body["draining"].clone()), (202, json!(true)));
+        if seeded {
+            let pid = c.workers[0].as_ref().unwrap().pid().to_string();
+            assert!(Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success());
+            wait_for("w0 draining", async || {
+                reqwest::get(format!("{w0}/health")).await.unwrap().status() == 503
+            })
+            .await;
+        } else {
+            let (status, body) = post_json(&w0, "/v1/admin/drain", None, &json!({})).await;
+            assert_eq!((status, body["draining"].clone()), (202, json!(true)));
+        }
         let health = reqwest::get(format!("{w0}/health")).await.unwrap();
         assert_eq!(health.status(), 503);
         assert_eq!(health.json::<Value>().await.unwrap()["status"], "draining");
@@ -791,6 +804,79 @@ async fn a_draining_worker_hands_its_streams_off_and_exits_with_identical_transc
         })
         .await;
     }
+}
+
+#[tokio::test]
+async fn relocate_moves_a_sessions_stream_to_the_named_worker_with_the_same_transcript() {
+    let c = Cluster::start_with(Spec {
+        workers: 2,
+        ..Spec::new("session-affinity,least-loaded")
+    })
+    .await;
+    let mut body = load_body(0, true, true);
+    body["session"] = json!("chat-7");
+    body["max_tokens"] = json!(3000);
+    let r = c
+        .http
+        .post(format!("{}/v1/completions", c.controller.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let from = r.headers()["x-pie-worker"].to_str().unwrap().to_string();
+    let to = if from == "w0" { "w1" } else { "w0" };
+    let reading = tokio::spawn(stream_text(r));
+    let relocate = |session: &str, worker: &str| {
+        let (http, url) = (c.http.clone(), c.controller.url.clone());
+        let (session, worker) = (session.to_string(), worker.to_string());
+        async move {
+            let r = http
+                .post(format!("{url}/v1/cluster/sessions/{session}/relocate"))
+                .json(&json!({"worker": worker}))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, v) = relocate("chat-7", to).await;
+    assert_eq!((status, v["moving"].clone()), (202, json!(1)), "{v}");
+    let (status, v) = relocate("chat-7", "nowhere").await;
+    assert_eq!(status, 404);
+    assert!(error_message(&v).contains("`nowhere`"), "{v}");
+    let (status, v) = relocate("no-such-session", to).await;
+    assert_eq!(status, 404);
+    assert!(error_message(&v).contains("no-such-session"), "{v}");
+    let (text, clean, raw) = reading.await.unwrap();
+    assert!(clean, "{raw}");
+    let worker_url = c.workers[0].as_ref().unwrap().url.clone();
+    let mut direct = body.clone();
+    direct["stream"] = json!(false);
+    direct.as_object_mut().unwrap().remove("session");
+    let v: Value = c
+        .http
+        .post(format!("{worker_url}/v1/completions"))
+        .json(&direct)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(text, v["choices"][0]["text"].as_str().unwrap());
+    assert!(
+        labelled_metric(
+            &c,
+            "pie_controller_streams_moved_total{reason=\"relocate\"}"
+        )
+        .await
+            >= Some(1.0)
+    );
+    // The session's next turn follows it.
+    let (_, worker, route, _) = c
+        .complete(json!({"prompt": "next", "max_tokens": 2, "session": "chat-7"}))
+        .await;
+    assert_eq!(worker, to, "{route}");
 }
 
 /// A worker config whose only key is the controller's (`sk-ctl`, role worker).
