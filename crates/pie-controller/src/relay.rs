@@ -457,7 +457,7 @@ impl Run {
     fn begin_move(&self, m: Move) -> Option<Migration> {
         let target = match m.to {
             Some(name) => self.relay.ctl.registry.url_of(&name).map(|url| (name, url)),
-            None => self.choose(&[self.relay.worker.clone()]),
+            None => self.choose(std::slice::from_ref(&self.relay.worker)),
         };
         let Some((target, target_url)) = target.filter(|(name, _)| *name != self.relay.worker)
         else {

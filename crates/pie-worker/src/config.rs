@@ -171,6 +171,7 @@ stall_ms = 30000                   # engine without progress this long with work
 max_sessions = 10000               # chat sessions kept; beyond: least recently used forgotten
 max_finished_processes = 10000     # finished process records kept; beyond: oldest forgotten
 finished_ttl_ms = 3600000          # a finished process record is forgotten this long after it ended
+drain_timeout_ms = 120000          # a drain (SIGTERM, POST /v1/admin/drain) exits by then, failing what is left
 
 [model]
 # path = "/models/model.gguf"     # unset: SmolLM2-135M-Instruct, fetched on first use
