@@ -148,3 +148,79 @@ async fn a_disaggregated_prefill_on_the_default_model_answers_as_one_engine() {
     assert!(decode.metric("pie_kv_transfer_pages_total").await >= 10.0);
     assert_eq!(decode.metric("pie_kv_transfer_fallbacks_total").await, 0.0);
 }
+
+/// A live move on the default model, as a controller drives it: the source
+/// streams 16 tokens, the target prefetches the source's pages, the source
+/// hands the process off, the target resumes it pulling the rest: greedy
+/// output is the in-process engine's, token for token.
+#[tokio::test]
+async fn a_process_moved_between_workers_on_the_default_model_answers_as_one_engine() {
+    let Some(model) = default_model() else {
+        return;
+    };
+    let path = fetch::cached_default_model();
+    let source = common::Server::start_model(&path, "", &[]).await;
+    let target = common::Server::start_model(&path, "", &[]).await;
+    let text = "The lighthouse keeper climbed the stairs every evening to light the lamp. "
+        .repeat(12)
+        + "One night the lamp would not light, so the keeper";
+    let expected = greedy(&model, &text, 48);
+    let body = serde_json::json!({"prompt": text, "max_tokens": 48, "temperature": 0,
+        "stream": true, "pie_stream_ids": true});
+    let r = source
+        .client
+        .post(source.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let (first, r) = common::read_stream(r, Some(16)).await;
+    let prompt = model.tokenizer.encode(&text).unwrap();
+    let mut so_far = prompt.clone();
+    so_far.extend(first.ids());
+    let (status, v) = target
+        .post(
+            "/v1/internal/kv/prefetch",
+            serde_json::json!({"from": source.url, "tokens": so_far}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let id = first.process.clone().unwrap();
+    let (status, _) = source
+        .post(
+            &format!("/v1/internal/processes/{id}/handoff"),
+            serde_json::json!({}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (rest_on_source, _) = common::read_stream(r, None).await;
+    assert!(rest_on_source.handed_off);
+    let generated: Vec<(u32, String)> = first
+        .tokens
+        .iter()
+        .chain(&rest_on_source.tokens)
+        .cloned()
+        .collect();
+    let mut resumed = body.clone();
+    resumed["pie_resume"] = serde_json::json!({
+        "tokens": generated.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+        "from": source.url
+    });
+    let r = target
+        .client
+        .post(target.url("/v1/completions"))
+        .json(&resumed)
+        .send()
+        .await
+        .unwrap();
+    let (rest, _) = common::read_stream(r, None).await;
+    let sent: String = generated.iter().map(|(_, t)| t.as_str()).collect();
+    assert_eq!(sent + &rest.text(), expected);
+    assert!(
+        target
+            .metric("pie_kv_transfer_pages_total{direction=\"in\"}")
+            .await
+            >= 10.0
+    );
+    assert_eq!(target.metric("pie_kv_transfer_fallbacks_total").await, 0.0);
+}

@@ -237,3 +237,71 @@ pub async fn sse_data(resp: reqwest::Response) -> Vec<String> {
     }
     out
 }
+
+/// A streamed completion asked with `pie_stream_ids`: (token id, text emitted
+/// with it) per token, the text after the last token, its process, and
+/// whether it was handed off. `read_stream` stops after `stop_after` tokens
+/// when given (the response is returned to read on).
+pub struct Streamed {
+    pub tokens: Vec<(u32, String)>,
+    pub tail: String,
+    pub handed_off: bool,
+    pub process: Option<String>,
+}
+
+impl Streamed {
+    pub fn text(&self) -> String {
+        self.tokens
+            .iter()
+            .map(|(_, t)| t.as_str())
+            .collect::<String>()
+            + &self.tail
+    }
+
+    pub fn ids(&self) -> Vec<u32> {
+        self.tokens.iter().map(|(t, _)| *t).collect()
+    }
+}
+
+pub async fn read_stream(
+    mut r: reqwest::Response,
+    stop_after: Option<usize>,
+) -> (Streamed, reqwest::Response) {
+    let mut s = Streamed {
+        tokens: Vec::new(),
+        tail: String::new(),
+        handed_off: false,
+        process: None,
+    };
+    let mut buf = String::new();
+    while let Some(chunk) = r.chunk().await.unwrap() {
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let event: String = buf.drain(..end + 2).collect();
+            for line in event.lines() {
+                if let Some(id) = line.strip_prefix(": pie-process ") {
+                    s.process = Some(id.to_string());
+                } else if line == ": pie-handoff" {
+                    s.handed_off = true;
+                } else if let Some(data) = line.strip_prefix("data: ") {
+                    let Ok(v) = serde_json::from_str::<Value>(data) else {
+                        continue;
+                    };
+                    assert!(v.get("error").is_none(), "{v}");
+                    let text = v["choices"][0]["text"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
+                    match v["pie_token_ids"].as_array() {
+                        Some(ids) => s.tokens.push((ids[0].as_u64().unwrap() as u32, text)),
+                        None => s.tail.push_str(&text),
+                    }
+                }
+            }
+        }
+        if stop_after.is_some_and(|n| s.tokens.len() >= n) {
+            break;
+        }
+    }
+    (s, r)
+}
