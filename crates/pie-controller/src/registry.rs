@@ -301,6 +301,12 @@ impl Registry {
         !ws.iter().any(|w| w.serving() && w.has_room())
     }
 
+    /// The page size worker `name` reported (0 before its first poll).
+    pub fn page_size_of(&self, name: &str) -> usize {
+        self.read_worker(|w| w.name == name, |w| w.page_size)
+            .unwrap_or(0)
+    }
+
     /// Whether worker `name` said it is draining.
     pub fn draining(&self, name: &str) -> bool {
         self.read_worker(|w| w.name == name, |w| w.draining)

@@ -200,8 +200,23 @@ enum Event {
 struct Migration {
     reason: Reason,
     target: String,
-    /// The prefetch, then nothing while the hand-off is awaited.
+    target_url: String,
+    /// The prefetch under way, if one is.
     stage: Option<BoxFuture<'static, Result<(), String>>>,
+    phase: Phase,
+}
+
+/// Where a live move stands. The bulk of the pages is copied while the
+/// source decodes; then, just after the source fills a page, the few pages
+/// since are copied, and the process is handed off: the target then holds
+/// every full page and computes only the tokens after them (about one decode
+/// step), without a pull in the client's pause.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Bulk,
+    /// Bulk copied; waiting for the source to fill its current page.
+    AwaitPage,
+    Last,
 }
 
 /// What the relay loop waits on next.
@@ -277,7 +292,12 @@ impl Run {
                 Step::Chunk(Some(Ok(bytes))) => {
                     buf.extend_from_slice(&bytes);
                     match self.forward_events(&mut buf, &out).await {
-                        Flow::Go => continue,
+                        Flow::Go => {
+                            if let Some(m) = &mut migration {
+                                self.at_page_boundary(m);
+                            }
+                            continue;
+                        }
                         Flow::End => return,
                         Flow::HandedOff => {
                             let source = self.relay.url.clone();
@@ -320,9 +340,14 @@ impl Run {
                 }
                 Step::Staged(result) => {
                     let Some(m) = &mut migration else { continue };
-                    let handed = match result {
-                        Ok(()) => self.hand_off().await,
-                        Err(e) => Err(e),
+                    let handed = match (result, m.phase) {
+                        (Ok(()), Phase::Bulk) if self.page_size() > 0 => {
+                            m.phase = Phase::AwaitPage;
+                            self.at_page_boundary(m);
+                            Ok(())
+                        }
+                        (Ok(()), _) => self.hand_off().await,
+                        (Err(e), _) => Err(e),
                     };
                     if let Err(e) = handed {
                         tracing::warn!(
@@ -468,19 +493,43 @@ impl Run {
             self.count_failure(m.reason);
             return None;
         };
+        Some(Migration {
+            reason: m.reason,
+            stage: Some(self.prefetch(&target_url)),
+            target,
+            target_url,
+            phase: Phase::Bulk,
+        })
+    }
+
+    /// The target pulls the pages the source holds of the tokens so far.
+    fn prefetch(&self, target_url: &str) -> BoxFuture<'static, Result<(), String>> {
         let mut tokens = self.relay.prompt.clone();
         tokens.extend_from_slice(&self.generated);
-        let prefetch = post_json(
+        post_json(
             self.relay.ctl.clone(),
             format!("{target_url}/v1/internal/kv/prefetch"),
             self.relay.acting.clone(),
             json!({"from": self.relay.url, "tokens": tokens}),
-        );
-        Some(Migration {
-            reason: m.reason,
-            target,
-            stage: Some(prefetch.map(|r| r.map(|_| ())).boxed()),
-        })
+        )
+        .map(|r| r.map(|_| ()))
+        .boxed()
+    }
+
+    /// The source's page size (0: unknown).
+    fn page_size(&self) -> usize {
+        self.relay.ctl.registry.page_size_of(&self.relay.worker)
+    }
+
+    /// Start the last stage once the source has just filled a page: its KV
+    /// covers every token but the newest, which ends a page.
+    fn at_page_boundary(&self, m: &mut Migration) {
+        let page = self.page_size();
+        let tokens = self.relay.prompt.len() + self.generated.len();
+        if m.phase == Phase::AwaitPage && page > 0 && tokens % page == 1 {
+            m.phase = Phase::Last;
+            m.stage = Some(self.prefetch(&m.target_url));
+        }
     }
 
     /// Ask the current worker to hand the process off.

@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""Moving streams between workers, measured on the default model (issue 14).
+
+Usage: scripts/bench-migrate.py [downtime|drain|all]
+           [--pie target/release/pie] [--controller target/release/pie-controller]
+           [--model PATH] [--seed 14]
+           downtime: [--reps 3] [--context 2000] [--after 40] [--tokens 120]
+           drain:    [--clients 32] [--drain-tokens 160] [--term-after-s 2]
+
+`downtime`: per repetition a fresh cluster, two `pie serve` workers behind
+`pie-controller --policies least-loaded`. One streaming request through the
+controller: a prompt of --context random token ids (seeded), `max_tokens`
+--tokens, greedy, `ignore_eos`. Client side, the gap between consecutive
+chunks with text is timed. Three requests per repetition, each on a fresh
+prompt: (1) undisturbed: the median gap of its last half is one decode step
+at about --context tokens; its time to first chunk is the prompt's prefill
+(what recomputing the context costs); (2) after --after chunks the serving
+worker is drained (`POST /v1/admin/drain`): the largest gap after that is the
+client's pause of a live move (prefetch while decoding, hand-off, pull of the
+rest, prefill of the last partial page), also read from the controller's
+`pie_controller_stream_move_pause_seconds{reason="drain"}`; (3) the same with
+the serving worker killed (SIGKILL): the pause of a resume by recompute. A
+drained worker exits; (3) runs on a fresh cluster. The target of the issue:
+pause (2) <= one decode step at that context + 20 ms.
+
+`drain`: three workers behind `pie-controller --policies least-loaded`;
+--clients streaming requests at once (distinct short text prompts, greedy,
+`max_tokens` --drain-tokens, `ignore_eos`): first undisturbed, then again
+with SIGTERM to the worker holding the most streams --term-after-s seconds in.
+Checked: every request of the second run ends with `[DONE]` and no error
+event, its text equals the undisturbed run's, and the worker exits before its
+`drain_timeout_ms` (default 120 s); printed: the moves counted by the
+controller and the time from SIGTERM to the worker's exit.
+
+Exit 1 with a message naming the failed check. Python standard library only.
+"""
+import argparse
+import http.client
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+
+PROCS = []
+
+
+def fail(msg):
+    raise SystemExit(f"bench-migrate: FAIL: {msg}")
+
+
+def spawn(args, prefix):
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    PROCS.append(proc)
+    first = proc.stdout.readline().strip()
+    if not first.startswith(prefix):
+        fail(f"unexpected first line from {' '.join(args)}: {first!r}")
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+    return proc, first[len(prefix):]
+
+
+def stop_all():
+    for p in PROCS:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    PROCS.clear()
+
+
+def request(url, method, path, body=None, timeout=600):
+    u = urllib.parse.urlparse(url)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    c.request(method, path, body=None if body is None else json.dumps(body),
+              headers={"content-type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    try:
+        return r.status, json.loads(data)
+    except ValueError:
+        return r.status, data.decode(errors="replace")
+
+
+def wait_healthy(url, what, path="/health", timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if request(url, "GET", path, timeout=5)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    fail(f"{what} never became healthy")
+
+
+class Cluster:
+    def __init__(self, args, workers):
+        self.workers = []
+        for _ in range(workers):
+            proc, url = spawn([args.pie, "serve", "--port", "0", "--model", args.model], "pie: listening on ")
+            self.workers.append((proc, url))
+        for _, url in self.workers:
+            wait_healthy(url, "a worker")
+        cmd = [args.controller, "--port", "0", "--model", args.model, "--policies", "least-loaded"]
+        for i, (_, url) in enumerate(self.workers):
+            cmd += ["--worker", f"w{i}={url}"]
+        self.ctl_proc, self.ctl = spawn(cmd, "pie-controller: listening on ")
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            ws = request(self.ctl, "GET", "/v1/cluster")[1].get("workers", [])
+            if ws and all(w["healthy"] for w in ws):
+                return
+            time.sleep(0.1)
+        fail("the controller never saw every worker healthy")
+
+    def worker(self, name):
+        return self.workers[int(name[1:])]
+
+    def metric(self, name):
+        _, text = request(self.ctl, "GET", "/metrics")
+        m = re.search(r"^" + re.escape(name) + r" (\S+)$", text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+
+def stream(url, body, on_chunk=None):
+    """A streamed completion: (worker, [(time, text)], clean end, raw)."""
+    u = urllib.parse.urlparse(url)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+    c.request("POST", "/v1/completions", body=json.dumps(body), headers={"content-type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        fail(f"status {r.status}: {r.read()[:300]!r}")
+    worker = r.getheader("x-pie-worker")
+    chunks, raw, buf = [], [], b""
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        raw.append(line)
+        if not line.startswith(b"data: "):
+            continue
+        data = line[6:].strip()
+        if data == b"[DONE]":
+            break
+        v = json.loads(data)
+        if "error" in v:
+            break
+        text = v["choices"][0].get("text") or ""
+        if text:
+            chunks.append((time.perf_counter(), text))
+            if on_chunk:
+                on_chunk(len(chunks), worker)
+    c.close()
+    joined = b"".join(raw).decode(errors="replace")
+    clean = joined.rstrip().endswith("data: [DONE]") and '"error"' not in joined
+    return worker, chunks, clean, joined
+
+
+def gaps(chunks):
+    return [b[0] - a[0] for a, b in zip(chunks, chunks[1:])]
+
+
+def token_prompt(rng, n):
+    return [rng.randrange(1000, 40000) for _ in range(n)]
+
+
+def downtime(args, rng):
+    results = {"step": [], "prefill": [], "drain": [], "drain_ctl": [], "crash": [], "crash_ctl": []}
+    for rep in range(args.reps):
+        for disturbance in ("drain", "crash"):
+            c = Cluster(args, 2)
+            body = {"max_tokens": args.tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+            if disturbance == "drain":
+                t0 = time.perf_counter()
+                _, chunks, clean, raw = stream(c.ctl, {**body, "prompt": token_prompt(rng, args.context)})
+                if not clean or len(chunks) < args.tokens // 2:
+                    fail(f"undisturbed stream broke: {raw[-300:]}")
+                results["prefill"].append(chunks[0][0] - t0)
+                results["step"].append(statistics.median(gaps(chunks)[len(chunks) // 2:]))
+            moved_at = []
+
+            def disturb(n, worker):
+                if n == args.after and not moved_at:
+                    moved_at.append(time.perf_counter())
+                    proc, url = c.worker(worker)
+                    if disturbance == "drain":
+                        request(url, "POST", "/v1/admin/drain", {})
+                    else:
+                        proc.send_signal(signal.SIGKILL)
+
+            _, chunks, clean, raw = stream(c.ctl, {**body, "prompt": token_prompt(rng, args.context)}, disturb)
+            if not clean or len(chunks) < args.tokens // 2:
+                fail(f"{disturbance}: the moved stream broke: {raw[-300:]}")
+            after = [g for (a, b), g in zip(zip(chunks, chunks[1:]), gaps(chunks)) if b[0] > moved_at[0]]
+            results[disturbance].append(max(after))
+            s = c.metric(f'pie_controller_stream_move_pause_seconds_sum{{reason="{disturbance}"}}')
+            n = c.metric(f'pie_controller_stream_move_pause_seconds_count{{reason="{disturbance}"}}')
+            if n < 1:
+                fail(f"{disturbance}: the controller counted no move")
+            results[f"{disturbance}_ctl"].append(s / n)
+            stop_all()
+        print(f"rep {rep + 1}: step {results['step'][-1] * 1e3:.1f} ms, prefill {results['prefill'][-1] * 1e3:.0f} ms, "
+              f"drain pause {results['drain'][-1] * 1e3:.1f} ms (controller {results['drain_ctl'][-1] * 1e3:.1f}), "
+              f"crash pause {results['crash'][-1] * 1e3:.1f} ms (controller {results['crash_ctl'][-1] * 1e3:.1f})")
+    med = {k: statistics.median(v) * 1e3 for k, v in results.items()}
+    print(f"\nmedians over {args.reps} reps at {args.context} tokens of context (+{args.after} generated):")
+    print(f"  one decode step:             {med['step']:.1f} ms")
+    print(f"  prefill of the context:      {med['prefill']:.0f} ms")
+    print(f"  live move (drain) pause:     {med['drain']:.1f} ms client, {med['drain_ctl']:.1f} ms controller "
+          f"= step + {med['drain'] - med['step']:.1f} ms (target: step + 20 ms)")
+    print(f"  crash resume pause:          {med['crash']:.1f} ms client, {med['crash_ctl']:.1f} ms controller")
+    print(f"  live move / recompute:       {med['drain'] / med['crash']:.2f}x")
+
+
+def drain(args, rng):
+    c = Cluster(args, 3)
+    words = "river stone lamp harbor meadow signal copper lantern orchard glacier".split()
+    prompts = [" ".join(rng.choice(words) for _ in range(24)) + f" ({i})" for i in range(args.clients)]
+    body = {"max_tokens": args.drain_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+
+    def run(disturb):
+        out = [None] * args.clients
+        threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, stream(c.ctl, {**body, "prompt": prompts[i]})))
+                   for i in range(args.clients)]
+        for t in threads:
+            t.start()
+        extra = disturb() if disturb else None
+        for t in threads:
+            t.join()
+        return out, extra
+
+    undisturbed, _ = run(None)
+    for w, chunks, clean, raw in undisturbed:
+        if not clean:
+            fail(f"undisturbed run broke: {raw[-300:]}")
+
+    def sigterm():
+        time.sleep(args.term_after_s)
+        ws = request(c.ctl, "GET", "/v1/cluster")[1]["workers"]
+        busiest = max(ws, key=lambda w: w["in_flight"])
+        proc, _ = c.worker(busiest["name"])
+        t0 = time.perf_counter()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=150)
+        return busiest["name"], busiest["in_flight"], time.perf_counter() - t0
+
+    disturbed, (name, held, exit_s) = run(sigterm)
+    failed = sum(1 for _, _, clean, _ in disturbed if not clean)
+    differ = sum(1 for a, b in zip(undisturbed, disturbed) if "".join(t for _, t in a[1]) != "".join(t for _, t in b[1]))
+    moved = c.metric('pie_controller_streams_moved_total{reason="drain"}')
+    print(f"SIGTERM to {name} holding {held} of {args.clients} streams: {failed} failed, {differ} transcripts differ "
+          f"from the undisturbed run, {moved:.0f} streams moved, the worker exited {exit_s:.1f} s after SIGTERM")
+    stop_all()
+    if failed or differ:
+        fail(f"{failed} failed and {differ} differing transcripts")
+    if moved < 1:
+        fail("no stream moved: SIGTERM came too late")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("part", nargs="?", default="all", choices=["downtime", "drain", "all"])
+    ap.add_argument("--pie", default="target/release/pie")
+    ap.add_argument("--controller", default="target/release/pie-controller")
+    ap.add_argument("--model", default=os.path.expanduser("~/.cache/pie/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--seed", type=int, default=14)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--context", type=int, default=2000)
+    ap.add_argument("--after", type=int, default=40)
+    ap.add_argument("--tokens", type=int, default=120)
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--drain-tokens", type=int, default=160)
+    ap.add_argument("--term-after-s", type=float, default=2.0)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    try:
+        if args.part in ("downtime", "all"):
+            downtime(args, rng)
+        if args.part in ("drain", "all"):
+            drain(args, rng)
+    finally:
+        stop_all()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
