@@ -436,6 +436,7 @@ mod tests {
             &["scale-by-prop"],
             &ActorConfigs {
                 scale_by_prop: ScaleByPropConfig::default(),
+                ..ActorConfigs::default()
             },
         )
         .expect("known");
