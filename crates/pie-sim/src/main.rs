@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use pie_sim::metrics::{class_table, markdown_table, transfer_table};
+use pie_sim::metrics::{class_table, markdown_table, migration_table, transfer_table};
 use pie_sim::requests::{self, Input};
 use pie_sim::worker_config::WorkerConfig;
 use pie_sim::{run, PolicyName, RouterSpec, RunMetrics, SimConfig};
@@ -61,7 +61,7 @@ enum Command {
 #[derive(Args)]
 struct Common {
     /// shared-prefix, multi-turn, multi-tenant, deadline-mix, priority-mix,
-    /// prefill-decode-mix, or trace (with --trace).
+    /// prefill-decode-mix, skewed-sessions, or trace (with --trace).
     #[arg(long)]
     workload: String,
     /// A JSONL trace (Mooncake format plus `props`) for --workload trace.
@@ -261,6 +261,10 @@ fn main() -> Result<()> {
             let transfers = transfer_table(&runs);
             if !transfers.is_empty() {
                 print!("\nDisaggregated prefills:\n\n{transfers}");
+            }
+            let migrations = migration_table(&runs);
+            if !migrations.is_empty() {
+                print!("\nMigrations:\n\n{migrations}");
             }
             let classes = class_table(&runs);
             if !classes.is_empty() {
