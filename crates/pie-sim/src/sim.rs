@@ -222,7 +222,7 @@ struct Sim<'a> {
     links: Links,
     /// Prefilled requests whose pages are on their way to the decode worker.
     in_transfer: HashMap<u32, Seq>,
-    /// Migrations in progress by request (ordered: actors see them in order).
+    /// Migrations in progress by request.
     migrations: BTreeMap<u32, Migration>,
     /// Per worker: migrating requests whose copy stage ended, to be looked at
     /// at its next step boundary.
@@ -473,8 +473,9 @@ impl<'a> Sim<'a> {
     }
 
     /// The cluster as an actor sees it: every worker with its load and pages,
-    /// every sequence with its props (a migrating one on its target once it
-    /// left its source).
+    /// every sequence with its props. A migrating process in its pause is on
+    /// no worker's list (nothing can act on it then); its load counts on its
+    /// target already.
     fn snapshot(&self) -> ClusterSnapshot {
         let total = self.cfg.profile.kv_pages;
         let mut snapshot = ClusterSnapshot::default();
@@ -498,15 +499,6 @@ impl<'a> Sim<'a> {
                     id: format!("request-{req}"),
                     worker: Some(name.clone()),
                     props: c.props.clone(),
-                });
-            }
-        }
-        for (r, m) in &self.migrations {
-            if self.paused.contains_key(r) {
-                snapshot.processes.push(ProcessState {
-                    id: format!("request-{r}"),
-                    worker: Some(format!("w{}", m.to)),
-                    props: self.reqs[*r as usize].props.clone(),
                 });
             }
         }

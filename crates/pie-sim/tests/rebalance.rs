@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 
-use pie_policy::cluster::Action;
+use pie_policy::cluster::{Action, ActorConfigs, RebalanceSignal};
 use pie_sim::disaggregate::kv_bytes_per_token;
 use pie_sim::migrate::PAUSE_US;
 use pie_sim::{run, CostProfile, PolicyName, RunMetrics, SimConfig, WorkloadSpec};
@@ -15,12 +15,24 @@ const REQUESTS: usize = 1200;
 const PIPELINE: &str = "pin,session-affinity,least-loaded";
 
 fn sim(rebalance: bool, dry_run: bool) -> RunMetrics {
+    run_skewed(0.3, Some(32), rebalance, |c| c.rebalance.dry_run = dry_run)
+}
+
+/// `skewed-sessions` with `hot_fraction` of the sessions opened on `w0`, on
+/// the GPU profile (its `max_running` replaced if given), with or without
+/// `rebalance` configured by `configure`.
+fn run_skewed(
+    hot_fraction: f64,
+    max_running: Option<usize>,
+    rebalance: bool,
+    configure: impl Fn(&mut ActorConfigs),
+) -> RunMetrics {
     let mut spec = WorkloadSpec::named("skewed-sessions")
-        .and_then(|w| w.with_overrides(&["hot_fraction=0.3".to_string()]))
+        .and_then(|w| w.with_overrides(&[format!("hot_fraction={hot_fraction}")]))
         .expect("valid override");
     spec.scale_rate(WORKERS as f64);
     let mut profile = CostProfile::gpu_a100_llama3_8b();
-    profile.max_running = 32;
+    profile.max_running = max_running.unwrap_or(profile.max_running);
     let router = match rebalance {
         true => format!("{PIPELINE},rebalance"),
         false => PIPELINE.to_string(),
@@ -31,7 +43,7 @@ fn sim(rebalance: bool, dry_run: bool) -> RunMetrics {
         router.parse().expect("valid router"),
         profile,
     );
-    cfg.actor_configs.rebalance.dry_run = dry_run;
+    configure(&mut cfg.actor_configs);
     let reqs = spec.generate(REQUESTS, 5);
     run(&cfg, spec.name(), &reqs).expect("simulation runs")
 }
@@ -106,4 +118,25 @@ fn runs_with_migrations_are_deterministic() {
     assert_eq!(a.migrations, b.migrations);
     assert_eq!((a.ttft_ms, a.e2e_ms), (b.ttft_ms, b.e2e_ms));
     assert_eq!(a.actions, b.actions);
+}
+
+/// With the profile's `max_running` (256) the hot worker runs out of KV pages
+/// before it has 230 processes: the `kv` signal sees it and moves processes.
+#[test]
+fn the_kv_signal_sees_the_hot_worker_run_out_of_pages() {
+    let plain = run_skewed(0.6, None, false, |_| {});
+    let kv = run_skewed(0.6, None, true, |c| {
+        c.rebalance.signal = RebalanceSignal::Kv
+    });
+    assert_eq!(kv.completed, REQUESTS);
+    assert_eq!(kv.wrong_output_lengths, 0);
+    let mig = kv.migrations.as_ref().expect("an actor ran");
+    assert!(mig.completed >= 10, "{mig:?}");
+    assert!(kv.actions.iter().all(|a| a.reason.starts_with("kv: ")));
+    assert!(
+        kv.ttft_ms.p99 < 0.5 * plain.ttft_ms.p99,
+        "TTFT p99 {} with rebalance (kv) vs {} without",
+        kv.ttft_ms.p99,
+        plain.ttft_ms.p99
+    );
 }
