@@ -463,6 +463,7 @@ mod tests {
             &["scale-by-prop"],
             &ActorConfigs {
                 scale_by_prop: ScaleByPropConfig::default(),
+                ..ActorConfigs::default()
             },
         )
         .expect("known");

@@ -9,7 +9,7 @@ use anyhow::{anyhow, Result};
 use pie_core::auth::{parse_key_file, ApiKey};
 use pie_policy::cluster::{
     routing_policy, split_policies, ActorConfigs, ActorRunner, CacheAwareConfig, ClusterPolicy,
-    DisaggregateConfig, PinConfig, QueueOrder, RoutingConfigs, ScaleByPropConfig,
+    DisaggregateConfig, PinConfig, QueueOrder, RebalanceConfig, RoutingConfigs, ScaleByPropConfig,
     SessionAffinityConfig, DEFAULT_MAX_QUEUED,
 };
 use serde::{Deserialize, Serialize};
@@ -110,6 +110,7 @@ pub struct ClusterConfig {
     pub disaggregate: DisaggregateConfig,
     #[serde(rename = "scale-by-prop")]
     pub scale_by_prop: ScaleByPropConfig,
+    pub rebalance: RebalanceConfig,
 }
 
 impl Default for ClusterConfig {
@@ -136,6 +137,7 @@ impl Default for ClusterConfig {
             pin: PinConfig::default(),
             disaggregate: DisaggregateConfig::default(),
             scale_by_prop: ScaleByPropConfig::default(),
+            rebalance: RebalanceConfig::default(),
         }
     }
 }
@@ -211,6 +213,7 @@ impl ClusterConfig {
         let (_, actors) = self.split()?;
         let configs = ActorConfigs {
             scale_by_prop: self.scale_by_prop.clone(),
+            rebalance: self.rebalance.clone(),
         };
         let names: Vec<&str> = actors.iter().map(String::as_str).collect();
         ActorRunner::new(&names, &configs)

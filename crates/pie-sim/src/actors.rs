@@ -1,12 +1,15 @@
 //! Cluster actors in the simulator: the same `ActorRunner` (and actors) that
 //! `pie-controller` runs, ticked every `actor_tick_ms` of simulated time over a
-//! snapshot of the simulated workers. Actions are executed here as the
-//! controller executes them: a scale hint is published (kept in the run's
-//! metrics); an action this executor cannot carry out yet stops the run with
-//! an error naming it, never silently. Dry-run records are kept, not executed.
+//! snapshot of the simulated workers. Actions are executed as the controller
+//! executes them: a scale hint is published (kept in the run's metrics); a
+//! `MigrateProcess` moves the process with its KV (`sim.rs`, costed as
+//! `migrate.rs` says); an action this executor cannot carry out stops the run
+//! with an error naming it, never silently. Dry-run records are kept, not
+//! executed.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use pie_policy::cluster::{Action, ActionRecord, ActorConfigs, ActorRunner, ClusterSnapshot};
+use serde::{de::DeserializeOwned, Serialize};
 
 /// The actors of a pipeline and when they look next.
 pub struct SimActors {
@@ -15,6 +18,15 @@ pub struct SimActors {
     next_tick_us: u64,
     /// Every action recorded, in order (dry-run ones included).
     pub records: Vec<ActionRecord>,
+}
+
+/// An action for the simulation to carry out.
+pub enum ToExecute {
+    Migrate {
+        process: String,
+        from: String,
+        to: String,
+    },
 }
 
 impl SimActors {
@@ -39,27 +51,107 @@ impl SimActors {
     }
 
     /// The actors look at `snapshot` (taken at `at_us`); their actions are
-    /// executed and recorded.
-    pub fn tick(&mut self, at_us: u64, snapshot: &ClusterSnapshot) -> Result<()> {
+    /// recorded, and those the simulation must carry out returned in order.
+    pub fn tick(&mut self, at_us: u64, snapshot: &ClusterSnapshot) -> Result<Vec<ToExecute>> {
         self.next_tick_us = at_us + self.tick_us;
+        let mut out = Vec::new();
         for record in self.runner.tick(at_us / 1000, snapshot) {
             if !record.dry_run {
-                execute(&record)?;
+                out.extend(execute(&record)?);
             }
             self.records.push(record);
         }
-        Ok(())
+        Ok(out)
     }
 }
 
 /// What executing an action means in the simulator.
-fn execute(record: &ActionRecord) -> Result<()> {
+fn execute(record: &ActionRecord) -> Result<Option<ToExecute>> {
     match &record.action {
-        Action::ScaleHint(_) => Ok(()),
+        Action::ScaleHint(_) => Ok(None),
+        Action::MigrateProcess { process, from, to } => Ok(Some(ToExecute::Migrate {
+            process: process.clone(),
+            from: from.clone(),
+            to: to.clone(),
+        })),
         other => bail!(
             "{}: the simulator cannot execute `{}` actions yet",
             record.actor,
             other.kind()
         ),
+    }
+}
+
+/// `--actor-set ACTOR.KEY=VALUE` (as `[cluster.ACTOR] KEY = VALUE` in the
+/// controller's config; the value in JSON, else taken as a string): each
+/// replaces one key of `configs`. An unknown actor or key, or a value of the
+/// wrong type, is an error naming it.
+pub fn apply_overrides(configs: &mut ActorConfigs, overrides: &[String]) -> Result<()> {
+    for item in overrides {
+        let (path, raw) = item
+            .split_once('=')
+            .with_context(|| format!("--actor-set `{item}` is not ACTOR.KEY=VALUE"))?;
+        let (name, key) = path
+            .split_once('.')
+            .with_context(|| format!("--actor-set `{item}` is not ACTOR.KEY=VALUE"))?;
+        let value = serde_json::from_str(raw)
+            .unwrap_or_else(|_| serde_json::Value::String(raw.to_string()));
+        match name {
+            "scale-by-prop" => set_key(&mut configs.scale_by_prop, key, value),
+            "rebalance" => set_key(&mut configs.rebalance, key, value),
+            other => {
+                bail!("--actor-set: no configurable actor `{other}` (scale-by-prop, rebalance)")
+            }
+        }
+        .with_context(|| format!("--actor-set `{item}`"))?;
+    }
+    Ok(())
+}
+
+fn set_key<T: Serialize + DeserializeOwned>(
+    config: &mut T,
+    key: &str,
+    value: serde_json::Value,
+) -> Result<()> {
+    let mut json = serde_json::to_value(&*config)?;
+    let table = json.as_object_mut().context("a config is a table")?;
+    if !table.contains_key(key) {
+        let known: Vec<&str> = table.keys().map(String::as_str).collect();
+        bail!("no key `{key}` (keys: {})", known.join(", "));
+    }
+    table.insert(key.to_string(), value);
+    *config = serde_json::from_value(json).map_err(|e| anyhow::anyhow!("`{key}`: {e}"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pie_policy::cluster::RebalanceSignal;
+
+    #[test]
+    fn overrides_set_actor_keys_and_name_bad_ones() {
+        let mut c = ActorConfigs::default();
+        let set = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        apply_overrides(
+            &mut c,
+            &set(&[
+                "rebalance.signal=kv",
+                "rebalance.high=0.8",
+                "scale-by-prop.prop=tier2",
+            ]),
+        )
+        .expect("valid");
+        assert_eq!(c.rebalance.signal, RebalanceSignal::Kv);
+        assert_eq!(c.rebalance.high, 0.8);
+        assert_eq!(c.scale_by_prop.prop, "tier2");
+        let err = |item: &str| {
+            let e = apply_overrides(&mut ActorConfigs::default(), &set(&[item])).unwrap_err();
+            format!("{e:#}")
+        };
+        assert!(err("rebalance.hgh=1").contains("no key `hgh`"));
+        assert!(err("rebalance.signal=bytes").contains("`signal`"));
+        assert!(err("drain.x=1").contains("`drain`"));
+        assert!(err("rebalance").contains("ACTOR.KEY=VALUE"));
     }
 }

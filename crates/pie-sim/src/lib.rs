@@ -9,6 +9,7 @@ pub mod events;
 pub mod histogram;
 pub mod machine;
 pub mod metrics;
+pub mod migrate;
 pub mod pages;
 pub mod plots;
 pub mod profile;

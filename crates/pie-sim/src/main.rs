@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use pie_sim::metrics::{class_table, markdown_table, transfer_table};
+use pie_sim::metrics::{class_table, markdown_table, migration_table, transfer_table};
 use pie_sim::requests::{self, Input};
 use pie_sim::worker_config::WorkerConfig;
 use pie_sim::{run, PolicyName, RouterSpec, RunMetrics, SimConfig};
@@ -61,7 +61,7 @@ enum Command {
 #[derive(Args)]
 struct Common {
     /// shared-prefix, multi-turn, multi-tenant, deadline-mix, priority-mix,
-    /// prefill-decode-mix, or trace (with --trace).
+    /// prefill-decode-mix, skewed-sessions, or trace (with --trace).
     #[arg(long)]
     workload: String,
     /// A JSONL trace (Mooncake format plus `props`) for --workload trace.
@@ -104,6 +104,13 @@ struct Common {
     /// (default: the profile's model; see `pie_sim::disaggregate`).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     kv_bytes_per_token: Option<u64>,
+    /// Set an actor's key, as `[cluster.ACTOR] KEY = VALUE` in the
+    /// controller's config (`--actor-set rebalance.signal=kv`); repeatable.
+    #[arg(long = "actor-set", value_name = "ACTOR.KEY=VALUE")]
+    actor_overrides: Vec<String>,
+    /// How often the actors look at the cluster (simulated ms).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    actor_tick_ms: u64,
     /// Run keep-session (retention by the `session` and `keep-ms` props).
     #[arg(long)]
     keep_session: bool,
@@ -146,6 +153,8 @@ fn simulate(
     }
     profile.kv_pages = common.kv_pages.unwrap_or(profile.kv_pages);
     profile.max_running = common.max_running.unwrap_or(profile.max_running);
+    let mut actor_configs = pie_policy::cluster::ActorConfigs::default();
+    pie_sim::actors::apply_overrides(&mut actor_configs, &common.actor_overrides)?;
     let mut runs = Vec::new();
     for router in routers {
         for &policy in policies {
@@ -153,6 +162,8 @@ fn simulate(
                 let mut cfg =
                     SimConfig::new(common.workers, policy, router.clone(), profile.clone());
                 cfg.keep_session = keep;
+                cfg.actor_configs = actor_configs.clone();
+                cfg.actor_tick_ms = common.actor_tick_ms;
                 cfg.runtime = runtime.clone();
                 cfg.workers_per_machine = common.workers_per_machine as usize;
                 cfg.prefill_workers = common.prefill_workers;
@@ -261,6 +272,10 @@ fn main() -> Result<()> {
             let transfers = transfer_table(&runs);
             if !transfers.is_empty() {
                 print!("\nDisaggregated prefills:\n\n{transfers}");
+            }
+            let migrations = migration_table(&runs);
+            if !migrations.is_empty() {
+                print!("\nMigrations:\n\n{migrations}");
             }
             let classes = class_table(&runs);
             if !classes.is_empty() {

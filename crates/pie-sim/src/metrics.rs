@@ -1,8 +1,9 @@
 //! Metrics of one simulated run: what each request experienced (TTFT,
 //! inter-token latency, end-to-end latency, prefix hits, deadline), per-client service for fairness, per-class
-//! latencies, throughput, disaggregated prefills' transfers, and the simulator's
-//! own speed (events per second). The whole [`RunMetrics`] serialises to JSON;
-//! [`markdown_table`] and [`transfer_table`] compare runs.
+//! latencies, throughput, disaggregated prefills' transfers, migrations, and the
+//! simulator's own speed (events per second). The whole [`RunMetrics`]
+//! serialises to JSON; [`markdown_table`], [`transfer_table`] and
+//! [`migration_table`] compare runs.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -11,6 +12,7 @@ use serde::Serialize;
 
 use crate::disaggregate::{Disaggregation, TransferCounters};
 use crate::histogram::LogHistogram;
+use crate::migrate::{MigrationCounters, Migrations};
 use crate::sim::SimConfig;
 use crate::workload::Request;
 
@@ -52,6 +54,7 @@ pub struct Counters {
     /// Gaps between consecutive output tokens of a request.
     pub itl: LogHistogram,
     pub transfers: TransferCounters,
+    pub migrations: MigrationCounters,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -146,6 +149,10 @@ pub struct RunMetrics {
     pub prompt_tokens: u64,
     pub generated_tokens: u64,
     pub requested_output_tokens: u64,
+    /// Completed requests whose generated tokens differ from the output length
+    /// they asked for (capped to what the pool leaves after the prompt): 0
+    /// unless tokens were lost or produced twice (e.g. by a migration).
+    pub wrong_output_lengths: usize,
     pub prefix_hit_tokens: u64,
     /// Prompt tokens served from the prefix cache / prompt tokens.
     pub prefix_hit_rate: f64,
@@ -163,6 +170,10 @@ pub struct RunMetrics {
     /// Prefill-stage workers and KV transfers (`--prefill-workers`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disaggregation: Option<Disaggregation>,
+    /// Processes moved between workers (`MigrateProcess` actions, e.g.
+    /// `rebalance`); present when the router runs actors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub migrations: Option<Migrations>,
     pub events: u64,
     pub wall_s: f64,
     pub events_per_s: f64,
@@ -356,6 +367,18 @@ impl RunMetrics {
             prompt_tokens,
             generated_tokens,
             requested_output_tokens: served.iter().map(|(q, _)| q.output_len() as u64).sum(),
+            wrong_output_lengths: {
+                let limit = cfg.profile.kv_pages * cfg.profile.page_size;
+                served
+                    .iter()
+                    .filter(|(_, r)| r.finish_us.is_some() && !r.expired)
+                    .filter(|(q, r)| {
+                        let room = limit.saturating_sub(q.prompt_len());
+                        let asked = q.output_len().min(room).max(1);
+                        r.generated_tokens as usize != asked
+                    })
+                    .count()
+            },
             prefix_hit_tokens: counters.prefix_hit_tokens,
             prefix_hit_rate: if prompt_tokens > 0 {
                 counters.prefix_hit_tokens as f64 / prompt_tokens as f64
@@ -377,6 +400,8 @@ impl RunMetrics {
             jain_window,
             classes,
             disaggregation,
+            migrations: (!cfg.router.actors().is_empty())
+                .then(|| Migrations::new(&counters.migrations)),
             events: counters.events,
             wall_s,
             events_per_s: if wall_s > 0.0 {
@@ -445,6 +470,41 @@ pub fn transfer_table(runs: &[RunMetrics]) -> String {
             d.transferred_bytes as f64 / 1e9,
             d.transfer_s,
             d.transfer_wait_s,
+        ));
+    }
+    s
+}
+
+/// One row per run whose router runs actors, when any of them migrated a
+/// process (empty otherwise): the runs with and without migrations side by side.
+pub fn migration_table(runs: &[RunMetrics]) -> String {
+    if !runs
+        .iter()
+        .any(|r| r.migrations.as_ref().is_some_and(|m| m.started > 0))
+    {
+        return String::new();
+    }
+    let mut s = String::from(
+        "| router | TTFT p50 / p99 ms | e2e p50 / p99 ms | migrations (done / abandoned) | copy stages | moved pages | moved GB | pause mean / max ms |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    for r in runs {
+        let m = r.migrations.clone().unwrap_or_default();
+        s.push_str(&format!(
+            "| {} | {:.0} / {:.0} | {:.0} / {:.0} | {} ({} / {}) | {} | {} | {:.2} | {:.1} / {:.1} |\n",
+            r.router,
+            r.ttft_ms.p50,
+            r.ttft_ms.p99,
+            r.e2e_ms.p50,
+            r.e2e_ms.p99,
+            m.started,
+            m.completed,
+            m.abandoned,
+            m.stages,
+            m.pages,
+            m.bytes as f64 / 1e9,
+            m.mean_pause_ms,
+            m.max_pause_ms,
         ));
     }
     s

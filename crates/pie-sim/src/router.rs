@@ -235,6 +235,16 @@ impl Router {
         })
     }
 
+    /// A process moved to worker `w` (a migration): the pipeline records it
+    /// there as a routing decision, so its session's next turns follow it.
+    pub fn moved(&mut self, now_ms: u64, props: &Props, prompt_tokens: usize, w: usize) {
+        let req = RouteRequest {
+            props,
+            prompt_tokens,
+        };
+        cluster::record(&mut self.pipeline, now_ms, &req, &self.views[w].name);
+    }
+
     /// Each worker's leading run of `prefix` pages held, and held or
     /// pending, as the controller's registry computes them: set on the
     /// holders, the previous request's holders reset to zero.

@@ -19,25 +19,30 @@
 //! prefill-only sequence on the prefill worker; when its prompt is computed its
 //! full pages travel to the decode worker's prefix cache (a transfer event), and
 //! it is then admitted there like a new arrival that finds its prefix cached.
+//! A `MigrateProcess` action (`rebalance`) moves a queued or running process to
+//! another worker in copy stages and a short pause (`migrate.rs`): it leaves the
+//! source at a step boundary, its pages reach the target's prefix cache, and it
+//! joins the target's queue with the tokens it generated so far.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 use std::time::Instant;
 
 use pie_core::{block_hash, block_hashes, BlockHash, ModelFingerprint, SeqId};
 use pie_policy::cluster::{
-    ActionRecord, ActorConfigs, ClusterSnapshot, KvPages, ProcessState, WorkerState,
+    ActionRecord, ActorConfigs, ClusterSnapshot, KvPages, ProcessState, Stage, WorkerState,
 };
 use pie_policy::runtime::{PolicyList, RuntimeConfig, WorkerPolicies};
 use pie_policy::scheduler::prefill_share;
 use pie_policy::{Candidate, KeepSession, OnMiss, Planned, Scheduler, StepLimits, WorkerPolicy};
 
-use crate::actors::SimActors;
+use crate::actors::{SimActors, ToExecute};
 use crate::cost::{CostProfile, StepShape};
 use crate::disaggregate::{kv_bytes_per_token, Links};
 use crate::events::{Event, Events};
 use crate::machine::SharedMachine;
 use crate::metrics::{Counters, Record, RunMetrics};
+use crate::migrate::{Migration, PAUSE_US};
 use crate::pages::{slot, PageModel, Seq, WorkerPages, SLOT_BITS};
 use crate::router::{Router, RouterSpec};
 use crate::workload::Request;
@@ -217,6 +222,14 @@ struct Sim<'a> {
     links: Links,
     /// Prefilled requests whose pages are on their way to the decode worker.
     in_transfer: HashMap<u32, Seq>,
+    /// Migrations in progress by request.
+    migrations: BTreeMap<u32, Migration>,
+    /// Per worker: migrating requests whose copy stage ended, to be looked at
+    /// at its next step boundary.
+    awaiting: Vec<Vec<u32>>,
+    /// Migrating requests that left their source, in their pause, with the
+    /// leading pages of theirs the target gets.
+    paused: BTreeMap<u32, (Seq, usize)>,
 }
 
 const FINGERPRINT: ModelFingerprint = ModelFingerprint(0x51_u64);
@@ -409,6 +422,9 @@ impl<'a> Sim<'a> {
             actors: None,
             links: Links::new(cfg.workers),
             in_transfer: HashMap::new(),
+            migrations: BTreeMap::new(),
+            awaiting: vec![Vec::new(); cfg.workers],
+            paused: BTreeMap::new(),
         }
     }
 
@@ -431,6 +447,8 @@ impl<'a> Sim<'a> {
                 Event::Arrive(r) => self.arrive(r as usize, now)?,
                 Event::StepEnd(w) => self.step_ended(w as usize, now)?,
                 Event::Transferred(r) => self.transferred(r, now)?,
+                Event::MigrationCopied(r) => self.migration_copied(r, now)?,
+                Event::Migrated(r) => self.migrated(r, now)?,
             }
         }
         Ok(())
@@ -440,15 +458,24 @@ impl<'a> Sim<'a> {
     fn tick_actors(&mut self, now: u64) -> anyhow::Result<()> {
         while let Some(at) = self.actors.as_ref().and_then(|a| a.due(now)) {
             let snapshot = self.snapshot();
-            if let Some(actors) = &mut self.actors {
-                actors.tick(at, &snapshot)?;
+            let Some(actors) = &mut self.actors else {
+                break;
+            };
+            for action in actors.tick(at, &snapshot)? {
+                match action {
+                    ToExecute::Migrate { process, from, to } => {
+                        self.migrate(&process, &from, &to, now)?
+                    }
+                }
             }
         }
         Ok(())
     }
 
     /// The cluster as an actor sees it: every worker with its load and pages,
-    /// every sequence with its props.
+    /// every sequence with its props. A migrating process in its pause is on
+    /// no worker's list (nothing can act on it then); its load counts on its
+    /// target already.
     fn snapshot(&self) -> ClusterSnapshot {
         let total = self.cfg.profile.kv_pages;
         let mut snapshot = ClusterSnapshot::default();
@@ -484,6 +511,7 @@ impl<'a> Sim<'a> {
             self.machines[m].finish(now, w as u32);
         }
         self.end_step(w, now);
+        self.migration_boundary(w, now)?;
         let started = self.start_step(w, now)?;
         match self.machine_of(w) {
             Some(m) if !started => self.schedule_machine(m, now),
@@ -647,6 +675,189 @@ impl<'a> Sim<'a> {
         self.workers[d].pages.receive(&s.hashes[..pages]);
         self.sync_index(d);
         self.admit(d, s, now)
+    }
+
+    /// Carry out a `MigrateProcess` from an actor: request `process` on worker
+    /// `from` starts moving to `to` (its first copy stage). What cannot be
+    /// done is an error that stops the run.
+    fn migrate(&mut self, process: &str, from: &str, to: &str, now: u64) -> anyhow::Result<()> {
+        let r: u32 = process
+            .strip_prefix("request-")
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("migrate: no process `{process}`"))?;
+        let workers = self.workers.len();
+        let worker = |name: &str| {
+            name.strip_prefix('w')
+                .and_then(|n| n.parse::<usize>().ok())
+                .filter(|&w| w < workers)
+                .ok_or_else(|| anyhow::anyhow!("migrate: no worker `{name}`"))
+        };
+        let (f, t) = (worker(from)?, worker(to)?);
+        anyhow::ensure!(f != t, "migrate: `{process}` from `{from}` to itself");
+        anyhow::ensure!(
+            self.router.views()[t].stage != Stage::Prefill,
+            "migrate: `{to}` is a prefill-stage worker"
+        );
+        anyhow::ensure!(
+            !self.migrations.contains_key(&r),
+            "migrate: `{process}` is already migrating"
+        );
+        let seq = self
+            .find_seq(f, r)
+            .ok_or_else(|| anyhow::anyhow!("migrate: `{process}` is not on `{from}`"))?;
+        anyhow::ensure!(
+            self.workers[f].pages.seq(slot(seq)).handoff.is_none(),
+            "migrate: `{process}` is a remote prefill on `{from}`"
+        );
+        self.migrations.insert(
+            r,
+            Migration {
+                from: f,
+                to: t,
+                copied_pages: 0,
+            },
+        );
+        self.counters.migrations.started += 1;
+        self.copy_stage(r, seq, now);
+        Ok(())
+    }
+
+    /// Request `r`'s sequence on worker `w`, if it is there.
+    fn find_seq(&self, w: usize, r: u32) -> Option<SeqId> {
+        let worker = &self.workers[w];
+        (worker.scheduler.candidates().iter())
+            .map(|c| c.seq)
+            .find(|&seq| worker.pages.seq(slot(seq)).req == r)
+    }
+
+    /// The leading pages of `s` whose KV worker `w` has for it: a running
+    /// sequence's computed full pages, a queued one's prefix in `w`'s cache.
+    fn computed_pages(&self, w: usize, s: &Seq) -> usize {
+        let ps = self.cfg.profile.page_size;
+        if s.pages > 0 {
+            return (s.len as usize / ps).min(s.hashes.len());
+        }
+        let usable = ((s.tokens() as usize - 1) / ps).min(s.hashes.len());
+        let cache = &self.workers[w].pages.cache;
+        s.hashes[..usable]
+            .iter()
+            .take_while(|h| cache.contains(h))
+            .count()
+    }
+
+    /// A copy stage of request `r`'s migration: the pages computed since the
+    /// last stage that the target lacks go over its link while the process
+    /// runs on; with none to copy, it is looked at at the next step boundary.
+    fn copy_stage(&mut self, r: u32, seq: SeqId, now: u64) {
+        let Some(m) = self.migrations.get(&r).copied() else {
+            return;
+        };
+        let s = self.workers[m.from].pages.seq(slot(seq));
+        let upto = self.computed_pages(m.from, s);
+        let target = &self.workers[m.to].pages.cache;
+        let pages = s.hashes[m.copied_pages.min(upto)..upto]
+            .iter()
+            .filter(|h| !target.contains(h))
+            .count() as u64;
+        if let Some(m) = self.migrations.get_mut(&r) {
+            m.copied_pages = upto;
+        }
+        if pages == 0 {
+            self.awaiting[m.from].push(r);
+            return;
+        }
+        let bytes = pages * self.cfg.profile.page_size as u64 * self.cfg.kv_bytes_per_token;
+        let (_, end) = self.links.book(&self.cfg.profile, m.to, now, bytes);
+        let c = &mut self.counters.migrations;
+        c.stages += 1;
+        c.pages += pages;
+        c.bytes += bytes;
+        self.events.push(end, Event::MigrationCopied(r));
+    }
+
+    /// A copy stage of request `r` reached its target: the source looks at it
+    /// when its running step ends (at once if it is idle).
+    fn migration_copied(&mut self, r: u32, now: u64) -> anyhow::Result<()> {
+        let Some(m) = self.migrations.get(&r).copied() else {
+            return Ok(()); // it finished on its source meanwhile
+        };
+        self.awaiting[m.from].push(r);
+        if self.workers[m.from].step_end.is_none() {
+            self.migration_boundary(m.from, now)?;
+        }
+        Ok(())
+    }
+
+    /// At a step boundary of worker `w`, each migration whose copy stage ended:
+    /// another stage if more than one full page was computed meanwhile, else
+    /// the process leaves `w` and pauses while its last pages cross the link.
+    fn migration_boundary(&mut self, w: usize, now: u64) -> anyhow::Result<()> {
+        if self.awaiting[w].is_empty() {
+            return Ok(());
+        }
+        let ps = self.cfg.profile.page_size;
+        for r in std::mem::take(&mut self.awaiting[w]) {
+            let Some(m) = self.migrations.get(&r).copied() else {
+                continue;
+            };
+            let Some(seq) = self.find_seq(w, r) else {
+                continue;
+            };
+            let s = self.workers[w].pages.seq(slot(seq));
+            let upto = self.computed_pages(w, s);
+            let uncopied = upto.saturating_sub(m.copied_pages);
+            if uncopied > 1 {
+                self.copy_stage(r, seq, now);
+                continue;
+            }
+            let partial = usize::from(s.pages > 0 && !(s.len as usize).is_multiple_of(ps));
+            let index = (self.workers[w].scheduler.position(seq))
+                .ok_or_else(|| anyhow::anyhow!("request {r} is not among its worker's"))?;
+            let (scheduler, mut kv, _) = self.split(w);
+            scheduler.finish(&mut kv, &[index], false);
+            let s = self.workers[w].pages.remove(slot(seq));
+            self.sync_index(w);
+            self.router.set_load(w, self.router.load(w) - 1);
+            self.router.set_load(m.to, self.router.load(m.to) + 1);
+            let pages = (uncopied + partial) as u64;
+            let bytes = pages * ps as u64 * self.cfg.kv_bytes_per_token;
+            let copied = match bytes {
+                0 => now,
+                _ => self.links.book(&self.cfg.profile, m.to, now, bytes).1,
+            };
+            let resume = copied + PAUSE_US;
+            let c = &mut self.counters.migrations;
+            c.stages += u64::from(bytes > 0);
+            c.pages += pages;
+            c.bytes += bytes;
+            c.pause_us += resume - now;
+            c.max_pause_us = c.max_pause_us.max(resume - now);
+            self.records[r as usize].worker = m.to as u32;
+            self.paused.insert(r, (s, upto));
+            self.events.push(resume, Event::Migrated(r));
+        }
+        Ok(())
+    }
+
+    /// Request `r`'s pause ended: its pages into the target's prefix cache (as
+    /// many as fit), its session routed there from now on, and it joins the
+    /// target's queue.
+    fn migrated(&mut self, r: u32, now: u64) -> anyhow::Result<()> {
+        let (s, pages) = self
+            .paused
+            .remove(&r)
+            .ok_or_else(|| anyhow::anyhow!("request {r} resumed twice"))?;
+        let m = self
+            .migrations
+            .remove(&r)
+            .ok_or_else(|| anyhow::anyhow!("request {r} resumed without a migration"))?;
+        self.workers[m.to].pages.receive(&s.hashes[..pages]);
+        self.sync_index(m.to);
+        let props = &self.reqs[r as usize].props;
+        self.router
+            .moved(now / 1000, props, s.prompt_len as usize, m.to);
+        self.counters.migrations.completed += 1;
+        self.admit(m.to, s, now)
     }
 
     /// A dense id per client name (allocating only for a new client).
@@ -900,6 +1111,10 @@ impl<'a> Sim<'a> {
             .filter(|&n| self.reqs[n].continues(&self.reqs[req]));
         if let Some(n) = next_turn {
             self.carried[n] = Some(s.hashes);
+        }
+        if self.migrations.remove(&s.req).is_some() {
+            // Finished (or aborted) before it left its source.
+            self.counters.migrations.abandoned += 1;
         }
         self.router.set_load(w, self.router.load(w) - 1);
         if let Some(d) = s.handoff.map(|d| d as usize) {

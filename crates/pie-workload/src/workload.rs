@@ -2,8 +2,8 @@
 //!
 //! Owns the request shape (a prompt made of token segments, the output it will
 //! generate, props, arrival) and the built-in workloads: `shared-prefix`,
-//! `multi-turn`, `multi-tenant`, `deadline-mix`, `priority-mix` and
-//! `prefill-decode-mix`. Arrivals are
+//! `multi-turn`, `multi-tenant`, `deadline-mix`, `priority-mix`,
+//! `prefill-decode-mix` and `skewed-sessions`. Arrivals are
 //! open-loop Poisson at the workload's rate, except later turns of a conversation,
 //! which arrive a think time after the previous turn finished (closed loop). The
 //! same spec, request count and seed give the same list.
@@ -190,6 +190,32 @@ pub struct PrefillDecodeMix {
     pub rate_per_s: f64,
 }
 
+/// `skewed-sessions`: long-lived conversations (several turns of long
+/// outputs) most of which land on a few workers. Why it is skewed: a fraction
+/// `hot_fraction` of the sessions open with a `pin` prop naming one of the
+/// workers `w0..w{hot_workers}` (as an upstream gateway's sticky hashing over
+/// a short, stale replica list would send them), and only their opening turn
+/// carries it; later turns carry only `session`, so `session-affinity` keeps
+/// them where the session opened. The other sessions open unpinned and go
+/// where the rest of the pipeline sends them. With `session-affinity` first
+/// and a load-aware policy after `pin`, the hot workers queue while the rest
+/// have room: what `rebalance` is for (it may move the later turns, never a
+/// turn pinned to its worker). `hot_workers` must not exceed the workers
+/// simulated (a pin to a worker that does not exist is refused).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SkewedSessions {
+    pub turns: usize,
+    pub system_len: u32,
+    pub new_tokens: u32,
+    pub output_len: u32,
+    /// Mean think time between a turn's end and the next turn (exponential).
+    pub think_ms: f64,
+    pub hot_workers: usize,
+    pub hot_fraction: f64,
+    /// Session starts per second.
+    pub rate_per_s: f64,
+}
+
 /// A workload and its parameters. Default rates are for one worker of the
 /// default (GPU) profile, where a 256 + 128 token request costs about 45 ms of
 /// step time (about 22 requests/s): `multi-tenant`'s flood alone overloads it,
@@ -204,6 +230,7 @@ pub enum WorkloadSpec {
     DeadlineMix(DeadlineMix),
     PriorityMix(PriorityMix),
     PrefillDecodeMix(PrefillDecodeMix),
+    SkewedSessions(SkewedSessions),
 }
 
 pub const WORKLOADS: &[&str] = &[
@@ -213,6 +240,7 @@ pub const WORKLOADS: &[&str] = &[
     "deadline-mix",
     "priority-mix",
     "prefill-decode-mix",
+    "skewed-sessions",
 ];
 
 impl WorkloadSpec {
@@ -266,6 +294,16 @@ impl WorkloadSpec {
                 stream_output_len: 512,
                 rate_per_s: RATE_PREFILL_DECODE_MIX,
             }),
+            "skewed-sessions" => Self::SkewedSessions(SkewedSessions {
+                turns: 4,
+                system_len: 256,
+                new_tokens: 64,
+                output_len: 1024,
+                think_ms: 2000.0,
+                hot_workers: 1,
+                hot_fraction: 0.5,
+                rate_per_s: RATE_SKEWED_SESSIONS,
+            }),
             other => {
                 return Err(format!(
                     "unknown workload `{other}` (available: {})",
@@ -315,6 +353,7 @@ impl WorkloadSpec {
             Self::DeadlineMix(_) => "deadline-mix",
             Self::PriorityMix(_) => "priority-mix",
             Self::PrefillDecodeMix(_) => "prefill-decode-mix",
+            Self::SkewedSessions(_) => "skewed-sessions",
         }
     }
 
@@ -330,6 +369,7 @@ impl WorkloadSpec {
             Self::DeadlineMix(w) => w.rate_per_s *= factor,
             Self::PriorityMix(w) => w.rate_per_s *= factor,
             Self::PrefillDecodeMix(w) => w.rate_per_s *= factor,
+            Self::SkewedSessions(w) => w.rate_per_s *= factor,
         }
     }
 
@@ -343,6 +383,7 @@ impl WorkloadSpec {
             Self::DeadlineMix(w) => deadline_mix(w, requests, &mut rng),
             Self::PriorityMix(w) => priority_mix(w, requests, &mut rng),
             Self::PrefillDecodeMix(w) => prefill_decode_mix(w, requests, &mut rng),
+            Self::SkewedSessions(w) => skewed_sessions(w, requests, &mut rng),
         }
     }
 }
@@ -382,6 +423,10 @@ fn plain(
 /// 70% busy colocated, where a stream costs about 60 ms of batched decode and a
 /// long prompt about 220 ms of prefill.
 const RATE_PREFILL_DECODE_MIX: f64 = 8.0;
+
+/// `skewed-sessions`' default rate of session starts per worker of the GPU
+/// profile.
+const RATE_SKEWED_SESSIONS: f64 = 0.5;
 
 const SYSTEM: u64 = 1;
 const QUESTION: u64 = 2;
@@ -541,12 +586,81 @@ fn prefill_decode_mix(w: &PrefillDecodeMix, n: usize, rng: &mut StdRng) -> Vec<R
         .collect()
 }
 
+fn skewed_sessions(w: &SkewedSessions, n: usize, rng: &mut StdRng) -> Vec<Request> {
+    let turns = w.turns.max(1);
+    let mut out = Vec::with_capacity(n);
+    let mut t = 0;
+    let mut conv = 0u64;
+    while out.len() < n {
+        t += gap_us(rng, w.rate_per_s);
+        let session = format!("sess-{conv}");
+        let home = (w.hot_workers > 0 && rng.gen_bool(w.hot_fraction.clamp(0.0, 1.0)))
+            .then(|| rng.gen_range(0..w.hot_workers));
+        let class = if home.is_some() { "hot" } else { "spread" };
+        let mut prompt = vec![Segment::named(&[SYSTEM], w.system_len)];
+        for turn in 0..turns.min(n - out.len()) {
+            prompt.push(Segment::named(&[USER, conv, turn as u64], w.new_tokens));
+            let output = Segment::named(&[OUTPUT, conv, turn as u64], w.output_len);
+            let mut r = plain(t, "default", class, prompt.clone(), output);
+            prop(&mut r.props, "session", PropValue::Str(session.clone()));
+            match (turn, home) {
+                (0, Some(h)) => prop(&mut r.props, "pin", PropValue::Str(format!("w{h}"))),
+                (0, None) => {}
+                _ => {
+                    let think_us = gap_us(rng, 1000.0 / w.think_ms.max(1e-3));
+                    r.follows = Some(Follow {
+                        request: out.len() - 1,
+                        think_us,
+                    });
+                }
+            }
+            prompt.push(output);
+            out.push(r);
+        }
+        conv += 1;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn overrides(items: &[&str]) -> Vec<String> {
         items.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn skewed_sessions_pin_only_opening_turns_to_the_hot_workers() {
+        let spec = WorkloadSpec::named("skewed-sessions")
+            .and_then(|w| w.with_overrides(&overrides(&["hot_workers=2", "hot_fraction=0.8"])))
+            .expect("valid overrides");
+        let reqs = spec.generate(400, 3);
+        assert_eq!(reqs.len(), 400);
+        let (mut opening, mut pinned) = (0, 0);
+        for (i, r) in reqs.iter().enumerate() {
+            assert!(r.props.str("session").is_some());
+            assert_eq!(r.output_len(), 1024);
+            match r.follows {
+                None => {
+                    opening += 1;
+                    if let Some(pin) = r.props.str("pin") {
+                        pinned += 1;
+                        assert!(pin == "w0" || pin == "w1", "{pin}");
+                        assert_eq!(r.class, "hot");
+                    }
+                }
+                Some(f) => {
+                    assert_eq!(r.props.str("pin"), None, "later turns are not pinned");
+                    assert_eq!(f.request, i - 1);
+                    assert!(r.continues(&reqs[i - 1]));
+                    assert_eq!(r.class, reqs[i - 1].class);
+                }
+            }
+        }
+        assert_eq!(opening, 100, "4 turns a session");
+        // 80% of 100 sessions open pinned, give or take the draw.
+        assert!((65..=92).contains(&pinned), "{pinned}");
     }
 
     #[test]

@@ -17,6 +17,7 @@ mod least_loaded;
 mod pending;
 mod pin;
 mod priority;
+mod rebalance;
 mod round_robin;
 mod runner;
 mod scale_by_prop;
@@ -35,6 +36,7 @@ pub use least_loaded::LeastLoaded;
 pub use pending::PendingBlocks;
 pub use pin::{Pin, PinConfig};
 pub use priority::{PriorityQueue, QueueOrder, DEFAULT_MAX_QUEUED};
+pub use rebalance::{Rebalance, RebalanceConfig, Signal as RebalanceSignal};
 pub use round_robin::RoundRobin;
 pub use runner::ActorRunner;
 pub use scale_by_prop::{ScaleByProp, ScaleByPropConfig};
@@ -85,12 +87,13 @@ pub fn routing_policy(
 }
 
 /// The cluster actors by their names in `[cluster] cluster_policies`.
-pub const ACTORS: &[&str] = &["scale-by-prop"];
+pub const ACTORS: &[&str] = &["scale-by-prop", "rebalance"];
 
 /// The configs of the actors (`[cluster.<name>]`); each has `dry_run`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ActorConfigs {
     pub scale_by_prop: ScaleByPropConfig,
+    pub rebalance: RebalanceConfig,
 }
 
 impl ActorConfigs {
@@ -98,6 +101,7 @@ impl ActorConfigs {
     pub fn dry_run(&self, name: &str) -> bool {
         match name {
             "scale-by-prop" => self.scale_by_prop.dry_run,
+            "rebalance" => self.rebalance.dry_run,
             _ => false,
         }
     }
@@ -110,6 +114,11 @@ pub fn actor(name: &str, configs: &ActorConfigs) -> Result<Box<dyn ClusterActor>
             let c = &configs.scale_by_prop;
             c.validate().map_err(|e| format!("{name}.{e}"))?;
             Ok(Box::new(ScaleByProp::new(c.clone())))
+        }
+        "rebalance" => {
+            let c = &configs.rebalance;
+            c.validate().map_err(|e| format!("{name}.{e}"))?;
+            Ok(Box::new(Rebalance::new(c.clone())))
         }
         other => Err(format!(
             "unknown cluster actor `{other}` (available: {})",
@@ -349,18 +358,30 @@ mod tests {
             (routing, actors),
             (vec!["cache-aware", "pin"], vec!["scale-by-prop"])
         );
-        let err = split_policies(&["rebalance".to_string()]).unwrap_err();
+        let err = split_policies(&["drain-migrate".to_string()]).unwrap_err();
         assert!(
-            err.contains("`rebalance`") && err.contains("pin") && err.contains("scale-by-prop")
+            err.contains("`drain-migrate`") && err.contains("pin") && err.contains("rebalance")
         );
         let bad = ActorConfigs {
             scale_by_prop: ScaleByPropConfig {
                 hysteresis: 2.0,
                 ..ScaleByPropConfig::default()
             },
+            rebalance: RebalanceConfig {
+                low: 0.95,
+                dry_run: true,
+                ..RebalanceConfig::default()
+            },
         };
         let err = actor("scale-by-prop", &bad).err();
         assert!(err.is_some_and(|e| e.starts_with("scale-by-prop.hysteresis")));
+        let err = actor("rebalance", &bad).err();
+        assert!(err.is_some_and(|e| e.starts_with("rebalance.low")));
+        assert!(bad.dry_run("rebalance") && !bad.dry_run("scale-by-prop"));
+        for name in ACTORS {
+            let a = actor(name, &ActorConfigs::default()).expect("defaults are valid");
+            assert_eq!(a.name(), *name);
+        }
     }
 
     #[test]

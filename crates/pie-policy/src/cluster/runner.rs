@@ -114,6 +114,7 @@ mod tests {
                 dry_run,
                 ..ScaleByPropConfig::default()
             },
+            ..ActorConfigs::default()
         };
         for dry_run in [false, true] {
             let mut r = ActorRunner::new(&["scale-by-prop"], &configs(dry_run)).expect("known");
@@ -133,7 +134,7 @@ mod tests {
             };
             assert!(r.event(6, &event, &snap).is_empty());
         }
-        let err = ActorRunner::new(&["rebalance"], &configs(false)).err();
-        assert!(err.is_some_and(|e| e.contains("`rebalance`") && e.contains("scale-by-prop")));
+        let err = ActorRunner::new(&["drain-migrate"], &configs(false)).err();
+        assert!(err.is_some_and(|e| e.contains("`drain-migrate`") && e.contains("rebalance")));
     }
 }
