@@ -8,7 +8,7 @@ Usage: scripts/bench-migrate.py [downtime|drain|all]
            drain:    [--clients 32] [--drain-tokens 160] [--term-after-s 2]
 
 `downtime`: per repetition a fresh cluster, two `pie serve` workers behind
-`pie-controller --policies least-loaded`. One streaming request through the
+`pie-controller --policies least-loaded,drain-migrate`. One streaming request through the
 controller: a prompt of --context random token ids (seeded), `max_tokens`
 --tokens, greedy, `ignore_eos`. Client side, the gap between consecutive
 chunks with text is timed. Three requests per repetition, each on a fresh
@@ -23,7 +23,7 @@ the serving worker killed (SIGKILL): the pause of a resume by recompute. A
 drained worker exits; (3) runs on a fresh cluster. The target of the issue:
 pause (2) <= one decode step at that context + 20 ms.
 
-`drain`: three workers behind `pie-controller --policies least-loaded`;
+`drain`: three workers behind `pie-controller --policies least-loaded,drain-migrate`;
 --clients streaming requests at once (distinct short text prompts, greedy,
 `max_tokens` --drain-tokens, `ignore_eos`): first undisturbed, then again
 with SIGTERM to the worker holding the most streams --term-after-s seconds in.
@@ -107,7 +107,7 @@ class Cluster:
             self.workers.append((proc, url))
         for _, url in self.workers:
             wait_healthy(url, "a worker")
-        cmd = [args.controller, "--port", "0", "--model", args.model, "--policies", "least-loaded"]
+        cmd = [args.controller, "--port", "0", "--model", args.model, "--policies", "least-loaded,drain-migrate"]
         for i, (_, url) in enumerate(self.workers):
             cmd += ["--worker", f"w{i}={url}"]
         self.ctl_proc, self.ctl = spawn(cmd, "pie-controller: listening on ")

@@ -227,7 +227,7 @@ impl Actors {
                     stage: w.stage,
                     group: w.group,
                     healthy: w.healthy,
-                    draining: false,
+                    draining: w.draining,
                     load: w.load,
                     max_running: w.max_running,
                     kv_pages: None,
@@ -302,7 +302,11 @@ impl Actors {
             }
             // Only streams the controller relays can move (see `relay`).
             Action::MigrateProcess { process, to, .. } => {
-                if streams.move_process(process, to, Reason::Rebalance) {
+                let reason = match record.actor.as_str() {
+                    "drain-migrate" => Reason::Drain,
+                    _ => Reason::Rebalance,
+                };
+                if streams.move_process(process, to, reason) {
                     Outcome::Executed
                 } else {
                     Outcome::Failed {
@@ -340,15 +344,17 @@ pub fn health_events(before: &[Worker], after: &[Worker]) -> Vec<ClusterEvent> {
     after
         .iter()
         .filter_map(|w| {
-            let was = before
-                .iter()
-                .find(|b| b.name == w.name)
-                .is_some_and(|b| b.healthy);
-            match (was, w.healthy) {
+            let was = before.iter().find(|b| b.name == w.name);
+            let (was_healthy, was_draining) =
+                was.map_or((false, false), |b| (b.healthy, b.draining));
+            match (was_healthy, w.healthy) {
                 (false, true) => Some(ClusterEvent::WorkerJoined {
                     worker: w.name.clone(),
                 }),
                 (true, false) => Some(ClusterEvent::WorkerLeft {
+                    worker: w.name.clone(),
+                }),
+                _ if w.draining && !was_draining => Some(ClusterEvent::WorkerDraining {
                     worker: w.name.clone(),
                 }),
                 _ => None,

@@ -9,8 +9,8 @@ use anyhow::{anyhow, Result};
 use pie_core::auth::{parse_key_file, ApiKey};
 use pie_policy::cluster::{
     routing_policy, split_policies, ActorConfigs, ActorRunner, CacheAwareConfig, ClusterPolicy,
-    DisaggregateConfig, PinConfig, QueueOrder, RebalanceConfig, RoutingConfigs, ScaleByPropConfig,
-    SessionAffinityConfig, DEFAULT_MAX_QUEUED,
+    DisaggregateConfig, DrainMigrateConfig, PinConfig, QueueOrder, RebalanceConfig, RoutingConfigs,
+    ScaleByPropConfig, SessionAffinityConfig, DEFAULT_MAX_QUEUED,
 };
 use serde::{Deserialize, Serialize};
 
@@ -111,6 +111,8 @@ pub struct ClusterConfig {
     #[serde(rename = "scale-by-prop")]
     pub scale_by_prop: ScaleByPropConfig,
     pub rebalance: RebalanceConfig,
+    #[serde(rename = "drain-migrate")]
+    pub drain_migrate: DrainMigrateConfig,
 }
 
 impl Default for ClusterConfig {
@@ -121,6 +123,7 @@ impl Default for ClusterConfig {
                 "pin".into(),
                 "session-affinity".into(),
                 "cache-aware".into(),
+                "drain-migrate".into(),
             ],
             worker_key: None,
             poll_ms: 250,
@@ -138,6 +141,7 @@ impl Default for ClusterConfig {
             disaggregate: DisaggregateConfig::default(),
             scale_by_prop: ScaleByPropConfig::default(),
             rebalance: RebalanceConfig::default(),
+            drain_migrate: DrainMigrateConfig::default(),
         }
     }
 }
@@ -214,6 +218,7 @@ impl ClusterConfig {
         let configs = ActorConfigs {
             scale_by_prop: self.scale_by_prop.clone(),
             rebalance: self.rebalance.clone(),
+            drain_migrate: self.drain_migrate.clone(),
         };
         let names: Vec<&str> = actors.iter().map(String::as_str).collect();
         ActorRunner::new(&names, &configs)

@@ -13,7 +13,6 @@ use pie_controller::config::{ClusterConfig, Config, WorkerEntry};
 use pie_controller::model::RoutingModel;
 use pie_controller::proxy::{router, Controller};
 use pie_controller::registry::{Registry, Worker};
-use pie_controller::relay::Reason;
 use pie_model::gguf::GgufFile;
 use pie_model::Tokenizer;
 use pie_policy::cluster::PriorityQueue;
@@ -158,11 +157,7 @@ async fn poll_workers(ctl: Arc<Controller>, every: Duration) {
                 ctl.registry
                     .poll(&ctl.http, key, &worker, &url, model)
                     .await;
-                // Asked again each poll while it drains: a move that found
-                // no target is retried.
-                if ctl.registry.draining(&worker) {
-                    ctl.streams.move_from(&worker, Reason::Drain);
-                }
+
                 // Capacity can also free up on the workers' side.
                 ctl.release_waiters();
             });

@@ -307,12 +307,6 @@ impl Registry {
             .unwrap_or(0)
     }
 
-    /// Whether worker `name` said it is draining.
-    pub fn draining(&self, name: &str) -> bool {
-        self.read_worker(|w| w.name == name, |w| w.draining)
-            .unwrap_or(false)
-    }
-
     /// Every worker's name and URL (what a poll round reads).
     pub fn endpoints(&self) -> Vec<(String, String)> {
         let ws = self.workers.read().unwrap_or_else(|e| e.into_inner());

@@ -72,10 +72,10 @@ impl Reason {
     }
 }
 
-/// A request to move one stream; `to` None lets routing choose.
+/// A request to move one stream to worker `to`.
 #[derive(Clone, Debug)]
 pub struct Move {
-    pub to: Option<String>,
+    pub to: String,
     pub reason: Reason,
 }
 
@@ -124,16 +124,11 @@ impl Streams {
         self.lock().remove(&id);
     }
 
-    /// Ask every stream on `worker` to move (a drain); returns how many.
-    pub fn move_from(&self, worker: &str, reason: Reason) -> usize {
-        self.ask(|l| l.worker == worker, None, reason)
-    }
-
     /// Ask the streams of `session` to move to `to`; returns how many.
     pub fn move_session(&self, session: &str, to: &str) -> usize {
         self.ask(
             |l| l.session.as_deref() == Some(session) && l.worker != to,
-            Some(to),
+            to,
             Reason::Relocate,
         )
     }
@@ -143,19 +138,19 @@ impl Streams {
     pub fn move_process(&self, process: &str, to: &str, reason: Reason) -> bool {
         self.ask(
             |l| l.process.as_deref() == Some(process) && l.worker != to,
-            Some(to),
+            to,
             reason,
         ) > 0
     }
 
-    fn ask(&self, which: impl Fn(&Live) -> bool, to: Option<&str>, reason: Reason) -> usize {
+    fn ask(&self, which: impl Fn(&Live) -> bool, to: &str, reason: Reason) -> usize {
         self.lock()
             .values()
             .filter(|l| which(l))
             .filter(|l| {
                 l.moves
                     .send(Move {
-                        to: to.map(str::to_string),
+                        to: to.to_string(),
                         reason,
                     })
                     .is_ok()
@@ -216,7 +211,12 @@ enum Phase {
     Bulk,
     /// Bulk copied; waiting for the source to fill its current page.
     AwaitPage,
+    /// The pages since the bulk are being copied.
     Last,
+    /// Copied: hand off when the next token arrives.
+    AtToken,
+    /// Asked; waiting for the source's stream to end with the hand-off.
+    HandedOff,
 }
 
 /// What the relay loop waits on next.
@@ -294,7 +294,10 @@ impl Run {
                     match self.forward_events(&mut buf, &out).await {
                         Flow::Go => {
                             if let Some(m) = &mut migration {
-                                self.at_page_boundary(m);
+                                if let Err(e) = self.on_token(m).await {
+                                    self.abandon(m, &e);
+                                    migration = None;
+                                }
                             }
                             continue;
                         }
@@ -340,25 +343,15 @@ impl Run {
                 }
                 Step::Staged(result) => {
                     let Some(m) = &mut migration else { continue };
-                    let handed = match (result, m.phase) {
-                        (Ok(()), Phase::Bulk) if self.page_size() > 0 => {
-                            m.phase = Phase::AwaitPage;
-                            self.at_page_boundary(m);
-                            Ok(())
+                    m.phase = match (result, m.phase) {
+                        (Ok(()), Phase::Bulk) if self.page_size() > 0 => Phase::AwaitPage,
+                        (Ok(()), _) => Phase::AtToken,
+                        (Err(e), _) => {
+                            self.abandon(m, &e);
+                            migration = None;
+                            continue;
                         }
-                        (Ok(()), _) => self.hand_off().await,
-                        (Err(e), _) => Err(e),
                     };
-                    if let Err(e) = handed {
-                        tracing::warn!(
-                            worker = self.relay.worker,
-                            target = m.target,
-                            error = e,
-                            "move abandoned; the process goes on where it is"
-                        );
-                        self.count_failure(m.reason);
-                        migration = None;
-                    }
                     continue;
                 }
             };
@@ -480,12 +473,10 @@ impl Run {
 
     /// Choose where a move goes and start its first stage (the prefetch).
     fn begin_move(&self, m: Move) -> Option<Migration> {
-        let target = match m.to {
-            Some(name) => self.relay.ctl.registry.url_of(&name).map(|url| (name, url)),
-            None => self.choose(std::slice::from_ref(&self.relay.worker)),
-        };
-        let Some((target, target_url)) = target.filter(|(name, _)| *name != self.relay.worker)
-        else {
+        let target = (m.to != self.relay.worker)
+            .then(|| self.relay.ctl.registry.url_of(&m.to))
+            .flatten();
+        let Some(target_url) = target else {
             tracing::warn!(
                 worker = self.relay.worker,
                 "no worker to move the stream to; it stays"
@@ -496,7 +487,7 @@ impl Run {
         Some(Migration {
             reason: m.reason,
             stage: Some(self.prefetch(&target_url)),
-            target,
+            target: m.to,
             target_url,
             phase: Phase::Bulk,
         })
@@ -521,15 +512,36 @@ impl Run {
         self.relay.ctl.registry.page_size_of(&self.relay.worker)
     }
 
-    /// Start the last stage once the source has just filled a page: its KV
-    /// covers every token but the newest, which ends a page.
-    fn at_page_boundary(&self, m: &mut Migration) {
+    /// After tokens arrived: start the last stage once the source has just
+    /// filled a page (its KV covers every token but the newest, which ends a
+    /// page); after the last stage, hand off at once, between two of the
+    /// source's steps, so that the client waits for no step the source
+    /// wastes.
+    async fn on_token(&self, m: &mut Migration) -> Result<(), String> {
         let page = self.page_size();
         let tokens = self.relay.prompt.len() + self.generated.len();
-        if m.phase == Phase::AwaitPage && page > 0 && tokens % page == 1 {
-            m.phase = Phase::Last;
-            m.stage = Some(self.prefetch(&m.target_url));
+        match m.phase {
+            Phase::AwaitPage if page > 0 && tokens % page == 1 => {
+                m.phase = Phase::Last;
+                m.stage = Some(self.prefetch(&m.target_url));
+                Ok(())
+            }
+            Phase::AtToken => {
+                m.phase = Phase::HandedOff;
+                self.hand_off().await
+            }
+            _ => Ok(()),
         }
+    }
+
+    fn abandon(&self, m: &Migration, error: &str) {
+        tracing::warn!(
+            worker = self.relay.worker,
+            target = m.target,
+            error,
+            "move abandoned; the process goes on where it is"
+        );
+        self.count_failure(m.reason);
     }
 
     /// Ask the current worker to hand the process off.
@@ -672,6 +684,9 @@ impl Run {
         );
         ctl.metrics.moved.get_or_create(&reason.label()).inc();
         self.relay.slot.moved_to(name);
+        if let Some(demand) = &self.relay.slot.demand {
+            demand.placed(name);
+        }
         ctl.streams.now_on(self.stream_id, name);
         record(
             &mut ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner()),

@@ -741,7 +741,7 @@ async fn a_draining_worker_hands_its_streams_off_and_exits_with_identical_transc
     for seeded in [false, true] {
         let mut c = Cluster::start_with(Spec {
             worker_args: &["--kv-pages", "512", "--max-running", "4"],
-            ..Spec::new("least-loaded")
+            ..Spec::new("least-loaded,drain-migrate")
         })
         .await;
         let tasks = stream_load(&c, 6, seeded);
@@ -1346,8 +1346,8 @@ fn bad_actor_configs_are_refused_naming_the_file_and_key() {
     for (name, text, wanted) in [
         (
             "unknown-actor",
-            "[cluster]\ncluster_policies = [\"cache-aware\", \"rebalance\"]\n",
-            &["key `cluster.cluster_policies`", "`rebalance`", "cache-aware", "scale-by-prop"][..],
+            "[cluster]\ncluster_policies = [\"cache-aware\", \"retain-all\"]\n",
+            &["key `cluster.cluster_policies`", "`retain-all`", "cache-aware", "scale-by-prop"][..],
         ),
         (
             "bad-key",

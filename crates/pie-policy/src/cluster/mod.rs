@@ -12,6 +12,7 @@
 mod actions;
 mod cache_aware;
 mod disaggregate;
+mod drain_migrate;
 mod index;
 mod least_loaded;
 mod pending;
@@ -31,6 +32,7 @@ pub use actions::{
 
 pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use disaggregate::{Disaggregate, DisaggregateConfig, PrefillPlacement};
+pub use drain_migrate::{DrainMigrate, DrainMigrateConfig};
 pub use index::{ClusterIndex, PrefixHolder};
 pub use least_loaded::LeastLoaded;
 pub use pending::PendingBlocks;
@@ -87,13 +89,14 @@ pub fn routing_policy(
 }
 
 /// The cluster actors by their names in `[cluster] cluster_policies`.
-pub const ACTORS: &[&str] = &["scale-by-prop", "rebalance"];
+pub const ACTORS: &[&str] = &["scale-by-prop", "rebalance", "drain-migrate"];
 
 /// The configs of the actors (`[cluster.<name>]`); each has `dry_run`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ActorConfigs {
     pub scale_by_prop: ScaleByPropConfig,
     pub rebalance: RebalanceConfig,
+    pub drain_migrate: DrainMigrateConfig,
 }
 
 impl ActorConfigs {
@@ -102,6 +105,7 @@ impl ActorConfigs {
         match name {
             "scale-by-prop" => self.scale_by_prop.dry_run,
             "rebalance" => self.rebalance.dry_run,
+            "drain-migrate" => self.drain_migrate.dry_run,
             _ => false,
         }
     }
@@ -119,6 +123,11 @@ pub fn actor(name: &str, configs: &ActorConfigs) -> Result<Box<dyn ClusterActor>
             let c = &configs.rebalance;
             c.validate().map_err(|e| format!("{name}.{e}"))?;
             Ok(Box::new(Rebalance::new(c.clone())))
+        }
+        "drain-migrate" => {
+            let c = &configs.drain_migrate;
+            c.validate().map_err(|e| format!("{name}.{e}"))?;
+            Ok(Box::new(DrainMigrate::new(c.clone())))
         }
         other => Err(format!(
             "unknown cluster actor `{other}` (available: {})",
@@ -358,10 +367,8 @@ mod tests {
             (routing, actors),
             (vec!["cache-aware", "pin"], vec!["scale-by-prop"])
         );
-        let err = split_policies(&["drain-migrate".to_string()]).unwrap_err();
-        assert!(
-            err.contains("`drain-migrate`") && err.contains("pin") && err.contains("rebalance")
-        );
+        let err = split_policies(&["retain-all".to_string()]).unwrap_err();
+        assert!(err.contains("`retain-all`") && err.contains("pin") && err.contains("rebalance"));
         let bad = ActorConfigs {
             scale_by_prop: ScaleByPropConfig {
                 hysteresis: 2.0,
@@ -372,7 +379,13 @@ mod tests {
                 dry_run: true,
                 ..RebalanceConfig::default()
             },
+            drain_migrate: DrainMigrateConfig {
+                pending_timeout_ms: 0,
+                ..DrainMigrateConfig::default()
+            },
         };
+        let err = actor("drain-migrate", &bad).err();
+        assert!(err.is_some_and(|e| e.starts_with("drain-migrate.pending_timeout_ms")));
         let err = actor("scale-by-prop", &bad).err();
         assert!(err.is_some_and(|e| e.starts_with("scale-by-prop.hysteresis")));
         let err = actor("rebalance", &bad).err();

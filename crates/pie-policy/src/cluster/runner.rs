@@ -134,7 +134,7 @@ mod tests {
             };
             assert!(r.event(6, &event, &snap).is_empty());
         }
-        let err = ActorRunner::new(&["drain-migrate"], &configs(false)).err();
-        assert!(err.is_some_and(|e| e.contains("`drain-migrate`") && e.contains("rebalance")));
+        let err = ActorRunner::new(&["retain-all"], &configs(false)).err();
+        assert!(err.is_some_and(|e| e.contains("`retain-all`") && e.contains("rebalance")));
     }
 }
