@@ -204,6 +204,13 @@ def downtime(args, rng):
             if n < 1:
                 fail(f"{disturbance}: the controller counted no move")
             results[f"{disturbance}_ctl"].append(s / n)
+            if disturbance == "drain" and os.environ.get("BENCH_MIGRATE_DEBUG"):
+                for _, url in c.workers:
+                    try:
+                        text = request(url, "GET", "/metrics")[1]
+                    except OSError:
+                        continue
+                    print("  ", url, [l for l in text.splitlines() if l.startswith("pie_kv_transfer_")])
             stop_all()
         print(f"rep {rep + 1}: step {results['step'][-1] * 1e3:.1f} ms, prefill {results['prefill'][-1] * 1e3:.0f} ms, "
               f"drain pause {results['drain'][-1] * 1e3:.1f} ms (controller {results['drain_ctl'][-1] * 1e3:.1f}), "

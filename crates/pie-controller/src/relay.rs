@@ -7,8 +7,9 @@
 //! client sees every token once, with no error. A live move (a draining
 //! worker, a relocation, a rebalance) copies the pages in two stages: the
 //! target prefetches what the source holds while the source keeps decoding;
-//! then the source hands the process off and the target pulls only the pages
-//! that came after.
+//! then, one token short of a page boundary, the source is asked to hand the
+//! process off, stops after that token, and the target pulls only the pages
+//! that came after (see [`Phase`]).
 //!
 //! Invariants: the client's chunks keep the first worker's `id` and
 //! `created`; a move that fails before the hand-off leaves the process where
@@ -195,26 +196,22 @@ enum Event {
 struct Migration {
     reason: Reason,
     target: String,
-    target_url: String,
     /// The prefetch under way, if one is.
     stage: Option<BoxFuture<'static, Result<(), String>>>,
     phase: Phase,
 }
 
-/// Where a live move stands. The bulk of the pages is copied while the
-/// source decodes; then, just after the source fills a page, the few pages
-/// since are copied, and the process is handed off: the target then holds
-/// every full page and computes only the tokens after them (about one decode
-/// step), without a pull in the client's pause.
+/// Where a live move stops the source. The bulk of the pages is copied
+/// while the source decodes; then the hand-off is asked for when the source
+/// is one token short of filling a page, and the source stops after that
+/// token, between two steps: its KV then ends exactly at a page boundary,
+/// the target pulls the pages since the bulk and computes one token (about
+/// one decode step) before the client sees the next.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Bulk,
-    /// Bulk copied; waiting for the source to fill its current page.
+    /// Bulk copied; waiting for the source to near a page boundary.
     AwaitPage,
-    /// The pages since the bulk are being copied.
-    Last,
-    /// Copied: hand off when the next token arrives.
-    AtToken,
     /// Asked; waiting for the source's stream to end with the hand-off.
     HandedOff,
 }
@@ -343,15 +340,21 @@ impl Run {
                 }
                 Step::Staged(result) => {
                     let Some(m) = &mut migration else { continue };
-                    m.phase = match (result, m.phase) {
-                        (Ok(()), Phase::Bulk) if self.page_size() > 0 => Phase::AwaitPage,
-                        (Ok(()), _) => Phase::AtToken,
-                        (Err(e), _) => {
-                            self.abandon(m, &e);
-                            migration = None;
-                            continue;
+                    let handed = match result {
+                        Ok(()) if self.page_size() > 0 => {
+                            m.phase = Phase::AwaitPage;
+                            Ok(())
                         }
+                        Ok(()) => {
+                            m.phase = Phase::HandedOff;
+                            self.hand_off().await
+                        }
+                        Err(e) => Err(e),
                     };
+                    if let Err(e) = handed {
+                        self.abandon(m, &e);
+                        migration = None;
+                    }
                     continue;
                 }
             };
@@ -488,7 +491,6 @@ impl Run {
             reason: m.reason,
             stage: Some(self.prefetch(&target_url)),
             target: m.to,
-            target_url,
             phase: Phase::Bulk,
         })
     }
@@ -512,26 +514,17 @@ impl Run {
         self.relay.ctl.registry.page_size_of(&self.relay.worker)
     }
 
-    /// After tokens arrived: start the last stage once the source has just
-    /// filled a page (its KV covers every token but the newest, which ends a
-    /// page); after the last stage, hand off at once, between two of the
-    /// source's steps, so that the client waits for no step the source
-    /// wastes.
+    /// After tokens arrived: ask for the hand-off when the next token
+    /// completes the source's KV up to a page boundary (prompt + tokens, one
+    /// more, is one past a multiple of the page size).
     async fn on_token(&self, m: &mut Migration) -> Result<(), String> {
         let page = self.page_size();
         let tokens = self.relay.prompt.len() + self.generated.len();
-        match m.phase {
-            Phase::AwaitPage if page > 0 && tokens % page == 1 => {
-                m.phase = Phase::Last;
-                m.stage = Some(self.prefetch(&m.target_url));
-                Ok(())
-            }
-            Phase::AtToken => {
-                m.phase = Phase::HandedOff;
-                self.hand_off().await
-            }
-            _ => Ok(()),
+        if m.phase == Phase::AwaitPage && tokens.is_multiple_of(page) {
+            m.phase = Phase::HandedOff;
+            return self.hand_off().await;
         }
+        Ok(())
     }
 
     fn abandon(&self, m: &Migration, error: &str) {

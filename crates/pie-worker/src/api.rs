@@ -603,9 +603,10 @@ async fn admin_drain(State(state): State<AppState>) -> Result<Response, ApiError
         .into_response())
 }
 
-/// A controller moves a process elsewhere: it stops here at the token it is
-/// at and its stream ends with a hand-off (see `Runtime::hand_off`). 409 if
-/// it already ended.
+/// A controller moves a process elsewhere: it stops here after its next
+/// token (at once if it is not running yet) and its stream ends with a
+/// hand-off (see `Runtime::hand_off`). 409 if it already ended or is being
+/// handed off.
 async fn hand_off(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -617,10 +618,13 @@ async fn hand_off(
     if !rt.hand_off(&p) {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            format!("process `{id}` already ended ({})", p.state().as_str()),
+            format!(
+                "process `{id}` already ended or is being handed off ({})",
+                p.state().as_str()
+            ),
         ));
     }
-    Ok(Json(json!({"id": id, "state": ProcState::Migrated})))
+    Ok(Json(json!({"id": id, "handing_off": true})))
 }
 
 #[derive(Deserialize)]

@@ -349,6 +349,17 @@ impl Engine {
         true
     }
 
+    /// Let a sequence generate one more token, then finish (`Length`): a
+    /// hand-off stops it between steps, with its KV up to date and no step
+    /// wasted.
+    pub fn stop_after_next(&mut self, id: SeqId) -> bool {
+        let Some(seq) = self.kv.seqs.get_mut(&id) else {
+            return false;
+        };
+        seq.max_tokens = seq.max_tokens.min(seq.generated() + 1);
+        true
+    }
+
     /// Replace a sequence's props (a PATCH, or the inferlet changing its own).
     pub fn set_props(&mut self, id: SeqId, props: Props) -> bool {
         self.scheduler.set_props(id, props)

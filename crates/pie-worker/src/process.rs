@@ -7,7 +7,7 @@
 //! process's `max_tokens`, so keeping all of it costs nothing a channel would
 //! save.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -190,6 +190,8 @@ pub struct Process {
     /// Bumped after every change of `data` that adds an event; wakes watchers.
     changes: watch::Sender<u64>,
     seq: OnceLock<SeqId>,
+    /// A controller asked to move it: it stops after its next token.
+    handing_off: AtomicBool,
 }
 
 /// A process as the API shows it.
@@ -240,6 +242,7 @@ impl Process {
             data: Mutex::new(data),
             changes: watch::channel(0).0,
             seq: OnceLock::new(),
+            handing_off: AtomicBool::new(false),
         }
     }
 
@@ -263,6 +266,15 @@ impl Process {
             client: &self.client,
             data: self.snapshot(),
         }
+    }
+
+    /// Mark it as being handed off; false if it already was.
+    pub fn begin_hand_off(&self) -> bool {
+        !self.handing_off.swap(true, Ordering::Relaxed)
+    }
+
+    pub fn handing_off(&self) -> bool {
+        self.handing_off.load(Ordering::Relaxed)
     }
 
     /// The engine sequence, once the engine admitted it.

@@ -50,6 +50,8 @@ enum Command {
         reply: oneshot::Sender<SeqId>,
     },
     Abort(SeqId),
+    /// Finish the sequence after its next token (a hand-off).
+    StopAfterNext(SeqId),
     SetProps(SeqId, Props),
     SetPolicies {
         ordering: Box<dyn WorkerPolicy>,
@@ -769,11 +771,22 @@ impl Runtime {
     }
 
     /// Stop a process here for a controller to resume it on another worker:
-    /// its output ends at the token it is at; its stream ends with a
-    /// hand-off. Its full pages stay cached (released, not freed) for the
-    /// target to pull.
+    /// a running one after its next token (the engine stops it between two
+    /// steps, its KV complete up to that token), one not running yet at
+    /// once; its stream then ends with a hand-off. Its full pages stay
+    /// cached (released, not freed) for the target to pull. False if it
+    /// already ended or is being handed off.
     pub fn hand_off(&self, process: &Process) -> bool {
-        self.stop(process, ProcState::Migrated)
+        if process.state().is_final() || !process.begin_hand_off() {
+            return false;
+        }
+        match process.seq() {
+            Some(seq) if process.state() == ProcState::Running => {
+                self.send(Command::StopAfterNext(seq));
+                true
+            }
+            _ => self.stop(process, ProcState::Migrated),
+        }
     }
 
     fn stop(&self, process: &Process, state: ProcState) -> bool {
@@ -873,6 +886,7 @@ struct Driver {
 
 impl Driver {
     async fn run(self, req: Request) {
+        let max_tokens = req.max_tokens;
         self.rt.remote_prefill(&req, self.pages_from.as_ref()).await;
         let mut text = StopScanner::new(&self.stop);
         let mut decoder = IncrementalDecoder::default();
@@ -948,6 +962,14 @@ impl Driver {
                 }
                 SeqEvent::Finished(FinishReason::Expired, _) => {
                     self.fail("the deadline passed (deadline-ms) and on_miss = \"abort\"".into());
+                    return;
+                }
+                SeqEvent::Finished(FinishReason::Length, info)
+                    if self.process.handing_off() && info.generated_tokens < max_tokens =>
+                {
+                    // Stopped early for a hand-off: what is held back is the
+                    // target's to send.
+                    self.rt.stop(&self.process, ProcState::Migrated);
                     return;
                 }
                 SeqEvent::Finished(reason, info) => {
@@ -1285,6 +1307,9 @@ fn apply(
         Command::Abort(id) => {
             engine.abort(id);
             subs.remove(&id);
+        }
+        Command::StopAfterNext(id) => {
+            engine.stop_after_next(id);
         }
         Command::SetProps(id, props) => {
             engine.set_props(id, props);

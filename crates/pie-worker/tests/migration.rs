@@ -149,7 +149,7 @@ async fn a_handed_off_process_goes_on_on_a_peer_that_pulled_its_pages() {
         let (status, v) = a
             .post(&format!("/v1/internal/processes/{id}/handoff"), json!({}))
             .await;
-        assert_eq!((status, v["state"].clone()), (200, json!("migrated")));
+        assert_eq!((status, v["handing_off"].clone()), (200, json!(true)));
         let (rest_on_a, _) = read_stream(r, None).await;
         assert!(
             rest_on_a.handed_off,
