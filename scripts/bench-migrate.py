@@ -15,9 +15,10 @@ chunks with text is timed. Three requests per repetition, each on a fresh
 prompt: (1) undisturbed: the median gap of its last half is one decode step
 at about --context tokens; its time to first chunk is the prompt's prefill
 (what recomputing the context costs); (2) after --after chunks the serving
-worker is drained (`POST /v1/admin/drain`): the largest gap after that is the
-client's pause of a live move (prefetch while decoding, hand-off, pull of the
-rest, prefill of the last partial page), also read from the controller's
+worker is drained (`POST /v1/admin/drain`): the largest gap the client sees
+after that bounds the pause of the live move (it also includes the source's
+steps slowed while it exports pages); the pause itself, last token of the
+source to first of the target, is the controller's
 `pie_controller_stream_move_pause_seconds{reason="drain"}`; (3) the same with
 the serving worker killed (SIGKILL): the pause of a resume by recompute. A
 drained worker exits; (3) runs on a fresh cluster. The target of the issue:
@@ -219,10 +220,12 @@ def downtime(args, rng):
     print(f"\nmedians over {args.reps} reps at {args.context} tokens of context (+{args.after} generated):")
     print(f"  one decode step:             {med['step']:.1f} ms")
     print(f"  prefill of the context:      {med['prefill']:.0f} ms")
-    print(f"  live move (drain) pause:     {med['drain']:.1f} ms client, {med['drain_ctl']:.1f} ms controller "
-          f"= step + {med['drain'] - med['step']:.1f} ms (target: step + 20 ms)")
-    print(f"  crash resume pause:          {med['crash']:.1f} ms client, {med['crash_ctl']:.1f} ms controller")
-    print(f"  live move / recompute:       {med['drain'] / med['crash']:.2f}x")
+    print(f"  live move (drain) pause:     {med['drain_ctl']:.1f} ms (controller: last token of the source to "
+          f"first of the target) = step + {med['drain_ctl'] - med['step']:.1f} ms (target: step + 20 ms)")
+    print(f"    client's largest gap after the drain request: {med['drain']:.1f} ms (also the source's steps "
+          f"slowed while it exports pages)")
+    print(f"  crash resume pause:          {med['crash_ctl']:.0f} ms (controller), {med['crash']:.0f} ms client")
+    print(f"  recompute / live move:       {med['crash_ctl'] / med['drain_ctl']:.0f}x")
 
 
 def drain(args, rng):
