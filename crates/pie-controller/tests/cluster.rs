@@ -1382,6 +1382,8 @@ fn bad_actor_configs_are_refused_naming_the_file_and_key() {
 struct FakeWorker {
     url: String,
     engine_dead: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Its `/v1/internal/kv/prefetch` answers 500 (else 200 with no page).
+    refuse_prefetch: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl FakeWorker {
@@ -1402,6 +1404,8 @@ impl FakeWorker {
                 .into_response()
         }
         let dead = Arc::new(AtomicBool::new(false));
+        let refuse_prefetch = Arc::new(AtomicBool::new(false));
+        let refuses = refuse_prefetch.clone();
         let subscriptions = Arc::new(AtomicUsize::new(0));
         // The controller admits workers of its own model only.
         let fingerprint = pie_model::gguf::GgufFile::open(&model())
@@ -1441,9 +1445,24 @@ impl FakeWorker {
                 }),
             )
             .route(
+                "/v1/internal/kv/prefetch",
+                axum::routing::post(move || {
+                    let refuse = refuses.load(Ordering::SeqCst);
+                    async move {
+                        if refuse {
+                            (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "no").into_response()
+                        } else {
+                            axum::Json(json!({"pages": 0})).into_response()
+                        }
+                    }
+                }),
+            )
+            .route(
                 "/v1/completions",
                 axum::routing::post(|body: String| async move {
-                    if body.contains("stall") {
+                    if body.contains("pie_resume") {
+                        (axum::http::StatusCode::SERVICE_UNAVAILABLE, "draining").into_response()
+                    } else if body.contains("stall") {
                         silent_after("data: {\"choices\": [{\"text\": \"a\"}]}\n\n".into())
                     } else if body.contains("queue-full") {
                         let busy = json!({"error": {"message": "too many queued processes"}});
@@ -1465,6 +1484,7 @@ impl FakeWorker {
         FakeWorker {
             url,
             engine_dead: dead,
+            refuse_prefetch,
         }
     }
 
@@ -1475,6 +1495,75 @@ impl FakeWorker {
             self.url
         )
     }
+}
+
+/// A move that fails leaves the stream where it was, with its transcript:
+/// the target refuses the prefetch (nothing was handed off: the process goes
+/// on on its source), or refuses the resume after the hand-off (the source
+/// still serves and resumes it from its own pages).
+#[tokio::test]
+async fn a_move_whose_target_fails_finishes_the_stream_on_its_source() {
+    let hole = FakeWorker::start(&[0], false).await;
+    let c = Cluster::start_with(Spec {
+        workers: 1,
+        cluster_config: &hole.config("hole"),
+        ..Spec::new("pin,session-affinity,least-loaded")
+    })
+    .await;
+    let w0 = c.workers[0].as_ref().unwrap().url.clone();
+    for refuse_prefetch in [true, false] {
+        hole.refuse_prefetch
+            .store(refuse_prefetch, std::sync::atomic::Ordering::SeqCst);
+        let session = format!("s-{refuse_prefetch}");
+        let mut body = json!({"prompt": (0..700u32).map(|i| i % 200 + 1).collect::<Vec<_>>(),
+            "max_tokens": 300, "temperature": 0, "ignore_eos": true, "stream": true});
+        let mut routed = body.clone();
+        routed["session"] = json!(session);
+        routed["props"] = json!({"pin": "w0"});
+        let r = c
+            .http
+            .post(format!("{}/v1/completions", c.controller.url))
+            .json(&routed)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.headers()["x-pie-worker"], "w0");
+        let reading = tokio::spawn(stream_text(r));
+        let (status, v) = post_json(
+            &c.controller.url,
+            &format!("/v1/cluster/sessions/{session}/relocate"),
+            None,
+            &json!({"worker": "hole"}),
+        )
+        .await;
+        assert_eq!(status, 202, "{v}");
+        let (text, clean, raw) = reading.await.unwrap();
+        assert!(clean, "{raw}");
+        body["stream"] = json!(false);
+        let (_, direct) = post_json(&w0, "/v1/completions", None, &body).await;
+        assert_eq!(
+            text,
+            direct["choices"][0]["text"].as_str().unwrap(),
+            "refused prefetch: {refuse_prefetch}"
+        );
+    }
+    // The refused prefetch is a failed move; the refused resume went back to w0.
+    let failed = labelled_metric(
+        &c,
+        "pie_controller_stream_move_failures_total{reason=\"relocate\"}",
+    )
+    .await;
+    let moved = labelled_metric(
+        &c,
+        "pie_controller_streams_moved_total{reason=\"relocate\"}",
+    )
+    .await;
+    assert_eq!(
+        (failed, moved),
+        (Some(1.0), Some(1.0)),
+        "{}",
+        c.get_text("/metrics").await
+    );
 }
 
 /// The `/v1/cluster` entry of worker `name`.
