@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Moving streams between workers, measured on the default model (issue 14).
 
-Usage: scripts/bench-migrate.py [downtime|drain|all]
+Usage: scripts/bench-migrate.py [downtime|drain|rebalance|all]
            [--pie target/release/pie] [--controller target/release/pie-controller]
            [--model PATH] [--seed 14]
            downtime: [--reps 3] [--context 2000] [--after 40] [--tokens 120]
            drain:    [--clients 32] [--drain-tokens 160] [--term-after-s 2]
+           rebalance: [--sessions 12] [--turns 3] [--turn-tokens 96] [--max-running 2]
 
 `downtime`: per repetition a fresh cluster, two `pie serve` workers behind
 `pie-controller --policies least-loaded,drain-migrate`. One streaming request through the
@@ -33,6 +34,15 @@ event, its text equals the undisturbed run's, and the worker exits before its
 `drain_timeout_ms` (default 120 s); printed: the moves counted by the
 controller and the time from SIGTERM to the worker's exit.
 
+`rebalance`: three workers with `--max-running` 2 behind `pie-controller`
+(`pin,session-affinity,least-loaded,drain-migrate`, then the same plus
+`rebalance` with `high` 1.0, `low` 0.9 (a worker below its `max_running` takes work), `max_migrations` 4, ticking every
+250 ms). --sessions sessions at once, each a first turn pinned to w0 (8
+tokens) and then --turns turns of --turn-tokens tokens carrying only the
+session: affinity keeps every session on w0, whose own `max_running` binds.
+Printed: the later turns' TTFT p50/p90/p99 (client side), the wall time, and
+the streams `rebalance` moved.
+
 Exit 1 with a message naming the failed check. Python standard library only.
 """
 import argparse
@@ -45,6 +55,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -101,14 +112,20 @@ def wait_healthy(url, what, path="/health", timeout=120):
 
 
 class Cluster:
-    def __init__(self, args, workers):
+    def __init__(self, args, workers, policies="least-loaded,drain-migrate", worker_args=(), config=None):
         self.workers = []
         for _ in range(workers):
-            proc, url = spawn([args.pie, "serve", "--port", "0", "--model", args.model], "pie: listening on ")
+            proc, url = spawn([args.pie, "serve", "--port", "0", "--model", args.model, *worker_args],
+                              "pie: listening on ")
             self.workers.append((proc, url))
         for _, url in self.workers:
             wait_healthy(url, "a worker")
-        cmd = [args.controller, "--port", "0", "--model", args.model, "--policies", "least-loaded,drain-migrate"]
+        cmd = [args.controller, "--port", "0", "--model", args.model, "--policies", policies]
+        if config:
+            path = os.path.join(tempfile.mkdtemp(), "controller.toml")
+            with open(path, "w") as f:
+                f.write(config)
+            cmd += ["--config", path]
         for i, (_, url) in enumerate(self.workers):
             cmd += ["--worker", f"w{i}={url}"]
         self.ctl_proc, self.ctl = spawn(cmd, "pie-controller: listening on ")
@@ -273,9 +290,59 @@ def drain(args, rng):
         fail("no stream moved: SIGTERM came too late")
 
 
+def rebalance(args, rng):
+    """Skewed sessions on three workers, with and without `rebalance`."""
+    rows = []
+    for label, policies in (("session-affinity", "pin,session-affinity,least-loaded,drain-migrate"),
+                            ("session-affinity + rebalance",
+                             "pin,session-affinity,least-loaded,drain-migrate,rebalance")):
+        c = Cluster(args, 3, policies, ("--max-running", str(args.max_running)),
+                    "[cluster]\nactor_tick_ms = 250\n[cluster.rebalance]\nhigh = 1.0\nlow = 0.9\n"
+                    "max_migrations = 4\n")
+        ttfts, lock = [], threading.Lock()
+        words = "river stone lamp harbor meadow signal copper lantern orchard glacier".split()
+
+        def session(i):
+            s = f"session-{i}"
+            # The first turn lands on w0 (pinned); affinity keeps the rest there.
+            first = {"prompt": " ".join(rng.choice(words) for _ in range(40)), "max_tokens": 8,
+                     "temperature": 0, "stream": True, "session": s, "props": {"pin": "w0"}}
+            stream(c.ctl, first)
+            for turn in range(args.turns):
+                body = {"prompt": " ".join(rng.choice(words) for _ in range(60)) + f" turn {turn}",
+                        "max_tokens": args.turn_tokens, "temperature": 0, "ignore_eos": True,
+                        "stream": True, "session": s}
+                t0 = time.perf_counter()
+                _, chunks, clean, raw = stream(c.ctl, body)
+                if not clean:
+                    fail(f"{label}: a turn broke: {raw[-300:]}")
+                with lock:
+                    ttfts.append(chunks[0][0] - t0)
+
+        threads = [threading.Thread(target=session, args=(i,)) for i in range(args.sessions)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        moved = c.metric('pie_controller_streams_moved_total{reason="rebalance"}')
+        ttfts.sort()
+        p = lambda q: ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))] * 1e3
+        rows.append((label, p(0.5), p(0.9), p(0.99), wall, moved))
+        stop_all()
+    print(f"\n{args.sessions} sessions x {args.turns} turns of {args.turn_tokens} tokens, first turn pinned to w0, "
+          f"3 workers, --max-running {args.max_running}")
+    print("| pipeline | TTFT p50 / p90 / p99 (ms) | wall (s) | streams moved |")
+    print("|---|---|---|---|")
+    for label, p50, p90, p99, wall, moved in rows:
+        print(f"| {label} | {p50:.0f} / {p90:.0f} / {p99:.0f} | {wall:.1f} | {moved:.0f} |")
+    print(f"TTFT p99 with / without rebalance: {rows[1][3] / rows[0][3]:.2f}x")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("part", nargs="?", default="all", choices=["downtime", "drain", "all"])
+    ap.add_argument("part", nargs="?", default="all", choices=["downtime", "drain", "rebalance", "all"])
     ap.add_argument("--pie", default="target/release/pie")
     ap.add_argument("--controller", default="target/release/pie-controller")
     ap.add_argument("--model", default=os.path.expanduser("~/.cache/pie/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -287,6 +354,10 @@ def main():
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--drain-tokens", type=int, default=160)
     ap.add_argument("--term-after-s", type=float, default=2.0)
+    ap.add_argument("--sessions", type=int, default=12)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--turn-tokens", type=int, default=96)
+    ap.add_argument("--max-running", type=int, default=2)
     args = ap.parse_args()
     rng = random.Random(args.seed)
     try:
@@ -294,6 +365,8 @@ def main():
             downtime(args, rng)
         if args.part in ("drain", "all"):
             drain(args, rng)
+        if args.part in ("rebalance", "all"):
+            rebalance(args, rng)
     finally:
         stop_all()
 
