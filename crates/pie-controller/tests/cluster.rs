@@ -706,6 +706,34 @@ async fn undisturbed(c: &Cluster, worker_url: &str, i: usize, seeded: bool) -> S
     v["choices"][0]["text"].as_str().unwrap().to_string()
 }
 
+/// Wait until w0 streams at least two requests, and a little longer.
+async fn w0_streaming(c: &Cluster) {
+    wait_for("w0 streaming", async || {
+        c.cluster().await["workers"][0]["in_flight"].as_u64() >= Some(2)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+/// Every stream of `stream_load` ended cleanly with the text it has on w1
+/// undisturbed.
+async fn each_as_undisturbed(
+    c: &Cluster,
+    tasks: Vec<tokio::task::JoinHandle<(String, bool, String)>>,
+    seeded: bool,
+) {
+    let survivor = c.workers[1].as_ref().unwrap().url.clone();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let (text, clean, raw) = t.await.unwrap();
+        assert!(clean, "request {i} saw an error or no end: {raw}");
+        assert_eq!(
+            text,
+            undisturbed(c, &survivor, i, seeded).await,
+            "request {i} (seeded: {seeded})"
+        );
+    }
+}
+
 #[tokio::test]
 async fn killing_a_worker_mid_stream_loses_nothing_its_streams_resume_elsewhere() {
     let mut c = Cluster::start_with(Spec {
@@ -714,22 +742,9 @@ async fn killing_a_worker_mid_stream_loses_nothing_its_streams_resume_elsewhere(
     })
     .await;
     let tasks = stream_load(&c, 24, false);
-    wait_for("w0 streaming", async || {
-        c.cluster().await["workers"][0]["in_flight"].as_u64() >= Some(2)
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    w0_streaming(&c).await;
     c.workers[0] = None; // kill -9: no chance to migrate
-    let survivor = c.workers[1].as_ref().unwrap().url.clone();
-    for (i, t) in tasks.into_iter().enumerate() {
-        let (text, clean, raw) = t.await.unwrap();
-        assert!(clean, "request {i} saw an error or no end: {raw}");
-        assert_eq!(
-            text,
-            undisturbed(&c, &survivor, i, false).await,
-            "request {i}"
-        );
-    }
+    each_as_undisturbed(&c, tasks, false).await;
     assert!(
         labelled_metric(&c, "pie_controller_streams_moved_total{reason=\"crash\"}").await
             >= Some(1.0)
@@ -745,11 +760,7 @@ async fn a_draining_worker_hands_its_streams_off_and_exits_with_identical_transc
         })
         .await;
         let tasks = stream_load(&c, 6, seeded);
-        wait_for("w0 streaming", async || {
-            c.cluster().await["workers"][0]["in_flight"].as_u64() >= Some(2)
-        })
-        .await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        w0_streaming(&c).await;
         let w0 = c.workers[0].as_ref().unwrap().url.clone();
         if seeded {
             let pid = c.workers[0].as_ref().unwrap().pid().to_string();
@@ -773,16 +784,7 @@ async fn a_draining_worker_hands_its_streams_off_and_exits_with_identical_transc
             reqwest::get(format!("{w0}/livez")).await.unwrap().status(),
             200
         );
-        let survivor = c.workers[1].as_ref().unwrap().url.clone();
-        for (i, t) in tasks.into_iter().enumerate() {
-            let (text, clean, raw) = t.await.unwrap();
-            assert!(clean, "request {i} saw an error or no end: {raw}");
-            assert_eq!(
-                text,
-                undisturbed(&c, &survivor, i, seeded).await,
-                "request {i} (seeded: {seeded})"
-            );
-        }
+        each_as_undisturbed(&c, tasks, seeded).await;
         assert!(
             labelled_metric(&c, "pie_controller_streams_moved_total{reason=\"drain\"}").await
                 >= Some(1.0),
