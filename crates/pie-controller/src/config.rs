@@ -102,6 +102,9 @@ pub struct ClusterConfig {
     /// Workers that may join by registration (`POST /v1/cluster/register`,
     /// a worker-role key); beyond: 403.
     pub max_registered_workers: usize,
+    /// A registered worker that has not registered again (its heartbeat,
+    /// every 2 s) for this long expires from the registry.
+    pub registration_ttl_ms: NonZeroU64,
     #[serde(rename = "cache-aware")]
     pub cache_aware: CacheAwareConfig,
     #[serde(rename = "session-affinity")]
@@ -135,6 +138,7 @@ impl Default for ClusterConfig {
             kv_idle_timeout_ms: ms(45_000),
             actor_tick_ms: 1000,
             max_registered_workers: 64,
+            registration_ttl_ms: ms(10_000),
             cache_aware: CacheAwareConfig::default(),
             session_affinity: SessionAffinityConfig::default(),
             pin: PinConfig::default(),

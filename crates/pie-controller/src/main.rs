@@ -127,7 +127,8 @@ fn main() -> Result<()> {
             }
             tokio::spawn(actors::run(ctl.clone()));
             let every = Duration::from_millis(config.cluster.poll_ms.max(10));
-            tokio::spawn(poll_workers(ctl.clone(), every));
+            let ttl_ms = config.cluster.registration_ttl_ms.get();
+            tokio::spawn(poll_workers(ctl.clone(), every, ttl_ms));
             if let Some(path) = args_config {
                 tokio::spawn(reload_on_sighup(ctl.clone(), path, cli_policies));
             }
@@ -141,11 +142,18 @@ fn main() -> Result<()> {
 }
 
 /// Every `every`, poll each worker whose last poll has finished, each in its
-/// own task: a slow worker delays only its own health.
-async fn poll_workers(ctl: Arc<Controller>, every: Duration) {
+/// own task: a slow worker delays only its own health. Registered workers
+/// silent for `registration_ttl_ms` expire first.
+async fn poll_workers(ctl: Arc<Controller>, every: Duration, registration_ttl_ms: u64) {
     let mut polls: HashMap<String, JoinHandle<()>> = HashMap::new();
     let mut before: Option<Vec<Worker>> = None;
     loop {
+        for name in ctl.registry.expire_silent(registration_ttl_ms) {
+            tracing::warn!(
+                worker = name,
+                "no registration for cluster.registration_ttl_ms: expired"
+            );
+        }
         for (name, url) in ctl.registry.endpoints() {
             if polls.get(&name).is_some_and(|p| !p.is_finished()) {
                 continue;

@@ -93,7 +93,10 @@ struct ClientKey {
 /// The role a controller route needs.
 fn required_role(path: &str) -> Role {
     match path {
-        "/v1/cluster/register" | "/v1/cluster/actions" | "/v1/cluster/scale" => Role::Worker,
+        "/v1/cluster/register"
+        | "/v1/cluster/deregister"
+        | "/v1/cluster/actions"
+        | "/v1/cluster/scale" => Role::Worker,
         p if p.starts_with("/v1/admin/") || p.starts_with("/v1/cluster/sessions/") => Role::Admin,
         _ => Role::Client,
     }
@@ -366,6 +369,7 @@ pub fn router(ctl: Shared) -> Router {
         .route("/v1/cluster", get(cluster))
         .route("/metrics", get(metrics))
         .route("/v1/cluster/register", post(register))
+        .route("/v1/cluster/deregister", post(deregister))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(generate))
         .route("/v1/chat/completions", post(generate))
@@ -501,6 +505,31 @@ async fn register(
                 ctl.follow_kv_events(slot);
             }
             Json(json!({"registered": name})).into_response()
+        }
+        Err(message) => error(StatusCode::FORBIDDEN, message),
+    }
+}
+
+/// `POST /v1/cluster/deregister {"name"}`: a registered worker leaves (a
+/// drained worker says so before it exits); the key that registered it, or
+/// an admin. 404 for an unknown name, 403 for another key's worker.
+async fn deregister(
+    State(ctl): State<Shared>,
+    key: Option<Extension<ClientKey>>,
+    Json(body): Json<Value>,
+) -> Response {
+    let Some(name) = body["name"].as_str() else {
+        return error(StatusCode::BAD_REQUEST, "`name` (a string) is required");
+    };
+    let by = acting_as(&key);
+    let admin = by.role == Role::Admin && key.is_some();
+    match ctl.registry.deregister(name, &by.client, admin) {
+        Ok(()) => {
+            tracing::info!(worker = name, "deregistered");
+            Json(json!({"deregistered": name})).into_response()
+        }
+        Err(message) if message.starts_with("no registered") => {
+            error(StatusCode::NOT_FOUND, message)
         }
         Err(message) => error(StatusCode::FORBIDDEN, message),
     }

@@ -65,12 +65,23 @@ pub struct Worker {
     /// worker from the controller's config.
     #[serde(skip)]
     pub registered_by: Option<String>,
+    /// A registered worker: when it last registered (its heartbeat).
+    #[serde(skip)]
+    pub heard_ms: Option<u64>,
+    /// A registered worker that stopped registering for
+    /// `registration_ttl_ms`, or deregistered (a drained worker): not polled,
+    /// routed or listed, its blocks out of the index; registering again
+    /// brings it back in its slot.
+    #[serde(skip)]
+    pub expired: bool,
 }
 
 impl Worker {
     fn new(slot: usize, name: &str, url: &str, group: Option<String>) -> Self {
         Self {
             registered_by: None,
+            heard_ms: None,
+            expired: false,
             name: name.into(),
             url: url.trim_end_matches('/').into(),
             slot,
@@ -123,14 +134,17 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// Workers with their indexed block counts.
+    /// Workers with their indexed block counts (expired ones left out).
     pub fn snapshot(&self) -> Vec<Worker> {
         let index = self.index.read().unwrap_or_else(|e| e.into_inner());
-        let mut ws = self
+        let mut ws: Vec<Worker> = self
             .workers
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .clone();
+            .iter()
+            .filter(|w| !w.expired)
+            .cloned()
+            .collect();
         for w in &mut ws {
             w.indexed_blocks = index.blocks_of(w.slot);
         }
@@ -160,9 +174,14 @@ impl Registry {
             }
             w.url = url.trim_end_matches('/').into();
             w.group = group;
+            w.heard_ms = by.map(|_| now_ms());
+            w.expired = false;
             return Ok(None);
         }
-        let registered = ws.iter().filter(|w| w.registered_by.is_some()).count();
+        let registered = ws
+            .iter()
+            .filter(|w| w.registered_by.is_some() && !w.expired)
+            .count();
         if by.is_some() && registered >= limits.max_registered {
             return Err(format!(
                 "{registered} workers are registered, the most this controller takes \
@@ -172,8 +191,59 @@ impl Registry {
         let slot = ws.len();
         let mut worker = Worker::new(slot, name, url, group);
         worker.registered_by = by.map(String::from);
+        worker.heard_ms = by.map(|_| now_ms());
         ws.push(worker);
         Ok(Some(slot))
+    }
+
+    /// Registered workers not heard from for `ttl_ms` expire; returns their
+    /// names.
+    pub fn expire_silent(&self, ttl_ms: u64) -> Vec<String> {
+        let now = now_ms();
+        let silent: Vec<String> = self
+            .workers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|w| !w.expired && w.heard_ms.is_some_and(|t| now.saturating_sub(t) > ttl_ms))
+            .map(|w| w.name.clone())
+            .collect();
+        for name in &silent {
+            self.expire(name);
+        }
+        silent
+    }
+
+    /// Worker `name` leaves (a drained worker); only the key that registered
+    /// it, or an admin, may say so.
+    pub fn deregister(&self, name: &str, by: &str, admin: bool) -> Result<(), String> {
+        let owner = self.read_worker(
+            |w| w.name == name && !w.expired,
+            |w| w.registered_by.clone(),
+        );
+        match owner {
+            None => Err(format!("no registered worker `{name}`")),
+            Some(None) => Err(format!("worker `{name}` is in the controller's config")),
+            Some(Some(key)) if key != by && !admin => {
+                Err(format!("worker `{name}` is registered by another key"))
+            }
+            Some(Some(_)) => {
+                self.expire(name);
+                Ok(())
+            }
+        }
+    }
+
+    fn expire(&self, name: &str) {
+        let mut slot = None;
+        self.update(name, |w| {
+            w.expired = true;
+            w.healthy = false;
+            slot = Some(w.slot);
+        });
+        if let Some(slot) = slot {
+            self.with_index(|index| index.clear(slot));
+        }
     }
 
     pub fn url_of(&self, name: &str) -> Option<String> {
@@ -185,8 +255,9 @@ impl Registry {
         self.read_worker(|w| w.name == name, |w| w.fingerprint)
     }
 
+    /// The URL of the worker in `slot`, unless it expired.
     pub fn url_of_slot(&self, slot: usize) -> Option<String> {
-        self.read_worker(|w| w.slot == slot, |w| w.url.clone())
+        self.read_worker(|w| w.slot == slot && !w.expired, |w| w.url.clone())
     }
 
     fn read_worker<T>(
@@ -310,7 +381,10 @@ impl Registry {
     /// Every worker's name and URL (what a poll round reads).
     pub fn endpoints(&self) -> Vec<(String, String)> {
         let ws = self.workers.read().unwrap_or_else(|e| e.into_inner());
-        ws.iter().map(|w| (w.name.clone(), w.url.clone())).collect()
+        ws.iter()
+            .filter(|w| !w.expired)
+            .map(|w| (w.name.clone(), w.url.clone()))
+            .collect()
     }
 
     /// Healthy workers as the policies see them for `prompt`, with their URLs;
@@ -380,6 +454,9 @@ impl Registry {
     ) {
         let state = read_state(http, key, url).await;
         self.update(name, |entry| {
+            if entry.expired {
+                return;
+            }
             let Some(s) = state else {
                 entry.healthy = false;
                 return;

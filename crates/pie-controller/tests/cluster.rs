@@ -322,6 +322,89 @@ async fn sessions_stick_move_on_death_and_pins_are_obeyed() {
     );
 }
 
+/// A registered worker that drains deregisters as it exits; one killed
+/// without a word expires after `registration_ttl_ms`; either comes back by
+/// registering again.
+#[tokio::test]
+async fn a_drained_worker_deregisters_and_a_silent_one_expires() {
+    let c = Cluster::start_with(Spec {
+        workers: 1,
+        cluster_config: "registration_ttl_ms = 3000",
+        ..Spec::new("least-loaded")
+    })
+    .await;
+    let m = model();
+    let join = |name: &'static str| {
+        spawn(
+            &bin("pie"),
+            &[
+                "serve",
+                "--port",
+                "0",
+                "--model",
+                m.to_str().unwrap(),
+                "--controller",
+                &c.controller.url,
+                "--name",
+                name,
+            ],
+            "pie: listening on ",
+        )
+    };
+    let listed = async |name: &str| {
+        c.cluster().await["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["name"] == name && w["healthy"] == true)
+    };
+    let mut drained = join("drained");
+    let silent = join("silent");
+    wait_for("both registered", async || {
+        listed("drained").await && listed("silent").await
+    })
+    .await;
+    let (status, _) = post_json(&drained.url, "/v1/admin/drain", None, &json!({})).await;
+    assert_eq!(status, 202);
+    wait_for("the drained worker exits", async || drained.exited()).await;
+    // Deregistered at once: well within the 3 s of expiry.
+    let started = Instant::now();
+    wait_for("deregistered", async || {
+        !c.cluster().await["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["name"] == "drained")
+    })
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(silent); // killed: no deregistration
+    wait_for("the silent worker expires", async || {
+        !c.cluster().await["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["name"] == "silent")
+    })
+    .await;
+    let _back = join("silent");
+    wait_for("registered again", async || listed("silent").await).await;
+    // Only the key that registered a worker (here: anyone, no keys) may
+    // deregister it; an unknown name is a 404.
+    let (status, v) = post_json(
+        &c.controller.url,
+        "/v1/cluster/deregister",
+        None,
+        &json!({"name": "nobody"}),
+    )
+    .await;
+    assert_eq!(status, 404, "{v}");
+}
+
 #[tokio::test]
 async fn workers_register_themselves_and_native_ids_route_back() {
     let c = Cluster::start("least-loaded", "256").await;

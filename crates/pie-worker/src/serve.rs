@@ -61,6 +61,9 @@ pub async fn serve(
     let _ = state.runtime.set(runtime.clone());
     println!("pie: ready");
     tokio::spawn(reload_on_sighup(state.clone()));
+    let leave = registration
+        .as_ref()
+        .map(|r| (r.controller.clone(), r.name.clone(), worker_key.clone()));
     let heartbeat = registration.map(|registration| {
         tokio::spawn(heartbeat(
             registration,
@@ -73,6 +76,9 @@ pub async fn serve(
         () = drained(&runtime, &state) => {
             if let Some(h) = heartbeat {
                 h.abort();
+            }
+            if let Some((controller, name, key)) = leave {
+                deregister(&controller, &name, key.as_deref()).await;
             }
             // Streams that just ended send their last events; endless ones
             // (a controller's KV event stream) are cut after a grace second.
@@ -192,6 +198,27 @@ async fn heartbeat(registration: Registration, url: String, key: Option<String>)
             Err(e) => tracing::warn!(controller, error = %e, "cannot register with the controller"),
         }
         tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    }
+}
+
+/// Tell the controller this worker leaves (after a drain); best effort: a
+/// controller that does not hear it expires the worker after its
+/// `registration_ttl_ms`.
+async fn deregister(controller: &str, name: &str, key: Option<&str>) {
+    let endpoint = format!("{}/v1/cluster/deregister", controller.trim_end_matches('/'));
+    let mut req = reqwest::Client::new()
+        .post(&endpoint)
+        .json(&json!({"name": name}))
+        .timeout(std::time::Duration::from_secs(2));
+    if let Some(k) = key {
+        req = req.bearer_auth(k);
+    }
+    match req.send().await {
+        Ok(r) if r.status().is_success() => tracing::info!(controller, "deregistered"),
+        Ok(r) => {
+            tracing::warn!(controller, status = %r.status(), "the controller refused deregistration")
+        }
+        Err(e) => tracing::warn!(controller, error = %e, "cannot deregister from the controller"),
     }
 }
 
