@@ -92,26 +92,33 @@ pub fn up(
         &controller_args,
         "pie-controller: listening on ",
     )?;
-    println!("controller: {url}  (Ctrl-C stops the cluster)");
-    tokio::runtime::Builder::new_current_thread()
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()?
-        .block_on(stop_requested())
+        .build()?;
+    // Listening before the line that says the cluster is up: a SIGTERM sent
+    // right after it must stop the children, not kill this process alone.
+    let stop = {
+        let _runtime = rt.enter();
+        stop_requested()?
+    };
+    println!("controller: {url}  (Ctrl-C stops the cluster)");
+    rt.block_on(stop)
 }
 
 /// Ctrl-C, or SIGTERM (what `kill`, `docker stop` and systemd send): either one
-/// must return, so the children are stopped rather than orphaned.
-async fn stop_requested() -> Result<()> {
+/// must end the returned future, so the children are stopped rather than
+/// orphaned. The SIGTERM handler is installed when this is called.
+fn stop_requested() -> Result<impl std::future::Future<Output = Result<()>>> {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate())?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    Ok(async move {
+        #[cfg(unix)]
         tokio::select! {
             interrupted = tokio::signal::ctrl_c() => interrupted?,
             _ = term.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    tokio::signal::ctrl_c().await?;
-    Ok(())
+        #[cfg(not(unix))]
+        tokio::signal::ctrl_c().await?;
+        Ok(())
+    })
 }
