@@ -538,19 +538,26 @@ impl Run {
     }
 
     /// Ask the current worker to hand the process off.
+    /// A 409 (the process ended meanwhile) is no failure: its stream ends
+    /// as it would have.
     async fn hand_off(&self) -> Result<(), String> {
         let process = self
             .process
             .as_ref()
             .ok_or("the worker did not name its process")?;
-        post_json(
+        let url = format!("{}/v1/internal/processes/{process}/handoff", self.relay.url);
+        let (status, answer) = post_to_worker(
             self.relay.ctl.clone(),
-            format!("{}/v1/internal/processes/{process}/handoff", self.relay.url),
+            url.clone(),
             self.relay.acting.clone(),
             json!({}),
         )
-        .await
-        .map(|_| ())
+        .await?;
+        if status.is_success() || status == StatusCode::CONFLICT {
+            Ok(())
+        } else {
+            Err(format!("{url}: {status} {answer}"))
+        }
     }
 
     /// A serving worker for the stream, not one of `exclude`, by the routing
@@ -809,18 +816,26 @@ async fn post_json(
     acting: Acting,
     body: Value,
 ) -> Result<Value, String> {
+    match post_to_worker(ctl, url.clone(), acting, body).await? {
+        (status, answer) if status.is_success() => Ok(answer),
+        (status, answer) => Err(format!("{url}: {status} {answer}")),
+    }
+}
+
+/// `post_json`'s request: the status and JSON answer of any response.
+async fn post_to_worker(
+    ctl: Arc<Controller>,
+    url: String,
+    acting: Acting,
+    body: Value,
+) -> Result<(StatusCode, Value), String> {
     let req = acting.apply(ctl.http.post(&url)).json(&body);
     let resp = with_worker_key(req, ctl.worker_key.as_deref())
         .send()
         .await
         .map_err(|e| format!("{url}: {e}"))?;
     let status = resp.status();
-    let answer: Value = resp.json().await.unwrap_or(Value::Null);
-    if status.is_success() {
-        Ok(answer)
-    } else {
-        Err(format!("{url}: {status} {answer}"))
-    }
+    Ok((status, resp.json().await.unwrap_or(Value::Null)))
 }
 
 #[cfg(test)]
