@@ -372,6 +372,12 @@ impl Registry {
         !ws.iter().any(|w| w.serving() && w.has_room())
     }
 
+    /// Whether worker `name` takes new requests (healthy, not draining).
+    pub fn serves(&self, name: &str) -> bool {
+        self.read_worker(|w| w.name == name, Worker::serving)
+            .unwrap_or(false)
+    }
+
     /// The page size worker `name` reported (0 before its first poll).
     pub fn page_size_of(&self, name: &str) -> usize {
         self.read_worker(|w| w.name == name, |w| w.page_size)

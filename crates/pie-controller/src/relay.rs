@@ -100,18 +100,22 @@ impl Streams {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn add(&self, live: LiveSpec) -> (u64, mpsc::UnboundedReceiver<Move>) {
+    /// Register a stream; its moves arrive on the receiver.
+    fn add(
+        &self,
+        worker: String,
+        session: Option<String>,
+        process: Option<String>,
+    ) -> (u64, mpsc::UnboundedReceiver<Move>) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.lock().insert(
-            id,
-            Live {
-                worker: live.worker,
-                session: live.session,
-                process: live.process,
-                moves: tx,
-            },
-        );
+        let (moves, rx) = mpsc::unbounded_channel();
+        let live = Live {
+            worker,
+            session,
+            process,
+            moves,
+        };
+        self.lock().insert(id, live);
         (id, rx)
     }
 
@@ -158,13 +162,6 @@ impl Streams {
             })
             .count()
     }
-}
-
-/// What names a stream in the registry of movable streams.
-struct LiveSpec {
-    worker: String,
-    session: Option<String>,
-    process: Option<String>,
 }
 
 /// A movable stream's request, as every worker gets it.
@@ -228,12 +225,12 @@ impl Relay {
     /// the client, moving it when asked or when it breaks.
     pub fn into_body(self, upstream: BoxStream<'static, reqwest::Result<Bytes>>) -> Body {
         let (tx, rx) = mpsc::channel::<Bytes>(64);
-        let (id, moves) = self.ctl.streams.add(LiveSpec {
-            worker: self.worker.clone(),
-            session: self.props.str("session").map(str::to_string),
-            process: self.slot.demand.as_ref().map(|d| d.process_id()),
-        });
-        let streams = self.ctl.clone();
+        let (id, moves) = self.ctl.streams.add(
+            self.worker.clone(),
+            self.props.str("session").map(str::to_string),
+            self.slot.demand.as_ref().map(|d| d.process_id()),
+        );
+        let ctl = self.ctl.clone();
         tokio::spawn(async move {
             let mut run = Run {
                 relay: self,
@@ -246,7 +243,7 @@ impl Relay {
                 stream_id: id,
             };
             run.relay(upstream, tx, moves).await;
-            streams.streams.remove(id);
+            ctl.streams.remove(id);
         });
         Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|b| (Ok::<Bytes, Infallible>(b), rx))
@@ -606,18 +603,12 @@ impl Run {
         let ctl = self.relay.ctl.clone();
         let old = self.relay.worker.clone();
         let mut tried = vec![old.clone()];
-        let mut candidates: Vec<(String, String)> = target
-            .and_then(|name| ctl.registry.url_of(&name).map(|url| (name, url)))
-            .into_iter()
-            .collect();
+        let mut target = target.and_then(|name| ctl.registry.url_of(&name).map(|url| (name, url)));
         let mut body = self.relay.body.clone();
         body[RESUME_FIELD] = json!({"tokens": self.generated, "from": source});
         let body = Bytes::from(body.to_string());
         for _ in 0..MAX_TARGETS {
-            let next = match candidates.pop() {
-                Some(c) => Some(c),
-                None => self.choose(&tried),
-            };
+            let next = target.take().or_else(|| self.choose(&tried));
             let Some((name, url)) = next else { break };
             tried.push(name.clone());
             if let Some(upstream) = self.try_worker(&name, &url, body.clone()).await {
@@ -625,7 +616,8 @@ impl Run {
                 return Ok(upstream);
             }
         }
-        if source.is_some() && !tried[1..].contains(&old) {
+        // `choose` never picks the worker it is moving from.
+        if source.is_some() {
             let url = self.relay.url.clone();
             if let Some(upstream) = self.try_worker(&old, &url, body).await {
                 self.switch_to(reason, &old, &url);
@@ -736,12 +728,7 @@ async fn relocate(
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    let serving = ctl
-        .registry
-        .snapshot()
-        .iter()
-        .any(|w| w.name == worker && w.healthy && !w.draining);
-    if !serving {
+    if !ctl.registry.serves(&worker) {
         return error(
             StatusCode::NOT_FOUND,
             format!("worker `{worker}` is not a serving worker of this cluster"),
