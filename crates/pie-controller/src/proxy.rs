@@ -27,6 +27,7 @@ use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use pie_core::auth::{
     authenticate, ApiKey, KeyLimits, Role, ACT_AS_CACHE_SALT, ACT_AS_CLIENT, ACT_AS_ROLE,
 };
+use pie_core::wire::{PREFILL_FROM_FIELD, PROMPT_TOKENS_FIELD, STREAM_IDS_FIELD};
 use pie_core::{PropValue, Props};
 use pie_model::ChatMessage;
 use pie_policy::cluster::{
@@ -41,7 +42,7 @@ use crate::clients::ClientsInFlight;
 use crate::metrics::{ControllerMetrics, RouteLabels};
 use crate::model::RoutingModel;
 use crate::registry::{with_worker_key, RegisterLimits, Registry};
-use crate::relay::{Relay, Streams, STREAM_IDS_FIELD};
+use crate::relay::{Relay, Streams};
 use crate::trace::TracedRequest;
 
 pub struct Controller {
@@ -587,13 +588,6 @@ struct RouteInputs {
     /// whose earlier turns only the worker knows.
     forwardable: bool,
 }
-
-/// The field carrying the controller's prompt token ids to a worker; see
-/// `pie_worker::runtime::PromptTokens`.
-const PROMPT_TOKENS_FIELD: &str = "pie_prompt_tokens";
-/// The field naming the prefill worker of a disaggregated request (the
-/// worker's `api::PREFILL_FROM_FIELD`).
-const PREFILL_FROM_FIELD: &str = "pie_prefill_from";
 
 /// What routing needs from a generation request: its prompt tokens and props.
 /// Errors are messages for a 400.

@@ -32,6 +32,7 @@ use axum::{Json, Router};
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 use futures_util::{FutureExt, StreamExt};
+use pie_core::wire::{HANDOFF_COMMENT, PROCESS_COMMENT, RESUME_FIELD, TOKEN_IDS_KEY};
 use pie_core::Props;
 use pie_policy::cluster::{record, route, RouteRequest, Stage};
 use serde::Deserialize;
@@ -42,10 +43,6 @@ use crate::metrics::MoveLabels;
 use crate::proxy::{describe, error, now_ms, send, Acting, Controller, InFlight};
 use crate::registry::with_worker_key;
 
-/// The request field asking a worker for each chunk's token id.
-pub const STREAM_IDS_FIELD: &str = "pie_stream_ids";
-/// The request field resuming a process that ran elsewhere.
-const RESUME_FIELD: &str = "pie_resume";
 /// Workers tried for one resume before the stream ends with an error.
 const MAX_TARGETS: usize = 4;
 /// Resumes of one stream (a stream moved this often is failing, not moving).
@@ -407,11 +404,14 @@ impl Run {
         for line in text.lines() {
             if let Some(comment) = line.strip_prefix(':') {
                 let comment = comment.trim();
-                if let Some(id) = comment.strip_prefix("pie-process ") {
+                if let Some(id) = comment
+                    .strip_prefix(PROCESS_COMMENT)
+                    .and_then(|rest| rest.strip_prefix(' '))
+                {
                     self.process = Some(id.to_string());
                     return Event::Skip;
                 }
-                if comment == "pie-handoff" {
+                if comment == HANDOFF_COMMENT {
                     return Event::HandedOff;
                 }
             } else if let Some(d) = line.strip_prefix("data:") {
@@ -430,7 +430,7 @@ impl Run {
         };
         let ids = chunk
             .as_object_mut()
-            .and_then(|o| o.remove(STREAM_IDS_KEY))
+            .and_then(|o| o.remove(TOKEN_IDS_KEY))
             .and_then(|v| serde_json::from_value::<Vec<u32>>(v).ok());
         self.keep_identity(&mut chunk);
         let Some(ids) = ids else {
@@ -753,9 +753,6 @@ enum Flow {
     End,
     HandedOff,
 }
-
-/// The field of a chunk carrying its token ids (see the worker's `openai.rs`).
-const STREAM_IDS_KEY: &str = "pie_token_ids";
 
 /// An SSE error event (the stream ends after it).
 fn error_event(message: &str) -> Bytes {

@@ -1,5 +1,6 @@
 //! Shared vocabulary of Pie: identifiers, block hashes, props, API keys, the
-//! config-file reader and the KV event stream's wire types.
+//! config-file reader, the KV event stream's wire types and the names the
+//! binaries exchange (`wire`).
 //!
 //! Everything here is plain data so that every other crate (policies, KV cache,
 //! model, binaries, simulator) can depend on it without pulling in I/O.
@@ -12,6 +13,7 @@ pub mod ids;
 pub mod kv_events;
 pub mod props;
 pub mod size;
+pub mod wire;
 
 pub use hash::{block_hash, block_hashes, BlockHash, ModelFingerprint};
 pub use ids::SeqId;

@@ -261,7 +261,7 @@ pub fn trusted_prompt_tokens(
 }
 
 /// The request field naming the prefill worker a controller chose.
-pub const PREFILL_FROM_FIELD: &str = "pie_prefill_from";
+pub use pie_core::wire::PREFILL_FROM_FIELD;
 
 /// `pie_prefill_from`: the URL of the worker a controller's `disaggregate`
 /// chose to prefill the prompt; this worker pulls the pages from it. Refused

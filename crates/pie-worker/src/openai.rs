@@ -13,6 +13,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::stream::{self, Stream, StreamExt};
+use pie_core::wire::{HANDOFF_COMMENT, PROCESS_COMMENT, TOKEN_IDS_KEY};
 use pie_core::{PropValue, Props};
 use pie_model::ChatMessage;
 use serde::Deserialize;
@@ -376,7 +377,7 @@ fn stream_response(
     let data = |v: Value| Event::default().data(v.to_string());
     let mut opening = Vec::new();
     if relay.token_ids {
-        opening.push(Event::default().comment(format!("pie-process {}", guard.process.id)));
+        opening.push(Event::default().comment(format!("{PROCESS_COMMENT} {}", guard.process.id)));
     }
     if matches!(meta.kind, Kind::Chat) && !relay.resumed {
         opening.push(data(meta.body(true, json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]), None)));
@@ -388,7 +389,7 @@ fn stream_response(
                 token: Some(t),
             } if relay.token_ids => {
                 let mut chunk = meta.body(true, json!([meta.kind.choice(&text, None, true)]), None);
-                chunk["pie_token_ids"] = json!([t]);
+                chunk[TOKEN_IDS_KEY] = json!([t]);
                 vec![data(chunk)]
             }
             ProcEvent::Text { text, .. } if text.is_empty() => Vec::new(),
@@ -400,7 +401,7 @@ fn stream_response(
             ProcEvent::Done {
                 state: ProcState::Migrated,
                 ..
-            } if relay.token_ids => vec![Event::default().comment("pie-handoff")],
+            } if relay.token_ids => vec![Event::default().comment(HANDOFF_COMMENT)],
             ProcEvent::Done {
                 state: ProcState::Finished,
                 finish_reason,

@@ -115,8 +115,7 @@ pub struct PromptTokens {
     pub ids: Vec<u32>,
 }
 
-/// The request field that carries [`PromptTokens`].
-pub const PROMPT_TOKENS_FIELD: &str = "pie_prompt_tokens";
+pub use pie_core::wire::{PROMPT_TOKENS_FIELD, RESUME_FIELD, STREAM_IDS_FIELD};
 
 /// `pie_resume`: a process that ran on another worker goes on here (a
 /// controller's migration, or its recovery from a dead worker). Trusted only
@@ -133,12 +132,6 @@ pub struct Resume {
     #[serde(default)]
     pub from: Option<String>,
 }
-
-/// The request field that carries [`Resume`].
-pub const RESUME_FIELD: &str = "pie_resume";
-
-/// The request field asking for each streamed chunk's token id.
-pub const STREAM_IDS_FIELD: &str = "pie_stream_ids";
 
 /// A built-in inferlet and its input.
 #[derive(Clone, Debug)]
@@ -266,6 +259,8 @@ pub struct Runtime {
     seen: AtomicU8,
     /// Set once by `start_drain`; never cleared (the worker exits drained).
     draining: AtomicBool,
+    /// Woken when the drain starts (`drain_started`).
+    drain_start: tokio::sync::Notify,
     /// `fault-injection`: a pause before each page this worker sends.
     #[cfg(feature = "fault-injection")]
     transfer_delay_ms: AtomicU64,
@@ -338,6 +333,7 @@ impl Runtime {
             supervision,
             seen: AtomicU8::new(Seen::Healthy as u8),
             draining: AtomicBool::new(false),
+            drain_start: tokio::sync::Notify::new(),
             #[cfg(feature = "fault-injection")]
             transfer_delay_ms: AtomicU64::new(0),
         });
@@ -804,7 +800,17 @@ impl Runtime {
     /// the ones here finish or are moved by a controller. Returns false if
     /// it was draining already.
     pub fn start_drain(&self) -> bool {
-        !self.draining.swap(true, Ordering::Relaxed)
+        let started = !self.draining.swap(true, Ordering::Relaxed);
+        if started {
+            // A stored permit: the waiter need not be waiting yet.
+            self.drain_start.notify_one();
+        }
+        started
+    }
+
+    /// Returns once a drain has started (one waiter: `pie serve`).
+    pub async fn drain_started(&self) {
+        self.drain_start.notified().await;
     }
 
     pub fn draining(&self) -> bool {

@@ -95,21 +95,16 @@ pub async fn serve(
 /// left is failed, naming the timeout). A controller moves the processes it
 /// relays to other workers meanwhile.
 async fn drained(rt: &Arc<Runtime>, state: &AppState) {
-    let mut tick = tokio::time::interval(std::time::Duration::from_millis(50));
     let mut term = sigterm();
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = next_signal(&mut term) => {
-                if rt.start_drain() {
-                    tracing::info!(processes = rt.live_processes(), "SIGTERM: draining");
-                }
+    tokio::select! {
+        () = rt.drain_started() => {}
+        () = next_signal(&mut term) => {
+            if rt.start_drain() {
+                tracing::info!(processes = rt.live_processes(), "SIGTERM: draining");
             }
         }
-        if rt.draining() {
-            break;
-        }
     }
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(50));
     let timeout_ms = state
         .config
         .read()
