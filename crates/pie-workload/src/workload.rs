@@ -394,6 +394,15 @@ fn gap_us(rng: &mut StdRng, rate_per_s: f64) -> u64 {
     (-u.ln() / rate_per_s.max(1e-9) * 1e6) as u64
 }
 
+/// A later turn: it follows request `previous` after an exponential think
+/// time of mean `think_ms`.
+fn next_turn(rng: &mut StdRng, previous: usize, think_ms: f64) -> Follow {
+    Follow {
+        request: previous,
+        think_us: gap_us(rng, 1000.0 / think_ms.max(1e-3)),
+    }
+}
+
 fn prop(props: &mut Props, key: &str, value: PropValue) {
     // Keys and types here are the documented built-in ones, so `set` cannot fail.
     props
@@ -485,11 +494,7 @@ fn multi_turn(w: &MultiTurn, n: usize, rng: &mut StdRng) -> Vec<Request> {
                 prop(&mut r.props, "keep-ms", PropValue::Int(w.keep_ms));
             }
             if turn > 0 {
-                let think_us = gap_us(rng, 1000.0 / w.think_ms.max(1e-3));
-                r.follows = Some(Follow {
-                    request: out.len() - 1,
-                    think_us,
-                });
+                r.follows = Some(next_turn(rng, out.len() - 1, w.think_ms));
             }
             prompt.push(output);
             out.push(r);
@@ -606,13 +611,7 @@ fn skewed_sessions(w: &SkewedSessions, n: usize, rng: &mut StdRng) -> Vec<Reques
             match (turn, home) {
                 (0, Some(h)) => prop(&mut r.props, "pin", PropValue::Str(format!("w{h}"))),
                 (0, None) => {}
-                _ => {
-                    let think_us = gap_us(rng, 1000.0 / w.think_ms.max(1e-3));
-                    r.follows = Some(Follow {
-                        request: out.len() - 1,
-                        think_us,
-                    });
-                }
+                _ => r.follows = Some(next_turn(rng, out.len() - 1, w.think_ms)),
             }
             prompt.push(output);
             out.push(r);
