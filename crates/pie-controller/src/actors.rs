@@ -10,9 +10,12 @@
 //! process then runs on without the controller.
 //!
 //! Actions: a `scale-hint` is published (the `pie_cluster_scale_*` gauges and
-//! `GET /v1/cluster/scale`); the others (migrate, copy, persist, drain) have no
-//! executor here yet and are recorded as failed, with the reason, never dropped
-//! silently. Dry-run records are kept and counted, not executed. Every record
+//! `GET /v1/cluster/scale`); `migrate-process` moves a relayed stream
+//! (`relay`); `persist-prefix` asks the worker to write the blocks to its disk
+//! tier; the others (copy, drain) have no executor here yet and are recorded
+//! as failed, with the reason, never dropped silently. The snapshot's hot
+//! prefixes come from the registry, which counts routed prompts' blocks only
+//! while an actor reads them. Dry-run records are kept and counted, not executed. Every record
 //! goes into a ring of the last [`ACTION_LOG_LEN`] (`GET /v1/cluster/actions`).
 
 use std::collections::{BTreeMap, VecDeque};
@@ -23,17 +26,17 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
-use pie_core::Props;
+use pie_core::{BlockHash, Props};
 use pie_policy::cluster::{
-    Action, ActionRecord, ActorRunner, ClusterEvent, ClusterSnapshot, ProcessState, ScaleHint,
-    WorkerState,
+    Action, ActionRecord, ActorRunner, ClusterEvent, ClusterSnapshot, HotPrefix, ProcessState,
+    ScaleHint, WorkerState,
 };
 use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::metrics::{ActionLabels, ControllerMetrics, GroupLabels};
 use crate::proxy::{now_ms, Controller};
-use crate::registry::Worker;
+use crate::registry::{with_worker_key, Worker};
 use crate::relay::{Reason, Streams};
 
 /// Actions kept for `GET /v1/cluster/actions`.
@@ -210,7 +213,12 @@ impl Actors {
             .summary()
     }
 
-    fn snapshot(&self, workers: Vec<Worker>) -> ClusterSnapshot {
+    /// Whether an actor reads hot prefixes (the registry then counts them).
+    pub fn wants_hot_prefixes(&self) -> bool {
+        self.names().contains(&"persist-prefix")
+    }
+
+    fn snapshot(&self, workers: Vec<Worker>, hot_prefixes: Vec<HotPrefix>) -> ClusterSnapshot {
         let processes: Vec<ProcessState> = self
             .demand
             .lock()
@@ -234,7 +242,7 @@ impl Actors {
                 })
                 .collect(),
             processes,
-            hot_prefixes: Vec::new(),
+            hot_prefixes,
         }
     }
 
@@ -244,7 +252,7 @@ impl Actors {
         if events.is_empty() && !tick {
             return;
         }
-        let snapshot = self.snapshot(ctl.registry.snapshot());
+        let snapshot = self.snapshot(ctl.registry.snapshot(), ctl.registry.hot_prefixes());
         let now = now_ms();
         let records = {
             let mut runner = self.runner.lock().unwrap_or_else(|e| e.into_inner());
@@ -258,7 +266,12 @@ impl Actors {
             records
         };
         for record in records {
-            let outcome = self.execute(&ctl.metrics, &ctl.streams, &record);
+            let outcome = match &record.action {
+                Action::PersistPrefix { blocks, worker } if !record.dry_run => {
+                    persist_on(ctl, worker, blocks)
+                }
+                _ => self.execute(&ctl.metrics, &ctl.streams, &record),
+            };
             if let Outcome::Failed { error } = &outcome {
                 tracing::error!(actor = record.actor, kind = record.action.kind(), "{error}");
             }
@@ -337,6 +350,42 @@ impl Actors {
         }
         log.push_back(logged);
     }
+}
+
+/// Ask `worker` to write `blocks` to its disk tier (`POST
+/// /v1/internal/kv/persist`); the answer (pages written, or why not: a
+/// worker without `[runtime.persist] dir` says so) is logged when it comes.
+fn persist_on(ctl: &Controller, worker: &str, blocks: &[BlockHash]) -> Outcome {
+    let Some(url) = ctl.registry.url_of(worker) else {
+        return Outcome::Failed {
+            error: format!("no worker `{worker}`"),
+        };
+    };
+    let body = json!({ "blocks": blocks.iter().map(|b| b.0).collect::<Vec<_>>() });
+    let req = with_worker_key(
+        ctl.http
+            .post(format!("{url}/v1/internal/kv/persist"))
+            .json(&body),
+        ctl.worker_key.as_deref(),
+    );
+    let worker = worker.to_string();
+    tokio::spawn(async move {
+        match req.send().await {
+            Ok(resp) if resp.status().is_success() => {
+                let done: Value = resp.json().await.unwrap_or_default();
+                tracing::info!(worker, %done, "persist-prefix: pages persisted");
+            }
+            Ok(resp) => {
+                let status = resp.status();
+                let why = resp.text().await.unwrap_or_default();
+                tracing::warn!(worker, %status, why, "persist-prefix: the worker did not persist");
+            }
+            Err(e) => {
+                tracing::warn!(worker, error = %e, "persist-prefix: the worker did not answer")
+            }
+        }
+    });
+    Outcome::Executed
 }
 
 /// Workers that became healthy or stopped being so between two polls.
@@ -478,11 +527,11 @@ mod tests {
         let a = actors.track(&props).expect("tracking");
         let b = actors.track(&props).expect("tracking");
         b.placed("w1");
-        let snap = actors.snapshot(Vec::new());
+        let snap = actors.snapshot(Vec::new(), Vec::new());
         assert_eq!(snap.processes.len(), 2);
         assert_eq!(snap.processes[1].worker.as_deref(), Some("w1"));
         drop((a, b));
-        assert!(actors.snapshot(Vec::new()).processes.is_empty());
+        assert!(actors.snapshot(Vec::new(), Vec::new()).processes.is_empty());
         let none = Actors::new(ActorRunner::default(), 1000);
         assert!(none.track(&props).is_none(), "no actor: no tracking");
     }

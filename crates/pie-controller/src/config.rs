@@ -9,8 +9,8 @@ use anyhow::{anyhow, Result};
 use pie_core::auth::{parse_key_file, ApiKey};
 use pie_policy::cluster::{
     routing_policy, split_policies, ActorConfigs, ActorRunner, CacheAwareConfig, ClusterPolicy,
-    DisaggregateConfig, DrainMigrateConfig, PinConfig, QueueOrder, RebalanceConfig, RoutingConfigs,
-    ScaleByPropConfig, SessionAffinityConfig, DEFAULT_MAX_QUEUED,
+    DisaggregateConfig, DrainMigrateConfig, PersistPrefixConfig, PinConfig, QueueOrder,
+    RebalanceConfig, RoutingConfigs, ScaleByPropConfig, SessionAffinityConfig, DEFAULT_MAX_QUEUED,
 };
 use serde::{Deserialize, Serialize};
 
@@ -116,6 +116,8 @@ pub struct ClusterConfig {
     pub rebalance: RebalanceConfig,
     #[serde(rename = "drain-migrate")]
     pub drain_migrate: DrainMigrateConfig,
+    #[serde(rename = "persist-prefix")]
+    pub persist_prefix: PersistPrefixConfig,
 }
 
 impl Default for ClusterConfig {
@@ -146,6 +148,7 @@ impl Default for ClusterConfig {
             scale_by_prop: ScaleByPropConfig::default(),
             rebalance: RebalanceConfig::default(),
             drain_migrate: DrainMigrateConfig::default(),
+            persist_prefix: PersistPrefixConfig::default(),
         }
     }
 }
@@ -223,6 +226,7 @@ impl ClusterConfig {
             scale_by_prop: self.scale_by_prop.clone(),
             rebalance: self.rebalance.clone(),
             drain_migrate: self.drain_migrate.clone(),
+            persist_prefix: self.persist_prefix.clone(),
         };
         let names: Vec<&str> = actors.iter().map(String::as_str).collect();
         ActorRunner::new(&names, &configs)

@@ -54,16 +54,19 @@ pub struct KvFollower {
 }
 
 impl KvFollower {
-    /// Apply one message to `slot`'s entries in the index.
+    /// Apply one message to `slot`'s entries in the index and in the disk
+    /// tier's index.
     pub fn apply(
         &mut self,
         index: &mut ClusterIndex,
+        disk: &mut ClusterIndex,
         slot: usize,
         msg: KvMessage,
     ) -> Result<(), Resync> {
         match msg {
             KvMessage::Snapshot(s) => {
                 index.replace(slot, s.hashes);
+                disk.replace(slot, s.persisted);
                 self.seq = Some(s.seq);
                 Ok(())
             }
@@ -80,6 +83,12 @@ impl KvFollower {
                 }
                 for h in b.stored {
                     index.store(slot, h);
+                }
+                for h in b.unpersisted {
+                    disk.remove(slot, h);
+                }
+                for h in b.persisted {
+                    disk.store(slot, h);
                 }
                 self.seq = Some(b.seq);
                 Ok(())
@@ -175,7 +184,9 @@ async fn subscribe(
                 metrics.kv_snapshots.inc();
             }
             let stored = msg.stored();
-            if let Err(why) = registry.with_index(|index| follower.apply(index, slot, msg)) {
+            if let Err(why) =
+                registry.with_index(|index, disk| follower.apply(index, disk, slot, msg))
+            {
                 tracing::info!(
                     slot,
                     ?why,
@@ -198,6 +209,7 @@ mod tests {
             seq,
             stored: stored.to_vec(),
             removed: removed.to_vec(),
+            ..KvEventBatch::default()
         })
     }
 
@@ -207,25 +219,55 @@ mod tests {
             fingerprint: 1,
             page_size: 16,
             hashes: hashes.to_vec(),
+            persisted: Vec::new(),
         })
+    }
+
+    #[test]
+    fn the_disk_tier_follows_its_own_lists() {
+        let (mut index, mut disk) = (ClusterIndex::new(), ClusterIndex::new());
+        let mut f = KvFollower::default();
+        let KvMessage::Snapshot(mut s) = snapshot(1, &[1, 2, 3]) else {
+            unreachable!()
+        };
+        s.persisted = vec![1, 2];
+        f.apply(&mut index, &mut disk, 0, KvMessage::Snapshot(s))
+            .expect("snapshot");
+        assert_eq!(disk.prefix_blocks(&[1, 2, 3], 1), vec![2]);
+        let b = KvEventBatch {
+            seq: 2,
+            persisted: vec![3],
+            unpersisted: vec![1],
+            ..KvEventBatch::default()
+        };
+        f.apply(&mut index, &mut disk, 0, KvMessage::Batch(b))
+            .expect("batch");
+        assert_eq!(disk.prefix_blocks(&[1, 2, 3], 1), vec![0]);
+        assert_eq!(disk.prefix_blocks(&[2, 3], 1), vec![2]);
+        assert_eq!(
+            index.prefix_blocks(&[1, 2, 3], 1),
+            vec![3],
+            "memory unchanged"
+        );
     }
 
     #[test]
     fn a_lost_batch_is_detected_and_the_next_snapshot_repairs_it() {
         let mut index = ClusterIndex::new();
+        let mut disk = ClusterIndex::new();
         let mut f = KvFollower::default();
         assert_eq!(
-            f.apply(&mut index, 0, batch(1, &[9], &[])),
+            f.apply(&mut index, &mut disk, 0, batch(1, &[9], &[])),
             Err(Resync::BatchBeforeSnapshot)
         );
-        f.apply(&mut index, 0, snapshot(4, &[1, 2]))
+        f.apply(&mut index, &mut disk, 0, snapshot(4, &[1, 2]))
             .expect("snapshot");
-        f.apply(&mut index, 0, batch(5, &[3], &[1]))
+        f.apply(&mut index, &mut disk, 0, batch(5, &[3], &[1]))
             .expect("next batch");
         assert_eq!(index.prefix_blocks(&[2, 3], 1), vec![2]);
         // Batch 6 (which stored 4) is lost.
         assert_eq!(
-            f.apply(&mut index, 0, batch(7, &[5], &[])),
+            f.apply(&mut index, &mut disk, 0, batch(7, &[5], &[])),
             Err(Resync::Gap {
                 expected: 6,
                 got: 7
@@ -238,7 +280,7 @@ mod tests {
         );
         // Resubscribing gives a snapshot with everything up to batch 7.
         let mut f = KvFollower::default();
-        f.apply(&mut index, 0, snapshot(7, &[2, 3, 4, 5]))
+        f.apply(&mut index, &mut disk, 0, snapshot(7, &[2, 3, 4, 5]))
             .expect("snapshot");
         assert_eq!(index.prefix_blocks(&[2, 3, 4, 5], 1), vec![4]);
         assert_eq!(

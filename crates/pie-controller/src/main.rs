@@ -111,6 +111,7 @@ fn main() -> Result<()> {
     });
     ctl.registry
         .set_anticipate_ms(config.cluster.cache_aware.anticipate_ms);
+    ctl.registry.track_heat(ctl.actors.wants_hot_prefixes());
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
@@ -221,6 +222,7 @@ async fn reload_on_sighup(ctl: Arc<Controller>, path: PathBuf, cli_policies: Opt
                     .set_anticipate_ms(config.cluster.cache_aware.anticipate_ms);
                 ctl.actors
                     .replace(runner, config.cluster.actor_tick_ms, &ctl.metrics);
+                ctl.registry.track_heat(ctl.actors.wants_hot_prefixes());
                 *ctl.api_keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
                 ctl.queueing
                     .store(config.cluster.queueing(), Ordering::Relaxed);

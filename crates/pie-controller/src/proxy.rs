@@ -419,7 +419,7 @@ async fn cluster(State(ctl): State<Shared>, key: Option<Extension<ClientKey>>) -
         (names, sessions)
     };
     let queued = ctl.queue.lock().unwrap_or_else(|e| e.into_inner()).len();
-    let index_entries = ctl.registry.with_index(|i| i.entries());
+    let index_entries = ctl.registry.with_index(|i, _| i.entries());
     Json(json!({
         "workers": ctl.registry.snapshot(),
         "cluster_policies": names,

@@ -13,8 +13,9 @@ use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
 use pie_core::hash::chain_from;
+use pie_core::BlockHash;
 use pie_core::ModelFingerprint;
-use pie_policy::cluster::{ClusterIndex, PendingBlocks, Stage, WorkerView};
+use pie_policy::cluster::{ClusterIndex, HotPrefix, PendingBlocks, PrefixHeat, Stage, WorkerView};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -131,7 +132,17 @@ pub struct Registry {
     index: RwLock<ClusterIndex>,
     /// Blocks of prompts routed to a worker, not yet in its KV events.
     pending: Mutex<PendingBlocks>,
+    /// The disk tier: blocks each worker has persisted (also in `index`).
+    disk: RwLock<ClusterIndex>,
+    /// Routed prompts' blocks by how often they were asked for; kept only
+    /// while an actor reads hot prefixes (`persist-prefix`).
+    heat: Mutex<Option<PrefixHeat>>,
 }
+
+/// Blocks tracked for hot prefixes; past it the least recently asked half goes.
+const HEAT_CAPACITY: usize = 1 << 16;
+/// Hot prefixes in an actors' snapshot, at most.
+const HOT_PREFIXES: usize = 64;
 
 impl Registry {
     /// Workers with their indexed block counts (expired ones left out).
@@ -242,7 +253,10 @@ impl Registry {
             slot = Some(w.slot);
         });
         if let Some(slot) = slot {
-            self.with_index(|index| index.clear(slot));
+            self.with_index(|index, disk| {
+                index.clear(slot);
+                disk.clear(slot);
+            });
         }
     }
 
@@ -295,7 +309,52 @@ impl Registry {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A prompt was routed to worker `name`: its blocks count as pending there.
+    /// Count routed prompts' blocks for hot prefixes (on), or stop and forget.
+    pub fn track_heat(&self, on: bool) {
+        let mut heat = self.heat.lock().unwrap_or_else(|e| e.into_inner());
+        match (on, heat.is_some()) {
+            (true, false) => *heat = Some(PrefixHeat::new(HEAT_CAPACITY)),
+            (false, true) => *heat = None,
+            _ => {}
+        }
+    }
+
+    /// The hottest prefixes with the workers holding them (memory or disk)
+    /// and those with them on disk, for the actors' snapshot.
+    pub fn hot_prefixes(&self) -> Vec<HotPrefix> {
+        let chains = match &*self.heat.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(heat) => heat.hot(now_ms(), HOT_PREFIXES),
+            None => return Vec::new(),
+        };
+        let ws = self.workers.read().unwrap_or_else(|e| e.into_inner());
+        let index = self.index.read().unwrap_or_else(|e| e.into_inner());
+        let disk = self.disk.read().unwrap_or_else(|e| e.into_inner());
+        let page_size = ws.iter().map(|w| w.page_size).find(|&p| p > 0).unwrap_or(0);
+        let depths = |tier: &ClusterIndex, hashes: &[u64]| -> Vec<(String, usize)> {
+            let by_slot = tier.prefix_blocks(hashes, ws.len());
+            ws.iter()
+                .filter(|w| !w.expired && by_slot[w.slot] > 0)
+                .map(|w| (w.name.clone(), by_slot[w.slot]))
+                .collect()
+        };
+        chains
+            .into_iter()
+            .map(|c| {
+                let hashes: Vec<u64> = c.blocks.iter().map(|b| b.0).collect();
+                HotPrefix {
+                    holders: depths(&index, &hashes),
+                    persisted: depths(&disk, &hashes),
+                    blocks: c.blocks,
+                    hits: c.hits,
+                    page_size,
+                    requests_per_s: c.requests_per_s,
+                }
+            })
+            .collect()
+    }
+
+    /// A prompt was routed to worker `name`: its blocks count as pending
+    /// there (and as asked for, while hot prefixes are tracked).
     pub fn anticipate(&self, name: &str, prompt: &[u32], cache_salt: Option<&str>) {
         let Some((slot, hashes)) = self.read_worker(
             |w| w.name == name,
@@ -308,6 +367,10 @@ impl Registry {
         ) else {
             return;
         };
+        if let Some(heat) = &mut *self.heat.lock().unwrap_or_else(|e| e.into_inner()) {
+            let chain: Vec<BlockHash> = hashes.iter().copied().map(BlockHash).collect();
+            heat.record(&chain, now_ms());
+        }
         let index = self.index.read().unwrap_or_else(|e| e.into_inner());
         self.lock_pending()
             .anticipate(slot, &hashes, &index, now_ms());
@@ -326,9 +389,12 @@ impl Registry {
         self.lock_pending().len()
     }
 
-    /// Change the cluster index (from a worker's KV events).
-    pub fn with_index<T>(&self, f: impl FnOnce(&mut ClusterIndex) -> T) -> T {
-        f(&mut self.index.write().unwrap_or_else(|e| e.into_inner()))
+    /// Change the cluster index and the disk tier's (from a worker's KV events).
+    pub fn with_index<T>(&self, f: impl FnOnce(&mut ClusterIndex, &mut ClusterIndex) -> T) -> T {
+        f(
+            &mut self.index.write().unwrap_or_else(|e| e.into_inner()),
+            &mut self.disk.write().unwrap_or_else(|e| e.into_inner()),
+        )
     }
 
     /// A worker refused connections: out of the candidates until a poll finds it.

@@ -152,7 +152,7 @@ proptest! {
                     (KvMessage::Batch(b), Some(s)) => b.seq == s + 1,
                     _ => false,
                 };
-                match (&msg, follower.apply(&mut index, 0, msg.clone())) {
+                match (&msg, follower.apply(&mut index, &mut ClusterIndex::new(), 0, msg.clone())) {
                     (KvMessage::Snapshot(s), Ok(())) => {
                         model = Some(s.hashes.iter().copied().collect());
                         seq = Some(s.seq);

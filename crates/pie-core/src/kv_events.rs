@@ -15,7 +15,12 @@ pub struct KvSnapshot {
     pub seq: u64,
     pub fingerprint: u64,
     pub page_size: usize,
+    /// Every block the worker serves without recompute: in its pool or on
+    /// its disk.
     pub hashes: Vec<u64>,
+    /// The disk tier (`persist-prefix`): the blocks of `hashes` on disk.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub persisted: Vec<u64>,
 }
 
 /// The prefix-index changes of one engine iteration. `stored` and `removed` are
@@ -26,6 +31,13 @@ pub struct KvEventBatch {
     pub seq: u64,
     pub stored: Vec<u64>,
     pub removed: Vec<u64>,
+    /// Blocks written to the disk tier (also in `stored` unless the pool
+    /// already held them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub persisted: Vec<u64>,
+    /// Blocks gone from the disk tier (in `removed` unless the pool holds them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unpersisted: Vec<u64>,
 }
 
 impl KvEventBatch {

@@ -97,6 +97,13 @@ impl Props {
         }
     }
 
+    pub fn bool(&self, key: &str) -> Option<bool> {
+        match self.0.get(key) {
+            Some(PropValue::Bool(v)) => Some(*v),
+            _ => None,
+        }
+    }
+
     pub fn str(&self, key: &str) -> Option<&str> {
         match self.0.get(key) {
             Some(PropValue::Str(v)) => Some(v),

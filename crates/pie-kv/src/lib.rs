@@ -8,10 +8,13 @@
 //!   pages can move between workers, a pool and disk.
 //! - [`stream`]: pages as a framed stream with a handshake, checked by the
 //!   receiver against the prompt's own block-hash chain.
+//! - [`disk`]: pages at rest, written atomically, checked when read, under a
+//!   byte budget (`persist-prefix`).
 //!
 //! Invariant (tested): a page referenced by a live page table is never evicted or
 //! handed out again; once every table is released, every refcount is zero.
 
+pub mod disk;
 mod pool;
 pub mod stream;
 mod table;

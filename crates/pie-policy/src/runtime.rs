@@ -34,6 +34,30 @@ pub struct RuntimeConfig {
     /// What this worker serves: "both", or one side of `disaggregate`.
     pub stage: Stage,
     pub transfer: TransferConfig,
+    pub persist: PersistConfig,
+}
+
+/// `[runtime.persist]`: the disk tier `persist-prefix` writes (see
+/// `pie_kv::disk`). Without `dir` the worker cannot persist and says so.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PersistConfig {
+    /// Where pages rest (one directory per worker).
+    pub dir: Option<std::path::PathBuf>,
+    /// The most bytes of pages kept; past it the least recently used go.
+    pub budget: ByteSize,
+    /// A page not used for this long is deleted; 0: kept until evicted.
+    pub ttl_ms: u64,
+}
+
+impl Default for PersistConfig {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            budget: ByteSize(10 << 30),
+            ttl_ms: 0,
+        }
+    }
 }
 
 /// `[runtime.transfer]`: moving KV pages between workers (offload, disaggregate).
@@ -76,6 +100,7 @@ impl Default for RuntimeConfig {
             offload: OffloadConfig::default(),
             stage: Stage::Both,
             transfer: TransferConfig::default(),
+            persist: PersistConfig::default(),
         }
     }
 }

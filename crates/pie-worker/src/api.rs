@@ -21,8 +21,8 @@ use tokio_stream::wrappers::BroadcastStream;
 use crate::config::ApiKey;
 use crate::process::{ProcEvent, ProcState, Process};
 use crate::runtime::{
-    GenOptions, Inferlet, LaunchError, Prompt, PromptTokens, PullRequest, Resume, Runtime,
-    ServeError, PROMPT_TOKENS_FIELD, RESUME_FIELD, STREAM_IDS_FIELD,
+    Forget, GenOptions, Inferlet, LaunchError, PersistError, Prompt, PromptTokens, PullRequest,
+    Resume, Runtime, ServeError, PROMPT_TOKENS_FIELD, RESUME_FIELD, STREAM_IDS_FIELD,
 };
 use pie_core::auth::{Caller, KeyLimits, Role, ACT_AS_CACHE_SALT, ACT_AS_CLIENT, ACT_AS_ROLE};
 
@@ -402,6 +402,11 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
             axum::routing::post(hand_off),
         )
         .route("/v1/internal/kv/prefetch", axum::routing::post(kv_prefetch))
+        .route("/v1/internal/kv/persist", axum::routing::post(kv_persist))
+        .route(
+            "/v1/admin/kv/persisted/delete",
+            axum::routing::post(kv_forget_persisted),
+        )
         .route("/v1/internal/kv/pull", axum::routing::post(kv_pull))
         .route("/v1/internal/kv/push", axum::routing::post(kv_push))
         .route("/v1/internal/state", get(worker_state))
@@ -651,6 +656,67 @@ async fn kv_prefetch(
         .await
         .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, e.to_string()))?;
     Ok(Json(json!({"pages": pages})))
+}
+
+/// Which prefix to persist: its block hashes (the controller's
+/// `persist-prefix`) or its tokens.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PersistBody {
+    #[serde(default)]
+    blocks: Option<Vec<u64>>,
+    #[serde(default)]
+    tokens: Option<Vec<u32>>,
+}
+
+/// Write a prefix's pages to this worker's disk tier (see
+/// `runtime::persist`): what was written, already there, held, evicted;
+/// 409 when the worker has no `[runtime.persist] dir`.
+async fn kv_persist(
+    State(state): State<AppState>,
+    auth: Option<Extension<Authed>>,
+    ApiJson(body): ApiJson<PersistBody>,
+) -> Result<Json<Value>, ApiError> {
+    let rt = state.runtime()?;
+    let chain = match (body.blocks, body.tokens) {
+        (Some(blocks), None) => blocks.into_iter().map(pie_core::BlockHash).collect(),
+        (None, Some(tokens)) => {
+            rt.check_tokens(&tokens).map_err(transfer_error)?;
+            rt.chain(&tokens, cache_salt_of(&auth).as_deref())
+        }
+        _ => {
+            return Err(ApiError::bad_request(
+                "give exactly one of `blocks` and `tokens`",
+            ))
+        }
+    };
+    let done = rt.persist(chain).await.map_err(persist_error)?;
+    Ok(Json(json!(done)))
+}
+
+/// Delete persisted pages: `{"tokens": [...]}` (a prefix's),
+/// `{"older_than_ms": N}` (unused that long; 0: all); `{"deleted": N}`.
+async fn kv_forget_persisted(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<Forget>,
+) -> Result<Json<Value>, ApiError> {
+    let rt = state.runtime()?;
+    if body.tokens.is_none() && body.older_than_ms.is_none() {
+        return Err(ApiError::bad_request("give `tokens` or `older_than_ms`"));
+    }
+    let deleted = rt.forget_persisted(&body).map_err(persist_error)?;
+    Ok(Json(json!({ "deleted": deleted })))
+}
+
+fn persist_error(e: PersistError) -> ApiError {
+    let status = match e {
+        PersistError::NoStore => StatusCode::CONFLICT,
+        PersistError::Disk(pie_kv::disk::DiskError::OverBudget { .. }) => {
+            StatusCode::INSUFFICIENT_STORAGE
+        }
+        PersistError::Disk(_) | PersistError::Engine(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    ApiError::new(status, e.to_string())
 }
 
 /// A peer pulls KV pages (see `runtime::transfer`): a page stream, 409

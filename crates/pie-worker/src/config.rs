@@ -211,6 +211,11 @@ timeout_ms = 10000                 # a slower peer is abandoned (prefill runs lo
 timeout_ms = 60000                 # a slower pull is abandoned (prefill runs locally)
 max_bytes = "1GiB"                 # the most page bytes one pull brings in
 lease_ms = 10000                   # pages sent to a peer stay pinned this long after the last one
+
+[runtime.persist]                  # the disk tier of persist-prefix (the controller's actor, or a `persist` prop)
+# dir = "/var/lib/pie/kv"         # unset: this worker cannot persist pages
+budget = "10GiB"                   # the most page bytes on disk; beyond: least recently used go
+ttl_ms = 0                         # a page unused this long is deleted; 0: kept until evicted
 "#;
 
 #[cfg(test)]

@@ -20,6 +20,14 @@ pub struct DirectionLabel {
     pub direction: &'static str,
 }
 
+/// What happened to a persisted page: written, loaded, refused (damaged,
+/// foreign: deleted and recomputed), evicted, expired, deleted, failed, torn
+/// (a write a crash interrupted, deleted at start-up).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabel {
+    pub event: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: &'static str,
@@ -54,6 +62,11 @@ pub struct Metrics {
     pub transfer_seconds: Histogram,
     /// Pages pinned by leases of transfers to peers.
     pub transfer_leased_pages: Gauge,
+    /// `[runtime.persist]` pages by what happened to them.
+    pub persist_pages: Family<EventLabel, Counter>,
+    /// Pages and bytes on disk now.
+    pub persisted_pages: Gauge,
+    pub persisted_bytes: Gauge,
     /// 1 while the engine thread is alive and making progress (see `supervisor`).
     pub engine_healthy: Gauge,
     pub engine_panics: Counter,
@@ -98,6 +111,9 @@ impl Metrics {
             transfer_fallbacks: Counter::default(),
             transfer_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             transfer_leased_pages: Gauge::default(),
+            persist_pages: Family::default(),
+            persisted_pages: Gauge::default(),
+            persisted_bytes: Gauge::default(),
             engine_healthy: Gauge::default(),
             engine_panics: Counter::default(),
             engine_stalls: Counter::default(),
@@ -197,6 +213,21 @@ impl Metrics {
             m.transfer_refusals.clone(),
         );
         m.registry.register(
+            "kv_persist_pages",
+            "Persisted KV pages by event: written, loaded, refused (damaged or foreign, deleted), evicted, expired, deleted, failed, torn (an interrupted write, deleted at start-up)",
+            m.persist_pages.clone(),
+        );
+        m.registry.register(
+            "kv_persisted_pages",
+            "KV pages on disk ([runtime.persist])",
+            m.persisted_pages.clone(),
+        );
+        m.registry.register(
+            "kv_persisted_bytes",
+            "Bytes of KV pages on disk ([runtime.persist])",
+            m.persisted_bytes.clone(),
+        );
+        m.registry.register(
             "kv_transfer_fallbacks",
             "KV pulls that ended incomplete; the rest of the prompt was prefilled locally",
             m.transfer_fallbacks.clone(),
@@ -263,6 +294,12 @@ impl Metrics {
             .get_or_create(&label)
             .inc_by(pages as u64);
         self.transfer_bytes.get_or_create(&label).inc_by(bytes);
+    }
+
+    pub fn count_persist(&self, event: &'static str, pages: usize) {
+        self.persist_pages
+            .get_or_create(&EventLabel { event })
+            .inc_by(pages as u64);
     }
 
     pub fn count_transfer_refusal(&self, reason: &'static str) {

@@ -28,8 +28,10 @@ use pie_kv::transfer::PageFormat;
 use pie_policy::cluster::Stage;
 use pie_policy::runtime::{TransferConfig, WorkerPolicies};
 
+mod persist;
 mod transfer;
 
+pub use persist::{Forget, PersistError, PersistStore, Persisted};
 use pie_workload::{TraceInput, TraceRecorder};
 use transfer::Pull;
 pub use transfer::{PullError, PullRequest, ServeError};
@@ -82,6 +84,11 @@ enum Command {
     ImportPages {
         pages: Vec<Vec<u8>>,
         reply: oneshot::Sender<usize>,
+    },
+    /// The disk tier gained and lost these blocks (for the KV events).
+    DiskChanged {
+        stored: Vec<BlockHash>,
+        removed: Vec<BlockHash>,
     },
     /// `fault-injection`: panic on the engine thread.
     #[cfg(feature = "fault-injection")]
@@ -208,6 +215,8 @@ pub struct RuntimeSettings {
     pub stage: Stage,
     /// `[runtime.transfer]`.
     pub transfer: TransferConfig,
+    /// `[runtime.persist]`: None without a `dir`.
+    pub persist: Option<PersistStore>,
     /// `[server] stall_ms`: the engine is unhealthy after this long without
     /// progress while work is pending.
     pub stall_ms: u64,
@@ -299,6 +308,12 @@ impl Runtime {
         let publisher = KvPublisher {
             tx: kv_events.clone(),
             seq: 0,
+            on_disk: settings
+                .persist
+                .as_ref()
+                .map(|p| p.hashes().into_iter().map(|h| h.0).collect())
+                .unwrap_or_default(),
+            disk_changes: Vec::new(),
         };
         let supervision = Arc::new(Supervision::new(settings.stall_ms));
         let thread = EngineThread {
@@ -893,7 +908,10 @@ struct Driver {
 impl Driver {
     async fn run(self, req: Request) {
         let max_tokens = req.max_tokens;
+        let chain = self.rt.chain(&req.prompt, req.cache_salt.as_deref());
+        self.rt.load_persisted(&chain).await;
         self.rt.remote_prefill(&req, self.pages_from.as_ref()).await;
+        let mut persist_after_prefill = (req.props.bool("persist") == Some(true)).then_some(chain);
         let mut text = StopScanner::new(&self.stop);
         let mut decoder = IncrementalDecoder::default();
         // What the source held back (a partial character, a possible stop
@@ -935,6 +953,9 @@ impl Driver {
                     self.process.mark_running();
                 }
                 SeqEvent::Token(t) => {
+                    if let Some(chain) = persist_after_prefill.take() {
+                        self.rt.persist_in_background(chain);
+                    }
                     let now = Instant::now();
                     match last_token {
                         None => self.rt.metrics.ttft.observe(
@@ -1134,26 +1155,48 @@ impl RateWindow {
     }
 }
 
-/// Numbers and broadcasts the engine's prefix-index changes.
+/// Numbers and broadcasts the blocks this worker serves without recompute:
+/// the engine's prefix-index changes and the disk tier's. A block leaves the
+/// published set only when it is in neither.
 struct KvPublisher {
     tx: broadcast::Sender<Arc<KvEventBatch>>,
     seq: u64,
+    /// The disk tier as the events have told it.
+    on_disk: std::collections::HashSet<u64>,
+    /// Disk changes since the last batch: (block, stored?).
+    disk_changes: Vec<(u64, bool)>,
 }
 
 impl KvPublisher {
+    fn disk_changed(&mut self, stored: Vec<BlockHash>, removed: Vec<BlockHash>) {
+        for h in stored {
+            self.on_disk.insert(h.0);
+            self.disk_changes.push((h.0, true));
+        }
+        for h in removed {
+            self.on_disk.remove(&h.0);
+            self.disk_changes.push((h.0, false));
+        }
+    }
+
     fn publish(&mut self, engine: &mut Engine) {
         let changes = engine.pool_mut().take_index_events();
-        if changes.is_empty() {
+        if changes.is_empty() && self.disk_changes.is_empty() {
             return;
         }
+        let on_disk = &self.on_disk;
+        let pool = engine.pool();
+        let memory = changes.into_iter().filter_map(|c| match c {
+            IndexChange::Stored(h) => Some((h.0, true)),
+            IndexChange::Removed(h) => (!on_disk.contains(&h.0)).then_some((h.0, false)),
+        });
+        let disk = self.disk_changes.iter().filter_map(|&(h, stored)| {
+            (stored || pool.lookup(BlockHash(h)).is_none()).then_some((h, stored))
+        });
         self.seq += 1;
-        let batch = KvEventBatch::from_changes(
-            self.seq,
-            changes.into_iter().map(|c| match c {
-                IndexChange::Stored(h) => (h.0, true),
-                IndexChange::Removed(h) => (h.0, false),
-            }),
-        );
+        let mut batch = KvEventBatch::from_changes(self.seq, memory.chain(disk));
+        let tier = KvEventBatch::from_changes(self.seq, self.disk_changes.drain(..));
+        (batch.persisted, batch.unpersisted) = (tier.stored, tier.removed);
         // No subscriber is fine: a later one starts from a snapshot.
         let _ = self.tx.send(Arc::new(batch));
     }
@@ -1166,7 +1209,14 @@ impl KvPublisher {
             seq: self.seq,
             fingerprint: engine.pool().fingerprint().0,
             page_size: engine.config().page_size,
-            hashes: engine.pool().indexed_hashes().map(|h| h.0).collect(),
+            hashes: engine
+                .pool()
+                .indexed_hashes()
+                .map(|h| h.0)
+                .filter(|h| !self.on_disk.contains(h))
+                .chain(self.on_disk.iter().copied())
+                .collect(),
+            persisted: self.on_disk.iter().copied().collect(),
         }
     }
 }
@@ -1360,6 +1410,7 @@ fn apply(
         Command::ImportPages { pages, reply } => {
             let _ = reply.send(engine.import_pages(&pages));
         }
+        Command::DiskChanged { stored, removed } => kv.disk_changed(stored, removed),
         #[cfg(feature = "fault-injection")]
         Command::Panic => panic!("fault injected: engine panic"),
     }

@@ -345,6 +345,7 @@ fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
         })?),
         None => None,
     };
+    let persist = open_persist(&config.runtime.persist, engine.page_format())?;
     let settings = RuntimeSettings {
         model_name,
         max_queued: config.server.max_queued.into(),
@@ -352,6 +353,7 @@ fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
         worker_key: config.worker_key()?,
         stage: config.runtime.stage,
         transfer: config.runtime.transfer.clone(),
+        persist,
         stall_ms: config.server.stall_ms,
         max_sessions: config.server.max_sessions,
         records: crate::records::RecordLimits {
@@ -359,10 +361,32 @@ fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
             finished_ttl_ms: config.server.finished_ttl_ms,
         },
     };
-    Ok(Runtime::start(
-        engine,
-        settings,
-        policies,
-        Arc::new(Metrics::new()),
-    ))
+    let rt = Runtime::start(engine, settings, policies, Arc::new(Metrics::new()));
+    rt.start_persist();
+    Ok(rt)
+}
+
+/// `[runtime.persist]`: the disk tier, opened (torn writes deleted, over
+/// budget evicted) and reported; a worker without a `dir` says it cannot
+/// persist.
+fn open_persist(
+    config: &pie_policy::runtime::PersistConfig,
+    format: pie_kv::transfer::PageFormat,
+) -> anyhow::Result<Option<crate::runtime::PersistStore>> {
+    match crate::runtime::PersistStore::open(config, format) {
+        Ok(Some((store, opened))) => {
+            tracing::info!(
+                pages = opened.pages,
+                bytes = opened.bytes,
+                torn = opened.torn,
+                "persisted KV pages found (runtime.persist.dir)"
+            );
+            Ok(Some(store))
+        }
+        Ok(None) => {
+            tracing::info!("no [runtime.persist] dir: this worker cannot persist KV pages");
+            Ok(None)
+        }
+        Err(e) => Err(anyhow::anyhow!("runtime.persist.dir: {e}")),
+    }
 }

@@ -76,15 +76,24 @@ pub struct ProcessState {
     pub props: Props,
 }
 
-/// A prefix cached somewhere, with how often it is asked for. Observers fill
-/// this only when it is cheap for them (the controller leaves it empty).
+/// A prefix asked for again and again (see `cluster::PrefixHeat`), with
+/// where it is. Filled by observers that track prompts (the controller,
+/// when an actor that reads it is configured).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct HotPrefix {
     /// The prefix's block hashes, first block first.
     pub blocks: Vec<BlockHash>,
-    pub tokens: usize,
-    /// Workers holding all of `blocks`.
-    pub holders: Vec<String>,
+    /// Requests that included each block (never increasing along `blocks`).
+    pub hits: Vec<u64>,
+    /// Tokens per block.
+    pub page_size: usize,
+    /// Workers holding a leading part of it (in memory or on disk): how many
+    /// of its blocks.
+    pub holders: Vec<(String, usize)>,
+    /// Workers with a leading part of it on disk (`persist-prefix`): how many
+    /// of its blocks.
+    pub persisted: Vec<(String, usize)>,
+    /// Requests per second for its first block since it was first seen.
     pub requests_per_s: f64,
 }
 

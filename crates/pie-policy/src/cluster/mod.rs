@@ -13,9 +13,11 @@ mod actions;
 mod cache_aware;
 mod disaggregate;
 mod drain_migrate;
+mod heat;
 mod index;
 mod least_loaded;
 mod pending;
+mod persist_prefix;
 mod pin;
 mod priority;
 mod rebalance;
@@ -33,9 +35,11 @@ pub use actions::{
 pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use disaggregate::{Disaggregate, DisaggregateConfig, PrefillPlacement};
 pub use drain_migrate::{DrainMigrate, DrainMigrateConfig};
+pub use heat::{HotChain, PrefixHeat};
 pub use index::{ClusterIndex, PrefixHolder};
 pub use least_loaded::LeastLoaded;
 pub use pending::PendingBlocks;
+pub use persist_prefix::{PersistPrefix, PersistPrefixConfig};
 pub use pin::{Pin, PinConfig};
 pub use priority::{PriorityQueue, QueueOrder, DEFAULT_MAX_QUEUED};
 pub use rebalance::{Rebalance, RebalanceConfig, Signal as RebalanceSignal};
@@ -89,7 +93,12 @@ pub fn routing_policy(
 }
 
 /// The cluster actors by their names in `[cluster] cluster_policies`.
-pub const ACTORS: &[&str] = &["scale-by-prop", "rebalance", "drain-migrate"];
+pub const ACTORS: &[&str] = &[
+    "scale-by-prop",
+    "rebalance",
+    "drain-migrate",
+    "persist-prefix",
+];
 
 /// The configs of the actors (`[cluster.<name>]`); each has `dry_run`.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -97,6 +106,7 @@ pub struct ActorConfigs {
     pub scale_by_prop: ScaleByPropConfig,
     pub rebalance: RebalanceConfig,
     pub drain_migrate: DrainMigrateConfig,
+    pub persist_prefix: PersistPrefixConfig,
 }
 
 impl ActorConfigs {
@@ -106,6 +116,7 @@ impl ActorConfigs {
             "scale-by-prop" => self.scale_by_prop.dry_run,
             "rebalance" => self.rebalance.dry_run,
             "drain-migrate" => self.drain_migrate.dry_run,
+            "persist-prefix" => self.persist_prefix.dry_run,
             _ => false,
         }
     }
@@ -128,6 +139,11 @@ pub fn actor(name: &str, configs: &ActorConfigs) -> Result<Box<dyn ClusterActor>
             let c = &configs.drain_migrate;
             c.validate().map_err(|e| format!("{name}.{e}"))?;
             Ok(Box::new(DrainMigrate::new(c.clone())))
+        }
+        "persist-prefix" => {
+            let c = &configs.persist_prefix;
+            c.validate().map_err(|e| format!("{name}.{e}"))?;
+            Ok(Box::new(PersistPrefix::new(c.clone())))
         }
         other => Err(format!(
             "unknown cluster actor `{other}` (available: {})",
@@ -383,9 +399,15 @@ mod tests {
                 pending_timeout_ms: 0,
                 ..DrainMigrateConfig::default()
             },
+            persist_prefix: PersistPrefixConfig {
+                min_hits: 1,
+                ..PersistPrefixConfig::default()
+            },
         };
         let err = actor("drain-migrate", &bad).err();
         assert!(err.is_some_and(|e| e.starts_with("drain-migrate.pending_timeout_ms")));
+        let err = actor("persist-prefix", &bad).err();
+        assert!(err.is_some_and(|e| e.starts_with("persist-prefix.min_hits")));
         let err = actor("scale-by-prop", &bad).err();
         assert!(err.is_some_and(|e| e.starts_with("scale-by-prop.hysteresis")));
         let err = actor("rebalance", &bad).err();

@@ -104,13 +104,13 @@ struct Arrivals {
 impl Runtime {
     /// The block hashes of `tokens`' full pages under `salt`, as the engine
     /// computes them.
-    fn chain(&self, tokens: &[u32], salt: Option<&str>) -> Vec<BlockHash> {
+    pub(crate) fn chain(&self, tokens: &[u32], salt: Option<&str>) -> Vec<BlockHash> {
         let root = ModelFingerprint(self.shape.fingerprint).salted_root(salt);
         chain_from(root, tokens, self.shape.page_size)
     }
 
     /// How many leading pages of `chain` the pool holds.
-    async fn cached_pages(&self, chain: &[BlockHash]) -> Result<usize, String> {
+    pub(super) async fn cached_pages(&self, chain: &[BlockHash]) -> Result<usize, String> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.send(Command::CachedPages {
             chain: chain.to_vec(),

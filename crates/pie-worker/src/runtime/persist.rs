@@ -1,0 +1,313 @@
+//! `persist-prefix` on the worker: full pages of hot prefixes written to
+//! `[runtime.persist] dir` (a [`DiskStore`]) and loaded back into the pool
+//! when a prompt needs them and memory lacks them. Pages are written when
+//! the controller's `persist-prefix` actor asks (`POST
+//! /v1/internal/kv/persist` with the prefix's block hashes) or when a
+//! process carries the `persist = true` prop (its prompt, after its
+//! prefill).
+//!
+//! Guarantees (beyond the store's: atomic writes, every read checked):
+//! - a page is exported from the pool under a lease, so it is not evicted
+//!   while it is written;
+//! - disk I/O runs on blocking threads, never on the engine thread;
+//! - a page refused on reading is deleted, counted (`refused`) and the rest
+//!   of the prompt prefilled: a damaged file costs a recompute, never a
+//!   wrong token;
+//! - the KV events count pages on disk as held (a prefix on disk is served
+//!   without recompute) and list the disk tier apart (`persisted`).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use pie_core::BlockHash;
+use pie_kv::disk::{DiskError, DiskStore, Loaded, Opened};
+use pie_policy::runtime::PersistConfig;
+use serde::Serialize;
+
+use super::{Command, Runtime};
+
+/// A worker's disk tier.
+pub struct PersistStore {
+    /// Locked on blocking threads only (disk I/O under it).
+    store: Arc<Mutex<DiskStore>>,
+    ttl: Option<Duration>,
+    /// Temporary files of interrupted writes found at open (deleted).
+    torn_at_open: usize,
+}
+
+impl PersistStore {
+    /// Open `[runtime.persist]` for pages of `format`; None without a `dir`.
+    pub fn open(
+        config: &PersistConfig,
+        format: pie_kv::transfer::PageFormat,
+    ) -> Result<Option<(Self, Opened)>, DiskError> {
+        let Some(dir) = &config.dir else {
+            return Ok(None);
+        };
+        let (store, opened) = DiskStore::open(dir, format, config.budget.0)?;
+        let ttl = (config.ttl_ms > 0).then(|| Duration::from_millis(config.ttl_ms));
+        Ok(Some((
+            Self {
+                store: Arc::new(Mutex::new(store)),
+                ttl,
+                torn_at_open: opened.torn,
+            },
+            opened,
+        )))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, DiskStore> {
+        lock(&self.store)
+    }
+
+    /// `work` on the store, on a blocking thread.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut DiskStore) -> T + Send + 'static,
+    ) -> Result<T, PersistError> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || work(&mut lock(&store)))
+            .await
+            .map_err(|e| PersistError::Engine(format!("disk task failed: {e}")))
+    }
+
+    /// Every page on disk (the KV event snapshot's disk tier).
+    pub fn hashes(&self) -> Vec<BlockHash> {
+        self.lock().hashes().collect()
+    }
+}
+
+/// What one persist request did.
+#[derive(Debug, Default, Serialize)]
+pub struct Persisted {
+    /// Pages written now.
+    pub written: usize,
+    /// Pages of the prefix already on disk.
+    pub present: usize,
+    /// Leading pages of the prefix the pool held (the rest cannot be written).
+    pub held: usize,
+    /// Least recently used pages deleted to make room.
+    pub evicted: usize,
+}
+
+/// Why a persist request did nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    #[error("this worker cannot persist pages: [runtime.persist] dir is not set")]
+    NoStore,
+    #[error("{0}")]
+    Disk(#[from] DiskError),
+    #[error("{0}")]
+    Engine(String),
+}
+
+/// Which persisted pages to delete.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Forget {
+    /// The pages of this prefix (token ids; full pages only).
+    #[serde(default)]
+    pub tokens: Option<Vec<u32>>,
+    #[serde(default)]
+    pub cache_salt: Option<String>,
+    /// Pages unused for at least this long (0: every page).
+    #[serde(default)]
+    pub older_than_ms: Option<u64>,
+}
+
+impl Runtime {
+    fn persist_store(&self) -> Result<&PersistStore, PersistError> {
+        self.settings.persist.as_ref().ok_or(PersistError::NoStore)
+    }
+
+    /// Before a prefill: load from disk the pages of `chain` after the ones
+    /// the pool holds, up to the first one missing or refused. Returns the
+    /// leading pages the pool holds afterwards.
+    pub(crate) async fn load_persisted(&self, chain: &[BlockHash]) -> usize {
+        let Some(store) = &self.settings.persist else {
+            return 0;
+        };
+        let Ok(have) = self.cached_pages(chain).await else {
+            return 0;
+        };
+        if have >= chain.len() || !store.lock().contains(chain[have]) {
+            return have;
+        }
+        let wanted = chain[have..].to_vec();
+        let Ok((pages, refused)) = store.blocking(move |disk| read_pages(disk, &wanted)).await
+        else {
+            return have;
+        };
+        if let Some(why) = &refused {
+            self.metrics.count_persist("refused", 1);
+            tracing::warn!(error = %why, "a persisted KV page was refused and deleted; prefilling from there");
+            self.disk_changed(Vec::new(), vec![chain[have + pages.len()]]);
+        }
+        let read = pages.len();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.send(Command::ImportPages { pages, reply: tx });
+        let imported = rx.await.unwrap_or(0);
+        self.metrics.count_persist("loaded", imported.min(read));
+        have + imported
+    }
+
+    /// A process with the `persist` prop, after its prefill: its prompt's
+    /// pages written while it decodes. A worker without a disk tier says so.
+    pub(crate) fn persist_in_background(self: &Arc<Self>, chain: Vec<BlockHash>) {
+        let rt = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = rt.persist(chain).await {
+                tracing::warn!(error = %e, "the `persist` prop's prefix was not persisted");
+            }
+        });
+    }
+
+    /// Write the pool's leading pages of `chain` that are not on disk yet.
+    pub async fn persist(&self, chain: Vec<BlockHash>) -> Result<Persisted, PersistError> {
+        let store = self.persist_store()?;
+        let ttl = Duration::from_millis(self.settings.transfer.lease_ms);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.send(Command::PinPrefix {
+            chain: chain.clone(),
+            ttl,
+            reply: tx,
+        });
+        let (lease, held) = rx
+            .await
+            .map_err(|_| PersistError::Engine(self.engine_stopped()))?;
+        let written = self.write_leased(store, lease, &chain[..held]).await;
+        self.send(Command::ReleaseLease(lease));
+        let mut report = written?;
+        report.held = held;
+        Ok(report)
+    }
+
+    async fn write_leased(
+        &self,
+        store: &PersistStore,
+        lease: u64,
+        chain: &[BlockHash],
+    ) -> Result<Persisted, PersistError> {
+        let mut report = Persisted::default();
+        let (mut stored, mut evicted) = (Vec::new(), Vec::new());
+        let mut result = Ok(());
+        for (i, &hash) in chain.iter().enumerate() {
+            if store.lock().contains(hash) {
+                report.present += 1;
+                continue;
+            }
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            self.send(Command::ExportLeased {
+                lease,
+                from: i,
+                count: 1,
+                reply: tx,
+            });
+            let Some(Some(page)) = rx.await.ok().map(|p| p.and_then(|mut p| p.pop())) else {
+                result = Err(PersistError::Engine("the pages' lease ended".into()));
+                break;
+            };
+            match store.blocking(move |disk| disk.put(hash, &page)).await {
+                Ok(Ok(gone)) => {
+                    stored.push(hash);
+                    evicted.extend(gone);
+                }
+                Ok(Err(e)) => {
+                    result = Err(e.into());
+                    break;
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        report.written = stored.len();
+        report.evicted = evicted.len();
+        self.metrics.count_persist("written", stored.len());
+        self.metrics.count_persist("evicted", evicted.len());
+        if result.is_err() {
+            self.metrics.count_persist("failed", 1);
+        }
+        self.disk_changed(stored, evicted);
+        result.map(|()| report)
+    }
+
+    /// Delete persisted pages: a prefix's, those unused for a while, or all.
+    pub fn forget_persisted(&self, forget: &Forget) -> Result<usize, PersistError> {
+        let store = self.persist_store()?;
+        let mut gone = Vec::new();
+        {
+            let mut disk = store.lock();
+            if let Some(tokens) = &forget.tokens {
+                let chain = self.chain(tokens, forget.cache_salt.as_deref());
+                gone.extend(chain.into_iter().filter(|&h| disk.remove(h)));
+            }
+            if let Some(ms) = forget.older_than_ms {
+                gone.extend(disk.remove_older_than(Duration::from_millis(ms), SystemTime::now()));
+            }
+        }
+        self.metrics.count_persist("deleted", gone.len());
+        let n = gone.len();
+        self.disk_changed(Vec::new(), gone);
+        Ok(n)
+    }
+
+    /// Publish the disk tier's gauges and the torn writes found at open,
+    /// then delete pages unused for `[runtime.persist] ttl_ms`, every quarter
+    /// of it (at most every minute), for the runtime's life.
+    pub fn start_persist(self: &std::sync::Arc<Self>) {
+        self.disk_changed(Vec::new(), Vec::new());
+        if let Some(store) = &self.settings.persist {
+            self.metrics.count_persist("torn", store.torn_at_open);
+        }
+        let Some(ttl) = self.settings.persist.as_ref().and_then(|s| s.ttl) else {
+            return;
+        };
+        let rt = std::sync::Arc::downgrade(self);
+        let every = (ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(60));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(rt) = rt.upgrade() else { return };
+                let Some(store) = &rt.settings.persist else {
+                    return;
+                };
+                let gone = store.lock().remove_older_than(ttl, SystemTime::now());
+                rt.metrics.count_persist("expired", gone.len());
+                rt.disk_changed(Vec::new(), gone);
+            }
+        });
+    }
+
+    /// Tell the KV event publisher (engine thread) what the disk tier gained
+    /// and lost, and refresh the gauges.
+    fn disk_changed(&self, stored: Vec<BlockHash>, removed: Vec<BlockHash>) {
+        if let Some(store) = &self.settings.persist {
+            let disk = store.lock();
+            self.metrics.persisted_pages.set(disk.len() as i64);
+            self.metrics.persisted_bytes.set(disk.bytes() as i64);
+        }
+        if !stored.is_empty() || !removed.is_empty() {
+            self.send(Command::DiskChanged { stored, removed });
+        }
+    }
+}
+
+/// Read `wanted` in order up to the first page missing or refused (returned
+/// with why).
+fn read_pages(store: &mut DiskStore, wanted: &[BlockHash]) -> (Vec<Vec<u8>>, Option<String>) {
+    let mut pages = Vec::new();
+    for &hash in wanted {
+        match store.get(hash) {
+            Loaded::Page(bytes) => pages.push(bytes),
+            Loaded::Missing => return (pages, None),
+            Loaded::Refused(why) => return (pages, Some(why)),
+        }
+    }
+    (pages, None)
+}
+
+fn lock(store: &Mutex<DiskStore>) -> std::sync::MutexGuard<'_, DiskStore> {
+    store.lock().unwrap_or_else(|e| e.into_inner())
+}
