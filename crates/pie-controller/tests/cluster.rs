@@ -2249,3 +2249,74 @@ async fn requests_of_one_new_prefix_arriving_together_land_on_one_worker() {
         "without anticipation they look cold: {spread:?}"
     );
 }
+
+/// `persist-prefix` through the controller: a system prompt routed three
+/// times is hot; the actor asks its worker to persist it once, the worker
+/// writes its pages, and its KV events' disk tier tells the controller, which
+/// asks no more (past the retry window only the disk tier stops it).
+#[tokio::test]
+async fn persist_prefix_writes_a_hot_prefix_to_its_workers_disk_once() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("persist-cluster-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let worker_config = dir.with_extension("toml");
+    std::fs::write(
+        &worker_config,
+        format!("[runtime.persist]\ndir = {:?}\n", dir.display().to_string()),
+    )
+    .unwrap();
+    let c = Cluster::start_with(Spec {
+        workers: 1,
+        worker_args: &[
+            "--kv-pages",
+            "512",
+            "--config",
+            worker_config.to_str().unwrap(),
+        ],
+        cluster_config:
+            "actor_tick_ms = 20\n[cluster.persist-prefix]\nmin_hits = 3\nretry_ms = 1000\n",
+        ..Spec::new("cache-aware,persist-prefix")
+    })
+    .await;
+    let system = "The harbour master keeps a ledger of every ship. ".repeat(12);
+    let persisted = async || {
+        let log: Value = serde_json::from_str(&c.get_text("/v1/cluster/actions").await).unwrap();
+        log["actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["kind"] == "persist-prefix")
+            .cloned()
+            .collect::<Vec<Value>>()
+    };
+    for (i, question) in ["Who?", "What?"].into_iter().enumerate() {
+        let (status, _, v, _) = timed_completion(&c, &format!("{system}{question}")).await;
+        assert_eq!(status, 200, "request {i}: {v}");
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(persisted().await.is_empty(), "asked for twice: not hot yet");
+    let (status, _, v, _) = timed_completion(&c, &format!("{system}Where?")).await;
+    assert_eq!(status, 200, "{v}");
+    let worker = c.workers[0].as_ref().unwrap().url.clone();
+    wait_for("the worker persisted the prefix", async || {
+        worker_metric(&worker, "pie_kv_persisted_pages").await > 0.0
+    })
+    .await;
+    let asks = persisted().await;
+    assert_eq!(asks.len(), 1, "{asks:?}");
+    assert_eq!(asks[0]["action"]["worker"], "w0");
+    assert_eq!(asks[0]["outcome"], "executed");
+    let blocks = asks[0]["action"]["blocks"].as_array().unwrap().len();
+    assert!(blocks >= 2, "the system prompt's pages: {blocks}");
+    assert_eq!(
+        worker_metric(&worker, "pie_kv_persisted_pages").await,
+        blocks as f64
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        persisted().await.len(),
+        1,
+        "on the worker's disk (its KV events say so): not asked again"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -224,3 +224,55 @@ async fn a_process_moved_between_workers_on_the_default_model_answers_as_one_eng
     );
     assert_eq!(target.metric("pie_kv_transfer_fallbacks_total").await, 0.0);
 }
+
+/// `persist-prefix` on the default model: a 1,000-token system prompt
+/// persisted by one worker process comes back after `kill -9` as
+/// `cached_tokens` (at least 90% of it) with the in-process engine's greedy
+/// output.
+#[tokio::test]
+async fn a_persisted_system_prompt_survives_kill_9_on_the_default_model() {
+    let Some(model) = default_model() else {
+        return;
+    };
+    let path = fetch::cached_default_model();
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("persist-default-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = format!("[runtime.persist]\ndir = {:?}\n", dir.display().to_string());
+    let system =
+        "You are the archivist of a seaside library. Answer briefly and kindly. ".repeat(70);
+    let text = system.clone() + "Question: what is the capital of France? Answer:";
+    let prompt_tokens = model.tokenizer.encode(&text).unwrap().len();
+    assert!(prompt_tokens >= 1000, "{prompt_tokens} tokens");
+    let expected = greedy(&model, &text, 16);
+    let body = |persist: bool| {
+        serde_json::json!({"prompt": text, "max_tokens": 16, "temperature": 0,
+            "props": {"persist": persist}})
+    };
+    let mut first = common::Server::start_model(&path, &config, &[]).await;
+    let (status, v) = first.post("/v1/completions", body(true)).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], expected);
+    let pages = (prompt_tokens / 16) as f64;
+    first
+        .eventually("the prompt's pages persisted", async || {
+            first
+                .metric("pie_kv_persist_pages_total{event=\"written\"}")
+                .await
+                >= pages
+        })
+        .await;
+    first.kill();
+    let second = common::Server::start_model(&path, &config, &[]).await;
+    let (status, v) = second.post("/v1/completions", body(false)).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], expected, "identical greedy output");
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached as f64 >= 0.9 * prompt_tokens as f64,
+        "cached_tokens {cached} of {prompt_tokens}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
