@@ -36,6 +36,11 @@ impl SimActors {
             return Ok(None);
         }
         anyhow::ensure!(tick_ms > 0, "the actor tick must be positive");
+        // It would run and never act: the simulated workers have no disk tier.
+        anyhow::ensure!(
+            !names.contains(&"persist-prefix"),
+            "persist-prefix: the simulator does not model a disk tier yet"
+        );
         let runner = ActorRunner::new(names, configs).map_err(anyhow::Error::msg)?;
         Ok(Some(Self {
             runner,
@@ -128,6 +133,14 @@ fn set_key<T: Serialize + DeserializeOwned>(
 mod tests {
     use super::*;
     use pie_policy::cluster::RebalanceSignal;
+
+    #[test]
+    fn an_actor_the_simulator_cannot_model_is_refused_at_start() {
+        let err = SimActors::new(&["persist-prefix"], &ActorConfigs::default(), 100)
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains("disk tier"), "{err}");
+    }
 
     #[test]
     fn overrides_set_actor_keys_and_name_bad_ones() {
