@@ -103,6 +103,27 @@ pub fn format_dir(format: &PageFormat) -> String {
     )
 }
 
+/// The format a subdirectory's name (from [`format_dir`]) stands for.
+pub fn parse_format_dir(name: &str) -> Option<PageFormat> {
+    let (fingerprint, rest) = name.split_once("-dtype")?;
+    let (dtype, shape) = rest.split_once('-')?;
+    let mut dims = shape.split('x').map(str::parse::<usize>);
+    let (Some(Ok(layers)), Some(Ok(page_size)), Some(Ok(kv_dim)), None) =
+        (dims.next(), dims.next(), dims.next(), dims.next())
+    else {
+        return None;
+    };
+    Some(PageFormat {
+        fingerprint: pie_core::ModelFingerprint(u64::from_str_radix(fingerprint, 16).ok()?),
+        dtype: dtype.parse().ok()?,
+        layout: crate::KvLayout {
+            layers,
+            page_size,
+            kv_dim,
+        },
+    })
+}
+
 impl DiskStore {
     /// Open (creating it if needed) the store of `format`'s pages under
     /// `root`, list what it holds, delete torn writes, and evict down to
@@ -397,6 +418,15 @@ mod tests {
         }
         assert!(matches!(store.get(BlockHash(9)), Loaded::Missing));
         fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn a_format_directory_names_its_format() {
+        let name = format_dir(&format(0xabc));
+        assert_eq!(parse_format_dir(&name), Some(format(0xabc)));
+        for bad in ["x", "00-dtype0-1x2", "zz-dtype0-1x2x3", "01-dtype0-1x2x3x4"] {
+            assert_eq!(parse_format_dir(bad), None, "{bad}");
+        }
     }
 
     #[test]

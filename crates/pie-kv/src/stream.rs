@@ -23,6 +23,48 @@ pub const STREAM_VERSION: u32 = 1;
 /// The header frame is a small JSON object; more is a broken stream.
 const MAX_HEADER_BYTES: usize = 64 * 1024;
 
+/// What a puller asks a peer (a worker or a page pool) for
+/// (`POST /v1/internal/kv/pull`); the answer is a page stream.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PullRequest {
+    /// The puller's page format; the peer refuses (409) any other.
+    pub format: PageFormat,
+    pub tokens: Vec<u32>,
+    #[serde(default)]
+    pub cache_salt: Option<String>,
+    /// Leading pages the puller already holds: the stream starts after them.
+    #[serde(default)]
+    pub skip_pages: usize,
+    /// Prefill `tokens` first (offload, disaggregate); otherwise only pages
+    /// already cached are sent.
+    #[serde(default)]
+    pub prefill: bool,
+    /// The peer sends no more page bytes than this.
+    pub max_bytes: u64,
+}
+
+/// The first frame of a push (`POST /v1/internal/kv/push`): the prefix whose
+/// pages follow, as a prompt's tokens (under its cache salt) or, to a page
+/// pool only, as its block hashes.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PushHeader {
+    #[serde(default)]
+    pub tokens: Vec<u32>,
+    #[serde(default)]
+    pub cache_salt: Option<String>,
+    /// The chain itself (a pool takes it instead of tokens; workers do not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocks: Option<Vec<u64>>,
+    /// Keep these pages before others when the pool must evict (soft pin).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pin: bool,
+}
+
+/// A push header holds a prompt's token ids: bounded well above any context.
+pub const MAX_PUSH_HEADER_BYTES: usize = 4 << 20;
+
 /// The first frame of a stream.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StreamHeader {
@@ -117,6 +159,12 @@ impl FrameReader {
             start: 0,
             max_frame,
         }
+    }
+
+    /// Frames longer than `max_frame` are an error from now on (a receiver
+    /// that learns the page size from a stream's header).
+    pub fn set_max_frame(&mut self, max_frame: usize) {
+        self.max_frame = max_frame;
     }
 
     pub fn push(&mut self, chunk: &[u8]) {

@@ -35,6 +35,9 @@ pub struct RuntimeConfig {
     pub stage: Stage,
     pub transfer: TransferConfig,
     pub persist: PersistConfig,
+    /// A `pie-pool` (URL): prompts' missing prefix pages are pulled from it
+    /// before a prefill, and persisted prefixes are pushed to it.
+    pub pool: Option<String>,
 }
 
 /// `[runtime.persist]`: the disk tier `persist-prefix` writes (see
@@ -101,6 +104,7 @@ impl Default for RuntimeConfig {
             stage: Stage::Both,
             transfer: TransferConfig::default(),
             persist: PersistConfig::default(),
+            pool: None,
         }
     }
 }
@@ -156,6 +160,14 @@ impl RuntimeConfig {
                 "runtime.kv_pages".into(),
                 "set kv_pages or kv_memory, not both".into(),
             ));
+        }
+        if let Some(url) = &self.pool {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err((
+                    "runtime.pool".into(),
+                    format!("`{url}` is not an http:// or https:// URL"),
+                ));
+            }
         }
         if self.kv_pages == Some(0) {
             return Err(("runtime.kv_pages".into(), "must be at least 1".into()));

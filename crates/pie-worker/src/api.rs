@@ -714,6 +714,7 @@ fn persist_error(e: PersistError) -> ApiError {
         PersistError::Disk(pie_kv::disk::DiskError::OverBudget { .. }) => {
             StatusCode::INSUFFICIENT_STORAGE
         }
+        PersistError::Pool { .. } => StatusCode::BAD_GATEWAY,
         PersistError::Disk(_) | PersistError::Engine(_) => StatusCode::INTERNAL_SERVER_ERROR,
     };
     ApiError::new(status, e.to_string())

@@ -185,6 +185,7 @@ page_size = 16                     # tokens per KV page
 max_batch_tokens = 512             # tokens per engine step (prefill chunks + decodes)
 max_running = 64                   # sequences holding KV pages at once
 stage = "both"                     # or "prefill" / "decode" (disaggregate, in the controller)
+# pool = "http://127.0.0.1:8090"  # a pie-pool: missing prefix pages pulled before prefill, persisted prefixes pushed
 
 # Policy options (used when the policy is listed in worker_policy).
 [runtime.fair]                     # VTC fair share across clients

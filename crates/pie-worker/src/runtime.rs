@@ -217,6 +217,8 @@ pub struct RuntimeSettings {
     pub transfer: TransferConfig,
     /// `[runtime.persist]`: None without a `dir`.
     pub persist: Option<PersistStore>,
+    /// `[runtime] pool`: a `pie-pool`'s URL.
+    pub pool: Option<String>,
     /// `[server] stall_ms`: the engine is unhealthy after this long without
     /// progress while work is pending.
     pub stall_ms: u64,
@@ -910,6 +912,7 @@ impl Driver {
         let max_tokens = req.max_tokens;
         let chain = self.rt.chain(&req.prompt, req.cache_salt.as_deref());
         self.rt.load_persisted(&chain).await;
+        self.rt.pull_from_pool(&req).await;
         self.rt.remote_prefill(&req, self.pages_from.as_ref()).await;
         let mut persist_after_prefill = (req.props.bool("persist") == Some(true)).then_some(chain);
         let mut text = StopScanner::new(&self.stop);

@@ -354,6 +354,7 @@ fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
         stage: config.runtime.stage,
         transfer: config.runtime.transfer.clone(),
         persist,
+        pool: config.runtime.pool.clone(),
         stall_ms: config.server.stall_ms,
         max_sessions: config.server.max_sessions,
         records: crate::records::RecordLimits {

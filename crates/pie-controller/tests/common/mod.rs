@@ -1,5 +1,8 @@
 //! Helpers for tests that run real `pie serve` workers (test model) behind a
-//! real `pie-controller` as child processes.
+//! real `pie-controller` as child processes. Shared by several test binaries,
+//! each of which uses a part of it.
+
+#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

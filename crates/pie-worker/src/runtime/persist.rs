@@ -88,13 +88,19 @@ pub struct Persisted {
     pub held: usize,
     /// Least recently used pages deleted to make room.
     pub evicted: usize,
+    /// Pages the `[runtime] pool` took.
+    pub pooled: usize,
 }
 
 /// Why a persist request did nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum PersistError {
-    #[error("this worker cannot persist pages: [runtime.persist] dir is not set")]
+    #[error(
+        "this worker cannot persist pages: neither [runtime.persist] dir nor [runtime] pool is set"
+    )]
     NoStore,
+    #[error("the pool at {url} did not take the pages: {why}")]
+    Pool { url: String, why: String },
     #[error("{0}")]
     Disk(#[from] DiskError),
     #[error("{0}")]
@@ -118,6 +124,22 @@ pub struct Forget {
 impl Runtime {
     fn persist_store(&self) -> Result<&PersistStore, PersistError> {
         self.settings.persist.as_ref().ok_or(PersistError::NoStore)
+    }
+
+    /// Before a prefill: the prompt's pages this pool lacks, pulled from the
+    /// `[runtime] pool` (what it lacks too is prefilled here).
+    pub(crate) async fn pull_from_pool(&self, req: &crate::engine::Request) {
+        let Some(pool) = &self.settings.pool else {
+            return;
+        };
+        let pull = super::Pull {
+            peer: pool,
+            tokens: &req.prompt,
+            cache_salt: req.cache_salt.as_deref(),
+            prefill: false,
+            timeout_ms: self.settings.transfer.timeout_ms,
+        };
+        let _ = self.pull_pages(pull).await;
     }
 
     /// Before a prefill: load from disk the pages of `chain` after the ones
@@ -162,9 +184,13 @@ impl Runtime {
         });
     }
 
-    /// Write the pool's leading pages of `chain` that are not on disk yet.
+    /// Make the pool's leading pages of `chain` outlive this worker: written
+    /// to its disk (those not there yet) and pushed to its `pie-pool`,
+    /// whichever it has.
     pub async fn persist(&self, chain: Vec<BlockHash>) -> Result<Persisted, PersistError> {
-        let store = self.persist_store()?;
+        if self.settings.persist.is_none() && self.settings.pool.is_none() {
+            return Err(PersistError::NoStore);
+        }
         let ttl = Duration::from_millis(self.settings.transfer.lease_ms);
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.send(Command::PinPrefix {
@@ -175,11 +201,64 @@ impl Runtime {
         let (lease, held) = rx
             .await
             .map_err(|_| PersistError::Engine(self.engine_stopped()))?;
-        let written = self.write_leased(store, lease, &chain[..held]).await;
+        let done = self.persist_leased(lease, &chain[..held]).await;
         self.send(Command::ReleaseLease(lease));
-        let mut report = written?;
-        report.held = held;
+        done.map(|report| Persisted { held, ..report })
+    }
+
+    async fn persist_leased(
+        &self,
+        lease: u64,
+        chain: &[BlockHash],
+    ) -> Result<Persisted, PersistError> {
+        let mut report = match &self.settings.persist {
+            Some(store) => self.write_leased(store, lease, chain).await?,
+            None => Persisted::default(),
+        };
+        if let Some(pool) = &self.settings.pool {
+            report.pooled = self.push_leased(pool, lease, chain).await?;
+            self.metrics.count_persist("pooled", report.pooled);
+        }
         Ok(report)
+    }
+
+    /// Push the leased pages of `chain` to the pool at `url` (named by their
+    /// block hashes); the pages it took.
+    async fn push_leased(
+        &self,
+        url: &str,
+        lease: u64,
+        chain: &[BlockHash],
+    ) -> Result<usize, PersistError> {
+        let failed = |why: String| PersistError::Pool {
+            url: url.to_string(),
+            why,
+        };
+        let header = pie_kv::stream::PushHeader {
+            blocks: Some(chain.iter().map(|h| h.0).collect()),
+            ..Default::default()
+        };
+        let header = serde_json::to_vec(&header).map_err(|e| failed(e.to_string()))?;
+        let (tx, rx) = tokio::sync::mpsc::channel(super::transfer::SEND_QUEUE);
+        let _ = tx.send(Ok(pie_kv::stream::frame(&header))).await;
+        let mut req = self
+            .http
+            .post(format!("{}/v1/internal/kv/push", url.trim_end_matches('/')))
+            .body(reqwest::Body::wrap_stream(
+                tokio_stream::wrappers::ReceiverStream::new(rx),
+            ));
+        if let Some(key) = &self.settings.worker_key {
+            req = req.bearer_auth(key);
+        }
+        let sent = self.stream_out(lease, 0..chain.len(), u64::MAX, tx);
+        let (_, answer) = tokio::join!(sent, req.send());
+        let resp = answer.map_err(|e| failed(e.to_string()))?;
+        let status = resp.status();
+        let body: serde_json::Value = resp.json().await.unwrap_or_default();
+        match body["pages"].as_u64() {
+            Some(pages) if status.is_success() => Ok(pages as usize),
+            _ => Err(failed(format!("answered {status}: {body}"))),
+        }
     }
 
     async fn write_leased(

@@ -24,9 +24,10 @@ use axum::body::Body;
 use futures_util::{Stream, StreamExt};
 use pie_core::hash::chain_from;
 use pie_core::{BlockHash, ModelFingerprint};
-use pie_kv::stream::{Checked, FrameReader, StreamCheck, StreamError, StreamHeader, END_FRAME};
-use pie_kv::transfer::PageFormat;
-use serde::{Deserialize, Serialize};
+use pie_kv::stream::{
+    Checked, FrameReader, StreamCheck, StreamError, StreamHeader, END_FRAME, MAX_PUSH_HEADER_BYTES,
+};
+pub use pie_kv::stream::{PullRequest, PushHeader};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::{Command, Runtime};
@@ -37,27 +38,7 @@ const IMPORT_BATCH: usize = 32;
 const EXPORT_BATCH: usize = 8;
 /// Chunks queued between the exporting task and the HTTP body: enough to
 /// keep the socket busy while the engine exports the next batch.
-const SEND_QUEUE: usize = 2 * EXPORT_BATCH;
-
-/// What a puller asks a peer for.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PullRequest {
-    /// The puller's page format; the peer refuses (409) any other.
-    pub format: PageFormat,
-    pub tokens: Vec<u32>,
-    #[serde(default)]
-    pub cache_salt: Option<String>,
-    /// Leading pages the puller already holds: the stream starts after them.
-    #[serde(default)]
-    pub skip_pages: usize,
-    /// Prefill `tokens` first (offload, disaggregate); otherwise only pages
-    /// already cached are sent.
-    #[serde(default)]
-    pub prefill: bool,
-    /// The peer sends no more page bytes than this.
-    pub max_bytes: u64,
-}
+pub(super) const SEND_QUEUE: usize = 2 * EXPORT_BATCH;
 
 /// Why a pull brought fewer pages than the prompt has.
 #[derive(Debug, thiserror::Error)]
@@ -368,7 +349,7 @@ impl Runtime {
     /// Send the leased pages `range` as a stream; stops early (without the end
     /// frame, so the puller sees a torn stream) when the lease is gone or the
     /// puller went away, and ends the stream before exceeding `max_bytes`.
-    async fn stream_out(
+    pub(super) async fn stream_out(
         &self,
         lease: u64,
         range: std::ops::Range<usize>,
@@ -439,18 +420,6 @@ pub enum ServeError {
     #[error("push refused after {pages} pages: {error}")]
     Refused { pages: usize, error: PullError },
 }
-
-/// The first frame of a push: the prompt whose pages follow.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PushHeader {
-    pub tokens: Vec<u32>,
-    #[serde(default)]
-    pub cache_salt: Option<String>,
-}
-
-/// A push header holds a prompt's token ids: bounded well above any context.
-const MAX_PUSH_HEADER_BYTES: usize = 4 << 20;
 
 /// `work`, or a timeout after `timeout_ms`.
 async fn within(
