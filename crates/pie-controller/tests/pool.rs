@@ -1,7 +1,7 @@
 //! `pie-pool` with real workers (test model): a prefix first computed on one
 //! worker serves another through the pool, also after the pool restarts from
-//! its disk tier; a pool that is down costs a local prefill, never a request;
-//! the pool's keys and its refusals of bad pushes.
+//! its disk tier; a pool that is down costs a local prefill, never a request.
+//! (The pool alone: `crates/pie-pool/tests/api.rs`.)
 
 mod common;
 
@@ -160,50 +160,4 @@ async fn a_pool_that_is_down_costs_a_local_prefill_never_a_request() {
         "{v}"
     );
     assert_eq!(complete(&w, json!({})).await.0, want);
-}
-
-#[tokio::test]
-async fn the_pool_checks_keys_and_refuses_bad_pushes() {
-    let cfg = scratch("keys").with_extension("toml");
-    std::fs::write(
-        &cfg,
-        "[server]\napi_keys = [{ name = \"w\", key = \"sk-w\", role = \"worker\" }, \
-         { name = \"c\", key = \"sk-c\" }]\n",
-    )
-    .unwrap();
-    let p = pool(&["--config", cfg.to_str().unwrap()]);
-    let http = reqwest::Client::new();
-    let pull = json!({"format": {"fingerprint": 1, "dtype": 0,
-        "layout": {"layers": 1, "page_size": 16, "kv_dim": 2}},
-        "tokens": [1, 2, 3], "max_bytes": 1000});
-    let status = |key: Option<&'static str>| {
-        let mut req = http
-            .post(format!("{}/v1/internal/kv/pull", p.url))
-            .json(&pull);
-        if let Some(k) = key {
-            req = req.bearer_auth(k);
-        }
-        async move { req.send().await.unwrap().status().as_u16() }
-    };
-    assert_eq!(status(None).await, 401);
-    assert_eq!(status(Some("sk-c")).await, 403, "a client key may not pull");
-    assert_eq!(status(Some("sk-w")).await, 200);
-    let health = http.get(format!("{}/health", p.url)).send().await.unwrap();
-    assert_eq!(health.status(), 200, "health needs no key");
-    let bad = http
-        .post(format!("{}/v1/internal/kv/push", p.url))
-        .bearer_auth("sk-w")
-        .body(b"\x05\x00\x00\x00hello".to_vec())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(bad.status(), 400, "a push header that is not JSON");
-    let prefill = http
-        .post(format!("{}/v1/internal/kv/pull", p.url))
-        .bearer_auth("sk-w")
-        .json(&json!({"format": pull["format"], "tokens": [1], "max_bytes": 10, "prefill": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(prefill.status(), 400, "a pool cannot prefill");
 }

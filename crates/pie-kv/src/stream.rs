@@ -30,7 +30,12 @@ const MAX_HEADER_BYTES: usize = 64 * 1024;
 pub struct PullRequest {
     /// The puller's page format; the peer refuses (409) any other.
     pub format: PageFormat,
+    #[serde(default)]
     pub tokens: Vec<u32>,
+    /// The chain itself instead of `tokens` (a controller copying a prefix
+    /// it knows by its hashes); never with `prefill`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocks: Option<Vec<u64>>,
     #[serde(default)]
     pub cache_salt: Option<String>,
     /// Leading pages the puller already holds: the stream starts after them.

@@ -1,7 +1,7 @@
 //! The pool's HTTP API:
 //!
-//! - `POST /v1/internal/kv/pull` (a worker's `PullRequest`): the prompt's
-//!   leading pages the pool holds, as a page stream in the puller's format
+//! - `POST /v1/internal/kv/pull` (a worker's `PullRequest`): the leading
+//!   pages of the prompt (or of its `blocks`) the pool holds, as a page stream in the puller's format
 //!   (none: an empty stream); a pool cannot prefill (400).
 //! - `POST /v1/internal/kv/push`: a `PushHeader` frame (tokens, or the
 //!   block hashes themselves; `pin` for a soft pin), then a page stream; each
@@ -137,6 +137,19 @@ fn chain_of(format: &PageFormat, tokens: &[u32], salt: Option<&str>) -> Vec<Bloc
     )
 }
 
+/// The chain a pull or push names: its `blocks` as given, else its tokens'.
+fn named_chain(
+    format: &PageFormat,
+    blocks: Option<&[u64]>,
+    tokens: &[u32],
+    salt: Option<&str>,
+) -> Vec<BlockHash> {
+    match blocks {
+        Some(blocks) => blocks.iter().copied().map(BlockHash).collect(),
+        None => chain_of(format, tokens, salt),
+    }
+}
+
 async fn pull(State(pool): State<Shared>, body: axum::body::Bytes) -> Result<Response, ApiError> {
     let req: PullRequest = serde_json::from_slice(&body)
         .map_err(|e| error(StatusCode::BAD_REQUEST, format!("pull request: {e}")))?;
@@ -152,7 +165,12 @@ async fn pull(State(pool): State<Shared>, body: axum::body::Bytes) -> Result<Res
             "format.layout.page_size: must be positive",
         ));
     }
-    let chain = chain_of(&req.format, &req.tokens, req.cache_salt.as_deref());
+    let chain = named_chain(
+        &req.format,
+        req.blocks.as_deref(),
+        &req.tokens,
+        req.cache_salt.as_deref(),
+    );
     let format = req.format;
     let pages = with_store(&pool, move |s| s.leading(format, &chain)).await?;
     let chunks = stream_chunks(
@@ -208,10 +226,12 @@ async fn push(State(pool): State<Shared>, body: Body) -> Result<Json<Value>, Api
     if format.layout.page_size == 0 {
         return Err(bad("format.layout.page_size: must be positive".into()));
     }
-    let chain: Vec<BlockHash> = match &header.blocks {
-        Some(blocks) => blocks.iter().copied().map(BlockHash).collect(),
-        None => chain_of(&format, &header.tokens, header.cache_salt.as_deref()),
-    };
+    let chain = named_chain(
+        &format,
+        header.blocks.as_deref(),
+        &header.tokens,
+        header.cache_salt.as_deref(),
+    );
     let mut check = StreamCheck::new(format, chain.clone(), 0);
     check.frame(stream_header).map_err(|e| bad(e.to_string()))?;
     frames.set_max_frame(check.max_frame());

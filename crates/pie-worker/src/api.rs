@@ -637,12 +637,17 @@ async fn hand_off(
 struct PrefetchBody {
     /// The worker that holds the pages.
     from: String,
-    tokens: Vec<u32>,
+    /// The prefix: its tokens, or its block hashes.
+    #[serde(default)]
+    tokens: Option<Vec<u32>>,
+    #[serde(default)]
+    blocks: Option<Vec<u64>>,
 }
 
-/// A controller's first stage of a migration: pull the pages of `tokens`
-/// that `from` holds (nothing is computed there) into this pool while the
-/// process still runs there; `{"pages": N}` held here afterwards.
+/// A controller pulls the pages of a prefix that `from` holds (nothing is
+/// computed there) into this pool: the first stage of a migration, while the
+/// process still runs there, or a copy of a hot prefix (`replicate`, by its
+/// block hashes); `{"pages": N}` held here afterwards.
 async fn kv_prefetch(
     State(state): State<AppState>,
     auth: Option<Extension<Authed>>,
@@ -650,9 +655,9 @@ async fn kv_prefetch(
 ) -> Result<Json<Value>, ApiError> {
     let rt = state.runtime()?;
     check_peer_url("from", &body.from)?;
-    rt.check_tokens(&body.tokens).map_err(transfer_error)?;
+    let chain = prefix_chain(&rt, &auth, body.tokens, body.blocks)?;
     let pages = rt
-        .prefetch(&body.from, &body.tokens, cache_salt_of(&auth).as_deref())
+        .prefetch(&body.from, &chain)
         .await
         .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, e.to_string()))?;
     Ok(Json(json!({"pages": pages})))
@@ -678,18 +683,7 @@ async fn kv_persist(
     ApiJson(body): ApiJson<PersistBody>,
 ) -> Result<Json<Value>, ApiError> {
     let rt = state.runtime()?;
-    let chain = match (body.blocks, body.tokens) {
-        (Some(blocks), None) => blocks.into_iter().map(pie_core::BlockHash).collect(),
-        (None, Some(tokens)) => {
-            rt.check_tokens(&tokens).map_err(transfer_error)?;
-            rt.chain(&tokens, cache_salt_of(&auth).as_deref())
-        }
-        _ => {
-            return Err(ApiError::bad_request(
-                "give exactly one of `blocks` and `tokens`",
-            ))
-        }
-    };
+    let chain = prefix_chain(&rt, &auth, body.tokens, body.blocks)?;
     let done = rt.persist(chain).await.map_err(persist_error)?;
     Ok(Json(json!(done)))
 }
@@ -706,6 +700,26 @@ async fn kv_forget_persisted(
     }
     let deleted = rt.forget_persisted(&body).map_err(persist_error)?;
     Ok(Json(json!({ "deleted": deleted })))
+}
+
+/// A prefix named by its tokens (under the caller's cache salt) or by its
+/// block hashes, as its chain.
+fn prefix_chain(
+    rt: &Runtime,
+    auth: &Option<Extension<Authed>>,
+    tokens: Option<Vec<u32>>,
+    blocks: Option<Vec<u64>>,
+) -> Result<Vec<pie_core::BlockHash>, ApiError> {
+    match (tokens, blocks) {
+        (Some(tokens), None) => {
+            rt.check_tokens(&tokens).map_err(transfer_error)?;
+            Ok(rt.chain(&tokens, cache_salt_of(auth).as_deref()))
+        }
+        (None, Some(blocks)) => Ok(blocks.into_iter().map(pie_core::BlockHash).collect()),
+        _ => Err(ApiError::bad_request(
+            "give exactly one of `tokens` and `blocks`",
+        )),
+    }
 }
 
 fn persist_error(e: PersistError) -> ApiError {

@@ -527,6 +527,7 @@ impl Runtime {
             peer: &peer,
             tokens: &req.prompt,
             cache_salt: req.cache_salt.as_deref(),
+            blocks: None,
             prefill,
             timeout_ms,
         };

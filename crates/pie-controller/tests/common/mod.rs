@@ -40,7 +40,7 @@ pub fn bin(name: &str) -> PathBuf {
     let path = Path::new(env!("CARGO_BIN_EXE_pie-controller")).with_file_name(name);
     assert!(
         path.exists(),
-        "{} missing: run `cargo build --release --bin pie` first",
+        "{} missing: run `cargo build --release --bin pie --bin pie-pool` first (or `cargo test --workspace`)",
         path.display()
     );
     path

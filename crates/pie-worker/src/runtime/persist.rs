@@ -136,6 +136,7 @@ impl Runtime {
             peer: pool,
             tokens: &req.prompt,
             cache_salt: req.cache_salt.as_deref(),
+            blocks: None,
             prefill: false,
             timeout_ms: self.settings.transfer.timeout_ms,
         };

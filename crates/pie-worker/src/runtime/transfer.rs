@@ -70,6 +70,8 @@ pub struct Pull<'a> {
     pub peer: &'a str,
     pub tokens: &'a [u32],
     pub cache_salt: Option<&'a str>,
+    /// The chain by its hashes instead of `tokens` (never with `prefill`).
+    pub blocks: Option<&'a [BlockHash]>,
     pub prefill: bool,
     pub timeout_ms: u64,
 }
@@ -100,19 +102,15 @@ impl Runtime {
         rx.await.map_err(|_| self.engine_stopped())
     }
 
-    /// The first stage of a migration: the pages of `tokens` that `peer`
-    /// holds, pulled into this pool's prefix cache (the process keeps running
-    /// there; its hand-off then pulls only what came after).
-    pub async fn prefetch(
-        &self,
-        peer: &str,
-        tokens: &[u32],
-        cache_salt: Option<&str>,
-    ) -> Result<usize, PullError> {
+    /// The pages of a prefix (its chain) that `peer` holds, pulled into this pool's prefix cache: the first stage of a
+    /// migration (the process keeps running there; its hand-off then pulls
+    /// only what came after), or a copy of a hot prefix (`replicate`).
+    pub async fn prefetch(&self, peer: &str, chain: &[BlockHash]) -> Result<usize, PullError> {
         self.pull_pages(Pull {
             peer,
-            tokens,
-            cache_salt,
+            tokens: &[],
+            cache_salt: None,
+            blocks: Some(chain),
             prefill: false,
             timeout_ms: self.settings.transfer.timeout_ms,
         })
@@ -124,7 +122,10 @@ impl Runtime {
     /// fallback to local prefill) and logged; the caller prefills what is
     /// missing either way.
     pub(crate) async fn pull_pages(&self, pull: Pull<'_>) -> Result<usize, PullError> {
-        let chain = self.chain(pull.tokens, pull.cache_salt);
+        let chain = match pull.blocks {
+            Some(blocks) => blocks.to_vec(),
+            None => self.chain(pull.tokens, pull.cache_salt),
+        };
         let have = self.cached_pages(&chain).await.map_err(PullError::Peer)?;
         if have >= chain.len() {
             return Ok(have);
@@ -169,6 +170,7 @@ impl Runtime {
         let body = PullRequest {
             format: self.page_format,
             tokens: pull.tokens.to_vec(),
+            blocks: pull.blocks.map(|b| b.iter().map(|h| h.0).collect()),
             cache_salt: pull.cache_salt.map(str::to_string),
             skip_pages: arrivals.held,
             prefill: pull.prefill,
@@ -311,8 +313,18 @@ impl Runtime {
             self.metrics.count_transfer_refusal("handshake");
             return Err(ServeError::Handshake(format!("handshake refused: {why}")));
         }
-        self.check_tokens(&req.tokens)?;
-        let chain = self.chain(&req.tokens, req.cache_salt.as_deref());
+        let chain = match &req.blocks {
+            Some(_) if req.prefill => {
+                return Err(ServeError::BadTokens(
+                    "a pull by `blocks` cannot ask for a prefill: send `tokens`".into(),
+                ))
+            }
+            Some(blocks) => blocks.iter().copied().map(BlockHash).collect(),
+            None => {
+                self.check_tokens(&req.tokens)?;
+                self.chain(&req.tokens, req.cache_salt.as_deref())
+            }
+        };
         // Only full pages move: when they are all here, prefilling computes
         // nothing the puller receives.
         if req.prefill
