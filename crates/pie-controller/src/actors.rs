@@ -12,7 +12,8 @@
 //! Actions: a `scale-hint` is published (the `pie_cluster_scale_*` gauges and
 //! `GET /v1/cluster/scale`); `migrate-process` moves a relayed stream
 //! (`relay`); `persist-prefix` asks the worker to write the blocks to its disk
-//! tier; the others (copy, drain) have no executor here yet and are recorded
+//! tier; `copy-prefix` asks the target to pull the blocks from the source;
+//! the others (copy to a pool, drain) have no executor here yet and are recorded
 //! as failed, with the reason, never dropped silently. The snapshot's hot
 //! prefixes come from the registry, which counts routed prompts' blocks only
 //! while an actor reads them. Dry-run records are kept and counted, not executed. Every record
@@ -215,7 +216,9 @@ impl Actors {
 
     /// Whether an actor reads hot prefixes (the registry then counts them).
     pub fn wants_hot_prefixes(&self) -> bool {
-        self.names().contains(&"persist-prefix")
+        self.names()
+            .iter()
+            .any(|n| ["persist-prefix", "replicate"].contains(n))
     }
 
     fn snapshot(&self, workers: Vec<Worker>, hot_prefixes: Vec<HotPrefix>) -> ClusterSnapshot {
@@ -269,6 +272,9 @@ impl Actors {
             let outcome = match &record.action {
                 Action::PersistPrefix { blocks, worker } if !record.dry_run => {
                     persist_on(ctl, worker, blocks)
+                }
+                Action::CopyPrefix { blocks, from, to } if !record.dry_run => {
+                    copy_prefix(ctl, blocks, from, to)
                 }
                 _ => self.execute(&ctl.metrics, &ctl.streams, &record),
             };
@@ -352,20 +358,53 @@ impl Actors {
     }
 }
 
+fn hashes(blocks: &[BlockHash]) -> Vec<u64> {
+    blocks.iter().map(|b| b.0).collect()
+}
+
 /// Ask `worker` to write `blocks` to its disk tier (`POST
-/// /v1/internal/kv/persist`); the answer (pages written, or why not: a
-/// worker without `[runtime.persist] dir` says so) is logged when it comes.
+/// /v1/internal/kv/persist`); a worker without `[runtime.persist] dir` or a
+/// pool says so in its answer.
 fn persist_on(ctl: &Controller, worker: &str, blocks: &[BlockHash]) -> Outcome {
+    let body = json!({ "blocks": hashes(blocks) });
+    ask_worker(
+        ctl,
+        worker,
+        "/v1/internal/kv/persist",
+        body,
+        "persist-prefix",
+    )
+}
+
+/// Ask `to` to pull `blocks` from `from` (`POST /v1/internal/kv/prefetch`):
+/// nothing is computed, the pages travel over the transfer path, and `to`'s
+/// KV events announce them.
+fn copy_prefix(ctl: &Controller, blocks: &[BlockHash], from: &str, to: &str) -> Outcome {
+    let Some(from_url) = ctl.registry.url_of(from) else {
+        return Outcome::Failed {
+            error: format!("no worker `{from}`"),
+        };
+    };
+    let body = json!({ "from": from_url, "blocks": hashes(blocks) });
+    ask_worker(ctl, to, "/v1/internal/kv/prefetch", body, "copy-prefix")
+}
+
+/// POST `body` to `worker`'s internal `path`; the answer (or why there is
+/// none) is logged when it comes, under `what`.
+fn ask_worker(
+    ctl: &Controller,
+    worker: &str,
+    path: &str,
+    body: Value,
+    what: &'static str,
+) -> Outcome {
     let Some(url) = ctl.registry.url_of(worker) else {
         return Outcome::Failed {
             error: format!("no worker `{worker}`"),
         };
     };
-    let body = json!({ "blocks": blocks.iter().map(|b| b.0).collect::<Vec<_>>() });
     let req = with_worker_key(
-        ctl.http
-            .post(format!("{url}/v1/internal/kv/persist"))
-            .json(&body),
+        ctl.http.post(format!("{url}{path}")).json(&body),
         ctl.worker_key.as_deref(),
     );
     let worker = worker.to_string();
@@ -373,16 +412,14 @@ fn persist_on(ctl: &Controller, worker: &str, blocks: &[BlockHash]) -> Outcome {
         match req.send().await {
             Ok(resp) if resp.status().is_success() => {
                 let done: Value = resp.json().await.unwrap_or_default();
-                tracing::info!(worker, %done, "persist-prefix: pages persisted");
+                tracing::info!(worker, %done, "{what}: done");
             }
             Ok(resp) => {
                 let status = resp.status();
                 let why = resp.text().await.unwrap_or_default();
-                tracing::warn!(worker, %status, why, "persist-prefix: the worker did not persist");
+                tracing::warn!(worker, %status, why, "{what}: the worker refused");
             }
-            Err(e) => {
-                tracing::warn!(worker, error = %e, "persist-prefix: the worker did not answer")
-            }
+            Err(e) => tracing::warn!(worker, error = %e, "{what}: the worker did not answer"),
         }
     });
     Outcome::Executed

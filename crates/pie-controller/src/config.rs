@@ -10,7 +10,8 @@ use pie_core::auth::{parse_key_file, ApiKey};
 use pie_policy::cluster::{
     routing_policy, split_policies, ActorConfigs, ActorRunner, CacheAwareConfig, ClusterPolicy,
     DisaggregateConfig, DrainMigrateConfig, PersistPrefixConfig, PinConfig, QueueOrder,
-    RebalanceConfig, RoutingConfigs, ScaleByPropConfig, SessionAffinityConfig, DEFAULT_MAX_QUEUED,
+    RebalanceConfig, ReplicateConfig, RoutingConfigs, ScaleByPropConfig, SessionAffinityConfig,
+    DEFAULT_MAX_QUEUED,
 };
 use serde::{Deserialize, Serialize};
 
@@ -118,6 +119,7 @@ pub struct ClusterConfig {
     pub drain_migrate: DrainMigrateConfig,
     #[serde(rename = "persist-prefix")]
     pub persist_prefix: PersistPrefixConfig,
+    pub replicate: ReplicateConfig,
 }
 
 impl Default for ClusterConfig {
@@ -149,6 +151,7 @@ impl Default for ClusterConfig {
             rebalance: RebalanceConfig::default(),
             drain_migrate: DrainMigrateConfig::default(),
             persist_prefix: PersistPrefixConfig::default(),
+            replicate: ReplicateConfig::default(),
         }
     }
 }
@@ -227,6 +230,7 @@ impl ClusterConfig {
             rebalance: self.rebalance.clone(),
             drain_migrate: self.drain_migrate.clone(),
             persist_prefix: self.persist_prefix.clone(),
+            replicate: self.replicate.clone(),
         };
         let names: Vec<&str> = actors.iter().map(String::as_str).collect();
         ActorRunner::new(&names, &configs)

@@ -46,8 +46,11 @@ pub struct Worker {
     /// It said it is draining: no new requests; its streams move elsewhere.
     pub draining: bool,
     /// Queued + running processes, as the worker last reported (plus requests
-    /// routed since).
+    /// routed since and still streaming).
     pub load: usize,
+    /// Requests counted in `load` since the last poll and not yet finished.
+    #[serde(skip)]
+    load_since_poll: usize,
     pub running: usize,
     pub max_running: usize,
     /// Requests this controller sent that have not finished streaming.
@@ -90,6 +93,7 @@ impl Worker {
             healthy: false,
             draining: false,
             load: 0,
+            load_since_poll: 0,
             running: 0,
             max_running: 0,
             in_flight: 0,
@@ -100,6 +104,12 @@ impl Worker {
             refused: None,
             routed: 0,
         }
+    }
+
+    /// The worker's own figure replaces what this controller counted.
+    fn polled_load(&mut self, load: usize) {
+        self.load = load;
+        self.load_since_poll = 0;
     }
 
     /// Takes new requests: healthy and not draining.
@@ -408,6 +418,7 @@ impl Registry {
             w.in_flight += 1;
             // Count it as load until the next poll reports the worker's own figure.
             w.load += 1;
+            w.load_since_poll += 1;
         });
     }
 
@@ -417,7 +428,15 @@ impl Registry {
 
     /// A routed request finished streaming (or its client left).
     pub fn count_finished(&self, name: &str) {
-        self.update(name, |w| w.in_flight = w.in_flight.saturating_sub(1));
+        self.update(name, |w| {
+            w.in_flight = w.in_flight.saturating_sub(1);
+            // Added by `count_started` and not yet replaced by a poll: a
+            // finished request must not look like load until the next poll.
+            if w.load_since_poll > 0 {
+                w.load_since_poll -= 1;
+                w.load = w.load.saturating_sub(1);
+            }
+        });
     }
 
     /// Running slots free across healthy workers whose `max_running` is known.
@@ -534,7 +553,7 @@ impl Registry {
                 return;
             };
             let num = |k: &str| s[k].as_u64().unwrap_or(0);
-            entry.load = num("load") as usize;
+            entry.polled_load(num("load") as usize);
             entry.running = num("running") as usize;
             entry.max_running = num("max_running") as usize;
             entry.page_size = num("page_size") as usize;
@@ -637,6 +656,24 @@ mod tests {
         assert!(
             !registry(&[(9, 0)]).saturated(),
             "no max_running reported: room"
+        );
+    }
+
+    #[test]
+    fn a_routed_request_is_load_until_it_finishes_or_a_poll_reports() {
+        let r = registry(&[(0, 4)]);
+        let load = || r.snapshot()[0].load;
+        r.count_started("w0");
+        r.count_started("w0");
+        assert_eq!(load(), 2);
+        r.count_finished("w0");
+        assert_eq!(load(), 1, "a finished request is not load");
+        r.update("w0", |w| w.polled_load(1));
+        r.count_finished("w0");
+        assert_eq!(
+            load(),
+            1,
+            "the worker's own figure stands until its next poll"
         );
     }
 }

@@ -2320,3 +2320,113 @@ async fn persist_prefix_writes_a_hot_prefix_to_its_workers_disk_once() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `replicate`: three workers with `max_running = 3`. A system prompt asked
+/// for three times lives on one worker; while that worker is full (three
+/// streams held on it), the controller copies the prefix to an idle worker (it pulls
+/// the pages, nothing is computed), whose KV events announce it: the copy
+/// serves the prefix from cache with the output the source gives, and
+/// cache-aware sends the next request of the prefix to the copy.
+#[tokio::test]
+async fn replicate_copies_a_hot_prefix_off_its_busy_holder_and_routing_uses_the_copy() {
+    let worker_config = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("replicate-worker-{}.toml", std::process::id()));
+    std::fs::write(&worker_config, "[runtime]\nmax_running = 3\n").unwrap();
+    let c = Cluster::start_with(Spec {
+        worker_args: &[
+            "--kv-pages",
+            "512",
+            "--config",
+            worker_config.to_str().unwrap(),
+        ],
+        cluster_config: "actor_tick_ms = 20\n[cluster.replicate]\nhot_rps = 0.01\n\
+                         min_hits = 3\nhigh = 1.0\nlow = 0.5\n",
+        ..Spec::new("cache-aware,replicate")
+    })
+    .await;
+    let system = "The lighthouse keeper writes down every passing ship. ".repeat(10);
+    let ask = |question: &str| json!({"prompt": format!("{system}{question}"), "max_tokens": 8, "temperature": 0});
+    let mut holder = String::new();
+    for question in ["Who?", "What?", "Where?"] {
+        let (status, worker, route, v) = c.complete(ask(question)).await;
+        assert_eq!(status, 200, "{v}");
+        assert!(holder.is_empty() || holder == worker, "{route}");
+        holder = worker;
+    }
+    let copies = async || {
+        let log: Value = serde_json::from_str(&c.get_text("/v1/cluster/actions").await).unwrap();
+        log["actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["kind"] == "copy-prefix")
+            .cloned()
+            .collect::<Vec<Value>>()
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let early = copies().await;
+    assert!(early.is_empty(), "its holder is idle: no copy: {early:?}");
+
+    let url_of = |name: &str| {
+        let i: usize = name.trim_start_matches('w').parse().unwrap();
+        c.workers[i].as_ref().unwrap().url.clone()
+    };
+    let holder_url = url_of(&holder);
+    let mut busy = Vec::new();
+    for _ in 0..3 {
+        let mut r = c
+            .http
+            .post(format!("{holder_url}/v1/completions"))
+            .json(
+                &json!({"prompt": "hold", "max_tokens": 4000, "ignore_eos": true, "stream": true}),
+            )
+            .send()
+            .await
+            .unwrap();
+        r.chunk().await.unwrap().expect("first chunk");
+        busy.push(r);
+    }
+    wait_for("a copy of the prefix", async || !copies().await.is_empty()).await;
+    let copy = copies().await.remove(0);
+    assert_eq!(copy["action"]["from"], holder.as_str(), "{copy}");
+    assert_eq!(copy["outcome"], "executed", "{copy}");
+    let target = copy["action"]["to"].as_str().unwrap().to_string();
+    assert_ne!(target, holder);
+    let blocks = copy["action"]["blocks"].as_array().unwrap().len();
+    assert!(blocks >= 4, "the system prompt's pages: {blocks}");
+
+    let target_url = url_of(&target);
+    wait_for("the copy announced in the target's KV events", async || {
+        let view = c.cluster().await;
+        let entry = view["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["name"] == target.as_str())
+            .cloned();
+        entry.is_some_and(|w| w["indexed_blocks"].as_u64().unwrap_or(0) >= blocks as u64)
+    })
+    .await;
+    assert_eq!(
+        worker_metric(&target_url, "pie_kv_transfer_pages_total{direction=\"in\"}").await,
+        blocks as f64,
+        "pulled, not computed"
+    );
+    let (_, worker, route, _) = c.complete(ask("Why?")).await;
+    assert_eq!(
+        worker, target,
+        "the copy is as long and less loaded: {route}"
+    );
+    let (_, direct) = post_json(&target_url, "/v1/completions", None, &ask("When?")).await;
+    let cached = direct["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(cached >= (blocks * 16) as u64, "cached {cached}: {direct}");
+    drop(busy);
+    let (_, at_source) = post_json(&holder_url, "/v1/completions", None, &ask("When?")).await;
+    assert_eq!(
+        direct["choices"][0]["text"], at_source["choices"][0]["text"],
+        "the copied pages give the source's output"
+    );
+    std::fs::remove_file(worker_config).unwrap();
+}

@@ -36,11 +36,20 @@ impl SimActors {
             return Ok(None);
         }
         anyhow::ensure!(tick_ms > 0, "the actor tick must be positive");
-        // It would run and never act: the simulated workers have no disk tier.
-        anyhow::ensure!(
-            !names.contains(&"persist-prefix"),
-            "persist-prefix: the simulator does not model a disk tier yet"
-        );
+        // They would run and never act: the simulated workers have no disk
+        // tier, and the simulator tracks no hot prefixes.
+        for (name, why) in [
+            (
+                "persist-prefix",
+                "the simulator does not model a disk tier yet",
+            ),
+            (
+                "replicate",
+                "the simulator does not model prefix copies yet",
+            ),
+        ] {
+            anyhow::ensure!(!names.contains(&name), "{name}: {why}");
+        }
         let runner = ActorRunner::new(names, configs).map_err(anyhow::Error::msg)?;
         Ok(Some(Self {
             runner,
@@ -140,6 +149,10 @@ mod tests {
             .err()
             .expect("refused");
         assert!(err.to_string().contains("disk tier"), "{err}");
+        let err = SimActors::new(&["replicate"], &ActorConfigs::default(), 100)
+            .err()
+            .expect("refused");
+        assert!(err.to_string().starts_with("replicate:"), "{err}");
     }
 
     #[test]

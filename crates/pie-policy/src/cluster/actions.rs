@@ -62,6 +62,12 @@ impl WorkerState {
     pub fn serving(&self) -> bool {
         self.healthy && !self.draining
     }
+
+    /// Queued + running processes over `max_running`; None when it does not
+    /// say its `max_running`.
+    pub fn load_level(&self) -> Option<f64> {
+        (self.max_running > 0).then(|| self.load as f64 / self.max_running as f64)
+    }
 }
 
 /// One process (queued or running) with the props a policy reads.
@@ -95,6 +101,31 @@ pub struct HotPrefix {
     pub persisted: Vec<(String, usize)>,
     /// Requests per second for its first block since it was first seen.
     pub requests_per_s: f64,
+}
+
+impl HotPrefix {
+    /// Its leading blocks asked for at least `min_hits` times: the part
+    /// worth keeping (persisting, copying).
+    pub fn leading_hot(&self, min_hits: u64) -> &[BlockHash] {
+        let n = self.hits.iter().take_while(|&&h| h >= min_hits).count();
+        &self.blocks[..n.min(self.blocks.len())]
+    }
+
+    /// How many of its blocks `worker` holds (0: none).
+    pub fn held_by(&self, worker: &str) -> usize {
+        depth_of(&self.holders, worker)
+    }
+
+    /// How many of its blocks `worker` has on disk (0: none).
+    pub fn persisted_by(&self, worker: &str) -> usize {
+        depth_of(&self.persisted, worker)
+    }
+}
+
+fn depth_of(list: &[(String, usize)], worker: &str) -> usize {
+    list.iter()
+        .find(|(w, _)| w == worker)
+        .map_or(0, |(_, n)| *n)
 }
 
 /// A session's processes and the worker they are on.

@@ -21,6 +21,7 @@ mod persist_prefix;
 mod pin;
 mod priority;
 mod rebalance;
+mod replicate;
 mod round_robin;
 mod runner;
 mod scale_by_prop;
@@ -43,6 +44,7 @@ pub use persist_prefix::{PersistPrefix, PersistPrefixConfig};
 pub use pin::{Pin, PinConfig};
 pub use priority::{PriorityQueue, QueueOrder, DEFAULT_MAX_QUEUED};
 pub use rebalance::{Rebalance, RebalanceConfig, Signal as RebalanceSignal};
+pub use replicate::{Replicate, ReplicateConfig};
 pub use round_robin::RoundRobin;
 pub use runner::ActorRunner;
 pub use scale_by_prop::{ScaleByProp, ScaleByPropConfig};
@@ -98,6 +100,7 @@ pub const ACTORS: &[&str] = &[
     "rebalance",
     "drain-migrate",
     "persist-prefix",
+    "replicate",
 ];
 
 /// The configs of the actors (`[cluster.<name>]`); each has `dry_run`.
@@ -107,6 +110,7 @@ pub struct ActorConfigs {
     pub rebalance: RebalanceConfig,
     pub drain_migrate: DrainMigrateConfig,
     pub persist_prefix: PersistPrefixConfig,
+    pub replicate: ReplicateConfig,
 }
 
 impl ActorConfigs {
@@ -117,6 +121,7 @@ impl ActorConfigs {
             "rebalance" => self.rebalance.dry_run,
             "drain-migrate" => self.drain_migrate.dry_run,
             "persist-prefix" => self.persist_prefix.dry_run,
+            "replicate" => self.replicate.dry_run,
             _ => false,
         }
     }
@@ -144,6 +149,11 @@ pub fn actor(name: &str, configs: &ActorConfigs) -> Result<Box<dyn ClusterActor>
             let c = &configs.persist_prefix;
             c.validate().map_err(|e| format!("{name}.{e}"))?;
             Ok(Box::new(PersistPrefix::new(c.clone())))
+        }
+        "replicate" => {
+            let c = &configs.replicate;
+            c.validate().map_err(|e| format!("{name}.{e}"))?;
+            Ok(Box::new(Replicate::new(c.clone())))
         }
         other => Err(format!(
             "unknown cluster actor `{other}` (available: {})",
@@ -403,11 +413,17 @@ mod tests {
                 min_hits: 1,
                 ..PersistPrefixConfig::default()
             },
+            replicate: ReplicateConfig {
+                max_replicas: 0,
+                ..ReplicateConfig::default()
+            },
         };
         let err = actor("drain-migrate", &bad).err();
         assert!(err.is_some_and(|e| e.starts_with("drain-migrate.pending_timeout_ms")));
         let err = actor("persist-prefix", &bad).err();
         assert!(err.is_some_and(|e| e.starts_with("persist-prefix.min_hits")));
+        let err = actor("replicate", &bad).err();
+        assert!(err.is_some_and(|e| e.starts_with("replicate.max_replicas")));
         let err = actor("scale-by-prop", &bad).err();
         assert!(err.is_some_and(|e| e.starts_with("scale-by-prop.hysteresis")));
         let err = actor("rebalance", &bad).err();

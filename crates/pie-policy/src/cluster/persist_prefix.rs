@@ -26,7 +26,7 @@ use pie_core::BlockHash;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::actions::{Action, ClusterActor, ClusterSnapshot, Decision, HotPrefix};
+use super::actions::{Action, ClusterActor, ClusterSnapshot, Decision};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -88,23 +88,13 @@ impl PersistPrefix {
         }
     }
 
-    /// The leading blocks asked for at least `min_hits` times.
-    fn kept_blocks<'a>(&self, hot: &'a HotPrefix) -> &'a [BlockHash] {
-        let n = hot
-            .hits
-            .iter()
-            .take_while(|&&h| h >= self.config.min_hits)
-            .count();
-        &hot.blocks[..n.min(hot.blocks.len())]
-    }
-
     fn decide(&mut self, now_ms: u64, snapshot: &ClusterSnapshot) -> Vec<Decision> {
         let retry = self.config.retry_ms;
         self.asked
             .retain(|_, at| now_ms.saturating_sub(*at) < retry);
         let mut out = Vec::new();
         for hot in &snapshot.hot_prefixes {
-            let blocks = self.kept_blocks(hot);
+            let blocks = hot.leading_hot(self.config.min_hits);
             let Some(&last) = blocks
                 .last()
                 .filter(|_| blocks.len() >= self.config.min_blocks)
@@ -115,7 +105,7 @@ impl PersistPrefix {
                 if out.len() >= self.config.max_per_tick {
                     return out;
                 }
-                let on_disk = depth_of(&hot.persisted, worker);
+                let on_disk = hot.persisted_by(worker);
                 let serving = snapshot
                     .workers
                     .iter()
@@ -147,12 +137,6 @@ impl PersistPrefix {
     }
 }
 
-fn depth_of(list: &[(String, usize)], worker: &str) -> usize {
-    list.iter()
-        .find(|(w, _)| w == worker)
-        .map_or(0, |(_, n)| *n)
-}
-
 impl ClusterActor for PersistPrefix {
     fn name(&self) -> &'static str {
         "persist-prefix"
@@ -170,7 +154,7 @@ impl ClusterActor for PersistPrefix {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::actions::WorkerState;
+    use crate::cluster::actions::{HotPrefix, WorkerState};
     use proptest::prelude::*;
 
     fn worker(name: &str, healthy: bool) -> WorkerState {
