@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Moving streams between workers, measured on the default model (issue 14).
+"""Moving streams and KV between workers, measured on the default model (issues 14, 15).
 
-Usage: scripts/bench-migrate.py [downtime|drain|rebalance|all]
+Usage: scripts/bench-migrate.py [downtime|drain|rebalance|replicate|all]
            [--pie target/release/pie] [--controller target/release/pie-controller]
            [--model PATH] [--seed 14]
            downtime: [--reps 3] [--context 2000] [--after 40] [--tokens 120]
            drain:    [--clients 32] [--drain-tokens 160] [--term-after-s 2]
            rebalance: [--sessions 12] [--turns 3] [--turn-tokens 96] [--max-running 2]
+           replicate: [--clients-replicate 8] [--requests-replicate 96] [--system-words 300]
+                      [--answer-tokens 24] [--max-running 2]
 
 `downtime`: per repetition a fresh cluster, two `pie serve` workers behind
 `pie-controller --policies least-loaded,drain-migrate`. One streaming request through the
@@ -42,6 +44,17 @@ tokens) and then --turns turns of --turn-tokens tokens carrying only the
 session: affinity keeps every session on w0, whose own `max_running` binds.
 Printed: the later turns' TTFT p50/p90/p99 (client side), the wall time, and
 the streams `rebalance` moved.
+
+`replicate`: three workers with `--max-running` 2 behind `pie-controller`
+(`cache-aware`, then `cache-aware,replicate` with `hot_rps` 0.2, `high` 1.0,
+`low` 0.6, ticking every 250 ms). --clients-replicate closed-loop clients send
+--requests-replicate streamed requests in all (greedy, `max_tokens`
+--answer-tokens): half of them start with one hot system prompt of about
+--system-words words, the rest with one of eight others, each followed by a
+short question. Printed per pipeline: TTFT p50/p90 (client side) of all
+requests and of the hot ones, the wall time, the copies `replicate` made and
+the KV pages the workers pulled. Checked: with `replicate` the hot prefix was
+copied at least once.
 
 Exit 1 with a message naming the failed check. Python standard library only.
 """
@@ -340,9 +353,72 @@ def rebalance(args, rng):
     print(f"TTFT p99 with / without rebalance: {rows[1][3] / rows[0][3]:.2f}x")
 
 
+def replicate(args, rng):
+    """A skewed shared-prefix workload on three workers, with and without `replicate`."""
+    words = ("river stone lamp harbor meadow signal copper lantern orchard glacier "
+             "falcon quarry ember willow canyon velvet anchor thistle beacon saddle").split()
+    systems = [" ".join(rng.choice(words) for _ in range(args.system_words)) for _ in range(9)]
+    plan = [(0 if i % 2 == 0 else 1 + rng.randrange(8), f" Question {i}: what is {rng.choice(words)}?")
+            for i in range(args.requests_replicate)]
+    rows = []
+    for label, policies in (("cache-aware", "cache-aware"), ("cache-aware + replicate", "cache-aware,replicate")):
+        c = Cluster(args, 3, policies, ("--max-running", str(args.max_running)),
+                    "[cluster]\nactor_tick_ms = 250\n[cluster.replicate]\nhot_rps = 0.2\n"
+                    "high = 1.0\nlow = 0.6\n")
+        ttfts, lock, queue = [], threading.Lock(), list(enumerate(plan))
+
+        def client():
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    i, (system, question) = queue.pop(0)
+                body = {"prompt": systems[system] + question, "max_tokens": args.answer_tokens,
+                        "temperature": 0, "ignore_eos": True, "stream": True}
+                t0 = time.perf_counter()
+                _, chunks, clean, raw = stream(c.ctl, body)
+                if not clean or not chunks:
+                    fail(f"{label}: request {i} broke: {raw[-300:]}")
+                with lock:
+                    ttfts.append((system == 0, chunks[0][0] - t0))
+
+        threads = [threading.Thread(target=client) for _ in range(args.clients_replicate)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        _, log = request(c.ctl, "GET", "/v1/cluster/actions")
+        copies = sum(1 for a in log["actions"] if a["kind"] == "copy-prefix" and a["outcome"] == "executed")
+        pulled = 0.0
+        for _, url in c.workers:
+            _, text = request(url, "GET", "/metrics")
+            m = re.search(r'^pie_kv_transfer_pages_total\{direction="in"\} (\S+)$', text, re.M)
+            pulled += float(m.group(1)) if m else 0.0
+
+        def pct(xs, q):
+            xs = sorted(xs)
+            return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3
+
+        every = [t for _, t in ttfts]
+        hot = [t for is_hot, t in ttfts if is_hot]
+        rows.append((label, pct(every, 0.5), pct(every, 0.9), pct(hot, 0.5), pct(hot, 0.9), wall, copies, pulled))
+        stop_all()
+    print(f"\n{args.requests_replicate} requests from {args.clients_replicate} clients, half on one system prompt "
+          f"of {args.system_words} words, {args.answer_tokens} tokens each, 3 workers, --max-running {args.max_running}")
+    print("| pipeline | TTFT p50 / p90, all (ms) | TTFT p50 / p90, hot prefix (ms) | wall (s) | copies | pages pulled |")
+    print("|---|---|---|---|---|---|")
+    for label, p50, p90, h50, h90, wall, copies, pulled in rows:
+        print(f"| {label} | {p50:.0f} / {p90:.0f} | {h50:.0f} / {h90:.0f} | {wall:.1f} | {copies} | {pulled:.0f} |")
+    print(f"TTFT p90 with / without replicate: all {rows[1][2] / rows[0][2]:.2f}x, hot {rows[1][4] / rows[0][4]:.2f}x")
+    if rows[1][6] == 0:
+        fail("replicate made no copy of the hot prefix")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("part", nargs="?", default="all", choices=["downtime", "drain", "rebalance", "all"])
+    ap.add_argument("part", nargs="?", default="all", choices=["downtime", "drain", "rebalance", "replicate", "all"])
     ap.add_argument("--pie", default="target/release/pie")
     ap.add_argument("--controller", default="target/release/pie-controller")
     ap.add_argument("--model", default=os.path.expanduser("~/.cache/pie/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -358,6 +434,10 @@ def main():
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--turn-tokens", type=int, default=96)
     ap.add_argument("--max-running", type=int, default=2)
+    ap.add_argument("--clients-replicate", type=int, default=8)
+    ap.add_argument("--requests-replicate", type=int, default=96)
+    ap.add_argument("--system-words", type=int, default=300)
+    ap.add_argument("--answer-tokens", type=int, default=24)
     args = ap.parse_args()
     rng = random.Random(args.seed)
     try:
@@ -367,6 +447,8 @@ def main():
             drain(args, rng)
         if args.part in ("rebalance", "all"):
             rebalance(args, rng)
+        if args.part in ("replicate", "all"):
+            replicate(args, rng)
     finally:
         stop_all()
 
