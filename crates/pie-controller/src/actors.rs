@@ -13,7 +13,8 @@
 //! `GET /v1/cluster/scale`); `migrate-process` moves a relayed stream
 //! (`relay`); `persist-prefix` asks the worker to write the blocks to its disk
 //! tier; `copy-prefix` asks the target to pull the blocks from the source;
-//! the others (copy to a pool, drain) have no executor here yet and are recorded
+//! `copy-prefix-to-pool` asks the source to push them to its pool; a drain
+//! has no executor here (workers drain themselves) and is recorded
 //! as failed, with the reason, never dropped silently. The snapshot's hot
 //! prefixes come from the registry, which counts routed prompts' blocks only
 //! while an actor reads them. Dry-run records are kept and counted, not executed. Every record
@@ -218,7 +219,7 @@ impl Actors {
     pub fn wants_hot_prefixes(&self) -> bool {
         self.names()
             .iter()
-            .any(|n| ["persist-prefix", "replicate"].contains(n))
+            .any(|n| ["persist-prefix", "replicate", "pool-replicate"].contains(n))
     }
 
     fn snapshot(&self, workers: Vec<Worker>, hot_prefixes: Vec<HotPrefix>) -> ClusterSnapshot {
@@ -275,6 +276,9 @@ impl Actors {
                 }
                 Action::CopyPrefix { blocks, from, to } if !record.dry_run => {
                     copy_prefix(ctl, blocks, from, to)
+                }
+                Action::CopyPrefixToPool { blocks, from } if !record.dry_run => {
+                    push_to_pool(ctl, from, blocks)
                 }
                 _ => self.execute(&ctl.metrics, &ctl.streams, &record),
             };
@@ -373,6 +377,20 @@ fn persist_on(ctl: &Controller, worker: &str, blocks: &[BlockHash]) -> Outcome {
         "/v1/internal/kv/persist",
         body,
         "persist-prefix",
+    )
+}
+
+/// Ask `worker` to push `blocks` to its `[runtime] pool` (`POST
+/// /v1/internal/kv/persist` with `to = "pool"`); a worker without one says so
+/// in its answer (409).
+fn push_to_pool(ctl: &Controller, worker: &str, blocks: &[BlockHash]) -> Outcome {
+    let body = json!({ "blocks": hashes(blocks), "to": "pool" });
+    ask_worker(
+        ctl,
+        worker,
+        "/v1/internal/kv/persist",
+        body,
+        "copy-prefix-to-pool",
     )
 }
 

@@ -9,9 +9,9 @@ use anyhow::{anyhow, Result};
 use pie_core::auth::{parse_key_file, ApiKey};
 use pie_policy::cluster::{
     routing_policy, split_policies, ActorConfigs, ActorRunner, CacheAwareConfig, ClusterPolicy,
-    DisaggregateConfig, DrainMigrateConfig, PersistPrefixConfig, PinConfig, QueueOrder,
-    RebalanceConfig, ReplicateConfig, RoutingConfigs, ScaleByPropConfig, SessionAffinityConfig,
-    DEFAULT_MAX_QUEUED,
+    DisaggregateConfig, DrainMigrateConfig, PersistPrefixConfig, PinConfig, PoolReplicateConfig,
+    QueueOrder, RebalanceConfig, ReplicateConfig, RoutingConfigs, ScaleByPropConfig,
+    SessionAffinityConfig, DEFAULT_MAX_QUEUED,
 };
 use serde::{Deserialize, Serialize};
 
@@ -120,6 +120,8 @@ pub struct ClusterConfig {
     #[serde(rename = "persist-prefix")]
     pub persist_prefix: PersistPrefixConfig,
     pub replicate: ReplicateConfig,
+    #[serde(rename = "pool-replicate")]
+    pub pool_replicate: PoolReplicateConfig,
 }
 
 impl Default for ClusterConfig {
@@ -152,6 +154,7 @@ impl Default for ClusterConfig {
             drain_migrate: DrainMigrateConfig::default(),
             persist_prefix: PersistPrefixConfig::default(),
             replicate: ReplicateConfig::default(),
+            pool_replicate: PoolReplicateConfig::default(),
         }
     }
 }
@@ -231,6 +234,7 @@ impl ClusterConfig {
             drain_migrate: self.drain_migrate.clone(),
             persist_prefix: self.persist_prefix.clone(),
             replicate: self.replicate.clone(),
+            pool_replicate: self.pool_replicate.clone(),
         };
         let names: Vec<&str> = actors.iter().map(String::as_str).collect();
         ActorRunner::new(&names, &configs)

@@ -1,6 +1,7 @@
 //! `pie-pool` with real workers (test model): a prefix first computed on one
 //! worker serves another through the pool, also after the pool restarts from
-//! its disk tier; a pool that is down costs a local prefill, never a request.
+//! its disk tier; a pool that is down costs a local prefill, never a request;
+//! the controller's `pool-replicate` pushes a crowded prefix to the pool.
 //! (The pool alone: `crates/pie-pool/tests/api.rs`.)
 
 mod common;
@@ -25,8 +26,13 @@ fn pool(args: &[&str]) -> Proc {
 
 /// A worker whose `[runtime] pool` is `pool_url`.
 async fn worker(tag: &str, pool_url: &str) -> Proc {
+    worker_with(tag, pool_url, "").await
+}
+
+/// A worker whose `[runtime]` has `pool = pool_url` and the keys in `runtime`.
+async fn worker_with(tag: &str, pool_url: &str, runtime: &str) -> Proc {
     let cfg = scratch(tag).with_extension("toml");
-    std::fs::write(&cfg, format!("[runtime]\npool = {pool_url:?}\n")).unwrap();
+    std::fs::write(&cfg, format!("[runtime]\npool = {pool_url:?}\n{runtime}")).unwrap();
     let m = model();
     let w = spawn(
         &bin("pie"),
@@ -54,12 +60,23 @@ fn prompt() -> Vec<u32> {
     (0..160u32).map(|i| (i * 11) % 230 + 5).collect()
 }
 
+/// `prompt()` and then a question of its own.
+fn prompt_and(question: u32) -> Vec<u32> {
+    let mut p = prompt();
+    p.extend([7, question, 9]);
+    p
+}
+
 /// A greedy completion on `w`: (text, cached prompt tokens).
 async fn complete(w: &Proc, props: Value) -> (String, u64) {
+    complete_at(&w.url, prompt(), props).await
+}
+
+async fn complete_at(url: &str, prompt: Vec<u32>, props: Value) -> (String, u64) {
     let v: Value = reqwest::Client::new()
-        .post(format!("{}/v1/completions", w.url))
+        .post(format!("{url}/v1/completions"))
         .json(
-            &json!({"prompt": prompt(), "max_tokens": 12, "temperature": 0,
+            &json!({"prompt": prompt, "max_tokens": 12, "temperature": 0,
             "ignore_eos": true, "props": props}),
         )
         .send()
@@ -160,4 +177,126 @@ async fn a_pool_that_is_down_costs_a_local_prefill_never_a_request() {
         "{v}"
     );
     assert_eq!(complete(&w, json!({})).await.0, want);
+}
+
+/// `pool-replicate`: two workers with `max_running = 3` sharing a pool behind a
+/// controller. A prompt prefix asked for three times lives on one worker and
+/// is not in the pool; once that worker is full (three streams held on it),
+/// the controller has it push the prefix to the pool, and the other worker
+/// serves the prefix from the pool with the holder's output.
+#[tokio::test]
+async fn pool_replicate_pushes_a_crowded_prefix_that_another_worker_then_pulls() {
+    let p = pool(&[]);
+    let limit = "max_running = 3\n";
+    let ws = [
+        worker_with("pr-0", &p.url, limit).await,
+        worker_with("pr-1", &p.url, limit).await,
+    ];
+    let cfg = scratch("pool-replicate").with_extension("toml");
+    std::fs::write(
+        &cfg,
+        "[cluster]\npoll_ms = 20\nactor_tick_ms = 20\n\
+         cluster_policies = [\"cache-aware\", \"pool-replicate\"]\n\
+         [cluster.pool-replicate]\nhot_rps = 0.01\nhigh = 1.0\n",
+    )
+    .unwrap();
+    let m = model();
+    let (w0, w1) = (format!("w0={}", ws[0].url), format!("w1={}", ws[1].url));
+    let ctl = spawn(
+        &bin("pie-controller"),
+        &[
+            "--port",
+            "0",
+            "--model",
+            m.to_str().unwrap(),
+            "--config",
+            cfg.to_str().unwrap(),
+            "--worker",
+            &w0,
+            "--worker",
+            &w1,
+        ],
+        "pie-controller: listening on ",
+    );
+    let http = reqwest::Client::new();
+    wait_for("both workers healthy", async || {
+        let v: Value = http
+            .get(format!("{}/v1/cluster", ctl.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["workers"]
+            .as_array()
+            .is_some_and(|ws| ws.iter().all(|w| w["healthy"] == true))
+    })
+    .await;
+    let mut holder = String::new();
+    for question in 0..3 {
+        let r = http
+            .post(format!("{}/v1/completions", ctl.url))
+            .json(&json!({"prompt": prompt_and(question), "max_tokens": 4, "temperature": 0}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let worker = r.headers()["x-pie-worker"].to_str().unwrap().to_string();
+        assert!(holder.is_empty() || holder == worker);
+        holder = worker;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(
+        pool_pages(&p).await,
+        0,
+        "its holder has room: nothing pushed"
+    );
+
+    let (holder, other) = match holder.as_str() {
+        "w0" => (&ws[0], &ws[1]),
+        _ => (&ws[1], &ws[0]),
+    };
+    let mut busy = Vec::new();
+    for _ in 0..3 {
+        let mut r = http
+            .post(format!("{}/v1/completions", holder.url))
+            .json(
+                &json!({"prompt": "hold", "max_tokens": 4000, "ignore_eos": true, "stream": true}),
+            )
+            .send()
+            .await
+            .unwrap();
+        r.chunk().await.unwrap().expect("first chunk");
+        busy.push(r);
+    }
+    wait_for("the prefix's 10 pages in the pool", async || {
+        pool_pages(&p).await >= 10
+    })
+    .await;
+    let log: Value = http
+        .get(format!("{}/v1/cluster/actions", ctl.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let pushes: Vec<&Value> = log["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["kind"] == "copy-prefix-to-pool")
+        .collect();
+    assert_eq!(pushes.len(), 1, "pushed once within retry_ms: {pushes:?}");
+    assert_eq!(pushes[0]["outcome"], "executed");
+    drop(busy);
+    let (want, _) = complete_at(&holder.url, prompt_and(77), json!({})).await;
+    let (got, cached) = complete_at(&other.url, prompt_and(77), json!({})).await;
+    assert_eq!(got, want, "the holder's output");
+    assert!(cached >= 160, "from the pool: cached_tokens {cached}");
+    assert_eq!(
+        metric(&other.url, "pie_kv_transfer_pages_total{direction=\"in\"}").await,
+        10.0
+    );
 }

@@ -47,6 +47,7 @@ impl SimActors {
                 "replicate",
                 "the simulator does not model prefix copies yet",
             ),
+            ("pool-replicate", "the simulator does not model a pool yet"),
         ] {
             anyhow::ensure!(!names.contains(&name), "{name}: {why}");
         }

@@ -21,8 +21,8 @@ use tokio_stream::wrappers::BroadcastStream;
 use crate::config::ApiKey;
 use crate::process::{ProcEvent, ProcState, Process};
 use crate::runtime::{
-    Forget, GenOptions, Inferlet, LaunchError, PersistError, Prompt, PromptTokens, PullRequest,
-    Resume, Runtime, ServeError, PROMPT_TOKENS_FIELD, RESUME_FIELD, STREAM_IDS_FIELD,
+    Forget, GenOptions, Inferlet, LaunchError, PersistError, PersistTo, Prompt, PromptTokens,
+    PullRequest, Resume, Runtime, ServeError, PROMPT_TOKENS_FIELD, RESUME_FIELD, STREAM_IDS_FIELD,
 };
 use pie_core::auth::{Caller, KeyLimits, Role, ACT_AS_CACHE_SALT, ACT_AS_CLIENT, ACT_AS_ROLE};
 
@@ -672,11 +672,15 @@ struct PersistBody {
     blocks: Option<Vec<u64>>,
     #[serde(default)]
     tokens: Option<Vec<u32>>,
+    /// `disk`, `pool` or (by default) whichever of the two the worker has.
+    #[serde(default)]
+    to: PersistTo,
 }
 
-/// Write a prefix's pages to this worker's disk tier (see
-/// `runtime::persist`): what was written, already there, held, evicted;
-/// 409 when the worker has no `[runtime.persist] dir`.
+/// Write a prefix's pages to this worker's disk tier and/or push them to its
+/// pool (see `runtime::persist`): what was written, already there, held,
+/// evicted, pooled; 409 when the worker has neither (or not the one `to`
+/// names).
 async fn kv_persist(
     State(state): State<AppState>,
     auth: Option<Extension<Authed>>,
@@ -684,7 +688,7 @@ async fn kv_persist(
 ) -> Result<Json<Value>, ApiError> {
     let rt = state.runtime()?;
     let chain = prefix_chain(&rt, &auth, body.tokens, body.blocks)?;
-    let done = rt.persist(chain).await.map_err(persist_error)?;
+    let done = rt.persist(chain, body.to).await.map_err(persist_error)?;
     Ok(Json(json!(done)))
 }
 
@@ -724,7 +728,7 @@ fn prefix_chain(
 
 fn persist_error(e: PersistError) -> ApiError {
     let status = match e {
-        PersistError::NoStore => StatusCode::CONFLICT,
+        PersistError::NoStore | PersistError::NoDisk | PersistError::NoPool => StatusCode::CONFLICT,
         PersistError::Disk(pie_kv::disk::DiskError::OverBudget { .. }) => {
             StatusCode::INSUFFICIENT_STORAGE
         }

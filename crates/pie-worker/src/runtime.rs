@@ -31,7 +31,7 @@ use pie_policy::runtime::{TransferConfig, WorkerPolicies};
 mod persist;
 mod transfer;
 
-pub use persist::{Forget, PersistError, PersistStore, Persisted};
+pub use persist::{Forget, PersistError, PersistStore, PersistTo, Persisted};
 use pie_workload::{TraceInput, TraceRecorder};
 use transfer::Pull;
 pub use transfer::{PullError, PullRequest, ServeError};

@@ -211,7 +211,7 @@ async fn damaged_torn_and_foreign_pages_are_never_used() {
 }
 
 #[tokio::test]
-async fn no_dir_or_a_zero_budget_persists_nothing_and_says_so() {
+async fn no_dir_no_pool_or_a_zero_budget_persists_nothing_and_says_so() {
     let p = prompt(64, 5);
     let plain = Server::start("", &[]).await;
     let (want, _) = complete(&plain, &p, json!({"persist": true})).await;
@@ -237,6 +237,41 @@ async fn no_dir_or_a_zero_budget_persists_nothing_and_says_so() {
     );
     assert_eq!(persist_events(&s, "written").await, 0.0);
     assert_eq!(complete(&s, &p, json!({})).await.0, want);
+    let (status, v) = s
+        .post(
+            "/v1/internal/kv/persist",
+            json!({"tokens": p, "to": "pool"}),
+        )
+        .await;
+    assert_eq!(status, 409, "a disk but no pool: {v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("[runtime] pool"),
+        "{v}"
+    );
+    let (status, v) = plain
+        .post(
+            "/v1/internal/kv/persist",
+            json!({"tokens": p, "to": "disk"}),
+        )
+        .await;
+    assert_eq!(status, 409, "{v}");
+    let (status, v) = plain
+        .post(
+            "/v1/internal/kv/persist",
+            json!({"tokens": p, "to": "tape"}),
+        )
+        .await;
+    assert_eq!(status, 422, "an unknown `to` names the field: {v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown variant `tape`"),
+        "{v}"
+    );
     std::fs::remove_dir_all(root).unwrap();
 }
 

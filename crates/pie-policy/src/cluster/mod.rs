@@ -19,6 +19,7 @@ mod least_loaded;
 mod pending;
 mod persist_prefix;
 mod pin;
+mod pool_replicate;
 mod priority;
 mod rebalance;
 mod replicate;
@@ -42,6 +43,7 @@ pub use least_loaded::LeastLoaded;
 pub use pending::PendingBlocks;
 pub use persist_prefix::{PersistPrefix, PersistPrefixConfig};
 pub use pin::{Pin, PinConfig};
+pub use pool_replicate::{PoolReplicate, PoolReplicateConfig};
 pub use priority::{PriorityQueue, QueueOrder, DEFAULT_MAX_QUEUED};
 pub use rebalance::{Rebalance, RebalanceConfig, Signal as RebalanceSignal};
 pub use replicate::{Replicate, ReplicateConfig};
@@ -101,6 +103,7 @@ pub const ACTORS: &[&str] = &[
     "drain-migrate",
     "persist-prefix",
     "replicate",
+    "pool-replicate",
 ];
 
 /// The configs of the actors (`[cluster.<name>]`); each has `dry_run`.
@@ -111,6 +114,7 @@ pub struct ActorConfigs {
     pub drain_migrate: DrainMigrateConfig,
     pub persist_prefix: PersistPrefixConfig,
     pub replicate: ReplicateConfig,
+    pub pool_replicate: PoolReplicateConfig,
 }
 
 impl ActorConfigs {
@@ -122,6 +126,7 @@ impl ActorConfigs {
             "drain-migrate" => self.drain_migrate.dry_run,
             "persist-prefix" => self.persist_prefix.dry_run,
             "replicate" => self.replicate.dry_run,
+            "pool-replicate" => self.pool_replicate.dry_run,
             _ => false,
         }
     }
@@ -154,6 +159,11 @@ pub fn actor(name: &str, configs: &ActorConfigs) -> Result<Box<dyn ClusterActor>
             let c = &configs.replicate;
             c.validate().map_err(|e| format!("{name}.{e}"))?;
             Ok(Box::new(Replicate::new(c.clone())))
+        }
+        "pool-replicate" => {
+            let c = &configs.pool_replicate;
+            c.validate().map_err(|e| format!("{name}.{e}"))?;
+            Ok(Box::new(PoolReplicate::new(c.clone())))
         }
         other => Err(format!(
             "unknown cluster actor `{other}` (available: {})",
@@ -417,6 +427,10 @@ mod tests {
                 max_replicas: 0,
                 ..ReplicateConfig::default()
             },
+            pool_replicate: PoolReplicateConfig {
+                hot_rps: -1.0,
+                ..PoolReplicateConfig::default()
+            },
         };
         let err = actor("drain-migrate", &bad).err();
         assert!(err.is_some_and(|e| e.starts_with("drain-migrate.pending_timeout_ms")));
@@ -424,6 +438,8 @@ mod tests {
         assert!(err.is_some_and(|e| e.starts_with("persist-prefix.min_hits")));
         let err = actor("replicate", &bad).err();
         assert!(err.is_some_and(|e| e.starts_with("replicate.max_replicas")));
+        let err = actor("pool-replicate", &bad).err();
+        assert!(err.is_some_and(|e| e.starts_with("pool-replicate.hot_rps")));
         let err = actor("scale-by-prop", &bad).err();
         assert!(err.is_some_and(|e| e.starts_with("scale-by-prop.hysteresis")));
         let err = actor("rebalance", &bad).err();

@@ -153,33 +153,24 @@ impl Replicate {
 
     /// The copy one hot prefix gets this tick, if any.
     fn copy_for(&self, hot: &HotPrefix, workers: &[WorkerState]) -> Option<(Decision, String)> {
-        if hot.requests_per_s < self.config.hot_rps {
+        let c = &self.config;
+        let (blocks, holders) = crowded(hot, workers, c.hot_rps, c.min_hits, c.min_blocks, c.high)?;
+        let &last = blocks.last()?;
+        if self.pending.contains_key(&last) || holders.len() > c.max_replicas {
             return None;
         }
-        let blocks = hot.leading_hot(self.config.min_hits);
-        let &last = blocks
-            .last()
-            .filter(|_| blocks.len() >= self.config.min_blocks)?;
         let holds = |w: &WorkerState| hot.held_by(&w.name) >= blocks.len();
-        let holders: Vec<&WorkerState> =
-            workers.iter().filter(|w| w.serving() && holds(w)).collect();
-        let busy = |w: &WorkerState| w.load_level().is_some_and(|l| l >= self.config.high);
-        if self.pending.contains_key(&last)
-            || !holders.iter().all(|w| busy(w))
-            || holders.len() > self.config.max_replicas
-        {
-            return None;
-        }
-        let source = holders.iter().min_by_key(|w| (w.load, &w.name))?;
-        let target = workers
+        let source = least_loaded(&holders)?;
+        let idle: Vec<&WorkerState> = workers
             .iter()
             .filter(|w| {
                 w.serving()
                     && w.stage != Stage::Decode
                     && !holds(w)
-                    && w.load_level().is_some_and(|l| l < self.config.low)
+                    && w.load_level().is_some_and(|l| l < c.low)
             })
-            .min_by_key(|w| (w.load, &w.name))?;
+            .collect();
+        let target = least_loaded(&idle)?;
         let decision = Decision {
             action: Action::CopyPrefix {
                 blocks: blocks.to_vec(),
@@ -187,11 +178,8 @@ impl Replicate {
                 to: target.name.clone(),
             },
             reason: format!(
-                "{} blocks asked for {:.1}/s; its holders at or above {} of max_running ({}), {} at {}",
-                blocks.len(),
-                hot.requests_per_s,
-                self.config.high,
-                holders.iter().map(|w| loaded(w)).collect::<Vec<_>>().join(", "),
+                "{}; {} at {}",
+                crowded_reason(blocks, hot, c.high, &holders),
                 target.name,
                 loaded(target)
             ),
@@ -225,6 +213,54 @@ impl Replicate {
         }
         out
     }
+}
+
+/// A prefix asked for at least `hot_rps` times a second whose serving
+/// holders are all at or above `high`: its leading blocks asked for at least
+/// `min_hits` times (at least `min_blocks` of them) and those holders (never
+/// none). What `replicate` and `pool-replicate` copy.
+pub(super) fn crowded<'a>(
+    hot: &'a HotPrefix,
+    workers: &'a [WorkerState],
+    hot_rps: f64,
+    min_hits: u64,
+    min_blocks: usize,
+    high: f64,
+) -> Option<(&'a [BlockHash], Vec<&'a WorkerState>)> {
+    if hot.requests_per_s < hot_rps {
+        return None;
+    }
+    let blocks = hot.leading_hot(min_hits);
+    if blocks.is_empty() || blocks.len() < min_blocks {
+        return None;
+    }
+    let holders: Vec<&WorkerState> = workers
+        .iter()
+        .filter(|w| w.serving() && hot.held_by(&w.name) >= blocks.len())
+        .collect();
+    let busy = |w: &&WorkerState| w.load_level().is_some_and(|l| l >= high);
+    (!holders.is_empty() && holders.iter().all(busy)).then_some((blocks, holders))
+}
+
+/// The least loaded of `workers` (ties by name).
+pub(super) fn least_loaded<'a>(workers: &[&'a WorkerState]) -> Option<&'a WorkerState> {
+    workers.iter().copied().min_by_key(|w| (w.load, &w.name))
+}
+
+/// Why a crowded prefix is worth copying, for reasons.
+pub(super) fn crowded_reason(
+    blocks: &[BlockHash],
+    hot: &HotPrefix,
+    high: f64,
+    holders: &[&WorkerState],
+) -> String {
+    let loads: Vec<String> = holders.iter().map(|w| loaded(w)).collect();
+    format!(
+        "{} blocks asked for {:.1}/s; its holders at or above {high} of max_running ({})",
+        blocks.len(),
+        hot.requests_per_s,
+        loads.join(", ")
+    )
 }
 
 /// `name load/max_running`, for reasons.

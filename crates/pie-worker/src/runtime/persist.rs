@@ -92,6 +92,19 @@ pub struct Persisted {
     pub pooled: usize,
 }
 
+/// Where a persist request keeps the pages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PersistTo {
+    /// Its disk tier and its `pie-pool`, whichever it has.
+    #[default]
+    Any,
+    /// Only its `[runtime.persist] dir`.
+    Disk,
+    /// Only its `[runtime] pool` (the controller's `pool-replicate`).
+    Pool,
+}
+
 /// Why a persist request did nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum PersistError {
@@ -99,6 +112,10 @@ pub enum PersistError {
         "this worker cannot persist pages: neither [runtime.persist] dir nor [runtime] pool is set"
     )]
     NoStore,
+    #[error("this worker has no [runtime.persist] dir")]
+    NoDisk,
+    #[error("this worker has no [runtime] pool")]
+    NoPool,
     #[error("the pool at {url} did not take the pages: {why}")]
     Pool { url: String, why: String },
     #[error("{0}")]
@@ -179,18 +196,29 @@ impl Runtime {
     pub(crate) fn persist_in_background(self: &Arc<Self>, chain: Vec<BlockHash>) {
         let rt = self.clone();
         tokio::spawn(async move {
-            if let Err(e) = rt.persist(chain).await {
+            if let Err(e) = rt.persist(chain, PersistTo::Any).await {
                 tracing::warn!(error = %e, "the `persist` prop's prefix was not persisted");
             }
         });
     }
 
     /// Make the pool's leading pages of `chain` outlive this worker: written
-    /// to its disk (those not there yet) and pushed to its `pie-pool`,
-    /// whichever it has.
-    pub async fn persist(&self, chain: Vec<BlockHash>) -> Result<Persisted, PersistError> {
-        if self.settings.persist.is_none() && self.settings.pool.is_none() {
-            return Err(PersistError::NoStore);
+    /// to its disk (those not there yet) and pushed to its `pie-pool`, those
+    /// of the two it has that `to` names.
+    pub async fn persist(
+        &self,
+        chain: Vec<BlockHash>,
+        to: PersistTo,
+    ) -> Result<Persisted, PersistError> {
+        let (disk, pool) = (
+            self.settings.persist.is_some(),
+            self.settings.pool.is_some(),
+        );
+        match to {
+            PersistTo::Any if !disk && !pool => return Err(PersistError::NoStore),
+            PersistTo::Disk if !disk => return Err(PersistError::NoDisk),
+            PersistTo::Pool if !pool => return Err(PersistError::NoPool),
+            _ => {}
         }
         let ttl = Duration::from_millis(self.settings.transfer.lease_ms);
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -202,7 +230,7 @@ impl Runtime {
         let (lease, held) = rx
             .await
             .map_err(|_| PersistError::Engine(self.engine_stopped()))?;
-        let done = self.persist_leased(lease, &chain[..held]).await;
+        let done = self.persist_leased(lease, &chain[..held], to).await;
         self.send(Command::ReleaseLease(lease));
         done.map(|report| Persisted { held, ..report })
     }
@@ -211,12 +239,18 @@ impl Runtime {
         &self,
         lease: u64,
         chain: &[BlockHash],
+        to: PersistTo,
     ) -> Result<Persisted, PersistError> {
         let mut report = match &self.settings.persist {
-            Some(store) => self.write_leased(store, lease, chain).await?,
-            None => Persisted::default(),
+            Some(store) if to != PersistTo::Pool => self.write_leased(store, lease, chain).await?,
+            _ => Persisted::default(),
         };
-        if let Some(pool) = &self.settings.pool {
+        if let Some(pool) = self
+            .settings
+            .pool
+            .as_ref()
+            .filter(|_| to != PersistTo::Disk)
+        {
             report.pooled = self.push_leased(pool, lease, chain).await?;
             self.metrics.count_persist("pooled", report.pooled);
         }
