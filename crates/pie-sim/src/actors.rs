@@ -3,11 +3,13 @@
 //! snapshot of the simulated workers. Actions are executed as the controller
 //! executes them: a scale hint is published (kept in the run's metrics); a
 //! `MigrateProcess` moves the process with its KV (`sim.rs`, costed as
-//! `migrate.rs` says); an action this executor cannot carry out stops the run
+//! `migrate.rs` says); a `CopyPrefix` sends the prefix's pages to the target
+//! (`copies.rs`); an action this executor cannot carry out stops the run
 //! with an error naming it, never silently. Dry-run records are kept, not
 //! executed.
 
 use anyhow::{bail, Context, Result};
+use pie_core::BlockHash;
 use pie_policy::cluster::{Action, ActionRecord, ActorConfigs, ActorRunner, ClusterSnapshot};
 use serde::{de::DeserializeOwned, Serialize};
 
@@ -27,6 +29,11 @@ pub enum ToExecute {
         from: String,
         to: String,
     },
+    CopyPrefix {
+        blocks: Vec<BlockHash>,
+        from: String,
+        to: String,
+    },
 }
 
 impl SimActors {
@@ -37,15 +44,11 @@ impl SimActors {
         }
         anyhow::ensure!(tick_ms > 0, "the actor tick must be positive");
         // They would run and never act: the simulated workers have no disk
-        // tier, and the simulator tracks no hot prefixes.
+        // tier and no pool.
         for (name, why) in [
             (
                 "persist-prefix",
                 "the simulator does not model a disk tier yet",
-            ),
-            (
-                "replicate",
-                "the simulator does not model prefix copies yet",
             ),
             ("pool-replicate", "the simulator does not model a pool yet"),
         ] {
@@ -58,6 +61,12 @@ impl SimActors {
             next_tick_us: 0,
             records: Vec::new(),
         }))
+    }
+
+    /// Whether an actor reads the snapshot's hot prefixes (the simulation
+    /// then tracks them).
+    pub fn reads_hot_prefixes(&self) -> bool {
+        self.runner.names().contains(&"replicate")
     }
 
     /// The next tick, if it is due by `now_us`.
@@ -89,6 +98,11 @@ fn execute(record: &ActionRecord) -> Result<Option<ToExecute>> {
             from: from.clone(),
             to: to.clone(),
         })),
+        Action::CopyPrefix { blocks, from, to } => Ok(Some(ToExecute::CopyPrefix {
+            blocks: blocks.clone(),
+            from: from.clone(),
+            to: to.clone(),
+        })),
         other => bail!(
             "{}: the simulator cannot execute `{}` actions yet",
             record.actor,
@@ -114,9 +128,10 @@ pub fn apply_overrides(configs: &mut ActorConfigs, overrides: &[String]) -> Resu
         match name {
             "scale-by-prop" => set_key(&mut configs.scale_by_prop, key, value),
             "rebalance" => set_key(&mut configs.rebalance, key, value),
-            other => {
-                bail!("--actor-set: no configurable actor `{other}` (scale-by-prop, rebalance)")
-            }
+            "replicate" => set_key(&mut configs.replicate, key, value),
+            other => bail!(
+                "--actor-set: no configurable actor `{other}` (scale-by-prop, rebalance, replicate)"
+            ),
         }
         .with_context(|| format!("--actor-set `{item}`"))?;
     }
@@ -150,10 +165,10 @@ mod tests {
             .err()
             .expect("refused");
         assert!(err.to_string().contains("disk tier"), "{err}");
-        let err = SimActors::new(&["replicate"], &ActorConfigs::default(), 100)
+        let err = SimActors::new(&["pool-replicate"], &ActorConfigs::default(), 100)
             .err()
             .expect("refused");
-        assert!(err.to_string().starts_with("replicate:"), "{err}");
+        assert!(err.to_string().starts_with("pool-replicate:"), "{err}");
     }
 
     #[test]

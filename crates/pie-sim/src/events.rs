@@ -1,6 +1,6 @@
 //! The simulation's event queue: open-loop arrivals (sorted once), later-turn
 //! arrivals, ends of KV transfers (a disaggregated prefill's pages reaching the
-//! decode worker, a migration's copy stage or pause ending) and step ends. Step ends (at most one per worker) and the
+//! decode worker, a migration's copy stage or pause ending, a prefix copy arriving) and step ends. Step ends (at most one per worker) and the
 //! rest (up to one per conversation or transfer) sit in two heaps, so the frequent step events
 //! stay in a small heap that fits the cache. Order: earliest time first; an
 //! open-loop arrival goes before queued events at the same time, and queued
@@ -21,6 +21,8 @@ pub enum Event {
     MigrationCopied(u32),
     /// Request `r`'s migration pause ended: it resumes on its target.
     Migrated(u32),
+    /// Prefix copy `c` reached its target.
+    PrefixCopied(u32),
 }
 
 /// (time us, push number, worker)

@@ -4,6 +4,7 @@
 
 pub mod actors;
 pub mod cache;
+pub mod copies;
 pub mod disaggregate;
 pub mod events;
 pub mod histogram;

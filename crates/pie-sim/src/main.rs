@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use pie_sim::metrics::{class_table, markdown_table, migration_table, transfer_table};
+use pie_sim::metrics::{class_table, copy_table, markdown_table, migration_table, transfer_table};
 use pie_sim::requests::{self, Input};
 use pie_sim::worker_config::WorkerConfig;
 use pie_sim::{run, PolicyName, RouterSpec, RunMetrics, SimConfig};
@@ -276,6 +276,10 @@ fn main() -> Result<()> {
             let migrations = migration_table(&runs);
             if !migrations.is_empty() {
                 print!("\nMigrations:\n\n{migrations}");
+            }
+            let copies = copy_table(&runs);
+            if !copies.is_empty() {
+                print!("\nPrefix copies:\n\n{copies}");
             }
             let classes = class_table(&runs);
             if !classes.is_empty() {

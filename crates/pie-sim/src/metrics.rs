@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use pie_policy::cluster::ActionRecord;
 use serde::Serialize;
 
+use crate::copies::CopyCounters;
 use crate::disaggregate::{Disaggregation, TransferCounters};
 use crate::histogram::LogHistogram;
 use crate::migrate::{MigrationCounters, Migrations};
@@ -55,6 +56,7 @@ pub struct Counters {
     pub itl: LogHistogram,
     pub transfers: TransferCounters,
     pub migrations: MigrationCounters,
+    pub copies: CopyCounters,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -174,6 +176,10 @@ pub struct RunMetrics {
     /// `rebalance`); present when the router runs actors.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub migrations: Option<Migrations>,
+    /// Prefixes copied between workers (`CopyPrefix` actions, `replicate`);
+    /// present when the router runs actors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub copies: Option<CopyCounters>,
     pub events: u64,
     pub wall_s: f64,
     pub events_per_s: f64,
@@ -402,6 +408,7 @@ impl RunMetrics {
             disaggregation,
             migrations: (!cfg.router.actors().is_empty())
                 .then(|| Migrations::new(&counters.migrations)),
+            copies: (!cfg.router.actors().is_empty()).then(|| counters.copies.clone()),
             events: counters.events,
             wall_s,
             events_per_s: if wall_s > 0.0 {
@@ -505,6 +512,37 @@ pub fn migration_table(runs: &[RunMetrics]) -> String {
             m.bytes as f64 / 1e9,
             m.mean_pause_ms,
             m.max_pause_ms,
+        ));
+    }
+    s
+}
+
+/// One row per run whose router runs actors, when any of them copied a
+/// prefix (empty otherwise).
+pub fn copy_table(runs: &[RunMetrics]) -> String {
+    if !runs
+        .iter()
+        .any(|r| r.copies.as_ref().is_some_and(|c| c.copies > 0))
+    {
+        return String::new();
+    }
+    let mut s = String::from(
+        "| router | TTFT p50 / p90 / p99 ms | e2e p50 / p99 ms | prefix copies | pages sent | GB sent |\n\
+         |---|---|---|---|---|---|\n",
+    );
+    for r in runs {
+        let c = r.copies.clone().unwrap_or_default();
+        s.push_str(&format!(
+            "| {} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} | {} | {} | {:.2} |\n",
+            r.router,
+            r.ttft_ms.p50,
+            r.ttft_ms.p90,
+            r.ttft_ms.p99,
+            r.e2e_ms.p50,
+            r.e2e_ms.p99,
+            c.copies,
+            c.pages,
+            c.bytes as f64 / 1e9,
         ));
     }
     s

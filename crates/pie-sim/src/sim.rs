@@ -30,13 +30,15 @@ use std::time::Instant;
 
 use pie_core::{block_hash, block_hashes, BlockHash, ModelFingerprint, SeqId};
 use pie_policy::cluster::{
-    ActionRecord, ActorConfigs, ClusterSnapshot, KvPages, ProcessState, Stage, WorkerState,
+    ActionRecord, ActorConfigs, ClusterSnapshot, KvPages, PrefixHeat, ProcessState, Stage,
+    WorkerState,
 };
 use pie_policy::runtime::{PolicyList, RuntimeConfig, WorkerPolicies};
 use pie_policy::scheduler::prefill_share;
 use pie_policy::{Candidate, KeepSession, OnMiss, Planned, Scheduler, StepLimits, WorkerPolicy};
 
 use crate::actors::{SimActors, ToExecute};
+use crate::copies::{hot_prefixes, leading_held, PrefixCopy, HEAT_CAPACITY};
 use crate::cost::{CostProfile, StepShape};
 use crate::disaggregate::{kv_bytes_per_token, Links};
 use crate::events::{Event, Events};
@@ -230,6 +232,11 @@ struct Sim<'a> {
     /// Migrating requests that left their source, in their pause, with the
     /// leading pages of theirs the target gets.
     paused: BTreeMap<u32, (Seq, usize)>,
+    /// Routed prompts' blocks, while an actor reads hot prefixes.
+    heat: Option<PrefixHeat>,
+    /// Prefix copies on their way, by number.
+    copies: BTreeMap<u32, PrefixCopy>,
+    copies_started: u32,
 }
 
 const FINGERPRINT: ModelFingerprint = ModelFingerprint(0x51_u64);
@@ -425,6 +432,9 @@ impl<'a> Sim<'a> {
             migrations: BTreeMap::new(),
             awaiting: vec![Vec::new(); cfg.workers],
             paused: BTreeMap::new(),
+            heat: None,
+            copies: BTreeMap::new(),
+            copies_started: 0,
         }
     }
 
@@ -434,6 +444,13 @@ impl<'a> Sim<'a> {
             &self.cfg.actor_configs,
             self.cfg.actor_tick_ms,
         )?;
+        if self
+            .actors
+            .as_ref()
+            .is_some_and(SimActors::reads_hot_prefixes)
+        {
+            self.heat = Some(PrefixHeat::new(HEAT_CAPACITY));
+        }
         while let Some((now, ev)) = self.events.pop() {
             self.tick_actors(now)?;
             if let Event::StepEnd(w) = ev {
@@ -449,6 +466,7 @@ impl<'a> Sim<'a> {
                 Event::Transferred(r) => self.transferred(r, now)?,
                 Event::MigrationCopied(r) => self.migration_copied(r, now)?,
                 Event::Migrated(r) => self.migrated(r, now)?,
+                Event::PrefixCopied(c) => self.prefix_copied(c)?,
             }
         }
         Ok(())
@@ -457,7 +475,7 @@ impl<'a> Sim<'a> {
     /// Every actor tick due by `now`, each over the cluster as it stands.
     fn tick_actors(&mut self, now: u64) -> anyhow::Result<()> {
         while let Some(at) = self.actors.as_ref().and_then(|a| a.due(now)) {
-            let snapshot = self.snapshot();
+            let snapshot = self.snapshot(at);
             let Some(actors) = &mut self.actors else {
                 break;
             };
@@ -466,6 +484,9 @@ impl<'a> Sim<'a> {
                     ToExecute::Migrate { process, from, to } => {
                         self.migrate(&process, &from, &to, now)?
                     }
+                    ToExecute::CopyPrefix { blocks, from, to } => {
+                        self.copy_prefix(blocks, &from, &to, now)?
+                    }
                 }
             }
         }
@@ -473,10 +494,10 @@ impl<'a> Sim<'a> {
     }
 
     /// The cluster as an actor sees it: every worker with its load and pages,
-    /// every sequence with its props. A migrating process in its pause is on
-    /// no worker's list (nothing can act on it then); its load counts on its
-    /// target already.
-    fn snapshot(&self) -> ClusterSnapshot {
+    /// every sequence with its props, the hot prefixes (when tracked) at
+    /// `at_us`. A migrating process in its pause is on no worker's list
+    /// (nothing can act on it then); its load counts on its target already.
+    fn snapshot(&self, at_us: u64) -> ClusterSnapshot {
         let total = self.cfg.profile.kv_pages;
         let mut snapshot = ClusterSnapshot::default();
         for (w, worker) in self.workers.iter().enumerate() {
@@ -502,7 +523,66 @@ impl<'a> Sim<'a> {
                 });
             }
         }
+        if let Some(heat) = &self.heat {
+            let caches = self.workers.iter().map(|w| &w.pages.cache);
+            snapshot.hot_prefixes =
+                hot_prefixes(heat, at_us / 1000, self.cfg.profile.page_size, caches);
+        }
         snapshot
+    }
+
+    /// Carry out a `CopyPrefix` from an actor: the blocks `from` holds (from
+    /// the first) that `to` lacks go over `to`'s link (see `copies`). A
+    /// worker that does not exist is an error that stops the run.
+    fn copy_prefix(
+        &mut self,
+        blocks: Vec<BlockHash>,
+        from: &str,
+        to: &str,
+        now: u64,
+    ) -> anyhow::Result<()> {
+        let (f, t) = (self.worker_named(from)?, self.worker_named(to)?);
+        anyhow::ensure!(f != t, "copy-prefix: from `{from}` to itself");
+        let held = leading_held(&self.workers[f].pages.cache, &blocks);
+        let mut blocks = blocks;
+        blocks.truncate(held);
+        let target = &self.workers[t].pages.cache;
+        let pages = blocks.iter().filter(|h| !target.contains(h)).count() as u64;
+        let ps = self.cfg.profile.page_size as u64;
+        let bytes = pages * ps * self.cfg.kv_bytes_per_token;
+        let arrive = match bytes {
+            0 => now,
+            _ => self.links.book(&self.cfg.profile, t, now, bytes).1,
+        };
+        let c = &mut self.counters.copies;
+        c.copies += 1;
+        c.pages += pages;
+        c.bytes += bytes;
+        self.copies_started += 1;
+        self.copies
+            .insert(self.copies_started, PrefixCopy { to: t, blocks });
+        self.events
+            .push(arrive, Event::PrefixCopied(self.copies_started));
+        Ok(())
+    }
+
+    /// Copy `c` reached its target: the blocks into its prefix cache (as many
+    /// as fit) and the router's index.
+    fn prefix_copied(&mut self, c: u32) -> anyhow::Result<()> {
+        let copy = (self.copies.remove(&c))
+            .ok_or_else(|| anyhow::anyhow!("prefix copy {c} arrived twice"))?;
+        let received = self.workers[copy.to].pages.receive(&copy.blocks);
+        self.counters.copies.received += received as u64;
+        self.sync_index(copy.to);
+        Ok(())
+    }
+
+    /// The index of worker `name` (`w3`); an unknown one is an error.
+    fn worker_named(&self, name: &str) -> anyhow::Result<usize> {
+        name.strip_prefix('w')
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|&w| w < self.workers.len())
+            .ok_or_else(|| anyhow::anyhow!("no worker `{name}`"))
     }
 
     fn step_ended(&mut self, w: usize, now: u64) -> anyhow::Result<()> {
@@ -562,6 +642,9 @@ impl<'a> Sim<'a> {
         let max_tokens = req.output_len().min(limit - prompt_len).max(1);
         let hashes = self.hashes(r, prompt_len + max_tokens);
         let usable = hashes.len().min((prompt_len - 1) / ps);
+        if let Some(heat) = &mut self.heat {
+            heat.record(&hashes[..usable], now / 1000);
+        }
         let routed = self
             .router
             .route(now / 1000, &req.props, prompt_len, &hashes[..usable]);
@@ -685,12 +768,9 @@ impl<'a> Sim<'a> {
             .strip_prefix("request-")
             .and_then(|n| n.parse().ok())
             .ok_or_else(|| anyhow::anyhow!("migrate: no process `{process}`"))?;
-        let workers = self.workers.len();
         let worker = |name: &str| {
-            name.strip_prefix('w')
-                .and_then(|n| n.parse::<usize>().ok())
-                .filter(|&w| w < workers)
-                .ok_or_else(|| anyhow::anyhow!("migrate: no worker `{name}`"))
+            self.worker_named(name)
+                .map_err(|e| anyhow::anyhow!("migrate: {e}"))
         };
         let (f, t) = (worker(from)?, worker(to)?);
         anyhow::ensure!(f != t, "migrate: `{process}` from `{from}` to itself");
