@@ -13,8 +13,9 @@
 //! `GET /v1/cluster/scale`); `migrate-process` moves a relayed stream
 //! (`relay`); `persist-prefix` asks the worker to write the blocks to its disk
 //! tier; `copy-prefix` asks the target to pull the blocks from the source;
-//! `copy-prefix-to-pool` asks the source to push them to its pool; a drain
-//! has no executor here (workers drain themselves) and is recorded
+//! `copy-prefix-to-pool` asks the source to push them to its pool (these
+//! three are logged `sent`, then `executed` or `failed` with the worker's
+//! answer); a drain has no executor here (workers drain themselves) and is recorded
 //! as failed, with the reason, never dropped silently. The snapshot's hot
 //! prefixes come from the registry, which counts routed prompts' blocks only
 //! while an actor reads them. Dry-run records are kept and counted, not executed. Every record
@@ -49,6 +50,9 @@ pub const ACTION_LOG_LEN: usize = 256;
 #[serde(rename_all = "kebab-case")]
 pub enum Outcome {
     Executed,
+    /// Asked of a worker whose answer is not in yet; replaced by `executed`
+    /// or `failed` (with the worker's reason) when it comes.
+    Sent,
     /// Recorded only (`[cluster.<actor>] dry_run`).
     DryRun,
     Failed {
@@ -58,6 +62,8 @@ pub enum Outcome {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct LoggedAction {
+    /// Its number in this controller's log (a later outcome finds it by this).
+    pub id: u64,
     /// The action's kind (a metric label), beside the record for readers.
     pub kind: &'static str,
     #[serde(flatten)]
@@ -68,6 +74,7 @@ pub struct LoggedAction {
 impl LoggedAction {
     fn new(record: ActionRecord, outcome: Outcome) -> Self {
         Self {
+            id: 0,
             kind: record.action.kind(),
             record,
             outcome,
@@ -133,6 +140,7 @@ pub struct Actors {
     events: Mutex<Vec<ClusterEvent>>,
     wake: tokio::sync::Notify,
     log: Mutex<VecDeque<LoggedAction>>,
+    logged: AtomicU64,
     scale: Mutex<BTreeMap<String, Published>>,
 }
 
@@ -146,6 +154,7 @@ impl Actors {
             events: Mutex::new(Vec::new()),
             wake: tokio::sync::Notify::new(),
             log: Mutex::new(VecDeque::with_capacity(ACTION_LOG_LEN)),
+            logged: AtomicU64::new(0),
             scale: Mutex::new(BTreeMap::new()),
         }
     }
@@ -251,7 +260,7 @@ impl Actors {
     }
 
     /// Queued events, then (when `tick`) a tick; every record executed and logged.
-    fn step(&self, ctl: &Controller, tick: bool) {
+    fn step(&self, ctl: &Arc<Controller>, tick: bool) {
         let events = std::mem::take(&mut *self.events.lock().unwrap_or_else(|e| e.into_inner()));
         if events.is_empty() && !tick {
             return;
@@ -270,22 +279,37 @@ impl Actors {
             records
         };
         for record in records {
-            let outcome = match &record.action {
-                Action::PersistPrefix { blocks, worker } if !record.dry_run => {
-                    persist_on(ctl, worker, blocks)
-                }
-                Action::CopyPrefix { blocks, from, to } if !record.dry_run => {
-                    copy_prefix(ctl, blocks, from, to)
-                }
-                Action::CopyPrefixToPool { blocks, from } if !record.dry_run => {
-                    push_to_pool(ctl, from, blocks)
-                }
-                _ => self.execute(&ctl.metrics, &ctl.streams, &record),
+            let ask = match record.dry_run {
+                true => None,
+                false => worker_ask(ctl, &record.action),
             };
+            let outcome = match &ask {
+                Some(Ok(_)) => Outcome::Sent,
+                Some(Err(error)) => Outcome::Failed {
+                    error: error.clone(),
+                },
+                None => self.execute(&ctl.metrics, &ctl.streams, &record),
+            };
+            let kind = record.action.kind();
             if let Outcome::Failed { error } = &outcome {
-                tracing::error!(actor = record.actor, kind = record.action.kind(), "{error}");
+                tracing::error!(actor = record.actor, kind, "{error}");
             }
-            self.log_action(&ctl.metrics, LoggedAction::new(record, outcome));
+            let id = self.log_action(&ctl.metrics, LoggedAction::new(record, outcome));
+            if let Some(Ok(req)) = ask {
+                let ctl = ctl.clone();
+                tokio::spawn(async move {
+                    let outcome = answer_of(req, kind).await;
+                    ctl.actors.settle(id, outcome);
+                });
+            }
+        }
+    }
+
+    /// The worker's answer to logged action `id` (if still in the log).
+    fn settle(&self, id: u64, outcome: Outcome) {
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = log.iter_mut().find(|a| a.id == id) {
+            entry.outcome = outcome;
         }
     }
 
@@ -345,7 +369,10 @@ impl Actors {
         }
     }
 
-    fn log_action(&self, metrics: &ControllerMetrics, logged: LoggedAction) {
+    /// Count and keep `logged`; its id.
+    fn log_action(&self, metrics: &ControllerMetrics, mut logged: LoggedAction) -> u64 {
+        logged.id = self.logged.fetch_add(1, Ordering::Relaxed) + 1;
+        let id = logged.id;
         metrics
             .actions
             .get_or_create(&ActionLabels {
@@ -359,88 +386,73 @@ impl Actors {
             log.pop_front();
         }
         log.push_back(logged);
+        id
     }
+}
+
+/// The request that carries out `action` on a worker, for the actions
+/// workers execute: `persist-prefix` (`POST /v1/internal/kv/persist`; a worker
+/// without a disk or pool says so), `copy-prefix` (the target's `POST
+/// /v1/internal/kv/prefetch` from the source: nothing is computed, and the
+/// target's KV events announce the pages), `copy-prefix-to-pool` (the source's
+/// persist with `to = "pool"`). None for other actions; an error when a worker
+/// named is unknown.
+fn worker_ask(
+    ctl: &Controller,
+    action: &Action,
+) -> Option<Result<reqwest::RequestBuilder, String>> {
+    let url = |w: &str| ctl.registry.url_of(w).ok_or(format!("no worker `{w}`"));
+    let (worker, path, body) = match action {
+        Action::PersistPrefix { blocks, worker } => (
+            url(worker),
+            "/v1/internal/kv/persist",
+            Ok(json!({ "blocks": hashes(blocks) })),
+        ),
+        Action::CopyPrefix { blocks, from, to } => (
+            url(to),
+            "/v1/internal/kv/prefetch",
+            url(from).map(|from| json!({ "from": from, "blocks": hashes(blocks) })),
+        ),
+        Action::CopyPrefixToPool { blocks, from } => (
+            url(from),
+            "/v1/internal/kv/persist",
+            Ok(json!({ "blocks": hashes(blocks), "to": "pool" })),
+        ),
+        _ => return None,
+    };
+    Some(worker.and_then(|worker| {
+        let body = body?;
+        Ok(with_worker_key(
+            ctl.http.post(format!("{worker}{path}")).json(&body),
+            ctl.worker_key.as_deref(),
+        ))
+    }))
 }
 
 fn hashes(blocks: &[BlockHash]) -> Vec<u64> {
     blocks.iter().map(|b| b.0).collect()
 }
 
-/// Ask `worker` to write `blocks` to its disk tier (`POST
-/// /v1/internal/kv/persist`); a worker without `[runtime.persist] dir` or a
-/// pool says so in its answer.
-fn persist_on(ctl: &Controller, worker: &str, blocks: &[BlockHash]) -> Outcome {
-    let body = json!({ "blocks": hashes(blocks) });
-    ask_worker(
-        ctl,
-        worker,
-        "/v1/internal/kv/persist",
-        body,
-        "persist-prefix",
-    )
-}
-
-/// Ask `worker` to push `blocks` to its `[runtime] pool` (`POST
-/// /v1/internal/kv/persist` with `to = "pool"`); a worker without one says so
-/// in its answer (409).
-fn push_to_pool(ctl: &Controller, worker: &str, blocks: &[BlockHash]) -> Outcome {
-    let body = json!({ "blocks": hashes(blocks), "to": "pool" });
-    ask_worker(
-        ctl,
-        worker,
-        "/v1/internal/kv/persist",
-        body,
-        "copy-prefix-to-pool",
-    )
-}
-
-/// Ask `to` to pull `blocks` from `from` (`POST /v1/internal/kv/prefetch`):
-/// nothing is computed, the pages travel over the transfer path, and `to`'s
-/// KV events announce them.
-fn copy_prefix(ctl: &Controller, blocks: &[BlockHash], from: &str, to: &str) -> Outcome {
-    let Some(from_url) = ctl.registry.url_of(from) else {
-        return Outcome::Failed {
-            error: format!("no worker `{from}`"),
-        };
+/// Send a worker's ask and read its answer as the action's outcome (logged
+/// too): executed with what the worker did, or failed with why not.
+async fn answer_of(req: reqwest::RequestBuilder, kind: &'static str) -> Outcome {
+    let failed = |error: String| {
+        tracing::warn!(kind, "{error}");
+        Outcome::Failed { error }
     };
-    let body = json!({ "from": from_url, "blocks": hashes(blocks) });
-    ask_worker(ctl, to, "/v1/internal/kv/prefetch", body, "copy-prefix")
-}
-
-/// POST `body` to `worker`'s internal `path`; the answer (or why there is
-/// none) is logged when it comes, under `what`.
-fn ask_worker(
-    ctl: &Controller,
-    worker: &str,
-    path: &str,
-    body: Value,
-    what: &'static str,
-) -> Outcome {
-    let Some(url) = ctl.registry.url_of(worker) else {
-        return Outcome::Failed {
-            error: format!("no worker `{worker}`"),
-        };
-    };
-    let req = with_worker_key(
-        ctl.http.post(format!("{url}{path}")).json(&body),
-        ctl.worker_key.as_deref(),
-    );
-    let worker = worker.to_string();
-    tokio::spawn(async move {
-        match req.send().await {
-            Ok(resp) if resp.status().is_success() => {
-                let done: Value = resp.json().await.unwrap_or_default();
-                tracing::info!(worker, %done, "{what}: done");
-            }
-            Ok(resp) => {
-                let status = resp.status();
-                let why = resp.text().await.unwrap_or_default();
-                tracing::warn!(worker, %status, why, "{what}: the worker refused");
-            }
-            Err(e) => tracing::warn!(worker, error = %e, "{what}: the worker did not answer"),
+    match req.send().await {
+        Ok(resp) if resp.status().is_success() => {
+            let done: Value = resp.json().await.unwrap_or_default();
+            tracing::info!(kind, %done, "done");
+            Outcome::Executed
         }
-    });
-    Outcome::Executed
+        Ok(resp) => {
+            let status = resp.status();
+            let why = resp.text().await.unwrap_or_default();
+            failed(format!("the worker answered {status}: {why}"))
+        }
+        Err(e) => failed(format!("the worker did not answer: {e}")),
+    }
 }
 
 /// Workers that became healthy or stopped being so between two polls.

@@ -216,6 +216,35 @@ impl Cluster {
     }
 
     /// POST a completion; returns (status, worker, route reason, body).
+    /// The URL of worker `name` (`w1`).
+    fn url_of(&self, name: &str) -> String {
+        let i: usize = name.trim_start_matches('w').parse().unwrap();
+        self.workers[i].as_ref().unwrap().url.clone()
+    }
+
+    /// The logged actions of `kind` (`GET /v1/cluster/actions`), newest first.
+    async fn actions(&self, kind: &str) -> Vec<Value> {
+        let log: Value = serde_json::from_str(&self.get_text("/v1/cluster/actions").await).unwrap();
+        log["actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["kind"] == kind)
+            .cloned()
+            .collect()
+    }
+
+    /// The actions of `kind` once there is one and the workers have answered
+    /// every one (none is `sent` any more).
+    async fn settled(&self, kind: &str) -> Vec<Value> {
+        wait_for(&format!("`{kind}` actions answered"), async || {
+            let all = self.actions(kind).await;
+            !all.is_empty() && all.iter().all(|a| a["outcome"] != "sent")
+        })
+        .await;
+        self.actions(kind).await
+    }
+
     async fn complete(&self, body: Value) -> (u16, String, String, Value) {
         let r = self
             .http
@@ -2279,16 +2308,7 @@ async fn persist_prefix_writes_a_hot_prefix_to_its_workers_disk_once() {
     })
     .await;
     let system = "The harbour master keeps a ledger of every ship. ".repeat(12);
-    let persisted = async || {
-        let log: Value = serde_json::from_str(&c.get_text("/v1/cluster/actions").await).unwrap();
-        log["actions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|a| a["kind"] == "persist-prefix")
-            .cloned()
-            .collect::<Vec<Value>>()
-    };
+    let persisted = async || c.actions("persist-prefix").await;
     for (i, question) in ["Who?", "What?"].into_iter().enumerate() {
         let (status, _, v, _) = timed_completion(&c, &format!("{system}{question}")).await;
         assert_eq!(status, 200, "request {i}: {v}");
@@ -2302,7 +2322,7 @@ async fn persist_prefix_writes_a_hot_prefix_to_its_workers_disk_once() {
         worker_metric(&worker, "pie_kv_persisted_pages").await > 0.0
     })
     .await;
-    let asks = persisted().await;
+    let asks = c.settled("persist-prefix").await;
     assert_eq!(asks.len(), 1, "{asks:?}");
     assert_eq!(asks[0]["action"]["worker"], "w0");
     assert_eq!(asks[0]["outcome"], "executed");
@@ -2321,57 +2341,59 @@ async fn persist_prefix_writes_a_hot_prefix_to_its_workers_disk_once() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// `replicate`: three workers with `max_running = 3`. A system prompt asked
-/// for three times lives on one worker; while that worker is full (three
-/// streams held on it), the controller copies the prefix to an idle worker (it pulls
-/// the pages, nothing is computed), whose KV events announce it: the copy
-/// serves the prefix from cache with the output the source gives, and
-/// cache-aware sends the next request of the prefix to the copy.
-#[tokio::test]
-async fn replicate_copies_a_hot_prefix_off_its_busy_holder_and_routing_uses_the_copy() {
-    let worker_config = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("replicate-worker-{}.toml", std::process::id()));
+/// A cluster of `workers` workers with `max_running = 3` and `actors` (set
+/// by `actor_config`) behind `cache-aware`.
+async fn small_workers(workers: usize, actors: &str, actor_config: &str) -> Cluster {
+    let worker_config = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "max-running-3-{actors}-{}.toml",
+        std::process::id()
+    ));
     std::fs::write(&worker_config, "[runtime]\nmax_running = 3\n").unwrap();
-    let c = Cluster::start_with(Spec {
+    let policies = format!("cache-aware,{actors}");
+    let cluster_config = format!("actor_tick_ms = 20\n{actor_config}");
+    Cluster::start_with(Spec {
+        workers,
         worker_args: &[
             "--kv-pages",
             "512",
             "--config",
             worker_config.to_str().unwrap(),
         ],
-        cluster_config: "actor_tick_ms = 20\n[cluster.replicate]\nhot_rps = 0.01\n\
-                         min_hits = 3\nhigh = 1.0\nlow = 0.5\n",
-        ..Spec::new("cache-aware,replicate")
+        cluster_config: &cluster_config,
+        ..Spec::new(&policies)
     })
-    .await;
-    let system = "The lighthouse keeper writes down every passing ship. ".repeat(10);
-    let ask = |question: &str| json!({"prompt": format!("{system}{question}"), "max_tokens": 8, "temperature": 0});
+    .await
+}
+
+const LIGHTHOUSE: &str = "The lighthouse keeper writes down every passing ship. ";
+
+/// A greedy completion of the lighthouse system prompt and `question`.
+fn lighthouse(question: &str) -> Value {
+    json!({"prompt": format!("{}{question}", LIGHTHOUSE.repeat(10)), "max_tokens": 8, "temperature": 0})
+}
+
+/// The lighthouse prompt asked three times through the controller (one
+/// worker holds it), checked not to move while that worker has room; then
+/// that worker filled with three held streams. The holder's name, its URL and
+/// the streams holding it.
+async fn hot_prefix_on_a_full_worker(
+    c: &Cluster,
+    kind: &str,
+) -> (String, String, Vec<reqwest::Response>) {
     let mut holder = String::new();
     for question in ["Who?", "What?", "Where?"] {
-        let (status, worker, route, v) = c.complete(ask(question)).await;
+        let (status, worker, route, v) = c.complete(lighthouse(question)).await;
         assert_eq!(status, 200, "{v}");
         assert!(holder.is_empty() || holder == worker, "{route}");
         holder = worker;
     }
-    let copies = async || {
-        let log: Value = serde_json::from_str(&c.get_text("/v1/cluster/actions").await).unwrap();
-        log["actions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|a| a["kind"] == "copy-prefix")
-            .cloned()
-            .collect::<Vec<Value>>()
-    };
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let early = copies().await;
-    assert!(early.is_empty(), "its holder is idle: no copy: {early:?}");
-
-    let url_of = |name: &str| {
-        let i: usize = name.trim_start_matches('w').parse().unwrap();
-        c.workers[i].as_ref().unwrap().url.clone()
-    };
-    let holder_url = url_of(&holder);
+    let early = c.actions(kind).await;
+    assert!(
+        early.is_empty(),
+        "its holder has room: no {kind}: {early:?}"
+    );
+    let holder_url = c.url_of(&holder);
     let mut busy = Vec::new();
     for _ in 0..3 {
         let mut r = c
@@ -2386,8 +2408,25 @@ async fn replicate_copies_a_hot_prefix_off_its_busy_holder_and_routing_uses_the_
         r.chunk().await.unwrap().expect("first chunk");
         busy.push(r);
     }
-    wait_for("a copy of the prefix", async || !copies().await.is_empty()).await;
-    let copy = copies().await.remove(0);
+    (holder, holder_url, busy)
+}
+
+/// `replicate`: three workers with `max_running = 3`. A system prompt asked
+/// for three times lives on one worker; while that worker is full (three
+/// streams held on it), the controller copies the prefix to an idle worker (it pulls
+/// the pages, nothing is computed), whose KV events announce it: the copy
+/// serves the prefix from cache with the output the source gives, and
+/// cache-aware sends the next request of the prefix to the copy.
+#[tokio::test]
+async fn replicate_copies_a_hot_prefix_off_its_busy_holder_and_routing_uses_the_copy() {
+    let c = small_workers(
+        3,
+        "replicate",
+        "[cluster.replicate]\nhot_rps = 0.01\nmin_hits = 3\nhigh = 1.0\nlow = 0.5\n",
+    )
+    .await;
+    let (holder, holder_url, busy) = hot_prefix_on_a_full_worker(&c, "copy-prefix").await;
+    let copy = c.settled("copy-prefix").await.remove(0);
     assert_eq!(copy["action"]["from"], holder.as_str(), "{copy}");
     assert_eq!(copy["outcome"], "executed", "{copy}");
     let target = copy["action"]["to"].as_str().unwrap().to_string();
@@ -2395,7 +2434,7 @@ async fn replicate_copies_a_hot_prefix_off_its_busy_holder_and_routing_uses_the_
     let blocks = copy["action"]["blocks"].as_array().unwrap().len();
     assert!(blocks >= 4, "the system prompt's pages: {blocks}");
 
-    let target_url = url_of(&target);
+    let target_url = c.url_of(&target);
     wait_for("the copy announced in the target's KV events", async || {
         let view = c.cluster().await;
         let entry = view["workers"]
@@ -2412,21 +2451,44 @@ async fn replicate_copies_a_hot_prefix_off_its_busy_holder_and_routing_uses_the_
         blocks as f64,
         "pulled, not computed"
     );
-    let (_, worker, route, _) = c.complete(ask("Why?")).await;
+    let (_, worker, route, _) = c.complete(lighthouse("Why?")).await;
     assert_eq!(
         worker, target,
         "the copy is as long and less loaded: {route}"
     );
-    let (_, direct) = post_json(&target_url, "/v1/completions", None, &ask("When?")).await;
+    let (_, direct) = post_json(&target_url, "/v1/completions", None, &lighthouse("When?")).await;
     let cached = direct["usage"]["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
         .unwrap_or(0);
     assert!(cached >= (blocks * 16) as u64, "cached {cached}: {direct}");
     drop(busy);
-    let (_, at_source) = post_json(&holder_url, "/v1/completions", None, &ask("When?")).await;
+    let (_, at_source) =
+        post_json(&holder_url, "/v1/completions", None, &lighthouse("When?")).await;
     assert_eq!(
         direct["choices"][0]["text"], at_source["choices"][0]["text"],
         "the copied pages give the source's output"
     );
-    std::fs::remove_file(worker_config).unwrap();
+}
+
+/// `pool-replicate` with workers that have no `[runtime] pool`: the push is
+/// asked of the full holder, which refuses, and the action log says so with
+/// the worker's reason (never `executed`).
+#[tokio::test]
+async fn pool_replicate_without_a_workers_pool_is_logged_failed_with_the_reason() {
+    let c = small_workers(
+        2,
+        "pool-replicate",
+        "[cluster.pool-replicate]\nhot_rps = 0.01\nhigh = 1.0\n",
+    )
+    .await;
+    let (holder, _, _busy) = hot_prefix_on_a_full_worker(&c, "copy-prefix-to-pool").await;
+    let push = c.settled("copy-prefix-to-pool").await.remove(0);
+    assert_eq!(push["action"]["from"], holder.as_str(), "{push}");
+    let error = push["outcome"]["failed"]["error"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        error.contains("409") && error.contains("[runtime] pool"),
+        "{push}"
+    );
 }

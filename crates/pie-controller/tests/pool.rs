@@ -274,20 +274,29 @@ async fn pool_replicate_pushes_a_crowded_prefix_that_another_worker_then_pulls()
         pool_pages(&p).await >= 10
     })
     .await;
-    let log: Value = http
-        .get(format!("{}/v1/cluster/actions", ctl.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let pushes: Vec<&Value> = log["actions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|a| a["kind"] == "copy-prefix-to-pool")
-        .collect();
+    let pushes = async || {
+        let log: Value = http
+            .get(format!("{}/v1/cluster/actions", ctl.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let kind = |a: &&Value| a["kind"] == "copy-prefix-to-pool";
+        log["actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(kind)
+            .cloned()
+            .collect::<Vec<Value>>()
+    };
+    wait_for("the holder's answer", async || {
+        pushes().await.iter().all(|a| a["outcome"] != "sent")
+    })
+    .await;
+    let pushes = pushes().await;
     assert_eq!(pushes.len(), 1, "pushed once within retry_ms: {pushes:?}");
     assert_eq!(pushes[0]["outcome"], "executed");
     drop(busy);
