@@ -222,27 +222,12 @@ impl Cluster {
         self.workers[i].as_ref().unwrap().url.clone()
     }
 
-    /// The logged actions of `kind` (`GET /v1/cluster/actions`), newest first.
     async fn actions(&self, kind: &str) -> Vec<Value> {
-        let log: Value = serde_json::from_str(&self.get_text("/v1/cluster/actions").await).unwrap();
-        log["actions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|a| a["kind"] == kind)
-            .cloned()
-            .collect()
+        common::actions(&self.controller.url, kind).await
     }
 
-    /// The actions of `kind` once there is one and the workers have answered
-    /// every one (none is `sent` any more).
     async fn settled(&self, kind: &str) -> Vec<Value> {
-        wait_for(&format!("`{kind}` actions answered"), async || {
-            let all = self.actions(kind).await;
-            !all.is_empty() && all.iter().all(|a| a["outcome"] != "sent")
-        })
-        .await;
-        self.actions(kind).await
+        common::settled(&self.controller.url, kind).await
     }
 
     async fn complete(&self, body: Value) -> (u16, String, String, Value) {
@@ -2394,20 +2379,7 @@ async fn hot_prefix_on_a_full_worker(
         "its holder has room: no {kind}: {early:?}"
     );
     let holder_url = c.url_of(&holder);
-    let mut busy = Vec::new();
-    for _ in 0..3 {
-        let mut r = c
-            .http
-            .post(format!("{holder_url}/v1/completions"))
-            .json(
-                &json!({"prompt": "hold", "max_tokens": 4000, "ignore_eos": true, "stream": true}),
-            )
-            .send()
-            .await
-            .unwrap();
-        r.chunk().await.unwrap().expect("first chunk");
-        busy.push(r);
-    }
+    let busy = common::hold_streams(&holder_url, 3).await;
     (holder, holder_url, busy)
 }
 

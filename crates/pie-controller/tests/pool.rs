@@ -8,7 +8,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{bin, model, spawn, wait_for, Proc};
+use common::{bin, get_json, hold_streams, model, settled, spawn, wait_for, Proc};
 use serde_json::{json, Value};
 
 fn scratch(name: &str) -> PathBuf {
@@ -220,14 +220,7 @@ async fn pool_replicate_pushes_a_crowded_prefix_that_another_worker_then_pulls()
     );
     let http = reqwest::Client::new();
     wait_for("both workers healthy", async || {
-        let v: Value = http
-            .get(format!("{}/v1/cluster", ctl.url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v = get_json(&format!("{}/v1/cluster", ctl.url)).await;
         v["workers"]
             .as_array()
             .is_some_and(|ws| ws.iter().all(|w| w["healthy"] == true))
@@ -257,46 +250,12 @@ async fn pool_replicate_pushes_a_crowded_prefix_that_another_worker_then_pulls()
         "w0" => (&ws[0], &ws[1]),
         _ => (&ws[1], &ws[0]),
     };
-    let mut busy = Vec::new();
-    for _ in 0..3 {
-        let mut r = http
-            .post(format!("{}/v1/completions", holder.url))
-            .json(
-                &json!({"prompt": "hold", "max_tokens": 4000, "ignore_eos": true, "stream": true}),
-            )
-            .send()
-            .await
-            .unwrap();
-        r.chunk().await.unwrap().expect("first chunk");
-        busy.push(r);
-    }
+    let busy = hold_streams(&holder.url, 3).await;
     wait_for("the prefix's 10 pages in the pool", async || {
         pool_pages(&p).await >= 10
     })
     .await;
-    let pushes = async || {
-        let log: Value = http
-            .get(format!("{}/v1/cluster/actions", ctl.url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let kind = |a: &&Value| a["kind"] == "copy-prefix-to-pool";
-        log["actions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(kind)
-            .cloned()
-            .collect::<Vec<Value>>()
-    };
-    wait_for("the holder's answer", async || {
-        pushes().await.iter().all(|a| a["outcome"] != "sent")
-    })
-    .await;
-    let pushes = pushes().await;
+    let pushes = settled(&ctl.url, "copy-prefix-to-pool").await;
     assert_eq!(pushes.len(), 1, "pushed once within retry_ms: {pushes:?}");
     assert_eq!(pushes[0]["outcome"], "executed");
     drop(busy);

@@ -90,3 +90,50 @@ pub async fn wait_for(what: &str, mut f: impl AsyncFnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// `GET url` as JSON.
+pub async fn get_json(url: &str) -> serde_json::Value {
+    reqwest::get(url).await.unwrap().json().await.unwrap()
+}
+
+/// The controller's logged actions of `kind` (`GET /v1/cluster/actions`),
+/// newest first.
+pub async fn actions(controller: &str, kind: &str) -> Vec<serde_json::Value> {
+    let log = get_json(&format!("{controller}/v1/cluster/actions")).await;
+    log["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["kind"] == kind)
+        .cloned()
+        .collect()
+}
+
+/// The actions of `kind` once there is one and the workers have answered
+/// every one (none is `sent` any more).
+pub async fn settled(controller: &str, kind: &str) -> Vec<serde_json::Value> {
+    wait_for(&format!("`{kind}` actions answered"), async || {
+        let all = actions(controller, kind).await;
+        !all.is_empty() && all.iter().all(|a| a["outcome"] != "sent")
+    })
+    .await;
+    actions(controller, kind).await
+}
+
+/// `n` long streams started on the worker at `url` (directly), each past its
+/// first chunk: the worker runs them until they are dropped.
+pub async fn hold_streams(url: &str, n: usize) -> Vec<reqwest::Response> {
+    let mut held = Vec::new();
+    for _ in 0..n {
+        let mut r = reqwest::Client::new()
+            .post(format!("{url}/v1/completions"))
+            .json(&serde_json::json!({"prompt": "hold", "max_tokens": 4000,
+                "ignore_eos": true, "stream": true}))
+            .send()
+            .await
+            .unwrap();
+        r.chunk().await.unwrap().expect("first chunk");
+        held.push(r);
+    }
+    held
+}

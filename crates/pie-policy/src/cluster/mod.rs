@@ -13,6 +13,8 @@ mod actions;
 mod cache_aware;
 mod disaggregate;
 mod drain_migrate;
+#[cfg(test)]
+mod fixtures;
 mod heat;
 mod index;
 mod least_loaded;

@@ -163,27 +163,11 @@ impl ClusterActor for PoolReplicate {
 mod tests {
     use super::*;
     use crate::cluster::actions::{HotPrefix, WorkerState};
+    use crate::cluster::fixtures::{self, holders, worker};
     use proptest::prelude::*;
 
-    fn worker(name: &str, load: usize) -> WorkerState {
-        WorkerState {
-            name: name.into(),
-            healthy: true,
-            load,
-            max_running: 4,
-            ..WorkerState::default()
-        }
-    }
-
-    fn hot(rate: f64, holders: &[(&str, usize)]) -> HotPrefix {
-        HotPrefix {
-            blocks: (1..=3).map(BlockHash).collect(),
-            hits: vec![9, 9, 2],
-            page_size: 16,
-            holders: holders.iter().map(|(w, n)| (w.to_string(), *n)).collect(),
-            persisted: Vec::new(),
-            requests_per_s: rate,
-        }
+    fn hot(rate: f64, at: &[(&str, usize)]) -> HotPrefix {
+        fixtures::hot(1, &[9, 9, 2], &holders(at), rate)
     }
 
     fn pushes(d: &[Decision]) -> Vec<(String, usize)> {
@@ -258,17 +242,7 @@ mod tests {
             let hot_prefixes: Vec<HotPrefix> = prefixes
                 .iter()
                 .enumerate()
-                .map(|(i, (rate, at))| {
-                    let at: BTreeMap<usize, usize> = at.iter().map(|&(w, n)| (w % loads.len(), n)).collect();
-                    HotPrefix {
-                        blocks: (0..3).map(|b| BlockHash(i as u64 * 10 + b)).collect(),
-                        hits: vec![5, 5, 5],
-                        page_size: 16,
-                        holders: at.iter().map(|(w, n)| (format!("w{w}"), *n)).collect(),
-                        persisted: Vec::new(),
-                        requests_per_s: *rate,
-                    }
-                })
+                .map(|(i, (rate, at))| fixtures::generated_hot(i, *rate, at, loads.len()))
                 .collect();
             let snapshot = ClusterSnapshot { workers, hot_prefixes, ..ClusterSnapshot::default() };
             let config = PoolReplicateConfig { max_per_tick, ..Default::default() };
