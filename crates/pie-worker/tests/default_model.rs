@@ -276,3 +276,53 @@ async fn a_persisted_system_prompt_survives_kill_9_on_the_default_model() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `replicate`'s data path on the default model: worker B pulls the pages of
+/// a system prompt worker A computed (`POST /v1/internal/kv/prefetch`, as the
+/// controller's copy asks), computes nothing of it, and answers a question
+/// after it with the in-process engine's greedy output.
+#[tokio::test]
+async fn a_prefix_copied_to_another_worker_on_the_default_model_answers_as_one_engine() {
+    let Some(model) = default_model() else {
+        return;
+    };
+    let path = fetch::cached_default_model();
+    let system = "You keep the harbour's ledger of ships, cargo and tides. ".repeat(30);
+    let text = system.clone() + "Question: what is the capital of France? Answer:";
+    let expected = greedy(&model, &text, 16);
+    let source = common::Server::start_model(&path, "", &[]).await;
+    let target = common::Server::start_model(&path, "", &[]).await;
+    let (status, v) = source
+        .post(
+            "/v1/completions",
+            serde_json::json!({"prompt": system, "max_tokens": 1, "temperature": 0}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let tokens = model.tokenizer.encode(&system).unwrap();
+    let (status, v) = target
+        .post(
+            "/v1/internal/kv/prefetch",
+            serde_json::json!({"from": source.url(""), "tokens": tokens}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let pages = v["pages"].as_u64().unwrap();
+    assert_eq!(pages, (tokens.len() / 16) as u64, "{v}");
+    let (status, v) = target
+        .post(
+            "/v1/completions",
+            serde_json::json!({"prompt": text, "max_tokens": 16, "temperature": 0}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], expected.as_str());
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached >= pages * 16,
+        "cached_tokens {cached}, {pages} pages copied"
+    );
+    assert_eq!(target.metric("pie_kv_transfer_fallbacks_total").await, 0.0);
+}
