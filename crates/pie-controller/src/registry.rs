@@ -81,7 +81,7 @@ pub struct Worker {
 }
 
 impl Worker {
-    fn new(slot: usize, name: &str, url: &str, group: Option<String>) -> Self {
+    pub(crate) fn new(slot: usize, name: &str, url: &str, group: Option<String>) -> Self {
         Self {
             registered_by: None,
             heard_ms: None,
