@@ -8,25 +8,33 @@
 //!   page is checked against the chain and kept; `{"pages": N}`.
 //! - `POST /v1/admin/pages/delete`: `{"format", "tokens", "cache_salt"?}` (a
 //!   prefix's pages) or `{"older_than_ms": N}`; `{"deleted": N}`.
+//! - `GET /v1/internal/kv-events?fingerprint=N` (server-sent events, as a
+//!   worker's): a `snapshot` of every block held (memory or disk) for pages
+//!   of that model, then `kv` batches of blocks stored and removed, numbered
+//!   per subscriber; a subscriber too slow gets `lagged` and reconnects. A
+//!   controller follows it to count pool hits.
 //! - `GET /health`, `GET /metrics`.
 //!
 //! With keys configured, every route but `/health` needs one: role `worker`
 //! for the internal routes, `admin` for deletes (403 naming the role).
 
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use pie_core::auth::{authenticate, ApiKey, Role};
 use pie_core::hash::chain_from;
-use pie_core::BlockHash;
+use pie_core::{BlockHash, KvEventBatch, KvSnapshot};
 use pie_kv::stream::{
     frame_length, Checked, FrameReader, PullRequest, PushHeader, StreamCheck, StreamHeader,
     END_FRAME, MAX_PUSH_HEADER_BYTES,
@@ -34,12 +42,54 @@ use pie_kv::stream::{
 use pie_kv::transfer::PageFormat;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use tokio::sync::broadcast;
 
-use crate::store::{Page, PageStore};
+use crate::store::{Change, Page, PageStore};
+
+/// Batches of changes a slow subscriber may fall behind by.
+const EVENT_BACKLOG: usize = 1024;
 
 pub struct Pool {
-    pub store: Arc<Mutex<PageStore>>,
-    pub keys: Vec<ApiKey>,
+    store: Arc<Mutex<PageStore>>,
+    keys: Vec<ApiKey>,
+    /// The store's changes, published under its lock (so a snapshot taken
+    /// under it and the batches after it never overlap or miss).
+    events: broadcast::Sender<Arc<Vec<Change>>>,
+}
+
+impl Pool {
+    pub fn new(store: PageStore, keys: Vec<ApiKey>) -> Self {
+        Self {
+            store: Arc::new(Mutex::new(store)),
+            keys,
+            events: broadcast::channel(EVENT_BACKLOG).0,
+        }
+    }
+
+    /// `work` on the store, on a blocking thread (its disk tier does I/O);
+    /// the changes it made are published.
+    pub async fn with_store<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut PageStore) -> T + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let (store, events) = (self.store.clone(), self.events.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut store = store.lock().unwrap_or_else(|e| e.into_inner());
+            let out = work(&mut store);
+            let changes = store.take_changes();
+            if !changes.is_empty() {
+                let _ = events.send(Arc::new(changes));
+            }
+            out
+        })
+        .await
+        .map_err(|e| {
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("store task failed: {e}"),
+            )
+        })
+    }
 }
 
 type Shared = Arc<Pool>;
@@ -50,6 +100,7 @@ pub fn router(pool: Shared) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/internal/kv/pull", post(pull))
         .route("/v1/internal/kv/push", post(push))
+        .route("/v1/internal/kv-events", get(kv_events))
         .route("/v1/admin/pages/delete", post(delete))
         .layer(middleware::from_fn_with_state(pool.clone(), auth))
         .with_state(pool)
@@ -100,31 +151,15 @@ async fn auth(State(pool): State<Shared>, req: Request, next: Next) -> Response 
     next.run(req).await
 }
 
-/// `work` on the store, on a blocking thread (its disk tier does I/O).
-async fn with_store<T: Send + 'static>(
-    pool: &Pool,
-    work: impl FnOnce(&mut PageStore) -> T + Send + 'static,
-) -> Result<T, ApiError> {
-    let store = pool.store.clone();
-    tokio::task::spawn_blocking(move || work(&mut store.lock().unwrap_or_else(|e| e.into_inner())))
-        .await
-        .map_err(|e| {
-            error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("store task failed: {e}"),
-            )
-        })
-}
-
 async fn health(State(pool): State<Shared>) -> Result<Json<Value>, ApiError> {
-    let (pages, bytes, disk_pages) = with_store(&pool, |s| s.sizes()).await?;
+    let (pages, bytes, disk_pages) = pool.with_store(|s| s.sizes()).await?;
     Ok(Json(
         json!({"status": "ok", "pages": pages, "bytes": bytes, "disk_pages": disk_pages}),
     ))
 }
 
 async fn metrics(State(pool): State<Shared>) -> Result<Response, ApiError> {
-    let text = with_store(&pool, |s| crate::metrics::encode_store(s)).await?;
+    let text = pool.with_store(|s| crate::metrics::encode_store(s)).await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
@@ -172,7 +207,7 @@ async fn pull(State(pool): State<Shared>, body: axum::body::Bytes) -> Result<Res
         req.cache_salt.as_deref(),
     );
     let format = req.format;
-    let pages = with_store(&pool, move |s| s.leading(format, &chain)).await?;
+    let pages = pool.with_store(move |s| s.leading(format, &chain)).await?;
     let chunks = stream_chunks(
         format,
         pages.into_iter().skip(req.skip_pages),
@@ -255,7 +290,7 @@ async fn push(State(pool): State<Shared>, body: Body) -> Result<Json<Value>, Api
         match check.frame(f).map_err(|e| refused(kept, e.to_string()))? {
             Checked::Page(at, bytes) => {
                 let (hash, pin) = (chain[at], header.pin);
-                with_store(&pool, move |s| s.put(format, hash, bytes, pin))
+                pool.with_store(move |s| s.put(format, hash, bytes, pin))
                     .await?
                     .map_err(|e| refused(kept, e.to_string()))?;
                 kept += 1;
@@ -290,6 +325,65 @@ where
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct EventsQuery {
+    fingerprint: u64,
+}
+
+fn json_event(name: &str, data: &impl serde::Serialize) -> Event {
+    Event::default()
+        .event(name)
+        .data(serde_json::to_string(data).unwrap_or_default())
+}
+
+/// The KV events of the pages of one model (see the module docs).
+async fn kv_events(
+    State(pool): State<Shared>,
+    query: Result<Query<EventsQuery>, QueryRejection>,
+) -> Result<Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let Query(EventsQuery { fingerprint }) =
+        query.map_err(|e| error(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let events = pool.events.clone();
+    let (held, rx) = pool
+        .with_store(move |s| (s.held(fingerprint), events.subscribe()))
+        .await?;
+    let snapshot = KvSnapshot {
+        seq: 0,
+        fingerprint,
+        page_size: 0,
+        hashes: held,
+        persisted: Vec::new(),
+    };
+    let first = json_event("snapshot", &snapshot);
+    let batches = futures_util::stream::unfold(Some((rx, 0u64)), move |state| async move {
+        let (mut rx, seq) = state?;
+        loop {
+            match rx.recv().await {
+                Ok(changes) => {
+                    let mine = changes
+                        .iter()
+                        .filter(|c| c.fingerprint == fingerprint)
+                        .map(|c| (c.hash.0, c.stored));
+                    let batch = KvEventBatch::from_changes(seq + 1, mine);
+                    if !(batch.stored.is_empty() && batch.removed.is_empty()) {
+                        return Some((json_event("kv", &batch), Some((rx, seq + 1))));
+                    }
+                }
+                // Behind: the follower resubscribes for a fresh snapshot.
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    return Some((Event::default().event("lagged").data("reconnect"), None));
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    let events = futures_util::stream::once(std::future::ready(first))
+        .chain(batches)
+        .map(Ok);
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Delete {
     #[serde(default)]
     format: Option<PageFormat>,
@@ -310,10 +404,11 @@ async fn delete(
     let deleted = match (d.format, d.tokens, d.older_than_ms) {
         (Some(format), Some(tokens), None) => {
             let chain = chain_of(&format, &tokens, d.cache_salt.as_deref());
-            with_store(&pool, move |s| s.remove_chain(format, &chain)).await?
+            pool.with_store(move |s| s.remove_chain(format, &chain))
+                .await?
         }
         (None, None, Some(ms)) => {
-            with_store(&pool, move |s| {
+            pool.with_store(move |s| {
                 s.remove_older_than(Duration::from_millis(ms), SystemTime::now())
             })
             .await?

@@ -1,7 +1,7 @@
 //! `pie-pool`: a shared store of KV pages (see the crate docs and `api`).
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Result;
@@ -54,10 +54,7 @@ fn main() -> Result<()> {
         Some(dir) => tracing::info!(dir = %dir.display(), pages = on_disk, "disk tier opened"),
         None => tracing::info!("no [pool] dir: pages live in memory only and a restart loses them"),
     }
-    let pool = Arc::new(Pool {
-        store: Arc::new(Mutex::new(store)),
-        keys: config.server.api_keys.clone(),
-    });
+    let pool = Arc::new(Pool::new(store, config.server.api_keys.clone()));
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
@@ -82,13 +79,8 @@ async fn expire(pool: Arc<Pool>, ttl: Duration) {
     let every = (ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(60));
     loop {
         tokio::time::sleep(every).await;
-        let store = pool.store.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            store
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove_older_than(ttl, SystemTime::now())
-        })
-        .await;
+        let _ = pool
+            .with_store(move |s| s.remove_older_than(ttl, SystemTime::now()))
+            .await;
     }
 }

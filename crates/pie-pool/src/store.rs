@@ -14,6 +14,9 @@
 //!   memory. At start-up every format directory is opened again.
 //! - Every page taken in is checked (checksum, format, the block hash it is
 //!   stored under) before it is kept.
+//! - **Changes.** What the pool holds (memory or disk) gains or loses a block:
+//!   recorded as a [`Change`] for the KV event stream (`api`), taken with
+//!   [`PageStore::take_changes`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -68,8 +71,18 @@ struct Tier {
     disk: Option<DiskStore>,
 }
 
+/// A block the pool started or stopped holding (in memory or on disk), for
+/// pages of the model `fingerprint`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Change {
+    pub fingerprint: u64,
+    pub hash: BlockHash,
+    pub stored: bool,
+}
+
 pub struct PageStore {
     limits: Limits,
+    changes: Vec<Change>,
     tiers: HashMap<String, Tier>,
     bytes: u64,
     tick: u64,
@@ -92,6 +105,7 @@ impl PageStore {
     pub fn open(limits: Limits) -> Result<(Self, usize), DiskError> {
         let mut store = Self {
             limits,
+            changes: Vec::new(),
             tiers: HashMap::new(),
             bytes: 0,
             tick: 0,
@@ -172,9 +186,16 @@ impl PageStore {
             }
         }
         let tier = self.tier(format)?;
-        if let Some(disk) = &mut tier.disk {
-            disk.put(hash, &bytes)?;
+        let evicted = match &mut tier.disk {
+            Some(disk) => disk.put(hash, &bytes)?,
+            None => Vec::new(),
+        };
+        for gone in evicted {
+            if !self.tiers[&format_dir(&format)].pages.contains_key(&gone) {
+                self.changed(format, gone, false);
+            }
         }
+        self.changed(format, hash, true);
         self.remember(format, hash, Arc::new(bytes), pin);
         self.counts.stored += 1;
         Ok(())
@@ -219,6 +240,7 @@ impl PageStore {
             Loaded::Refused(why) => {
                 tracing::warn!(error = %why, "a pool page on disk was refused and deleted");
                 self.counts.refused += 1;
+                self.changed(format, hash, false);
                 None
             }
         }
@@ -281,6 +303,10 @@ impl PageStore {
                     self.bytes -= entry.page.len() as u64;
                     self.lru.remove(&tick);
                     self.counts.evicted += 1;
+                    if !tier.disk.as_ref().is_some_and(|d| d.contains(hash)) {
+                        let format = tier.format;
+                        self.changed(format, hash, false);
+                    }
                 }
             }
         }
@@ -299,7 +325,14 @@ impl PageStore {
                 self.bytes -= entry.page.len() as u64;
             }
             let on_disk = tier.disk.as_mut().is_some_and(|d| d.remove(*hash));
-            removed += usize::from(in_memory.is_some() || on_disk);
+            if in_memory.is_some() || on_disk {
+                removed += 1;
+                self.changes.push(Change {
+                    fingerprint: format.fingerprint.0,
+                    hash: *hash,
+                    stored: false,
+                });
+            }
         }
         self.counts.deleted += removed as u64;
         removed
@@ -326,10 +359,58 @@ impl PageStore {
                 .disk
                 .as_mut()
                 .map_or(Vec::new(), |d| d.remove_older_than(age, now));
+            let fingerprint = tier.format.fingerprint.0;
+            let gone: Vec<BlockHash> = old
+                .iter()
+                .copied()
+                .filter(|h| !tier.disk.as_ref().is_some_and(|d| d.contains(*h)))
+                .chain(
+                    disk_old
+                        .iter()
+                        .copied()
+                        .filter(|h| !tier.pages.contains_key(h)),
+                )
+                .collect();
+            self.changes.extend(gone.into_iter().map(|hash| Change {
+                fingerprint,
+                hash,
+                stored: false,
+            }));
             removed += old.len() + disk_old.iter().filter(|h| !old.contains(h)).count();
         }
         self.counts.deleted += removed as u64;
         removed
+    }
+
+    fn changed(&mut self, format: PageFormat, hash: BlockHash, stored: bool) {
+        self.changes.push(Change {
+            fingerprint: format.fingerprint.0,
+            hash,
+            stored,
+        });
+    }
+
+    /// The changes since the last call, oldest first.
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Every block held (in memory or on disk) for pages of the model
+    /// `fingerprint`, each once.
+    pub fn held(&self, fingerprint: u64) -> Vec<u64> {
+        let mut out: Vec<u64> = self
+            .tiers
+            .values()
+            .filter(|t| t.format.fingerprint.0 == fingerprint)
+            .flat_map(|t| {
+                let disk = t.disk.iter().flat_map(|d| d.hashes());
+                t.pages.keys().copied().chain(disk)
+            })
+            .map(|h| h.0)
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// The format of a tier this store holds, by its directory name.
@@ -403,6 +484,43 @@ mod tests {
             "1 was used recently"
         );
         assert!(s.leading(format(), &chain(&[2])).is_empty());
+    }
+
+    /// The held set replayed from the changes, as a KV event follower does.
+    fn replay(changes: &[Change], held: &mut std::collections::BTreeSet<u64>) {
+        for c in changes {
+            assert_eq!(c.fingerprint, 7);
+            match c.stored {
+                true => held.insert(c.hash.0),
+                false => held.remove(&c.hash.0),
+            };
+        }
+    }
+
+    #[test]
+    fn the_changes_replay_to_what_the_pool_holds_with_and_without_disk() {
+        let dir = std::env::temp_dir().join(format!("pool-changes-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for disk in [None, Some(dir.clone())] {
+            let mut s = store(4, disk.clone());
+            let mut held = std::collections::BTreeSet::new();
+            for h in 1..=6 {
+                s.put(format(), BlockHash(h), page(h), false).unwrap();
+            }
+            s.remove_chain(format(), &chain(&[5]));
+            s.remove_older_than(Duration::ZERO, SystemTime::now() + Duration::from_secs(1));
+            s.put(format(), BlockHash(9), page(9), false).unwrap();
+            replay(&s.take_changes(), &mut held);
+            assert_eq!(
+                held.iter().copied().collect::<Vec<_>>(),
+                s.held(7),
+                "{disk:?}"
+            );
+            assert_eq!(s.held(7), vec![9], "{disk:?}");
+            assert!(s.held(8).is_empty(), "another model's pages are apart");
+            assert!(s.take_changes().is_empty(), "taken once");
+        }
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

@@ -211,3 +211,111 @@ async fn the_pool_checks_keys_and_refuses_bad_pushes() {
     assert_eq!(prefill.status(), 400, "a pool cannot prefill");
     let _ = std::fs::remove_file(cfg);
 }
+
+/// Server-sent events read from a response: (name, data) in order.
+struct Events {
+    resp: reqwest::Response,
+    buf: String,
+}
+
+impl Events {
+    async fn open(url: &str, fingerprint: u64) -> Events {
+        let resp = reqwest::get(format!(
+            "{url}/v1/internal/kv-events?fingerprint={fingerprint}"
+        ))
+        .await
+        .expect("subscribed");
+        assert_eq!(resp.status(), 200);
+        Events {
+            resp,
+            buf: String::new(),
+        }
+    }
+
+    /// The next named event (keep-alive comments skipped).
+    async fn next(&mut self) -> (String, Value) {
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let field = |name: &str| {
+                    block
+                        .lines()
+                        .find_map(|l| l.strip_prefix(name).map(str::trim).map(String::from))
+                };
+                if let (Some(event), Some(data)) = (field("event:"), field("data:")) {
+                    let data = serde_json::from_str(&data).unwrap_or(Value::String(data));
+                    return (event, data);
+                }
+                continue;
+            }
+            let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), self.resp.chunk())
+                .await
+                .expect("an event within 10 s")
+                .expect("stream readable")
+                .expect("stream open");
+            self.buf.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+}
+
+/// The KV events a controller follows: a snapshot of what the pool holds for
+/// one model, then numbered batches as pages arrive and go; another model's
+/// subscriber sees none of them.
+#[tokio::test]
+async fn kv_events_report_what_the_pool_holds_for_one_model() {
+    let p = pool(&[]);
+    let http = reqwest::Client::new();
+    let (kv, chain) = pages(2);
+    let format = PageFormat::of(&kv);
+    let mut events = Events::open(&p.url, 42).await;
+    let (name, snapshot) = events.next().await;
+    assert_eq!(
+        (name.as_str(), &snapshot["hashes"]),
+        ("snapshot", &json!([]))
+    );
+    let bodies: Vec<_> = chain.iter().map(|&h| exported(&kv, h)).collect();
+    let pushed = http
+        .post(format!("{}/v1/internal/kv/push", p.url))
+        .body(push_body(format, &chain, &bodies))
+        .send()
+        .await
+        .expect("push sent");
+    assert_eq!(pushed.status(), 200);
+    let mut stored = Vec::new();
+    let mut seq = 0;
+    while stored.len() < 2 {
+        let (name, batch) = events.next().await;
+        assert_eq!(name, "kv", "{batch}");
+        seq += 1;
+        assert_eq!(batch["seq"], seq, "numbered without gaps");
+        stored.extend(batch["stored"].as_array().expect("stored").iter().cloned());
+    }
+    assert_eq!(stored, json!([500, 501]).as_array().expect("array").clone());
+    let (_, other) = Events::open(&p.url, 43).await.next().await;
+    assert_eq!(
+        other["hashes"],
+        json!([]),
+        "another model's pages are apart"
+    );
+    let (_, again) = Events::open(&p.url, 42).await.next().await;
+    assert_eq!(again["hashes"], json!([500, 501]));
+    let deleted: Value = http
+        .post(format!("{}/v1/admin/pages/delete", p.url))
+        .json(&json!({"older_than_ms": 0}))
+        .send()
+        .await
+        .expect("delete sent")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(deleted["deleted"], 2);
+    let (name, batch) = events.next().await;
+    assert_eq!(name, "kv");
+    assert_eq!(batch["removed"], json!([500, 501]), "{batch}");
+    let bad = http
+        .get(format!("{}/v1/internal/kv-events", p.url))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(bad.status(), 400, "the model's fingerprint is required");
+}
