@@ -76,6 +76,10 @@ pub struct ClusterConfig {
     pub cluster_policies: Vec<String>,
     /// Sent as `Authorization: Bearer` to workers.
     pub worker_key: Option<String>,
+    /// A shared `pie-pool` (its URL) whose KV events the controller follows,
+    /// so `cache-aware` counts the prefix the pool holds for the workers that
+    /// pull from it (`[runtime] pool`); read at start.
+    pub pool: Option<String>,
     /// How often worker health and load are polled.
     pub poll_ms: u64,
     /// With `cluster-priority`: requests waiting in the controller before 429.
@@ -135,6 +139,7 @@ impl Default for ClusterConfig {
                 "drain-migrate".into(),
             ],
             worker_key: None,
+            pool: None,
             poll_ms: 250,
             max_queued: DEFAULT_MAX_QUEUED,
             queue_order: QueueOrder::Priority,
@@ -266,10 +271,23 @@ impl Config {
     /// Parse `text` (read from `file`, named in errors) and check its policies.
     pub fn parse(text: &str, file: &Path) -> Result<Self> {
         let config: Config = pie_core::config_file::parse_toml(text, file)?;
-        config
-            .cluster
-            .pipeline()
-            .map_err(|e| anyhow!("{}: key `cluster.cluster_policies`: {e}", file.display()))?;
+        config.cluster.pipeline().map_err(|e| {
+            // `cache-aware.pool_weight: ...` names its key; others the list.
+            match e.split_once(": ").filter(|(key, _)| !key.contains(' ')) {
+                Some((key, message)) => {
+                    anyhow!("{}: key `cluster.{key}`: {message}", file.display())
+                }
+                None => anyhow!("{}: key `cluster.cluster_policies`: {e}", file.display()),
+            }
+        })?;
+        if let Some(url) = &config.cluster.pool {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(anyhow!(
+                    "{}: key `cluster.pool`: `{url}` is not an http(s) URL",
+                    file.display()
+                ));
+            }
+        }
         config.cluster.actors().map_err(|e| {
             let (key, message) = e
                 .split_once(": ")

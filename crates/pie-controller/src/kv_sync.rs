@@ -1,5 +1,6 @@
 //! Following each worker's KV event stream (`GET /v1/internal/kv-events`) into
-//! the cluster prefix index.
+//! the cluster prefix index, and the shared pool's (`[cluster] pool`) into the
+//! pool's index.
 //!
 //! A stream starts with a snapshot, which replaces everything the index held for
 //! that worker; numbered batches follow. A batch whose number is not the next
@@ -128,26 +129,71 @@ pub async fn follow(
     let mut backoff = Duration::from_millis(50);
     loop {
         if let Some(url) = registry.url_of_slot(slot) {
-            match subscribe(registry, stream, slot, &url, metrics).await {
-                Ok(()) => backoff = Duration::from_millis(50),
-                Err(e) => {
-                    tracing::debug!(slot, url, error = e, "kv event stream ended; resubscribing");
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                }
-            }
+            let events = format!("{url}/v1/internal/kv-events");
+            let applied = subscribe(stream, &events, metrics, |follower, msg| {
+                let stored = msg.stored();
+                registry.with_index(|index, disk| follower.apply(index, disk, slot, msg))?;
+                registry.confirm_pending(slot, &stored);
+                Ok(())
+            })
+            .await;
+            backoff = next_backoff(backoff, applied, &url);
             metrics.kv_resyncs.inc();
         }
         tokio::time::sleep(backoff).await;
     }
 }
 
-/// One subscription: Ok when it ran and ended for a resync, Err when it failed.
-async fn subscribe(
+/// Follow the shared pool at `pool` (its KV events for the admitted workers'
+/// model, once one is admitted) into the registry's pool index; while the
+/// pool cannot be reached, the index is empty.
+pub async fn follow_pool(
     registry: &Registry,
     stream: &Stream<'_>,
-    slot: usize,
-    url: &str,
+    pool: &str,
     metrics: &ControllerMetrics,
+) {
+    let mut backoff = Duration::from_millis(50);
+    // The pool publishes no disk tier of its own: its pages on disk are held.
+    let mut no_disk = ClusterIndex::new();
+    loop {
+        if let Some(fingerprint) = registry.fingerprint() {
+            let events = format!("{pool}/v1/internal/kv-events?fingerprint={fingerprint}");
+            let applied = subscribe(stream, &events, metrics, |follower, msg| {
+                registry.with_pool_index(|index| follower.apply(index, &mut no_disk, 0, msg))
+            })
+            .await;
+            if applied.is_err() {
+                // A pool out of reach serves nothing: until it answers again
+                // its blocks must not draw requests.
+                registry.with_pool_index(|index| index.clear(0));
+            }
+            backoff = next_backoff(backoff, applied, pool);
+            metrics.kv_resyncs.inc();
+        }
+        tokio::time::sleep(backoff).await;
+    }
+}
+
+/// Short after a subscription that ran, doubling (to 2 s) after one that failed.
+fn next_backoff(backoff: Duration, applied: Result<(), String>, url: &str) -> Duration {
+    match applied {
+        Ok(()) => Duration::from_millis(50),
+        Err(e) => {
+            tracing::debug!(url, error = e, "kv event stream ended; resubscribing");
+            (backoff * 2).min(Duration::from_secs(2))
+        }
+    }
+}
+
+/// One subscription to the event stream at `events`, each message handed to
+/// `apply` with the subscription's follower: Ok when it ran and ended for a
+/// resync, Err when it failed.
+async fn subscribe(
+    stream: &Stream<'_>,
+    events: &str,
+    metrics: &ControllerMetrics,
+    mut apply: impl FnMut(&mut KvFollower, KvMessage) -> Result<(), Resync>,
 ) -> Result<(), String> {
     let idle = stream.idle_timeout;
     let silent = || {
@@ -156,10 +202,7 @@ async fn subscribe(
             idle.as_millis()
         )
     };
-    let req = with_worker_key(
-        stream.http.get(format!("{url}/v1/internal/kv-events")),
-        stream.key,
-    );
+    let req = with_worker_key(stream.http.get(events), stream.key);
     let resp = tokio::time::timeout(idle, req.send())
         .await
         .map_err(|_| silent())?
@@ -183,18 +226,14 @@ async fn subscribe(
             if matches!(msg, KvMessage::Snapshot(_)) {
                 metrics.kv_snapshots.inc();
             }
-            let stored = msg.stored();
-            if let Err(why) =
-                registry.with_index(|index, disk| follower.apply(index, disk, slot, msg))
-            {
+            if let Err(why) = apply(&mut follower, msg) {
                 tracing::info!(
-                    slot,
+                    events,
                     ?why,
                     "kv events out of sequence; resubscribing for a snapshot"
                 );
                 return Ok(());
             }
-            registry.confirm_pending(slot, &stored);
         }
     }
     Err("stream closed".into())

@@ -126,6 +126,10 @@ fn main() -> Result<()> {
             for w in &config.cluster.workers {
                 ctl.add_worker(&w.name, &w.url, w.group.clone());
             }
+            if let Some(pool) = &config.cluster.pool {
+                tracing::info!(pool, "following the shared pool's KV events");
+                ctl.follow_pool(pool.trim_end_matches('/').to_string());
+            }
             tokio::spawn(actors::run(ctl.clone()));
             let every = Duration::from_millis(config.cluster.poll_ms.max(10));
             let ttl_ms = config.cluster.registration_ttl_ms.get();

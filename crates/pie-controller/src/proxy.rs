@@ -199,6 +199,19 @@ impl Controller {
         });
     }
 
+    /// Follow the shared pool's KV events (`[cluster] pool`).
+    pub fn follow_pool(self: &Arc<Self>, pool: String) {
+        let ctl = self.clone();
+        tokio::spawn(async move {
+            let stream = crate::kv_sync::Stream {
+                http: &ctl.kv_http,
+                key: ctl.worker_key.as_deref(),
+                idle_timeout: ctl.kv_idle_timeout,
+            };
+            crate::kv_sync::follow_pool(&ctl.registry, &stream, &pool, &ctl.metrics).await
+        });
+    }
+
     /// Wake as many waiting requests as there are free running slots not yet
     /// promised to a woken request (all of them when queueing is off).
     pub fn release_waiters(&self) {
@@ -430,6 +443,7 @@ async fn cluster(State(ctl): State<Shared>, key: Option<Extension<ClientKey>>) -
         "clients_in_flight": ctl.clients_in_flight.clients(),
         "index_entries": index_entries,
         "pending_blocks": ctl.registry.pending_blocks(),
+        "pool_blocks": ctl.registry.pool_blocks(),
     }))
 }
 

@@ -60,6 +60,8 @@ pub struct Worker {
     pub fingerprint: u64,
     /// Its `[runtime] stage`: prefill-stage workers only prefill for others.
     pub stage: Stage,
+    /// It pulls missing prefix pages from a shared `pie-pool` (`[runtime] pool`).
+    pub pool: bool,
     /// Why it answers but is not admitted (another model, no tokenizer to
     /// read); None when admitted or down.
     pub refused: Option<String>,
@@ -101,6 +103,7 @@ impl Worker {
             page_size: 0,
             fingerprint: 0,
             stage: Stage::Both,
+            pool: false,
             refused: None,
             routed: 0,
         }
@@ -147,6 +150,8 @@ pub struct Registry {
     /// Routed prompts' blocks by how often they were asked for; kept only
     /// while an actor reads hot prefixes (`persist-prefix`).
     heat: Mutex<Option<PrefixHeat>>,
+    /// What the shared `[cluster] pool` holds (its KV events, slot 0).
+    pool: RwLock<ClusterIndex>,
 }
 
 /// Blocks tracked for hot prefixes; past it the least recently asked half goes.
@@ -407,6 +412,27 @@ impl Registry {
         )
     }
 
+    /// Change the shared pool's index (from its KV events).
+    pub fn with_pool_index<T>(&self, f: impl FnOnce(&mut ClusterIndex) -> T) -> T {
+        f(&mut self.pool.write().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Blocks the shared pool holds, as its KV events say.
+    pub fn pool_blocks(&self) -> usize {
+        self.pool
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .blocks_of(0)
+    }
+
+    /// The model fingerprint of the admitted workers (None before one is).
+    pub fn fingerprint(&self) -> Option<u64> {
+        let ws = self.workers.read().unwrap_or_else(|e| e.into_inner());
+        ws.iter()
+            .find(|w| w.healthy && w.fingerprint != 0)
+            .map(|w| w.fingerprint)
+    }
+
     /// A worker refused connections: out of the candidates until a poll finds it.
     pub fn mark_down(&self, name: &str) {
         self.update(name, |w| w.healthy = false);
@@ -488,18 +514,20 @@ impl Registry {
     ) -> Vec<(WorkerView, String)> {
         let ws = self.workers.read().unwrap_or_else(|e| e.into_inner());
         let index = self.index.read().unwrap_or_else(|e| e.into_inner());
+        let pool = self.pool.read().unwrap_or_else(|e| e.into_inner());
         let mut pending = self.lock_pending();
         pending.expire(now_ms());
         // Workers of one model share page size and fingerprint: hash once per
-        // kind. Per kind: each worker's held and held-or-pending depths.
-        type Depths = (Vec<usize>, Vec<usize>);
+        // kind. Per kind: each worker's held and held-or-pending depths, and
+        // the pool's.
+        type Depths = (Vec<usize>, Vec<usize>, usize);
         let mut depths: Vec<((u64, usize), Depths)> = Vec::new();
         let any_room = ws.iter().any(|w| w.serving() && w.has_room());
         ws.iter()
             .filter(|w| w.serving() && (!with_free_slot || !any_room || w.has_room()))
             .map(|w| {
-                let (cached, anticipated) = if w.page_size == 0 || prompt.is_empty() {
-                    (0, 0)
+                let (cached, anticipated, pooled) = if w.page_size == 0 || prompt.is_empty() {
+                    (0, 0, 0)
                 } else {
                     let kind = (w.fingerprint, w.page_size);
                     let at = match depths.iter().position(|(k, _)| *k == kind) {
@@ -510,12 +538,18 @@ impl Registry {
                             let held = index.prefix_blocks(&hashes, ws.len());
                             let ahead =
                                 index.prefix_blocks_with(pending.index(), &hashes, ws.len());
-                            depths.push((kind, (held, ahead)));
+                            let pooled = pool.prefix_blocks(&hashes, 1)[0];
+                            depths.push((kind, (held, ahead, pooled)));
                             depths.len() - 1
                         }
                     };
-                    let (held, ahead) = &depths[at].1;
-                    (held[w.slot] * w.page_size, ahead[w.slot] * w.page_size)
+                    let (held, ahead, pooled) = &depths[at].1;
+                    let pooled = if w.pool { *pooled } else { 0 };
+                    (
+                        held[w.slot] * w.page_size,
+                        ahead[w.slot] * w.page_size,
+                        pooled * w.page_size,
+                    )
                 };
                 (
                     WorkerView {
@@ -525,6 +559,7 @@ impl Registry {
                         anticipated_prefix_tokens: anticipated,
                         stage: w.stage,
                         max_running: w.max_running,
+                        pool_prefix_tokens: pooled,
                     },
                     w.url.clone(),
                 )
@@ -560,6 +595,7 @@ impl Registry {
             entry.fingerprint = num("fingerprint");
             entry.stage = serde_json::from_value(s["stage"].clone()).unwrap_or_default();
             entry.draining = s["draining"].as_bool().unwrap_or(false);
+            entry.pool = s["pool"].as_bool().unwrap_or(false);
             let refused = match expected {
                 Ok(want) if want == entry.fingerprint => None,
                 Ok(want) => Some(format!(

@@ -1458,6 +1458,16 @@ fn bad_actor_configs_are_refused_naming_the_file_and_key() {
             "[cluster]\ncluster_policies = [\"scale-by-prop\"]\n[cluster.scale-by-prop]\nhysteresis = 1.5\n",
             &["key `cluster.scale-by-prop.hysteresis`"][..],
         ),
+        (
+            "bad-pool-weight",
+            "[cluster]\ncluster_policies = [\"cache-aware\"]\n[cluster.cache-aware]\npool_weight = 1.5\n",
+            &["key `cluster.cache-aware.pool_weight`", "[0, 1)"][..],
+        ),
+        (
+            "bad-pool-url",
+            "[cluster]\npool = \"localhost:8090\"\n",
+            &["key `cluster.pool`", "not an http(s) URL"][..],
+        ),
     ] {
         let file = dir.join(format!("actor-config-{}-{name}.toml", std::process::id()));
         std::fs::write(&file, text).unwrap();

@@ -29,10 +29,15 @@ async fn worker(tag: &str, pool_url: &str) -> Proc {
     worker_with(tag, pool_url, "").await
 }
 
-/// A worker whose `[runtime]` has `pool = pool_url` and the keys in `runtime`.
+/// A worker whose `[runtime]` has `pool = pool_url` (none when empty) and
+/// the keys in `runtime`.
 async fn worker_with(tag: &str, pool_url: &str, runtime: &str) -> Proc {
     let cfg = scratch(tag).with_extension("toml");
-    std::fs::write(&cfg, format!("[runtime]\npool = {pool_url:?}\n{runtime}")).unwrap();
+    let pool = match pool_url {
+        "" => String::new(),
+        url => format!("pool = {url:?}\n"),
+    };
+    std::fs::write(&cfg, format!("[runtime]\n{pool}{runtime}")).unwrap();
     let m = model();
     let w = spawn(
         &bin("pie"),
@@ -54,6 +59,35 @@ async fn worker_with(tag: &str, pool_url: &str, runtime: &str) -> Proc {
     })
     .await;
     w
+}
+
+/// A controller (`[cluster]` as `cluster`, poll every 20 ms) over `workers`
+/// as w0, w1, ...; once it sees them all healthy.
+async fn controller(tag: &str, cluster: &str, workers: &[&Proc]) -> Proc {
+    let cfg = scratch(tag).with_extension("toml");
+    std::fs::write(&cfg, format!("[cluster]\npoll_ms = 20\n{cluster}")).unwrap();
+    let m = model();
+    let mut args: Vec<String> = ["--port", "0", "--model", m.to_str().unwrap()]
+        .map(String::from)
+        .to_vec();
+    args.extend(["--config".into(), cfg.to_str().unwrap().into()]);
+    for (i, w) in workers.iter().enumerate() {
+        args.extend(["--worker".into(), format!("w{i}={}", w.url)]);
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let ctl = spawn(
+        &bin("pie-controller"),
+        &refs,
+        "pie-controller: listening on ",
+    );
+    wait_for("every worker healthy", async || {
+        let v = get_json(&format!("{}/v1/cluster", ctl.url)).await;
+        v["workers"]
+            .as_array()
+            .is_some_and(|ws| ws.len() == workers.len() && ws.iter().all(|w| w["healthy"] == true))
+    })
+    .await;
+    ctl
 }
 
 fn prompt() -> Vec<u32> {
@@ -192,40 +226,14 @@ async fn pool_replicate_pushes_a_crowded_prefix_that_another_worker_then_pulls()
         worker_with("pr-0", &p.url, limit).await,
         worker_with("pr-1", &p.url, limit).await,
     ];
-    let cfg = scratch("pool-replicate").with_extension("toml");
-    std::fs::write(
-        &cfg,
-        "[cluster]\npoll_ms = 20\nactor_tick_ms = 20\n\
-         cluster_policies = [\"cache-aware\", \"pool-replicate\"]\n\
+    let ctl = controller(
+        "pool-replicate",
+        "actor_tick_ms = 20\ncluster_policies = [\"cache-aware\", \"pool-replicate\"]\n\
          [cluster.pool-replicate]\nhot_rps = 0.01\nhigh = 1.0\n",
+        &[&ws[0], &ws[1]],
     )
-    .unwrap();
-    let m = model();
-    let (w0, w1) = (format!("w0={}", ws[0].url), format!("w1={}", ws[1].url));
-    let ctl = spawn(
-        &bin("pie-controller"),
-        &[
-            "--port",
-            "0",
-            "--model",
-            m.to_str().unwrap(),
-            "--config",
-            cfg.to_str().unwrap(),
-            "--worker",
-            &w0,
-            "--worker",
-            &w1,
-        ],
-        "pie-controller: listening on ",
-    );
-    let http = reqwest::Client::new();
-    wait_for("both workers healthy", async || {
-        let v = get_json(&format!("{}/v1/cluster", ctl.url)).await;
-        v["workers"]
-            .as_array()
-            .is_some_and(|ws| ws.iter().all(|w| w["healthy"] == true))
-    })
     .await;
+    let http = reqwest::Client::new();
     let mut holder = String::new();
     for question in 0..3 {
         let r = http
@@ -267,4 +275,65 @@ async fn pool_replicate_pushes_a_crowded_prefix_that_another_worker_then_pulls()
         metric(&other.url, "pie_kv_transfer_pages_total{direction=\"in\"}").await,
         10.0
     );
+}
+
+/// The controller follows the pool's KV events (`[cluster] pool`): a prefix
+/// only the pool holds (pushed by a worker outside this cluster) is not a cold
+/// prompt: cache-aware sends it to the worker that can pull it from the pool,
+/// not to the one without a pool, and that worker serves it from the pool.
+/// A pool that goes away is forgotten (its blocks draw no more requests).
+#[tokio::test]
+async fn cache_aware_sends_a_prefix_only_the_pool_holds_to_a_worker_that_can_pull_it() {
+    let p = pool(&[]);
+    let outside = worker("outside", &p.url).await;
+    let (want, _) = complete(&outside, json!({"persist": true})).await;
+    wait_for("the prompt's 10 pages in the pool", async || {
+        pool_pages(&p).await >= 10
+    })
+    .await;
+    let plain = worker_with("no-pool", "", "").await;
+    let pooled = worker("pooled", &p.url).await;
+    let ctl = controller(
+        "pool-tier",
+        &format!("cluster_policies = [\"cache-aware\"]\npool = {:?}\n", p.url),
+        &[&plain, &pooled],
+    )
+    .await;
+    wait_for("the pool's blocks in the controller's index", async || {
+        get_json(&format!("{}/v1/cluster", ctl.url)).await["pool_blocks"] == 10
+    })
+    .await;
+    for question in [0, 1] {
+        let r = reqwest::Client::new()
+            .post(format!("{}/v1/completions", ctl.url))
+            .json(&json!({"prompt": prompt_and(question), "max_tokens": 12, "temperature": 0}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let header = |n: &str| r.headers()[n].to_str().unwrap().to_string();
+        let (worker, route) = (header("x-pie-worker"), header("x-pie-route"));
+        assert_eq!(worker, "w1", "the worker with a pool: {route}");
+        if question == 0 {
+            assert!(
+                route.contains("160/163 prefix tokens in the pool for w1"),
+                "{route}"
+            );
+        }
+        let v: Value = r.json().await.unwrap();
+        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0);
+        assert!(cached >= 160, "from the pool or its own cache: {v}");
+    }
+    let (text, _) = complete_at(&pooled.url, prompt(), json!({})).await;
+    assert_eq!(
+        text, want,
+        "the pooled pages give the output of the worker that computed them"
+    );
+    drop(p);
+    wait_for("a pool that is gone forgotten", async || {
+        get_json(&format!("{}/v1/cluster", ctl.url)).await["pool_blocks"] == 0
+    })
+    .await;
 }

@@ -534,6 +534,7 @@ async fn worker_state(State(state): State<AppState>) -> Result<Response, ApiErro
         "stage": rt.settings.stage,
         "model": rt.settings.model_name,
         "draining": rt.draining(),
+        "pool": rt.settings.pool.is_some(),
     }))
     .into_response())
 }

@@ -7,12 +7,18 @@
 //! cached or anticipated (routed there and not yet confirmed, see
 //! `PendingBlocks`) goes first, a tie going to the one that holds more of it,
 //! then to the least loaded; a cold prompt (no such prefix anywhere) goes to
-//! the least loaded, rotating among equally loaded workers. Props read: none.
-//! Config keys: `[cluster.cache-aware] balance_abs` (default 8), `balance_rel`
-//! (default 1.5), `anticipate_ms` (default 30000: how long a routed prompt's
-//! blocks count as pending on its worker; 0: never). Invariant (tested):
-//! balanced load -> longest prefix first; imbalanced -> least loaded first;
-//! cold -> least loaded; an anticipated prefix never beats the same prefix held.
+//! the least loaded, rotating among equally loaded workers. A worker with a
+//! shared page pool counts the prompt's prefix the pool holds at
+//! `pool_weight` of its length (pulling pages costs a transfer, less than a
+//! prefill, more than nothing), so a prompt only the pool holds is not cold
+//! and goes to a worker that can pull it. Props read: none. Config keys:
+//! `[cluster.cache-aware] balance_abs` (default 8), `balance_rel` (default
+//! 1.5), `anticipate_ms` (default 30000: how long a routed prompt's blocks
+//! count as pending on its worker; 0: never), `pool_weight` (default 0.8, in
+//! [0, 1); 0: pool hits count for nothing). Invariant (tested): balanced load
+//! -> longest prefix first; imbalanced -> least loaded first; cold -> least
+//! loaded; an anticipated prefix never beats the same prefix held, nor a
+//! pooled one the same prefix held.
 
 use serde::{Deserialize, Serialize};
 
@@ -25,6 +31,8 @@ pub struct CacheAwareConfig {
     pub balance_rel: f64,
     /// How long a routed prompt's blocks count as pending on its worker.
     pub anticipate_ms: u64,
+    /// What a prefix token in the shared pool is worth against one held.
+    pub pool_weight: f64,
 }
 
 impl Default for CacheAwareConfig {
@@ -33,13 +41,36 @@ impl Default for CacheAwareConfig {
             balance_abs: 8,
             balance_rel: 1.5,
             anticipate_ms: 30_000,
+            pool_weight: 0.8,
         }
+    }
+}
+
+impl CacheAwareConfig {
+    /// An error names the offending key.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(0.0..1.0).contains(&self.pool_weight) {
+            return Err(format!(
+                "pool_weight: {} is not in [0, 1) (a pooled prefix must weigh less than one held)",
+                self.pool_weight
+            ));
+        }
+        Ok(())
     }
 }
 
 /// Prefix tokens a worker holds or will hold (never fewer than it holds).
 fn anticipated(w: &WorkerView) -> usize {
     w.anticipated_prefix_tokens.max(w.cached_prefix_tokens)
+}
+
+impl CacheAware {
+    /// What the worker's prefix is worth: held or anticipated tokens, or its
+    /// pool's at `pool_weight`, whichever is more.
+    fn worth(&self, w: &WorkerView) -> usize {
+        let pooled = (w.pool_prefix_tokens as f64 * self.config.pool_weight) as usize;
+        anticipated(w).max(pooled)
+    }
 }
 
 /// Sorts `candidates` by `key`, which differs for every candidate (it ends
@@ -88,7 +119,7 @@ impl ClusterPolicy for CacheAware {
             && max as f64 > self.config.balance_rel * min as f64;
         let best_cached = candidates
             .iter()
-            .map(|&i| anticipated(&workers[i]))
+            .map(|&i| self.worth(&workers[i]))
             .max()
             .unwrap_or(0);
         if imbalanced || best_cached == 0 {
@@ -120,7 +151,7 @@ impl ClusterPolicy for CacheAware {
         }
         sort_by_unique_key(candidates, |i| {
             (
-                std::cmp::Reverse(anticipated(&workers[i])),
+                std::cmp::Reverse(self.worth(&workers[i])),
                 std::cmp::Reverse(workers[i].cached_prefix_tokens),
                 workers[i].load,
                 i,
@@ -128,7 +159,15 @@ impl ClusterPolicy for CacheAware {
         });
         let w = &workers[candidates[0]];
         let pending = anticipated(w) - w.cached_prefix_tokens;
-        Ok(Some(if pending > 0 {
+        Ok(Some(if self.worth(w) > anticipated(w) {
+            format!(
+                "{}/{} prefix tokens in the pool for {} ({} on it)",
+                w.pool_prefix_tokens,
+                req.prompt_tokens,
+                w.name,
+                anticipated(w)
+            )
+        } else if pending > 0 {
             format!(
                 "{}/{} prefix tokens on {} ({pending} of them pending)",
                 anticipated(w),
@@ -235,5 +274,45 @@ mod tests {
         w[2].cached_prefix_tokens = 480;
         w[2].load = 4;
         assert_eq!(route(&w).0, 2);
+    }
+
+    #[test]
+    fn a_pooled_prefix_beats_a_shorter_held_one_and_cold_but_never_the_same_held() {
+        let route = |w: &[WorkerView]| {
+            let mut c: Vec<usize> = (0..w.len()).collect();
+            let props = Props::new();
+            let req = RouteRequest {
+                props: &props,
+                prompt_tokens: 512,
+            };
+            let why = CacheAware::default().route(0, &req, w, &mut c).unwrap();
+            (c[0], why.unwrap())
+        };
+        // Only the pool holds the prompt: w2 can pull it, w0 and w1 cannot.
+        let mut w = views(&[0, 0, 1], &[0, 0, 0]);
+        w[2].pool_prefix_tokens = 480;
+        assert_eq!(
+            route(&w),
+            (
+                2,
+                "480/512 prefix tokens in the pool for w2 (0 on it)".into()
+            )
+        );
+        // w0 holds 64 of it: 480 pooled (worth 384) still wins.
+        w[0].cached_prefix_tokens = 64;
+        assert_eq!(route(&w).0, 2);
+        // w1 holds all 480: held beats pooled.
+        w[1].cached_prefix_tokens = 480;
+        assert_eq!(route(&w).0, 1);
+        let zero = CacheAwareConfig {
+            pool_weight: 0.0,
+            ..CacheAwareConfig::default()
+        };
+        assert!(zero.validate().is_ok());
+        let one = CacheAwareConfig {
+            pool_weight: 1.0,
+            ..CacheAwareConfig::default()
+        };
+        assert!(one.validate().unwrap_err().starts_with("pool_weight"));
     }
 }

@@ -85,7 +85,11 @@ pub fn routing_policy(
     Ok(match name {
         "pin" => Box::new(Pin::new(configs.pin.clone())),
         "session-affinity" => Box::new(SessionAffinity::new(configs.session_affinity.clone())),
-        "cache-aware" => Box::new(CacheAware::new(configs.cache_aware.clone())),
+        "cache-aware" => {
+            let c = &configs.cache_aware;
+            c.validate().map_err(|e| format!("{name}.{e}"))?;
+            Box::new(CacheAware::new(c.clone()))
+        }
         "least-loaded" => Box::new(LeastLoaded),
         "round-robin" => Box::new(RoundRobin::default()),
         "disaggregate" => Box::new(Disaggregate::new(configs.disaggregate.clone())),
@@ -210,6 +214,9 @@ pub struct WorkerView {
     pub stage: Stage,
     /// Its running-slot limit; 0 when unknown.
     pub max_running: usize,
+    /// Prompt tokens it would pull from the shared page pool (its `[runtime]
+    /// pool`) instead of computing; 0 without a pool or when unknown.
+    pub pool_prefix_tokens: usize,
 }
 
 /// What a cluster policy knows of one request.

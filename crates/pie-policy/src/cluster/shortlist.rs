@@ -6,8 +6,9 @@
 //! cache-aware, least-loaded, in any order), [`super::route_among`] over a
 //! shortlist decides exactly as [`super::route`] over every candidate, when
 //! the shortlist holds:
-//! - every candidate holding or anticipating a prefix of the prompt (the only
-//!   ones cache-aware's prefix rule can pick),
+//! - every candidate holding or anticipating a prefix of the prompt, or able
+//!   to pull one from its shared page pool (the only ones cache-aware's prefix
+//!   rule can pick; the simulator models no pool),
 //! - every candidate at the minimum load (the imbalance rule, a cold prompt's
 //!   rotation among the least loaded and least-loaded pick among them, and the
 //!   rotation needs all of them to count the ties),
@@ -240,6 +241,7 @@ mod tests {
                     anticipated_prefix_tokens: (held + extra) * 16,
                     stage: if prefill { Stage::Prefill } else { Stage::Both },
                     max_running: 0,
+                    pool_prefix_tokens: 0,
                 }).collect();
                 let mut order = LoadOrder::new();
                 for (i, v) in views.iter().enumerate() {
