@@ -190,25 +190,25 @@ impl Controller {
     fn follow_kv_events(self: &Arc<Self>, slot: usize) {
         let ctl = self.clone();
         tokio::spawn(async move {
-            let stream = crate::kv_sync::Stream {
-                http: &ctl.kv_http,
-                key: ctl.worker_key.as_deref(),
-                idle_timeout: ctl.kv_idle_timeout,
-            };
-            crate::kv_sync::follow(&ctl.registry, &stream, slot, &ctl.metrics).await
+            crate::kv_sync::follow(&ctl.registry, &ctl.kv_stream(), slot, &ctl.metrics).await
         });
+    }
+
+    /// How KV event streams are read: the KV client, the worker key, the
+    /// idle timeout.
+    fn kv_stream(&self) -> crate::kv_sync::Stream<'_> {
+        crate::kv_sync::Stream {
+            http: &self.kv_http,
+            key: self.worker_key.as_deref(),
+            idle_timeout: self.kv_idle_timeout,
+        }
     }
 
     /// Follow the shared pool's KV events (`[cluster] pool`).
     pub fn follow_pool(self: &Arc<Self>, pool: String) {
         let ctl = self.clone();
         tokio::spawn(async move {
-            let stream = crate::kv_sync::Stream {
-                http: &ctl.kv_http,
-                key: ctl.worker_key.as_deref(),
-                idle_timeout: ctl.kv_idle_timeout,
-            };
-            crate::kv_sync::follow_pool(&ctl.registry, &stream, &pool, &ctl.metrics).await
+            crate::kv_sync::follow_pool(&ctl.registry, &ctl.kv_stream(), &pool, &ctl.metrics).await
         });
     }
 

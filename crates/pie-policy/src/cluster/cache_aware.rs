@@ -248,18 +248,21 @@ mod tests {
         );
     }
 
+    /// A 512-token prompt routed by a default cache-aware over every worker:
+    /// the first candidate and why.
+    fn route(w: &[WorkerView]) -> (usize, String) {
+        let mut c: Vec<usize> = (0..w.len()).collect();
+        let props = Props::new();
+        let req = RouteRequest {
+            props: &props,
+            prompt_tokens: 512,
+        };
+        let why = CacheAware::default().route(0, &req, w, &mut c).unwrap();
+        (c[0], why.unwrap())
+    }
+
     #[test]
     fn an_anticipated_prefix_attracts_its_group_but_never_beats_it_held() {
-        let route = |w: &[WorkerView]| {
-            let mut c: Vec<usize> = (0..w.len()).collect();
-            let props = Props::new();
-            let req = RouteRequest {
-                props: &props,
-                prompt_tokens: 512,
-            };
-            let why = CacheAware::default().route(0, &req, w, &mut c).unwrap();
-            (c[0], why.unwrap())
-        };
         // w1 will hold 480 tokens (a request of the group went there): not cold.
         let mut w = views(&[2, 3, 2], &[0, 0, 16]);
         w[1].anticipated_prefix_tokens = 480;
@@ -278,16 +281,6 @@ mod tests {
 
     #[test]
     fn a_pooled_prefix_beats_a_shorter_held_one_and_cold_but_never_the_same_held() {
-        let route = |w: &[WorkerView]| {
-            let mut c: Vec<usize> = (0..w.len()).collect();
-            let props = Props::new();
-            let req = RouteRequest {
-                props: &props,
-                prompt_tokens: 512,
-            };
-            let why = CacheAware::default().route(0, &req, w, &mut c).unwrap();
-            (c[0], why.unwrap())
-        };
         // Only the pool holds the prompt: w2 can pull it, w0 and w1 cannot.
         let mut w = views(&[0, 0, 1], &[0, 0, 0]);
         w[2].pool_prefix_tokens = 480;
