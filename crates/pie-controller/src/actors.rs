@@ -226,9 +226,10 @@ impl Actors {
 
     /// Whether an actor reads hot prefixes (the registry then counts them).
     pub fn wants_hot_prefixes(&self) -> bool {
-        self.names()
-            .iter()
-            .any(|n| ["persist-prefix", "replicate", "pool-replicate"].contains(n))
+        self.runner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .reads_hot_prefixes()
     }
 
     fn snapshot(&self, workers: Vec<Worker>, hot_prefixes: Vec<HotPrefix>) -> ClusterSnapshot {

@@ -141,13 +141,8 @@ async fn metric(url: &str, name: &str) -> f64 {
 }
 
 async fn pool_pages(p: &Proc) -> u64 {
-    let v: Value = reqwest::get(format!("{}/health", p.url))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v["pages"].as_u64().unwrap()
+    let health = get_json(&format!("{}/health", p.url)).await;
+    health["pages"].as_u64().unwrap()
 }
 
 #[tokio::test]

@@ -190,10 +190,11 @@ impl PageStore {
             Some(disk) => disk.put(hash, &bytes)?,
             None => Vec::new(),
         };
-        for gone in evicted {
-            if !self.tiers[&format_dir(&format)].pages.contains_key(&gone) {
-                self.changed(format, gone, false);
-            }
+        let gone: Vec<BlockHash> = (evicted.into_iter())
+            .filter(|h| !tier.pages.contains_key(h))
+            .collect();
+        for hash in gone {
+            self.changed(format, hash, false);
         }
         self.changed(format, hash, true);
         self.remember(format, hash, Arc::new(bytes), pin);
@@ -368,7 +369,7 @@ impl PageStore {
                     disk_old
                         .iter()
                         .copied()
-                        .filter(|h| !tier.pages.contains_key(h)),
+                        .filter(|h| !tier.pages.contains_key(h) && !old.contains(h)),
                 )
                 .collect();
             self.changes.extend(gone.into_iter().map(|hash| Change {

@@ -66,7 +66,7 @@ impl SimActors {
     /// Whether an actor reads the snapshot's hot prefixes (the simulation
     /// then tracks them).
     pub fn reads_hot_prefixes(&self) -> bool {
-        self.runner.names().contains(&"replicate")
+        self.runner.reads_hot_prefixes()
     }
 
     /// The next tick, if it is due by `now_us`.

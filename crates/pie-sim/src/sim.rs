@@ -234,9 +234,9 @@ struct Sim<'a> {
     paused: BTreeMap<u32, (Seq, usize)>,
     /// Routed prompts' blocks, while an actor reads hot prefixes.
     heat: Option<PrefixHeat>,
-    /// Prefix copies on their way, by number.
+    /// Prefix copies on their way, by number (`counters.copies.copies` at
+    /// their start).
     copies: BTreeMap<u32, PrefixCopy>,
-    copies_started: u32,
 }
 
 const FINGERPRINT: ModelFingerprint = ModelFingerprint(0x51_u64);
@@ -434,7 +434,6 @@ impl<'a> Sim<'a> {
             paused: BTreeMap::new(),
             heat: None,
             copies: BTreeMap::new(),
-            copies_started: 0,
         }
     }
 
@@ -558,11 +557,9 @@ impl<'a> Sim<'a> {
         c.copies += 1;
         c.pages += pages;
         c.bytes += bytes;
-        self.copies_started += 1;
-        self.copies
-            .insert(self.copies_started, PrefixCopy { to: t, blocks });
-        self.events
-            .push(arrive, Event::PrefixCopied(self.copies_started));
+        let id = u32::try_from(c.copies)?;
+        self.copies.insert(id, PrefixCopy { to: t, blocks });
+        self.events.push(arrive, Event::PrefixCopied(id));
         Ok(())
     }
 

@@ -287,6 +287,12 @@ pub trait ClusterActor: Send + Sync {
 
     /// Its state for operators (`GET /v1/cluster`).
     fn summary(&self) -> serde_json::Value;
+
+    /// Whether it reads the snapshot's `hot_prefixes` (the observer then
+    /// counts routed prompts' blocks, which costs on every request).
+    fn reads_hot_prefixes(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

@@ -146,6 +146,10 @@ impl ClusterActor for PersistPrefix {
         self.decide(now_ms, snapshot)
     }
 
+    fn reads_hot_prefixes(&self) -> bool {
+        true
+    }
+
     fn summary(&self) -> serde_json::Value {
         json!({"asked_recently": self.asked.len(), "min_hits": self.config.min_hits})
     }

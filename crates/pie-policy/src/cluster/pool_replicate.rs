@@ -154,6 +154,10 @@ impl ClusterActor for PoolReplicate {
         self.decide(now_ms, snapshot)
     }
 
+    fn reads_hot_prefixes(&self) -> bool {
+        true
+    }
+
     fn summary(&self) -> serde_json::Value {
         json!({"pushed_recently": self.pushed.len(), "hot_rps": self.config.hot_rps})
     }

@@ -277,6 +277,10 @@ impl ClusterActor for Replicate {
         self.decide(now_ms, snapshot)
     }
 
+    fn reads_hot_prefixes(&self) -> bool {
+        true
+    }
+
     fn summary(&self) -> serde_json::Value {
         json!({
             "copies_asked": self.copies_asked,

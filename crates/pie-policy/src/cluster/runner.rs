@@ -42,6 +42,11 @@ impl ActorRunner {
         self.slots.iter().map(|s| s.actor.name()).collect()
     }
 
+    /// Whether any actor reads hot prefixes.
+    pub fn reads_hot_prefixes(&self) -> bool {
+        self.slots.iter().any(|s| s.actor.reads_hot_prefixes())
+    }
+
     /// Every actor's periodic look at the cluster.
     pub fn tick(&mut self, now_ms: u64, snapshot: &ClusterSnapshot) -> Vec<ActionRecord> {
         self.collect(now_ms, |a| a.on_tick(now_ms, snapshot))
