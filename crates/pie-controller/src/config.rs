@@ -10,8 +10,8 @@ use pie_core::auth::{parse_key_file, ApiKey};
 use pie_policy::cluster::{
     routing_policy, split_policies, ActorConfigs, ActorRunner, CacheAwareConfig, ClusterPolicy,
     DisaggregateConfig, DrainMigrateConfig, PersistPrefixConfig, PinConfig, PoolReplicateConfig,
-    QueueOrder, RebalanceConfig, ReplicateConfig, RoutingConfigs, ScaleByPropConfig,
-    SessionAffinityConfig, DEFAULT_MAX_QUEUED,
+    QueueOrder, RebalanceConfig, ReplicateConfig, RetainAllConfig, RoutingConfigs,
+    ScaleByPropConfig, SessionAffinityConfig, DEFAULT_MAX_QUEUED,
 };
 use serde::{Deserialize, Serialize};
 
@@ -126,6 +126,8 @@ pub struct ClusterConfig {
     pub replicate: ReplicateConfig,
     #[serde(rename = "pool-replicate")]
     pub pool_replicate: PoolReplicateConfig,
+    #[serde(rename = "retain-all")]
+    pub retain_all: RetainAllConfig,
 }
 
 impl Default for ClusterConfig {
@@ -160,6 +162,7 @@ impl Default for ClusterConfig {
             persist_prefix: PersistPrefixConfig::default(),
             replicate: ReplicateConfig::default(),
             pool_replicate: PoolReplicateConfig::default(),
+            retain_all: RetainAllConfig::default(),
         }
     }
 }
@@ -240,6 +243,7 @@ impl ClusterConfig {
             persist_prefix: self.persist_prefix.clone(),
             replicate: self.replicate.clone(),
             pool_replicate: self.pool_replicate.clone(),
+            retain_all: self.retain_all.clone(),
         };
         let names: Vec<&str> = actors.iter().map(String::as_str).collect();
         ActorRunner::new(&names, &configs)

@@ -1445,8 +1445,8 @@ fn bad_actor_configs_are_refused_naming_the_file_and_key() {
     for (name, text, wanted) in [
         (
             "unknown-actor",
-            "[cluster]\ncluster_policies = [\"cache-aware\", \"retain-all\"]\n",
-            &["key `cluster.cluster_policies`", "`retain-all`", "cache-aware", "scale-by-prop"][..],
+            "[cluster]\ncluster_policies = [\"cache-aware\", \"retain-none\"]\n",
+            &["key `cluster.cluster_policies`", "`retain-none`", "cache-aware", "scale-by-prop"][..],
         ),
         (
             "bad-key",

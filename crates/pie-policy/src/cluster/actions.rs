@@ -31,6 +31,27 @@ impl std::str::FromStr for Stage {
     }
 }
 
+/// Where pages outlive a worker's memory: its `pie-pool`, its disk tier, or
+/// whichever of the two it has (the pool first).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    #[default]
+    Any,
+    Pool,
+    Disk,
+}
+
+impl Tier {
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Any => "any",
+            Tier::Pool => "pool",
+            Tier::Disk => "disk",
+        }
+    }
+}
+
 /// Occupancy of a worker's KV page pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KvPages {
@@ -55,6 +76,9 @@ pub struct WorkerState {
     pub max_running: usize,
     /// None when the observer does not know (the controller does not poll it).
     pub kv_pages: Option<KvPages>,
+    /// Where it spills retained sessions it must evict early (`retain-all`);
+    /// None: it drops them.
+    pub retain_spill: Option<Tier>,
 }
 
 impl WorkerState {
@@ -234,6 +258,12 @@ pub enum Action {
     DrainWorker {
         worker: String,
     },
+    /// From now on, spill the retained sessions it must evict before their
+    /// `keep-ms` passes to `to`, instead of dropping them.
+    RetainSpill {
+        worker: String,
+        to: Tier,
+    },
     ScaleHint(ScaleHint),
 }
 
@@ -246,6 +276,7 @@ impl Action {
             Action::CopyPrefixToPool { .. } => "copy-prefix-to-pool",
             Action::PersistPrefix { .. } => "persist-prefix",
             Action::DrainWorker { .. } => "drain-worker",
+            Action::RetainSpill { .. } => "retain-spill",
             Action::ScaleHint(_) => "scale-hint",
         }
     }
@@ -351,6 +382,10 @@ mod tests {
                 worker: "a".into(),
             },
             Action::DrainWorker { worker: "a".into() },
+            Action::RetainSpill {
+                worker: "a".into(),
+                to: Tier::Pool,
+            },
             Action::ScaleHint(ScaleHint {
                 group: "g".into(),
                 current: 1,
@@ -363,7 +398,7 @@ mod tests {
         kinds.sort_unstable();
         kinds.dedup();
         assert_eq!(kinds.len(), all.len());
-        let json = serde_json::to_value(&all[5]).expect("serialisable");
+        let json = serde_json::to_value(&all[6]).expect("serialisable");
         assert_eq!(json["action"], "scale-hint");
         assert_eq!(json["recommended"], 2);
     }

@@ -25,6 +25,7 @@ mod pool_replicate;
 mod priority;
 mod rebalance;
 mod replicate;
+mod retain_all;
 mod round_robin;
 mod runner;
 mod scale_by_prop;
@@ -33,7 +34,7 @@ mod shortlist;
 
 pub use actions::{
     Action, ActionRecord, ClusterActor, ClusterEvent, ClusterSnapshot, Decision, HotPrefix,
-    KvPages, ProcessState, ScaleHint, SessionState, Stage, WorkerState,
+    KvPages, ProcessState, ScaleHint, SessionState, Stage, Tier, WorkerState,
 };
 
 pub use cache_aware::{CacheAware, CacheAwareConfig};
@@ -49,6 +50,7 @@ pub use pool_replicate::{PoolReplicate, PoolReplicateConfig};
 pub use priority::{PriorityQueue, QueueOrder, DEFAULT_MAX_QUEUED};
 pub use rebalance::{Rebalance, RebalanceConfig, Signal as RebalanceSignal};
 pub use replicate::{Replicate, ReplicateConfig};
+pub use retain_all::{RetainAll, RetainAllConfig};
 pub use round_robin::RoundRobin;
 pub use runner::ActorRunner;
 pub use scale_by_prop::{ScaleByProp, ScaleByPropConfig};
@@ -110,6 +112,7 @@ pub const ACTORS: &[&str] = &[
     "persist-prefix",
     "replicate",
     "pool-replicate",
+    "retain-all",
 ];
 
 /// The configs of the actors (`[cluster.<name>]`); each has `dry_run`.
@@ -121,6 +124,7 @@ pub struct ActorConfigs {
     pub persist_prefix: PersistPrefixConfig,
     pub replicate: ReplicateConfig,
     pub pool_replicate: PoolReplicateConfig,
+    pub retain_all: RetainAllConfig,
 }
 
 impl ActorConfigs {
@@ -133,6 +137,7 @@ impl ActorConfigs {
             "persist-prefix" => self.persist_prefix.dry_run,
             "replicate" => self.replicate.dry_run,
             "pool-replicate" => self.pool_replicate.dry_run,
+            "retain-all" => self.retain_all.dry_run,
             _ => false,
         }
     }
@@ -170,6 +175,11 @@ pub fn actor(name: &str, configs: &ActorConfigs) -> Result<Box<dyn ClusterActor>
             let c = &configs.pool_replicate;
             c.validate().map_err(|e| format!("{name}.{e}"))?;
             Ok(Box::new(PoolReplicate::new(c.clone())))
+        }
+        "retain-all" => {
+            let c = &configs.retain_all;
+            c.validate().map_err(|e| format!("{name}.{e}"))?;
+            Ok(Box::new(RetainAll::new(c.clone())))
         }
         other => Err(format!(
             "unknown cluster actor `{other}` (available: {})",
@@ -412,8 +422,8 @@ mod tests {
             (routing, actors),
             (vec!["cache-aware", "pin"], vec!["scale-by-prop"])
         );
-        let err = split_policies(&["retain-all".to_string()]).unwrap_err();
-        assert!(err.contains("`retain-all`") && err.contains("pin") && err.contains("rebalance"));
+        let err = split_policies(&["retain-none".to_string()]).unwrap_err();
+        assert!(err.contains("`retain-none`") && err.contains("pin") && err.contains("rebalance"));
         let bad = ActorConfigs {
             scale_by_prop: ScaleByPropConfig {
                 hysteresis: 2.0,
@@ -440,6 +450,10 @@ mod tests {
                 hot_rps: -1.0,
                 ..PoolReplicateConfig::default()
             },
+            retain_all: RetainAllConfig {
+                retry_ms: 0,
+                ..RetainAllConfig::default()
+            },
         };
         let err = actor("drain-migrate", &bad).err();
         assert!(err.is_some_and(|e| e.starts_with("drain-migrate.pending_timeout_ms")));
@@ -449,6 +463,8 @@ mod tests {
         assert!(err.is_some_and(|e| e.starts_with("replicate.max_replicas")));
         let err = actor("pool-replicate", &bad).err();
         assert!(err.is_some_and(|e| e.starts_with("pool-replicate.hot_rps")));
+        let err = actor("retain-all", &bad).err();
+        assert!(err.is_some_and(|e| e.starts_with("retain-all.retry_ms")));
         let err = actor("scale-by-prop", &bad).err();
         assert!(err.is_some_and(|e| e.starts_with("scale-by-prop.hysteresis")));
         let err = actor("rebalance", &bad).err();

@@ -139,7 +139,7 @@ mod tests {
             };
             assert!(r.event(6, &event, &snap).is_empty());
         }
-        let err = ActorRunner::new(&["retain-all"], &configs(false)).err();
-        assert!(err.is_some_and(|e| e.contains("`retain-all`") && e.contains("rebalance")));
+        let err = ActorRunner::new(&["retain-none"], &configs(false)).err();
+        assert!(err.is_some_and(|e| e.contains("`retain-none`") && e.contains("rebalance")));
     }
 }

@@ -47,6 +47,14 @@ pub trait KvAccounting {
     /// Free the pages retained under `session`, if any.
     fn drop_retained(&mut self, session: &str);
 
+    /// Free the pages retained under `session` before its retention ends at
+    /// `expires_ms`, because other sequences need them. An accounting that
+    /// spills (`retain-all`) keeps them elsewhere until then; by default they
+    /// are dropped.
+    fn evict_retained(&mut self, session: &str, _expires_ms: u64) {
+        self.drop_retained(session);
+    }
+
     /// A hint before the scheduler visits these sequences in this order (the
     /// simulator prefetches their state); nothing by default.
     fn will_visit(&self, _seqs: &[crate::Candidate]) {}

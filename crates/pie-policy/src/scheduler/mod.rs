@@ -8,7 +8,8 @@
 //! under `max_running` (or, if the policy preempts for slots, takes the slot of
 //! the last running one) and first shares the longest cached prefix of its
 //! tokens. When pages run out, unreferenced cached pages go (LRU, inside the KV
-//! accounting), then retained sessions (soonest expiry first), then the running
+//! accounting), then retained sessions (soonest expiry first; evicted before
+//! their expiry, which the accounting may spill: `retain-all`), then the running
 //! sequence ordered last is preempted: its pages are released and it is
 //! recomputed later. Progress needs an order that does not flip between two
 //! sequences from step to step, or each would preempt the other forever (fair
@@ -150,7 +151,7 @@ impl Scheduler {
     /// Drop retention that expired by `now_ms` (its pages fall back to the LRU
     /// cache). Call before [`Self::expired`] and [`Self::plan`].
     pub fn expire_retained(&mut self, kv: &mut impl KvAccounting, now_ms: u64) {
-        while let Some(session) = self.retained.pop_soonest(now_ms) {
+        while let Some((session, _)) = self.retained.pop_soonest(now_ms) {
             kv.drop_retained(&session);
         }
     }
@@ -289,8 +290,8 @@ impl Scheduler {
 
     fn drop_soonest_retained(&mut self, kv: &mut impl KvAccounting) -> bool {
         match self.retained.pop_soonest(u64::MAX) {
-            Some(session) => {
-                kv.drop_retained(&session);
+            Some((session, expires_ms)) => {
+                kv.evict_retained(&session, expires_ms);
                 true
             }
             None => false,

@@ -23,8 +23,9 @@ impl Retained {
         self.expires.remove(session).is_some()
     }
 
-    /// The session that expires first, if it expires by `by_ms`; removed.
-    pub fn pop_soonest(&mut self, by_ms: u64) -> Option<String> {
+    /// The session that expires first, if it expires by `by_ms`, with its
+    /// expiry; removed.
+    pub fn pop_soonest(&mut self, by_ms: u64) -> Option<(String, u64)> {
         while let Some(Reverse((expires, _))) = self.queue.peek() {
             if *expires > by_ms {
                 return None;
@@ -32,7 +33,7 @@ impl Retained {
             let Reverse((expires, session)) = self.queue.pop()?;
             if self.expires.get(&session) == Some(&expires) {
                 self.expires.remove(&session);
-                return Some(session);
+                return Some((session, expires));
             }
         }
         None
@@ -58,10 +59,10 @@ mod tests {
         r.insert("c".into(), 10);
         r.insert("c".into(), 50);
         assert_eq!(r.pop_soonest(20), None, "c's first expiry was replaced");
-        assert_eq!(r.pop_soonest(u64::MAX).as_deref(), Some("a"));
+        assert_eq!(r.pop_soonest(u64::MAX), Some(("a".to_string(), 30)));
         assert!(r.remove("b"));
         assert_eq!(r.sessions(), vec![("c".to_string(), 50)]);
-        assert_eq!(r.pop_soonest(u64::MAX).as_deref(), Some("c"));
+        assert_eq!(r.pop_soonest(u64::MAX), Some(("c".to_string(), 50)));
         assert_eq!(r.pop_soonest(u64::MAX), None);
     }
 }

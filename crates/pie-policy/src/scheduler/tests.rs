@@ -31,6 +31,8 @@ struct ToyKv {
     free: usize,
     seqs: HashMap<SeqId, ToySeq>,
     retained: HashMap<String, usize>,
+    /// Retained sessions evicted under pressure, with their expiry.
+    evicted_early: Vec<(String, u64)>,
 }
 
 impl KvAccounting for ToyKv {
@@ -73,6 +75,11 @@ impl KvAccounting for ToyKv {
     }
     fn drop_retained(&mut self, session: &str) {
         self.free += self.retained.remove(session).unwrap_or(0);
+    }
+    fn evict_retained(&mut self, session: &str, expires_ms: u64) {
+        assert!(self.retained.contains_key(session));
+        self.evicted_early.push((session.into(), expires_ms));
+        self.drop_retained(session);
     }
 }
 
@@ -128,7 +135,7 @@ proptest! {
             scheduler.set_keep_session(Some(KeepSession::new(Default::default())));
         }
         let capacity = pages * page_size;
-        let mut kv = ToyKv { page_size, free: pages, seqs: HashMap::new(), retained: HashMap::new() };
+        let mut kv = ToyKv { page_size, free: pages, seqs: HashMap::new(), retained: HashMap::new(), evicted_early: Vec::new() };
         let mut pending: Vec<(u64, usize)> = jobs.iter().enumerate().map(|(i, j)| (j.3, i)).collect();
         pending.sort();
         let total_tokens: usize = jobs.iter().map(|j| j.0 + j.1).sum();
@@ -152,6 +159,9 @@ proptest! {
             }
             scheduler.expire_retained(&mut kv, now);
             scheduler.plan(&mut kv, now, &mut plan);
+            for (session, expires) in kv.evicted_early.drain(..) {
+                prop_assert!(expires > now, "{session} expired at {expires}: dropped, not evicted early");
+            }
             let tokens: usize = plan.iter().map(|p| p.tokens).sum();
             prop_assert!(tokens <= max_batch_tokens);
             prop_assert!(kv.seqs.values().filter(|s| s.pages > 0).count() <= max_running);
@@ -191,6 +201,7 @@ fn light_and_flooder_tokens(policy: Box<dyn WorkerPolicy>) -> (usize, usize) {
         free: 1000,
         seqs: HashMap::new(),
         retained: HashMap::new(),
+        evicted_early: Vec::new(),
     };
     let mut next = 0u64;
     let mut arrivals: Vec<(u64, &str)> = [vec![(0, "flood"); 12], vec![(0, "light"); 2]].concat();
