@@ -4,13 +4,16 @@
 //! executes them: a scale hint is published (kept in the run's metrics); a
 //! `MigrateProcess` moves the process with its KV (`sim.rs`, costed as
 //! `migrate.rs` says); a `CopyPrefix` sends the prefix's pages to the target
-//! (`copies.rs`); an action this executor cannot carry out stops the run
-//! with an error naming it, never silently. Dry-run records are kept, not
-//! executed.
+//! (`copies.rs`); a `CopyPrefixToPool` (`pool-replicate`) pushes them to the
+//! pool and a `RetainSpill` (`retain-all`) makes the worker spill retained
+//! sessions to it (`pool.rs`: both need `--pool-pages`); an action this
+//! executor cannot carry out stops the run with an error naming it, never
+//! silently (`persist-prefix` is refused at start: no disk tier is
+//! modelled). Dry-run records are kept, not executed.
 
 use anyhow::{bail, Context, Result};
 use pie_core::BlockHash;
-use pie_policy::cluster::{Action, ActionRecord, ActorConfigs, ActorRunner, ClusterSnapshot};
+use pie_policy::cluster::{Action, ActionRecord, ActorConfigs, ActorRunner, ClusterSnapshot, Tier};
 use serde::{de::DeserializeOwned, Serialize};
 
 /// The actors of a pipeline and when they look next.
@@ -34,26 +37,44 @@ pub enum ToExecute {
         from: String,
         to: String,
     },
+    CopyToPool {
+        blocks: Vec<BlockHash>,
+        from: String,
+    },
+    RetainSpill {
+        worker: String,
+        to: Tier,
+    },
 }
 
 impl SimActors {
-    /// None when `names` is empty (no actor, no ticks).
-    pub fn new(names: &[&str], configs: &ActorConfigs, tick_ms: u64) -> Result<Option<Self>> {
+    /// None when `names` is empty (no actor, no ticks). `pool`: the run has
+    /// a pool (`--pool-pages`), which `pool-replicate` and `retain-all` need.
+    pub fn new(
+        names: &[&str],
+        configs: &ActorConfigs,
+        tick_ms: u64,
+        pool: bool,
+    ) -> Result<Option<Self>> {
         if names.is_empty() {
             return Ok(None);
         }
         anyhow::ensure!(tick_ms > 0, "the actor tick must be positive");
-        // They would run and never act: the simulated workers have no disk
-        // tier and no pool.
-        for (name, why) in [
-            (
-                "persist-prefix",
-                "the simulator does not model a disk tier yet",
-            ),
-            ("pool-replicate", "the simulator does not model a pool yet"),
-        ] {
-            anyhow::ensure!(!names.contains(&name), "{name}: {why}");
+        // They would run and never act (or every action would fail).
+        anyhow::ensure!(
+            !names.contains(&"persist-prefix"),
+            "persist-prefix: the simulator does not model a disk tier yet"
+        );
+        for name in ["pool-replicate", "retain-all"] {
+            anyhow::ensure!(
+                pool || !names.contains(&name),
+                "{name}: the simulated workers have no pool: give --pool-pages N"
+            );
         }
+        anyhow::ensure!(
+            !names.contains(&"retain-all") || configs.retain_all.to != Tier::Disk,
+            "retain-all: to = disk: the simulator does not model a disk tier yet (pool or any)"
+        );
         let runner = ActorRunner::new(names, configs).map_err(anyhow::Error::msg)?;
         Ok(Some(Self {
             runner,
@@ -103,6 +124,14 @@ fn execute(record: &ActionRecord) -> Result<Option<ToExecute>> {
             from: from.clone(),
             to: to.clone(),
         })),
+        Action::CopyPrefixToPool { blocks, from } => Ok(Some(ToExecute::CopyToPool {
+            blocks: blocks.clone(),
+            from: from.clone(),
+        })),
+        Action::RetainSpill { worker, to } => Ok(Some(ToExecute::RetainSpill {
+            worker: worker.clone(),
+            to: *to,
+        })),
         other => bail!(
             "{}: the simulator cannot execute `{}` actions yet",
             record.actor,
@@ -129,8 +158,10 @@ pub fn apply_overrides(configs: &mut ActorConfigs, overrides: &[String]) -> Resu
             "scale-by-prop" => set_key(&mut configs.scale_by_prop, key, value),
             "rebalance" => set_key(&mut configs.rebalance, key, value),
             "replicate" => set_key(&mut configs.replicate, key, value),
+            "pool-replicate" => set_key(&mut configs.pool_replicate, key, value),
+            "retain-all" => set_key(&mut configs.retain_all, key, value),
             other => bail!(
-                "--actor-set: no configurable actor `{other}` (scale-by-prop, rebalance, replicate)"
+                "--actor-set: no configurable actor `{other}` (scale-by-prop, rebalance, replicate, pool-replicate, retain-all)"
             ),
         }
         .with_context(|| format!("--actor-set `{item}`"))?;
@@ -161,14 +192,27 @@ mod tests {
 
     #[test]
     fn an_actor_the_simulator_cannot_model_is_refused_at_start() {
-        let err = SimActors::new(&["persist-prefix"], &ActorConfigs::default(), 100)
-            .err()
-            .expect("refused");
-        assert!(err.to_string().contains("disk tier"), "{err}");
-        let err = SimActors::new(&["pool-replicate"], &ActorConfigs::default(), 100)
-            .err()
-            .expect("refused");
-        assert!(err.to_string().starts_with("pool-replicate:"), "{err}");
+        let refused = |names: &[&str], configs: &ActorConfigs, pool: bool| {
+            SimActors::new(names, configs, 100, pool)
+                .err()
+                .expect("refused")
+                .to_string()
+        };
+        let defaults = ActorConfigs::default();
+        let err = refused(&["persist-prefix"], &defaults, true);
+        assert!(err.contains("disk tier"), "{err}");
+        for name in ["pool-replicate", "retain-all"] {
+            let err = refused(&[name], &defaults, false);
+            assert!(
+                err.starts_with(name) && err.contains("--pool-pages"),
+                "{err}"
+            );
+            assert!(SimActors::new(&[name], &defaults, 100, true).is_ok());
+        }
+        let mut disk = ActorConfigs::default();
+        disk.retain_all.to = Tier::Disk;
+        let err = refused(&["retain-all"], &disk, true);
+        assert!(err.contains("to = disk"), "{err}");
     }
 
     #[test]
@@ -181,12 +225,16 @@ mod tests {
                 "rebalance.signal=kv",
                 "rebalance.high=0.8",
                 "scale-by-prop.prop=tier2",
+                "retain-all.to=pool",
+                "pool-replicate.min_hits=2",
             ]),
         )
         .expect("valid");
         assert_eq!(c.rebalance.signal, RebalanceSignal::Kv);
         assert_eq!(c.rebalance.high, 0.8);
         assert_eq!(c.scale_by_prop.prop, "tier2");
+        assert_eq!(c.retain_all.to, Tier::Pool);
+        assert_eq!(c.pool_replicate.min_hits, 2);
         let err = |item: &str| {
             let e = apply_overrides(&mut ActorConfigs::default(), &set(&[item])).unwrap_err();
             format!("{e:#}")

@@ -1,6 +1,7 @@
 //! The simulation's event queue: open-loop arrivals (sorted once), later-turn
 //! arrivals, ends of KV transfers (a disaggregated prefill's pages reaching the
-//! decode worker, a migration's copy stage or pause ending, a prefix copy arriving) and step ends. Step ends (at most one per worker) and the
+//! decode worker, a migration's copy stage or pause ending, a prefix copy arriving, a
+//! pull from the pool reaching its worker, a push reaching the pool) and step ends. Step ends (at most one per worker) and the
 //! rest (up to one per conversation or transfer) sit in two heaps, so the frequent step events
 //! stay in a small heap that fits the cache. Order: earliest time first; an
 //! open-loop arrival goes before queued events at the same time, and queued
@@ -23,6 +24,10 @@ pub enum Event {
     Migrated(u32),
     /// Prefix copy `c` reached its target.
     PrefixCopied(u32),
+    /// Request `r`'s pull from the pool reached its worker.
+    Pulled(u32),
+    /// Push `p` (a spill or a `CopyPrefixToPool`) reached the pool.
+    PoolPushed(u32),
 }
 
 /// (time us, push number, worker)

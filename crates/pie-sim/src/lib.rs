@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod migrate;
 pub mod pages;
 pub mod plots;
+pub mod pool;
 pub mod profile;
 pub mod requests;
 pub mod router;

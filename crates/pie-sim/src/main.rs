@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use pie_sim::metrics::{class_table, copy_table, markdown_table, migration_table, transfer_table};
+use pie_sim::metrics::{
+    class_table, copy_table, markdown_table, migration_table, pool_table, transfer_table,
+};
 use pie_sim::requests::{self, Input};
 use pie_sim::worker_config::WorkerConfig;
 use pie_sim::{run, PolicyName, RouterSpec, RunMetrics, SimConfig};
@@ -104,6 +106,12 @@ struct Common {
     /// (default: the profile's model; see `pie_sim::disaggregate`).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     kv_bytes_per_token: Option<u64>,
+    /// A shared page pool (`pie-pool`) of this many pages that every worker
+    /// pulls a prompt's pooled prefix from before its prefill (0: none);
+    /// `pool-replicate` and `retain-all` push to it. Transfers cost the
+    /// profile's transfer time.
+    #[arg(long, default_value_t = 0)]
+    pool_pages: usize,
     /// Set an actor's key, as `[cluster.ACTOR] KEY = VALUE` in the
     /// controller's config (`--actor-set rebalance.signal=kv`); repeatable.
     #[arg(long = "actor-set", value_name = "ACTOR.KEY=VALUE")]
@@ -167,6 +175,7 @@ fn simulate(
                 cfg.runtime = runtime.clone();
                 cfg.workers_per_machine = common.workers_per_machine as usize;
                 cfg.prefill_workers = common.prefill_workers;
+                cfg.pool_pages = common.pool_pages;
                 cfg.kv_bytes_per_token =
                     common.kv_bytes_per_token.unwrap_or(cfg.kv_bytes_per_token);
                 let m = run(&cfg, &workload, &reqs)?;
@@ -280,6 +289,10 @@ fn main() -> Result<()> {
             let copies = copy_table(&runs);
             if !copies.is_empty() {
                 print!("\nPrefix copies:\n\n{copies}");
+            }
+            let pool = pool_table(&runs);
+            if !pool.is_empty() {
+                print!("\nPool:\n\n{pool}");
             }
             let classes = class_table(&runs);
             if !classes.is_empty() {

@@ -2,8 +2,8 @@
 //! inter-token latency, end-to-end latency, prefix hits, deadline), per-client service for fairness, per-class
 //! latencies, throughput, disaggregated prefills' transfers, migrations, and the
 //! simulator's own speed (events per second). The whole [`RunMetrics`]
-//! serialises to JSON; [`markdown_table`], [`transfer_table`] and
-//! [`migration_table`] compare runs.
+//! serialises to JSON; [`markdown_table`], [`transfer_table`],
+//! [`migration_table`], [`copy_table`] and [`pool_table`] compare runs.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -14,6 +14,7 @@ use crate::copies::CopyCounters;
 use crate::disaggregate::{Disaggregation, TransferCounters};
 use crate::histogram::LogHistogram;
 use crate::migrate::{MigrationCounters, Migrations};
+use crate::pool::PoolCounters;
 use crate::sim::SimConfig;
 use crate::workload::Request;
 
@@ -57,6 +58,7 @@ pub struct Counters {
     pub transfers: TransferCounters,
     pub migrations: MigrationCounters,
     pub copies: CopyCounters,
+    pub pool: PoolCounters,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -137,6 +139,8 @@ pub struct RunMetrics {
     pub rejected: usize,
     pub aborted: usize,
     pub ttft_ms: Percentiles,
+    /// TTFT of the requests that continue a conversation (later turns).
+    pub later_turns_ttft_ms: Percentiles,
     /// TTFT at each whole percentile 0..=100 (for CDF plots).
     pub ttft_cdf_ms: Vec<f64>,
     /// Inter-token latency: time between consecutive output tokens of a
@@ -180,6 +184,9 @@ pub struct RunMetrics {
     /// present when the router runs actors.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub copies: Option<CopyCounters>,
+    /// The shared page pool (`--pool-pages`): spills, pushes, pulls, eviction.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolCounters>,
     pub events: u64,
     pub wall_s: f64,
     pub events_per_s: f64,
@@ -364,6 +371,13 @@ impl RunMetrics {
             rejected: records.iter().filter(|r| r.rejected).count(),
             aborted: records.iter().filter(|r| r.expired).count(),
             ttft_ms: ttft(&served),
+            later_turns_ttft_ms: ttft(
+                &served
+                    .iter()
+                    .filter(|(q, _)| q.follows.is_some())
+                    .copied()
+                    .collect::<Vec<_>>(),
+            ),
             ttft_cdf_ms: ttft_cdf(&served),
             itl_ms: counters.itl.percentiles_ms(),
             e2e_ms: e2e(&served),
@@ -409,6 +423,7 @@ impl RunMetrics {
             migrations: (!cfg.router.actors().is_empty())
                 .then(|| Migrations::new(&counters.migrations)),
             copies: (!cfg.router.actors().is_empty()).then(|| counters.copies.clone()),
+            pool: (cfg.pool_pages > 0).then(|| counters.pool.clone()),
             events: counters.events,
             wall_s,
             events_per_s: if wall_s > 0.0 {
@@ -577,6 +592,43 @@ pub fn class_table(runs: &[RunMetrics]) -> String {
                 c.deadline_misses,
             ));
         }
+    }
+    s
+}
+
+/// One row per run, when any run has a pool (empty otherwise): later turns'
+/// TTFT, prefix hits, and what went to and came from the pool.
+pub fn pool_table(runs: &[RunMetrics]) -> String {
+    if !runs.iter().any(|r| r.pool.is_some()) {
+        return String::new();
+    }
+    let mut s = String::from(
+        "| router | pool pages | later turns TTFT p50 / p90 / p99 ms | prefix hit | spills (pages) | replicated (pages) | pulls (pages) | pulled GB | evicted (pinned) | max held |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in runs {
+        let t = &r.later_turns_ttft_ms;
+        let p = r.pool.clone().unwrap_or_default();
+        s.push_str(&format!(
+            "| {}{} | {} | {:.0} / {:.0} / {:.0} | {:.1}% | {} ({}) | {} ({}) | {} ({}) | {:.1} | {} ({}) | {} |\n",
+            r.router,
+            if r.keep_session { " +keep-session" } else { "" },
+            p.capacity_pages,
+            t.p50,
+            t.p90,
+            t.p99,
+            100.0 * r.prefix_hit_rate,
+            p.spills,
+            p.spilled_pages,
+            p.replicated,
+            p.replicated_pages,
+            p.pulls,
+            p.pulled_pages,
+            p.pulled_bytes as f64 / 1e9,
+            p.evicted_pages,
+            p.evicted_pinned_pages,
+            p.max_held_pages,
+        ));
     }
     s
 }

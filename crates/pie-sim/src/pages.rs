@@ -1,11 +1,14 @@
 //! One simulated worker's sequences and pages: the scheduler's
 //! [`KvAccounting`] answered by the page model (a prefix cache by block hash,
 //! counts of private pages), so `pie_policy::Scheduler` plans here as it does
-//! over the engine's real pages.
+//! over the engine's real pages. A retained session evicted before its
+//! expiry on a worker that spills (`retain-all`) leaves its full pages in
+//! `spilled` for the simulation to push to the pool (`pool.rs`).
 
 use std::collections::HashMap;
 
 use pie_core::{BlockHash, SeqId};
+use pie_policy::cluster::Tier;
 use pie_policy::{Candidate, KvAccounting};
 
 use crate::cache::{prefetch, PrefixCache};
@@ -62,18 +65,32 @@ impl Seq {
 
     /// The cached pages it references.
     fn cached_hashes(&self, duplicates: &[u32]) -> Vec<BlockHash> {
-        let published = &self.hashes[..self.published as usize];
-        (0..published.len())
-            .filter(|i| !duplicates.contains(&(*i as u32)))
-            .map(|i| published[i])
-            .collect()
+        cached(&self.hashes[..self.published as usize], duplicates)
     }
+}
+
+/// The pages of `published` in the prefix cache: all but the `duplicates`.
+fn cached(published: &[BlockHash], duplicates: &[u32]) -> Vec<BlockHash> {
+    (0..published.len())
+        .filter(|i| !duplicates.contains(&(*i as u32)))
+        .map(|i| published[i])
+        .collect()
 }
 
 /// A finished session's pages kept for its next turn.
 struct Retained {
-    hashes: Vec<BlockHash>,
+    /// Its full pages, first first (what a spill sends).
+    published: Vec<BlockHash>,
+    /// Those of them held privately (see [`WorkerPages::duplicates`]).
+    duplicates: Vec<u32>,
     private: u32,
+}
+
+/// A retained session's full pages evicted before its expiry, to be pushed
+/// to the pool and soft-pinned there until `expires_ms`.
+pub struct Spill {
+    pub blocks: Vec<BlockHash>,
+    pub expires_ms: u64,
 }
 
 pub struct WorkerPages {
@@ -91,6 +108,11 @@ pub struct WorkerPages {
     /// Pages held by sequences and retained sessions outside the cache.
     private_pages: usize,
     retained: HashMap<String, Retained>,
+    /// Where it spills retained sessions it evicts early (`RetainSpill`);
+    /// None: it drops them.
+    pub spill: Option<Tier>,
+    /// Spills since the simulation last took them.
+    pub spilled: Vec<Spill>,
 }
 
 impl WorkerPages {
@@ -104,6 +126,8 @@ impl WorkerPages {
             duplicates: HashMap::new(),
             private_pages: 0,
             retained: HashMap::new(),
+            spill: None,
+            spilled: Vec::new(),
         }
     }
 
@@ -281,8 +305,9 @@ impl KvAccounting for PageModel<'_> {
         let duplicates = pages.take_duplicates(slot(seq));
         let s = pages.seqs[slot(seq)].as_mut().expect("sequence exists");
         let retained = Retained {
-            hashes: s.cached_hashes(&duplicates),
+            published: s.hashes[..s.published as usize].to_vec(),
             private: s.private_pages(&duplicates) as u32,
+            duplicates,
         };
         s.pages = 0;
         s.published = 0;
@@ -296,9 +321,31 @@ impl KvAccounting for PageModel<'_> {
 
     fn drop_retained(&mut self, session: &str) {
         if let Some(r) = self.pages.retained.remove(session) {
-            self.pages.cache.release_all(&r.hashes);
+            if r.duplicates.is_empty() {
+                self.pages.cache.release_all(&r.published);
+            } else {
+                self.pages
+                    .cache
+                    .release_all(&cached(&r.published, &r.duplicates));
+            }
             self.pages.private_pages -= r.private as usize;
         }
+    }
+
+    /// Spilled first when the worker spills (`retain-all`): its full pages go
+    /// to the pool (`Spill`), then they are freed here as by `drop_retained`.
+    fn evict_retained(&mut self, session: &str, expires_ms: u64) {
+        if self.pages.spill.is_some() {
+            if let Some(r) = self.pages.retained.get(session) {
+                if !r.published.is_empty() {
+                    self.pages.spilled.push(Spill {
+                        blocks: r.published.clone(),
+                        expires_ms,
+                    });
+                }
+            }
+        }
+        self.drop_retained(session);
     }
 
     fn will_visit(&self, cands: &[Candidate]) {

@@ -6,7 +6,10 @@
 //! finish, and, when a policy in the pipeline reads them, cached-prefix lengths
 //! from the controller's own `ClusterIndex`, fed by the workers' cache logs,
 //! and the prefixes anticipated on the workers requests were routed to
-//! (`PendingBlocks`, as the controller's registry keeps them).
+//! (`PendingBlocks`, as the controller's registry keeps them). With a shared
+//! pool (`--pool-pages`: every worker pulls from it) each view's
+//! `pool_prefix_tokens` is the prompt's leading run the pool holds
+//! (`set_pooled`), which cache-aware weighs at its `pool_weight`.
 //!
 //! At 1,000 workers a request costs what its prompt and the workers that can
 //! win cost, not a pass over every worker: only the holders of the prompt's
@@ -113,6 +116,9 @@ pub struct Router {
     loads: Option<LoadOrder>,
     /// Worker slots by name, for the workers policies name.
     slots: HashMap<String, usize>,
+    /// Every view's `pool_prefix_tokens` (the same for all: each pulls from
+    /// the one pool).
+    pooled_tokens: usize,
 }
 
 impl Router {
@@ -139,6 +145,20 @@ impl Router {
             holders: Vec::new(),
             loads,
             slots: (0..workers).map(|i| (format!("w{i}"), i)).collect(),
+            pooled_tokens: 0,
+        }
+    }
+
+    /// The shared pool holds the next prompt's first `blocks` pages: every
+    /// worker could pull them (as the controller's registry fills
+    /// `pool_prefix_tokens` for the workers with a pool).
+    pub fn set_pooled(&mut self, blocks: usize) {
+        let tokens = blocks * self.page_size;
+        if tokens != self.pooled_tokens {
+            for v in &mut self.views {
+                v.pool_prefix_tokens = tokens;
+            }
+            self.pooled_tokens = tokens;
         }
     }
 
@@ -211,8 +231,10 @@ impl Router {
             props,
             prompt_tokens,
         };
+        // A shortlist must hold every worker that can pull a pooled prefix:
+        // with one, that is all of them.
         let (decode, _reason) = match &self.loads {
-            Some(loads) if !self.views.is_empty() => {
+            Some(loads) if !self.views.is_empty() && self.pooled_tokens == 0 => {
                 let named: Vec<usize> = (self.pipeline.iter())
                     .filter_map(|p| p.named_worker(now_ms, &req))
                     .filter_map(|name| self.slots.get(name).copied())
@@ -318,5 +340,20 @@ mod tests {
         r.set_cached_prefixes(&[7, 8]);
         assert_eq!(r.views()[first].cached_prefix_tokens, 32);
         assert!(r.pending.is_empty(), "confirmed by the cache's log");
+    }
+
+    #[test]
+    fn a_pooled_prefix_draws_a_prompt_away_from_a_cold_worker_never_from_a_holder() {
+        let spec: RouterSpec = "cache-aware".parse().expect("valid");
+        let mut r = Router::new(&spec, 3, 16);
+        let props = Props::new();
+        let prefix = [BlockHash(7), BlockHash(8)];
+        r.cache_changed(1, &[(BlockHash(7), true), (BlockHash(8), true)]);
+        r.set_pooled(2);
+        assert!(r.views().iter().all(|v| v.pool_prefix_tokens == 32));
+        let routed = r.route(0, &props, 40, &prefix).expect("routed");
+        assert_eq!(routed.decode, 1, "held beats pooled");
+        r.set_pooled(0);
+        assert!(r.views().iter().all(|v| v.pool_prefix_tokens == 0));
     }
 }

@@ -23,6 +23,13 @@
 //! another worker in copy stages and a short pause (`migrate.rs`): it leaves the
 //! source at a step boundary, its pages reach the target's prefix cache, and it
 //! joins the target's queue with the tokens it generated so far.
+//! With a shared pool (`--pool-pages`, `pool.rs`) every worker pulls, before
+//! admitting an arrival, the leading pages of its prompt the pool holds past
+//! its own cached prefix (over its receiving link; the request joins the
+//! queue when they arrive and attaches them as cached); pushes to the pool (a
+//! `retain-all` spill: a retained session evicted before its expiry; a
+//! `CopyPrefixToPool` from `pool-replicate`) cross the sender's link without
+//! holding up its steps and become readable when they arrive.
 
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
@@ -30,7 +37,7 @@ use std::time::Instant;
 
 use pie_core::{block_hash, block_hashes, BlockHash, ModelFingerprint, SeqId};
 use pie_policy::cluster::{
-    ActionRecord, ActorConfigs, ClusterSnapshot, KvPages, PrefixHeat, ProcessState, Stage,
+    ActionRecord, ActorConfigs, ClusterSnapshot, KvPages, PrefixHeat, ProcessState, Stage, Tier,
     WorkerState,
 };
 use pie_policy::runtime::{PolicyList, RuntimeConfig, WorkerPolicies};
@@ -46,6 +53,7 @@ use crate::machine::SharedMachine;
 use crate::metrics::{Counters, Record, RunMetrics};
 use crate::migrate::{Migration, PAUSE_US};
 use crate::pages::{slot, PageModel, Seq, WorkerPages, SLOT_BITS};
+use crate::pool::Pool;
 use crate::router::{Router, RouterSpec};
 use crate::workload::Request;
 
@@ -154,6 +162,9 @@ pub struct SimConfig {
     /// KV bytes per token, which prices a transfer of pages between workers
     /// (default: the model the profile models, `disaggregate::kv_bytes_per_token`).
     pub kv_bytes_per_token: u64,
+    /// The shared pool's capacity in pages (`pool.rs`); 0: no pool. Every
+    /// worker pulls from it.
+    pub pool_pages: usize,
 }
 
 impl SimConfig {
@@ -175,6 +186,7 @@ impl SimConfig {
             profile,
             workers_per_machine: 1,
             prefill_workers: 0,
+            pool_pages: 0,
         }
     }
 }
@@ -237,6 +249,31 @@ struct Sim<'a> {
     /// Prefix copies on their way, by number (`counters.copies.copies` at
     /// their start).
     copies: BTreeMap<u32, PrefixCopy>,
+    /// The shared page pool, with `--pool-pages`.
+    pool: Option<Pool>,
+    /// The workers' sending links (pushes to the pool).
+    send_links: Links,
+    /// Arrivals whose pages are coming from the pool, by request.
+    pulling: HashMap<u32, Pull>,
+    /// Pushes on their way to the pool, by number.
+    pushes: BTreeMap<u32, PoolPush>,
+    pushed: u32,
+}
+
+/// A pull from the pool: request `seq` waits for its pages `from..to` to
+/// reach worker `w`.
+struct Pull {
+    w: usize,
+    seq: Seq,
+    from: usize,
+    to: usize,
+}
+
+/// Pages on their way to the pool, soft-pinned there until `pinned_until_ms`
+/// (0: not pinned).
+struct PoolPush {
+    blocks: Vec<BlockHash>,
+    pinned_until_ms: u64,
 }
 
 const FINGERPRINT: ModelFingerprint = ModelFingerprint(0x51_u64);
@@ -266,6 +303,9 @@ pub fn run_with(
         clients[id as usize] = name.clone();
     }
     let mut counters = std::mem::take(&mut sim.counters);
+    if let Some(pool) = &sim.pool {
+        counters.pool.finish(pool);
+    }
     counters.preemptions = sim.workers.iter().map(|w| w.scheduler.preemptions()).sum();
     let actions: Vec<ActionRecord> = sim.actors.take().map(|a| a.records).unwrap_or_default();
     let mut metrics = RunMetrics::compute(
@@ -434,6 +474,11 @@ impl<'a> Sim<'a> {
             paused: BTreeMap::new(),
             heat: None,
             copies: BTreeMap::new(),
+            pool: (cfg.pool_pages > 0).then(|| Pool::new(cfg.pool_pages)),
+            send_links: Links::new(cfg.workers),
+            pulling: HashMap::new(),
+            pushes: BTreeMap::new(),
+            pushed: 0,
         }
     }
 
@@ -442,6 +487,7 @@ impl<'a> Sim<'a> {
             &self.cfg.router.actors(),
             &self.cfg.actor_configs,
             self.cfg.actor_tick_ms,
+            self.pool.is_some(),
         )?;
         if self
             .actors
@@ -466,6 +512,8 @@ impl<'a> Sim<'a> {
                 Event::MigrationCopied(r) => self.migration_copied(r, now)?,
                 Event::Migrated(r) => self.migrated(r, now)?,
                 Event::PrefixCopied(c) => self.prefix_copied(c)?,
+                Event::Pulled(r) => self.pulled(r, now)?,
+                Event::PoolPushed(p) => self.pool_pushed(p, now)?,
             }
         }
         Ok(())
@@ -486,6 +534,10 @@ impl<'a> Sim<'a> {
                     ToExecute::CopyPrefix { blocks, from, to } => {
                         self.copy_prefix(blocks, &from, &to, now)?
                     }
+                    ToExecute::CopyToPool { blocks, from } => {
+                        self.copy_to_pool(blocks, &from, now)?
+                    }
+                    ToExecute::RetainSpill { worker, to } => self.retain_spill(&worker, to)?,
                 }
             }
         }
@@ -511,6 +563,7 @@ impl<'a> Sim<'a> {
                     used: total - worker.pages.free_pages() - worker.pages.cache.evictable(),
                     total,
                 }),
+                retain_spill: worker.pages.spill,
                 ..WorkerState::default()
             });
             for c in worker.scheduler.candidates() {
@@ -572,6 +625,149 @@ impl<'a> Sim<'a> {
         self.counters.copies.received += received as u64;
         self.sync_index(copy.to);
         Ok(())
+    }
+
+    /// Carry out a `CopyPrefixToPool` (`pool-replicate`): the blocks `from`
+    /// holds (from the first) go to the pool, unpinned.
+    fn copy_to_pool(&mut self, blocks: Vec<BlockHash>, from: &str, now: u64) -> anyhow::Result<()> {
+        let f = self
+            .worker_named(from)
+            .map_err(|e| anyhow::anyhow!("copy-prefix-to-pool: {e}"))?;
+        let held = leading_held(&self.workers[f].pages.cache, &blocks);
+        let mut blocks = blocks;
+        blocks.truncate(held);
+        let (pages, bytes) = self.push_to_pool(f, blocks, 0, now)?;
+        let c = &mut self.counters.pool;
+        c.replicated += 1;
+        c.replicated_pages += pages;
+        c.replicated_bytes += bytes;
+        Ok(())
+    }
+
+    /// Carry out a `RetainSpill` (`retain-all`): worker `name` spills the
+    /// retained sessions it evicts early to the pool from now on.
+    fn retain_spill(&mut self, name: &str, to: Tier) -> anyhow::Result<()> {
+        let w = self
+            .worker_named(name)
+            .map_err(|e| anyhow::anyhow!("retain-spill: {e}"))?;
+        anyhow::ensure!(
+            self.pool.is_some() && to != Tier::Disk,
+            "retain-spill: `{name}` has no {} to spill to",
+            if to == Tier::Disk {
+                "disk tier"
+            } else {
+                "pool"
+            }
+        );
+        self.workers[w].pages.spill = Some(to);
+        Ok(())
+    }
+
+    /// Worker `w` pushes `blocks` to the pool, soft-pinned until
+    /// `pinned_until_ms`: those the pool holds are pinned (and refreshed) at
+    /// once, the rest cross `w`'s sending link and are stored when they
+    /// arrive. Returns the pages and bytes sent.
+    fn push_to_pool(
+        &mut self,
+        w: usize,
+        blocks: Vec<BlockHash>,
+        pinned_until_ms: u64,
+        now: u64,
+    ) -> anyhow::Result<(u64, u64)> {
+        let pool = (self.pool.as_mut()).ok_or_else(|| anyhow::anyhow!("no pool to push to"))?;
+        pool.pin(&blocks, pinned_until_ms);
+        let lacking: Vec<BlockHash> = blocks.into_iter().filter(|h| !pool.contains(h)).collect();
+        if lacking.is_empty() {
+            return Ok((0, 0));
+        }
+        let pages = lacking.len() as u64;
+        let bytes = pages * self.cfg.profile.page_size as u64 * self.cfg.kv_bytes_per_token;
+        let (_, end) = self.send_links.book(&self.cfg.profile, w, now, bytes);
+        self.pushed += 1;
+        let push = PoolPush {
+            blocks: lacking,
+            pinned_until_ms,
+        };
+        self.pushes.insert(self.pushed, push);
+        self.events.push(end, Event::PoolPushed(self.pushed));
+        Ok((pages, bytes))
+    }
+
+    /// Push `p` reached the pool: its pages are stored (evicting past the
+    /// high watermark).
+    fn pool_pushed(&mut self, p: u32, now: u64) -> anyhow::Result<()> {
+        let push = (self.pushes.remove(&p))
+            .ok_or_else(|| anyhow::anyhow!("pool push {p} arrived twice"))?;
+        let pool = (self.pool.as_mut()).ok_or_else(|| anyhow::anyhow!("no pool"))?;
+        let new = pool.put(&push.blocks, push.pinned_until_ms, now / 1000) as u64;
+        let c = &mut self.counters.pool;
+        c.stored_pages += new;
+        c.already_held_pages += push.blocks.len() as u64 - new;
+        Ok(())
+    }
+
+    /// The retained sessions worker `w` spilled in its last plan go to the
+    /// pool, each pinned until its retention would have ended.
+    fn spill(&mut self, w: usize, now: u64) -> anyhow::Result<()> {
+        for s in std::mem::take(&mut self.workers[w].pages.spilled) {
+            let (pages, bytes) = self.push_to_pool(w, s.blocks, s.expires_ms, now)?;
+            let c = &mut self.counters.pool;
+            c.spills += 1;
+            c.spilled_pages += pages;
+            c.spilled_bytes += bytes;
+        }
+        Ok(())
+    }
+
+    /// Queue `seq` on worker `w` (`admit`), first pulling from the pool the
+    /// leading pages of its prompt the pool holds past `w`'s own cached
+    /// prefix, if any: it is admitted when they arrive.
+    fn pull_then_admit(&mut self, w: usize, seq: Seq, now: u64) -> anyhow::Result<()> {
+        let Some(pool) = &mut self.pool else {
+            return self.admit(w, seq, now);
+        };
+        let ps = self.cfg.profile.page_size;
+        let usable = seq.prefix_pages(ps);
+        let own = leading_held(&self.workers[w].pages.cache, &seq.hashes[..usable]);
+        let pulled = pool.leading(&seq.hashes[own..usable]);
+        if pulled == 0 {
+            return self.admit(w, seq, now);
+        }
+        let to = own + pulled;
+        pool.read(&seq.hashes[own..to]);
+        let bytes = (pulled * ps) as u64 * self.cfg.kv_bytes_per_token;
+        let (_, end) = self.links.book(&self.cfg.profile, w, now, bytes);
+        let c = &mut self.counters.pool;
+        c.pulls += 1;
+        if c.pulls_by_worker.len() <= w {
+            c.pulls_by_worker.resize(w + 1, 0);
+        }
+        c.pulls_by_worker[w] += 1;
+        c.pulled_pages += pulled as u64;
+        c.pulled_bytes += bytes;
+        c.pull_s += (end - now) as f64 / 1e6;
+        let r = seq.req;
+        self.pulling.insert(
+            r,
+            Pull {
+                w,
+                seq,
+                from: own,
+                to,
+            },
+        );
+        self.events.push(end, Event::Pulled(r));
+        Ok(())
+    }
+
+    /// Request `r`'s pull reached its worker: the pages into its prefix
+    /// cache (as many as fit), then the request joins its queue.
+    fn pulled(&mut self, r: u32, now: u64) -> anyhow::Result<()> {
+        let p =
+            (self.pulling.remove(&r)).ok_or_else(|| anyhow::anyhow!("request {r} pulled twice"))?;
+        self.workers[p.w].pages.receive(&p.seq.hashes[p.from..p.to]);
+        self.sync_index(p.w);
+        self.admit(p.w, p.seq, now)
     }
 
     /// The index of worker `name` (`w3`); an unknown one is an error.
@@ -642,6 +838,9 @@ impl<'a> Sim<'a> {
         if let Some(heat) = &mut self.heat {
             heat.record(&hashes[..usable], now / 1000);
         }
+        if let (Some(pool), true) = (&self.pool, self.router.tracks_prefixes()) {
+            self.router.set_pooled(pool.leading(&hashes[..usable]));
+        }
         let routed = self
             .router
             .route(now / 1000, &req.props, prompt_len, &hashes[..usable]);
@@ -671,7 +870,7 @@ impl<'a> Sim<'a> {
         // counts it; a prefill worker only while it prefills.
         self.router.set_load(decode, self.router.load(decode) + 1);
         let Some(p) = routed.prefill else {
-            return self.admit(decode, seq, now);
+            return self.pull_then_admit(decode, seq, now);
         };
         self.records[r].prefill_worker = Some(p as u32);
         let t = &mut self.counters.transfers;
@@ -682,7 +881,7 @@ impl<'a> Sim<'a> {
         };
         t.remote_prefills += 1;
         self.router.set_load(p, self.router.load(p) + 1);
-        self.admit(p, seq, now)
+        self.pull_then_admit(p, seq, now)
     }
 
     /// Queue `seq` on worker `w`'s scheduler (a new arrival, or a prefilled
@@ -1038,6 +1237,9 @@ impl<'a> Sim<'a> {
             shape.add(kv.pages.seq(slot(p.seq)).len as usize, p.tokens);
         }
         let planned = !plan.is_empty();
+        if !self.workers[w].pages.spilled.is_empty() {
+            self.spill(w, now)?;
+        }
         self.sync_index(w);
         let step_us = if planned {
             self.cfg.profile.step_us(&shape)
