@@ -253,6 +253,7 @@ impl Actors {
                     load: w.load,
                     max_running: w.max_running,
                     kv_pages: None,
+                    retain_spill: w.retain_spill,
                 })
                 .collect(),
             processes,
@@ -396,7 +397,8 @@ impl Actors {
 /// without a disk or pool says so), `copy-prefix` (the target's `POST
 /// /v1/internal/kv/prefetch` from the source: nothing is computed, and the
 /// target's KV events announce the pages), `copy-prefix-to-pool` (the source's
-/// persist with `to = "pool"`). None for other actions; an error when a worker
+/// persist with `to = "pool"`), `retain-spill` (`POST /v1/internal/retain`:
+/// a worker without the tier says so). None for other actions; an error when a worker
 /// named is unknown.
 fn worker_ask(
     ctl: &Controller,
@@ -418,6 +420,11 @@ fn worker_ask(
             url(from),
             "/v1/internal/kv/persist",
             Ok(json!({ "blocks": hashes(blocks), "to": "pool" })),
+        ),
+        Action::RetainSpill { worker, to } => (
+            url(worker),
+            "/v1/internal/retain",
+            Ok(json!({ "spill": to })),
         ),
         _ => return None,
     };

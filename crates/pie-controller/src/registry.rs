@@ -15,7 +15,9 @@ use std::time::Duration;
 use pie_core::hash::chain_from;
 use pie_core::BlockHash;
 use pie_core::ModelFingerprint;
-use pie_policy::cluster::{ClusterIndex, HotPrefix, PendingBlocks, PrefixHeat, Stage, WorkerView};
+use pie_policy::cluster::{
+    ClusterIndex, HotPrefix, PendingBlocks, PrefixHeat, Stage, Tier, WorkerView,
+};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -62,6 +64,8 @@ pub struct Worker {
     pub stage: Stage,
     /// It pulls missing prefix pages from a shared `pie-pool` (`[runtime] pool`).
     pub pool: bool,
+    /// Where it spills retained sessions it must evict early (`retain-all`).
+    pub retain_spill: Option<Tier>,
     /// Why it answers but is not admitted (another model, no tokenizer to
     /// read); None when admitted or down.
     pub refused: Option<String>,
@@ -104,6 +108,7 @@ impl Worker {
             fingerprint: 0,
             stage: Stage::Both,
             pool: false,
+            retain_spill: None,
             refused: None,
             routed: 0,
         }
@@ -596,6 +601,7 @@ impl Registry {
             entry.stage = serde_json::from_value(s["stage"].clone()).unwrap_or_default();
             entry.draining = s["draining"].as_bool().unwrap_or(false);
             entry.pool = s["pool"].as_bool().unwrap_or(false);
+            entry.retain_spill = serde_json::from_value(s["retain_spill"].clone()).unwrap_or(None);
             let refused = match expected {
                 Ok(want) if want == entry.fingerprint => None,
                 Ok(want) => Some(format!(

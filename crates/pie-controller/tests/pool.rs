@@ -1,7 +1,9 @@
 //! `pie-pool` with real workers (test model): a prefix first computed on one
 //! worker serves another through the pool, also after the pool restarts from
 //! its disk tier; a pool that is down costs a local prefill, never a request;
-//! the controller's `pool-replicate` pushes a crowded prefix to the pool.
+//! the controller's `pool-replicate` pushes a crowded prefix to the pool;
+//! under `retain-all` a retained session evicted early comes back from it
+//! (or from the worker's disk tier).
 //! (The pool alone: `crates/pie-pool/tests/api.rs`.)
 
 mod common;
@@ -331,4 +333,176 @@ async fn cache_aware_sends_a_prefix_only_the_pool_holds_to_a_worker_that_can_pul
         get_json(&format!("{}/v1/cluster", ctl.url)).await["pool_blocks"] == 0
     })
     .await;
+}
+
+/// `[runtime]` keys of a worker with keep-session and 16 pages of 16 tokens.
+const SMALL: &str = "worker_policy = [\"fcfs\", \"keep-session\"]\nkv_pages = 16\npage_size = 16\n";
+
+/// Turn one of a session (80 prompt tokens: 5 full pages, kept for 60 s by
+/// keep-session), then two fillers that each need 13 of the worker's 16 pages
+/// (the retained session must go, and then everything merely cached), then
+/// turn two (turn one's prompt and 3 more tokens) once the worker counted
+/// `pages` spill pages of `event` (`spilled`: kept; `spill_failed`): (turn
+/// two's text, its cached tokens).
+async fn session_under_pressure(w: &Proc, event: &str, pages: f64) -> (String, u64) {
+    let session = json!({"session": "s", "keep-ms": 60_000});
+    let turn1: Vec<u32> = (0..80u32).map(|i| (i * 7) % 200 + 20).collect();
+    complete_at(&w.url, turn1.clone(), session.clone()).await;
+    for f in 0..2u32 {
+        let filler: Vec<u32> = (0..200u32).map(|i| (i * 13 + f * 5) % 190 + 30).collect();
+        complete_at(&w.url, filler, json!({})).await;
+    }
+    let counted = format!("pie_kv_persist_pages_total{{event=\"{event}\"}}");
+    wait_for("the spill counted", async || {
+        metric(&w.url, &counted).await >= pages
+    })
+    .await;
+    let mut turn2 = turn1;
+    turn2.extend([7, 8, 9]);
+    complete_at(&w.url, turn2, session).await
+}
+
+/// `retain-all`: the controller asks its workers to spill retained sessions;
+/// the one with a pool does, the one with neither pool nor disk refuses
+/// (logged failed with its reason). On the worker that spills, a session
+/// whose retained pages had to go comes back from the pool (turn two finds
+/// turn one's 5 pages cached); on a worker outside the cluster (with a pool
+/// of its own), the same traffic loses them; both give the same greedy
+/// output.
+#[tokio::test]
+async fn retain_all_spills_a_session_evicted_early_to_the_pool_and_turn_two_pulls_it() {
+    let p = pool(&[]);
+    let spills = worker_with("ra-spill", &p.url, SMALL).await;
+    let nothing = worker_with("ra-none", "", SMALL).await;
+    // Its own pool: the shared one will hold the spilled session's pages.
+    let other_pool = pool(&[]);
+    let outside = worker_with("ra-out", &other_pool.url, SMALL).await;
+    let ctl = controller(
+        "retain-all",
+        "actor_tick_ms = 20\ncluster_policies = [\"cache-aware\", \"retain-all\"]\n",
+        &[&spills, &nothing],
+    )
+    .await;
+    let asked = settled(&ctl.url, "retain-spill").await;
+    let outcome = |w: &str| {
+        asked
+            .iter()
+            .find(|a| a["action"]["worker"] == w)
+            .unwrap_or_else(|| panic!("{w} asked: {asked:?}"))
+            .clone()
+    };
+    assert_eq!(outcome("w0")["outcome"], "executed", "{asked:?}");
+    let refused = outcome("w1");
+    assert!(
+        refused["outcome"]["failed"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("409") && e.contains("neither")),
+        "{refused}"
+    );
+    let state = get_json(&format!("{}/v1/internal/state", spills.url)).await;
+    assert_eq!(state["retain_spill"], "any");
+
+    let ((kept_text, kept_cached), (lost_text, lost_cached)) = tokio::join!(
+        session_under_pressure(&spills, "spilled", 5.0),
+        session_under_pressure(&outside, "spilled", 0.0)
+    );
+    assert!(
+        kept_cached >= 80,
+        "turn one's pages pulled back: {kept_cached}"
+    );
+    assert!(
+        lost_cached < 80,
+        "without retain-all they are gone: {lost_cached}"
+    );
+    assert_eq!(
+        kept_text, lost_text,
+        "the spilled pages give the same output"
+    );
+    assert!(metric(&p.url, "pie_pool_memory_hits_total").await >= 5.0);
+    let dropped = "pie_kv_persist_pages_total{event=\"spill_dropped\"}";
+    assert_eq!(metric(&spills.url, dropped).await, 0.0);
+    assert_eq!(
+        metric(
+            &outside.url,
+            "pie_kv_persist_pages_total{event=\"spilled\"}"
+        )
+        .await,
+        0.0,
+        "a worker not asked never spills"
+    );
+}
+
+async fn ask_to_spill(w: &Proc, spill: Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/internal/retain", w.url))
+        .json(&json!({ "spill": spill }))
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+/// A worker asked (as `retain-all` asks) to spill to its disk tier: a tier
+/// it lacks or does not know is refused naming it; a session evicted early
+/// is written to disk and turn two loads it back from there; asked to stop,
+/// it reports it no longer spills.
+#[tokio::test]
+async fn a_worker_spilling_to_disk_loads_the_session_back_and_refuses_a_tier_it_lacks() {
+    let root = scratch("spill-disk");
+    let persist = format!(
+        "[runtime.persist]\ndir = {:?}\n",
+        root.display().to_string()
+    );
+    let w = worker_with("spill-disk", "", &format!("{SMALL}{persist}")).await;
+    let (status, v) = ask_to_spill(&w, json!("pool")).await;
+    assert_eq!(status, 409, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("[runtime] pool"),
+        "{v}"
+    );
+    let (status, v) = ask_to_spill(&w, json!("tape")).await;
+    assert_eq!(status, 422, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown variant `tape`"),
+        "{v}"
+    );
+    let (status, v) = ask_to_spill(&w, json!("disk")).await;
+    assert_eq!((status, &v["keep_session"]), (200, &json!(true)), "{v}");
+    assert_eq!(
+        get_json(&format!("{}/v1/internal/state", w.url)).await["retain_spill"],
+        "disk"
+    );
+
+    let (_, cached) = session_under_pressure(&w, "spilled", 5.0).await;
+    assert!(cached >= 80, "turn one's pages loaded from disk: {cached}");
+    let loaded = metric(&w.url, "pie_kv_persist_pages_total{event=\"loaded\"}").await;
+    assert!(loaded >= 5.0, "{loaded}");
+
+    assert_eq!(ask_to_spill(&w, Value::Null).await.0, 200);
+    assert_eq!(
+        get_json(&format!("{}/v1/internal/state", w.url)).await["retain_spill"],
+        Value::Null
+    );
+    std::fs::remove_dir_all(root).unwrap();
+}
+
+/// A spill to a pool that is down fails, is counted and logged, and costs
+/// turn two a recompute, never the request.
+#[tokio::test]
+async fn a_spill_to_a_pool_that_is_down_costs_a_recompute_never_a_request() {
+    let p = pool(&[]);
+    let w = worker_with("spill-down", &p.url, SMALL).await;
+    assert_eq!(ask_to_spill(&w, json!("pool")).await.0, 200);
+    drop(p);
+    let (text, cached) = session_under_pressure(&w, "spill_failed", 5.0).await;
+    assert!(cached < 80, "nothing came back: {cached}");
+    assert!(!text.is_empty());
+    let kept = metric(&w.url, "pie_kv_persist_pages_total{event=\"spilled\"}").await;
+    assert_eq!(kept, 0.0);
 }

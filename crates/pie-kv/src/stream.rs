@@ -65,6 +65,9 @@ pub struct PushHeader {
     /// Keep these pages before others when the pool must evict (soft pin).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pin: bool,
+    /// Soft-pin them for this long only (a spilled session's `keep-ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_ms: Option<u64>,
 }
 
 /// A push header holds a prompt's token ids: bounded well above any context.

@@ -4,7 +4,8 @@
 //!   pages of the prompt (or of its `blocks`) the pool holds, as a page stream in the puller's format
 //!   (none: an empty stream); a pool cannot prefill (400).
 //! - `POST /v1/internal/kv/push`: a `PushHeader` frame (tokens, or the
-//!   block hashes themselves; `pin` for a soft pin), then a page stream; each
+//!   block hashes themselves; `pin` for a soft pin, `keep_ms` for one that
+//!   ends: `retain-all`'s spills), then a page stream; each
 //!   page is checked against the chain and kept; `{"pages": N}`.
 //! - `POST /v1/admin/pages/delete`: `{"format", "tokens", "cache_salt"?}` (a
 //!   prefix's pages) or `{"older_than_ms": N}`; `{"deleted": N}`.
@@ -44,7 +45,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
-use crate::store::{Change, Page, PageStore};
+use crate::store::{Change, Page, PageStore, Pin};
 
 /// Batches of changes a slow subscriber may fall behind by.
 const EVENT_BACKLOG: usize = 1024;
@@ -267,6 +268,7 @@ async fn push(State(pool): State<Shared>, body: Body) -> Result<Json<Value>, Api
         &header.tokens,
         header.cache_salt.as_deref(),
     );
+    let pin = Pin::of(header.pin, header.keep_ms, SystemTime::now());
     let mut check = StreamCheck::new(format, chain.clone(), 0);
     check.frame(stream_header).map_err(|e| bad(e.to_string()))?;
     frames.set_max_frame(check.max_frame());
@@ -289,7 +291,7 @@ async fn push(State(pool): State<Shared>, body: Body) -> Result<Json<Value>, Api
         };
         match check.frame(f).map_err(|e| refused(kept, e.to_string()))? {
             Checked::Page(at, bytes) => {
-                let (hash, pin) = (chain[at], header.pin);
+                let hash = chain[at];
                 pool.with_store(move |s| s.put(format, hash, bytes, pin))
                     .await?
                     .map_err(|e| refused(kept, e.to_string()))?;

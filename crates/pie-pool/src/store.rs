@@ -4,7 +4,9 @@
 //!
 //! - **Watermarks.** Past `high` x `capacity` bytes in memory, the least
 //!   recently used pages go until `low` x `capacity` remain; soft-pinned
-//!   pages go only when nothing else is left to evict.
+//!   pages go only when nothing else is left to evict. A pin may end
+//!   (`Pin::Until`: a spilled session's `keep-ms`, `retain-all`); after it
+//!   the page is an ordinary least recently used one.
 //! - **Reader leases.** A reader takes its pages as shared references for its
 //!   whole answer: eviction takes a page out of the index, never out from
 //!   under a reader.
@@ -56,11 +58,41 @@ pub struct Counts {
     pub deleted: u64,
 }
 
+/// How a page is kept when the store must evict: unpinned pages go first,
+/// then soft-pinned ones (least recently used first in both).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Pin {
+    #[default]
+    None,
+    /// Pinned until then (a spilled session's retention).
+    Until(SystemTime),
+    Always,
+}
+
+impl Pin {
+    /// `pin` for good, else for `keep_ms` from `now` when given.
+    pub fn of(pin: bool, keep_ms: Option<u64>, now: SystemTime) -> Self {
+        match (pin, keep_ms) {
+            (true, _) => Pin::Always,
+            (false, Some(ms)) => Pin::Until(now + Duration::from_millis(ms)),
+            (false, None) => Pin::None,
+        }
+    }
+
+    fn holds(self, now: SystemTime) -> bool {
+        match self {
+            Pin::None => false,
+            Pin::Until(until) => now < until,
+            Pin::Always => true,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
     page: Page,
     tick: u64,
-    pinned: bool,
+    pin: Pin,
     used: SystemTime,
 }
 
@@ -169,7 +201,7 @@ impl PageStore {
         format: PageFormat,
         hash: BlockHash,
         bytes: Vec<u8>,
-        pin: bool,
+        pin: Pin,
     ) -> Result<(), StoreError> {
         match verify_page_format(&format, &bytes) {
             Ok(found) if found == hash => {}
@@ -233,7 +265,7 @@ impl PageStore {
         match tier.disk.as_mut()?.get(hash) {
             Loaded::Page(bytes) => {
                 let page = Arc::new(bytes);
-                self.remember(format, hash, page.clone(), false);
+                self.remember(format, hash, page.clone(), Pin::None);
                 self.counts.hits_disk += 1;
                 Some(page)
             }
@@ -247,7 +279,7 @@ impl PageStore {
         }
     }
 
-    fn remember(&mut self, format: PageFormat, hash: BlockHash, page: Page, pin: bool) {
+    fn remember(&mut self, format: PageFormat, hash: BlockHash, page: Page, pin: Pin) {
         let key = format_dir(&format);
         self.tick += 1;
         let len = page.len() as u64;
@@ -260,14 +292,15 @@ impl PageStore {
             Entry {
                 page,
                 tick,
-                pinned: pin,
+                pin,
                 used: SystemTime::now(),
             },
         );
         if let Some(old) = old {
             self.lru.remove(&old.tick);
             self.bytes -= old.page.len() as u64;
-            tier.pages.get_mut(&hash).expect("inserted").pinned |= old.pinned;
+            let entry = tier.pages.get_mut(&hash).expect("inserted");
+            entry.pin = entry.pin.max(old.pin);
         }
         self.lru.insert(tick, (key, hash));
         self.bytes += len;
@@ -280,6 +313,7 @@ impl PageStore {
             return;
         }
         let target = (self.limits.low * capacity) as u64;
+        let now = SystemTime::now();
         for pinned_too in [false, true] {
             let victims: Vec<(u64, String, BlockHash)> = self
                 .lru
@@ -296,7 +330,7 @@ impl PageStore {
                 if tier
                     .pages
                     .get(&hash)
-                    .is_some_and(|e| e.pinned && !pinned_too)
+                    .is_some_and(|e| e.pin.holds(now) && !pinned_too)
                 {
                     continue;
                 }
@@ -472,11 +506,11 @@ mod tests {
     fn past_the_high_watermark_least_recent_go_down_to_the_low_one() {
         let mut s = store(10, None);
         for h in 1..=9 {
-            s.put(format(), BlockHash(h), page(h), false).unwrap();
+            s.put(format(), BlockHash(h), page(h), Pin::None).unwrap();
         }
         assert_eq!(s.sizes().0, 9, "below 95%: nothing evicted");
         assert_eq!(s.leading(format(), &chain(&[1])).len(), 1);
-        s.put(format(), BlockHash(10), page(10), false).unwrap();
+        s.put(format(), BlockHash(10), page(10), Pin::None).unwrap();
         assert_eq!(s.sizes().0, 5, "down to 50%");
         assert_eq!(s.counts.evicted, 5);
         assert_eq!(
@@ -506,11 +540,11 @@ mod tests {
             let mut s = store(4, disk.clone());
             let mut held = std::collections::BTreeSet::new();
             for h in 1..=6 {
-                s.put(format(), BlockHash(h), page(h), false).unwrap();
+                s.put(format(), BlockHash(h), page(h), Pin::None).unwrap();
             }
             s.remove_chain(format(), &chain(&[5]));
             s.remove_older_than(Duration::ZERO, SystemTime::now() + Duration::from_secs(1));
-            s.put(format(), BlockHash(9), page(9), false).unwrap();
+            s.put(format(), BlockHash(9), page(9), Pin::None).unwrap();
             replay(&s.take_changes(), &mut held);
             assert_eq!(
                 held.iter().copied().collect::<Vec<_>>(),
@@ -527,9 +561,9 @@ mod tests {
     #[test]
     fn soft_pins_go_last() {
         let mut s = store(4, None);
-        s.put(format(), BlockHash(1), page(1), true).unwrap();
+        s.put(format(), BlockHash(1), page(1), Pin::Always).unwrap();
         for h in 2..=4 {
-            s.put(format(), BlockHash(h), page(h), false).unwrap();
+            s.put(format(), BlockHash(h), page(h), Pin::None).unwrap();
         }
         assert_eq!(
             s.leading(format(), &chain(&[1])).len(),
@@ -539,7 +573,7 @@ mod tests {
         let mut all_pinned = store(2, None);
         for h in 1..=2 {
             all_pinned
-                .put(format(), BlockHash(h), page(h), true)
+                .put(format(), BlockHash(h), page(h), Pin::Always)
                 .unwrap();
         }
         assert_eq!(
@@ -550,13 +584,43 @@ mod tests {
     }
 
     #[test]
+    fn a_pin_until_a_time_holds_until_then_and_then_goes_as_least_recently_used() {
+        let now = SystemTime::now();
+        let mut s = store(4, None);
+        let until = |secs| Pin::Until(now + Duration::from_secs(secs));
+        s.put(format(), BlockHash(1), page(1), until(3600)).unwrap();
+        s.put(format(), BlockHash(2), page(2), until(0)).unwrap();
+        for h in 3..=4 {
+            s.put(format(), BlockHash(h), page(h), Pin::None).unwrap();
+        }
+        assert_eq!(
+            s.leading(format(), &chain(&[1])).len(),
+            1,
+            "pinned for an hour: kept"
+        );
+        assert!(
+            s.leading(format(), &chain(&[2])).is_empty(),
+            "its pin ended: the least recently used page went"
+        );
+        assert_eq!(
+            Pin::of(false, Some(1000), now),
+            Pin::Until(now + Duration::from_secs(1))
+        );
+        assert_eq!(Pin::of(true, Some(1000), now), Pin::Always);
+        assert!(
+            Pin::Always > until(1) && until(1) > Pin::None,
+            "a merge keeps the stronger pin"
+        );
+    }
+
+    #[test]
     fn a_reader_keeps_its_pages_when_they_are_evicted() {
         let mut s = store(2, None);
-        s.put(format(), BlockHash(1), page(1), false).unwrap();
+        s.put(format(), BlockHash(1), page(1), Pin::None).unwrap();
         let lease = s.leading(format(), &chain(&[1, 2]));
         assert_eq!(lease.len(), 1, "up to the first missing page");
         for h in 2..=3 {
-            s.put(format(), BlockHash(h), page(h), false).unwrap();
+            s.put(format(), BlockHash(h), page(h), Pin::None).unwrap();
         }
         assert!(s.leading(format(), &chain(&[1])).is_empty(), "evicted");
         assert_eq!(*lease[0], page(1));
@@ -565,10 +629,10 @@ mod tests {
     #[test]
     fn bad_pages_are_refused() {
         let mut s = store(4, None);
-        assert!(s.put(format(), BlockHash(2), page(1), false).is_err());
+        assert!(s.put(format(), BlockHash(2), page(1), Pin::None).is_err());
         let mut other = format();
         other.fingerprint = ModelFingerprint(8);
-        assert!(s.put(other, BlockHash(1), page(1), false).is_err());
+        assert!(s.put(other, BlockHash(1), page(1), Pin::None).is_err());
         assert_eq!((s.counts.refused, s.sizes().0), (2, 0));
     }
 
@@ -578,7 +642,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let mut s = store(8, Some(dir.clone()));
         for h in 1..=3 {
-            s.put(format(), BlockHash(h), page(h), false).unwrap();
+            s.put(format(), BlockHash(h), page(h), Pin::None).unwrap();
         }
         drop(s);
         let (mut s, on_disk) = PageStore::open(Limits {

@@ -403,6 +403,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         )
         .route("/v1/internal/kv/prefetch", axum::routing::post(kv_prefetch))
         .route("/v1/internal/kv/persist", axum::routing::post(kv_persist))
+        .route("/v1/internal/retain", axum::routing::post(retain_spill))
         .route(
             "/v1/admin/kv/persisted/delete",
             axum::routing::post(kv_forget_persisted),
@@ -535,6 +536,7 @@ async fn worker_state(State(state): State<AppState>) -> Result<Response, ApiErro
         "model": rt.settings.model_name,
         "draining": rt.draining(),
         "pool": rt.settings.pool.is_some(),
+        "retain_spill": rt.retain_spill(),
     }))
     .into_response())
 }
@@ -691,6 +693,33 @@ async fn kv_persist(
     let chain = prefix_chain(&rt, &auth, body.tokens, body.blocks)?;
     let done = rt.persist(chain, body.to).await.map_err(persist_error)?;
     Ok(Json(json!(done)))
+}
+
+/// Where retained sessions evicted early go (`retain-all`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetainBody {
+    /// `pool`, `disk`, `any` (the pool if the worker has one, else its
+    /// disk), or null: dropped, as without `retain-all`.
+    spill: Option<PersistTo>,
+}
+
+/// The controller's `retain-all` (see `runtime::spill`): 409 naming the
+/// setting this worker lacks for the tier asked; the answer says whether
+/// keep-session is on (without it nothing is retained, so nothing spills).
+async fn retain_spill(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<RetainBody>,
+) -> Result<Json<Value>, ApiError> {
+    let rt = state.runtime()?;
+    rt.set_retain_spill(body.spill).map_err(persist_error)?;
+    let keep_session = rt.keeps_sessions();
+    if body.spill.is_some() && !keep_session {
+        tracing::warn!("retain-all asked to spill retained sessions, but keep-session is off: nothing is retained");
+    }
+    Ok(Json(
+        json!({"spill": body.spill, "keep_session": keep_session}),
+    ))
 }
 
 /// Delete persisted pages: `{"tokens": [...]}` (a prefix's),

@@ -25,6 +25,7 @@ use pie_policy::{
     scheduler::prefill_share, Candidate, KeepSession, Planned, Scheduler, StepLimits, WorkerPolicy,
 };
 
+pub use kv::Spill;
 use kv::{EngineKv, Sequence};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -177,6 +178,8 @@ impl Engine {
                 retained: HashMap::new(),
                 prefix_hit_tokens: 0,
                 started: Vec::new(),
+                spill: false,
+                spilled: Vec::new(),
             },
             scheduler: Scheduler::new(policy, limits),
             model,
@@ -227,6 +230,17 @@ impl Engine {
     /// Turn keep-session on or off; retained sessions stay until they expire.
     pub fn set_keep_session(&mut self, keep: Option<KeepSession>) {
         self.scheduler.set_keep_session(keep);
+    }
+
+    /// Spill retained sessions evicted before their expiry (`retain-all`)
+    /// instead of dropping them.
+    pub fn set_spill(&mut self, on: bool) {
+        self.kv.spill = on;
+    }
+
+    /// The sessions spilled since the last take.
+    pub fn take_spills(&mut self) -> Vec<Spill> {
+        std::mem::take(&mut self.kv.spilled)
     }
 
     pub fn policy_clients(&self) -> usize {

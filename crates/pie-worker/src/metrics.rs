@@ -214,7 +214,7 @@ impl Metrics {
         );
         m.registry.register(
             "kv_persist_pages",
-            "Persisted KV pages by event: written, loaded, refused (damaged or foreign, deleted), evicted, expired, deleted, failed, torn (an interrupted write, deleted at start-up)",
+            "Persisted KV pages by event: written, loaded, refused (damaged or foreign, deleted), evicted, expired, deleted, failed, torn (an interrupted write, deleted at start-up); spilled, spill_failed, spill_dropped (retain-all: retained sessions evicted early, kept in the pool or on disk, or not)",
             m.persist_pages.clone(),
         );
         m.registry.register(

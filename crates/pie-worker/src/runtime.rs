@@ -17,7 +17,7 @@ use pie_policy::{KeepSession, Offload, WorkerPolicy};
 use serde_json::{json, Value};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use crate::engine::{Engine, EngineCounters, FinishReason, Request, SeqInfo};
+use crate::engine::{Engine, EngineCounters, FinishReason, Request, SeqInfo, Spill};
 use crate::leases::Leases;
 use crate::metrics::Metrics;
 use crate::process::{now_ms, ProcEvent, ProcState, Process, StateCounts};
@@ -29,6 +29,7 @@ use pie_policy::cluster::Stage;
 use pie_policy::runtime::{TransferConfig, WorkerPolicies};
 
 mod persist;
+mod spill;
 mod transfer;
 
 pub use persist::{Forget, PersistError, PersistStore, PersistTo, Persisted};
@@ -85,6 +86,8 @@ enum Command {
         pages: Vec<Vec<u8>>,
         reply: oneshot::Sender<usize>,
     },
+    /// Spill retained sessions evicted early (`retain-all`), or not.
+    SetSpill(bool),
     /// The disk tier gained and lost these blocks (for the KV events).
     DiskChanged {
         stored: Vec<BlockHash>,
@@ -275,6 +278,8 @@ pub struct Runtime {
     /// `fault-injection`: a pause before each page this worker sends.
     #[cfg(feature = "fault-injection")]
     transfer_delay_ms: AtomicU64,
+    /// Where retained sessions evicted early go (`retain-all`).
+    spill: spill::SpillState,
 }
 
 /// The engine's health as the watchdog saw it.
@@ -318,10 +323,12 @@ impl Runtime {
             disk_changes: Vec::new(),
         };
         let supervision = Arc::new(Supervision::new(settings.stall_ms));
+        let (spills, spilled) = mpsc::unbounded_channel();
         let thread = EngineThread {
             metrics: metrics.clone(),
             load: load.clone(),
             supervision: supervision.clone(),
+            spills,
         };
         std::thread::Builder::new()
             .name("pie-engine".into())
@@ -353,6 +360,7 @@ impl Runtime {
             drain_start: tokio::sync::Notify::new(),
             #[cfg(feature = "fault-injection")]
             transfer_delay_ms: AtomicU64::new(0),
+            spill: spill::SpillState::new(spilled),
         });
         supervisor::spawn_watchdog(Arc::downgrade(&rt), &rt.supervision);
         rt
@@ -1230,6 +1238,8 @@ struct EngineThread {
     metrics: Arc<Metrics>,
     load: Arc<Load>,
     supervision: Arc<Supervision>,
+    /// Spilled sessions to the runtime, which keeps them (`spill.rs`).
+    spills: mpsc::UnboundedSender<Spill>,
 }
 
 type Subscribers = HashMap<SeqId, mpsc::UnboundedSender<SeqEvent>>;
@@ -1308,6 +1318,9 @@ fn engine_loop(
         }
         if engine.has_work() {
             step(&mut engine, subs);
+        }
+        for spill in engine.take_spills() {
+            let _ = shared.spills.send(spill);
         }
         kv.publish(&mut engine);
     }
@@ -1414,6 +1427,7 @@ fn apply(
         Command::ImportPages { pages, reply } => {
             let _ = reply.send(engine.import_pages(&pages));
         }
+        Command::SetSpill(on) => engine.set_spill(on),
         Command::DiskChanged { stored, removed } => kv.disk_changed(stored, removed),
         #[cfg(feature = "fault-injection")]
         Command::Panic => panic!("fault injected: engine panic"),

@@ -364,6 +364,7 @@ fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
     };
     let rt = Runtime::start(engine, settings, policies, Arc::new(Metrics::new()));
     rt.start_persist();
+    rt.start_spills();
     Ok(rt)
 }
 

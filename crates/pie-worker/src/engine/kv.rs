@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use pie_core::hash::chain_from;
 use pie_core::{BlockHash, SeqId};
+use pie_kv::transfer::export_page;
 use pie_kv::{KvPool, PageTable};
 use pie_model::Sampler;
 use pie_policy::KvAccounting;
@@ -48,6 +49,23 @@ pub(super) struct EngineKv {
     pub prefix_hit_tokens: u64,
     /// Sequences admitted for the first time since the last take.
     pub started: Vec<(SeqId, usize)>,
+    /// Retained sessions evicted early are spilled (`retain-all`) ...
+    pub spill: bool,
+    /// ... into here, until the runtime takes them.
+    pub spilled: Vec<Spill>,
+}
+
+/// A retained session evicted before its `keep-ms` passed, as its full pages
+/// in the transfer format: the runtime keeps them in the pool or on disk
+/// until `expires_ms` (`retain-all`).
+#[derive(Debug)]
+pub struct Spill {
+    pub session: String,
+    /// The pages' block hashes, a chain from the sequence's first page.
+    pub chain: Vec<BlockHash>,
+    pub pages: Vec<Vec<u8>>,
+    /// When its retention would have ended (unix ms).
+    pub expires_ms: u64,
 }
 
 impl EngineKv {
@@ -137,5 +155,26 @@ impl KvAccounting for EngineKv {
         if let Some(mut table) = self.retained.remove(session) {
             table.release(&mut self.pool);
         }
+    }
+
+    /// Copied out before the pages go (the copy is the only way they can
+    /// outlive this step: the scheduler needs them now).
+    fn evict_retained(&mut self, session: &str, expires_ms: u64) {
+        if let (true, Some(table)) = (self.spill, self.retained.get(session)) {
+            let chain = table.hashes().to_vec();
+            let pages: Vec<Vec<u8>> = table.pages()[..chain.len()]
+                .iter()
+                .map_while(|&page| export_page(&self.pool, page).ok())
+                .collect();
+            if !pages.is_empty() {
+                self.spilled.push(Spill {
+                    session: session.to_string(),
+                    chain: chain[..pages.len()].to_vec(),
+                    pages,
+                    expires_ms,
+                });
+            }
+        }
+        self.drop_retained(session);
     }
 }

@@ -29,7 +29,7 @@ use super::{Command, Runtime};
 /// A worker's disk tier.
 pub struct PersistStore {
     /// Locked on blocking threads only (disk I/O under it).
-    store: Arc<Mutex<DiskStore>>,
+    pub(super) store: Arc<Mutex<DiskStore>>,
     ttl: Option<Duration>,
     /// Temporary files of interrupted writes found at open (deleted).
     torn_at_open: usize,
@@ -61,7 +61,7 @@ impl PersistStore {
     }
 
     /// `work` on the store, on a blocking thread.
-    async fn blocking<T: Send + 'static>(
+    pub(super) async fn blocking<T: Send + 'static>(
         &self,
         work: impl FnOnce(&mut DiskStore) -> T + Send + 'static,
     ) -> Result<T, PersistError> {
@@ -92,18 +92,10 @@ pub struct Persisted {
     pub pooled: usize,
 }
 
-/// Where a persist request keeps the pages.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PersistTo {
-    /// Its disk tier and its `pie-pool`, whichever it has.
-    #[default]
-    Any,
-    /// Only its `[runtime.persist] dir`.
-    Disk,
-    /// Only its `[runtime] pool` (the controller's `pool-replicate`).
-    Pool,
-}
+/// Where a persist request keeps the pages: `any` (its disk tier and its
+/// `pie-pool`, whichever it has), `disk` or `pool` (the controller's
+/// `pool-replicate`).
+pub use pie_policy::cluster::Tier as PersistTo;
 
 /// Why a persist request did nothing.
 #[derive(Debug, thiserror::Error)]
@@ -202,6 +194,20 @@ impl Runtime {
         });
     }
 
+    /// Whether this worker has the tier `to` names.
+    pub(super) fn can_keep(&self, to: PersistTo) -> Result<(), PersistError> {
+        let (disk, pool) = (
+            self.settings.persist.is_some(),
+            self.settings.pool.is_some(),
+        );
+        match to {
+            PersistTo::Any if !disk && !pool => Err(PersistError::NoStore),
+            PersistTo::Disk if !disk => Err(PersistError::NoDisk),
+            PersistTo::Pool if !pool => Err(PersistError::NoPool),
+            _ => Ok(()),
+        }
+    }
+
     /// Make the pool's leading pages of `chain` outlive this worker: written
     /// to its disk (those not there yet) and pushed to its `pie-pool`, those
     /// of the two it has that `to` names.
@@ -210,16 +216,7 @@ impl Runtime {
         chain: Vec<BlockHash>,
         to: PersistTo,
     ) -> Result<Persisted, PersistError> {
-        let (disk, pool) = (
-            self.settings.persist.is_some(),
-            self.settings.pool.is_some(),
-        );
-        match to {
-            PersistTo::Any if !disk && !pool => return Err(PersistError::NoStore),
-            PersistTo::Disk if !disk => return Err(PersistError::NoDisk),
-            PersistTo::Pool if !pool => return Err(PersistError::NoPool),
-            _ => {}
-        }
+        self.can_keep(to)?;
         let ttl = Duration::from_millis(self.settings.transfer.lease_ms);
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.send(Command::PinPrefix {
@@ -265,15 +262,33 @@ impl Runtime {
         lease: u64,
         chain: &[BlockHash],
     ) -> Result<usize, PersistError> {
-        let failed = |why: String| PersistError::Pool {
-            url: url.to_string(),
-            why,
-        };
         let header = pie_kv::stream::PushHeader {
             blocks: Some(chain.iter().map(|h| h.0).collect()),
             ..Default::default()
         };
-        let header = serde_json::to_vec(&header).map_err(|e| failed(e.to_string()))?;
+        self.push_to_pool(url, &header, |tx| {
+            self.stream_out(lease, 0..chain.len(), u64::MAX, tx)
+        })
+        .await
+    }
+
+    /// Push to the pool at `url`: `header`, then the page stream `fill`
+    /// writes; the pages it took.
+    pub(super) async fn push_to_pool<Fill, Filled>(
+        &self,
+        url: &str,
+        header: &pie_kv::stream::PushHeader,
+        fill: Fill,
+    ) -> Result<usize, PersistError>
+    where
+        Fill: FnOnce(super::transfer::FrameSender) -> Filled,
+        Filled: std::future::Future<Output = ()>,
+    {
+        let failed = |why: String| PersistError::Pool {
+            url: url.to_string(),
+            why,
+        };
+        let header = serde_json::to_vec(header).map_err(|e| failed(e.to_string()))?;
         let (tx, rx) = tokio::sync::mpsc::channel(super::transfer::SEND_QUEUE);
         let _ = tx.send(Ok(pie_kv::stream::frame(&header))).await;
         let mut req = self
@@ -285,8 +300,7 @@ impl Runtime {
         if let Some(key) = &self.settings.worker_key {
             req = req.bearer_auth(key);
         }
-        let sent = self.stream_out(lease, 0..chain.len(), u64::MAX, tx);
-        let (_, answer) = tokio::join!(sent, req.send());
+        let (_, answer) = tokio::join!(fill(tx), req.send());
         let resp = answer.map_err(|e| failed(e.to_string()))?;
         let status = resp.status();
         let body: serde_json::Value = resp.json().await.unwrap_or_default();
@@ -338,13 +352,23 @@ impl Runtime {
         }
         report.written = stored.len();
         report.evicted = evicted.len();
+        self.record_written(stored, evicted, result.is_err());
+        result.map(|()| report)
+    }
+
+    /// Count pages written to disk and evicted there, and publish them.
+    pub(super) fn record_written(
+        &self,
+        stored: Vec<BlockHash>,
+        evicted: Vec<BlockHash>,
+        failed: bool,
+    ) {
         self.metrics.count_persist("written", stored.len());
         self.metrics.count_persist("evicted", evicted.len());
-        if result.is_err() {
+        if failed {
             self.metrics.count_persist("failed", 1);
         }
         self.disk_changed(stored, evicted);
-        result.map(|()| report)
     }
 
     /// Delete persisted pages: a prefix's, those unused for a while, or all.

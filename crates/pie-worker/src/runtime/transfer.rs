@@ -40,6 +40,9 @@ const EXPORT_BATCH: usize = 8;
 /// keep the socket busy while the engine exports the next batch.
 pub(super) const SEND_QUEUE: usize = 2 * EXPORT_BATCH;
 
+/// Where a page stream's frames go, one chunk at a time.
+pub(super) type FrameSender = tokio::sync::mpsc::Sender<std::io::Result<Vec<u8>>>;
+
 /// Why a pull brought fewer pages than the prompt has.
 #[derive(Debug, thiserror::Error)]
 pub enum PullError {
@@ -366,13 +369,9 @@ impl Runtime {
         lease: u64,
         range: std::ops::Range<usize>,
         max_bytes: u64,
-        out: tokio::sync::mpsc::Sender<std::io::Result<Vec<u8>>>,
+        out: FrameSender,
     ) {
-        if out
-            .send(Ok(StreamHeader::new(self.page_format).frame()))
-            .await
-            .is_err()
-        {
+        if !self.send_stream_header(&out).await {
             return;
         }
         let mut sent_bytes = 0u64;
@@ -393,17 +392,40 @@ impl Runtime {
                     let _ = out.send(Ok(END_FRAME.to_vec())).await;
                     return;
                 }
-                self.slow_transfer_fault().await;
                 sent_bytes += page.len() as u64;
-                self.metrics.count_transfer("out", 1, page.len() as u64);
-                // The frame's length, then the page itself (not copied into one).
-                let length = pie_kv::stream::frame_length(page.len()).to_vec();
-                if out.send(Ok(length)).await.is_err() || out.send(Ok(page)).await.is_err() {
+                if !self.send_page(page, &out).await {
                     return;
                 }
             }
         }
         let _ = out.send(Ok(END_FRAME.to_vec())).await;
+    }
+
+    /// Send `pages` (already exported) as a whole stream.
+    pub(super) async fn stream_pages(&self, pages: Vec<Vec<u8>>, out: FrameSender) {
+        if !self.send_stream_header(&out).await {
+            return;
+        }
+        for page in pages {
+            if !self.send_page(page, &out).await {
+                return;
+            }
+        }
+        let _ = out.send(Ok(END_FRAME.to_vec())).await;
+    }
+
+    async fn send_stream_header(&self, out: &FrameSender) -> bool {
+        let header = StreamHeader::new(self.page_format).frame();
+        out.send(Ok(header)).await.is_ok()
+    }
+
+    /// One page's frame; false when the receiver went away.
+    async fn send_page(&self, page: Vec<u8>, out: &FrameSender) -> bool {
+        self.slow_transfer_fault().await;
+        self.metrics.count_transfer("out", 1, page.len() as u64);
+        // The frame's length, then the page itself (not copied into one).
+        let length = pie_kv::stream::frame_length(page.len()).to_vec();
+        out.send(Ok(length)).await.is_ok() && out.send(Ok(page)).await.is_ok()
     }
 
     #[cfg(feature = "fault-injection")]
