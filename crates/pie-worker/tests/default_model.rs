@@ -326,3 +326,73 @@ async fn a_prefix_copied_to_another_worker_on_the_default_model_answers_as_one_e
     );
     assert_eq!(target.metric("pie_kv_transfer_fallbacks_total").await, 0.0);
 }
+
+/// `retain-all`'s worker side on the default model: with 24 pages of 16
+/// tokens, a session's first turn is retained (keep-session), two long
+/// requests then need the pages, so the session is spilled to the disk tier
+/// instead of dropped; its second turn loads turn one's pages back (all but
+/// the last as `cached_tokens`) and answers with the in-process engine's
+/// greedy output.
+#[tokio::test]
+async fn a_session_spilled_under_pressure_comes_back_on_the_default_model() {
+    let Some(model) = default_model() else {
+        return;
+    };
+    let path = fetch::cached_default_model();
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("spill-default-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = format!(
+        "[runtime]\nworker_policy = [\"fcfs\", \"keep-session\"]\nkv_pages = 24\npage_size = 16\n\
+         [runtime.persist]\ndir = {:?}\n",
+        dir.display().to_string()
+    );
+    let s = common::Server::start_model(&path, &config, &[]).await;
+    let (status, v) = s
+        .post("/v1/internal/retain", serde_json::json!({"spill": "disk"}))
+        .await;
+    assert_eq!(
+        (status, &v["keep_session"]),
+        (200, &serde_json::json!(true)),
+        "{v}"
+    );
+    let turn1 = "The lighthouse keeper writes down every ship that passes the cape. ".repeat(10);
+    let turn1_tokens = model.tokenizer.encode(&turn1).unwrap().len();
+    let session = serde_json::json!({"session": "keeper", "keep-ms": 60_000});
+    let complete = |prompt: &str, props: &serde_json::Value| serde_json::json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "props": props});
+    let (status, v) = s.post("/v1/completions", complete(&turn1, &session)).await;
+    assert_eq!(status, 200, "{v}");
+    for topic in ["orchard", "quarry"] {
+        let filler = format!("A long note about the {topic} and its seasons. ").repeat(25);
+        let (status, v) = s
+            .post("/v1/completions", complete(&filler, &serde_json::json!({})))
+            .await;
+        assert_eq!(status, 200, "{v}");
+    }
+    let full_pages = (turn1_tokens / 16) as f64;
+    s.eventually("turn one spilled to disk", async || {
+        s.metric("pie_kv_persist_pages_total{event=\"spilled\"}")
+            .await
+            >= full_pages
+    })
+    .await;
+    let turn2 = turn1.clone() + "Question: what is the capital of France? Answer:";
+    let (status, v) = s.post("/v1/completions", complete(&turn2, &session)).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], greedy(&model, &turn2, 8));
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    // Its last page may end in a token the question's text merges with.
+    let comparable = (turn1_tokens / 16 - 1) * 16;
+    assert!(
+        cached as usize >= comparable,
+        "cached_tokens {cached} of turn one's {turn1_tokens}"
+    );
+    assert!(
+        s.metric("pie_kv_persist_pages_total{event=\"loaded\"}")
+            .await
+            >= 1.0
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
