@@ -603,14 +603,14 @@ pub fn pool_table(runs: &[RunMetrics]) -> String {
         return String::new();
     }
     let mut s = String::from(
-        "| router | pool pages | later turns TTFT p50 / p90 / p99 ms | prefix hit | spills (pages) | replicated (pages) | pulls (pages) | pulled GB | evicted (pinned) | max held |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+        "| router | pool pages | later turns TTFT p50 / p90 / p99 ms | prefix hit | spills (pages) | replicated (pages) | pulls (pages) | pulled GB | short pulls (unfit pages) | evicted (pinned) | max held |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in runs {
         let t = &r.later_turns_ttft_ms;
         let p = r.pool.clone().unwrap_or_default();
         s.push_str(&format!(
-            "| {}{} | {} | {:.0} / {:.0} / {:.0} | {:.1}% | {} ({}) | {} ({}) | {} ({}) | {:.1} | {} ({}) | {} |\n",
+            "| {}{} | {} | {:.0} / {:.0} / {:.0} | {:.1}% | {} ({}) | {} ({}) | {} ({}) | {:.1} | {} ({}) | {} ({}) | {} |\n",
             r.router,
             if r.keep_session { " +keep-session" } else { "" },
             p.capacity_pages,
@@ -625,6 +625,8 @@ pub fn pool_table(runs: &[RunMetrics]) -> String {
             p.pulls,
             p.pulled_pages,
             p.pulled_bytes as f64 / 1e9,
+            p.short_pulls,
+            p.unfit_pages,
             p.evicted_pages,
             p.evicted_pinned_pages,
             p.max_held_pages,

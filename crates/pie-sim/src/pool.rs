@@ -202,6 +202,12 @@ pub struct PoolCounters {
     pub pulled_bytes: u64,
     /// Seconds the pulls took (link waits included), summed.
     pub pull_s: f64,
+    /// Pulls whose pages did not all fit their worker's memory when they
+    /// arrived (every page held by running or retained sequences: the
+    /// engine imports into free or unreferenced cached pages only), and the
+    /// pages that did not fit (recomputed).
+    pub short_pulls: u64,
+    pub unfit_pages: u64,
     /// Pulls per worker (`w0` first; not in the JSON).
     #[serde(skip)]
     pub pulls_by_worker: Vec<u64>,

@@ -761,11 +761,16 @@ impl<'a> Sim<'a> {
     }
 
     /// Request `r`'s pull reached its worker: the pages into its prefix
-    /// cache (as many as fit), then the request joins its queue.
+    /// cache (as many as fit: as the engine imports pages, evicting only
+    /// unreferenced cached pages, never a running or retained sequence's),
+    /// then the request joins its queue.
     fn pulled(&mut self, r: u32, now: u64) -> anyhow::Result<()> {
         let p =
             (self.pulling.remove(&r)).ok_or_else(|| anyhow::anyhow!("request {r} pulled twice"))?;
-        self.workers[p.w].pages.receive(&p.seq.hashes[p.from..p.to]);
+        let kept = self.workers[p.w].pages.receive(&p.seq.hashes[p.from..p.to]);
+        let unfit = (p.to - p.from - kept) as u64;
+        self.counters.pool.unfit_pages += unfit;
+        self.counters.pool.short_pulls += u64::from(unfit > 0);
         self.sync_index(p.w);
         self.admit(p.w, p.seq, now)
     }

@@ -61,6 +61,7 @@ fn accounted(p: &PoolCounters) {
     assert!(p.max_held_pages <= p.capacity_pages, "{p:?}");
     assert!(p.held_pages <= p.capacity_pages, "{p:?}");
     assert_eq!(p.pulls_by_worker.iter().sum::<u64>(), p.pulls);
+    assert!(p.short_pulls <= p.pulls && p.unfit_pages <= p.pulled_pages);
 }
 
 #[test]
