@@ -3,7 +3,6 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -14,6 +13,8 @@ use pie_policy::Fcfs;
 use pie_worker::config::{Config, PolicyList, DEFAULT_CONFIG};
 use pie_worker::engine::{Engine, EngineConfig, Request};
 use pie_worker::fetch;
+
+mod engine_bench;
 
 #[derive(Parser)]
 #[command(
@@ -66,8 +67,14 @@ enum Cmd {
         prompt_tokens: usize,
         #[arg(long, default_value_t = 64)]
         decode_tokens: usize,
+        /// Decode figures for each of these numbers of sequences (0: none).
         #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
         concurrency: Vec<usize>,
+        /// Tokens of context before the measured work: the prefill runs after a
+        /// cached prefix of this many tokens, each decoding sequence after a
+        /// prompt of this many (32 when 0). `--prompt-tokens 0` skips the prefill.
+        #[arg(long, default_value_t = 0)]
+        depth: usize,
     },
     /// Load-test a worker or controller with a workload; or, with --calibrate,
     /// time the engine here and write a step-time profile for pie-sim.
@@ -366,7 +373,14 @@ fn main() -> Result<()> {
             prompt_tokens,
             decode_tokens,
             concurrency,
-        } => engine_bench(&model, prompt_tokens, decode_tokens, &concurrency),
+            depth,
+        } => engine_bench::run(
+            model.load()?,
+            prompt_tokens,
+            decode_tokens,
+            &concurrency,
+            depth,
+        ),
         Cmd::Bench(args) => bench(args),
     }
 }
@@ -444,62 +458,5 @@ fn run(
         }
     }
     writeln!(stdout)?;
-    Ok(())
-}
-
-fn engine_bench(
-    model: &ModelArgs,
-    prompt_tokens: usize,
-    decode_tokens: usize,
-    concurrency: &[usize],
-) -> Result<()> {
-    let model = model.load()?;
-    // Distinct prompts per sequence so no run is helped by the prefix cache.
-    let prompt = |i: usize, len: usize| -> Vec<u32> {
-        (0..len)
-            .map(|j| ((i * 7919 + j * 31) % 20_000 + 100) as u32)
-            .collect()
-    };
-    let fresh = |kv_pages: usize, max_batch_tokens: usize| {
-        Engine::new(
-            model.clone(),
-            EngineConfig {
-                kv_pages,
-                max_batch_tokens,
-                max_running: 256,
-                ..EngineConfig::default()
-            },
-            Box::new(Fcfs),
-        )
-    };
-    let request = Request::fixed_length;
-
-    let mut engine = fresh(prompt_tokens / 16 + 8, prompt_tokens);
-    engine.add(request(prompt(0, prompt_tokens), 1))?;
-    let t = Instant::now();
-    while engine.has_work() {
-        engine.step(0)?;
-    }
-    let prefill = prompt_tokens as f64 / t.elapsed().as_secs_f64();
-    println!("prefill: {prompt_tokens}-token prompt: {prefill:.1} tok/s");
-
-    for &n in concurrency {
-        let mut engine = fresh(n * (32 + decode_tokens) / 16 + n * 2 + 8, 2048);
-        for i in 0..n {
-            engine.add(request(prompt(i + 1, 32), decode_tokens + 1))?;
-        }
-        // Prefill every sequence (and its first token) before timing decode.
-        while engine.counters().generated_tokens < n as u64 {
-            engine.step(0)?;
-        }
-        let start_tokens = engine.counters().generated_tokens;
-        let t = Instant::now();
-        while engine.has_work() {
-            engine.step(0)?;
-        }
-        let rate =
-            (engine.counters().generated_tokens - start_tokens) as f64 / t.elapsed().as_secs_f64();
-        println!("decode: {n} concurrent sequences: {rate:.1} tok/s aggregate");
-    }
     Ok(())
 }

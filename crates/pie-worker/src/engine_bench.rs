@@ -1,0 +1,121 @@
+//! `pie engine-bench`: the engine alone, timed on the shapes `scripts/bench-engine.sh`
+//! sets beside llama.cpp's `llama-bench` and `llama-batched-bench`.
+//!
+//! - prefill: one `prompt_tokens`-token prompt in one step, after `depth` tokens
+//!   already in the prefix cache (`llama-bench -p P -d D`);
+//! - decode: `n` sequences at once, each after a prompt of `depth` tokens (32 when
+//!   `depth` is 0), timed once every prompt is in (`llama-bench -n N -d D` for one
+//!   sequence, `llama-batched-bench` for more).
+//!
+//! A `prompt_tokens` of 0 skips the prefill figure, a concurrency of 0 is skipped.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{ensure, Result};
+use pie_model::Model;
+use pie_policy::Fcfs;
+use pie_worker::engine::{Engine, EngineConfig, Request};
+
+const PAGE: usize = 16;
+
+/// Distinct prompts per sequence so no run is helped by the prefix cache
+/// (except the depth prefill's own prefix, on purpose).
+fn prompt(i: usize, len: usize) -> Vec<u32> {
+    (0..len)
+        .map(|j| ((i * 7919 + j * 31) % 20_000 + 100) as u32)
+        .collect()
+}
+
+fn fresh(model: &Arc<Model>, kv_pages: usize, max_batch_tokens: usize) -> Engine {
+    Engine::new(
+        model.clone(),
+        EngineConfig {
+            page_size: PAGE,
+            kv_pages,
+            max_batch_tokens,
+            max_running: 256,
+        },
+        Box::new(Fcfs),
+    )
+}
+
+fn run_to_end(engine: &mut Engine) -> Result<()> {
+    while engine.has_work() {
+        engine.step(0)?;
+    }
+    Ok(())
+}
+
+pub fn run(
+    model: Arc<Model>,
+    prompt_tokens: usize,
+    decode_tokens: usize,
+    concurrency: &[usize],
+    depth: usize,
+) -> Result<()> {
+    if prompt_tokens > 0 {
+        let pages = 2 * (depth + prompt_tokens) / PAGE + 8;
+        // The new tokens in one step, like llama-bench's batch (the prefix in
+        // chunks of the same size).
+        let mut engine = fresh(&model, pages, prompt_tokens);
+        let mut tokens = prompt(0, depth);
+        if depth > 0 {
+            // Compute the prefix once; its full pages stay in the prefix cache.
+            engine.add(Request::fixed_length(tokens.clone(), 1))?;
+            run_to_end(&mut engine)?;
+        }
+        tokens.extend(prompt(1, prompt_tokens));
+        let before = engine.counters();
+        engine.add(Request::fixed_length(tokens, 1))?;
+        let t = Instant::now();
+        run_to_end(&mut engine)?;
+        let dt = t.elapsed().as_secs_f64();
+        let after = engine.counters();
+        let cached = after.prefix_hit_tokens - before.prefix_hit_tokens;
+        let computed = after.prefill_tokens - before.prefill_tokens;
+        ensure!(
+            cached as usize == depth / PAGE * PAGE,
+            "expected {} cached tokens, the engine attached {cached}",
+            depth / PAGE * PAGE
+        );
+        let at = at_depth(depth);
+        println!(
+            "prefill: {prompt_tokens}-token prompt{at}: {:.1} tok/s",
+            computed as f64 / dt
+        );
+        eprintln!("  ({computed} tokens computed, {cached} cached, {dt:.3} s)");
+    }
+
+    for &n in concurrency.iter().filter(|&&n| n > 0) {
+        let plen = if depth > 0 { depth } else { 32 };
+        let pages = n * (plen + decode_tokens).div_ceil(PAGE) + n * 2 + 8;
+        let mut engine = fresh(&model, pages, 2048);
+        for i in 0..n {
+            engine.add(Request::fixed_length(
+                prompt(i + 1, plen),
+                decode_tokens + 1,
+            ))?;
+        }
+        // Prefill every sequence (and its first token) before timing decode.
+        while engine.counters().generated_tokens < n as u64 {
+            engine.step(0)?;
+        }
+        let start_tokens = engine.counters().generated_tokens;
+        let t = Instant::now();
+        run_to_end(&mut engine)?;
+        let rate =
+            (engine.counters().generated_tokens - start_tokens) as f64 / t.elapsed().as_secs_f64();
+        let at = at_depth(depth);
+        println!("decode: {n} concurrent sequences{at}: {rate:.1} tok/s aggregate");
+    }
+    Ok(())
+}
+
+fn at_depth(depth: usize) -> String {
+    if depth > 0 {
+        format!(" at depth {depth}")
+    } else {
+        String::new()
+    }
+}
