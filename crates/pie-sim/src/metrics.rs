@@ -603,14 +603,14 @@ pub fn pool_table(runs: &[RunMetrics]) -> String {
         return String::new();
     }
     let mut s = String::from(
-        "| router | pool pages | later turns TTFT p50 / p90 / p99 ms | prefix hit | spills (pages) | replicated (pages) | pulls (pages) | pulled GB | short pulls (unfit pages) | evicted (pinned) | max held |\n\
+        "| router | pool pages | later turns TTFT p50 / p90 / p99 ms | prefix hit | spills (pages) / dropped | replicated (pages) | pulls (pages) | pulled GB | short pulls (unfit pages) | evicted (pinned) | max held |\n\
          |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in runs {
         let t = &r.later_turns_ttft_ms;
         let p = r.pool.clone().unwrap_or_default();
         s.push_str(&format!(
-            "| {}{} | {} | {:.0} / {:.0} / {:.0} | {:.1}% | {} ({}) | {} ({}) | {} ({}) | {:.1} | {} ({}) | {} ({}) | {} |\n",
+            "| {}{} | {} | {:.0} / {:.0} / {:.0} | {:.1}% | {} ({}) / {} | {} ({}) | {} ({}) | {:.1} | {} ({}) | {} ({}) | {} |\n",
             r.router,
             if r.keep_session { " +keep-session" } else { "" },
             p.capacity_pages,
@@ -620,6 +620,7 @@ pub fn pool_table(runs: &[RunMetrics]) -> String {
             100.0 * r.prefix_hit_rate,
             p.spills,
             p.spilled_pages,
+            p.dropped_spills,
             p.replicated,
             p.replicated_pages,
             p.pulls,

@@ -14,6 +14,11 @@ use std::collections::{BTreeMap, HashMap};
 use pie_core::BlockHash;
 use serde::Serialize;
 
+/// Spills a worker keeps on their way at once, at most; one more is dropped
+/// (`pie-worker`'s `runtime/spill.rs`: a slow pool costs recomputes, never
+/// memory without bound).
+pub const SPILLS_IN_FLIGHT: usize = 4;
+
 /// `pie-pool`'s default watermarks (`[pool] high_watermark`, `low_watermark`).
 pub const HIGH_WATERMARK: f64 = 0.9;
 pub const LOW_WATERMARK: f64 = 0.8;
@@ -186,6 +191,10 @@ pub struct PoolCounters {
     /// Pages those spills sent (the ones the pool lacked), and their bytes.
     pub spilled_pages: u64,
     pub spilled_bytes: u64,
+    /// Spills dropped because `SPILLS_IN_FLIGHT` of their worker's were on
+    /// their way, and their pages.
+    pub dropped_spills: u64,
+    pub dropped_spill_pages: u64,
     /// Prefixes pushed by `CopyPrefixToPool` (`pool-replicate`), the pages
     /// they sent and their bytes.
     pub replicated: u64,

@@ -53,7 +53,7 @@ use crate::machine::SharedMachine;
 use crate::metrics::{Counters, Record, RunMetrics};
 use crate::migrate::{Migration, PAUSE_US};
 use crate::pages::{slot, PageModel, Seq, WorkerPages, SLOT_BITS};
-use crate::pool::Pool;
+use crate::pool::{Pool, SPILLS_IN_FLIGHT};
 use crate::router::{Router, RouterSpec};
 use crate::workload::Request;
 
@@ -258,6 +258,8 @@ struct Sim<'a> {
     /// Pushes on their way to the pool, by number.
     pushes: BTreeMap<u32, PoolPush>,
     pushed: u32,
+    /// Per worker: its spills on their way to the pool.
+    spills_in_flight: Vec<usize>,
 }
 
 /// A pull from the pool: request `seq` waits for its pages `from..to` to
@@ -270,10 +272,11 @@ struct Pull {
 }
 
 /// Pages on their way to the pool, soft-pinned there until `pinned_until_ms`
-/// (0: not pinned).
+/// (0: not pinned); `spilled_by`: a spill of that worker's.
 struct PoolPush {
     blocks: Vec<BlockHash>,
     pinned_until_ms: u64,
+    spilled_by: Option<usize>,
 }
 
 const FINGERPRINT: ModelFingerprint = ModelFingerprint(0x51_u64);
@@ -479,6 +482,7 @@ impl<'a> Sim<'a> {
             pulling: HashMap::new(),
             pushes: BTreeMap::new(),
             pushed: 0,
+            spills_in_flight: vec![0; cfg.workers],
         }
     }
 
@@ -636,7 +640,7 @@ impl<'a> Sim<'a> {
         let held = leading_held(&self.workers[f].pages.cache, &blocks);
         let mut blocks = blocks;
         blocks.truncate(held);
-        let (pages, bytes) = self.push_to_pool(f, blocks, 0, now)?;
+        let (pages, bytes) = self.push_to_pool(f, blocks, 0, false, now)?;
         let c = &mut self.counters.pool;
         c.replicated += 1;
         c.replicated_pages += pages;
@@ -663,15 +667,16 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
-    /// Worker `w` pushes `blocks` to the pool, soft-pinned until
-    /// `pinned_until_ms`: those the pool holds are pinned (and refreshed) at
-    /// once, the rest cross `w`'s sending link and are stored when they
-    /// arrive. Returns the pages and bytes sent.
+    /// Worker `w` pushes `blocks` to the pool (a spill if `spill`),
+    /// soft-pinned until `pinned_until_ms`: those the pool holds are pinned
+    /// (and refreshed) at once, the rest cross `w`'s sending link and are
+    /// stored when they arrive. Returns the pages and bytes sent.
     fn push_to_pool(
         &mut self,
         w: usize,
         blocks: Vec<BlockHash>,
         pinned_until_ms: u64,
+        spill: bool,
         now: u64,
     ) -> anyhow::Result<(u64, u64)> {
         let pool = (self.pool.as_mut()).ok_or_else(|| anyhow::anyhow!("no pool to push to"))?;
@@ -687,7 +692,11 @@ impl<'a> Sim<'a> {
         let push = PoolPush {
             blocks: lacking,
             pinned_until_ms,
+            spilled_by: spill.then_some(w),
         };
+        if spill {
+            self.spills_in_flight[w] += 1;
+        }
         self.pushes.insert(self.pushed, push);
         self.events.push(end, Event::PoolPushed(self.pushed));
         Ok((pages, bytes))
@@ -698,6 +707,9 @@ impl<'a> Sim<'a> {
     fn pool_pushed(&mut self, p: u32, now: u64) -> anyhow::Result<()> {
         let push = (self.pushes.remove(&p))
             .ok_or_else(|| anyhow::anyhow!("pool push {p} arrived twice"))?;
+        if let Some(w) = push.spilled_by {
+            self.spills_in_flight[w] -= 1;
+        }
         let pool = (self.pool.as_mut()).ok_or_else(|| anyhow::anyhow!("no pool"))?;
         let new = pool.put(&push.blocks, push.pinned_until_ms, now / 1000) as u64;
         let c = &mut self.counters.pool;
@@ -707,10 +719,18 @@ impl<'a> Sim<'a> {
     }
 
     /// The retained sessions worker `w` spilled in its last plan go to the
-    /// pool, each pinned until its retention would have ended.
+    /// pool, each pinned until its retention would have ended; with
+    /// `SPILLS_IN_FLIGHT` of its spills on their way already, one more is
+    /// dropped (as `pie-worker` bounds them).
     fn spill(&mut self, w: usize, now: u64) -> anyhow::Result<()> {
         for s in std::mem::take(&mut self.workers[w].pages.spilled) {
-            let (pages, bytes) = self.push_to_pool(w, s.blocks, s.expires_ms, now)?;
+            if self.spills_in_flight[w] >= SPILLS_IN_FLIGHT {
+                let c = &mut self.counters.pool;
+                c.dropped_spills += 1;
+                c.dropped_spill_pages += s.blocks.len() as u64;
+                continue;
+            }
+            let (pages, bytes) = self.push_to_pool(w, s.blocks, s.expires_ms, true, now)?;
             let c = &mut self.counters.pool;
             c.spills += 1;
             c.spilled_pages += pages;

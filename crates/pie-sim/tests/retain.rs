@@ -4,8 +4,9 @@
 //! retained sessions are evicted before their next turn), keep-session alone
 //! loses them and retain-all spills them to the pool, from which the next
 //! turn pulls them: more prefix hits and a lower TTFT for later turns, every
-//! spilled page accounted for, the pool never above its capacity, outputs
-//! whole, runs deterministic. On `shared-prefix` with one hot system prompt,
+//! spilled page accounted for, the pool never above its capacity, at most 4
+//! spills on their way per worker (more dropped), outputs whole, runs
+//! deterministic. On `shared-prefix` with one hot system prompt,
 //! `pool-replicate` pushes it, workers that did not push it pull it, and TTFT
 //! p99 drops as with `replicate`.
 
@@ -21,6 +22,14 @@ const KEEP: &str = "session-affinity,cache-aware";
 /// `multi-turn` under eviction pressure with keep-session, on `router`, with
 /// a pool of `pool_pages` (0: none).
 fn multi_turn(router: &str, pool_pages: usize) -> RunMetrics {
+    multi_turn_with(router, pool_pages, |_| {})
+}
+
+fn multi_turn_with(
+    router: &str,
+    pool_pages: usize,
+    configure: impl Fn(&mut SimConfig),
+) -> RunMetrics {
     let mut spec = WorkloadSpec::named("multi-turn")
         .and_then(|w| {
             w.with_overrides(&["think_ms=20000".to_string(), "keep_ms=60000".to_string()])
@@ -37,6 +46,7 @@ fn multi_turn(router: &str, pool_pages: usize) -> RunMetrics {
     );
     cfg.keep_session = true;
     cfg.pool_pages = pool_pages;
+    configure(&mut cfg);
     let reqs = spec.generate(REQUESTS, 7);
     run(&cfg, spec.name(), &reqs).expect("simulation runs")
 }
@@ -110,6 +120,20 @@ fn a_small_pool_evicts_down_to_its_watermark_and_never_holds_more_than_its_capac
     accounted(p);
     assert!(p.evicted_pages > 0, "{p:?}");
     assert!(p.max_held_pages <= 2_700, "high watermark 0.9: {p:?}");
+}
+
+#[test]
+fn a_worker_drops_spills_beyond_four_on_their_way() {
+    let fast = multi_turn(&format!("{KEEP},retain-all"), 40_000);
+    // KV 1,000 times as large: a spill takes seconds to cross the link.
+    let slow = multi_turn_with(&format!("{KEEP},retain-all"), 40_000, |c| {
+        c.kv_bytes_per_token *= 1000
+    });
+    whole(&slow);
+    let (f, s) = (fast.pool.expect("a pool"), slow.pool.expect("a pool"));
+    assert_eq!(f.dropped_spills, 0, "{f:?}");
+    assert!(s.dropped_spills > 0 && s.dropped_spill_pages > 0, "{s:?}");
+    assert!(s.spills < f.spills, "{s:?}");
 }
 
 #[test]
