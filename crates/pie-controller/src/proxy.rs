@@ -1112,6 +1112,10 @@ async fn on_process_events(
 /// A `WORKER~ID` process route, forwarded to its worker for the caller: the
 /// worker answers 404 for a process the caller does not own. The id is
 /// percent-encoded into the upstream path, so it can only name a process.
+/// A stream this controller moved is found where it runs now (the id the
+/// client holds stays valid); a PATCH of its props reaches the workers it
+/// moves to, and one whose `pin` names another serving worker moves it there
+/// (`x-pie-relocating` names it). `x-pie-worker` names the worker that answered.
 async fn to_owner(
     ctl: &Controller,
     method: Method,
@@ -1121,27 +1125,60 @@ async fn to_owner(
     acting: &Acting,
     body: Bytes,
 ) -> Response {
-    let Some((worker, local)) = id.split_once('~') else {
+    let Some((origin, origin_local)) = id.split_once('~') else {
         return error(
             StatusCode::NOT_FOUND,
             format!("no process `{id}` (cluster ids look like WORKER~ID)"),
         );
     };
-    let Some(url) = ctl.registry.url_of(worker) else {
+    let (worker, local) = ctl
+        .streams
+        .current(origin, origin_local)
+        .unwrap_or_else(|| (origin.to_string(), origin_local.to_string()));
+    let Some(url) = ctl.registry.url_of(&worker) else {
         return error(
             StatusCode::NOT_FOUND,
             format!("no worker `{worker}` for process `{id}`"),
         );
     };
-    let local = utf8_percent_encode(local, NON_ALPHANUMERIC);
-    forward(
+    let patch = method == Method::PATCH;
+    let encoded = utf8_percent_encode(&local, NON_ALPHANUMERIC);
+    let resp = forward(
         ctl,
         method,
-        &format!("{url}/v1/processes/{local}{suffix}"),
+        &format!("{url}/v1/processes/{encoded}{suffix}"),
         headers,
         acting,
         body,
     )
     .await
-    .unwrap_or_else(|e| error(StatusCode::BAD_GATEWAY, format!("worker `{worker}`: {e}")))
+    .unwrap_or_else(|e| error(StatusCode::BAD_GATEWAY, format!("worker `{worker}`: {e}")));
+    let mut resp = resp;
+    if let Ok(value) = worker.parse() {
+        resp.headers_mut().insert("x-pie-worker", value);
+    }
+    if !(patch && resp.status().is_success()) {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, 1 << 20).await else {
+        return error(StatusCode::BAD_GATEWAY, "unreadable worker response");
+    };
+    let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let serves = |w: &str| ctl.registry.serves(w);
+    if let Some(to) = ctl
+        .streams
+        .patched(origin, origin_local, &answer["props"], serves)
+    {
+        tracing::info!(
+            process = id,
+            from = worker,
+            to,
+            "pin changed: moving the stream"
+        );
+        if let Ok(value) = to.parse() {
+            parts.headers.insert("x-pie-relocating", value);
+        }
+    }
+    Response::from_parts(parts, Body::from(bytes))
 }

@@ -90,6 +90,14 @@ struct Live {
     /// Its id in the actors' snapshot (`request-N`), when actors run.
     process: Option<String>,
     moves: mpsc::UnboundedSender<Move>,
+    /// The first worker and the process id it named: the id the client
+    /// holds (`WORKER~ID`, its chunks' `id`), valid across moves.
+    origin: Option<(String, String)>,
+    /// Its process id on `worker`.
+    local: Option<String>,
+    /// Its props as last changed through the controller (a PATCH): the
+    /// workers it moves to get these.
+    props: Option<Value>,
 }
 
 impl Streams {
@@ -111,19 +119,70 @@ impl Streams {
             session,
             process,
             moves,
+            origin: None,
+            local: None,
+            props: None,
         };
         self.lock().insert(id, live);
         (id, rx)
     }
 
+    /// Stream `id` moved to `worker` (which names its process next).
     fn now_on(&self, id: u64, worker: &str) {
         if let Some(l) = self.lock().get_mut(&id) {
             l.worker = worker.to_string();
+            l.local = None;
         }
     }
 
     fn remove(&self, id: u64) {
         self.lock().remove(&id);
+    }
+
+    /// Stream `id`'s worker named its process `local`.
+    fn named(&self, id: u64, local: &str) {
+        if let Some(l) = self.lock().get_mut(&id) {
+            l.local = Some(local.to_string());
+            if l.origin.is_none() {
+                l.origin = Some((l.worker.clone(), local.to_string()));
+            }
+        }
+    }
+
+    fn props_of(&self, id: u64) -> Option<Value> {
+        self.lock().get(&id).and_then(|l| l.props.clone())
+    }
+
+    /// Where the stream the client knows as `worker~local` runs now: the
+    /// worker and its process id there (None: not a stream in flight here).
+    pub fn current(&self, worker: &str, local: &str) -> Option<(String, String)> {
+        let live = self.lock();
+        let l = live.values().find(|l| is_origin(l, worker, local))?;
+        Some((l.worker.clone(), l.local.clone()?))
+    }
+
+    /// The stream the client knows as `worker~local` has the props `props`
+    /// now (a PATCH): the workers it moves to get them, and when its `pin`
+    /// names a worker it is not on that `serves`, it moves there (a
+    /// relocation). Returns that worker.
+    pub fn patched(
+        &self,
+        worker: &str,
+        local: &str,
+        props: &Value,
+        serves: impl Fn(&str) -> bool,
+    ) -> Option<String> {
+        let mut live = self.lock();
+        let l = live.values_mut().find(|l| is_origin(l, worker, local))?;
+        l.props = Some(props.clone());
+        let pin = props["pin"]
+            .as_str()
+            .filter(|&pin| pin != l.worker && serves(pin))?;
+        let asked = Move {
+            to: pin.to_string(),
+            reason: Reason::Relocate,
+        };
+        l.moves.send(asked).ok().map(|()| pin.to_string())
     }
 
     /// Ask the streams of `session` to move to `to`; returns how many.
@@ -159,6 +218,12 @@ impl Streams {
             })
             .count()
     }
+}
+
+fn is_origin(l: &Live, worker: &str, local: &str) -> bool {
+    l.origin
+        .as_ref()
+        .is_some_and(|(w, p)| w == worker && p == local)
 }
 
 /// A movable stream's request, as every worker gets it.
@@ -409,6 +474,7 @@ impl Run {
                     .and_then(|rest| rest.strip_prefix(' '))
                 {
                     self.process = Some(id.to_string());
+                    self.relay.ctl.streams.named(self.stream_id, id);
                     return Event::Skip;
                 }
                 if comment == HANDOFF_COMMENT {
@@ -601,6 +667,12 @@ impl Run {
             ));
         }
         let ctl = self.relay.ctl.clone();
+        if let Some(props) = ctl.streams.props_of(self.stream_id) {
+            if let Ok(parsed) = Props::from_json(&props) {
+                self.relay.props = parsed;
+            }
+            self.relay.body["props"] = props;
+        }
         let old = self.relay.worker.clone();
         let mut tried = vec![old.clone()];
         let mut target = target.and_then(|name| ctl.registry.url_of(&name).map(|url| (name, url)));

@@ -737,8 +737,12 @@ async fn a_fair_queue_serves_the_client_with_fewer_requests_in_flight_first() {
 
 /// A streamed completion through the controller: its text, and whether it
 /// ended with `[DONE]` and no error event.
-async fn stream_text(mut r: reqwest::Response) -> (String, bool, String) {
-    let mut raw = String::new();
+async fn stream_text(r: reqwest::Response) -> (String, bool, String) {
+    stream_text_after(r, String::new()).await
+}
+
+/// `stream_text` of a stream whose first bytes, `raw`, were already read.
+async fn stream_text_after(mut r: reqwest::Response, mut raw: String) -> (String, bool, String) {
     while let Ok(Some(chunk)) = r.chunk().await {
         raw.push_str(&String::from_utf8_lossy(&chunk));
     }
@@ -903,6 +907,98 @@ async fn a_draining_worker_hands_its_streams_off_and_exits_with_identical_transc
         })
         .await;
     }
+}
+
+/// `relocate` on a PATCH: a stream's process, by the id its client holds
+/// (`WORKER~ID`: the worker named by `x-pie-worker`, the id in its chunks),
+/// gets a `pin` naming the other worker through the controller: the stream
+/// moves there with the undisturbed transcript, the same id then finds the
+/// process where it runs now, with the new pin.
+#[tokio::test]
+async fn a_patched_pin_moves_the_stream_and_its_id_stays_valid() {
+    let c = Cluster::start_with(Spec {
+        workers: 2,
+        ..Spec::new("least-loaded")
+    })
+    .await;
+    let mut body = load_body(0, false, true);
+    body["max_tokens"] = json!(3000);
+    let mut r = c
+        .http
+        .post(format!("{}/v1/completions", c.controller.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let from = r.headers()["x-pie-worker"].to_str().unwrap().to_string();
+    let to = if from == "w0" { "w1" } else { "w0" };
+    let mut raw = String::new();
+    let local = loop {
+        raw.push_str(&String::from_utf8_lossy(&r.chunk().await.unwrap().unwrap()));
+        let first = raw.split("\n\n").find_map(|e| e.strip_prefix("data: "));
+        if let Some(v) = first.and_then(|d| serde_json::from_str::<Value>(d).ok()) {
+            break v["id"]
+                .as_str()
+                .unwrap()
+                .trim_start_matches("cmpl-")
+                .to_string();
+        }
+    };
+    let id = format!("{from}~{local}");
+    let reading = tokio::spawn(stream_text_after(r, raw));
+    let r = c
+        .http
+        .patch(format!("{}/v1/processes/{id}", c.controller.url))
+        .json(&json!({"props": {"pin": to}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-pie-relocating"], to);
+    let process = async || {
+        let r = c
+            .http
+            .get(format!("{}/v1/processes/{id}", c.controller.url))
+            .send()
+            .await
+            .unwrap();
+        let worker = r.headers()["x-pie-worker"].to_str().unwrap().to_string();
+        (r.status(), worker, r.json::<Value>().await.unwrap())
+    };
+    wait_for("the id answered by the pinned worker", async || {
+        let (status, worker, _) = process().await;
+        status == 200 && worker == to
+    })
+    .await;
+    let (_, _, v) = process().await;
+    assert_eq!(
+        v["props"]["pin"], to,
+        "the new worker has the new props: {v}"
+    );
+    let (text, clean, raw) = reading.await.unwrap();
+    assert!(clean, "{raw}");
+    let worker_url = c.workers[0].as_ref().unwrap().url.clone();
+    let mut direct = body.clone();
+    direct["stream"] = json!(false);
+    let v: Value = c
+        .http
+        .post(format!("{worker_url}/v1/completions"))
+        .json(&direct)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(text, v["choices"][0]["text"].as_str().unwrap());
+    assert!(
+        labelled_metric(
+            &c,
+            "pie_controller_streams_moved_total{reason=\"relocate\"}"
+        )
+        .await
+            >= Some(1.0)
+    );
 }
 
 #[tokio::test]
