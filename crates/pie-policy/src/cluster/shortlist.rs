@@ -8,7 +8,8 @@
 //! the shortlist holds:
 //! - every candidate holding or anticipating a prefix of the prompt, or able
 //!   to pull one from its shared page pool (the only ones cache-aware's prefix
-//!   rule can pick; the simulator models no pool),
+//!   rule can pick; the simulator's router routes a prompt the pool holds
+//!   part of over every worker instead),
 //! - every candidate at the minimum load (the imbalance rule, a cold prompt's
 //!   rotation among the least loaded and least-loaded pick among them, and the
 //!   rotation needs all of them to count the ties),
