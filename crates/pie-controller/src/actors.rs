@@ -37,6 +37,8 @@ use pie_policy::cluster::{
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use pie_workload::JsonLines;
+
 use crate::metrics::{ActionLabels, ControllerMetrics, GroupLabels};
 use crate::proxy::{now_ms, Controller};
 use crate::registry::{with_worker_key, Worker};
@@ -142,11 +144,14 @@ pub struct Actors {
     log: Mutex<VecDeque<LoggedAction>>,
     logged: AtomicU64,
     scale: Mutex<BTreeMap<String, Published>>,
+    /// `[cluster] scale_history_file`: every hint published, a line each.
+    history: Mutex<Option<JsonLines>>,
 }
 
 impl Actors {
-    pub fn new(runner: ActorRunner, tick_ms: u64) -> Self {
+    pub fn new(runner: ActorRunner, tick_ms: u64, history: Option<JsonLines>) -> Self {
         Self {
+            history: Mutex::new(history),
             tracking: AtomicBool::new(!runner.is_empty()),
             runner: Mutex::new(runner),
             tick_ms: AtomicU64::new(tick_ms.max(10)),
@@ -161,7 +166,14 @@ impl Actors {
 
     /// A reloaded config: fresh actors (their state restarts), and what the old
     /// ones published is withdrawn until the new ones publish.
-    pub fn replace(&self, runner: ActorRunner, tick_ms: u64, metrics: &ControllerMetrics) {
+    pub fn replace(
+        &self,
+        runner: ActorRunner,
+        tick_ms: u64,
+        history: Option<JsonLines>,
+        metrics: &ControllerMetrics,
+    ) {
+        *self.history.lock().unwrap_or_else(|e| e.into_inner()) = history;
         self.tracking.store(!runner.is_empty(), Ordering::Relaxed);
         *self.runner.lock().unwrap_or_else(|e| e.into_inner()) = runner;
         self.tick_ms.store(tick_ms.max(10), Ordering::Relaxed);
@@ -338,15 +350,17 @@ impl Actors {
                     .scale_current
                     .get_or_create(&labels)
                     .set(gauge(h.current));
-                self.scale.lock().unwrap_or_else(|e| e.into_inner()).insert(
-                    h.group.clone(),
-                    Published {
-                        hint: h.clone(),
-                        actor: record.actor.clone(),
-                        reason: record.reason.clone(),
-                        at_ms: record.at_ms,
-                    },
-                );
+                let published = Published {
+                    hint: h.clone(),
+                    actor: record.actor.clone(),
+                    reason: record.reason.clone(),
+                    at_ms: record.at_ms,
+                };
+                self.write_history(&published);
+                self.scale
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(h.group.clone(), published);
                 Outcome::Executed
             }
             // Only streams the controller relays can move (see `relay`).
@@ -368,6 +382,15 @@ impl Actors {
             other => Outcome::Failed {
                 error: format!("the controller cannot execute `{}` yet", other.kind()),
             },
+        }
+    }
+
+    /// A line of the scale history; a failed write is logged, never fatal
+    /// (the hint is published all the same).
+    fn write_history(&self, published: &Published) {
+        let history = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(Err(e)) = history.as_ref().map(|h| h.append(published)) {
+            tracing::warn!(error = %e, "a scale hint was not written to scale_history_file");
         }
     }
 
@@ -544,7 +567,7 @@ mod tests {
     #[test]
     fn hints_publish_unless_dry_run_and_unexecutable_actions_fail_loudly() {
         let metrics = ControllerMetrics::default();
-        let actors = Actors::new(ActorRunner::default(), 1000);
+        let actors = Actors::new(ActorRunner::default(), 1000, None);
         let h = Action::ScaleHint(ScaleHint {
             group: "gold".into(),
             current: 2,
@@ -587,7 +610,7 @@ mod tests {
         assert!(metrics.encode().contains(
             "pie_cluster_actions_total{actor=\"a\",kind=\"drain-worker\",dry_run=\"false\"} 261"
         ));
-        actors.replace(ActorRunner::default(), 50, &metrics);
+        actors.replace(ActorRunner::default(), 50, None, &metrics);
         assert!(!metrics.encode().contains("pie_cluster_scale_recommended{"));
     }
 
@@ -625,7 +648,7 @@ mod tests {
             },
         )
         .expect("known");
-        let actors = Actors::new(runner, 1000);
+        let actors = Actors::new(runner, 1000, None);
         let props = Props::new();
         let a = actors.track(&props).expect("tracking");
         let b = actors.track(&props).expect("tracking");
@@ -635,7 +658,7 @@ mod tests {
         assert_eq!(snap.processes[1].worker.as_deref(), Some("w1"));
         drop((a, b));
         assert!(actors.snapshot(Vec::new(), Vec::new()).processes.is_empty());
-        let none = Actors::new(ActorRunner::default(), 1000);
+        let none = Actors::new(ActorRunner::default(), 1000, None);
         assert!(none.track(&props).is_none(), "no actor: no tracking");
     }
 }

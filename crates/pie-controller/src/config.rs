@@ -13,6 +13,7 @@ use pie_policy::cluster::{
     QueueOrder, RebalanceConfig, ReplicateConfig, RetainAllConfig, RoutingConfigs,
     ScaleByPropConfig, SessionAffinityConfig, DEFAULT_MAX_QUEUED,
 };
+use pie_workload::JsonLines;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -104,6 +105,9 @@ pub struct ClusterConfig {
     pub kv_idle_timeout_ms: NonZeroU64,
     /// How often the actors see a fresh cluster snapshot.
     pub actor_tick_ms: u64,
+    /// Every scale hint published (`scale-by-prop`), appended as a JSON line:
+    /// the history an operator or an autoscaler's tuning reads back.
+    pub scale_history_file: Option<PathBuf>,
     /// Workers that may join by registration (`POST /v1/cluster/register`,
     /// a worker-role key); beyond: 403.
     pub max_registered_workers: usize,
@@ -150,6 +154,7 @@ impl Default for ClusterConfig {
             read_timeout_ms: ms(120_000),
             kv_idle_timeout_ms: ms(45_000),
             actor_tick_ms: 1000,
+            scale_history_file: None,
             max_registered_workers: 64,
             registration_ttl_ms: ms(10_000),
             cache_aware: CacheAwareConfig::default(),
@@ -230,6 +235,22 @@ impl ClusterConfig {
             .into_iter()
             .map(|name| routing_policy(&name, &configs))
             .collect()
+    }
+
+    /// `scale_history_file`, opened for appending; None without one; an
+    /// error names the config file it came from, the key and the file.
+    pub fn scale_history(&self, config_file: Option<&Path>) -> Result<Option<JsonLines>> {
+        let Some(path) = &self.scale_history_file else {
+            return Ok(None);
+        };
+        let from = config_file.map_or("the config".into(), |f| f.display().to_string());
+        let lines = JsonLines::open(path).map_err(|e| {
+            anyhow!(
+                "{from}: key `cluster.scale_history_file`: cannot open {}: {e}",
+                path.display()
+            )
+        })?;
+        Ok(Some(lines))
     }
 
     /// The actors named in `cluster_policies`, with their `[cluster.<name>]`

@@ -106,7 +106,11 @@ fn main() -> Result<()> {
         kv_http: config.cluster.kv_client()?,
         kv_idle_timeout: Duration::from_millis(config.cluster.kv_idle_timeout_ms.get()),
         worker_key: config.cluster.worker_key.clone(),
-        actors: Actors::new(runner, config.cluster.actor_tick_ms),
+        actors: Actors::new(
+            runner,
+            config.cluster.actor_tick_ms,
+            config.cluster.scale_history(args_config.as_deref())?,
+        ),
         streams: Default::default(),
     });
     ctl.registry
@@ -217,15 +221,16 @@ async fn reload_on_sighup(ctl: Arc<Controller>, path: PathBuf, cli_policies: Opt
             let pipeline = c.cluster.pipeline().map_err(anyhow::Error::msg)?;
             let runner = c.cluster.actors().map_err(anyhow::Error::msg)?;
             let keys = c.server.api_keys()?;
-            Ok((c, pipeline, runner, keys))
+            let history = c.cluster.scale_history(Some(&path))?;
+            Ok((c, pipeline, runner, keys, history))
         });
         match fresh {
-            Ok((config, pipeline, runner, keys)) => {
+            Ok((config, pipeline, runner, keys, history)) => {
                 *ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner()) = pipeline;
                 ctl.registry
                     .set_anticipate_ms(config.cluster.cache_aware.anticipate_ms);
                 ctl.actors
-                    .replace(runner, config.cluster.actor_tick_ms, &ctl.metrics);
+                    .replace(runner, config.cluster.actor_tick_ms, history, &ctl.metrics);
                 ctl.registry.track_heat(ctl.actors.wants_hot_prefixes());
                 *ctl.api_keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
                 ctl.queueing

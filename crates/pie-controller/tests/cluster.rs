@@ -1399,13 +1399,26 @@ async fn labelled_metric(c: &Cluster, series: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
+/// Where `scale_cluster(dry_run)` writes its scale history.
+fn scale_history(dry_run: bool) -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "scale-history-{dry_run}-{}.jsonl",
+        std::process::id()
+    ))
+}
+
 /// Two workers, w0 labelled `gold`, w1 unlabelled (the default group); one gold
-/// worker per gold process wanted; `dry_run` as given.
+/// worker per gold process wanted; `dry_run` as given; the history in
+/// `scale_history(dry_run)`.
 async fn scale_cluster(dry_run: bool) -> Cluster {
+    let history = scale_history(dry_run);
+    let _ = std::fs::remove_file(&history);
     let cluster_config = format!(
-        "actor_tick_ms = 10\n[cluster.scale-by-prop]\nprop = \"tier\"\n\
+        "actor_tick_ms = 10\nscale_history_file = {:?}\n\
+         [cluster.scale-by-prop]\nprop = \"tier\"\n\
          target_load_per_worker = 1\nmax_workers = 8\npending_timeout_ms = 600000\n\
-         dry_run = {dry_run}\n"
+         dry_run = {dry_run}\n",
+        history.display().to_string()
     );
     Cluster::start_with(Spec {
         workers: 2,
@@ -1504,6 +1517,32 @@ async fn scale_by_prop_publishes_one_step_under_load_and_holds_while_pending() {
     )
     .await;
     assert!(counted.is_some_and(|n| n >= 3.0), "{counted:?}");
+    let history = std::fs::read_to_string(scale_history(false)).unwrap();
+    let lines: Vec<Value> = history
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let gold: Vec<_> = lines.iter().filter(|l| l["group"] == "gold").collect();
+    assert!(
+        gold.iter().any(|l| l["recommended"] == 2
+            && l["current"] == 1
+            && l["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("load-above-target")),
+        "the step up in the history: {history}"
+    );
+    assert!(
+        lines
+            .windows(2)
+            .all(|w| w[0]["at_ms"].as_u64() <= w[1]["at_ms"].as_u64()),
+        "in order: {history}"
+    );
+    assert_eq!(
+        lines.len() as f64,
+        counted.unwrap(),
+        "a line per hint published"
+    );
 }
 
 #[tokio::test]
@@ -1528,6 +1567,8 @@ async fn scale_by_prop_in_dry_run_records_hints_and_publishes_nothing() {
         "{metrics}"
     );
     assert!(!metrics.contains("pie_cluster_scale_current{"), "{metrics}");
+    let history = std::fs::read_to_string(scale_history(true)).unwrap_or_default();
+    assert!(history.is_empty(), "a dry run writes no history: {history}");
     assert!(metrics.contains(
         "pie_cluster_actions_total{actor=\"scale-by-prop\",kind=\"scale-hint\",dry_run=\"true\"}"
     ));
@@ -1563,6 +1604,11 @@ fn bad_actor_configs_are_refused_naming_the_file_and_key() {
             "bad-pool-url",
             "[cluster]\npool = \"localhost:8090\"\n",
             &["key `cluster.pool`", "not an http(s) URL"][..],
+        ),
+        (
+            "bad-history-file",
+            "[cluster]\nscale_history_file = \"/no/such/dir/history.jsonl\"\n",
+            &["key `cluster.scale_history_file`", "/no/such/dir/history.jsonl"][..],
         ),
     ] {
         let file = dir.join(format!("actor-config-{}-{name}.toml", std::process::id()));

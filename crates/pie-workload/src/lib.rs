@@ -3,7 +3,7 @@
 //! generators, the trace format (`trace.rs`) that `pie serve` records and both
 //! replay, and the step-time cost profile that `pie bench --calibrate` writes
 //! and the simulator reads. Pure (no clock, no I/O beyond (de)serialisation)
-//! except `recorder.rs`, which appends trace lines to a file.
+//! except `recorder.rs`, which appends JSON lines (traces) to a file.
 
 pub mod cost;
 pub mod recorder;
@@ -11,6 +11,6 @@ pub mod trace;
 pub mod workload;
 
 pub use cost::{CostProfile, StepShape};
-pub use recorder::{TraceInput, TraceRecorder};
+pub use recorder::{JsonLines, TraceInput, TraceRecorder};
 pub use trace::{read_trace, trace_block_ids, trace_requests, TraceRecord, TRACE_BLOCK_TOKENS};
 pub use workload::{Request, Segment, WorkloadSpec};

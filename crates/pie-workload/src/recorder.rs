@@ -32,16 +32,39 @@ impl TraceInput {
     }
 }
 
-pub struct TraceRecorder {
+/// A file of JSON lines, appended and flushed line by line (a crash loses
+/// at most the line being written): traces, the controller's scale history.
+pub struct JsonLines {
     file: Mutex<BufWriter<File>>,
 }
 
-impl TraceRecorder {
+impl JsonLines {
     /// Append to `path` (created if missing).
     pub fn open(path: &Path) -> std::io::Result<Self> {
         let file = OpenOptions::new().create(true).append(true).open(path)?;
         Ok(Self {
             file: Mutex::new(BufWriter::new(file)),
+        })
+    }
+
+    /// `value` as one line.
+    pub fn append(&self, value: &impl serde::Serialize) -> std::io::Result<()> {
+        let line = serde_json::to_string(value)?;
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        writeln!(file, "{line}")?;
+        file.flush()
+    }
+}
+
+pub struct TraceRecorder {
+    lines: JsonLines,
+}
+
+impl TraceRecorder {
+    /// Append to `path` (created if missing).
+    pub fn open(path: &Path) -> std::io::Result<Self> {
+        Ok(Self {
+            lines: JsonLines::open(path)?,
         })
     }
 
@@ -59,10 +82,7 @@ impl TraceRecorder {
             hash_ids: input.hash_ids,
             props: props.clone(),
         };
-        let line = serde_json::to_string(&record)?;
-        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
-        writeln!(file, "{line}")?;
-        file.flush()
+        self.lines.append(&record)
     }
 }
 
