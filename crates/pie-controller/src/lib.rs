@@ -5,7 +5,8 @@
 //!   prefix-cache index, polled from each worker's `/v1/internal/state`.
 //! - [`model`]: the tokenizer and fingerprint routing uses (`--model`, or a
 //!   worker's).
-//! - [`proxy`]: routing decisions and the pass-through of requests and streams.
+//! - [`routing`]: one routing decision (views, pipeline, anticipation).
+//! - [`proxy`]: the pass-through of requests and streams.
 //! - [`actors`]: the cluster actors' snapshot, tick, and executed actions.
 
 pub mod actors;
@@ -17,4 +18,5 @@ pub mod model;
 pub mod proxy;
 pub mod registry;
 pub mod relay;
+pub mod routing;
 pub mod trace;

@@ -30,9 +30,7 @@ use pie_core::auth::{
 use pie_core::wire::{PREFILL_FROM_FIELD, PROMPT_TOKENS_FIELD, STREAM_IDS_FIELD};
 use pie_core::{PropValue, Props};
 use pie_model::ChatMessage;
-use pie_policy::cluster::{
-    place_prefill, record, route, ClusterPolicy, PriorityQueue, RouteRequest, Stage,
-};
+use pie_policy::cluster::{record, PriorityQueue, RouteRequest, Stage};
 use pie_workload::{TraceInput, TraceRecorder};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
@@ -43,12 +41,13 @@ use crate::metrics::{ControllerMetrics, RouteLabels};
 use crate::model::RoutingModel;
 use crate::registry::{with_worker_key, RegisterLimits, Registry};
 use crate::relay::{Relay, Streams};
+use crate::routing::{decide, Decided, Pipeline};
 use crate::trace::TracedRequest;
 
 pub struct Controller {
     pub registry: Registry,
     pub metrics: ControllerMetrics,
-    pub pipeline: Mutex<Vec<Box<dyn ClusterPolicy>>>,
+    pub pipeline: Pipeline,
     /// `cluster-priority` is in the pipeline: requests wait here when every
     /// worker is at `max_running`.
     pub queueing: AtomicBool,
@@ -745,40 +744,27 @@ async fn generate(
         Err(refused) => return refused,
     };
     // Under cluster-priority a request goes where a slot is free.
-    // Views, decision and anticipation under one lock: a request routed
-    // right after this one sees this one's prefix as pending on its worker.
     let req = RouteRequest {
         props: &props,
         prompt_tokens: tokens.len(),
     };
-    let (views, decision, hash_started, route_started) = {
-        let mut pipeline = ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner());
-        let hash_started = Instant::now();
-        let views = ctl.registry.views(
-            &tokens,
-            acting.cache_salt.as_deref(),
-            ctl.queueing.load(Ordering::Relaxed),
-        );
-        let route_started = Instant::now();
-        let worker_views: Vec<_> = views.iter().map(|(v, _)| v.clone()).collect();
-        let decision =
-            route(&mut pipeline, now_ms(), &req, &worker_views).map(|(chosen, reason)| {
-                let placement = place_prefill(&mut pipeline, now_ms(), &req, &worker_views, chosen);
-                ctl.registry.anticipate(
-                    &worker_views[chosen].name,
-                    &tokens,
-                    acting.cache_salt.as_deref(),
-                );
-                (chosen, reason, placement)
-            });
-        (views, decision, hash_started, route_started)
-    };
+    let Decided {
+        views,
+        choice: decision,
+        hashing,
+        routing,
+    } = decide(
+        &ctl.registry,
+        &ctl.pipeline,
+        &req,
+        &tokens,
+        acting.cache_salt.as_deref(),
+        ctl.queueing.load(Ordering::Relaxed),
+    );
     let decided = Instant::now();
     ctl.metrics.observe_part("tokenize", tokenize_s);
-    ctl.metrics
-        .observe_part("hash", (route_started - hash_started).as_secs_f64());
-    ctl.metrics
-        .observe_part("route", (decided - route_started).as_secs_f64());
+    ctl.metrics.observe_part("hash", hashing.as_secs_f64());
+    ctl.metrics.observe_part("route", routing.as_secs_f64());
     // The controller's own time in the proxy, without its waits on workers.
     let mut proxy_s = 0.0;
     let mut proxy_from = decided;

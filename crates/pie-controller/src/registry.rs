@@ -307,7 +307,8 @@ impl Registry {
             .map(f)
     }
 
-    fn update(&self, name: &str, f: impl FnOnce(&mut Worker)) {
+    /// Change worker `name`'s entry (its poll does; benchmarks set states).
+    pub fn update(&self, name: &str, f: impl FnOnce(&mut Worker)) {
         if let Some(w) = self
             .workers
             .write()
