@@ -3,11 +3,13 @@
 //!
 //! - [`gguf`]: reading a GGUF file: hyper-parameters, weights, fingerprint.
 //! - [`model`]: the batched forward pass over paged KV.
+//! - `attention`: causal attention over the pages (blocked, online softmax, SIMD).
 //! - `matmul`: quantised linear layers (4- and 8-bit blocks, AVX2 kernel).
 //! - [`tokenizer`]: the GGUF's byte-level BPE tokenizer and chat template.
 //! - [`sampling`]: greedy, temperature, top-k and top-p sampling with a seed.
 //! - [`synth`]: a tiny random-weights Llama written as GGUF, for tests.
 
+mod attention;
 pub mod gguf;
 mod matmul;
 pub mod model;

@@ -9,11 +9,11 @@ use std::path::Path;
 use anyhow::{bail, ensure, Result};
 use pie_core::ModelFingerprint;
 use pie_kv::{KvLayout, KvPool, PageTable};
-use rayon::prelude::*;
 
+use crate::attention::{self, Heads, SeqRows};
 use crate::gguf::{GgufFile, LlamaConfig};
 use crate::matmul::QWeight;
-use crate::ops::{axpy, dot, rms_norm, silu, softmax, Rope};
+use crate::ops::{rms_norm, silu, Rope};
 use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
 struct Layer {
@@ -143,7 +143,7 @@ impl Model {
             let h = rms_norm(&x, &layer.attn_norm, c.rms_eps);
             let mut qkv = layer.qkv.forward(&h, rows.len());
             self.store_kv(pool, li, batch, &rows, &mut qkv);
-            let attn = self.attention(pool, li, batch, &rows, &qkv);
+            let attn = self.attention(pool, li, batch, rows.len(), &qkv);
             add(&mut x, &layer.out.forward(&attn, rows.len()));
             let h = rms_norm(&x, &layer.ffn_norm, c.rms_eps);
             let gate_up = layer.gate_up.forward(&h, rows.len());
@@ -204,48 +204,46 @@ impl Model {
         }
     }
 
-    /// Causal attention of every row over its sequence's pages, in parallel over
-    /// (row, KV head) pairs; the query heads sharing a KV head walk its keys once.
+    /// Causal attention of every row over its sequence's pages (see
+    /// `attention.rs`).
     fn attention(
         &self,
         pool: &KvPool,
         layer: usize,
         batch: &[SeqInput],
-        rows: &[Row],
+        rows: usize,
         qkv: &[f32],
     ) -> Vec<f32> {
         let c = &self.config;
-        let (hd, group) = (c.head_dim, c.heads / c.kv_heads);
-        let qkv_width = c.hidden + 2 * c.kv_dim();
-        let page_size = pool.layout().page_size;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let mut out = vec![0f32; rows.len() * c.hidden];
-        out.par_chunks_mut(group * hd)
-            .enumerate()
-            .for_each(|(unit, dst)| {
-                let (ri, kvh) = (unit / c.kv_heads, unit % c.kv_heads);
-                let r = rows[ri];
-                let table = batch[r.seq].table;
-                let q = &qkv[ri * qkv_width + kvh * group * hd..][..group * hd];
-                let mut scores = vec![0f32; group * (r.pos + 1)];
-                for j in 0..=r.pos {
-                    let (page, slot) = table.slot(j, page_size);
-                    let k = &pool.read(layer, page, slot).0[kvh * hd..][..hd];
-                    for g in 0..group {
-                        scores[g * (r.pos + 1) + j] = dot(&q[g * hd..][..hd], k) * scale;
-                    }
-                }
-                for g in 0..group {
-                    softmax(&mut scores[g * (r.pos + 1)..][..r.pos + 1]);
-                }
-                for j in 0..=r.pos {
-                    let (page, slot) = table.slot(j, page_size);
-                    let v = &pool.read(layer, page, slot).1[kvh * hd..][..hd];
-                    for g in 0..group {
-                        axpy(&mut dst[g * hd..][..hd], scores[g * (r.pos + 1) + j], v);
-                    }
-                }
-            });
+        let mut row0 = 0;
+        let seqs: Vec<SeqRows> = batch
+            .iter()
+            .map(|s| {
+                let r = SeqRows {
+                    table: s.table,
+                    row0,
+                    start: s.start,
+                    len: s.tokens.len(),
+                };
+                row0 += s.tokens.len();
+                r
+            })
+            .collect();
+        let heads = Heads {
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+        };
+        let mut out = vec![0f32; rows * c.hidden];
+        attention::attention(
+            pool,
+            layer,
+            &seqs,
+            heads,
+            qkv,
+            c.hidden + 2 * c.kv_dim(),
+            &mut out,
+        );
         out
     }
 

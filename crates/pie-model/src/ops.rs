@@ -40,19 +40,6 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
     out
 }
 
-/// In-place softmax.
-pub fn softmax(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
-    for v in x.iter_mut() {
-        *v /= sum;
-    }
-}
-
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
@@ -111,14 +98,6 @@ mod tests {
         let b: Vec<f32> = (0..19).map(|i| 1.0 - i as f32).collect();
         let naive: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
         assert!((dot(&a, &b) - naive).abs() < 1e-3);
-    }
-
-    #[test]
-    fn softmax_sums_to_one_and_orders() {
-        let mut x = vec![1.0, 3.0, 2.0];
-        softmax(&mut x);
-        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
-        assert!(x[1] > x[2] && x[2] > x[0]);
     }
 
     #[test]
