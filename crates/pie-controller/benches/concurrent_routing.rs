@@ -4,16 +4,20 @@
 //! anticipation) over one registry of 64 workers with 1,000,000 indexed
 //! blocks. Reported per decision (wall time of the 16 threads' decisions
 //! over their number), beside one thread alone: how much the pipeline's lock
-//! serialises them (issue 12).
+//! serialises them (issue 12). The baseline, `all_under_lock`, is the
+//! decision as it was before `decide` hashed the prompt outside the lock:
+//! hashing, views, pipeline and anticipation (which hashed the prompt again)
+//! all under the pipeline's lock, built from the same registry calls.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use pie_controller::proxy::now_ms;
 use pie_controller::registry::{RegisterLimits, Registry};
 use pie_controller::routing::{decide, Pipeline};
 use pie_core::Props;
-use pie_policy::cluster::{CacheAware, ClusterPolicy, Pin, RouteRequest, SessionAffinity};
+use pie_policy::cluster::{route, CacheAware, ClusterPolicy, Pin, RouteRequest, SessionAffinity};
 
 const WORKERS: usize = 64;
 const INDEXED_BLOCKS: usize = 1_000_000;
@@ -74,8 +78,31 @@ fn prompt(n: u32) -> Vec<u32> {
         .collect()
 }
 
+/// The baseline: every step under the pipeline's lock, the prompt hashed
+/// twice (for the views, then for the anticipation).
+fn all_under_lock(registry: &Registry, pipeline: &Pipeline, req: &RouteRequest, tokens: &[u32]) {
+    let mut policies = pipeline.lock().unwrap_or_else(|e| e.into_inner());
+    let views = registry.views(&registry.chains(tokens, None), false);
+    let worker_views: Vec<_> = views.iter().map(|(v, _)| v.clone()).collect();
+    let (chosen, _) = route(&mut policies, now_ms(), req, &worker_views).expect("a worker");
+    registry.anticipate(&worker_views[chosen].name, &registry.chains(tokens, None));
+}
+
+fn decide_now(registry: &Registry, pipeline: &Pipeline, req: &RouteRequest, tokens: &[u32]) {
+    let decided = decide(registry, pipeline, req, tokens, None, false);
+    assert!(decided.choice.is_ok());
+}
+
+type Decision = fn(&Registry, &Pipeline, &RouteRequest, &[u32]);
+
 /// `iters` decisions spread over `threads` threads: the wall time.
-fn decisions(registry: &Registry, pipeline: &Pipeline, threads: usize, iters: u64) -> Duration {
+fn decisions(
+    registry: &Registry,
+    pipeline: &Pipeline,
+    threads: usize,
+    iters: u64,
+    decision: Decision,
+) -> Duration {
     let props = Props::new();
     let per_thread = iters.div_ceil(threads as u64);
     let started = Instant::now();
@@ -89,8 +116,7 @@ fn decisions(registry: &Registry, pipeline: &Pipeline, threads: usize, iters: u6
                         props,
                         prompt_tokens: tokens.len(),
                     };
-                    let decided = decide(registry, pipeline, &req, &tokens, None, false);
-                    assert!(decided.choice.is_ok());
+                    decision(registry, pipeline, &req, &tokens);
                 }
             });
         }
@@ -103,10 +129,14 @@ fn bench(c: &mut Criterion) {
     registry.set_anticipate_ms(100);
     let pipeline = pipeline();
     let mut group = c.benchmark_group("decide_64_workers_1m_blocks");
+    let strategies: [(&str, Decision); 2] =
+        [("decide", decide_now), ("all_under_lock", all_under_lock)];
     for threads in [1, THREADS] {
-        group.bench_function(format!("{threads}_threads"), |b| {
-            b.iter_custom(|iters| decisions(&registry, &pipeline, threads, iters))
-        });
+        for (name, decision) in strategies {
+            group.bench_function(format!("{name}/{threads}_threads"), |b| {
+                b.iter_custom(|iters| decisions(&registry, &pipeline, threads, iters, decision))
+            });
+        }
     }
     group.finish();
 }

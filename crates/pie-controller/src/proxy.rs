@@ -39,7 +39,7 @@ use crate::actors::{Actors, DemandGuard};
 use crate::clients::ClientsInFlight;
 use crate::metrics::{ControllerMetrics, RouteLabels};
 use crate::model::RoutingModel;
-use crate::registry::{with_worker_key, RegisterLimits, Registry};
+use crate::registry::{with_worker_key, PromptChains, RegisterLimits, Registry};
 use crate::relay::{Relay, Streams};
 use crate::routing::{decide, Decided, Pipeline};
 use crate::trace::TracedRequest;
@@ -370,7 +370,8 @@ fn retry_later(status: StatusCode, message: impl Into<String>) -> Response {
     resp
 }
 
-pub(crate) fn now_ms() -> u64 {
+/// Unix milliseconds: the clock routing decisions and actors read.
+pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -554,7 +555,12 @@ async fn models(
     key: Option<Extension<ClientKey>>,
     headers: HeaderMap,
 ) -> Response {
-    let Some((_, url)) = ctl.registry.views(&[], None, false).into_iter().next() else {
+    let Some((_, url)) = ctl
+        .registry
+        .views(&PromptChains::default(), false)
+        .into_iter()
+        .next()
+    else {
         return error(StatusCode::SERVICE_UNAVAILABLE, "no healthy worker");
     };
     forward(

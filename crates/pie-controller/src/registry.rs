@@ -159,6 +159,42 @@ pub struct Registry {
     pool: RwLock<ClusterIndex>,
 }
 
+/// Serving workers as routing sees a prompt (`Registry::held_views`).
+#[derive(Clone, Debug, Default)]
+pub struct Views {
+    pub workers: Vec<WorkerView>,
+    pub urls: Vec<String>,
+    places: Vec<Place>,
+}
+
+/// Where a view's worker sits: its index slot, its kind among the prompt's
+/// chains, its page size.
+#[derive(Clone, Copy, Debug)]
+struct Place {
+    slot: usize,
+    kind: Option<usize>,
+    page_size: usize,
+}
+
+/// A prompt's block-hash chain per kind of model (fingerprint, page size)
+/// among the workers (`Registry::chains`).
+#[derive(Clone, Debug, Default)]
+pub struct PromptChains {
+    kinds: Vec<((u64, usize), Vec<u64>)>,
+}
+
+impl PromptChains {
+    fn kind_of(&self, w: &Worker) -> Option<usize> {
+        let kind = (w.fingerprint, w.page_size);
+        self.kinds.iter().position(|(k, _)| *k == kind)
+    }
+
+    /// The chain `w` hashes the prompt to.
+    fn of(&self, w: &Worker) -> Option<&[u64]> {
+        self.kind_of(w).map(|at| self.kinds[at].1.as_slice())
+    }
+}
+
 /// Blocks tracked for hot prefixes; past it the least recently asked half goes.
 const HEAT_CAPACITY: usize = 1 << 16;
 /// Hot prefixes in an actors' snapshot, at most.
@@ -376,15 +412,10 @@ impl Registry {
 
     /// A prompt was routed to worker `name`: its blocks count as pending
     /// there (and as asked for, while hot prefixes are tracked).
-    pub fn anticipate(&self, name: &str, prompt: &[u32], cache_salt: Option<&str>) {
+    pub fn anticipate(&self, name: &str, chains: &PromptChains) {
         let Some((slot, hashes)) = self.read_worker(
             |w| w.name == name,
-            |w| {
-                (
-                    w.slot,
-                    routing_chain(w.fingerprint, w.page_size, prompt, cache_salt),
-                )
-            },
+            |w| (w.slot, chains.of(w).unwrap_or_default().to_vec()),
         ) else {
             return;
         };
@@ -510,67 +541,106 @@ impl Registry {
             .collect()
     }
 
-    /// Healthy workers as the policies see them for `prompt`, with their URLs;
-    /// with `with_free_slot`, only those below `max_running` (all of them if none is).
-    pub fn views(
-        &self,
-        prompt: &[u32],
-        cache_salt: Option<&str>,
-        with_free_slot: bool,
-    ) -> Vec<(WorkerView, String)> {
+    /// A prompt's block-hash chains for the kinds of model (fingerprint,
+    /// page size) the workers serve: hashed once per request, outside any
+    /// lock, and read by `views` and `anticipate`.
+    pub fn chains(&self, prompt: &[u32], cache_salt: Option<&str>) -> PromptChains {
+        let mut kinds: Vec<(u64, usize)> = self
+            .workers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|w| w.page_size > 0)
+            .map(|w| (w.fingerprint, w.page_size))
+            .collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        PromptChains {
+            kinds: kinds
+                .into_iter()
+                .map(|(fp, page)| ((fp, page), routing_chain(fp, page, prompt, cache_salt)))
+                .collect(),
+        }
+    }
+
+    /// Every serving worker (with `with_free_slot`, only those with a free
+    /// running slot, when any has one) as routing sees the prompt of
+    /// `chains`: its cached, anticipated and pooled prefix; with its URL.
+    pub fn views(&self, chains: &PromptChains, with_free_slot: bool) -> Vec<(WorkerView, String)> {
+        let mut views = self.held_views(chains, with_free_slot);
+        self.add_pending(chains, &mut views);
+        views.workers.into_iter().zip(views.urls).collect()
+    }
+
+    /// `views` but for the blocks anticipated on each worker (its
+    /// `anticipated_prefix_tokens` are its cached ones, until `add_pending`):
+    /// what needs no lock against concurrent routing decisions.
+    pub fn held_views(&self, chains: &PromptChains, with_free_slot: bool) -> Views {
         let ws = self.workers.read().unwrap_or_else(|e| e.into_inner());
         let index = self.index.read().unwrap_or_else(|e| e.into_inner());
         let pool = self.pool.read().unwrap_or_else(|e| e.into_inner());
+        // Per kind: each worker's held depth, and the pool's.
+        let depths: Vec<(Vec<usize>, usize)> = chains
+            .kinds
+            .iter()
+            .map(|(_, hashes)| {
+                let held = index.prefix_blocks(hashes, ws.len());
+                (held, pool.prefix_blocks(hashes, 1)[0])
+            })
+            .collect();
+        let any_room = ws.iter().any(|w| w.serving() && w.has_room());
+        let mut views = Views::default();
+        for w in ws
+            .iter()
+            .filter(|w| w.serving() && (!with_free_slot || !any_room || w.has_room()))
+        {
+            let kind = chains.kind_of(w);
+            let (cached, pooled) = match kind {
+                Some(at) => {
+                    let (held, pooled) = &depths[at];
+                    let pooled = if w.pool { *pooled } else { 0 };
+                    (held[w.slot] * w.page_size, pooled * w.page_size)
+                }
+                None => (0, 0),
+            };
+            views.workers.push(WorkerView {
+                name: w.name.clone(),
+                load: w.load,
+                cached_prefix_tokens: cached,
+                anticipated_prefix_tokens: cached,
+                stage: w.stage,
+                max_running: w.max_running,
+                pool_prefix_tokens: pooled,
+            });
+            views.urls.push(w.url.clone());
+            views.places.push(Place {
+                slot: w.slot,
+                kind,
+                page_size: w.page_size,
+            });
+        }
+        views
+    }
+
+    /// Each view's prefix held or anticipated (routed there, not yet
+    /// confirmed). Read under the routing pipeline's lock, with the decision
+    /// and its `anticipate`, so concurrent decisions see each other's prompts.
+    pub fn add_pending(&self, chains: &PromptChains, views: &mut Views) {
+        let slots = self.workers.read().unwrap_or_else(|e| e.into_inner()).len();
+        let index = self.index.read().unwrap_or_else(|e| e.into_inner());
         let mut pending = self.lock_pending();
         pending.expire(now_ms());
-        // Workers of one model share page size and fingerprint: hash once per
-        // kind. Per kind: each worker's held and held-or-pending depths, and
-        // the pool's.
-        type Depths = (Vec<usize>, Vec<usize>, usize);
-        let mut depths: Vec<((u64, usize), Depths)> = Vec::new();
-        let any_room = ws.iter().any(|w| w.serving() && w.has_room());
-        ws.iter()
-            .filter(|w| w.serving() && (!with_free_slot || !any_room || w.has_room()))
-            .map(|w| {
-                let (cached, anticipated, pooled) = if w.page_size == 0 || prompt.is_empty() {
-                    (0, 0, 0)
-                } else {
-                    let kind = (w.fingerprint, w.page_size);
-                    let at = match depths.iter().position(|(k, _)| *k == kind) {
-                        Some(at) => at,
-                        None => {
-                            let hashes =
-                                routing_chain(w.fingerprint, w.page_size, prompt, cache_salt);
-                            let held = index.prefix_blocks(&hashes, ws.len());
-                            let ahead =
-                                index.prefix_blocks_with(pending.index(), &hashes, ws.len());
-                            let pooled = pool.prefix_blocks(&hashes, 1)[0];
-                            depths.push((kind, (held, ahead, pooled)));
-                            depths.len() - 1
-                        }
-                    };
-                    let (held, ahead, pooled) = &depths[at].1;
-                    let pooled = if w.pool { *pooled } else { 0 };
-                    (
-                        held[w.slot] * w.page_size,
-                        ahead[w.slot] * w.page_size,
-                        pooled * w.page_size,
-                    )
-                };
-                (
-                    WorkerView {
-                        name: w.name.clone(),
-                        load: w.load,
-                        cached_prefix_tokens: cached,
-                        anticipated_prefix_tokens: anticipated,
-                        stage: w.stage,
-                        max_running: w.max_running,
-                        pool_prefix_tokens: pooled,
-                    },
-                    w.url.clone(),
-                )
-            })
-            .collect()
+        let ahead: Vec<Vec<usize>> = chains
+            .kinds
+            .iter()
+            .map(|(_, hashes)| index.prefix_blocks_with(pending.index(), hashes, slots))
+            .collect();
+        for (view, place) in views.workers.iter_mut().zip(&views.places) {
+            if let Some(kind) = place.kind {
+                let depth = ahead[kind].get(place.slot).copied().unwrap_or(0);
+                view.anticipated_prefix_tokens = depth * place.page_size;
+            }
+        }
     }
 
     /// Poll worker `name` at `url` once: its state, or down. It is admitted
@@ -684,7 +754,7 @@ mod tests {
         assert!(!r.saturated());
         assert_eq!(r.free_slots(), 1);
         assert_eq!(
-            r.views(&[], None, true).len(),
+            r.views(&PromptChains::default(), true).len(),
             1,
             "only the worker with room"
         );

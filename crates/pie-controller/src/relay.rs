@@ -632,7 +632,11 @@ impl Run {
         tokens.extend_from_slice(&self.generated);
         let views: Vec<_> = ctl
             .registry
-            .views(&tokens, self.relay.acting.cache_salt.as_deref(), false)
+            .views(
+                &ctl.registry
+                    .chains(&tokens, self.relay.acting.cache_salt.as_deref()),
+                false,
+            )
             .into_iter()
             .filter(|(v, _)| v.stage != Stage::Prefill && !exclude.contains(&v.name))
             .collect();

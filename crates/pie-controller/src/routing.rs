@@ -1,7 +1,9 @@
 //! One routing decision as the proxy makes it: every serving worker's view
 //! of the prompt (its cached, anticipated and pooled prefix), the routing
 //! pipeline, the prefill placement, and the prompt anticipated on the chosen
-//! worker. The views, the decision and the anticipation happen under the
+//! worker. The prompt is hashed (once, for views and anticipation alike) and
+//! every worker's held prefix looked up outside any lock; only the
+//! anticipated prefixes, the decision and the anticipation happen under the
 //! pipeline's lock, so a request routed right after this one sees this one's
 //! prefix as pending on its worker.
 
@@ -25,9 +27,10 @@ pub struct Decided {
     /// Serving workers as routing saw them, with their URLs.
     pub views: Vec<(WorkerView, String)>,
     pub choice: Result<Choice, Reject>,
-    /// Time spent hashing the prompt and looking up its prefix.
+    /// Time spent hashing the prompt.
     pub hashing: Duration,
-    /// Time spent in the pipeline (and anticipating), after hashing.
+    /// Time spent on the views, in the pipeline and anticipating (the lock's
+    /// wait included).
     pub routing: Duration,
 }
 
@@ -41,18 +44,22 @@ pub fn decide(
     salt: Option<&str>,
     with_free_slot: bool,
 ) -> Decided {
-    let mut policies = pipeline.lock().unwrap_or_else(|e| e.into_inner());
     let hash_started = Instant::now();
-    let views = registry.views(tokens, salt, with_free_slot);
+    let chains = registry.chains(tokens, salt);
     let route_started = Instant::now();
-    let worker_views: Vec<_> = views.iter().map(|(v, _)| v.clone()).collect();
-    let choice = route(&mut policies, now_ms(), req, &worker_views).map(|(chosen, reason)| {
-        let placement = place_prefill(&mut policies, now_ms(), req, &worker_views, chosen);
-        registry.anticipate(&worker_views[chosen].name, tokens, salt);
-        (chosen, reason, placement)
-    });
+    let mut views = registry.held_views(&chains, with_free_slot);
+    let choice = {
+        let mut policies = pipeline.lock().unwrap_or_else(|e| e.into_inner());
+        registry.add_pending(&chains, &mut views);
+        let workers = &views.workers;
+        route(&mut policies, now_ms(), req, workers).map(|(chosen, reason)| {
+            let placement = place_prefill(&mut policies, now_ms(), req, workers, chosen);
+            registry.anticipate(&workers[chosen].name, &chains);
+            (chosen, reason, placement)
+        })
+    };
     Decided {
-        views,
+        views: views.workers.into_iter().zip(views.urls).collect(),
         choice,
         hashing: route_started - hash_started,
         routing: route_started.elapsed(),
