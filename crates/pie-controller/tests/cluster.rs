@@ -975,11 +975,23 @@ async fn a_patched_pin_moves_the_stream_and_its_id_stays_valid() {
         v["props"]["pin"], to,
         "the new worker has the new props: {v}"
     );
+    relocated_as_undisturbed(&c, &body, reading).await;
+}
+
+/// The relocated stream `reading` ends cleanly with the transcript `body`
+/// gives undisturbed (sent to a worker directly, without its session), and
+/// the controller counted the relocation.
+async fn relocated_as_undisturbed(
+    c: &Cluster,
+    body: &Value,
+    reading: tokio::task::JoinHandle<(String, bool, String)>,
+) {
     let (text, clean, raw) = reading.await.unwrap();
     assert!(clean, "{raw}");
     let worker_url = c.workers[0].as_ref().unwrap().url.clone();
     let mut direct = body.clone();
     direct["stream"] = json!(false);
+    direct.as_object_mut().unwrap().remove("session");
     let v: Value = c
         .http
         .post(format!("{worker_url}/v1/completions"))
@@ -991,14 +1003,8 @@ async fn a_patched_pin_moves_the_stream_and_its_id_stays_valid() {
         .await
         .unwrap();
     assert_eq!(text, v["choices"][0]["text"].as_str().unwrap());
-    assert!(
-        labelled_metric(
-            &c,
-            "pie_controller_streams_moved_total{reason=\"relocate\"}"
-        )
-        .await
-            >= Some(1.0)
-    );
+    let moved = "pie_controller_streams_moved_total{reason=\"relocate\"}";
+    assert!(labelled_metric(c, moved).await >= Some(1.0));
 }
 
 #[tokio::test]
@@ -1042,31 +1048,7 @@ async fn relocate_moves_a_sessions_stream_to_the_named_worker_with_the_same_tran
     let (status, v) = relocate("no-such-session", to).await;
     assert_eq!(status, 404);
     assert!(error_message(&v).contains("no-such-session"), "{v}");
-    let (text, clean, raw) = reading.await.unwrap();
-    assert!(clean, "{raw}");
-    let worker_url = c.workers[0].as_ref().unwrap().url.clone();
-    let mut direct = body.clone();
-    direct["stream"] = json!(false);
-    direct.as_object_mut().unwrap().remove("session");
-    let v: Value = c
-        .http
-        .post(format!("{worker_url}/v1/completions"))
-        .json(&direct)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(text, v["choices"][0]["text"].as_str().unwrap());
-    assert!(
-        labelled_metric(
-            &c,
-            "pie_controller_streams_moved_total{reason=\"relocate\"}"
-        )
-        .await
-            >= Some(1.0)
-    );
+    relocated_as_undisturbed(&c, &body, reading).await;
     // The session's next turn follows it.
     let (_, worker, route, _) = c
         .complete(json!({"prompt": "next", "max_tokens": 2, "session": "chat-7"}))
