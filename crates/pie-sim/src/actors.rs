@@ -1,7 +1,8 @@
 //! Cluster actors in the simulator: the same `ActorRunner` (and actors) that
 //! `pie-controller` runs, ticked every `actor_tick_ms` of simulated time over a
 //! snapshot of the simulated workers. Actions are executed as the controller
-//! executes them: a scale hint is published (kept in the run's metrics); a
+//! executes them: a scale hint is published (kept in the run's metrics; with
+//! `--autoscale` the fleet follows it, `autoscale.rs`); a
 //! `MigrateProcess` moves the process with its KV (`sim.rs`, costed as
 //! `migrate.rs` says); a `CopyPrefix` sends the prefix's pages to the target
 //! (`copies.rs`); a `CopyPrefixToPool` (`pool-replicate`) pushes them to the
@@ -44,6 +45,11 @@ pub enum ToExecute {
     RetainSpill {
         worker: String,
         to: Tier,
+    },
+    /// A scale hint: `recommended` workers for `group`.
+    Scale {
+        group: String,
+        recommended: usize,
     },
 }
 
@@ -113,7 +119,10 @@ impl SimActors {
 /// What executing an action means in the simulator.
 fn execute(record: &ActionRecord) -> Result<Option<ToExecute>> {
     match &record.action {
-        Action::ScaleHint(_) => Ok(None),
+        Action::ScaleHint(h) => Ok(Some(ToExecute::Scale {
+            group: h.group.clone(),
+            recommended: h.recommended,
+        })),
         Action::MigrateProcess { process, from, to } => Ok(Some(ToExecute::Migrate {
             process: process.clone(),
             from: from.clone(),

@@ -43,6 +43,13 @@ impl Links {
         }
     }
 
+    /// Links for `workers` workers (new ones idle).
+    pub fn grow(&mut self, workers: usize) {
+        if self.busy_until.len() < workers {
+            self.busy_until.resize(workers, 0);
+        }
+    }
+
     /// Book a transfer of `bytes` into `worker` ready at `now`; returns when it
     /// starts and when it ends.
     pub fn book(

@@ -1,7 +1,8 @@
 //! The simulation's event queue: open-loop arrivals (sorted once), later-turn
 //! arrivals, ends of KV transfers (a disaggregated prefill's pages reaching the
 //! decode worker, a migration's copy stage or pause ending, a prefix copy arriving, a
-//! pull from the pool reaching its worker, a push reaching the pool) and step ends. Step ends (at most one per worker) and the
+//! pull from the pool reaching its worker, a push reaching the pool, a started worker
+//! done booting) and step ends. Step ends (at most one per worker) and the
 //! rest (up to one per conversation or transfer) sit in two heaps, so the frequent step events
 //! stay in a small heap that fits the cache. Order: earliest time first; an
 //! open-loop arrival goes before queued events at the same time, and queued
@@ -28,6 +29,9 @@ pub enum Event {
     Pulled(u32),
     /// Push `p` (a spill or a `CopyPrefixToPool`) reached the pool.
     PoolPushed(u32),
+    /// Worker `w`'s start-up delay ended (`autoscale.rs`): it serves if it
+    /// is still booting to this time.
+    WorkerUp(u32),
 }
 
 /// (time us, push number, worker)

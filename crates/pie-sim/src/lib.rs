@@ -3,6 +3,7 @@
 //! cache with step times from a cost model, fed by seeded workload generators.
 
 pub mod actors;
+pub mod autoscale;
 pub mod cache;
 pub mod copies;
 pub mod disaggregate;
@@ -24,5 +25,7 @@ pub mod worker_config;
 pub use metrics::RunMetrics;
 pub use pie_workload::{cost, workload, CostProfile};
 pub use router::RouterSpec;
-pub use sim::{run, run_schedule, run_with, LoggedStep, PolicyName, Schedule, SimConfig};
+pub use sim::{
+    run, run_records, run_schedule, run_with, LoggedStep, PolicyName, Schedule, SimConfig,
+};
 pub use workload::{Request, Segment, WorkloadSpec};

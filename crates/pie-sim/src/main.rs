@@ -6,8 +6,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use pie_sim::autoscale::AutoscaleConfig;
 use pie_sim::metrics::{
-    class_table, copy_table, markdown_table, migration_table, pool_table, transfer_table,
+    class_table, copy_table, fleet_table, markdown_table, migration_table, pool_table,
+    transfer_table,
 };
 use pie_sim::requests::{self, Input};
 use pie_sim::worker_config::WorkerConfig;
@@ -57,13 +59,18 @@ enum Command {
         /// Run every configuration without and with keep-session.
         #[arg(long, conflicts_with = "keep_session")]
         both_keep_session: bool,
+        /// Also run every configuration on fixed fleets of these sizes
+        /// (comma-separated; no autoscaling), on the same workload, and print
+        /// the fleet table (worker-hours, SLO attainment).
+        #[arg(long, value_delimiter = ',')]
+        fixed_fleets: Vec<usize>,
     },
 }
 
 #[derive(Args)]
 struct Common {
     /// shared-prefix, multi-turn, multi-tenant, deadline-mix, priority-mix,
-    /// prefill-decode-mix, skewed-sessions, or trace (with --trace).
+    /// prefill-decode-mix, skewed-sessions, diurnal, or trace (with --trace).
     #[arg(long)]
     workload: String,
     /// A JSONL trace (Mooncake format plus `props`) for --workload trace.
@@ -72,8 +79,36 @@ struct Common {
     /// Override a generator's parameter (`--set system_len=256`); repeatable.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     overrides: Vec<String>,
+    /// Workers (with --autoscale: the initial fleet).
     #[arg(long, default_value_t = 1)]
     workers: usize,
+    /// The workers a generator's per-worker rates are multiplied by (with
+    /// --load); default --workers. Fixed fleets of different sizes (and an
+    /// autoscaled one) see the same workload when they give the same figure.
+    #[arg(long)]
+    rate_workers: Option<usize>,
+    /// Follow scale-by-prop's hints (it must be in --router): start workers
+    /// (serving after --scale-start-ms) and drain them, between --scale-min
+    /// and --scale-max; --workers is the initial fleet.
+    #[arg(long)]
+    autoscale: bool,
+    /// A started worker's delay before it serves (loading its model), ms.
+    #[arg(long, default_value_t = 60_000)]
+    scale_start_ms: u64,
+    /// The fewest workers the autoscaler keeps started.
+    #[arg(long, default_value_t = 1)]
+    scale_min: usize,
+    /// The most workers the autoscaler starts.
+    #[arg(long, default_value_t = 64)]
+    scale_max: usize,
+    /// A step down follows the highest recommendation of this window, as the
+    /// Kubernetes HPA's scale-down stabilisation (default 300 s; 0: every
+    /// hint as it comes).
+    #[arg(long, default_value_t = 300_000)]
+    scale_down_window_ms: u64,
+    /// The TTFT objective (ms) of the metrics' SLO attainment.
+    #[arg(long, default_value_t = pie_sim::sim::DEFAULT_SLO_TTFT_MS)]
+    slo_ttft_ms: f64,
     /// Workers that share one machine of the profile: their steps in flight at
     /// the same time split its speed (several `pie serve` processes on one host).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
@@ -138,12 +173,17 @@ fn split<T: std::str::FromStr<Err = String>>(list: &str) -> Result<Vec<T>> {
         .collect()
 }
 
+/// A run's fleet: `Some(n)`, a fixed one of `n` workers instead of
+/// `--workers` (and no autoscaling); None: as the flags say.
+type FleetChoice = Option<usize>;
+
 fn simulate(
     common: &Common,
     worker: Option<&WorkerConfig>,
     policies: &[PolicyName],
     routers: &[RouterSpec],
     keep_session: &[bool],
+    fleets: &[FleetChoice],
 ) -> Result<Vec<RunMetrics>> {
     let (workload, reqs) = requests::load(&Input {
         workload: &common.workload,
@@ -151,7 +191,7 @@ fn simulate(
         overrides: &common.overrides,
         requests: common.requests,
         seed: common.seed,
-        workers: common.workers,
+        workers: common.rate_workers.unwrap_or(common.workers),
         load: common.load,
     })?;
     let mut profile = pie_sim::profile::load(&common.profile)?;
@@ -163,30 +203,43 @@ fn simulate(
     profile.max_running = common.max_running.unwrap_or(profile.max_running);
     let mut actor_configs = pie_policy::cluster::ActorConfigs::default();
     pie_sim::actors::apply_overrides(&mut actor_configs, &common.actor_overrides)?;
+    let autoscale = common.autoscale.then_some(AutoscaleConfig {
+        start_ms: common.scale_start_ms,
+        min_workers: common.scale_min,
+        max_workers: common.scale_max,
+        down_window_ms: common.scale_down_window_ms,
+    });
     let mut runs = Vec::new();
-    for router in routers {
-        for &policy in policies {
-            for &keep in keep_session {
-                let mut cfg =
-                    SimConfig::new(common.workers, policy, router.clone(), profile.clone());
-                cfg.keep_session = keep;
-                cfg.actor_configs = actor_configs.clone();
-                cfg.actor_tick_ms = common.actor_tick_ms;
-                cfg.runtime = runtime.clone();
-                cfg.workers_per_machine = common.workers_per_machine as usize;
-                cfg.prefill_workers = common.prefill_workers;
-                cfg.pool_pages = common.pool_pages;
-                cfg.kv_bytes_per_token =
-                    common.kv_bytes_per_token.unwrap_or(cfg.kv_bytes_per_token);
-                let m = run(&cfg, &workload, &reqs)?;
-                eprintln!(
-                    "{}: {} events in {:.2} s ({:.2e} events/s)",
-                    pie_sim::plots::run_label(&m),
-                    m.events,
-                    m.wall_s,
-                    m.events_per_s
-                );
-                runs.push(m);
+    for &fleet in fleets {
+        for router in routers {
+            for &policy in policies {
+                for &keep in keep_session {
+                    let workers = fleet.unwrap_or(common.workers);
+                    let mut cfg = SimConfig::new(workers, policy, router.clone(), profile.clone());
+                    cfg.autoscale = match fleet {
+                        Some(_) => None,
+                        None => autoscale.clone(),
+                    };
+                    cfg.slo_ttft_ms = common.slo_ttft_ms;
+                    cfg.keep_session = keep;
+                    cfg.actor_configs = actor_configs.clone();
+                    cfg.actor_tick_ms = common.actor_tick_ms;
+                    cfg.runtime = runtime.clone();
+                    cfg.workers_per_machine = common.workers_per_machine as usize;
+                    cfg.prefill_workers = common.prefill_workers;
+                    cfg.pool_pages = common.pool_pages;
+                    cfg.kv_bytes_per_token =
+                        common.kv_bytes_per_token.unwrap_or(cfg.kv_bytes_per_token);
+                    let m = run(&cfg, &workload, &reqs)?;
+                    eprintln!(
+                        "{}: {} events in {:.2} s ({:.2e} events/s)",
+                        pie_sim::plots::run_label(&m),
+                        m.events,
+                        m.wall_s,
+                        m.events_per_s
+                    );
+                    runs.push(m);
+                }
             }
         }
     }
@@ -238,6 +291,7 @@ fn main() -> Result<()> {
                 &ordering_policies(policy.as_deref(), worker.as_ref())?,
                 &[router.parse().map_err(anyhow::Error::msg)?],
                 &[keeps_sessions(&common, worker.as_ref())],
+                &[None],
             )?;
             println!("{}", serde_json::to_string_pretty(&runs)?);
         }
@@ -247,6 +301,7 @@ fn main() -> Result<()> {
             router,
             plots,
             both_keep_session,
+            fixed_fleets,
         } => {
             let routers = router
                 .iter()
@@ -263,6 +318,9 @@ fn main() -> Result<()> {
                 &ordering_policies(policies.as_deref(), worker.as_ref())?,
                 &routers,
                 &keep,
+                &std::iter::once(None)
+                    .chain(fixed_fleets.iter().map(|&n| Some(n)))
+                    .collect::<Vec<_>>(),
             )?;
             let first = &runs[0];
             println!(
@@ -293,6 +351,9 @@ fn main() -> Result<()> {
             let pool = pool_table(&runs);
             if !pool.is_empty() {
                 print!("\nPool:\n\n{pool}");
+            }
+            if common.autoscale || !fixed_fleets.is_empty() {
+                print!("\nFleet:\n\n{}", fleet_table(&runs));
             }
             let classes = class_table(&runs);
             if !classes.is_empty() {

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use pie_policy::cluster::ActionRecord;
 use serde::Serialize;
 
+use crate::autoscale::FleetStats;
 use crate::copies::CopyCounters;
 use crate::disaggregate::{Disaggregation, TransferCounters};
 use crate::histogram::LogHistogram;
@@ -139,6 +140,16 @@ pub struct RunMetrics {
     pub rejected: usize,
     pub aborted: usize,
     pub ttft_ms: Percentiles,
+    /// The TTFT objective (`--slo-ttft-ms`), and the fraction of requests
+    /// whose first token came within it (a rejected request misses it).
+    pub slo_ttft_ms: f64,
+    pub slo_attainment: f64,
+    /// Started workers (booting, serving or draining) integrated over the
+    /// run: a fixed fleet's size times the run's length.
+    pub worker_hours: f64,
+    /// The autoscaled fleet (`--autoscale`): its changes and bounds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetStats>,
     /// TTFT of the requests that continue a conversation (later turns).
     pub later_turns_ttft_ms: Percentiles,
     /// TTFT at each whole percentile 0..=100 (for CDF plots).
@@ -371,6 +382,16 @@ impl RunMetrics {
             rejected: records.iter().filter(|r| r.rejected).count(),
             aborted: records.iter().filter(|r| r.expired).count(),
             ttft_ms: ttft(&served),
+            slo_ttft_ms: cfg.slo_ttft_ms,
+            slo_attainment: {
+                let slo_us = (cfg.slo_ttft_ms * 1000.0) as u64;
+                let met = (served.iter())
+                    .filter(|(_, r)| r.first_token_us.is_some_and(|f| f - r.arrival_us <= slo_us))
+                    .count();
+                met as f64 / reqs.len().max(1) as f64
+            },
+            worker_hours: 0.0,
+            fleet: None,
             later_turns_ttft_ms: ttft(
                 &served
                     .iter()
@@ -558,6 +579,49 @@ pub fn copy_table(runs: &[RunMetrics]) -> String {
             c.copies,
             c.pages,
             c.bytes as f64 / 1e9,
+        ));
+    }
+    s
+}
+
+/// A run's fleet in a table: `autoscaled (start 2, 1..16, boot 60 s)` or
+/// `fixed 8`.
+pub fn fleet_label(r: &RunMetrics) -> String {
+    match &r.fleet {
+        Some(f) => format!(
+            "autoscaled (start {}, {}..{}, boot {} s)",
+            f.initial_workers,
+            f.min_workers,
+            f.max_workers,
+            f.start_ms as f64 / 1000.0
+        ),
+        None => format!("fixed {}", r.workers),
+    }
+}
+
+/// One row per run: its fleet, worker-hours and SLO attainment (for
+/// `--autoscale` against fixed fleets).
+pub fn fleet_table(runs: &[RunMetrics]) -> String {
+    let mut s = String::from(
+        "| router | fleet | workers min / max | worker-hours | SLO attainment (TTFT <= ms) | TTFT p50 / p90 / p99 ms | starts / drains | sim time s |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    for r in runs {
+        let (min, max, starts, drains) = match &r.fleet {
+            Some(f) => (f.min_started, f.max_started, f.starts, f.drains),
+            None => (r.workers, r.workers, 0, 0),
+        };
+        s.push_str(&format!(
+            "| {} | {} | {min} / {max} | {:.2} | {:.2}% ({:.0}) | {:.0} / {:.0} / {:.0} | {starts} / {drains} | {:.0} |\n",
+            r.router,
+            fleet_label(r),
+            r.worker_hours,
+            100.0 * r.slo_attainment,
+            r.slo_ttft_ms,
+            r.ttft_ms.p50,
+            r.ttft_ms.p90,
+            r.ttft_ms.p99,
+            r.sim_time_s,
         ));
     }
     s

@@ -10,6 +10,10 @@
 //! pool (`--pool-pages`: every worker pulls from it) each view's
 //! `pool_prefix_tokens` is the prompt's leading run the pool holds
 //! (`set_pooled`), which cache-aware weighs at its `pool_weight`.
+//! With an autoscaled fleet (`autoscale.rs`) workers come and go: a new slot
+//! is added (`add_worker`), and a worker that is booting, draining or
+//! stopped is no candidate (`set_serving`), as the controller routes only to
+//! healthy workers that are not draining.
 //!
 //! At 1,000 workers a request costs what its prompt and the workers that can
 //! win cost, not a pass over every worker: only the holders of the prompt's
@@ -119,6 +123,9 @@ pub struct Router {
     /// Every view's `pool_prefix_tokens` (the same for all: each pulls from
     /// the one pool).
     pooled_tokens: usize,
+    /// Which workers take requests; `not_serving`: how many do not.
+    serving: Vec<bool>,
+    not_serving: usize,
 }
 
 impl Router {
@@ -146,6 +153,49 @@ impl Router {
             loads,
             slots: (0..workers).map(|i| (format!("w{i}"), i)).collect(),
             pooled_tokens: 0,
+            serving: vec![true; workers],
+            not_serving: 0,
+        }
+    }
+
+    /// A new worker slot (`w{n}`), not serving yet, with `max_running` slots.
+    pub fn add_worker(&mut self, max_running: usize) -> usize {
+        let w = self.views.len();
+        self.views.push(WorkerView {
+            name: format!("w{w}"),
+            max_running,
+            pool_prefix_tokens: self.pooled_tokens,
+            ..WorkerView::default()
+        });
+        self.slots.insert(format!("w{w}"), w);
+        self.serving.push(false);
+        self.not_serving += 1;
+        w
+    }
+
+    /// Whether worker `w` takes requests (serving: healthy and not draining).
+    pub fn set_serving(&mut self, w: usize, serving: bool) {
+        if self.serving[w] == serving {
+            return;
+        }
+        self.serving[w] = serving;
+        match serving {
+            true => self.not_serving -= 1,
+            false => self.not_serving += 1,
+        }
+        let load = self.views[w].load;
+        if let Some(loads) = &mut self.loads {
+            match serving && self.views[w].stage != Stage::Prefill {
+                true => loads.set(w, load),
+                false => loads.remove(w),
+            }
+        }
+    }
+
+    /// Worker `w` stopped: its cache is gone from the index.
+    pub fn forget(&mut self, w: usize) {
+        if let Some(index) = &mut self.index {
+            index.clear(w);
         }
     }
 
@@ -241,6 +291,12 @@ impl Router {
                     .collect();
                 let shortlist = loads.shortlist(&self.holders, &named);
                 cluster::route_among(&mut self.pipeline, now_ms, &req, &self.views, shortlist)?
+            }
+            _ if self.not_serving > 0 => {
+                let candidates = (0..self.views.len())
+                    .filter(|&w| self.serving[w] && self.views[w].stage != Stage::Prefill)
+                    .collect();
+                cluster::route_among(&mut self.pipeline, now_ms, &req, &self.views, candidates)?
             }
             _ => cluster::route(&mut self.pipeline, now_ms, &req, &self.views)?,
         };

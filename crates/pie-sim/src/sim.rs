@@ -30,6 +30,10 @@
 //! `retain-all` spill: a retained session evicted before its expiry; a
 //! `CopyPrefixToPool` from `pool-replicate`) cross the sender's link without
 //! holding up its steps and become readable when they arrive.
+//! With `--autoscale` (`autoscale.rs`) the fleet follows `scale-by-prop`'s
+//! hints: a started worker (a new or reused slot, empty) serves after its
+//! start-up delay; a drained one takes no new requests, finishes what it
+//! has, then stops, its cached pages (and retained sessions) gone with it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
@@ -45,6 +49,7 @@ use pie_policy::scheduler::prefill_share;
 use pie_policy::{Candidate, KeepSession, OnMiss, Planned, Scheduler, StepLimits, WorkerPolicy};
 
 use crate::actors::{SimActors, ToExecute};
+use crate::autoscale::{AutoscaleConfig, Fleet, Life};
 use crate::copies::{hot_prefixes, leading_held, PrefixCopy, HEAT_CAPACITY};
 use crate::cost::{CostProfile, StepShape};
 use crate::disaggregate::{kv_bytes_per_token, Links};
@@ -165,6 +170,11 @@ pub struct SimConfig {
     /// The shared pool's capacity in pages (`pool.rs`); 0: no pool. Every
     /// worker pulls from it.
     pub pool_pages: usize,
+    /// Follow `scale-by-prop`'s hints (`autoscale.rs`), `workers` being the
+    /// initial fleet; None: a fixed fleet of `workers`.
+    pub autoscale: Option<AutoscaleConfig>,
+    /// The TTFT objective (ms) of `slo_attainment` in the metrics.
+    pub slo_ttft_ms: f64,
 }
 
 impl SimConfig {
@@ -187,9 +197,16 @@ impl SimConfig {
             workers_per_machine: 1,
             prefill_workers: 0,
             pool_pages: 0,
+            autoscale: None,
+            slo_ttft_ms: DEFAULT_SLO_TTFT_MS,
         }
     }
 }
+
+/// `--slo-ttft-ms`'s default: a chat service's first token within half a
+/// second; at the GPU profile's speed a worker that keeps up answers in tens
+/// of ms, so a miss means a queue.
+pub const DEFAULT_SLO_TTFT_MS: f64 = 500.0;
 
 struct Worker {
     scheduler: Scheduler,
@@ -204,7 +221,11 @@ struct Worker {
 struct Sim<'a> {
     cfg: &'a SimConfig,
     reqs: &'a [Request],
+    /// Makes a worker's ordering policy (a started worker gets a fresh one).
+    policy: &'a dyn Fn() -> Box<dyn WorkerPolicy>,
     workers: Vec<Worker>,
+    /// Which slots run (`autoscale.rs`).
+    fleet: Fleet,
     /// Sequences admitted so far: the high bits of the next `SeqId`.
     arrivals: u64,
     records: Vec<Record>,
@@ -298,6 +319,25 @@ pub fn run_with(
     reqs: &[Request],
     policy: &dyn Fn() -> Box<dyn WorkerPolicy>,
 ) -> anyhow::Result<RunMetrics> {
+    run_records_with(cfg, workload, reqs, policy).map(|(m, _)| m)
+}
+
+/// [`run`], with what happened to each request (the worker that served it,
+/// its arrival, first token and finish).
+pub fn run_records(
+    cfg: &SimConfig,
+    workload: &str,
+    reqs: &[Request],
+) -> anyhow::Result<(RunMetrics, Vec<Record>)> {
+    run_records_with(cfg, workload, reqs, &|| cfg.policy.build_with(&cfg.runtime))
+}
+
+fn run_records_with(
+    cfg: &SimConfig,
+    workload: &str,
+    reqs: &[Request],
+    policy: &dyn Fn() -> Box<dyn WorkerPolicy>,
+) -> anyhow::Result<(RunMetrics, Vec<Record>)> {
     let started = Instant::now();
     let mut sim = simulate(cfg, reqs, policy)?;
     let wall_s = started.elapsed().as_secs_f64();
@@ -309,7 +349,13 @@ pub fn run_with(
     if let Some(pool) = &sim.pool {
         counters.pool.finish(pool);
     }
-    counters.preemptions = sim.workers.iter().map(|w| w.scheduler.preemptions()).sum();
+    counters.preemptions += sim
+        .workers
+        .iter()
+        .map(|w| w.scheduler.preemptions())
+        .sum::<u64>();
+    let worker_hours = sim.fleet.worker_hours(counters.end_us);
+    let counters_end_us = counters.end_us;
     let actions: Vec<ActionRecord> = sim.actors.take().map(|a| a.records).unwrap_or_default();
     let mut metrics = RunMetrics::compute(
         cfg,
@@ -321,7 +367,13 @@ pub fn run_with(
         wall_s,
     );
     metrics.actions = actions;
-    Ok(metrics)
+    metrics.worker_hours = worker_hours;
+    if cfg.autoscale.is_some() {
+        let mut fleet = std::mem::take(&mut sim.fleet.stats);
+        fleet.arrivals(&sim.records, counters_end_us);
+        metrics.fleet = Some(fleet);
+    }
+    Ok((metrics, sim.records))
 }
 
 /// A one-worker run step by step: what the engine, driven on the simulator's
@@ -357,7 +409,7 @@ pub fn run_schedule(
     policy: &dyn Fn() -> Box<dyn WorkerPolicy>,
 ) -> anyhow::Result<Schedule> {
     anyhow::ensure!(
-        cfg.workers == 1 && cfg.workers_per_machine == 1,
+        cfg.workers == 1 && cfg.workers_per_machine == 1 && cfg.autoscale.is_none(),
         "a schedule is logged for one worker on its own machine"
     );
     validate(cfg)?;
@@ -373,7 +425,7 @@ pub fn run_schedule(
 fn simulate<'a>(
     cfg: &'a SimConfig,
     reqs: &'a [Request],
-    policy: &dyn Fn() -> Box<dyn WorkerPolicy>,
+    policy: &'a dyn Fn() -> Box<dyn WorkerPolicy>,
 ) -> anyhow::Result<Sim<'a>> {
     validate(cfg)?;
     let mut sim = Sim::new(cfg, reqs, policy);
@@ -401,36 +453,56 @@ fn validate(cfg: &SimConfig) -> anyhow::Result<()> {
         cfg.prefill_workers,
         cfg.workers
     );
+    if let Some(a) = &cfg.autoscale {
+        anyhow::ensure!(
+            cfg.router.actors().contains(&"scale-by-prop"),
+            "--autoscale follows scale-by-prop's hints: add scale-by-prop to --router"
+        );
+        anyhow::ensure!(
+            cfg.prefill_workers == 0,
+            "--autoscale: prefill-stage workers (--prefill-workers) are not autoscaled"
+        );
+        anyhow::ensure!(
+            a.min_workers >= 1 && a.min_workers <= a.max_workers,
+            "--scale-min ({}) must be at least 1 and at most --scale-max ({})",
+            a.min_workers,
+            a.max_workers
+        );
+    }
     Ok(())
+}
+
+/// A fresh worker: its own scheduler (policy, limits, keep-session) and an
+/// empty page model.
+fn new_worker(cfg: &SimConfig, policy: &dyn Fn() -> Box<dyn WorkerPolicy>, track: bool) -> Worker {
+    let limits = StepLimits {
+        max_batch_tokens: cfg.profile.max_batch_tokens,
+        max_running: cfg.profile.max_running,
+    };
+    let mut scheduler = Scheduler::new(policy(), limits);
+    let keep = cfg
+        .keep_session
+        .then(|| KeepSession::new(cfg.runtime.keep_session.clone()));
+    scheduler.set_keep_session(keep);
+    Worker {
+        scheduler,
+        pages: WorkerPages::new(cfg.profile.page_size, cfg.profile.kv_pages, track),
+        plan: Vec::new(),
+        step_end: None,
+    }
 }
 
 impl<'a> Sim<'a> {
     fn new(
         cfg: &'a SimConfig,
         reqs: &'a [Request],
-        policy: &dyn Fn() -> Box<dyn WorkerPolicy>,
+        policy: &'a dyn Fn() -> Box<dyn WorkerPolicy>,
     ) -> Self {
         let router = Router::new(&cfg.router, cfg.workers, cfg.profile.page_size)
             .staged(cfg.prefill_workers, cfg.profile.max_running);
         let track = router.tracks_prefixes();
-        let limits = StepLimits {
-            max_batch_tokens: cfg.profile.max_batch_tokens,
-            max_running: cfg.profile.max_running,
-        };
-        let keep = cfg
-            .keep_session
-            .then(|| KeepSession::new(cfg.runtime.keep_session.clone()));
         let workers = (0..cfg.workers)
-            .map(|_| {
-                let mut scheduler = Scheduler::new(policy(), limits);
-                scheduler.set_keep_session(keep.clone());
-                Worker {
-                    scheduler,
-                    pages: WorkerPages::new(cfg.profile.page_size, cfg.profile.kv_pages, track),
-                    plan: Vec::new(),
-                    step_end: None,
-                }
-            })
+            .map(|_| new_worker(cfg, policy, track))
             .collect();
         let mut followers = vec![None; reqs.len()];
         for (i, r) in reqs.iter().enumerate() {
@@ -449,7 +521,9 @@ impl<'a> Sim<'a> {
         Self {
             cfg,
             reqs,
+            policy,
             workers,
+            fleet: Fleet::new(cfg.workers, cfg.autoscale.clone()),
             arrivals: 0,
             records: vec![Record::default(); reqs.len()],
             followers,
@@ -518,6 +592,7 @@ impl<'a> Sim<'a> {
                 Event::PrefixCopied(c) => self.prefix_copied(c)?,
                 Event::Pulled(r) => self.pulled(r, now)?,
                 Event::PoolPushed(p) => self.pool_pushed(p, now)?,
+                Event::WorkerUp(w) => self.worker_up(w as usize, now),
             }
         }
         Ok(())
@@ -530,7 +605,8 @@ impl<'a> Sim<'a> {
             let Some(actors) = &mut self.actors else {
                 break;
             };
-            for action in actors.tick(at, &snapshot)? {
+            let actions = actors.tick(at, &snapshot)?;
+            for action in actions {
                 match action {
                     ToExecute::Migrate { process, from, to } => {
                         self.migrate(&process, &from, &to, now)?
@@ -542,7 +618,13 @@ impl<'a> Sim<'a> {
                         self.copy_to_pool(blocks, &from, now)?
                     }
                     ToExecute::RetainSpill { worker, to } => self.retain_spill(&worker, to)?,
+                    ToExecute::Scale { group, recommended } => {
+                        self.scale_hint(&group, recommended, at)
+                    }
                 }
+            }
+            if self.cfg.autoscale.is_some() {
+                self.reconcile(at, now)?;
             }
         }
         Ok(())
@@ -552,14 +634,22 @@ impl<'a> Sim<'a> {
     /// every sequence with its props, the hot prefixes (when tracked) at
     /// `at_us`. A migrating process in its pause is on no worker's list
     /// (nothing can act on it then); its load counts on its target already.
+    /// As the controller lists them: a booting worker is not healthy (its
+    /// `/health` answers 503 while the model loads), a draining one is
+    /// draining, a stopped one is gone.
     fn snapshot(&self, at_us: u64) -> ClusterSnapshot {
         let total = self.cfg.profile.kv_pages;
         let mut snapshot = ClusterSnapshot::default();
         for (w, worker) in self.workers.iter().enumerate() {
+            let life = self.fleet.life[w];
+            if life == Life::Stopped {
+                continue;
+            }
             let name = format!("w{w}");
             snapshot.workers.push(WorkerState {
                 name: name.clone(),
-                healthy: true,
+                healthy: !matches!(life, Life::Booting { .. }),
+                draining: life == Life::Draining,
                 load: self.router.load(w),
                 stage: self.router.views()[w].stage,
                 max_running: self.cfg.profile.max_running,
@@ -795,12 +885,119 @@ impl<'a> Sim<'a> {
         self.admit(p.w, p.seq, now)
     }
 
-    /// The index of worker `name` (`w3`); an unknown one is an error.
+    /// The index of worker `name` (`w3`); an unknown or stopped one is an
+    /// error.
     fn worker_named(&self, name: &str) -> anyhow::Result<usize> {
         name.strip_prefix('w')
             .and_then(|n| n.parse::<usize>().ok())
-            .filter(|&w| w < self.workers.len())
+            .filter(|&w| w < self.workers.len() && self.fleet.life[w].started())
             .ok_or_else(|| anyhow::anyhow!("no worker `{name}`"))
+    }
+
+    /// A scale hint at `at`: with `--autoscale`, the unlabelled workers'
+    /// group's recommendation is the fleet's (`autoscale.rs`).
+    fn scale_hint(&mut self, group: &str, recommended: usize, at: u64) {
+        if group == self.cfg.actor_configs.scale_by_prop.default_group {
+            self.fleet.recommend(at, recommended);
+        }
+    }
+
+    /// After the actors' tick at `at`: the fleet's target from the
+    /// recommendations, workers started or stopped to meet it at `now`.
+    fn reconcile(&mut self, at: u64, now: u64) -> anyhow::Result<()> {
+        self.fleet.target = self.fleet.wanted(at);
+        while self.fleet.active() < self.fleet.target {
+            self.start_worker(now)?;
+        }
+        while self.fleet.active() > self.fleet.target {
+            self.scale_in(now);
+        }
+        Ok(())
+    }
+
+    /// Start a worker in the lowest stopped slot (a new one past the last):
+    /// empty, serving `start_ms` from now.
+    fn start_worker(&mut self, now: u64) -> anyhow::Result<()> {
+        let auto = (self.cfg.autoscale.as_ref()).ok_or_else(|| anyhow::anyhow!("no autoscaler"))?;
+        let up_us = now + auto.start_ms * 1000;
+        let w = self.fleet.free_slot();
+        let track = self.router.tracks_prefixes();
+        let fresh = new_worker(self.cfg, self.policy, track);
+        if w == self.workers.len() {
+            self.workers.push(fresh);
+            let added = self.router.add_worker(self.cfg.profile.max_running);
+            debug_assert_eq!(added, w);
+            self.links.grow(w + 1);
+            self.send_links.grow(w + 1);
+            self.awaiting.push(Vec::new());
+            self.spills_in_flight.push(0);
+            if let Some(m) = self.machine_of(w) {
+                if m == self.machines.len() {
+                    self.machines.push(SharedMachine::default());
+                }
+            }
+        } else {
+            let old = std::mem::replace(&mut self.workers[w], fresh);
+            self.counters.preemptions += old.scheduler.preemptions();
+        }
+        self.fleet.set(w, Life::Booting { up_us }, now, "start");
+        self.events.push(up_us, Event::WorkerUp(w as u32));
+        Ok(())
+    }
+
+    /// Worker `w` is done booting at `now` (unless it was stopped, or
+    /// stopped and started again, meanwhile): it serves.
+    fn worker_up(&mut self, w: usize, now: u64) {
+        if self.fleet.life[w] == (Life::Booting { up_us: now }) {
+            self.fleet.set(w, Life::Serving, now, "up");
+            self.router.set_serving(w, true);
+        }
+    }
+
+    /// One worker fewer: the newest booting one stops at once, else the
+    /// least loaded serving one (ties: the highest slot) drains.
+    fn scale_in(&mut self, now: u64) {
+        let life = &self.fleet.life;
+        let booting = (0..life.len())
+            .filter_map(|w| match life[w] {
+                Life::Booting { up_us } => Some((up_us, w)),
+                _ => None,
+            })
+            .max()
+            .map(|(_, w)| w);
+        if let Some(w) = booting {
+            self.fleet.set(w, Life::Stopped, now, "cancel");
+            return;
+        }
+        let Some(w) = (0..life.len())
+            .filter(|&w| life[w] == Life::Serving)
+            .min_by_key(|&w| (self.router.load(w), std::cmp::Reverse(w)))
+        else {
+            return;
+        };
+        self.fleet.set(w, Life::Draining, now, "drain");
+        self.router.set_serving(w, false);
+        self.stop_if_drained(w, now);
+    }
+
+    /// A draining worker with nothing left (no request routed to it, none
+    /// queued or running, no step in flight) stops: its pages and retained
+    /// sessions go with it.
+    fn stop_if_drained(&mut self, w: usize, now: u64) {
+        let worker = &self.workers[w];
+        if self.fleet.life[w] != Life::Draining
+            || self.router.load(w) > 0
+            || !worker.scheduler.is_empty()
+            || worker.step_end.is_some()
+        {
+            return;
+        }
+        self.fleet.set(w, Life::Stopped, now, "stop");
+        let track = self.router.tracks_prefixes();
+        let fresh = new_worker(self.cfg, self.policy, track);
+        let old = std::mem::replace(&mut self.workers[w], fresh);
+        self.counters.preemptions += old.scheduler.preemptions();
+        self.router.forget(w);
     }
 
     fn step_ended(&mut self, w: usize, now: u64) -> anyhow::Result<()> {
@@ -814,6 +1011,9 @@ impl<'a> Sim<'a> {
         match self.machine_of(w) {
             Some(m) if !started => self.schedule_machine(m, now),
             _ => {}
+        }
+        if !started {
+            self.stop_if_drained(w, now);
         }
         Ok(())
     }
@@ -1444,7 +1644,8 @@ mod tests {
         );
         for name in ["shared-prefix", "multi-turn", "deadline-mix"] {
             let reqs = WorkloadSpec::named(name).unwrap().generate(20, 1);
-            let mut sim = Sim::new(&cfg, &reqs, &|| cfg.policy.build());
+            let policy = || cfg.policy.build();
+            let mut sim = Sim::new(&cfg, &reqs, &policy);
             let mut tokens = Vec::new();
             let mut carried = 0;
             for (i, r) in reqs.iter().enumerate() {

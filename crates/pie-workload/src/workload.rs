@@ -3,8 +3,9 @@
 //! Owns the request shape (a prompt made of token segments, the output it will
 //! generate, props, arrival) and the built-in workloads: `shared-prefix`,
 //! `multi-turn`, `multi-tenant`, `deadline-mix`, `priority-mix`,
-//! `prefill-decode-mix` and `skewed-sessions`. Arrivals are
-//! open-loop Poisson at the workload's rate, except later turns of a conversation,
+//! `prefill-decode-mix`, `skewed-sessions` and `diurnal`. Arrivals are
+//! open-loop Poisson at the workload's rate (`diurnal`: a rate that follows a
+//! day cycle), except later turns of a conversation,
 //! which arrive a think time after the previous turn finished (closed loop). The
 //! same spec, request count and seed give the same list.
 //!
@@ -216,6 +217,31 @@ pub struct SkewedSessions {
     pub rate_per_s: f64,
 }
 
+/// `diurnal`: independent requests whose arrival rate follows a day: at
+/// time `t` it is `low + (peak - low) * (1 - cos(2 pi t / day)) / 2` per
+/// second, the trough at the start of each day and the peak half a day in,
+/// a day lasting `day_ms` (compressed, so that a run covers one or two days
+/// in reasonable simulated time). Drawn as a Poisson process by thinning:
+/// candidates at the peak rate, each kept with probability rate / peak.
+/// What an autoscaler follows (`pie-sim --autoscale`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Diurnal {
+    pub day_ms: f64,
+    pub low_rate_per_s: f64,
+    pub peak_rate_per_s: f64,
+    pub input_len: u32,
+    pub output_len: u32,
+}
+
+impl Diurnal {
+    /// The arrival rate (per second) at `t_us` from the start.
+    pub fn rate_at(&self, t_us: u64) -> f64 {
+        let phase = t_us as f64 / (self.day_ms.max(1e-3) * 1000.0);
+        let swing = (1.0 - (std::f64::consts::TAU * phase).cos()) / 2.0;
+        self.low_rate_per_s + (self.peak_rate_per_s - self.low_rate_per_s) * swing
+    }
+}
+
 /// A workload and its parameters. Default rates are for one worker of the
 /// default (GPU) profile, where a 256 + 128 token request costs about 45 ms of
 /// step time (about 22 requests/s): `multi-tenant`'s flood alone overloads it,
@@ -231,6 +257,7 @@ pub enum WorkloadSpec {
     PriorityMix(PriorityMix),
     PrefillDecodeMix(PrefillDecodeMix),
     SkewedSessions(SkewedSessions),
+    Diurnal(Diurnal),
 }
 
 pub const WORKLOADS: &[&str] = &[
@@ -241,6 +268,7 @@ pub const WORKLOADS: &[&str] = &[
     "priority-mix",
     "prefill-decode-mix",
     "skewed-sessions",
+    "diurnal",
 ];
 
 impl WorkloadSpec {
@@ -304,6 +332,13 @@ impl WorkloadSpec {
                 hot_fraction: 0.5,
                 rate_per_s: RATE_SKEWED_SESSIONS,
             }),
+            "diurnal" => Self::Diurnal(Diurnal {
+                day_ms: 3_600_000.0,
+                low_rate_per_s: 1.0,
+                peak_rate_per_s: RATE_DIURNAL_PEAK,
+                input_len: 256,
+                output_len: 128,
+            }),
             other => {
                 return Err(format!(
                     "unknown workload `{other}` (available: {})",
@@ -354,6 +389,7 @@ impl WorkloadSpec {
             Self::PriorityMix(_) => "priority-mix",
             Self::PrefillDecodeMix(_) => "prefill-decode-mix",
             Self::SkewedSessions(_) => "skewed-sessions",
+            Self::Diurnal(_) => "diurnal",
         }
     }
 
@@ -370,6 +406,10 @@ impl WorkloadSpec {
             Self::PriorityMix(w) => w.rate_per_s *= factor,
             Self::PrefillDecodeMix(w) => w.rate_per_s *= factor,
             Self::SkewedSessions(w) => w.rate_per_s *= factor,
+            Self::Diurnal(w) => {
+                w.low_rate_per_s *= factor;
+                w.peak_rate_per_s *= factor;
+            }
         }
     }
 
@@ -384,6 +424,7 @@ impl WorkloadSpec {
             Self::PriorityMix(w) => priority_mix(w, requests, &mut rng),
             Self::PrefillDecodeMix(w) => prefill_decode_mix(w, requests, &mut rng),
             Self::SkewedSessions(w) => skewed_sessions(w, requests, &mut rng),
+            Self::Diurnal(w) => diurnal(w, requests, &mut rng),
         }
     }
 }
@@ -436,6 +477,11 @@ const RATE_PREFILL_DECODE_MIX: f64 = 8.0;
 /// `skewed-sessions`' default rate of session starts per worker of the GPU
 /// profile.
 const RATE_SKEWED_SESSIONS: f64 = 0.5;
+
+/// `diurnal`'s default peak rate per worker of the GPU profile: about half
+/// a worker's capacity for 256 + 128 token requests, so that a fleet sized
+/// for the peak has headroom (its trough is a tenth of it).
+const RATE_DIURNAL_PEAK: f64 = 10.0;
 
 const SYSTEM: u64 = 1;
 const QUESTION: u64 = 2;
@@ -621,6 +667,24 @@ fn skewed_sessions(w: &SkewedSessions, n: usize, rng: &mut StdRng) -> Vec<Reques
     out
 }
 
+fn diurnal(w: &Diurnal, n: usize, rng: &mut StdRng) -> Vec<Request> {
+    let peak = w.peak_rate_per_s.max(w.low_rate_per_s).max(1e-9);
+    let mut t = 0;
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        t += gap_us(rng, peak);
+        let keep: f64 = rng.gen();
+        if keep * peak >= w.rate_at(t) {
+            continue;
+        }
+        let i = out.len() as u64;
+        let prompt = vec![Segment::named(&[QUESTION, i], w.input_len)];
+        let output = Segment::named(&[OUTPUT, i], w.output_len);
+        out.push(plain(t, "default", "default", prompt, output));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -660,6 +724,29 @@ mod tests {
         assert_eq!(opening, 100, "4 turns a session");
         // 80% of 100 sessions open pinned, give or take the draw.
         assert!((65..=92).contains(&pinned), "{pinned}");
+    }
+
+    #[test]
+    fn diurnal_arrivals_follow_the_day() {
+        let spec = WorkloadSpec::named("diurnal")
+            .and_then(|w| w.with_overrides(&overrides(&["day_ms=100000"])))
+            .expect("valid override");
+        let WorkloadSpec::Diurnal(d) = &spec else {
+            panic!("{spec:?}");
+        };
+        assert_eq!(d.rate_at(0), d.low_rate_per_s);
+        assert!((d.rate_at(50_000_000) - d.peak_rate_per_s).abs() < 1e-9);
+        // Two days at a mean of 5.5 requests/s: about 1,100.
+        let reqs = spec.generate(1100, 4);
+        let mut per_tenth = [0usize; 10];
+        for r in reqs.iter().filter(|r| r.arrival_us < 100_000_000) {
+            per_tenth[(r.arrival_us / 10_000_000) as usize] += 1;
+        }
+        // Expected per tenth of a day: 10 s x the mean rate over it (1.4 at
+        // the edges, 9.6 around the peak).
+        assert!(per_tenth[0] < 30 && per_tenth[9] < 30, "{per_tenth:?}");
+        assert!(per_tenth[4] > 70 && per_tenth[5] > 70, "{per_tenth:?}");
+        assert!(reqs.windows(2).all(|p| p[0].arrival_us <= p[1].arrival_us));
     }
 
     #[test]
