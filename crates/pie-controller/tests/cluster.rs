@@ -922,16 +922,7 @@ async fn a_patched_pin_moves_the_stream_and_its_id_stays_valid() {
     })
     .await;
     let mut body = load_body(0, false, true);
-    body["max_tokens"] = json!(3000);
-    let mut r = c
-        .http
-        .post(format!("{}/v1/completions", c.controller.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let from = r.headers()["x-pie-worker"].to_str().unwrap().to_string();
-    let to = if from == "w0" { "w1" } else { "w0" };
+    let (mut r, from, to) = long_stream(&c, &mut body).await;
     let mut raw = String::new();
     let local = loop {
         raw.push_str(&String::from_utf8_lossy(&r.chunk().await.unwrap().unwrap()));
@@ -978,6 +969,22 @@ async fn a_patched_pin_moves_the_stream_and_its_id_stays_valid() {
     relocated_as_undisturbed(&c, &body, reading).await;
 }
 
+/// `body` made 3,000 tokens long, streamed through the controller of two
+/// workers: the response, the worker serving it and the other one.
+async fn long_stream(c: &Cluster, body: &mut Value) -> (reqwest::Response, String, &'static str) {
+    body["max_tokens"] = json!(3000);
+    let r = c
+        .http
+        .post(format!("{}/v1/completions", c.controller.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let from = r.headers()["x-pie-worker"].to_str().unwrap().to_string();
+    let to = if from == "w0" { "w1" } else { "w0" };
+    (r, from, to)
+}
+
 /// The relocated stream `reading` ends cleanly with the transcript `body`
 /// gives undisturbed (sent to a worker directly, without its session), and
 /// the controller counted the relocation.
@@ -1016,16 +1023,7 @@ async fn relocate_moves_a_sessions_stream_to_the_named_worker_with_the_same_tran
     .await;
     let mut body = load_body(0, true, true);
     body["session"] = json!("chat-7");
-    body["max_tokens"] = json!(3000);
-    let r = c
-        .http
-        .post(format!("{}/v1/completions", c.controller.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let from = r.headers()["x-pie-worker"].to_str().unwrap().to_string();
-    let to = if from == "w0" { "w1" } else { "w0" };
+    let (r, _, to) = long_stream(&c, &mut body).await;
     let reading = tokio::spawn(stream_text(r));
     let relocate = |session: &str, worker: &str| {
         let (http, url) = (c.http.clone(), c.controller.url.clone());
