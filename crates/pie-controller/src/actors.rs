@@ -308,22 +308,39 @@ impl Actors {
             if let Outcome::Failed { error } = &outcome {
                 tracing::error!(actor = record.actor, kind, "{error}");
             }
-            let id = self.log_action(&ctl.metrics, LoggedAction::new(record, outcome));
-            if let Some(Ok(req)) = ask {
-                let ctl = ctl.clone();
-                tokio::spawn(async move {
-                    let outcome = answer_of(req, kind).await;
-                    ctl.actors.settle(id, outcome);
-                });
+            let action = record.action.clone();
+            let id = self.log_action(&ctl.metrics, LoggedAction::new(record, outcome.clone()));
+            match ask {
+                Some(Ok(req)) => {
+                    let ctl = ctl.clone();
+                    tokio::spawn(async move {
+                        let outcome = answer_of(req, kind).await;
+                        ctl.actors.settle(id, action, outcome);
+                    });
+                }
+                _ => self.failed_back(action, &outcome),
             }
         }
     }
 
-    /// The worker's answer to logged action `id` (if still in the log).
-    fn settle(&self, id: u64, outcome: Outcome) {
+    /// The worker's answer to logged action `id` (if still in the log); a
+    /// failure goes back to the actors.
+    fn settle(&self, id: u64, action: Action, outcome: Outcome) {
+        self.failed_back(action, &outcome);
         let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(entry) = log.iter_mut().find(|a| a.id == id) {
             entry.outcome = outcome;
+        }
+    }
+
+    /// A failed action is an `ActionFailed` event for the actors (replicate
+    /// then frees the copy's place and avoids its target).
+    fn failed_back(&self, action: Action, outcome: &Outcome) {
+        if let Outcome::Failed { error } = outcome {
+            self.notify(vec![ClusterEvent::ActionFailed {
+                action,
+                error: error.clone(),
+            }]);
         }
     }
 
@@ -612,6 +629,30 @@ mod tests {
         ));
         actors.replace(ActorRunner::default(), 50, None, &metrics);
         assert!(!metrics.encode().contains("pie_cluster_scale_recommended{"));
+    }
+
+    #[test]
+    fn a_failed_action_goes_back_to_the_actors_as_an_event() {
+        let actors = Actors::new(ActorRunner::default(), 1000, None);
+        let copy = Action::CopyPrefix {
+            blocks: vec![BlockHash(1)],
+            from: "w0".into(),
+            to: "w1".into(),
+        };
+        actors.settle(0, copy.clone(), Outcome::Executed);
+        assert!(actors.events.lock().expect("lock").is_empty());
+        let refused = Outcome::Failed {
+            error: "the worker answered 409".into(),
+        };
+        actors.settle(0, copy.clone(), refused);
+        let events = actors.events.lock().expect("lock").clone();
+        assert_eq!(
+            events,
+            vec![ClusterEvent::ActionFailed {
+                action: copy,
+                error: "the worker answered 409".into(),
+            }]
+        );
     }
 
     #[test]

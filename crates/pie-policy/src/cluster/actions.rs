@@ -197,7 +197,7 @@ impl ClusterSnapshot {
 }
 
 /// Something that happened between ticks; actors may react at once.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "kebab-case")]
 pub enum ClusterEvent {
     WorkerJoined {
@@ -218,6 +218,12 @@ pub enum ClusterEvent {
     RelocateRequested {
         session: String,
         target: String,
+    },
+    /// The executor could not carry out an action (a worker refused it, or
+    /// did not answer).
+    ActionFailed {
+        action: Action,
+        error: String,
     },
 }
 

@@ -11,9 +11,11 @@
 //! `1 + max_replicas`, and no copy of it is pending. The target is the least
 //! loaded serving worker below `low` that does not hold it and serves prefill
 //! (not a decode-only worker). A copy is pending until the target's KV events
-//! announce the pages or `pending_ms` passes (a refused copy then frees its
-//! place), so each copy's effect on load is seen before the next one; at most
-//! `max_per_tick` copies a tick.
+//! announce the pages or `pending_ms` passes, so each copy's effect on load
+//! is seen before the next one; at most `max_per_tick` copies a tick. A copy
+//! the executor reports failed (`ActionFailed`: the target refused or did not
+//! answer) frees its place at once, and that target is not chosen again for
+//! `pending_ms`.
 //!
 //! Props read: none. Config keys (`[cluster.replicate]`, defaults first):
 //! `hot_rps` (1.0, positive), `min_hits` (3, at least 2), `min_blocks` (1),
@@ -25,7 +27,8 @@
 //! prefill-capable target below `low` that does not; every serving holder of
 //! the prefix is at or above `high`; holders plus the copy never exceed
 //! `1 + max_replicas`; one copy of a prefix pending at a time; no tick asks
-//! more than `max_per_tick` copies.
+//! more than `max_per_tick` copies; a target that refused is not asked again
+//! within `pending_ms`.
 
 use std::collections::BTreeMap;
 
@@ -34,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::actions::{
-    Action, ClusterActor, ClusterSnapshot, Decision, HotPrefix, Stage, WorkerState,
+    Action, ClusterActor, ClusterEvent, ClusterSnapshot, Decision, HotPrefix, Stage, WorkerState,
 };
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -120,6 +123,8 @@ pub struct Replicate {
     config: ReplicateConfig,
     /// The copied prefix's last block -> its copy in flight.
     pending: BTreeMap<BlockHash, Pending>,
+    /// Targets that refused a copy -> until when they are not asked again.
+    refused: BTreeMap<String, u64>,
     copies_asked: u64,
 }
 
@@ -128,6 +133,7 @@ impl Replicate {
         Self {
             config,
             pending: BTreeMap::new(),
+            refused: BTreeMap::new(),
             copies_asked: 0,
         }
     }
@@ -149,6 +155,18 @@ impl Replicate {
         self.pending.retain(|last, c| {
             now_ms.saturating_sub(c.at_ms) < pending_ms && !depth_of(last, &c.target)
         });
+        self.refused.retain(|_, until| now_ms < *until);
+    }
+
+    /// A copy the executor could not make: its place is free, its target
+    /// avoided for `pending_ms`.
+    fn failed(&mut self, now_ms: u64, blocks: &[BlockHash], to: &str) {
+        let Some(last) = blocks.last() else { return };
+        if self.pending.get(last).is_some_and(|c| c.target == to) {
+            self.pending.remove(last);
+        }
+        self.refused
+            .insert(to.to_string(), now_ms + self.config.pending_ms);
     }
 
     /// The copy one hot prefix gets this tick, if any.
@@ -167,6 +185,7 @@ impl Replicate {
                 w.serving()
                     && w.stage != Stage::Decode
                     && !holds(w)
+                    && !self.refused.contains_key(&w.name)
                     && w.load_level().is_some_and(|l| l < c.low)
             })
             .collect();
@@ -277,6 +296,22 @@ impl ClusterActor for Replicate {
         self.decide(now_ms, snapshot)
     }
 
+    fn on_event(
+        &mut self,
+        now_ms: u64,
+        event: &ClusterEvent,
+        _snapshot: &ClusterSnapshot,
+    ) -> Vec<Decision> {
+        if let ClusterEvent::ActionFailed {
+            action: Action::CopyPrefix { blocks, to, .. },
+            ..
+        } = event
+        {
+            self.failed(now_ms, blocks, to);
+        }
+        Vec::new()
+    }
+
     fn reads_hot_prefixes(&self) -> bool {
         true
     }
@@ -285,6 +320,7 @@ impl ClusterActor for Replicate {
         json!({
             "copies_asked": self.copies_asked,
             "pending": self.pending.len(),
+            "refused": self.refused.keys().collect::<Vec<_>>(),
             "hot_rps": self.config.hot_rps,
             "max_replicas": self.config.max_replicas,
         })
@@ -376,6 +412,49 @@ mod tests {
         assert_eq!(
             copies(&actor.on_tick(30_000, &snapshot)),
             vec![("a".into(), "b".into(), 3)]
+        );
+    }
+
+    #[test]
+    fn a_refused_copy_frees_its_place_at_once_and_its_target_is_avoided() {
+        let mut actor = Replicate::new(ReplicateConfig::default());
+        let snapshot = ClusterSnapshot {
+            workers: vec![worker("a", 4), worker("b", 0), worker("c", 1)],
+            hot_prefixes: vec![hot(5.0, &[("a", 3)])],
+            ..ClusterSnapshot::default()
+        };
+        let asked = actor.on_tick(0, &snapshot);
+        assert_eq!(copies(&asked), vec![("a".into(), "b".into(), 3)]);
+        let refused = ClusterEvent::ActionFailed {
+            action: asked[0].action.clone(),
+            error: "409".into(),
+        };
+        assert!(actor.on_event(5, &refused, &snapshot).is_empty());
+        assert_eq!(
+            copies(&actor.on_tick(10, &snapshot)),
+            vec![("a".into(), "c".into(), 3)],
+            "at once, to the next idle worker"
+        );
+        assert_eq!(actor.summary()["refused"], json!(["b"]));
+        let other = ClusterEvent::ActionFailed {
+            action: Action::CopyPrefix {
+                blocks: vec![BlockHash(9)],
+                from: "a".into(),
+                to: "c".into(),
+            },
+            error: "another prefix".into(),
+        };
+        actor.on_event(11, &other, &snapshot);
+        assert!(
+            actor.on_tick(12, &snapshot).is_empty(),
+            "the copy to c is of this prefix, still pending"
+        );
+        let mut later = snapshot.clone();
+        later.workers.truncate(2);
+        assert_eq!(
+            copies(&actor.on_tick(30_011, &later)),
+            vec![("a".into(), "b".into(), 3)],
+            "once the copy to c expired, b (its refusal past pending_ms) is asked again"
         );
     }
 
