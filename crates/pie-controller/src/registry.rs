@@ -579,13 +579,20 @@ impl Registry {
         let ws = self.workers.read().unwrap_or_else(|e| e.into_inner());
         let index = self.index.read().unwrap_or_else(|e| e.into_inner());
         let pool = self.pool.read().unwrap_or_else(|e| e.into_inner());
-        // Per kind: each worker's held depth, and the pool's.
+        // Per kind: each worker's held depth, and the pool's (looked up only
+        // when a worker pulls from it).
+        let pulls = ws.iter().any(|w| w.pool);
         let depths: Vec<(Vec<usize>, usize)> = chains
             .kinds
             .iter()
             .map(|(_, hashes)| {
                 let held = index.prefix_blocks(hashes, ws.len());
-                (held, pool.prefix_blocks(hashes, 1)[0])
+                let pooled = if pulls {
+                    pool.prefix_blocks(hashes, 1)[0]
+                } else {
+                    0
+                };
+                (held, pooled)
             })
             .collect();
         let any_room = ws.iter().any(|w| w.serving() && w.has_room());
