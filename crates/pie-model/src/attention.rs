@@ -403,7 +403,7 @@ fn portable(
         *s = dot(q, &k[j * stride..][..hd]) * scale;
     }
     let m = s[..n].iter().fold(st.m, |a, &b| a.max(b));
-    let alpha = (st.m - m).exp();
+    let alpha = if m == st.m { 1.0 } else { (st.m - m).exp() };
     let mut sum = 0.0;
     for s in &mut s[..n] {
         *s = (*s - m).exp();
@@ -544,6 +544,38 @@ mod avx2 {
         }
     }
 
+    /// The scores `s[..n]` to `exp(s - m)` in place, `m` the new running maximum;
+    /// updates `st` and returns the factor the accumulator is rescaled by.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub(super) unsafe fn exponentials(sp: *mut f32, n: usize, st: &mut Stat) -> f32 {
+        let mut mx = _mm256_set1_ps(f32::NEG_INFINITY);
+        for j in (0..n).step_by(8) {
+            let x = _mm256_loadu_ps(sp.add(j));
+            let x = if n - j < 8 {
+                _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), x, lanes_below(n - j))
+            } else {
+                x
+            };
+            mx = _mm256_max_ps(mx, x);
+        }
+        let m = st.m.max(hmax(mx));
+        let alpha = if m == st.m { 1.0 } else { (st.m - m).exp() };
+        let mv = _mm256_set1_ps(m);
+        let mut sum = _mm256_setzero_ps();
+        for j in (0..n).step_by(8) {
+            let mut e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sp.add(j)), mv));
+            if n - j < 8 {
+                e = _mm256_and_ps(e, lanes_below(n - j));
+            }
+            _mm256_storeu_ps(sp.add(j), e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        st.l = st.l * alpha + hsum(sum);
+        st.m = m;
+        alpha
+    }
+
     /// `super::portable` with eight keys' dot products at a time and the
     /// exponentials eight lanes at a time.
     #[allow(clippy::too_many_arguments)]
@@ -585,30 +617,7 @@ mod avx2 {
             *sp.add(j) = hsum(a) * scale;
             j += 1;
         }
-        let mut mx = _mm256_set1_ps(f32::NEG_INFINITY);
-        for j in (0..n).step_by(8) {
-            let x = _mm256_loadu_ps(sp.add(j));
-            let x = if n - j < 8 {
-                _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), x, lanes_below(n - j))
-            } else {
-                x
-            };
-            mx = _mm256_max_ps(mx, x);
-        }
-        let m = st.m.max(hmax(mx));
-        let alpha = (st.m - m).exp();
-        let mv = _mm256_set1_ps(m);
-        let mut sum = _mm256_setzero_ps();
-        for j in (0..n).step_by(8) {
-            let mut e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sp.add(j)), mv));
-            if n - j < 8 {
-                e = _mm256_and_ps(e, lanes_below(n - j));
-            }
-            _mm256_storeu_ps(sp.add(j), e);
-            sum = _mm256_add_ps(sum, e);
-        }
-        st.l = st.l * alpha + hsum(sum);
-        st.m = m;
+        let alpha = exponentials(sp, n, st);
         let (ap, vp, p) = (acc.as_mut_ptr(), v.as_ptr(), &s[..n]);
         let mut d = 0;
         while d + 64 <= hd {
@@ -626,8 +635,8 @@ mod avx2 {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::avx2::{hmax, hsum, hsum8};
-    use super::{expf, Stat};
+    use super::avx2::{exponentials, hsum, hsum8};
+    use super::Stat;
 
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[inline]
@@ -636,27 +645,6 @@ mod avx512 {
             _mm512_castps512_ps256(a),
             _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a))),
         )
-    }
-
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    #[inline]
-    unsafe fn exp16(x: __m512) -> __m512 {
-        let x = _mm512_min_ps(
-            _mm512_max_ps(x, _mm512_set1_ps(expf::LO)),
-            _mm512_set1_ps(expf::HI),
-        );
-        let fx = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm512_mul_ps(x, _mm512_set1_ps(expf::LOG2E)),
-        );
-        let r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(expf::LN2_HI), x);
-        let r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(expf::LN2_LO), r);
-        let mut y = _mm512_set1_ps(expf::P[0]);
-        for &p in &expf::P[1..] {
-            y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(p));
-        }
-        let y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r);
-        let y = _mm512_add_ps(y, _mm512_set1_ps(1.0));
-        _mm512_scalef_ps(y, fx)
     }
 
     /// `acc[..16N] = acc * alpha + sum_j p[j] * v_j`, N registers wide, even and
@@ -705,7 +693,7 @@ mod avx512 {
     }
 
     /// `super::portable` with 16-lane registers: eight keys' dot products at a
-    /// time, the exponentials 16 lanes at a time.
+    /// time, the exponentials eight lanes at a time.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(super) unsafe fn page_step(
@@ -755,34 +743,8 @@ mod avx512 {
             *sp.add(j) = hsum(half_sum(a)) * scale;
             j += 1;
         }
-        let mask = |j: usize| -> __mmask16 {
-            if n - j >= 16 {
-                0xffff
-            } else {
-                (1u16 << (n - j)) - 1
-            }
-        };
-        let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
-        for j in (0..n).step_by(16) {
-            mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(mx, mask(j), sp.add(j)));
-        }
-        let m = st.m.max(hmax(_mm256_max_ps(
-            _mm512_castps512_ps256(mx),
-            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(mx))),
-        )));
-        let alpha = (st.m - m).exp();
-        let mv = _mm512_set1_ps(m);
-        let mut sum = _mm512_setzero_ps();
-        for j in (0..n).step_by(16) {
-            let e = _mm512_maskz_mov_ps(
-                mask(j),
-                exp16(_mm512_sub_ps(_mm512_loadu_ps(sp.add(j)), mv)),
-            );
-            _mm512_storeu_ps(sp.add(j), e);
-            sum = _mm512_add_ps(sum, e);
-        }
-        st.l = st.l * alpha + hsum(half_sum(sum));
-        st.m = m;
+        // Eight lanes here: the scores were stored eight at a time.
+        let alpha = exponentials(sp, n, st);
         let (ap, vp, p) = (acc.as_mut_ptr(), v.as_ptr(), &s[..n]);
         let mut d = 0;
         while d + 64 <= hd {
@@ -1093,6 +1055,7 @@ mod tests {
     /// One layer of SmolLM2-135M's attention, per kernel: a 2,048-token prefill in
     /// one step and one decode row at depth 2,048, the best of five timings.
     /// `cargo test --release -p pie-model attention_throughput -- --ignored --nocapture`
+    /// (`MB_KERNEL=Avx2` for one kernel).
     #[test]
     #[ignore]
     fn attention_throughput() {
@@ -1103,7 +1066,11 @@ mod tests {
         };
         let n = 2048;
         let setup = Setup::new(1, 16, h, &[n + 1], n);
+        let only = std::env::var("MB_KERNEL").ok();
         for kernel in all_kernels().into_iter().filter(|k| k.available(64)) {
+            if only.as_ref().is_some_and(|o| *o != format!("{kernel:?}")) {
+                continue;
+            }
             for (what, spans) in [("prefill 2048", (0, 0, n)), ("decode at 2048", (0, n, 1))] {
                 let seqs = setup.seqs(&[spans]);
                 let mut best = f64::MAX;
