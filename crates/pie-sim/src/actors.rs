@@ -9,8 +9,9 @@
 //! pool and a `RetainSpill` (`retain-all`) makes the worker spill retained
 //! sessions to it (`pool.rs`: both need `--pool-pages`); an action this
 //! executor cannot carry out stops the run with an error naming it, never
-//! silently (`persist-prefix` is refused at start: no disk tier is
-//! modelled). Dry-run records are kept, not executed.
+//! silently. A `PersistPrefix` (`persist-prefix`) writes the prefix to the
+//! worker's disk and a `RetainSpill` to `disk` spills there (`disk.rs`: both
+//! need `--disk-pages`). Dry-run records are kept, not executed.
 
 use anyhow::{bail, Context, Result};
 use pie_core::BlockHash;
@@ -46,6 +47,11 @@ pub enum ToExecute {
         worker: String,
         to: Tier,
     },
+    /// A `PersistPrefix`: `worker` writes `blocks` to its disk.
+    Persist {
+        blocks: Vec<BlockHash>,
+        worker: String,
+    },
     /// A scale hint: `recommended` workers for `group`.
     Scale {
         group: String,
@@ -55,12 +61,15 @@ pub enum ToExecute {
 
 impl SimActors {
     /// None when `names` is empty (no actor, no ticks). `pool`: the run has
-    /// a pool (`--pool-pages`), which `pool-replicate` and `retain-all` need.
+    /// a pool (`--pool-pages`), which `pool-replicate` needs; `disk`: the
+    /// workers have a disk tier (`--disk-pages`), which `persist-prefix`
+    /// needs; `retain-all` needs the tier its `to` names (`any`: either).
     pub fn new(
         names: &[&str],
         configs: &ActorConfigs,
         tick_ms: u64,
         pool: bool,
+        disk: bool,
     ) -> Result<Option<Self>> {
         if names.is_empty() {
             return Ok(None);
@@ -68,19 +77,29 @@ impl SimActors {
         anyhow::ensure!(tick_ms > 0, "the actor tick must be positive");
         // They would run and never act (or every action would fail).
         anyhow::ensure!(
-            !names.contains(&"persist-prefix"),
-            "persist-prefix: the simulator does not model a disk tier yet"
+            disk || !names.contains(&"persist-prefix"),
+            "persist-prefix: the simulated workers have no disk tier: give --disk-pages N"
         );
-        for name in ["pool-replicate", "retain-all"] {
-            anyhow::ensure!(
-                pool || !names.contains(&name),
-                "{name}: the simulated workers have no pool: give --pool-pages N"
-            );
-        }
         anyhow::ensure!(
-            !names.contains(&"retain-all") || configs.retain_all.to != Tier::Disk,
-            "retain-all: to = disk: the simulator does not model a disk tier yet (pool or any)"
+            pool || !names.contains(&"pool-replicate"),
+            "pool-replicate: the simulated workers have no pool: give --pool-pages N"
         );
+        if names.contains(&"retain-all") {
+            match configs.retain_all.to {
+                Tier::Pool => anyhow::ensure!(
+                    pool,
+                    "retain-all: the simulated workers have no pool: give --pool-pages N"
+                ),
+                Tier::Disk => anyhow::ensure!(
+                    disk,
+                    "retain-all: to = disk: the simulated workers have no disk tier: give --disk-pages N"
+                ),
+                Tier::Any => anyhow::ensure!(
+                    pool || disk,
+                    "retain-all: the simulated workers have no pool: give --pool-pages N (or a disk tier: --disk-pages N)"
+                ),
+            }
+        }
         let runner = ActorRunner::new(names, configs).map_err(anyhow::Error::msg)?;
         Ok(Some(Self {
             runner,
@@ -137,6 +156,10 @@ fn execute(record: &ActionRecord) -> Result<Option<ToExecute>> {
             blocks: blocks.clone(),
             from: from.clone(),
         })),
+        Action::PersistPrefix { blocks, worker } => Ok(Some(ToExecute::Persist {
+            blocks: blocks.clone(),
+            worker: worker.clone(),
+        })),
         Action::RetainSpill { worker, to } => Ok(Some(ToExecute::RetainSpill {
             worker: worker.clone(),
             to: *to,
@@ -169,8 +192,9 @@ pub fn apply_overrides(configs: &mut ActorConfigs, overrides: &[String]) -> Resu
             "replicate" => set_key(&mut configs.replicate, key, value),
             "pool-replicate" => set_key(&mut configs.pool_replicate, key, value),
             "retain-all" => set_key(&mut configs.retain_all, key, value),
+            "persist-prefix" => set_key(&mut configs.persist_prefix, key, value),
             other => bail!(
-                "--actor-set: no configurable actor `{other}` (scale-by-prop, rebalance, replicate, pool-replicate, retain-all)"
+                "--actor-set: no configurable actor `{other}` (scale-by-prop, rebalance, replicate, pool-replicate, retain-all, persist-prefix)"
             ),
         }
         .with_context(|| format!("--actor-set `{item}`"))?;
@@ -202,26 +226,36 @@ mod tests {
     #[test]
     fn an_actor_the_simulator_cannot_model_is_refused_at_start() {
         let refused = |names: &[&str], configs: &ActorConfigs, pool: bool| {
-            SimActors::new(names, configs, 100, pool)
+            SimActors::new(names, configs, 100, pool, false)
                 .err()
                 .expect("refused")
                 .to_string()
         };
         let defaults = ActorConfigs::default();
         let err = refused(&["persist-prefix"], &defaults, true);
-        assert!(err.contains("disk tier"), "{err}");
+        assert!(
+            err.contains("disk tier") && err.contains("--disk-pages"),
+            "{err}"
+        );
+        assert!(SimActors::new(&["persist-prefix"], &defaults, 100, false, true).is_ok());
         for name in ["pool-replicate", "retain-all"] {
             let err = refused(&[name], &defaults, false);
             assert!(
                 err.starts_with(name) && err.contains("--pool-pages"),
                 "{err}"
             );
-            assert!(SimActors::new(&[name], &defaults, 100, true).is_ok());
+            assert!(SimActors::new(&[name], &defaults, 100, true, false).is_ok());
         }
+        // retain-all to any: a disk tier will do.
+        assert!(SimActors::new(&["retain-all"], &defaults, 100, false, true).is_ok());
         let mut disk = ActorConfigs::default();
         disk.retain_all.to = Tier::Disk;
         let err = refused(&["retain-all"], &disk, true);
-        assert!(err.contains("to = disk"), "{err}");
+        assert!(
+            err.contains("to = disk") && err.contains("--disk-pages"),
+            "{err}"
+        );
+        assert!(SimActors::new(&["retain-all"], &disk, 100, false, true).is_ok());
     }
 
     #[test]

@@ -32,6 +32,8 @@ pub enum Event {
     /// Worker `w`'s start-up delay ended (`autoscale.rs`): it serves if it
     /// is still booting to this time.
     WorkerUp(u32),
+    /// Write `d` (a persisted prefix or a spill) reached its worker's disk.
+    DiskWritten(u32),
 }
 
 /// (time us, push number, worker)

@@ -7,6 +7,7 @@ pub mod autoscale;
 pub mod cache;
 pub mod copies;
 pub mod disaggregate;
+pub mod disk;
 pub mod events;
 pub mod histogram;
 pub mod machine;

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use pie_sim::autoscale::AutoscaleConfig;
 use pie_sim::metrics::{
-    class_table, copy_table, fleet_table, markdown_table, migration_table, pool_table,
+    class_table, copy_table, disk_table, fleet_table, markdown_table, migration_table, pool_table,
     transfer_table,
 };
 use pie_sim::requests::{self, Input};
@@ -147,6 +147,12 @@ struct Common {
     /// profile's transfer time.
     #[arg(long, default_value_t = 0)]
     pool_pages: usize,
+    /// A disk tier of this many pages on every worker (0: none), LRU: an
+    /// arrival first loads its prompt's leading pages its worker's disk holds;
+    /// `persist-prefix` and `retain-all` (to disk, or any without a pool)
+    /// write to it. Reads and writes cost an NVMe SSD's (`pie_sim::disk`).
+    #[arg(long, default_value_t = 0)]
+    disk_pages: usize,
     /// Set an actor's key, as `[cluster.ACTOR] KEY = VALUE` in the
     /// controller's config (`--actor-set rebalance.signal=kv`); repeatable.
     #[arg(long = "actor-set", value_name = "ACTOR.KEY=VALUE")]
@@ -228,6 +234,7 @@ fn simulate(
                     cfg.workers_per_machine = common.workers_per_machine as usize;
                     cfg.prefill_workers = common.prefill_workers;
                     cfg.pool_pages = common.pool_pages;
+                    cfg.disk_pages = common.disk_pages;
                     cfg.kv_bytes_per_token =
                         common.kv_bytes_per_token.unwrap_or(cfg.kv_bytes_per_token);
                     let m = run(&cfg, &workload, &reqs)?;
@@ -351,6 +358,10 @@ fn main() -> Result<()> {
             let pool = pool_table(&runs);
             if !pool.is_empty() {
                 print!("\nPool:\n\n{pool}");
+            }
+            let disk = disk_table(&runs);
+            if !disk.is_empty() {
+                print!("\nDisk:\n\n{disk}");
             }
             if common.autoscale || !fixed_fleets.is_empty() {
                 print!("\nFleet:\n\n{}", fleet_table(&runs));

@@ -13,6 +13,7 @@ use serde::Serialize;
 use crate::autoscale::FleetStats;
 use crate::copies::CopyCounters;
 use crate::disaggregate::{Disaggregation, TransferCounters};
+use crate::disk::DiskCounters;
 use crate::histogram::LogHistogram;
 use crate::migrate::{MigrationCounters, Migrations};
 use crate::pool::PoolCounters;
@@ -60,6 +61,7 @@ pub struct Counters {
     pub migrations: MigrationCounters,
     pub copies: CopyCounters,
     pub pool: PoolCounters,
+    pub disk: DiskCounters,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -198,6 +200,9 @@ pub struct RunMetrics {
     /// The shared page pool (`--pool-pages`): spills, pushes, pulls, eviction.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pool: Option<PoolCounters>,
+    /// The workers' disk tier (`--disk-pages`): persists, spills, loads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk: Option<DiskCounters>,
     pub events: u64,
     pub wall_s: f64,
     pub events_per_s: f64,
@@ -445,6 +450,7 @@ impl RunMetrics {
                 .then(|| Migrations::new(&counters.migrations)),
             copies: (!cfg.router.actors().is_empty()).then(|| counters.copies.clone()),
             pool: (cfg.pool_pages > 0).then(|| counters.pool.clone()),
+            disk: (cfg.disk_pages > 0).then(|| counters.disk.clone()),
             events: counters.events,
             wall_s,
             events_per_s: if wall_s > 0.0 {
@@ -579,6 +585,44 @@ pub fn copy_table(runs: &[RunMetrics]) -> String {
             c.copies,
             c.pages,
             c.bytes as f64 / 1e9,
+        ));
+    }
+    s
+}
+
+/// One row per run, when any run has a disk tier (empty otherwise): later
+/// turns' TTFT, prefix hits, and what went to and came from the disks.
+pub fn disk_table(runs: &[RunMetrics]) -> String {
+    if !runs.iter().any(|r| r.disk.is_some()) {
+        return String::new();
+    }
+    let mut s = String::from(
+        "| router | disk pages | later turns TTFT p50 / p90 / p99 ms | prefix hit | persists (pages) | spills (pages) / dropped | loads (pages) | loaded GB | unfit pages | evicted | max held |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in runs {
+        let t = &r.later_turns_ttft_ms;
+        let d = r.disk.clone().unwrap_or_default();
+        s.push_str(&format!(
+            "| {}{} | {} | {:.0} / {:.0} / {:.0} | {:.1}% | {} ({}) | {} ({}) / {} | {} ({}) | {:.1} | {} | {} | {} |\n",
+            r.router,
+            if r.keep_session { " +keep-session" } else { "" },
+            d.capacity_pages,
+            t.p50,
+            t.p90,
+            t.p99,
+            100.0 * r.prefix_hit_rate,
+            d.persists,
+            d.persisted_pages,
+            d.spills,
+            d.spilled_pages,
+            d.dropped_spills,
+            d.loads,
+            d.loaded_pages,
+            d.loaded_bytes as f64 / 1e9,
+            d.unfit_pages,
+            d.evicted_pages,
+            d.max_held_pages,
         ));
     }
     s

@@ -30,6 +30,11 @@
 //! `retain-all` spill: a retained session evicted before its expiry; a
 //! `CopyPrefixToPool` from `pool-replicate`) cross the sender's link without
 //! holding up its steps and become readable when they arrive.
+//! With a disk tier (`--disk-pages`, `disk.rs`) each worker first loads
+//! the leading pages of an arrival's prompt its own disk holds past its
+//! cached prefix (then pulls from the pool past those); `PersistPrefix`
+//! (`persist-prefix`) and spills to disk (`retain-all`) are written to the
+//! worker's disk, queued on it, without holding up its steps.
 //! With `--autoscale` (`autoscale.rs`) the fleet follows `scale-by-prop`'s
 //! hints: a started worker (a new or reused slot, empty) serves after its
 //! start-up delay; a drained one takes no new requests, finishes what it
@@ -53,6 +58,7 @@ use crate::autoscale::{AutoscaleConfig, Fleet, Life};
 use crate::copies::{hot_prefixes, leading_held, PrefixCopy, HEAT_CAPACITY};
 use crate::cost::{CostProfile, StepShape};
 use crate::disaggregate::{kv_bytes_per_token, Links};
+use crate::disk::{read_us, write_us, Disks};
 use crate::events::{Event, Events};
 use crate::machine::SharedMachine;
 use crate::metrics::{Counters, Record, RunMetrics};
@@ -175,6 +181,8 @@ pub struct SimConfig {
     pub autoscale: Option<AutoscaleConfig>,
     /// The TTFT objective (ms) of `slo_attainment` in the metrics.
     pub slo_ttft_ms: f64,
+    /// Each worker's disk tier in pages (`disk.rs`); 0: none.
+    pub disk_pages: usize,
 }
 
 impl SimConfig {
@@ -199,6 +207,7 @@ impl SimConfig {
             pool_pages: 0,
             autoscale: None,
             slo_ttft_ms: DEFAULT_SLO_TTFT_MS,
+            disk_pages: 0,
         }
     }
 }
@@ -279,8 +288,20 @@ struct Sim<'a> {
     /// Pushes on their way to the pool, by number.
     pushes: BTreeMap<u32, PoolPush>,
     pushed: u32,
-    /// Per worker: its spills on their way to the pool.
+    /// Per worker: its spills on their way to the pool or its disk.
     spills_in_flight: Vec<usize>,
+    /// The workers' disks, with `--disk-pages`.
+    disks: Option<Disks>,
+    /// Writes on their way to a disk, by number.
+    disk_writes: BTreeMap<u32, DiskWrite>,
+    disk_written: u32,
+}
+
+/// Pages on their way to worker `w`'s disk; `spill`: a retained session's.
+struct DiskWrite {
+    w: usize,
+    blocks: Vec<BlockHash>,
+    spill: bool,
 }
 
 /// A pull from the pool: request `seq` waits for its pages `from..to` to
@@ -289,6 +310,8 @@ struct Pull {
     w: usize,
     seq: Seq,
     from: usize,
+    /// Pages `from..disk_to` come from its disk, the rest from the pool.
+    disk_to: usize,
     to: usize,
 }
 
@@ -348,6 +371,9 @@ fn run_records_with(
     let mut counters = std::mem::take(&mut sim.counters);
     if let Some(pool) = &sim.pool {
         counters.pool.finish(pool);
+    }
+    if let Some(disks) = &sim.disks {
+        disks.finish(&mut counters.disk);
     }
     counters.preemptions += sim
         .workers
@@ -557,6 +583,9 @@ impl<'a> Sim<'a> {
             pushes: BTreeMap::new(),
             pushed: 0,
             spills_in_flight: vec![0; cfg.workers],
+            disks: (cfg.disk_pages > 0).then(|| Disks::new(cfg.workers, cfg.disk_pages)),
+            disk_writes: BTreeMap::new(),
+            disk_written: 0,
         }
     }
 
@@ -566,6 +595,7 @@ impl<'a> Sim<'a> {
             &self.cfg.actor_configs,
             self.cfg.actor_tick_ms,
             self.pool.is_some(),
+            self.disks.is_some(),
         )?;
         if self
             .actors
@@ -593,6 +623,7 @@ impl<'a> Sim<'a> {
                 Event::Pulled(r) => self.pulled(r, now)?,
                 Event::PoolPushed(p) => self.pool_pushed(p, now)?,
                 Event::WorkerUp(w) => self.worker_up(w as usize, now),
+                Event::DiskWritten(d) => self.disk_written(d, now)?,
             }
         }
         Ok(())
@@ -618,6 +649,9 @@ impl<'a> Sim<'a> {
                         self.copy_to_pool(blocks, &from, now)?
                     }
                     ToExecute::RetainSpill { worker, to } => self.retain_spill(&worker, to)?,
+                    ToExecute::Persist { blocks, worker } => {
+                        self.persist_prefix(blocks, &worker, now)?
+                    }
                     ToExecute::Scale { group, recommended } => {
                         self.scale_hint(&group, recommended, at)
                     }
@@ -673,6 +707,15 @@ impl<'a> Sim<'a> {
             let caches = self.workers.iter().map(|w| &w.pages.cache);
             snapshot.hot_prefixes =
                 hot_prefixes(heat, at_us / 1000, self.cfg.profile.page_size, caches);
+            if let Some(disks) = &self.disks {
+                for hot in &mut snapshot.hot_prefixes {
+                    hot.persisted = (0..self.workers.len())
+                        .filter(|&w| self.fleet.life[w] != Life::Stopped)
+                        .map(|w| (format!("w{w}"), disks.store(w).leading(&hot.blocks)))
+                        .filter(|&(_, n)| n > 0)
+                        .collect();
+                }
+            }
         }
         snapshot
     }
@@ -744,16 +787,88 @@ impl<'a> Sim<'a> {
         let w = self
             .worker_named(name)
             .map_err(|e| anyhow::anyhow!("retain-spill: {e}"))?;
-        anyhow::ensure!(
-            self.pool.is_some() && to != Tier::Disk,
-            "retain-spill: `{name}` has no {} to spill to",
-            if to == Tier::Disk {
-                "disk tier"
-            } else {
-                "pool"
-            }
-        );
+        let (pool, disk) = (self.pool.is_some(), self.disks.is_some());
+        let lacks = match to {
+            Tier::Pool => (!pool).then_some("pool"),
+            Tier::Disk => (!disk).then_some("disk tier"),
+            Tier::Any => (!pool && !disk).then_some("pool or disk tier"),
+        };
+        if let Some(what) = lacks {
+            anyhow::bail!("retain-spill: `{name}` has no {what} to spill to");
+        }
         self.workers[w].pages.spill = Some(to);
+        Ok(())
+    }
+
+    /// Carry out a `PersistPrefix` (`persist-prefix`): the blocks worker
+    /// `name` holds (from the first) and its disk lacks are written to it.
+    fn persist_prefix(
+        &mut self,
+        blocks: Vec<BlockHash>,
+        name: &str,
+        now: u64,
+    ) -> anyhow::Result<()> {
+        let w = self
+            .worker_named(name)
+            .map_err(|e| anyhow::anyhow!("persist-prefix: {e}"))?;
+        let held = leading_held(&self.workers[w].pages.cache, &blocks);
+        let mut blocks = blocks;
+        blocks.truncate(held);
+        let (pages, bytes) = self.write_to_disk(w, blocks, false, now)?;
+        let c = &mut self.counters.disk;
+        c.persists += 1;
+        c.persisted_pages += pages;
+        c.persisted_bytes += bytes;
+        Ok(())
+    }
+
+    /// Worker `w` writes the pages of `blocks` its disk lacks (a spill if
+    /// `spill`), queued on its disk; they are stored when the write ends.
+    /// Returns the pages and bytes written.
+    fn write_to_disk(
+        &mut self,
+        w: usize,
+        blocks: Vec<BlockHash>,
+        spill: bool,
+        now: u64,
+    ) -> anyhow::Result<(u64, u64)> {
+        let disks = (self.disks.as_mut()).ok_or_else(|| anyhow::anyhow!("no disk tier"))?;
+        let store = disks.store_mut(w);
+        store.read(&blocks);
+        let lacking: Vec<BlockHash> = blocks.into_iter().filter(|h| !store.contains(h)).collect();
+        if lacking.is_empty() {
+            return Ok((0, 0));
+        }
+        let pages = lacking.len() as u64;
+        let bytes = pages * self.cfg.profile.page_size as u64 * self.cfg.kv_bytes_per_token;
+        let end = disks.book(w, now, write_us(bytes));
+        self.disk_written += 1;
+        if spill {
+            self.spills_in_flight[w] += 1;
+        }
+        let write = DiskWrite {
+            w,
+            blocks: lacking,
+            spill,
+        };
+        self.disk_writes.insert(self.disk_written, write);
+        self.events.push(end, Event::DiskWritten(self.disk_written));
+        Ok((pages, bytes))
+    }
+
+    /// Write `d` ended: its pages are on the disk (the least recently used
+    /// going past its capacity).
+    fn disk_written(&mut self, d: u32, now: u64) -> anyhow::Result<()> {
+        let write = (self.disk_writes.remove(&d))
+            .ok_or_else(|| anyhow::anyhow!("disk write {d} ended twice"))?;
+        if write.spill {
+            self.spills_in_flight[write.w] -= 1;
+        }
+        let disks = (self.disks.as_mut()).ok_or_else(|| anyhow::anyhow!("no disk tier"))?;
+        let new = disks.store_mut(write.w).put(&write.blocks, 0, now / 1000) as u64;
+        let c = &mut self.counters.disk;
+        c.stored_pages += new;
+        c.already_held_pages += write.blocks.len() as u64 - new;
         Ok(())
     }
 
@@ -812,12 +927,31 @@ impl<'a> Sim<'a> {
     /// pool, each pinned until its retention would have ended; with
     /// `SPILLS_IN_FLIGHT` of its spills on their way already, one more is
     /// dropped (as `pie-worker` bounds them).
+    /// To its disk when it spills there (`to = "disk"`, or `any` without a
+    /// pool), unpinned.
     fn spill(&mut self, w: usize, now: u64) -> anyhow::Result<()> {
+        let to_disk = match self.workers[w].pages.spill {
+            Some(Tier::Disk) => true,
+            Some(Tier::Any) => self.pool.is_none(),
+            _ => false,
+        };
         for s in std::mem::take(&mut self.workers[w].pages.spilled) {
             if self.spills_in_flight[w] >= SPILLS_IN_FLIGHT {
+                if to_disk {
+                    self.counters.disk.dropped_spills += 1;
+                    continue;
+                }
                 let c = &mut self.counters.pool;
                 c.dropped_spills += 1;
                 c.dropped_spill_pages += s.blocks.len() as u64;
+                continue;
+            }
+            if to_disk {
+                let (pages, bytes) = self.write_to_disk(w, s.blocks, true, now)?;
+                let c = &mut self.counters.disk;
+                c.spills += 1;
+                c.spilled_pages += pages;
+                c.spilled_bytes += bytes;
                 continue;
             }
             let (pages, bytes) = self.push_to_pool(w, s.blocks, s.expires_ms, true, now)?;
@@ -833,29 +967,52 @@ impl<'a> Sim<'a> {
     /// leading pages of its prompt the pool holds past `w`'s own cached
     /// prefix, if any: it is admitted when they arrive.
     fn pull_then_admit(&mut self, w: usize, seq: Seq, now: u64) -> anyhow::Result<()> {
-        let Some(pool) = &mut self.pool else {
+        if self.pool.is_none() && self.disks.is_none() {
             return self.admit(w, seq, now);
-        };
+        }
         let ps = self.cfg.profile.page_size;
+        let page_bytes = ps as u64 * self.cfg.kv_bytes_per_token;
         let usable = seq.prefix_pages(ps);
         let own = leading_held(&self.workers[w].pages.cache, &seq.hashes[..usable]);
-        let pulled = pool.leading(&seq.hashes[own..usable]);
-        if pulled == 0 {
+        let mut end = now;
+        let mut disk_to = own;
+        if let Some(disks) = &mut self.disks {
+            let loaded = disks.store(w).leading(&seq.hashes[own..usable]);
+            if loaded > 0 {
+                disk_to = own + loaded;
+                disks.store_mut(w).read(&seq.hashes[own..disk_to]);
+                let bytes = loaded as u64 * page_bytes;
+                end = disks.book(w, now, read_us(bytes));
+                let c = &mut self.counters.disk;
+                c.loads += 1;
+                c.loaded_pages += loaded as u64;
+                c.loaded_bytes += bytes;
+                c.load_s += (end - now) as f64 / 1e6;
+            }
+        }
+        let mut to = disk_to;
+        if let Some(pool) = &mut self.pool {
+            let pulled = pool.leading(&seq.hashes[disk_to..usable]);
+            if pulled > 0 {
+                to = disk_to + pulled;
+                pool.read(&seq.hashes[disk_to..to]);
+                let bytes = pulled as u64 * page_bytes;
+                let (_, pool_end) = self.links.book(&self.cfg.profile, w, now, bytes);
+                end = end.max(pool_end);
+                let c = &mut self.counters.pool;
+                c.pulls += 1;
+                if c.pulls_by_worker.len() <= w {
+                    c.pulls_by_worker.resize(w + 1, 0);
+                }
+                c.pulls_by_worker[w] += 1;
+                c.pulled_pages += pulled as u64;
+                c.pulled_bytes += bytes;
+                c.pull_s += (pool_end - now) as f64 / 1e6;
+            }
+        }
+        if to == own {
             return self.admit(w, seq, now);
         }
-        let to = own + pulled;
-        pool.read(&seq.hashes[own..to]);
-        let bytes = (pulled * ps) as u64 * self.cfg.kv_bytes_per_token;
-        let (_, end) = self.links.book(&self.cfg.profile, w, now, bytes);
-        let c = &mut self.counters.pool;
-        c.pulls += 1;
-        if c.pulls_by_worker.len() <= w {
-            c.pulls_by_worker.resize(w + 1, 0);
-        }
-        c.pulls_by_worker[w] += 1;
-        c.pulled_pages += pulled as u64;
-        c.pulled_bytes += bytes;
-        c.pull_s += (end - now) as f64 / 1e6;
         let r = seq.req;
         self.pulling.insert(
             r,
@@ -863,6 +1020,7 @@ impl<'a> Sim<'a> {
                 w,
                 seq,
                 from: own,
+                disk_to,
                 to,
             },
         );
@@ -870,15 +1028,18 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
-    /// Request `r`'s pull reached its worker: the pages into its prefix
-    /// cache (as many as fit: as the engine imports pages, evicting only
-    /// unreferenced cached pages, never a running or retained sequence's),
-    /// then the request joins its queue.
+    /// Request `r`'s pages from its worker's disk and the pool reached its
+    /// worker: into its prefix cache (as many as fit: as the engine imports
+    /// pages, evicting only unreferenced cached pages, never a running or
+    /// retained sequence's), then the request joins its queue.
     fn pulled(&mut self, r: u32, now: u64) -> anyhow::Result<()> {
         let p =
             (self.pulling.remove(&r)).ok_or_else(|| anyhow::anyhow!("request {r} pulled twice"))?;
         let kept = self.workers[p.w].pages.receive(&p.seq.hashes[p.from..p.to]);
-        let unfit = (p.to - p.from - kept) as u64;
+        // The disk's pages come first: they are the last to be dropped.
+        let disk_unfit = (p.disk_to - p.from).saturating_sub(kept) as u64;
+        let unfit = (p.to - p.from - kept) as u64 - disk_unfit;
+        self.counters.disk.unfit_pages += disk_unfit;
         self.counters.pool.unfit_pages += unfit;
         self.counters.pool.short_pulls += u64::from(unfit > 0);
         self.sync_index(p.w);
@@ -931,6 +1092,9 @@ impl<'a> Sim<'a> {
             self.send_links.grow(w + 1);
             self.awaiting.push(Vec::new());
             self.spills_in_flight.push(0);
+            if let Some(disks) = &mut self.disks {
+                disks.grow(w + 1);
+            }
             if let Some(m) = self.machine_of(w) {
                 if m == self.machines.len() {
                     self.machines.push(SharedMachine::default());
