@@ -192,6 +192,59 @@ fn imported_prefix_pages_give_same_tokens() {
     assert_eq!(got, expected);
 }
 
+/// Pages imported for an arriving prompt take the room a retained session
+/// holds (soonest expiry first): the session is evicted, spilled whole when
+/// spilling is on (`retain-all`), and every page is imported.
+#[test]
+fn imported_pages_evict_a_retained_session_which_spills() {
+    use pie_core::{PropValue, Props};
+    use pie_policy::KeepSession;
+    let p = prompt(31, 48);
+    let mut a = engine(64, 512);
+    a.add(request(&p, 4)).unwrap();
+    drain(&mut a);
+    let pages: Vec<Vec<u8>> = block_hashes(model().fingerprint, &p, 4)
+        .iter()
+        .map(|h| export_page(a.pool(), a.pool().lookup(*h).unwrap()).unwrap())
+        .collect();
+    assert_eq!(pages.len(), 12);
+    for spill in [false, true] {
+        let mut b = engine(16, 512);
+        b.set_keep_session(Some(KeepSession::new(Default::default())));
+        b.set_spill(spill);
+        let mut props = Props::new();
+        props.set("session", PropValue::Str("s".into())).unwrap();
+        props.set("keep-ms", PropValue::Int(60_000)).unwrap();
+        let mut kept = request(&prompt(32, 20), 8);
+        kept.props = props;
+        b.add(kept).unwrap();
+        drain(&mut b);
+        assert_eq!(b.retained_sessions().len(), 1, "7 pages retained");
+        assert!(b.pool_stats().free + b.pool_stats().cached < pages.len());
+        assert_eq!(
+            b.import_pages(&pages),
+            12,
+            "every page, in the retained room"
+        );
+        assert!(b.retained_sessions().is_empty(), "the session made room");
+        let spills = b.take_spills();
+        match spill {
+            false => assert!(spills.is_empty()),
+            true => {
+                // 27 tokens computed (the last one sampled is not): 6 full pages.
+                assert_eq!(spills.len(), 1);
+                assert_eq!(
+                    (spills[0].session.as_str(), spills[0].pages.len()),
+                    ("s", 6)
+                );
+            }
+        }
+        let (got, cached) = run_one(&mut b, request(&p, 4));
+        assert_eq!(cached, 44, "the imported prefix (all but the last token)");
+        assert_eq!(got, alone(&p, 4));
+    }
+}
+
 #[test]
 fn abort_frees_pages_and_admission_checks_sizes() {
     let mut e = engine(8, 512);

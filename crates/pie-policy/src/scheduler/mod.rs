@@ -276,7 +276,7 @@ impl Scheduler {
         loop {
             let want = kv.uncomputed(seq).min(budget);
             let room = kv.room(seq);
-            if room < want && (self.drop_soonest_retained(kv) || self.preempt_last(kv, rank + 1)) {
+            if room < want && (self.evict_soonest_retained(kv) || self.preempt_last(kv, rank + 1)) {
                 continue;
             }
             let tokens = want.min(room);
@@ -288,7 +288,11 @@ impl Scheduler {
         }
     }
 
-    fn drop_soonest_retained(&mut self, kv: &mut impl KvAccounting) -> bool {
+    /// Evict the retained session that expires soonest (before its expiry:
+    /// the accounting may spill it); false when none is retained. The
+    /// scheduler does so when a sequence needs pages; the engine when pages
+    /// pulled for an arriving prompt need room.
+    pub fn evict_soonest_retained(&mut self, kv: &mut impl KvAccounting) -> bool {
         match self.retained.pop_soonest(u64::MAX) {
             Some((session, expires_ms)) => {
                 kv.evict_retained(&session, expires_ms);

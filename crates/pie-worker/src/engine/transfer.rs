@@ -45,7 +45,13 @@ impl Engine {
 
     /// Import verified pages as cached pages; returns how many the pool holds
     /// afterwards (already present ones count; a full pool stops the import).
+    /// Retained sessions make room first, soonest expiry first (spilled
+    /// under `retain-all`): pages pulled for an arriving prompt are worth
+    /// more than a finished session's that may never be asked for again.
     pub fn import_pages(&mut self, pages: &[Vec<u8>]) -> usize {
+        while self.kv.pool.available() < pages.len()
+            && self.scheduler.evict_soonest_retained(&mut self.kv)
+        {}
         pages
             .iter()
             .take_while(|bytes| import_page(&mut self.kv.pool, bytes).is_ok())
