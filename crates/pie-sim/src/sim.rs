@@ -1030,11 +1030,14 @@ impl<'a> Sim<'a> {
 
     /// Request `r`'s pages from its worker's disk and the pool reached its
     /// worker: into its prefix cache (as many as fit: as the engine imports
-    /// pages, evicting only unreferenced cached pages, never a running or
-    /// retained sequence's), then the request joins its queue.
+    /// pages, retained sessions make room first, soonest expiry first and
+    /// spilled when the worker spills; then unreferenced cached pages are
+    /// evicted; never a running sequence's), then the request joins its queue.
     fn pulled(&mut self, r: u32, now: u64) -> anyhow::Result<()> {
         let p =
             (self.pulling.remove(&r)).ok_or_else(|| anyhow::anyhow!("request {r} pulled twice"))?;
+        self.make_room(p.w, p.to - p.from);
+        self.spill(p.w, now)?;
         let kept = self.workers[p.w].pages.receive(&p.seq.hashes[p.from..p.to]);
         // The disk's pages come first: they are the last to be dropped.
         let disk_unfit = (p.disk_to - p.from).saturating_sub(kept) as u64;
@@ -1044,6 +1047,15 @@ impl<'a> Sim<'a> {
         self.counters.pool.short_pulls += u64::from(unfit > 0);
         self.sync_index(p.w);
         self.admit(p.w, p.seq, now)
+    }
+
+    /// Retained sessions on worker `w` evicted (soonest expiry first) until
+    /// `pages` are free or evictable, as the engine's import does.
+    fn make_room(&mut self, w: usize, pages: usize) {
+        let (scheduler, mut kv, _) = self.split(w);
+        while kv.pages.free_pages() + kv.pages.cache.evictable() < pages
+            && scheduler.evict_soonest_retained(&mut kv)
+        {}
     }
 
     /// The index of worker `name` (`w3`); an unknown or stopped one is an
