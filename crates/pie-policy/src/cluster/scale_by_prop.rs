@@ -12,7 +12,10 @@
 //! so a load that hovers at a boundary does not flap. After a step, no further
 //! step while current differs from the recommendation (the previous step is
 //! pending), until `pending_timeout_ms` has passed since it. Like Dynamo's
-//! planner, one step at a time, as KEDA/HPA would then act on it.
+//! planner, one step at a time, as KEDA/HPA would then act on it. Keep
+//! `pending_timeout_ms` above the time a new worker takes to start: a step
+//! that times out while its worker boots is followed by another (the
+//! simulator's autoscaler showed the fleet flapping so).
 //!
 //! A hint is emitted when a group's (current, recommended, reason code) changes,
 //! so the action log holds changes, not a line per tick. At most `max_groups`
