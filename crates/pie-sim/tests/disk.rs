@@ -9,46 +9,20 @@
 //! page written arrives and its bytes are its KV; the disk actors without a
 //! disk are refused; runs are deterministic.
 
+mod common;
+
+use common::{multi_turn_with, page_bytes, whole, KEEP, WORKERS};
 use pie_policy::cluster::{Action, Tier};
-use pie_sim::disaggregate::kv_bytes_per_token;
 use pie_sim::disk::DiskCounters;
 use pie_sim::{run, CostProfile, PolicyName, RunMetrics, SimConfig, WorkloadSpec};
-
-const WORKERS: usize = 4;
-const KEEP: &str = "session-affinity,cache-aware";
-
-fn page_bytes() -> u64 {
-    16 * kv_bytes_per_token(&CostProfile::gpu_a100_llama3_8b())
-}
 
 /// `multi-turn` under eviction pressure with keep-session (as
 /// `tests/retain.rs`), each worker with a disk of `disk_pages`.
 fn multi_turn(router: &str, disk_pages: usize, to: Tier) -> RunMetrics {
-    let mut spec = WorkloadSpec::named("multi-turn")
-        .and_then(|w| {
-            w.with_overrides(&["think_ms=20000".to_string(), "keep_ms=60000".to_string()])
-        })
-        .expect("valid overrides");
-    spec.scale_rate(WORKERS as f64);
-    let mut profile = CostProfile::gpu_a100_llama3_8b();
-    profile.kv_pages = 1000;
-    let mut cfg = SimConfig::new(
-        WORKERS,
-        PolicyName::Fcfs,
-        router.parse().expect("valid router"),
-        profile,
-    );
-    cfg.keep_session = true;
-    cfg.disk_pages = disk_pages;
-    cfg.actor_configs.retain_all.to = to;
-    let reqs = spec.generate(2000, 7);
-    run(&cfg, spec.name(), &reqs).expect("simulation runs")
-}
-
-fn whole(m: &RunMetrics) {
-    assert_eq!(m.completed, m.requests, "{}", m.router);
-    assert_eq!((m.rejected, m.aborted), (0, 0), "{}", m.router);
-    assert_eq!(m.wrong_output_lengths, 0, "{}: tokens lost", m.router);
+    multi_turn_with(router, |cfg| {
+        cfg.disk_pages = disk_pages;
+        cfg.actor_configs.retain_all.to = to;
+    })
 }
 
 /// Every page written reached the disk, and bytes are the pages' KV.

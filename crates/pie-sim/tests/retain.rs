@@ -10,56 +10,22 @@
 //! `pool-replicate` pushes it, workers that did not push it pull it, and TTFT
 //! p99 drops as with `replicate`.
 
+mod common;
+
+use common::{multi_turn_with, page_bytes, whole, KEEP};
 use pie_policy::cluster::{Action, Tier};
-use pie_sim::disaggregate::kv_bytes_per_token;
 use pie_sim::pool::PoolCounters;
 use pie_sim::{run, CostProfile, PolicyName, RunMetrics, SimConfig, WorkloadSpec};
-
-const WORKERS: usize = 4;
-const REQUESTS: usize = 2000;
-const KEEP: &str = "session-affinity,cache-aware";
 
 /// `multi-turn` under eviction pressure with keep-session, on `router`, with
 /// a pool of `pool_pages` (0: none).
 fn multi_turn(router: &str, pool_pages: usize) -> RunMetrics {
-    multi_turn_with(router, pool_pages, |_| {})
-}
-
-fn multi_turn_with(
-    router: &str,
-    pool_pages: usize,
-    configure: impl Fn(&mut SimConfig),
-) -> RunMetrics {
-    let mut spec = WorkloadSpec::named("multi-turn")
-        .and_then(|w| {
-            w.with_overrides(&["think_ms=20000".to_string(), "keep_ms=60000".to_string()])
-        })
-        .expect("valid overrides");
-    spec.scale_rate(WORKERS as f64);
-    let mut profile = CostProfile::gpu_a100_llama3_8b();
-    profile.kv_pages = 1000;
-    let mut cfg = SimConfig::new(
-        WORKERS,
-        PolicyName::Fcfs,
-        router.parse().expect("valid router"),
-        profile,
-    );
-    cfg.keep_session = true;
-    cfg.pool_pages = pool_pages;
-    configure(&mut cfg);
-    let reqs = spec.generate(REQUESTS, 7);
-    run(&cfg, spec.name(), &reqs).expect("simulation runs")
-}
-
-fn whole(m: &RunMetrics) {
-    assert_eq!(m.completed, m.requests, "{}", m.router);
-    assert_eq!((m.rejected, m.aborted), (0, 0), "{}", m.router);
-    assert_eq!(m.wrong_output_lengths, 0, "{}: tokens lost", m.router);
+    multi_turn_with(router, |cfg| cfg.pool_pages = pool_pages)
 }
 
 /// Every page a push sent reached the pool, and its bytes are its KV.
 fn accounted(p: &PoolCounters) {
-    let page_bytes = 16 * kv_bytes_per_token(&CostProfile::gpu_a100_llama3_8b());
+    let page_bytes = page_bytes();
     assert_eq!(
         p.spilled_pages + p.replicated_pages,
         p.stored_pages + p.already_held_pages,
@@ -126,8 +92,9 @@ fn a_small_pool_evicts_down_to_its_watermark_and_never_holds_more_than_its_capac
 fn a_worker_drops_spills_beyond_four_on_their_way() {
     let fast = multi_turn(&format!("{KEEP},retain-all"), 40_000);
     // KV 1,000 times as large: a spill takes seconds to cross the link.
-    let slow = multi_turn_with(&format!("{KEEP},retain-all"), 40_000, |c| {
-        c.kv_bytes_per_token *= 1000
+    let slow = multi_turn_with(&format!("{KEEP},retain-all"), |c| {
+        c.pool_pages = 40_000;
+        c.kv_bytes_per_token *= 1000;
     });
     whole(&slow);
     let (f, s) = (fast.pool.expect("a pool"), slow.pool.expect("a pool"));
