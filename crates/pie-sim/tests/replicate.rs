@@ -4,29 +4,15 @@
 //! sent bytes are the pages' KV, every request still produces its output, and
 //! the intended effect: TTFT p99 drops against cache-aware alone.
 
+mod common;
+
+use common::{hot_system_prompt, HOT_REQUESTS as REQUESTS};
 use pie_policy::cluster::Action;
 use pie_sim::disaggregate::kv_bytes_per_token;
-use pie_sim::{run, CostProfile, PolicyName, RunMetrics, SimConfig, WorkloadSpec};
-
-const WORKERS: usize = 32;
-const REQUESTS: usize = 12000;
+use pie_sim::{CostProfile, RunMetrics};
 
 fn sim(router: &str) -> RunMetrics {
-    let mut spec = WorkloadSpec::named("shared-prefix")
-        .and_then(|w| w.with_overrides(&["zipf=1.6".to_string()]))
-        .expect("valid override");
-    spec.scale_rate(WORKERS as f64 * 0.2);
-    let mut profile = CostProfile::gpu_a100_llama3_8b();
-    profile.max_running = 8;
-    let mut cfg = SimConfig::new(
-        WORKERS,
-        PolicyName::Fcfs,
-        router.parse().expect("valid router"),
-        profile,
-    );
-    cfg.actor_tick_ms = 250;
-    let reqs = spec.generate(REQUESTS, 3);
-    run(&cfg, spec.name(), &reqs).expect("simulation runs")
+    hot_system_prompt(router, |_| {})
 }
 
 #[test]

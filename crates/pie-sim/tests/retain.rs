@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{multi_turn_with, page_bytes, whole, KEEP};
+use common::{hot_system_prompt, multi_turn_with, page_bytes, whole, KEEP};
 use pie_policy::cluster::{Action, Tier};
 use pie_sim::pool::PoolCounters;
 use pie_sim::{run, CostProfile, PolicyName, RunMetrics, SimConfig, WorkloadSpec};
@@ -141,26 +141,9 @@ fn retain_all_runs_are_deterministic() {
     assert_eq!(a.actions, b.actions);
 }
 
-/// `shared-prefix` with one system prompt taking about half the traffic and
-/// a small `max_running` (so its holders are crowded), as `replicate.rs`.
+/// `hot_system_prompt` with a pool.
 fn shared_prefix(router: &str) -> RunMetrics {
-    const WORKERS: usize = 32;
-    let mut spec = WorkloadSpec::named("shared-prefix")
-        .and_then(|w| w.with_overrides(&["zipf=1.6".to_string()]))
-        .expect("valid override");
-    spec.scale_rate(WORKERS as f64 * 0.2);
-    let mut profile = CostProfile::gpu_a100_llama3_8b();
-    profile.max_running = 8;
-    let mut cfg = SimConfig::new(
-        WORKERS,
-        PolicyName::Fcfs,
-        router.parse().expect("valid router"),
-        profile,
-    );
-    cfg.actor_tick_ms = 250;
-    cfg.pool_pages = 100_000;
-    let reqs = spec.generate(12000, 3);
-    run(&cfg, spec.name(), &reqs).expect("simulation runs")
+    hot_system_prompt(router, |cfg| cfg.pool_pages = 100_000)
 }
 
 #[test]
