@@ -190,7 +190,7 @@ impl PromptChains {
     }
 
     /// The chain `w` hashes the prompt to.
-    fn of(&self, w: &Worker) -> Option<&[u64]> {
+    fn of<'a>(&'a self, w: &Worker) -> Option<&'a [u64]> {
         self.kind_of(w).map(|at| self.kinds[at].1.as_slice())
     }
 }
@@ -415,7 +415,7 @@ impl Registry {
     pub fn anticipate(&self, name: &str, chains: &PromptChains) {
         let Some((slot, hashes)) = self.read_worker(
             |w| w.name == name,
-            |w| (w.slot, chains.of(w).unwrap_or_default().to_vec()),
+            |w| (w.slot, chains.of(w).unwrap_or_default()),
         ) else {
             return;
         };
@@ -425,7 +425,7 @@ impl Registry {
         }
         let index = self.index.read().unwrap_or_else(|e| e.into_inner());
         self.lock_pending()
-            .anticipate(slot, &hashes, &index, now_ms());
+            .anticipate(slot, hashes, &index, now_ms());
     }
 
     /// Worker `slot` published these blocks: held, no longer pending.
@@ -542,15 +542,15 @@ impl Registry {
     }
 
     /// A prompt's block-hash chains for the kinds of model (fingerprint,
-    /// page size) the workers serve: hashed once per request, outside any
-    /// lock, and read by `views` and `anticipate`.
+    /// page size) the serving workers serve: hashed once per request,
+    /// outside any lock, and read by `views` and `anticipate`.
     pub fn chains(&self, prompt: &[u32], cache_salt: Option<&str>) -> PromptChains {
         let mut kinds: Vec<(u64, usize)> = self
             .workers
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .filter(|w| w.page_size > 0)
+            .filter(|w| w.serving() && w.page_size > 0)
             .map(|w| (w.fingerprint, w.page_size))
             .collect();
         kinds.sort_unstable();

@@ -269,3 +269,80 @@ fn a_light_client_gets_all_its_demand_beside_a_flooder() {
     let fcfs = light as f64 / (light + flood) as f64;
     assert!(fcfs < 0.3, "fcfs, for contrast, gives it {fcfs:.3}");
 }
+
+/// A retained session whose pages a new sequence needs is evicted early
+/// (`evict_retained`, with the expiry it would have had), not dropped; one
+/// whose retention passed is dropped (`drop_retained`) without that call.
+#[test]
+fn a_retained_session_needed_early_is_evicted_with_its_expiry() {
+    let limits = StepLimits {
+        max_batch_tokens: 64,
+        max_running: 4,
+    };
+    let mut scheduler = Scheduler::new(Box::new(Fcfs), limits);
+    scheduler.set_keep_session(Some(KeepSession::new(Default::default())));
+    let mut kv = ToyKv {
+        page_size: 4,
+        free: 8,
+        seqs: HashMap::new(),
+        retained: HashMap::new(),
+        evicted_early: Vec::new(),
+    };
+    let add = |kv: &mut ToyKv, scheduler: &mut Scheduler, id: u64, prompt: usize, session: &str| {
+        let seq = SeqId(id);
+        let toy = ToySeq {
+            prompt,
+            max_tokens: 2,
+            generated: 0,
+            len: 0,
+            pages: 0,
+        };
+        kv.seqs.insert(seq, toy);
+        let mut props = Props::new();
+        props
+            .set("session", PropValue::Str(session.into()))
+            .unwrap();
+        props.set("keep-ms", PropValue::Int(1_000)).unwrap();
+        let cand = Candidate {
+            seq,
+            arrival_ms: 0,
+            running: false,
+            prefill_tokens: 0,
+            client: "c".into(),
+            props,
+        };
+        scheduler.add(kv, cand);
+    };
+    let run_until_done = |kv: &mut ToyKv, scheduler: &mut Scheduler, now: u64| {
+        let mut plan = Vec::new();
+        while !scheduler.is_empty() {
+            scheduler.expire_retained(kv, now);
+            scheduler.plan(kv, now, &mut plan);
+            let (_, done) = compute_step(kv, scheduler, &plan);
+            for seq in scheduler.finish(kv, &done, true) {
+                kv.seqs.remove(&seq);
+            }
+        }
+    };
+    add(&mut kv, &mut scheduler, 1, 8, "a");
+    run_until_done(&mut kv, &mut scheduler, 10);
+    assert_eq!(
+        scheduler.retained_sessions(),
+        vec![("a".to_string(), 1_010)]
+    );
+    add(&mut kv, &mut scheduler, 2, 24, "b");
+    run_until_done(&mut kv, &mut scheduler, 20);
+    assert_eq!(
+        kv.evicted_early,
+        vec![("a".to_string(), 1_010)],
+        "evicted before 1,010, with it"
+    );
+    assert!(!kv.retained.contains_key("a"));
+    kv.evicted_early.clear();
+    scheduler.expire_retained(&mut kv, 2_000);
+    assert!(
+        kv.evicted_early.is_empty(),
+        "b's retention expired: dropped, not evicted early"
+    );
+    assert!(kv.retained.is_empty());
+}
