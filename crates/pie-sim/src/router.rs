@@ -19,9 +19,10 @@
 //! win cost, not a pass over every worker: only the holders of the prompt's
 //! prefix have non-zero prefix fields in their views (the previous request's
 //! holders are reset), and a pipeline that decides the same on a shortlist
-//! (`decides_on_shortlist`) routes among the holders, the least-loaded
-//! workers, the most loaded one and the workers its policies name
-//! (`LoadOrder::shortlist`, loads kept in order as they change).
+//! (`decides_on_shortlist`) routes among the holder cache-aware would pick
+//! (`LoadOrder::best_holder`), the least-loaded workers, the most loaded one
+//! and the workers its policies name (`LoadOrder::shortlist`, loads kept in
+//! order as they change).
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -29,8 +30,8 @@ use std::str::FromStr;
 use pie_core::{BlockHash, Props};
 use pie_policy::cluster::{
     self, decides_on_shortlist, routing_policy, split_policies, CacheAwareConfig, ClusterIndex,
-    ClusterPolicy, LoadOrder, PendingBlocks, Reject, RouteRequest, RoutingConfigs, Stage,
-    WorkerView,
+    ClusterPolicy, LoadOrder, PendingBlocks, PrefixHolder, Reject, RouteRequest, RoutingConfigs,
+    Stage, WorkerView,
 };
 
 /// The cluster policies, as in the controller's `cluster_policies`
@@ -113,8 +114,9 @@ pub struct Router {
     pending: PendingBlocks,
     page_size: usize,
     /// The workers whose views have non-zero prefix fields (the last
-    /// request's holders); every other view has zeros there.
-    holders: Vec<usize>,
+    /// request's holders, with their prefixes in blocks); every other view
+    /// has zeros there.
+    holders: Vec<PrefixHolder>,
     /// The decode-capable workers by load, when the pipeline routes on a
     /// shortlist.
     loads: Option<LoadOrder>,
@@ -289,7 +291,9 @@ impl Router {
                     .filter_map(|p| p.named_worker(now_ms, &req))
                     .filter_map(|name| self.slots.get(name).copied())
                     .collect();
-                let shortlist = loads.shortlist(&self.holders, &named);
+                let best =
+                    loads.best_holder(self.holders.iter().map(|h| (h.slot, h.ahead, h.held)));
+                let shortlist = loads.shortlist(best.as_slice(), &named);
                 cluster::route_among(&mut self.pipeline, now_ms, &req, &self.views, shortlist)?
             }
             _ if self.not_serving > 0 => {
@@ -330,16 +334,14 @@ impl Router {
         let Some(index) = &self.index else {
             return;
         };
-        for &w in &self.holders {
-            self.views[w].cached_prefix_tokens = 0;
-            self.views[w].anticipated_prefix_tokens = 0;
+        for h in &self.holders {
+            self.views[h.slot].cached_prefix_tokens = 0;
+            self.views[h.slot].anticipated_prefix_tokens = 0;
         }
-        let holders = index.prefix_holders(self.pending.index(), hashes, self.views.len());
-        self.holders.clear();
-        for h in holders {
+        self.holders = index.prefix_holders(self.pending.index(), hashes, self.views.len());
+        for h in &self.holders {
             self.views[h.slot].cached_prefix_tokens = h.held * self.page_size;
             self.views[h.slot].anticipated_prefix_tokens = h.ahead * self.page_size;
-            self.holders.push(h.slot);
         }
     }
 }

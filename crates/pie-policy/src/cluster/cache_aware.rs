@@ -73,14 +73,15 @@ impl CacheAware {
     }
 }
 
-/// Sorts `candidates` by `key`, which differs for every candidate (it ends
-/// with the index), so any sort gives the one order: the keys are read from
-/// the views once each, then sorted in place of the indices.
-fn sort_by_unique_key<K: Ord>(candidates: &mut [usize], key: impl Fn(usize) -> K) {
-    let mut keyed: Vec<(K, usize)> = candidates.iter().map(|&i| (key(i), i)).collect();
-    keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    for (slot, (_, i)) in candidates.iter_mut().zip(keyed) {
-        *slot = i;
+/// Moves the candidate with the least `key` to the front. Only the first
+/// candidate is read after a policy decides (a later policy sorts or filters
+/// by its own unique key or a name), so a pass finding the minimum decides as
+/// a full sort did, in O(n) instead of O(n log n) over a shortlist of
+/// hundreds of prefix holders.
+fn least_first<K: Ord>(candidates: &mut [usize], key: impl Fn(usize) -> K) {
+    let best = (0..candidates.len()).min_by_key(|&at| key(candidates[at]));
+    if let Some(at) = best {
+        candidates.swap(0, at);
     }
 }
 
@@ -98,6 +99,17 @@ impl CacheAware {
             config,
             next_cold: 0,
         }
+    }
+
+    /// A cold prompt's turn: among the candidates at load `min`, the first
+    /// worker at or after `next_cold` (by index), else the first one; moved
+    /// to the front and returned. Rotates over workers, not over places in
+    /// the tie set: the set changes between decisions (a load counted until
+    /// the next poll), and a place-based turn could skip a worker for good.
+    fn rotate_cold(&self, workers: &[WorkerView], candidates: &mut [usize], min: usize) -> usize {
+        let next = self.next_cold;
+        least_first(candidates, |i| (workers[i].load != min, i < next, i));
+        candidates[0]
     }
 }
 
@@ -123,23 +135,10 @@ impl ClusterPolicy for CacheAware {
             .max()
             .unwrap_or(0);
         if imbalanced || best_cached == 0 {
-            sort_by_unique_key(candidates, |i| (workers[i].load, i));
-            let ties = candidates
-                .iter()
-                .take_while(|&&i| workers[i].load == min)
-                .count();
-            if !imbalanced && ties > 1 {
-                // Rotate over workers, not over places in the tie set: the
-                // set changes between decisions (a load counted until the next
-                // poll), and a place-based turn could skip a worker for good.
-                let next = candidates[..ties]
-                    .iter()
-                    .position(|&i| i >= self.next_cold)
-                    .unwrap_or(0);
-                candidates[..ties].rotate_left(next);
-            }
-            if !imbalanced {
-                self.next_cold = candidates[0] + 1;
+            if imbalanced {
+                least_first(candidates, |i| (workers[i].load, i));
+            } else {
+                self.next_cold = self.rotate_cold(workers, candidates, min) + 1;
             }
             let w = &workers[candidates[0]];
             let why = if imbalanced {
@@ -149,7 +148,7 @@ impl ClusterPolicy for CacheAware {
             };
             return Ok(Some(why));
         }
-        sort_by_unique_key(candidates, |i| {
+        least_first(candidates, |i| {
             (
                 std::cmp::Reverse(self.worth(&workers[i])),
                 std::cmp::Reverse(workers[i].cached_prefix_tokens),

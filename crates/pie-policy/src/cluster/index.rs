@@ -26,7 +26,7 @@ const SLOTS_PER_SHARD: usize = 64;
 /// 128-bit multiplication, so both the high bits (the table's tags) and the
 /// low bits (its buckets) depend on all of it.
 #[derive(Debug, Default)]
-struct BlockHasher(u64);
+pub(crate) struct BlockHasher(u64);
 
 impl Hasher for BlockHasher {
     fn finish(&self) -> u64 {
@@ -42,6 +42,12 @@ impl Hasher for BlockHasher {
     fn write_u64(&mut self, x: u64) {
         let m = u128::from(self.0 ^ x) * 0x9e37_79b9_7f4a_7c15;
         self.0 = (m as u64) ^ ((m >> 64) as u64);
+    }
+
+    /// A slot number, as in `PendingBlocks`' (slot, block) keys: one
+    /// multiplication, not one per byte.
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64);
     }
 }
 
@@ -182,52 +188,104 @@ impl ClusterIndex {
         hashes: &[u64],
         slots: usize,
     ) -> Vec<PrefixHolder> {
-        let mut out = Vec::new();
-        let shards = self.shards.len().max(pending.shards.len());
-        for shard in 0..shards {
-            let base = shard * SLOTS_PER_SHARD;
-            if base >= slots || hashes.is_empty() {
-                break;
-            }
-            let probe =
-                |map: Option<&Shard>, h: &u64| map.and_then(|m| m.get(h)).copied().unwrap_or(0);
-            let (mine, theirs) = (self.shards.get(shard), pending.shards.get(shard));
-            // Per bit of the shard: the depth where it stopped holding (held
-            // only, and held or pending); `hashes.len()` if it never did.
-            let (mut held_at, mut ahead_at) = ([hashes.len(); 64], [hashes.len(); 64]);
-            let (mut held_alive, mut ahead_alive) = (u64::MAX, u64::MAX);
-            let mut holders = 0;
-            for (depth, h) in hashes.iter().enumerate() {
-                let held = probe(mine, h);
-                let ahead = held
-                    | if ahead_alive & !held != 0 {
-                        probe(theirs, h)
+        let shards =
+            (self.shards.len().max(pending.shards.len())).min(slots.div_ceil(SLOTS_PER_SHARD));
+        if hashes.is_empty() {
+            return Vec::new();
+        }
+        let mut walks: Vec<ShardWalk> = (0..shards)
+            .map(|s| ShardWalk::new(s, hashes.len()))
+            .collect();
+        let mut live: Vec<usize> = (0..shards).collect();
+        let mut held = Vec::with_capacity(shards);
+        // Depth by depth over every shard still holding the chain, so that one
+        // depth's probes (each a likely cache miss) are independent of each
+        // other and overlap, instead of a shard's chain of probes one by one.
+        for (depth, h) in hashes.iter().enumerate() {
+            held.clear();
+            held.extend(live.iter().map(|&s| probe(self.shards.get(s), h)));
+            for (&s, &mine) in live.iter().zip(&held) {
+                let walk = &mut walks[s];
+                let ahead = mine
+                    | if walk.ahead_alive & !mine != 0 {
+                        probe(pending.shards.get(s), h)
                     } else {
                         0
                     };
-                for_bits(held_alive & !held, |bit| held_at[bit] = depth);
-                for_bits(ahead_alive & !ahead, |bit| ahead_at[bit] = depth);
-                held_alive &= held;
-                ahead_alive &= ahead;
-                if depth == 0 {
-                    holders = ahead;
-                }
-                if ahead_alive == 0 {
-                    break;
-                }
+                walk.step(depth, mine, ahead);
             }
-            for_bits(holders, |bit| {
-                let slot = base + bit;
-                if slot < slots {
-                    out.push(PrefixHolder {
-                        slot,
-                        held: held_at[bit],
-                        ahead: ahead_at[bit],
-                    });
-                }
-            });
+            live.retain(|&s| walks[s].ahead_alive != 0);
+            if live.is_empty() {
+                break;
+            }
+        }
+        let mut out = Vec::new();
+        for walk in &walks {
+            walk.holders_below(slots, &mut out);
         }
         out
+    }
+}
+
+/// `map`'s mask for `hash`: the shard's slots holding it.
+fn probe(map: Option<&Shard>, hash: &u64) -> u64 {
+    map.and_then(|m| m.get(hash)).copied().unwrap_or(0)
+}
+
+/// One shard's walk down a prompt's chain in [`ClusterIndex::prefix_holders`].
+struct ShardWalk {
+    shard: usize,
+    /// The slots (bits) holding every block so far, and holding or having
+    /// pending every block so far.
+    held_alive: u64,
+    ahead_alive: u64,
+    /// The slots holding or having pending the first block.
+    holders: u64,
+    /// Per bit: the depth where it stopped holding (held only, and held or
+    /// pending); the chain's length if it never did.
+    held_at: [u32; SLOTS_PER_SHARD],
+    ahead_at: [u32; SLOTS_PER_SHARD],
+}
+
+impl ShardWalk {
+    fn new(shard: usize, chain: usize) -> Self {
+        let chain = u32::try_from(chain).expect("a chain under 2^32 blocks");
+        Self {
+            shard,
+            held_alive: u64::MAX,
+            ahead_alive: u64::MAX,
+            holders: 0,
+            held_at: [chain; SLOTS_PER_SHARD],
+            ahead_at: [chain; SLOTS_PER_SHARD],
+        }
+    }
+
+    /// The block at `depth` is held by the slots in `held` and held or
+    /// pending on those in `ahead`.
+    fn step(&mut self, depth: usize, held: u64, ahead: u64) {
+        let at = depth as u32;
+        for_bits(self.held_alive & !held, |bit| self.held_at[bit] = at);
+        for_bits(self.ahead_alive & !ahead, |bit| self.ahead_at[bit] = at);
+        self.held_alive &= held;
+        self.ahead_alive &= ahead;
+        if depth == 0 {
+            self.holders = ahead;
+        }
+    }
+
+    /// Appends the holders below `slots`, ascending.
+    fn holders_below(&self, slots: usize, out: &mut Vec<PrefixHolder>) {
+        let base = self.shard * SLOTS_PER_SHARD;
+        for_bits(self.holders, |bit| {
+            let slot = base + bit;
+            if slot < slots {
+                out.push(PrefixHolder {
+                    slot,
+                    held: self.held_at[bit] as usize,
+                    ahead: self.ahead_at[bit] as usize,
+                });
+            }
+        });
     }
 }
 

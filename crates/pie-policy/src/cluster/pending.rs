@@ -15,14 +15,18 @@
 //! anticipating it again moves the deadline.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
 
+use super::index::BlockHasher;
 use super::ClusterIndex;
 
 #[derive(Debug, Default)]
 pub struct PendingBlocks {
     index: ClusterIndex,
     /// The latest deadline of each pending (slot, block).
-    deadlines: HashMap<(usize, u64), u64>,
+    /// Keyed by (slot, block hash) hashed by multiplication, not SipHash:
+    /// a lookup per routed and per published block.
+    deadlines: HashMap<(usize, u64), u64, BuildHasherDefault<BlockHasher>>,
     /// (deadline, slot, block) in anticipation order; deadlines grow with it
     /// while `ttl_ms` stays, and a changed ttl only delays some expiries.
     queue: VecDeque<(u64, usize, u64)>,

@@ -6,10 +6,14 @@
 //! cache-aware, least-loaded, in any order), [`super::route_among`] over a
 //! shortlist decides exactly as [`super::route`] over every candidate, when
 //! the shortlist holds:
-//! - every candidate holding or anticipating a prefix of the prompt, or able
-//!   to pull one from its shared page pool (the only ones cache-aware's prefix
-//!   rule can pick; the simulator's router routes a prompt the pool holds
-//!   part of over every worker instead),
+//! - the candidate cache-aware's prefix rule picks among the holders: the
+//!   longest prefix of the prompt held or anticipated, then the most held,
+//!   then the least loaded, then the lowest slot ([`LoadOrder::best_holder`];
+//!   no other holder can win under any of these policies unless it is least
+//!   loaded or named, and the rule needs only one holder with the longest
+//!   prefix to know the prompt is not cold); with a shared page pool a
+//!   worker able to pull a pooled prefix may win too, so the simulator's
+//!   router routes a prompt the pool holds part of over every worker instead,
 //! - every candidate at the minimum load (the imbalance rule, a cold prompt's
 //!   rotation among the least loaded and least-loaded pick among them, and the
 //!   rotation needs all of them to count the ties),
@@ -20,10 +24,11 @@
 //! Each of these policies picks by name, or by a total order over the
 //! candidates' views, or from that minimum, maximum and ties, so any superset
 //! of the above decides the same. [`LoadOrder`] keeps the candidates ordered by
-//! load as loads change, so a shortlist costs the holders plus the
-//! least-loaded workers, not a pass over all. Invariant (tested by a proptest
+//! load as loads change, so a shortlist costs a pass over the holders' loads
+//! plus the least-loaded workers, not a pass over every worker's view. Invariant (tested by a proptest
 //! against the full pipeline): same worker, same reason, same refusals.
 
+use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
 /// The routing policies whose decisions a shortlist preserves.
@@ -84,8 +89,29 @@ impl LoadOrder {
         self.loads.get(slot).is_some_and(Option::is_some)
     }
 
+    /// Of `holders` (slot, prefix blocks held or anticipated, blocks held),
+    /// the candidate cache-aware's prefix rule picks: the longest prefix held
+    /// or anticipated, then the most held, then the least loaded, then the
+    /// lowest slot. One pass over the holders and their loads here, so that a
+    /// prefix every worker holds (a shared system prompt) costs a shortlist
+    /// of one holder, not of every worker's view.
+    pub fn best_holder(
+        &self,
+        holders: impl IntoIterator<Item = (usize, usize, usize)>,
+    ) -> Option<usize> {
+        holders
+            .into_iter()
+            .filter_map(|(slot, ahead, held)| {
+                let load = self.loads.get(slot).copied().flatten()?;
+                Some((Reverse(ahead.max(held)), Reverse(held), load, slot))
+            })
+            .min()
+            .map(|(_, _, _, slot)| slot)
+    }
+
     /// The shortlist for a request: `holders` (slots holding or anticipating
-    /// a prefix of its prompt, ascending) and `named` (the workers the
+    /// a prefix of its prompt, ascending: every one, or the best one) and
+    /// `named` (the workers the
     /// policies name for it) that are candidates, every candidate at the
     /// minimum load, and one at the maximum; ascending, each once. Empty when
     /// there is no candidate. Costs a merge of the holders with the
@@ -250,7 +276,11 @@ mod tests {
                         order.set(i, v.load);
                     }
                 }
-                let holders: Vec<usize> = (0..views.len()).filter(|&i| views[i].anticipated_prefix_tokens > 0).collect();
+                let holders: Vec<usize> = order.best_holder((0..views.len())
+                    .filter(|&i| views[i].anticipated_prefix_tokens > 0)
+                    .map(|i| (i, views[i].anticipated_prefix_tokens, views[i].cached_prefix_tokens)))
+                    .into_iter()
+                    .collect();
                 let named: Vec<usize> = short.iter()
                     .filter_map(|p| p.named_worker(now_ms, &req))
                     .filter_map(|n| views.iter().position(|v| v.name == n))
