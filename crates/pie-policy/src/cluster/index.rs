@@ -4,54 +4,20 @@
 //!
 //! Workers are numbered by slot (0, 1, ...). Each block hash maps to a bitmask of
 //! the slots holding it, one `u64` mask per shard of 64 slots, so a lookup costs
-//! one probe per prompt block per shard. Memory: one entry of 16 bytes (hash and
-//! mask) plus one control byte per (block, shard) pair, at a load factor of at
-//! most 7/8: about 20 bytes per distinct block per shard of 64 workers. A block
-//! held by several workers of a shard costs one entry, not several.
-//!
-//! The keys are block hashes, already uniformly distributed: they are mixed
-//! with one multiplication (`BlockHasher`) instead of SipHash, which made the
-//! probes most of a routing decision's cost at 1,000 workers.
+//! one probe per prompt block per shard. Memory: one slot of 16 bytes (hash and
+//! mask) per (block, shard) pair, at a load factor of at most 3/4 (a
+//! [`MaskTable`]: one cache miss per probe, and a prefix walk prefetches the
+//! next block's slots): 21-43 bytes per distinct block per shard of 64
+//! workers. A block held by several workers of a shard costs one entry, not
+//! several.
 //!
 //! Invariant (tested): after any sequence of `store`, `remove` and `replace`,
 //! `prefix_blocks` agrees with a per-worker set of hashes, and
 //! `prefix_holders` with `prefix_blocks` and `prefix_blocks_with`.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use super::masks::MaskTable;
 
 const SLOTS_PER_SHARD: usize = 64;
-
-/// Hashes a block hash (a `u64` already spread over its range) by a folded
-/// 128-bit multiplication, so both the high bits (the table's tags) and the
-/// low bits (its buckets) depend on all of it.
-#[derive(Debug, Default)]
-pub(crate) struct BlockHasher(u64);
-
-impl Hasher for BlockHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, x: u64) {
-        let m = u128::from(self.0 ^ x) * 0x9e37_79b9_7f4a_7c15;
-        self.0 = (m as u64) ^ ((m >> 64) as u64);
-    }
-
-    /// A slot number, as in `PendingBlocks`' (slot, block) keys: one
-    /// multiplication, not one per byte.
-    fn write_usize(&mut self, x: usize) {
-        self.write_u64(x as u64);
-    }
-}
-
-type Shard = HashMap<u64, u64, BuildHasherDefault<BlockHasher>>;
 
 /// How many leading blocks of a prompt's chain one slot holds, and holds or
 /// has pending.
@@ -64,7 +30,7 @@ pub struct PrefixHolder {
 
 #[derive(Debug, Default)]
 pub struct ClusterIndex {
-    shards: Vec<Shard>,
+    shards: Vec<MaskTable>,
     /// Blocks each slot holds.
     counts: Vec<usize>,
 }
@@ -81,7 +47,7 @@ impl ClusterIndex {
     fn grow_to(&mut self, slot: usize) {
         let (shard, _) = split(slot);
         if self.shards.len() <= shard {
-            self.shards.resize_with(shard + 1, Shard::default);
+            self.shards.resize_with(shard + 1, MaskTable::default);
         }
         if self.counts.len() <= slot {
             self.counts.resize(slot + 1, 0);
@@ -92,9 +58,7 @@ impl ClusterIndex {
     pub fn store(&mut self, slot: usize, hash: u64) {
         self.grow_to(slot);
         let (shard, bit) = split(slot);
-        let mask = self.shards[shard].entry(hash).or_insert(0);
-        if *mask & bit == 0 {
-            *mask |= bit;
+        if self.shards[shard].set_bit(hash, bit) {
             self.counts[slot] += 1;
         }
     }
@@ -102,18 +66,12 @@ impl ClusterIndex {
     /// `slot` no longer holds `hash`.
     pub fn remove(&mut self, slot: usize, hash: u64) {
         let (shard, bit) = split(slot);
-        let Some(map) = self.shards.get_mut(shard) else {
-            return;
-        };
-        let Some(mask) = map.get_mut(&hash) else {
-            return;
-        };
-        if *mask & bit != 0 {
-            *mask &= !bit;
+        if self
+            .shards
+            .get_mut(shard)
+            .is_some_and(|map| map.clear_bit(hash, bit))
+        {
             self.counts[slot] -= 1;
-            if *mask == 0 {
-                map.remove(&hash);
-            }
         }
     }
 
@@ -122,10 +80,7 @@ impl ClusterIndex {
     pub fn clear(&mut self, slot: usize) {
         let (shard, bit) = split(slot);
         if let Some(map) = self.shards.get_mut(shard) {
-            map.retain(|_, mask| {
-                *mask &= !bit;
-                *mask != 0
-            });
+            map.clear_bits(bit);
         }
         if let Some(count) = self.counts.get_mut(slot) {
             *count = 0;
@@ -156,7 +111,7 @@ impl ClusterIndex {
 
     /// Distinct (block, shard) entries: what the memory cost is proportional to.
     pub fn entries(&self) -> usize {
-        self.shards.iter().map(HashMap::len).sum()
+        self.shards.iter().map(MaskTable::len).sum()
     }
 
     /// For each slot below `slots`, how many leading blocks of the chain `hashes`
@@ -193,8 +148,8 @@ impl ClusterIndex {
         if hashes.is_empty() {
             return Vec::new();
         }
-        let mut walks: Vec<ShardWalk> = (0..shards)
-            .map(|s| ShardWalk::new(s, hashes.len()))
+        let mut walks: Vec<MaskTableWalk> = (0..shards)
+            .map(|s| MaskTableWalk::new(s, hashes.len()))
             .collect();
         let mut live: Vec<usize> = (0..shards).collect();
         let mut held = Vec::with_capacity(shards);
@@ -202,6 +157,13 @@ impl ClusterIndex {
         // depth's probes (each a likely cache miss) are independent of each
         // other and overlap, instead of a shard's chain of probes one by one.
         for (depth, h) in hashes.iter().enumerate() {
+            if let Some(&next) = hashes.get(depth + 1) {
+                for &s in &live {
+                    if let Some(map) = self.shards.get(s) {
+                        map.prefetch(next);
+                    }
+                }
+            }
             held.clear();
             held.extend(live.iter().map(|&s| probe(self.shards.get(s), h)));
             for (&s, &mine) in live.iter().zip(&held) {
@@ -228,12 +190,12 @@ impl ClusterIndex {
 }
 
 /// `map`'s mask for `hash`: the shard's slots holding it.
-fn probe(map: Option<&Shard>, hash: &u64) -> u64 {
+fn probe(map: Option<&MaskTable>, hash: &u64) -> u64 {
     map.and_then(|m| m.get(hash)).copied().unwrap_or(0)
 }
 
 /// One shard's walk down a prompt's chain in [`ClusterIndex::prefix_holders`].
-struct ShardWalk {
+struct MaskTableWalk {
     shard: usize,
     /// The slots (bits) holding every block so far, and holding or having
     /// pending every block so far.
@@ -247,7 +209,7 @@ struct ShardWalk {
     ahead_at: [u32; SLOTS_PER_SHARD],
 }
 
-impl ShardWalk {
+impl MaskTableWalk {
     fn new(shard: usize, chain: usize) -> Self {
         let chain = u32::try_from(chain).expect("a chain under 2^32 blocks");
         Self {
@@ -306,7 +268,7 @@ fn prefix_blocks_of(indexes: &[&ClusterIndex], hashes: &[u64], slots: usize) -> 
         if base >= slots {
             break;
         }
-        let maps: Vec<&Shard> = indexes.iter().filter_map(|i| i.shards.get(shard)).collect();
+        let maps: Vec<&MaskTable> = indexes.iter().filter_map(|i| i.shards.get(shard)).collect();
         let mut alive = u64::MAX;
         for (depth, h) in hashes.iter().enumerate() {
             let held = maps

@@ -18,6 +18,7 @@ mod fixtures;
 mod heat;
 mod index;
 mod least_loaded;
+mod masks;
 mod pending;
 mod persist_prefix;
 mod pin;

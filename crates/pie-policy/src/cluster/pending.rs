@@ -15,17 +15,44 @@
 //! anticipating it again moves the deadline.
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::BuildHasherDefault;
+use std::hash::{BuildHasherDefault, Hasher};
 
-use super::index::BlockHasher;
 use super::ClusterIndex;
+
+/// Hashes a (slot, block hash) key by a folded 128-bit multiplication per
+/// word, so both the high bits (the table's tags) and the low bits (its
+/// buckets) depend on all of it: a lookup per routed and per published
+/// block, where SipHash cost more than the probe.
+#[derive(Debug, Default)]
+struct BlockHasher(u64);
+
+impl Hasher for BlockHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        let m = u128::from(self.0 ^ x) * 0x9e37_79b9_7f4a_7c15;
+        self.0 = (m as u64) ^ ((m >> 64) as u64);
+    }
+
+    /// A slot number, as in `PendingBlocks`' (slot, block) keys: one
+    /// multiplication, not one per byte.
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64);
+    }
+}
 
 #[derive(Debug, Default)]
 pub struct PendingBlocks {
     index: ClusterIndex,
     /// The latest deadline of each pending (slot, block).
-    /// Keyed by (slot, block hash) hashed by multiplication, not SipHash:
-    /// a lookup per routed and per published block.
     deadlines: HashMap<(usize, u64), u64, BuildHasherDefault<BlockHasher>>,
     /// (deadline, slot, block) in anticipation order; deadlines grow with it
     /// while `ttl_ms` stays, and a changed ttl only delays some expiries.
