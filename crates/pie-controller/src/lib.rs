@@ -7,6 +7,8 @@
 //!   worker's).
 //! - [`routing`]: one routing decision (views, pipeline, anticipation).
 //! - [`proxy`]: the pass-through of requests and streams.
+//! - [`relay`]: streams that move; [`whole`]: non-streamed answers gathered
+//!   from one; [`native`]: native processes that move.
 //! - [`actors`]: the cluster actors' snapshot, tick, and executed actions.
 
 pub mod actors;
@@ -15,8 +17,10 @@ pub mod config;
 pub mod kv_sync;
 pub mod metrics;
 pub mod model;
+pub mod native;
 pub mod proxy;
 pub mod registry;
 pub mod relay;
 pub mod routing;
 pub mod trace;
+pub mod whole;

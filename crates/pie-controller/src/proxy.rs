@@ -39,10 +39,12 @@ use crate::actors::{Actors, DemandGuard};
 use crate::clients::ClientsInFlight;
 use crate::metrics::{ControllerMetrics, RouteLabels};
 use crate::model::RoutingModel;
+use crate::native::{self, NativeLaunch};
 use crate::registry::{with_worker_key, PromptChains, RegisterLimits, Registry};
-use crate::relay::{Relay, Streams};
+use crate::relay::{Relay, Streams, Whereabouts};
 use crate::routing::{decide, Decided, Pipeline};
 use crate::trace::TracedRequest;
+use crate::whole::Answer;
 
 pub struct Controller {
     pub registry: Registry,
@@ -661,8 +663,9 @@ fn route_inputs(ctl: &Controller, path: &str, body: &Value) -> Result<RouteInput
     })
 }
 
-/// A streamed OpenAI generation whose prompt tokens the controller knows:
-/// the controller can resume it elsewhere (see `relay`).
+/// A streamed OpenAI generation whose prompt tokens the controller knows
+/// (a non-streamed one is streamed to the workers: `whole`): the controller
+/// can resume it elsewhere (see `relay`).
 fn movable(path: &str, json: &Value, tokens: &[u32]) -> bool {
     matches!(path, "/v1/completions" | "/v1/chat/completions")
         && json["stream"].as_bool() == Some(true)
@@ -728,6 +731,11 @@ async fn generate(
         if let Err(message) = apply_client_key(&mut props, &mut json, key) {
             return error(StatusCode::BAD_REQUEST, message);
         }
+    }
+    // A non-streamed answer is gathered from a stream, so that it can move.
+    let whole = Answer::of(&path, &json).filter(|_| !tokens.is_empty());
+    if whole.is_some() {
+        Answer::stream_instead(&mut json);
     }
     let movable = movable(&path, &json, &tokens);
     if movable {
@@ -810,6 +818,9 @@ async fn generate(
     // Native processes have no response to read an output length from.
     let mut traced = (ctl.trace.is_some() && path != "/v1/processes")
         .then(|| TracedRequest::new(TraceInput::of(&tokens, arrival_ms), props.clone()));
+    // A native process the controller follows, to move it (see `native`).
+    let mut native_body =
+        (path == "/v1/processes" && NativeLaunch::movable(&json)).then(|| json.clone());
     // The prompt's ids for workers of our model, when a worker key vouches
     // for them (workers without keys would ignore them).
     let ids_for = match (ctl.routing_model().map(|m| m.fingerprint), &ctl.worker_key) {
@@ -826,6 +837,7 @@ async fn generate(
     order.sort_by_key(|&i| views[i].0.load);
     order.insert(0, chosen);
     let candidates = order.len();
+    let mut native = None;
     for (attempt, i) in order.into_iter().enumerate() {
         let (view, url) = &views[i];
         let why = if attempt == 0 {
@@ -890,7 +902,23 @@ async fn generate(
                         url: url.clone(),
                         slot,
                     }),
-                    _ => hold_until_streamed(upstream.into_response(), slot),
+                    _ => match native_body.take() {
+                        Some(body) if upstream.status.is_success() => {
+                            native = Some(NativeLaunch {
+                                ctl: ctl.clone(),
+                                acting,
+                                body,
+                                prompt: tokens.clone(),
+                                props: props.clone(),
+                                worker: view.name.clone(),
+                                url: url.clone(),
+                                local: String::new(),
+                                slot,
+                            });
+                            upstream.into_response()
+                        }
+                        _ => hold_until_streamed(upstream.into_response(), slot),
+                    },
                 };
                 ctl.registry.count_routed(&view.name);
                 let policy = why.split(':').next().unwrap_or_default().to_string();
@@ -920,13 +948,16 @@ async fn generate(
                     HeaderValue::from_str(&why).unwrap_or(HeaderValue::from_static("?")),
                 );
                 let resp = if path == "/v1/processes" {
-                    qualify_id(resp, &view.name).await
+                    qualify_id(resp, &view.name, native.take()).await
                 } else {
                     resp
                 };
                 proxy_s += proxy_from.elapsed().as_secs_f64();
                 ctl.metrics.observe_part("proxy", proxy_s);
-                return resp;
+                return match whole {
+                    Some(answer) => answer.gather(resp).await,
+                    None => resp,
+                };
             }
             Err(e) => {
                 tracing::warn!(
@@ -1022,7 +1053,7 @@ impl Upstream {
 
     /// Relay unbuffered; a stream that breaks or stalls midway ends with an
     /// error event (and ends there: a stalled body would time out again).
-    fn into_response(self) -> Response {
+    pub(crate) fn into_response(self) -> Response {
         let stream = self.body.scan(false, |broken, chunk| {
             let out = match chunk {
                 _ if *broken => None,
@@ -1056,14 +1087,22 @@ async fn forward(
         .map(Upstream::into_response)
 }
 
-/// `{"id": "proc-3"}` from worker w1 becomes `{"id": "w1~proc-3"}`.
-async fn qualify_id(resp: Response, worker: &str) -> Response {
+/// `{"id": "proc-3"}` from worker w1 becomes `{"id": "w1~proc-3"}`; a
+/// `launch` the controller follows from then on (see `native`).
+async fn qualify_id(resp: Response, worker: &str, launch: Option<NativeLaunch>) -> Response {
     let (mut parts, body) = resp.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, 1 << 20).await else {
         return error(StatusCode::BAD_GATEWAY, "unreadable worker response");
     };
     let mut v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     if let Some(id) = v["id"].as_str() {
+        if let Some(launch) = launch {
+            NativeLaunch {
+                local: id.to_string(),
+                ..launch
+            }
+            .follow();
+        }
         v["id"] = json!(format!("{worker}~{id}"));
     }
     parts.headers.remove("content-length");
@@ -1104,12 +1143,15 @@ async fn on_process_events(
 /// A `WORKER~ID` process route, forwarded to its worker for the caller: the
 /// worker answers 404 for a process the caller does not own. The id is
 /// percent-encoded into the upstream path, so it can only name a process.
-/// A stream this controller moved is found where it runs now (the id the
-/// client holds stays valid); a PATCH of its props reaches the workers it
-/// moves to, and one whose `pin` names another serving worker moves it there
-/// (`x-pie-relocating` names it). `x-pie-worker` names the worker that answered.
+/// A process this controller moved is found where it runs now (the id the
+/// client holds stays valid, and answers name it); a native one's events go
+/// on from its new worker (`native::events`); one lost while moving answers
+/// 502 with why. A PATCH of its props reaches the workers it moves to, and
+/// one whose `pin` names another serving worker moves it there
+/// (`x-pie-relocating` names it). `x-pie-worker` names the worker that
+/// answered.
 async fn to_owner(
-    ctl: &Controller,
+    ctl: &Arc<Controller>,
     method: Method,
     id: &str,
     suffix: &str,
@@ -1123,44 +1165,62 @@ async fn to_owner(
             format!("no process `{id}` (cluster ids look like WORKER~ID)"),
         );
     };
-    let (worker, local) = ctl
-        .streams
-        .current(origin, origin_local)
-        .unwrap_or_else(|| (origin.to_string(), origin_local.to_string()));
+    let (worker, local, replays) = match ctl.streams.current(origin, origin_local) {
+        Some(Whereabouts::Lost(why)) => {
+            return error(
+                StatusCode::BAD_GATEWAY,
+                format!("process `{id}` was lost while moving: {why}"),
+            )
+        }
+        Some(Whereabouts::At {
+            worker,
+            local,
+            replays,
+        }) => (worker, local, replays),
+        None => (origin.to_string(), origin_local.to_string(), false),
+    };
     let Some(url) = ctl.registry.url_of(&worker) else {
         return error(
             StatusCode::NOT_FOUND,
             format!("no worker `{worker}` for process `{id}`"),
         );
     };
-    let patch = method == Method::PATCH;
     let encoded = utf8_percent_encode(&local, NON_ALPHANUMERIC);
-    let resp = forward(
-        ctl,
-        method,
-        &format!("{url}/v1/processes/{encoded}{suffix}"),
-        headers,
-        acting,
-        body,
-    )
-    .await
-    .unwrap_or_else(|e| error(StatusCode::BAD_GATEWAY, format!("worker `{worker}`: {e}")));
+    let process_url = format!("{url}/v1/processes/{encoded}{suffix}");
+    if suffix == "/events" && replays {
+        let origin = (origin.to_string(), origin_local.to_string());
+        return native::events(ctl.clone(), origin, (&worker, &local), &process_url, acting).await;
+    }
+    let patch = method == Method::PATCH;
+    let resp = forward(ctl, method, &process_url, headers, acting, body)
+        .await
+        .unwrap_or_else(|e| error(StatusCode::BAD_GATEWAY, format!("worker `{worker}`: {e}")));
     let mut resp = resp;
     if let Ok(value) = worker.parse() {
         resp.headers_mut().insert("x-pie-worker", value);
     }
-    if !(patch && resp.status().is_success()) {
+    let moved = (worker.as_str(), local.as_str()) != (origin, origin_local);
+    if !resp.status().is_success() || !(patch || moved) || !suffix.is_empty() {
         return resp;
     }
     let (mut parts, body) = resp.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, 1 << 20).await else {
         return error(StatusCode::BAD_GATEWAY, "unreadable worker response");
     };
-    let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let Ok(mut answer) = serde_json::from_slice::<Value>(&bytes) else {
+        return Response::from_parts(parts, Body::from(bytes));
+    };
+    if moved && answer["id"].is_string() {
+        answer["id"] = json!(id);
+    }
+    parts.headers.remove("content-length");
     let serves = |w: &str| ctl.registry.serves(w);
-    if let Some(to) = ctl
-        .streams
-        .patched(origin, origin_local, &answer["props"], serves)
+    if let Some(to) = patch
+        .then(|| {
+            ctl.streams
+                .patched(origin, origin_local, &answer["props"], serves)
+        })
+        .flatten()
     {
         tracing::info!(
             process = id,
@@ -1172,5 +1232,5 @@ async fn to_owner(
             parts.headers.insert("x-pie-relocating", value);
         }
     }
-    Response::from_parts(parts, Body::from(bytes))
+    Response::from_parts(parts, Body::from(answer.to_string()))
 }

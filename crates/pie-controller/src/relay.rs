@@ -16,7 +16,7 @@
 //! it was; after a hand-off or a break the stream goes on elsewhere or ends
 //! with an error event, never silently.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -58,7 +58,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    fn label(self) -> MoveLabels {
+    pub(crate) fn label(self) -> MoveLabels {
         MoveLabels {
             reason: match self {
                 Reason::Drain => "drain",
@@ -77,11 +77,38 @@ pub struct Move {
     pub reason: Reason,
 }
 
-/// The movable streams in flight, by the controller's number for them.
+/// The movable streams and native processes in flight, by the
+/// controller's number for them, and where the ones that moved ended.
 #[derive(Default)]
 pub struct Streams {
     next: AtomicU64,
     live: Mutex<HashMap<u64, Live>>,
+    ended: Mutex<Ended>,
+}
+
+/// Where a process that moved ended up, by the id its client holds; the
+/// newest `ENDED_KEPT` (a client reads a finished process's record later).
+#[derive(Default)]
+struct Ended {
+    at: HashMap<(String, String), Whereabouts>,
+    order: VecDeque<(String, String)>,
+}
+
+/// Processes that moved whose whereabouts are kept after they end.
+const ENDED_KEPT: usize = 65_536;
+
+/// Where the process a client knows by its first worker and id is now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Whereabouts {
+    At {
+        worker: String,
+        local: String,
+        /// A native process: its record on `worker` holds its whole output
+        /// (see `native`), so its events line up with the first worker's.
+        replays: bool,
+    },
+    /// It could not go on anywhere: why.
+    Lost(String),
 }
 
 struct Live {
@@ -98,6 +125,8 @@ struct Live {
     /// Its props as last changed through the controller (a PATCH): the
     /// workers it moves to get these.
     props: Option<Value>,
+    /// A native process (see [`Whereabouts::At`]).
+    replays: bool,
 }
 
 impl Streams {
@@ -105,12 +134,14 @@ impl Streams {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Register a stream; its moves arrive on the receiver.
-    fn add(
+    /// Register a stream (or a native process: `replays`); its moves arrive
+    /// on the receiver.
+    pub(crate) fn add(
         &self,
         worker: String,
         session: Option<String>,
         process: Option<String>,
+        replays: bool,
     ) -> (u64, mpsc::UnboundedReceiver<Move>) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (moves, rx) = mpsc::unbounded_channel();
@@ -122,25 +153,51 @@ impl Streams {
             origin: None,
             local: None,
             props: None,
+            replays,
         };
         self.lock().insert(id, live);
         (id, rx)
     }
 
     /// Stream `id` moved to `worker` (which names its process next).
-    fn now_on(&self, id: u64, worker: &str) {
+    pub(crate) fn now_on(&self, id: u64, worker: &str) {
         if let Some(l) = self.lock().get_mut(&id) {
             l.worker = worker.to_string();
             l.local = None;
         }
     }
 
-    fn remove(&self, id: u64) {
-        self.lock().remove(&id);
+    /// Stream `id` ended; `lost` says why when it could not go on. Where a
+    /// stream that moved (or was lost) ended is kept for its id.
+    pub(crate) fn remove(&self, id: u64, lost: Option<String>) {
+        let Some(l) = self.lock().remove(&id) else {
+            return;
+        };
+        let Some(origin) = l.origin else { return };
+        let at = match (lost, l.local) {
+            (Some(why), _) => Whereabouts::Lost(why),
+            (None, Some(local)) if (&l.worker, &local) != (&origin.0, &origin.1) => {
+                Whereabouts::At {
+                    worker: l.worker,
+                    local,
+                    replays: l.replays,
+                }
+            }
+            _ => return,
+        };
+        let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        if ended.at.insert(origin.clone(), at).is_none() {
+            ended.order.push_back(origin);
+        }
+        if ended.order.len() > ENDED_KEPT {
+            if let Some(oldest) = ended.order.pop_front() {
+                ended.at.remove(&oldest);
+            }
+        }
     }
 
     /// Stream `id`'s worker named its process `local`.
-    fn named(&self, id: u64, local: &str) {
+    pub(crate) fn named(&self, id: u64, local: &str) {
         if let Some(l) = self.lock().get_mut(&id) {
             l.local = Some(local.to_string());
             if l.origin.is_none() {
@@ -149,16 +206,25 @@ impl Streams {
         }
     }
 
-    fn props_of(&self, id: u64) -> Option<Value> {
+    pub(crate) fn props_of(&self, id: u64) -> Option<Value> {
         self.lock().get(&id).and_then(|l| l.props.clone())
     }
 
-    /// Where the stream the client knows as `worker~local` runs now: the
-    /// worker and its process id there (None: not a stream in flight here).
-    pub fn current(&self, worker: &str, local: &str) -> Option<(String, String)> {
-        let live = self.lock();
-        let l = live.values().find(|l| is_origin(l, worker, local))?;
-        Some((l.worker.clone(), l.local.clone()?))
+    /// Where the stream the client knows as `worker~local` runs now, or
+    /// ended after moving (None: neither, or between two workers).
+    pub fn current(&self, worker: &str, local: &str) -> Option<Whereabouts> {
+        if let Some(l) = self.lock().values().find(|l| is_origin(l, worker, local)) {
+            return Some(Whereabouts::At {
+                worker: l.worker.clone(),
+                local: l.local.clone()?,
+                replays: l.replays,
+            });
+        }
+        let ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        ended
+            .at
+            .get(&(worker.to_string(), local.to_string()))
+            .cloned()
     }
 
     /// The stream the client knows as `worker~local` has the props `props`
@@ -291,6 +357,7 @@ impl Relay {
             self.worker.clone(),
             self.props.str("session").map(str::to_string),
             self.slot.demand.as_ref().map(|d| d.process_id()),
+            false,
         );
         let ctl = self.ctl.clone();
         tokio::spawn(async move {
@@ -305,7 +372,7 @@ impl Relay {
                 stream_id: id,
             };
             run.relay(upstream, tx, moves).await;
-            ctl.streams.remove(id);
+            ctl.streams.remove(id, None);
         });
         Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|b| (Ok::<Bytes, Infallible>(b), rx))
@@ -623,37 +690,6 @@ impl Run {
         }
     }
 
-    /// A serving worker for the stream, not one of `exclude`, by the routing
-    /// pipeline over its prompt and tokens so far (cache-aware finds the
-    /// pages, session-affinity the session).
-    fn choose(&self, exclude: &[String]) -> Option<(String, String)> {
-        let ctl = &self.relay.ctl;
-        let mut tokens = self.relay.prompt.clone();
-        tokens.extend_from_slice(&self.generated);
-        let views: Vec<_> = ctl
-            .registry
-            .views(
-                &ctl.registry
-                    .chains(&tokens, self.relay.acting.cache_salt.as_deref()),
-                false,
-            )
-            .into_iter()
-            .filter(|(v, _)| v.stage != Stage::Prefill && !exclude.contains(&v.name))
-            .collect();
-        let worker_views: Vec<_> = views.iter().map(|(v, _)| v.clone()).collect();
-        let req = RouteRequest {
-            props: &self.relay.props,
-            prompt_tokens: tokens.len(),
-        };
-        let mut pipeline = ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner());
-        let chosen = route(&mut pipeline, now_ms(), &req, &worker_views)
-            .map(|(i, _)| i)
-            .ok()
-            .or_else(|| (0..views.len()).min_by_key(|&i| views[i].0.load))?;
-        let (view, url) = &views[chosen];
-        Some((view.name.clone(), url.clone()))
-    }
-
     /// Send the request, with the tokens so far, to `target` or a worker
     /// routing chooses (then others); `source` is a live worker that holds
     /// the pages (pulled from it). A live source that still serves is the
@@ -684,7 +720,12 @@ impl Run {
         body[RESUME_FIELD] = json!({"tokens": self.generated, "from": source});
         let body = Bytes::from(body.to_string());
         for _ in 0..MAX_TARGETS {
-            let next = target.take().or_else(|| self.choose(&tried));
+            let next = target.take().or_else(|| {
+                let mut tokens = self.relay.prompt.clone();
+                tokens.extend_from_slice(&self.generated);
+                let r = &self.relay;
+                choose_worker(&ctl, &tokens, &r.props, &r.acting, &tried)
+            });
             let Some((name, url)) = next else { break };
             tried.push(name.clone());
             if let Some(upstream) = self.try_worker(&name, &url, body.clone()).await {
@@ -862,10 +903,41 @@ fn adds_nothing(chunk: &Value) -> bool {
 }
 
 /// Take one complete SSE event (up to and including its blank line).
-fn next_block(buf: &mut Vec<u8>) -> Option<Vec<u8>> {
+pub(crate) fn next_block(buf: &mut Vec<u8>) -> Option<Vec<u8>> {
     let end = buf.windows(2).position(|w| w == b"\n\n")? + 2;
     let rest = buf.split_off(end);
     Some(std::mem::replace(buf, rest))
+}
+
+/// A serving worker for a process of `tokens` (prompt and output so far),
+/// not one of `exclude`, by the routing pipeline (cache-aware finds the
+/// pages, session-affinity the session), else the least loaded.
+pub(crate) fn choose_worker(
+    ctl: &Controller,
+    tokens: &[u32],
+    props: &Props,
+    acting: &Acting,
+    exclude: &[String],
+) -> Option<(String, String)> {
+    let chains = ctl.registry.chains(tokens, acting.cache_salt.as_deref());
+    let views: Vec<_> = ctl
+        .registry
+        .views(&chains, false)
+        .into_iter()
+        .filter(|(v, _)| v.stage != Stage::Prefill && !exclude.contains(&v.name))
+        .collect();
+    let worker_views: Vec<_> = views.iter().map(|(v, _)| v.clone()).collect();
+    let req = RouteRequest {
+        props,
+        prompt_tokens: tokens.len(),
+    };
+    let mut pipeline = ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner());
+    let chosen = route(&mut pipeline, now_ms(), &req, &worker_views)
+        .map(|(i, _)| i)
+        .ok()
+        .or_else(|| (0..views.len()).min_by_key(|&i| views[i].0.load))?;
+    let (view, url) = &views[chosen];
+    Some((view.name.clone(), url.clone()))
 }
 
 /// POST `body` to a worker's internal route under the worker key, acting for
@@ -883,7 +955,7 @@ async fn post_json(
 }
 
 /// `post_json`'s request: the status and JSON answer of any response.
-async fn post_to_worker(
+pub(crate) async fn post_to_worker(
     ctl: Arc<Controller>,
     url: String,
     acting: Acting,

@@ -759,28 +759,55 @@ async fn stream_text_after(mut r: reqwest::Response, mut raw: String) -> (String
     (text, clean, raw)
 }
 
-/// `n` long streamed completions (greedy, or seeded at temperature 1) through
-/// the controller, started at once.
-fn stream_load(
-    c: &Cluster,
-    n: usize,
-    seeded: bool,
-) -> Vec<tokio::task::JoinHandle<(String, bool, String)>> {
+/// `n` long completions (greedy, or seeded at temperature 1) through the
+/// controller, started at once; every third one not streamed (the controller
+/// streams it to the workers so that it can move, and gathers the answer).
+/// Each task gives the text, whether it ended cleanly and the raw answer.
+fn stream_load(c: &Cluster, n: usize, seeded: bool) -> Vec<tokio::task::JoinHandle<Served>> {
     (0..n)
         .map(|i| {
             let (http, url) = (c.http.clone(), c.controller.url.clone());
             tokio::spawn(async move {
+                let stream = !is_whole(i);
                 let r = http
                     .post(format!("{url}/v1/completions"))
-                    .json(&load_body(i, seeded, true))
+                    .json(&load_body(i, seeded, stream))
                     .send()
                     .await
                     .unwrap();
-                assert_eq!(r.status(), 200);
-                stream_text(r).await
+                assert_eq!(r.status(), 200, "request {i}");
+                let (text, clean, raw) = if stream {
+                    stream_text(r).await
+                } else {
+                    whole_text(r, 1000).await
+                };
+                Served { text, clean, raw }
             })
         })
         .collect()
+}
+
+/// Request `i` of `stream_load` asks for one JSON answer.
+fn is_whole(i: usize) -> bool {
+    i % 3 == 2
+}
+
+struct Served {
+    text: String,
+    clean: bool,
+    raw: String,
+}
+
+/// A non-streamed completion's text, whether it is a whole answer of
+/// `max_tokens` tokens, and its body.
+async fn whole_text(r: reqwest::Response, max_tokens: u64) -> (String, bool, String) {
+    let raw = r.text().await.unwrap();
+    let v: Value = serde_json::from_str(&raw).unwrap_or_default();
+    let text = v["choices"][0]["text"].as_str().unwrap_or_default();
+    let clean = v["object"] == "text_completion"
+        && v["choices"][0]["finish_reason"] == "length"
+        && v["usage"]["completion_tokens"] == max_tokens;
+    (text.to_string(), clean, raw)
 }
 
 fn load_body(i: usize, seeded: bool, stream: bool) -> Value {
@@ -816,23 +843,232 @@ async fn w0_streaming(c: &Cluster) {
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
-/// Every stream of `stream_load` ended cleanly with the text it has on w1
+/// Every request of `stream_load` ended cleanly with the text it has on w1
 /// undisturbed.
 async fn each_as_undisturbed(
     c: &Cluster,
-    tasks: Vec<tokio::task::JoinHandle<(String, bool, String)>>,
+    tasks: Vec<tokio::task::JoinHandle<Served>>,
     seeded: bool,
 ) {
     let survivor = c.workers[1].as_ref().unwrap().url.clone();
     for (i, t) in tasks.into_iter().enumerate() {
-        let (text, clean, raw) = t.await.unwrap();
-        assert!(clean, "request {i} saw an error or no end: {raw}");
+        let served = t.await.unwrap();
+        assert!(
+            served.clean,
+            "request {i} saw an error or no end: {}",
+            served.raw
+        );
         assert_eq!(
-            text,
+            served.text,
             undisturbed(c, &survivor, i, seeded).await,
             "request {i} (seeded: {seeded})"
         );
     }
+}
+
+/// A non-streamed request moves like a stream: on a drain (handed off, its
+/// pages pulled) and on a crash (resumed from the tokens so far), its one
+/// JSON answer is the undisturbed one.
+#[tokio::test]
+async fn a_non_streamed_request_moves_on_drain_and_on_crash_with_the_same_answer() {
+    let mut c = Cluster::start_with(Spec {
+        worker_args: &["--kv-pages", "512"],
+        ..Spec::new("least-loaded,drain-migrate")
+    })
+    .await;
+    let survivor = c.workers[2].as_ref().unwrap().url.clone();
+    let mut body = load_body(2, false, false);
+    body["max_tokens"] = json!(900);
+    let direct: Value = c
+        .http
+        .post(format!("{survivor}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let expected = direct["choices"][0]["text"].as_str().unwrap().to_string();
+    slow_steps(&c, 2).await;
+    for crash in [false, true] {
+        let (http, url, body) = (c.http.clone(), c.controller.url.clone(), body.clone());
+        let task = tokio::spawn(async move {
+            let r = http
+                .post(format!("{url}/v1/completions"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let worker = r.headers()["x-pie-worker"].to_str().unwrap().to_string();
+            (worker, whole_text(r, 900).await)
+        });
+        let running = serving_worker(&c).await;
+        let slot = running.trim_start_matches('w').parse::<usize>().unwrap();
+        if crash {
+            c.workers[slot] = None;
+        } else {
+            let url = c.workers[slot].as_ref().unwrap().url.clone();
+            let (status, _) = post_json(&url, "/v1/admin/drain", None, &json!({})).await;
+            assert_eq!(status, 202);
+        }
+        let (worker, (text, clean, raw)) = task.await.unwrap();
+        assert!(clean, "crash: {crash}: {raw}");
+        assert_eq!(text, expected, "crash: {crash}");
+        assert_eq!(worker, running, "x-pie-worker names the first worker");
+    }
+    for reason in ["drain", "crash"] {
+        let moved = format!("pie_controller_streams_moved_total{{reason=\"{reason}\"}}");
+        assert!(labelled_metric(&c, &moved).await >= Some(1.0), "{reason}");
+    }
+}
+
+/// A native process moves too: on a drain (handed off, its pages pulled)
+/// and on a crash (resumed from the tokens the controller saw), by a
+/// chat and a text completion. Its client's event stream through the
+/// controller, opened before the move, goes on with every piece once and
+/// ends `finished`; its id then answers from the new worker with the whole
+/// output, the undisturbed one, under the id the client holds.
+#[tokio::test]
+async fn a_native_process_moves_on_drain_and_on_crash_and_its_id_and_events_go_on() {
+    let mut c = Cluster::start_with(Spec {
+        worker_args: &["--kv-pages", "512"],
+        ..Spec::new("least-loaded,drain-migrate")
+    })
+    .await;
+    let survivor = c.workers[2].as_ref().unwrap().url.clone();
+    let text = json!({"inferlet": "text-completion", "args": {"prompt": "request number 5 says", "max_tokens": 900, "ignore_eos": true, "temperature": 0}});
+    let chat = json!({"inferlet": "chat", "args": {"messages": [{"role": "user", "content": "tell a long story"}], "max_tokens": 900, "ignore_eos": true, "temperature": 0}});
+    let runs = [&text, &chat].map(|launch| native_output(&c.http, &survivor, launch));
+    let expected = futures_util::future::join_all(runs).await;
+    slow_steps(&c, 2).await;
+    for ((crash, launch), expected) in [(false, text), (true, chat)].into_iter().zip(expected) {
+        let (status, v) = post_json(&c.controller.url, "/v1/processes", None, &launch).await;
+        assert_eq!(status, 201, "{v}");
+        let id = v["id"].as_str().unwrap().to_string();
+        let first = id.split('~').next().unwrap().to_string();
+        let events = c
+            .http
+            .get(format!("{}/v1/processes/{id}/events", c.controller.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(events.status(), 200);
+        let reading = tokio::spawn(native_events(events));
+        serving_worker(&c).await;
+        let slot = first.trim_start_matches('w').parse::<usize>().unwrap();
+        if crash {
+            c.workers[slot] = None;
+        } else {
+            let url = c.workers[slot].as_ref().unwrap().url.clone();
+            let (status, _) = post_json(&url, "/v1/admin/drain", None, &json!({})).await;
+            assert_eq!(status, 202);
+        }
+        let (streamed, state) = reading.await.unwrap();
+        assert_eq!(state, "finished", "crash: {crash}");
+        assert_eq!(streamed, expected, "crash: {crash}: the events");
+        let r = c
+            .http
+            .get(format!("{}/v1/processes/{id}", c.controller.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_ne!(r.headers()["x-pie-worker"], first.as_str());
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["id"], id.as_str());
+        assert_eq!(v["state"], "finished");
+        assert_eq!(v["output"], expected.as_str(), "crash: {crash}: the record");
+        assert_eq!(v["usage"]["completion_tokens"], 900);
+    }
+    for reason in ["drain", "crash"] {
+        let moved = format!("pie_controller_streams_moved_total{{reason=\"{reason}\"}}");
+        assert!(labelled_metric(&c, &moved).await >= Some(1.0), "{reason}");
+    }
+}
+
+/// The output of native process `launch` run to its end on the worker at `url`.
+async fn native_output(http: &reqwest::Client, url: &str, launch: &Value) -> String {
+    let v: Value = http
+        .post(format!("{url}/v1/processes"))
+        .json(launch)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = v["id"].as_str().unwrap();
+    let events = http
+        .get(format!("{url}/v1/processes/{id}/events"))
+        .send()
+        .await
+        .unwrap();
+    let (text, state) = native_events(events).await;
+    assert_eq!(state, "finished");
+    text
+}
+
+/// A native event stream's text, and the state of its last status event.
+async fn native_events(mut r: reqwest::Response) -> (String, String) {
+    let mut raw = String::new();
+    while let Ok(Some(chunk)) = r.chunk().await {
+        raw.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let (mut text, mut state) = (String::new(), String::new());
+    for event in raw.split("\n\n") {
+        let data = event.lines().find_map(|l| l.strip_prefix("data: "));
+        let Some(v) = data.and_then(|d| serde_json::from_str::<Value>(d).ok()) else {
+            continue;
+        };
+        if event.starts_with("event: text") {
+            text += v["text"].as_str().unwrap_or_default();
+        } else if event.starts_with("event: status") {
+            state = format!(
+                "{}{}",
+                v["state"].as_str().unwrap_or_default(),
+                v["error"]
+                    .as_str()
+                    .map(|e| format!(": {e}"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    (text, state)
+}
+
+/// Every worker of `c` pauses `delay_ms` before each engine step (the
+/// test model is so fast that a 1,000-token process would end before a
+/// test could move it).
+async fn slow_steps(c: &Cluster, delay_ms: u64) {
+    for w in c.workers.iter().flatten() {
+        let fault = json!({"fault": "slow-steps", "delay_ms": delay_ms});
+        let (status, _) = post_json(&w.url, "/v1/admin/fault", None, &fault).await;
+        assert_eq!(
+            status, 200,
+            "the pie binary lacks the fault route: build it with `--features pie-worker/fault-injection`"
+        );
+    }
+}
+
+/// The one worker with a request in flight, once it has generated a little.
+async fn serving_worker(c: &Cluster) -> String {
+    let mut name = String::new();
+    wait_for("one request in flight", async || {
+        let cluster = c.cluster().await;
+        let busy = cluster["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["in_flight"].as_u64() >= Some(1));
+        name = busy
+            .map(|w| w["name"].as_str().unwrap().to_string())
+            .unwrap_or_default();
+        !name.is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    name
 }
 
 #[tokio::test]

@@ -467,7 +467,8 @@ fn unhealthy(reason: &str) -> Response {
 #[serde(deny_unknown_fields)]
 struct FaultBody {
     fault: crate::supervisor::Fault,
-    /// For `slow-transfer`: the pause before each page sent.
+    /// For `slow-transfer` and `slow-steps`: the pause before each page
+    /// sent, or each engine step.
     #[serde(default)]
     delay_ms: u64,
 }
@@ -475,7 +476,8 @@ struct FaultBody {
 /// `fault-injection` builds only: `{"fault": "panic" | "stall"}` makes the
 /// engine thread panic, or stop making progress while work is pending;
 /// `{"fault": "slow-transfer", "delay_ms": N}` pauses before each KV page
-/// sent to a peer.
+/// sent to a peer; `{"fault": "slow-steps", "delay_ms": N}` before each
+/// engine step.
 #[cfg(feature = "fault-injection")]
 async fn inject_fault(
     State(state): State<AppState>,
@@ -903,6 +905,10 @@ struct LaunchBody {
     /// See [`trusted_prefill_from`].
     #[serde(default)]
     pie_prefill_from: Option<String>,
+    /// See [`trusted_resume`]; a native process replays what it generated
+    /// elsewhere into its record (see [`Resume::replay`]).
+    #[serde(default)]
+    pie_resume: Option<Resume>,
 }
 
 #[derive(Deserialize)]
@@ -970,6 +976,7 @@ async fn launch_process(
     let opts = GenOptions {
         cache_salt: cache_salt_of(&auth),
         prefill_from: trusted_prefill_from(&auth, body.pie_prefill_from)?,
+        resume: trusted_resume(&auth, body.pie_resume)?.map(|r| Resume { replay: true, ..r }),
         ..opts
     };
     let (process, _) = rt.launch(inferlet, opts, props, client, pretokenized)?;
@@ -1099,23 +1106,38 @@ async fn kill_process(
     ))
 }
 
+/// `GET /v1/processes/{id}/events` query: `pie_stream_ids` (a controller,
+/// see [`trusted_stream_ids`]) adds each text event's token id (`token`), so
+/// that the controller can resume the process elsewhere.
+#[derive(Deserialize)]
+struct EventsQuery {
+    pie_stream_ids: Option<bool>,
+}
+
 /// SSE: `text` events with output (the output so far first), then one `status`
 /// event with the final state and usage.
 async fn process_events(
     State(state): State<AppState>,
     Path(id): Path<String>,
+    Query(query): Query<EventsQuery>,
     auth: Option<Extension<Authed>>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let rt = state.runtime()?;
     let p = find(&rt, &id, &auth)?;
-    Ok(Sse::new(p.events().map(native_event)).keep_alive(KeepAlive::default()))
+    let ids = trusted_stream_ids(&auth, query.pie_stream_ids)?;
+    let events = p.events().map(move |e| native_event(e, ids));
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
 }
 
-fn native_event(e: ProcEvent) -> Result<Event, Infallible> {
+fn native_event(e: ProcEvent, ids: bool) -> Result<Event, Infallible> {
     Ok(match e {
-        ProcEvent::Text { text, .. } => Event::default()
-            .event("text")
-            .data(json!({"text": text}).to_string()),
+        ProcEvent::Text { text, token } => {
+            let mut data = json!({"text": text});
+            if ids {
+                data["token"] = json!(token);
+            }
+            Event::default().event("text").data(data.to_string())
+        }
         ProcEvent::Done {
             state,
             finish_reason,

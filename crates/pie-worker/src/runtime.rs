@@ -141,6 +141,12 @@ pub struct Resume {
     /// there); None after a crash: computed here.
     #[serde(default)]
     pub from: Option<String>,
+    /// The tokens are output here too, first (a native process: its client
+    /// reads the whole output from the record and its events by index, so
+    /// the record here must hold what the source's held); an OpenAI stream's
+    /// client has them already.
+    #[serde(skip)]
+    pub replay: bool,
 }
 
 /// A built-in inferlet and its input.
@@ -433,6 +439,7 @@ impl Runtime {
             supervisor::Fault::SlowTransfer => {
                 self.transfer_delay_ms.store(delay_ms, Ordering::Relaxed)
             }
+            supervisor::Fault::SlowSteps => self.supervision.set_step_delay(delay_ms),
         }
     }
 
@@ -678,6 +685,7 @@ impl Runtime {
                 (None, None) => None,
             },
             generated_before: resume.tokens,
+            replay_before: resume.replay,
         };
         tokio::spawn(driver.run(req));
         Ok((process, events))
@@ -914,6 +922,8 @@ struct Driver {
     /// Resumed: the tokens it generated elsewhere (the end of the request's
     /// prompt).
     generated_before: Vec<u32>,
+    /// Output `generated_before` again (see [`Resume::replay`]).
+    replay_before: bool,
 }
 
 impl Driver {
@@ -928,10 +938,13 @@ impl Driver {
         let mut decoder = IncrementalDecoder::default();
         // What the source held back (a partial character, a possible stop
         // string's start) is held here the same way; what it sent is not
-        // sent again.
-        for &t in &self.generated_before {
+        // sent again, unless replayed: then as the same pieces, one a token.
+        for (i, &t) in self.generated_before.iter().enumerate() {
             if let Ok(delta) = decoder.push(&self.rt.model.tokenizer, t) {
-                text.push(&delta);
+                let (emit, _) = text.push(&delta);
+                if self.replay_before {
+                    self.process.push_text(emit, Some(t), i + 1);
+                }
             }
         }
         let mut tokens = self.generated_before.len();
@@ -1317,6 +1330,8 @@ fn engine_loop(
             apply(&mut engine, subs, &mut kv, &mut leases, cmd);
         }
         if engine.has_work() {
+            #[cfg(feature = "fault-injection")]
+            std::thread::sleep(supervision.step_delay());
             step(&mut engine, subs);
         }
         for spill in engine.take_spills() {

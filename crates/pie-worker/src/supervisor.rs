@@ -29,6 +29,9 @@ pub struct Supervision {
     /// `fault-injection`: the engine stops making progress while work is pending.
     #[cfg(feature = "fault-injection")]
     stall_fault: AtomicBool,
+    /// `fault-injection`: a pause before each step (slow steps).
+    #[cfg(feature = "fault-injection")]
+    step_delay_ms: AtomicU64,
 }
 
 /// Faults the `fault-injection` feature can inject into the engine thread.
@@ -42,6 +45,9 @@ pub enum Fault {
     Stall,
     /// Pause `delay_ms` before each KV page this worker sends to a peer.
     SlowTransfer,
+    /// Pause `delay_ms` before each engine step (a slow engine: a test can
+    /// act while a process is mid-way).
+    SlowSteps,
 }
 
 impl Supervision {
@@ -54,6 +60,8 @@ impl Supervision {
             panic: OnceLock::new(),
             #[cfg(feature = "fault-injection")]
             stall_fault: AtomicBool::new(false),
+            #[cfg(feature = "fault-injection")]
+            step_delay_ms: AtomicU64::new(0),
         }
     }
 
@@ -117,6 +125,16 @@ impl Supervision {
     #[cfg(feature = "fault-injection")]
     pub fn stall_fault(&self) -> bool {
         self.stall_fault.load(Ordering::Relaxed)
+    }
+
+    #[cfg(feature = "fault-injection")]
+    pub fn set_step_delay(&self, delay_ms: u64) {
+        self.step_delay_ms.store(delay_ms, Ordering::Relaxed);
+    }
+
+    #[cfg(feature = "fault-injection")]
+    pub fn step_delay(&self) -> Duration {
+        Duration::from_millis(self.step_delay_ms.load(Ordering::Relaxed))
     }
 }
 

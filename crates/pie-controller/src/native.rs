@@ -1,0 +1,553 @@
+//! Native processes (`POST /v1/processes`, any built-in inferlet) that move.
+//! A native process has no client connection to relay: its client reads its
+//! record and events by its `WORKER~ID` whenever it likes. So the controller
+//! follows each one it launched (its events, with token ids, under the
+//! worker key) for as long as it lives, and counts it in flight on its
+//! worker until it ends. Asked to move it (a drain, a relocation, a
+//! rebalance, a patched `pin`), the controller asks the worker to hand it
+//! off and launches it on the target with the tokens so far (`pie_resume`,
+//! pages pulled from the source); when its worker's stream breaks (a crash),
+//! on another worker with the tokens seen so far, computed there. The
+//! resumed process replays those tokens into its record as the same output
+//! pieces, so its events line up index for index with the source's: a
+//! client's event stream through the controller is continued from the
+//! target where the source's ended, every piece once (see `to_owner`).
+//!
+//! Moves are one stage (hand-off, then the pull of every page): a native
+//! process has no live reader waiting on each token. A native chat resuming
+//! a session with earlier turns on its worker is not moved: only that worker
+//! knows the turns; it finishes where it is (a drain waits for it).
+//!
+//! Invariant: after a hand-off or a break the process goes on elsewhere or
+//! its id answers with the reason it was lost; never a silent end.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
+use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+use pie_core::wire::RESUME_FIELD;
+use pie_core::Props;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::Response;
+
+use crate::proxy::{describe, error, send, Acting, Controller, InFlight};
+use crate::registry::with_worker_key;
+use crate::relay::{choose_worker, next_block, post_to_worker, Move, Reason, Whereabouts};
+
+/// Resumes of one process before it is given up.
+const MAX_RESUMES: usize = 8;
+/// Workers tried for one resume.
+const MAX_TARGETS: usize = 4;
+/// How long a kill of a process on a worker that broke may take.
+const KILL_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a client's event stream waits for its process to go on
+/// elsewhere after its worker's stream ended without a final state.
+const MOVE_WAIT: Duration = Duration::from_secs(60);
+/// How often it looks.
+const MOVE_POLL: Duration = Duration::from_millis(50);
+
+/// A native process just launched on `worker` as `local`.
+pub(crate) struct NativeLaunch {
+    pub ctl: Arc<Controller>,
+    pub acting: Acting,
+    /// The launch body as the first worker got it.
+    pub body: Value,
+    /// The prompt's ids as routing saw them (empty when unknown).
+    pub prompt: Vec<u32>,
+    pub props: Props,
+    pub worker: String,
+    pub url: String,
+    pub local: String,
+    pub slot: InFlight,
+}
+
+/// How a worker's event stream of the process ended.
+enum Ended {
+    /// Finished, failed or killed: nothing to do.
+    Final,
+    /// Handed off (state `migrated`).
+    HandedOff,
+    /// Broken before a final state.
+    Broke(String),
+}
+
+/// One event of a worker's native event stream.
+enum Native {
+    Token(u32),
+    Text,
+    Status(String),
+}
+
+impl NativeLaunch {
+    /// Whether the process can move: not a chat resuming a session, whose
+    /// earlier turns only its worker knows.
+    pub fn movable(body: &Value) -> bool {
+        body["inferlet"] != "chat" || body["props"]["session"].is_null()
+    }
+
+    /// Follow the process until it ends, moving it when asked or broken.
+    pub fn follow(self) {
+        let session = self.props.str("session").map(str::to_string);
+        let process = self.slot.demand.as_ref().map(|d| d.process_id());
+        let streams = &self.ctl.streams;
+        let (id, moves) = streams.add(self.worker.clone(), session, process, true);
+        streams.named(id, &self.local);
+        let ctl = self.ctl.clone();
+        tokio::spawn(async move {
+            let mut follower = Follower {
+                launch: self,
+                generated: Vec::new(),
+                replayed: 0,
+                asked: None,
+                id,
+            };
+            let lost = follower.run(moves).await.err();
+            ctl.streams.remove(id, lost);
+        });
+    }
+}
+
+struct Follower {
+    launch: NativeLaunch,
+    /// The token ids the process generated so far, in order.
+    generated: Vec<u32>,
+    /// Text events of the current worker still to come that replay `generated`.
+    replayed: usize,
+    /// The move asked of the current worker.
+    asked: Option<Move>,
+    id: u64,
+}
+
+impl Follower {
+    /// Follow until a final state (Ok) or until the process is lost (Err:
+    /// why).
+    async fn run(&mut self, mut moves: mpsc::UnboundedReceiver<Move>) -> Result<(), String> {
+        let mut resumes = 0;
+        loop {
+            let ended = match self.subscribe().await {
+                Ok(events) => self.read(events, &mut moves).await,
+                Err(e) => Ended::Broke(e),
+            };
+            let (reason, target, source) = match ended {
+                Ended::Final => return Ok(()),
+                Ended::HandedOff => match self.asked.take() {
+                    Some(m) => (m.reason, Some(m.to), Some(self.launch.url.clone())),
+                    None => (Reason::Drain, None, Some(self.launch.url.clone())),
+                },
+                Ended::Broke(cause) => {
+                    tracing::warn!(
+                        worker = self.launch.worker,
+                        cause,
+                        "a native process's worker broke; resuming it elsewhere"
+                    );
+                    self.launch.ctl.registry.mark_down(&self.launch.worker);
+                    // A worker that lost only our connection must not run it twice.
+                    self.kill().await;
+                    (Reason::Crash, None, None)
+                }
+            };
+            resumes += 1;
+            if resumes > MAX_RESUMES {
+                return Err(format!("moved {MAX_RESUMES} times; given up"));
+            }
+            if let Err(why) = self.resume(reason, target, source).await {
+                count_failure(&self.launch.ctl, reason);
+                tracing::warn!(process = self.launch.local, why, "native process lost");
+                return Err(why);
+            }
+        }
+    }
+
+    /// The current worker's events of the process, with token ids.
+    async fn subscribe(&self) -> Result<BoxStream<'static, reqwest::Result<Bytes>>, String> {
+        let l = &self.launch;
+        let local = utf8_percent_encode(&l.local, NON_ALPHANUMERIC);
+        let url = format!("{}/v1/processes/{local}/events?pie_stream_ids=true", l.url);
+        let req = l.acting.apply(l.ctl.http.get(&url));
+        let resp = with_worker_key(req, l.ctl.worker_key.as_deref())
+            .send()
+            .await
+            .map_err(|e| describe(&e))?;
+        if !resp.status().is_success() {
+            return Err(format!("{url}: {}", resp.status()));
+        }
+        Ok(resp.bytes_stream().boxed())
+    }
+
+    async fn read(
+        &mut self,
+        mut events: BoxStream<'static, reqwest::Result<Bytes>>,
+        moves: &mut mpsc::UnboundedReceiver<Move>,
+    ) -> Ended {
+        let mut buf = Vec::new();
+        loop {
+            tokio::select! {
+                chunk = events.next() => match chunk {
+                    Some(Ok(bytes)) => {
+                        buf.extend_from_slice(&bytes);
+                        if let Some(ended) = self.take_events(&mut buf) {
+                            return ended;
+                        }
+                    }
+                    Some(Err(e)) => return Ended::Broke(describe(&e)),
+                    None => return Ended::Broke("it ended early".into()),
+                },
+                Some(m) = moves.recv(), if self.asked.is_none() => self.hand_off(m).await,
+            }
+        }
+    }
+
+    fn take_events(&mut self, buf: &mut Vec<u8>) -> Option<Ended> {
+        while let Some(block) = next_block(buf) {
+            match parse(&block) {
+                Some(Native::Token(_)) if self.replayed > 0 => self.replayed -= 1,
+                Some(Native::Token(t)) => self.generated.push(t),
+                Some(Native::Text) | None => {}
+                Some(Native::Status(state)) if state == "migrated" => {
+                    return Some(Ended::HandedOff)
+                }
+                Some(Native::Status(_)) => return Some(Ended::Final),
+            }
+        }
+        None
+    }
+
+    /// Kill the process on its current worker, if that still answers.
+    async fn kill(&self) {
+        let l = &self.launch;
+        let local = utf8_percent_encode(&l.local, NON_ALPHANUMERIC);
+        let req = l
+            .acting
+            .apply(l.ctl.http.delete(format!("{}/v1/processes/{local}", l.url)));
+        let _ = with_worker_key(req, l.ctl.worker_key.as_deref())
+            .timeout(KILL_TIMEOUT)
+            .send()
+            .await;
+    }
+
+    /// Ask the current worker to hand the process off for move `m`.
+    async fn hand_off(&mut self, m: Move) {
+        let l = &self.launch;
+        if m.to == l.worker || l.ctl.registry.url_of(&m.to).is_none() {
+            count_failure(&l.ctl, m.reason);
+            return;
+        }
+        let local = utf8_percent_encode(&l.local, NON_ALPHANUMERIC);
+        let url = format!("{}/v1/internal/processes/{local}/handoff", l.url);
+        match post_to_worker(l.ctl.clone(), url, l.acting.clone(), json!({})).await {
+            Ok((status, _)) if status.is_success() => self.asked = Some(m),
+            // It ended meanwhile: its events end as they would have.
+            Ok((status, _)) if status == reqwest::StatusCode::CONFLICT => {}
+            Ok((status, answer)) => {
+                tracing::warn!(process = l.local, %status, %answer, "hand-off refused; it stays");
+                count_failure(&l.ctl, m.reason);
+            }
+            Err(e) => {
+                tracing::warn!(process = l.local, e, "hand-off failed; it stays");
+                count_failure(&l.ctl, m.reason);
+            }
+        }
+    }
+
+    /// Launch the process on `target` (or a worker routing chooses, then
+    /// others) with the tokens so far; `source` holds their pages.
+    async fn resume(
+        &mut self,
+        reason: Reason,
+        target: Option<String>,
+        source: Option<String>,
+    ) -> Result<(), String> {
+        let ctl = self.launch.ctl.clone();
+        let mut body = self.launch.body.clone();
+        if let Some(props) = ctl.streams.props_of(self.id) {
+            body["props"] = props;
+        }
+        body[RESUME_FIELD] = json!({"tokens": self.generated, "from": source});
+        let mut tokens = self.launch.prompt.clone();
+        tokens.extend_from_slice(&self.generated);
+        let old = self.launch.worker.clone();
+        let mut tried = vec![old.clone()];
+        let mut target = target.and_then(|name| ctl.registry.url_of(&name).map(|url| (name, url)));
+        for _ in 0..MAX_TARGETS {
+            let next = target.take().or_else(|| {
+                choose_worker(
+                    &ctl,
+                    &tokens,
+                    &self.launch.props,
+                    &self.launch.acting,
+                    &tried,
+                )
+            });
+            let Some((name, url)) = next else { break };
+            tried.push(name.clone());
+            match self.launch_on(&url, &body).await {
+                Ok(local) => {
+                    self.switch_to(reason, name, url, local);
+                    return Ok(());
+                }
+                Err(e) => tracing::warn!(worker = name, e, "native resume refused"),
+            }
+        }
+        Err(format!(
+            "no worker could resume the process of `{old}` ({} tokens generated)",
+            self.generated.len()
+        ))
+    }
+
+    /// POST the launch to `url`; the new process's id there.
+    async fn launch_on(&self, url: &str, body: &Value) -> Result<String, String> {
+        let l = &self.launch;
+        let url = format!("{url}/v1/processes");
+        let (status, answer) =
+            post_to_worker(l.ctl.clone(), url.clone(), l.acting.clone(), body.clone()).await?;
+        match answer["id"].as_str() {
+            Some(id) if status.is_success() => Ok(id.to_string()),
+            _ => Err(format!("{url}: {status} {answer}")),
+        }
+    }
+
+    fn switch_to(&mut self, reason: Reason, name: String, url: String, local: String) {
+        let ctl = &self.launch.ctl;
+        tracing::info!(
+            from = self.launch.worker,
+            to = name,
+            tokens = self.generated.len(),
+            ?reason,
+            "native process moved"
+        );
+        ctl.metrics.moved.get_or_create(&reason.label()).inc();
+        self.launch.slot.moved_to(&name);
+        if let Some(demand) = &self.launch.slot.demand {
+            demand.placed(&name);
+        }
+        ctl.streams.now_on(self.id, &name);
+        ctl.streams.named(self.id, &local);
+        self.replayed = self.generated.len();
+        self.launch.worker = name;
+        self.launch.url = url;
+        self.launch.local = local;
+    }
+}
+
+/// A client's events of a native process the controller follows, from
+/// `process_url` on `worker` (its `/events`), continued on each worker it
+/// moves to: the client gets every text event once, then its final status
+/// (or a `failed` status saying why it could not go on).
+pub(crate) async fn events(
+    ctl: Arc<Controller>,
+    origin: (String, String),
+    (worker, local): (&str, &str),
+    process_url: &str,
+    acting: &Acting,
+) -> Response {
+    let upstream = match open(&ctl, process_url, acting).await {
+        Ok(up) if up.status.is_success() => up,
+        Ok(up) => return up.into_response(),
+        Err(e) => return error(StatusCode::BAD_GATEWAY, format!("worker `{worker}`: {e}")),
+    };
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let stitch = Stitch {
+        ctl,
+        origin,
+        at: (worker.to_string(), local.to_string()),
+        acting: acting.clone(),
+        sent: 0,
+        out: tx,
+    };
+    tokio::spawn(stitch.run(upstream.body));
+    let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<Bytes, std::convert::Infallible>(b), rx))
+    }));
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    if let Ok(value) = worker.parse() {
+        h.insert("x-pie-worker", value);
+    }
+    resp
+}
+
+async fn open(
+    ctl: &Controller,
+    url: &str,
+    acting: &Acting,
+) -> Result<crate::proxy::Upstream, String> {
+    send(
+        ctl,
+        Method::GET,
+        url,
+        &HeaderMap::new(),
+        acting,
+        Bytes::new(),
+    )
+    .await
+}
+
+/// One client's event stream of a native process across its workers.
+struct Stitch {
+    ctl: Arc<Controller>,
+    /// The process as its client knows it (first worker, id there).
+    origin: (String, String),
+    /// The worker whose events are read now, and the process's id there.
+    at: (String, String),
+    acting: Acting,
+    /// Text events the client has: the next worker replays these first.
+    sent: usize,
+    out: mpsc::Sender<Bytes>,
+}
+
+impl Stitch {
+    async fn run(mut self, mut body: BoxStream<'static, reqwest::Result<Bytes>>) {
+        loop {
+            match self.forward(body).await {
+                Some(true) | None => return,
+                Some(false) => {}
+            }
+            match self.next_worker().await {
+                Ok(next) => body = next,
+                Err(why) => {
+                    let status = json!({"state": "failed", "finish_reason": null, "usage": null, "error": why});
+                    let event = format!("event: status\ndata: {status}\n\n");
+                    let _ = self.out.send(Bytes::from(event)).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Forward one worker's events past those the client has; Some(true):
+    /// the final status went out; Some(false): the process went on
+    /// elsewhere or the stream broke; None: the client left.
+    async fn forward(
+        &mut self,
+        mut body: BoxStream<'static, reqwest::Result<Bytes>>,
+    ) -> Option<bool> {
+        let mut replayed = self.sent;
+        let mut buf = Vec::new();
+        while let Some(Ok(bytes)) = body.next().await {
+            buf.extend_from_slice(&bytes);
+            while let Some(block) = next_block(&mut buf) {
+                let last = match parse(&block) {
+                    Some(Native::Token(_) | Native::Text) if replayed > 0 => {
+                        replayed -= 1;
+                        continue;
+                    }
+                    Some(Native::Token(_) | Native::Text) => {
+                        self.sent += 1;
+                        false
+                    }
+                    Some(Native::Status(state)) if state == "migrated" => return Some(false),
+                    Some(Native::Status(_)) => true,
+                    None => false,
+                };
+                self.out.send(Bytes::from(block)).await.ok()?;
+                if last {
+                    return Some(true);
+                }
+            }
+        }
+        Some(false)
+    }
+
+    /// The events of the worker the process went on to, once the follower
+    /// moved it (Err: why it could not go on).
+    async fn next_worker(&mut self) -> Result<BoxStream<'static, reqwest::Result<Bytes>>, String> {
+        let started = Instant::now();
+        let (origin, origin_local) = (&self.origin.0, &self.origin.1);
+        while started.elapsed() < MOVE_WAIT {
+            match self.ctl.streams.current(origin, origin_local) {
+                Some(Whereabouts::Lost(why)) => return Err(why),
+                Some(Whereabouts::At { worker, local, .. })
+                    if (&worker, &local) != (&self.at.0, &self.at.1) =>
+                {
+                    if let Some(url) = self.ctl.registry.url_of(&worker) {
+                        let encoded = utf8_percent_encode(&local, NON_ALPHANUMERIC);
+                        let url = format!("{url}/v1/processes/{encoded}/events");
+                        if let Ok(up) = open(&self.ctl, &url, &self.acting).await {
+                            if up.status.is_success() {
+                                self.at = (worker, local);
+                                return Ok(up.body);
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+            tokio::time::sleep(MOVE_POLL).await;
+        }
+        Err(format!(
+            "its worker `{}` stopped answering and it went on nowhere within {} s",
+            self.at.0,
+            MOVE_WAIT.as_secs()
+        ))
+    }
+}
+
+/// One SSE event of a native event stream.
+fn parse(block: &[u8]) -> Option<Native> {
+    let text = String::from_utf8_lossy(block);
+    let mut kind = None;
+    let mut data = None;
+    for line in text.lines() {
+        if let Some(k) = line.strip_prefix("event:") {
+            kind = Some(k.trim().to_string());
+        } else if let Some(d) = line.strip_prefix("data:") {
+            data = Some(d.trim_start().to_string());
+        }
+    }
+    let data: Value = serde_json::from_str(&data?).ok()?;
+    match kind.as_deref()? {
+        "text" => Some(match data["token"].as_u64() {
+            Some(t) => Native::Token(u32::try_from(t).ok()?),
+            None => Native::Text,
+        }),
+        "status" => Some(Native::Status(data["state"].as_str()?.to_string())),
+        _ => None,
+    }
+}
+
+fn count_failure(ctl: &Controller, reason: Reason) {
+    ctl.metrics
+        .move_failures
+        .get_or_create(&reason.label())
+        .inc();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn native_events_parse_with_and_without_ids() {
+        let text = b"event: text\ndata: {\"text\":\"a\",\"token\":17}\n\n";
+        assert!(matches!(parse(text), Some(Native::Token(17))));
+        let flush = b"event: text\ndata: {\"text\":\"b\",\"token\":null}\n\n";
+        assert!(matches!(parse(flush), Some(Native::Text)));
+        let done = b"event: status\ndata: {\"state\":\"migrated\"}\n\n";
+        assert!(matches!(parse(done), Some(Native::Status(s)) if s == "migrated"));
+        assert!(parse(b": keep-alive\n\n").is_none());
+    }
+
+    #[test]
+    fn only_a_chat_resuming_a_session_stays() {
+        assert!(NativeLaunch::movable(
+            &json!({"inferlet": "text-completion", "props": {"session": "s"}})
+        ));
+        assert!(NativeLaunch::movable(&json!({"inferlet": "chat"})));
+        assert!(!NativeLaunch::movable(
+            &json!({"inferlet": "chat", "props": {"session": "s"}})
+        ));
+    }
+}
