@@ -1,6 +1,6 @@
-//! Shared vocabulary of Pie: identifiers, block hashes, props, API keys, the
-//! config-file reader, the KV event stream's wire types and the names the
-//! binaries exchange (`wire`).
+//! Shared vocabulary of Pie: identifiers, block hashes, props, API keys, the KV
+//! page dtype, the config-file reader, the KV event stream's wire types and the
+//! names the binaries exchange (`wire`).
 //!
 //! Everything here is plain data so that every other crate (policies, KV cache,
 //! model, binaries, simulator) can depend on it without pulling in I/O.
@@ -10,6 +10,7 @@ pub mod auth;
 pub mod config_file;
 pub mod hash;
 pub mod ids;
+pub mod kv_dtype;
 pub mod kv_events;
 pub mod props;
 pub mod size;
@@ -17,6 +18,7 @@ pub mod wire;
 
 pub use hash::{block_hash, block_hashes, BlockHash, ModelFingerprint};
 pub use ids::SeqId;
+pub use kv_dtype::KvDtype;
 pub use kv_events::{KvEventBatch, KvSnapshot};
 pub use props::{PropError, PropValue, Props};
 pub use size::ByteSize;

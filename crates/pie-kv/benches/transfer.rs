@@ -37,7 +37,7 @@ fn codec(c: &mut Criterion) {
     let page = pool.lookup(BlockHash(1)).expect("published");
     let format = PageFormat::of(&pool);
     let mut group = c.benchmark_group("page");
-    group.throughput(Throughput::Bytes(page_bytes_len(LAYOUT) as u64));
+    group.throughput(Throughput::Bytes(page_bytes_len(&format) as u64));
     group.bench_function("export", |b| b.iter(|| export_page(&pool, page)));
     let header = StreamHeader::new(format).frame();
     group.bench_function("check", |b| {

@@ -343,7 +343,7 @@ impl DiskStore {
 
     /// Bytes one page of this store's format takes on disk.
     pub fn page_bytes(&self) -> u64 {
-        page_bytes_len(self.format.layout) as u64
+        page_bytes_len(&self.format) as u64
     }
 }
 
@@ -397,7 +397,7 @@ mod tests {
     }
 
     fn page_len() -> u64 {
-        page_bytes_len(LAYOUT) as u64
+        page_bytes_len(&format(1)) as u64
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Paged KV cache.
 //!
-//! - [`KvPool`]: the page storage (K and V for every layer, f32) and the page
+//! - [`KvPool`]: the page storage (K and V for every layer, f32 or f16) and the page
 //!   bookkeeping: reference counts, block hashes, the prefix index and LRU
 //!   eviction of unreferenced cached pages.
 //! - [`PageTable`]: one context's pages and how many of its tokens have KV.
@@ -20,7 +20,8 @@ pub mod stream;
 mod table;
 pub mod transfer;
 
-pub use pool::{IndexChange, KvLayout, KvPool, PageId, PoolStats};
+pub use pie_core::KvDtype;
+pub use pool::{IndexChange, KvLayout, KvPool, PageId, PageKv, PoolStats};
 pub use table::PageTable;
 
 /// Not enough free or evictable pages for a request.

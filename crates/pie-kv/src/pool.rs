@@ -1,6 +1,9 @@
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 
-use pie_core::{BlockHash, ModelFingerprint};
+use half::f16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+use pie_core::{BlockHash, KvDtype, ModelFingerprint};
 
 use serde::{Deserialize, Serialize};
 
@@ -21,9 +24,9 @@ impl KvLayout {
         self.page_size * self.kv_dim
     }
 
-    /// Bytes one page takes in memory (K and V, all layers).
-    pub fn page_bytes(&self) -> usize {
-        2 * self.layers * self.page_floats() * std::mem::size_of::<f32>()
+    /// Bytes one page takes in memory (K and V, all layers) as `dtype`.
+    pub fn page_bytes(&self, dtype: KvDtype) -> usize {
+        2 * self.layers * self.page_floats() * dtype.bytes()
     }
 }
 
@@ -50,12 +53,67 @@ pub struct PoolStats {
     pub free: usize,
 }
 
+/// K and V of every layer for every page, one `Vec` per layer each.
+struct Planes<T> {
+    k: Vec<Vec<T>>,
+    v: Vec<Vec<T>>,
+}
+
+impl<T: bytemuck::Pod> Planes<T> {
+    fn new(layers: usize, len: usize) -> Self {
+        Self {
+            k: (0..layers).map(|_| vec![T::zeroed(); len]).collect(),
+            v: (0..layers).map(|_| vec![T::zeroed(); len]).collect(),
+        }
+    }
+
+    fn slices(&self, layer: usize, r: Range<usize>) -> (&[T], &[T]) {
+        (&self.k[layer][r.clone()], &self.v[layer][r])
+    }
+
+    fn slices_mut(&mut self, layer: usize, r: Range<usize>) -> (&mut [T], &mut [T]) {
+        (&mut self.k[layer][r.clone()], &mut self.v[layer][r])
+    }
+
+    fn bytes(&self, layer: usize, r: Range<usize>) -> (&[u8], &[u8]) {
+        let (k, v) = self.slices(layer, r);
+        (bytemuck::cast_slice(k), bytemuck::cast_slice(v))
+    }
+
+    fn bytes_mut(&mut self, layer: usize, r: Range<usize>) -> (&mut [u8], &mut [u8]) {
+        let (k, v) = self.slices_mut(layer, r);
+        (bytemuck::cast_slice_mut(k), bytemuck::cast_slice_mut(v))
+    }
+
+    fn copy_within(&mut self, src: Range<usize>, dst: usize) {
+        for plane in self.k.iter_mut().chain(&mut self.v) {
+            plane.copy_within(src.clone(), dst);
+        }
+    }
+}
+
+/// The pool's values in its dtype. f16 is kept as its bits (`u16`): plain old
+/// data for the page format's byte copies, and what the attention kernels'
+/// conversion instructions load.
+enum Storage {
+    F32(Planes<f32>),
+    F16(Planes<u16>),
+}
+
+/// One layer's K and V of a page as stored (`page_size * kv_dim` values each).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PageKv<'a> {
+    F32(&'a [f32], &'a [f32]),
+    /// f16 bits.
+    F16(&'a [u16], &'a [u16]),
+}
+
 /// The page pool of one worker.
 pub struct KvPool {
     layout: KvLayout,
+    dtype: KvDtype,
     fingerprint: ModelFingerprint,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    values: Storage,
     meta: Vec<PageMeta>,
     free: Vec<PageId>,
     index: HashMap<BlockHash, PageId>,
@@ -75,13 +133,27 @@ pub enum IndexChange {
 }
 
 impl KvPool {
+    /// A pool of f32 pages.
     pub fn new(layout: KvLayout, num_pages: usize, fingerprint: ModelFingerprint) -> Self {
+        Self::with_dtype(layout, KvDtype::F32, num_pages, fingerprint)
+    }
+
+    /// A pool whose pages hold `dtype` (values are rounded to it when written).
+    pub fn with_dtype(
+        layout: KvLayout,
+        dtype: KvDtype,
+        num_pages: usize,
+        fingerprint: ModelFingerprint,
+    ) -> Self {
         let floats = num_pages * layout.page_floats();
         Self {
             layout,
+            dtype,
             fingerprint,
-            k: (0..layout.layers).map(|_| vec![0.0; floats]).collect(),
-            v: (0..layout.layers).map(|_| vec![0.0; floats]).collect(),
+            values: match dtype {
+                KvDtype::F32 => Storage::F32(Planes::new(layout.layers, floats)),
+                KvDtype::F16 => Storage::F16(Planes::new(layout.layers, floats)),
+            },
             meta: vec![PageMeta::default(); num_pages],
             free: (0..num_pages as u32).rev().map(PageId).collect(),
             index: HashMap::new(),
@@ -117,6 +189,10 @@ impl KvPool {
 
     pub fn fingerprint(&self) -> ModelFingerprint {
         self.fingerprint
+    }
+
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
     }
 
     pub fn stats(&self) -> PoolStats {
@@ -223,41 +299,83 @@ impl KvPool {
         self.index.keys().copied()
     }
 
-    fn slot_range(&self, page: PageId, slot: usize) -> std::ops::Range<usize> {
+    fn slot_range(&self, page: PageId, slot: usize) -> Range<usize> {
         let start = page.0 as usize * self.layout.page_floats() + slot * self.layout.kv_dim;
         start..start + self.layout.kv_dim
     }
 
-    /// Write one token's K and V for one layer.
+    /// Write one token's K and V for one layer (rounded to the pool's dtype).
     pub fn write(&mut self, layer: usize, page: PageId, slot: usize, k: &[f32], v: &[f32]) {
         let r = self.slot_range(page, slot);
-        self.k[layer][r.clone()].copy_from_slice(k);
-        self.v[layer][r].copy_from_slice(v);
+        match &mut self.values {
+            Storage::F32(p) => {
+                let (dk, dv) = p.slices_mut(layer, r);
+                dk.copy_from_slice(k);
+                dv.copy_from_slice(v);
+            }
+            Storage::F16(p) => {
+                let (dk, dv) = p.slices_mut(layer, r);
+                dk.reinterpret_cast_mut::<f16>().convert_from_f32_slice(k);
+                dv.reinterpret_cast_mut::<f16>().convert_from_f32_slice(v);
+            }
+        }
     }
 
-    /// One token's K and V for one layer.
-    pub fn read(&self, layer: usize, page: PageId, slot: usize) -> (&[f32], &[f32]) {
+    /// One token's K and V for one layer, as f32 (a copy: f16 widens).
+    pub fn read(&self, layer: usize, page: PageId, slot: usize) -> (Vec<f32>, Vec<f32>) {
         let r = self.slot_range(page, slot);
-        (&self.k[layer][r.clone()], &self.v[layer][r])
+        match &self.values {
+            Storage::F32(p) => {
+                let (k, v) = p.slices(layer, r);
+                (k.to_vec(), v.to_vec())
+            }
+            Storage::F16(p) => {
+                let (k, v) = p.slices(layer, r);
+                (
+                    k.reinterpret_cast::<f16>().to_f32_vec(),
+                    v.reinterpret_cast::<f16>().to_f32_vec(),
+                )
+            }
+        }
     }
 
-    /// Whole-page K and V of one layer (`page_size * kv_dim` floats each).
-    pub fn page_kv(&self, layer: usize, page: PageId) -> (&[f32], &[f32]) {
+    fn page_range(&self, page: PageId) -> Range<usize> {
         let n = self.layout.page_floats();
         let start = page.0 as usize * n;
-        (
-            &self.k[layer][start..start + n],
-            &self.v[layer][start..start + n],
-        )
+        start..start + n
     }
 
-    pub(crate) fn page_kv_mut(&mut self, layer: usize, page: PageId) -> (&mut [f32], &mut [f32]) {
-        let n = self.layout.page_floats();
-        let start = page.0 as usize * n;
-        (
-            &mut self.k[layer][start..start + n],
-            &mut self.v[layer][start..start + n],
-        )
+    /// One layer's K and V of a whole page as stored.
+    pub fn page_kv(&self, layer: usize, page: PageId) -> PageKv<'_> {
+        let r = self.page_range(page);
+        match &self.values {
+            Storage::F32(p) => {
+                let (k, v) = p.slices(layer, r);
+                PageKv::F32(k, v)
+            }
+            Storage::F16(p) => {
+                let (k, v) = p.slices(layer, r);
+                PageKv::F16(k, v)
+            }
+        }
+    }
+
+    /// One layer's K and V of a whole page as little-endian bytes (the page
+    /// format's values).
+    pub(crate) fn page_bytes(&self, layer: usize, page: PageId) -> (&[u8], &[u8]) {
+        let r = self.page_range(page);
+        match &self.values {
+            Storage::F32(p) => p.bytes(layer, r),
+            Storage::F16(p) => p.bytes(layer, r),
+        }
+    }
+
+    pub(crate) fn page_bytes_mut(&mut self, layer: usize, page: PageId) -> (&mut [u8], &mut [u8]) {
+        let r = self.page_range(page);
+        match &mut self.values {
+            Storage::F32(p) => p.bytes_mut(layer, r),
+            Storage::F16(p) => p.bytes_mut(layer, r),
+        }
     }
 
     /// Copy the first `tokens` slots of `src` into `dst` in every layer.
@@ -267,9 +385,9 @@ impl KvPool {
             src.0 as usize * self.layout.page_floats(),
             dst.0 as usize * self.layout.page_floats(),
         );
-        for layer in 0..self.layout.layers {
-            self.k[layer].copy_within(s..s + n, d);
-            self.v[layer].copy_within(s..s + n, d);
+        match &mut self.values {
+            Storage::F32(p) => p.copy_within(s..s + n, d),
+            Storage::F16(p) => p.copy_within(s..s + n, d),
         }
     }
 }
@@ -338,6 +456,29 @@ mod tests {
             ]
         );
         assert!(p.take_index_events().is_empty(), "taken");
+    }
+
+    #[test]
+    fn f16_pages_round_to_nearest_and_take_half_the_bytes() {
+        let layout = pool(1).layout();
+        let mut p = KvPool::with_dtype(layout, KvDtype::F16, 2, ModelFingerprint(1));
+        assert_eq!(
+            layout.page_bytes(KvDtype::F16) * 2,
+            layout.page_bytes(KvDtype::F32)
+        );
+        let a = p.allocate().unwrap();
+        let k: Vec<f32> = (0..8).map(|i| 1.0 + i as f32 / 3000.0).collect();
+        p.write(1, a, 2, &k, &[65504.0, -1e-3, 0.0, 1.0, 2.0, 3.0, 4.0, 1e5]);
+        let (got_k, got_v) = p.read(1, a, 2);
+        for (g, w) in got_k.iter().zip(&k) {
+            assert_eq!(*g, half::f16::from_f32(*w).to_f32());
+            assert!((g - w).abs() <= w * 2f32.powi(-11), "{g} vs {w}");
+        }
+        assert_eq!(got_v[0], 65504.0);
+        assert_eq!(got_v[7], f32::INFINITY, "beyond f16's range");
+        let b = p.allocate().unwrap();
+        p.copy_page(a, b, 3);
+        assert_eq!(p.page_kv(1, a), p.page_kv(1, b));
     }
 
     #[test]

@@ -240,7 +240,7 @@ impl StreamCheck {
 
     /// The largest frame a valid stream has.
     pub fn max_frame(&self) -> usize {
-        page_bytes_len(self.format.layout).max(MAX_HEADER_BYTES)
+        page_bytes_len(&self.format).max(MAX_HEADER_BYTES)
     }
 
     pub fn ended(&self) -> bool {
@@ -289,7 +289,7 @@ impl StreamCheck {
 mod tests {
     use super::*;
     use crate::transfer::export_page;
-    use crate::{KvLayout, KvPool};
+    use crate::{KvDtype, KvLayout, KvPool};
     use pie_core::ModelFingerprint;
     use proptest::prelude::*;
 
@@ -301,7 +301,11 @@ mod tests {
 
     /// A pool holding `n` published pages with the hashes 100, 101, ...
     fn source(n: usize, fingerprint: u64) -> (KvPool, Vec<BlockHash>) {
-        let mut pool = KvPool::new(LAYOUT, n, ModelFingerprint(fingerprint));
+        source_of(KvDtype::F32, n, fingerprint)
+    }
+
+    fn source_of(dtype: KvDtype, n: usize, fingerprint: u64) -> (KvPool, Vec<BlockHash>) {
+        let mut pool = KvPool::with_dtype(LAYOUT, dtype, n, ModelFingerprint(fingerprint));
         let mut chain = Vec::new();
         for i in 0..n {
             let page = pool.allocate().expect("room");
@@ -394,5 +398,28 @@ mod tests {
         let mut huge = StreamHeader::new(format).frame();
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         assert_eq!(refusal(&huge, chain).reason(), "frame");
+    }
+
+    /// f16 pages stream to an f16 receiver like f32 ones (half the bytes);
+    /// a receiver of the other dtype refuses them at the handshake, naming it.
+    #[test]
+    fn pages_of_another_kv_dtype_are_refused_at_the_handshake() {
+        let (half, chain) = source_of(KvDtype::F16, 3, 9);
+        let (full, _) = source(3, 9);
+        let bytes = stream_of(&half, &chain);
+        let saved = stream_of(&full, &chain).len() - bytes.len();
+        assert_eq!(
+            saved,
+            3 * LAYOUT.page_bytes(KvDtype::F16),
+            "half of each page's values"
+        );
+        let mut check = StreamCheck::new(PageFormat::of(&half), chain.clone(), 0);
+        assert_eq!(receive(&mut check, &bytes, 50).unwrap(), vec![0, 1, 2]);
+        for (from, to) in [(&half, &full), (&full, &half)] {
+            let mut check = StreamCheck::new(PageFormat::of(to), chain.clone(), 0);
+            let err = receive(&mut check, &stream_of(from, &chain), 50).unwrap_err();
+            assert_eq!(err.reason(), "handshake");
+            assert!(err.to_string().contains("kv dtype differs"), "{err}");
+        }
     }
 }

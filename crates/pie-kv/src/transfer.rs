@@ -7,9 +7,9 @@
 //! | magic `PIEKVPG1` | 8 |
 //! | model fingerprint | 8 |
 //! | block hash | 8 |
-//! | dtype (0 = f32) | 4 |
+//! | dtype (0 = f32, 1 = f16: [`KvDtype::code`]) | 4 |
 //! | layers, page_size, kv_dim | 4 each |
-//! | per layer: K then V, `page_size * kv_dim` f32 each | ... |
+//! | per layer: K then V, `page_size * kv_dim` values of the dtype each | ... |
 //! | XXH3-64 of everything above | 8 |
 //!
 //! A page's address wherever it travels or rests is its [`PageFormat`]
@@ -22,13 +22,12 @@ use pie_core::{BlockHash, ModelFingerprint};
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::{KvLayout, KvPool, OutOfPages, PageId};
+use crate::{KvDtype, KvLayout, KvPool, OutOfPages, PageId};
 
 #[cfg(not(target_endian = "little"))]
-compile_error!("the KV page format stores f32 values as little-endian bytes, copied as slices: big-endian hosts are not supported");
+compile_error!("the KV page format stores values as little-endian bytes, copied as slices: big-endian hosts are not supported");
 
 const MAGIC: &[u8; 8] = b"PIEKVPG1";
-const DTYPE_F32: u32 = 0;
 const HEADER_BYTES: usize = 8 + 8 + 8 + 4 * 4;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -58,7 +57,8 @@ pub enum TransferError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PageFormat {
     pub fingerprint: ModelFingerprint,
-    /// 0 = f32 (the only dtype pools hold today).
+    /// [`KvDtype::code`]: a number, so that a peer's unknown dtype is a
+    /// mismatch named like any other, not a parse error.
     pub dtype: u32,
     pub layout: KvLayout,
 }
@@ -67,7 +67,7 @@ impl PageFormat {
     pub fn of(pool: &KvPool) -> Self {
         Self {
             fingerprint: pool.fingerprint(),
-            dtype: DTYPE_F32,
+            dtype: pool.dtype().code(),
             layout: pool.layout(),
         }
     }
@@ -103,21 +103,23 @@ impl PageFormat {
     }
 }
 
-/// Serialized size of one page of `layout`.
-pub fn page_bytes_len(layout: KvLayout) -> usize {
-    HEADER_BYTES + layout.page_bytes() + 8
+/// Serialized size of one page of `format` (an unknown dtype is sized as
+/// f32: the largest, so a bound computed from it holds).
+pub fn page_bytes_len(format: &PageFormat) -> usize {
+    let dtype = KvDtype::from_code(format.dtype).unwrap_or(KvDtype::F32);
+    HEADER_BYTES + format.layout.page_bytes(dtype) + 8
 }
 
 /// Serialize a published page.
 pub fn export_page(pool: &KvPool, page: PageId) -> Result<Vec<u8>, TransferError> {
     let hash = pool.hash_of(page).ok_or(TransferError::Unpublished(page))?;
     let layout = pool.layout();
-    let mut out = Vec::with_capacity(page_bytes_len(layout));
+    let mut out = Vec::with_capacity(page_bytes_len(&PageFormat::of(pool)));
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&pool.fingerprint().0.to_le_bytes());
     out.extend_from_slice(&hash.0.to_le_bytes());
     for field in [
-        DTYPE_F32,
+        pool.dtype().code(),
         layout.layers as u32,
         layout.page_size as u32,
         layout.kv_dim as u32,
@@ -125,9 +127,9 @@ pub fn export_page(pool: &KvPool, page: PageId) -> Result<Vec<u8>, TransferError
         out.extend_from_slice(&field.to_le_bytes());
     }
     for layer in 0..layout.layers {
-        let (k, v) = pool.page_kv(layer, page);
-        out.extend_from_slice(bytemuck::cast_slice(k));
-        out.extend_from_slice(bytemuck::cast_slice(v));
+        let (k, v) = pool.page_bytes(layer, page);
+        out.extend_from_slice(k);
+        out.extend_from_slice(v);
     }
     let sum = xxh3_64(&out);
     out.extend_from_slice(&sum.to_le_bytes());
@@ -152,7 +154,7 @@ pub fn verify_page(pool: &KvPool, bytes: &[u8]) -> Result<BlockHash, TransferErr
 /// verifies a stream off the thread that owns its pool).
 pub fn verify_page_format(format: &PageFormat, bytes: &[u8]) -> Result<BlockHash, TransferError> {
     let want_layout = format.layout;
-    let expected = page_bytes_len(want_layout);
+    let expected = page_bytes_len(format);
     if bytes.len() < HEADER_BYTES + 8 {
         return Err(TransferError::Length(bytes.len(), expected));
     }
@@ -197,14 +199,13 @@ pub fn import_page(pool: &mut KvPool, bytes: &[u8]) -> Result<PageId, TransferEr
         return Ok(page);
     }
     let page = pool.allocate()?;
-    let half = pool.layout().page_floats() * std::mem::size_of::<f32>();
+    let half = pool.layout().page_floats() * pool.dtype().bytes();
     // Verified above: exactly `layers` x (K, V) of `half` bytes each.
     let mut values = bytes[HEADER_BYTES..bytes.len() - 8].chunks_exact(half);
     for layer in 0..pool.layout().layers {
-        let (k, v) = pool.page_kv_mut(layer, page);
+        let (k, v) = pool.page_bytes_mut(layer, page);
         for dst in [k, v] {
-            let src = values.next().expect("verified length");
-            bytemuck::cast_slice_mut::<f32, u8>(dst).copy_from_slice(src);
+            dst.copy_from_slice(values.next().expect("verified length"));
         }
     }
     pool.publish(page, hash);
@@ -228,12 +229,18 @@ mod tests {
         )
     }
 
+    /// The K and V `published_page` writes at `layer`, `slot`.
+    fn pool_values(layer: usize, slot: usize) -> (Vec<f32>, Vec<f32>) {
+        let x = (layer * 10 + slot) as f32;
+        (vec![x, x + 0.5, -x], vec![x * 2.0; 3])
+    }
+
     fn published_page(p: &mut KvPool) -> PageId {
         let page = p.allocate().unwrap();
         for layer in 0..2 {
             for slot in 0..2 {
-                let x = (layer * 10 + slot) as f32;
-                p.write(layer, page, slot, &[x, x + 0.5, -x], &[x * 2.0; 3]);
+                let (k, v) = pool_values(layer, slot);
+                p.write(layer, page, slot, &k, &v);
             }
         }
         p.publish(page, BlockHash(42));
@@ -245,7 +252,7 @@ mod tests {
         let mut a = pool(1);
         let page = published_page(&mut a);
         let bytes = export_page(&a, page).unwrap();
-        assert_eq!(bytes.len(), page_bytes_len(a.layout()));
+        assert_eq!(bytes.len(), page_bytes_len(&PageFormat::of(&a)));
         let mut b = pool(1);
         let imported = import_page(&mut b, &bytes).unwrap();
         assert_eq!(b.lookup(BlockHash(42)), Some(imported));
@@ -259,6 +266,46 @@ mod tests {
             "no duplicate"
         );
         assert_eq!(b.stats().cached, 1);
+    }
+
+    #[test]
+    fn f16_pages_round_trip_in_half_the_bytes_and_only_into_f16_pools() {
+        let f16_pool =
+            || KvPool::with_dtype(pool(1).layout(), KvDtype::F16, 4, ModelFingerprint(1));
+        let mut a = f16_pool();
+        let page = published_page(&mut a);
+        let bytes = export_page(&a, page).unwrap();
+        assert_eq!(bytes.len(), page_bytes_len(&PageFormat::of(&a)));
+        let f32_len = page_bytes_len(&PageFormat::of(&pool(1)));
+        assert_eq!(f32_len - bytes.len(), a.layout().page_bytes(KvDtype::F16));
+        let mut b = f16_pool();
+        let imported = import_page(&mut b, &bytes).unwrap();
+        for layer in 0..2 {
+            assert_eq!(a.page_kv(layer, page), b.page_kv(layer, imported));
+            // The test values are exact in f16.
+            assert_eq!(b.read(layer, imported, 1), pool_values(layer, 1));
+        }
+        assert!(matches!(
+            verify_page(&pool(1), &bytes),
+            Err(TransferError::Layout { dtype: 1, .. })
+        ));
+        let f32_bytes = export_page(
+            &{
+                let mut p = pool(1);
+                published_page(&mut p);
+                p
+            },
+            PageId(0),
+        );
+        assert!(matches!(
+            verify_page(&b, &f32_bytes.unwrap()),
+            Err(TransferError::Layout { dtype: 0, .. })
+        ));
+        let why = PageFormat::of(&a).mismatch(&PageFormat::of(&pool(1)));
+        assert_eq!(
+            why.as_deref(),
+            Some("kv dtype differs: 0x0 there, 0x1 here")
+        );
     }
 
     #[test]
@@ -320,7 +367,7 @@ mod tests {
 
         /// The error an import must give for `damage` (None: it imports).
         fn expected(damage: &Damage, len: usize, rechecksum: bool) -> Option<TransferError> {
-            let want = page_bytes_len(pool(1).layout());
+            let want = page_bytes_len(&PageFormat::of(&pool(1)));
             let checksum = || (!rechecksum).then_some(TransferError::Checksum);
             match damage {
                 Damage::Flip(i, _) => match i.index(len) {

@@ -21,6 +21,11 @@
 //! - **Kernels.** The per-(query, page) step (dot products, exponentials, the V
 //!   accumulation) has an AVX-512F and an AVX2+FMA version chosen at run time
 //!   (`Kernel::detect`, as `matmul.rs` chooses), and a portable one.
+//! - **f16 pages.** A unit widens the K and V of its KV head in a page to f32
+//!   once (F16C / AVX-512F conversions, or `half`), into a block that stays in
+//!   L1 for every query of the unit, and runs the f32 step on it: the widening
+//!   is exact, so everything above holds for f16 pages as for f32 pages holding
+//!   the same values, and all arithmetic is f32.
 //!
 //! Invariant (tested): the output equals plain attention (a score vector over all
 //! keys, softmax, weighted sum of V) to within float rounding, for every kernel,
@@ -29,7 +34,7 @@
 //! rows and sequences, whether its chunks were split into units), so a prompt
 //! gives the same tokens with or without a prefix hit, chunked or whole.
 
-use pie_kv::{KvPool, PageTable};
+use pie_kv::{KvDtype, KvPool, PageKv, PageTable};
 use rayon::prelude::*;
 
 use crate::ops::{axpy, dot};
@@ -240,6 +245,11 @@ fn run_unit(
     let mut cst = vec![EMPTY; nq];
     let mut cacc = vec![0f32; nq * hd];
     let mut scratch = vec![0f32; ps.next_multiple_of(16)];
+    // K then V of one page's slots for this unit's KV head, widened from f16.
+    let mut wide = match pool.dtype() {
+        KvDtype::F16 => vec![0f32; 2 * ps * hd],
+        KvDtype::F32 => Vec::new(),
+    };
     let pos0 = s.start + u.first;
     let last = pos0 + u.rows - 1;
     let chunks = match u.chunk {
@@ -259,8 +269,16 @@ fn run_unit(
         let page_end = ((c0 + chunk_len).min(last + 1)).div_ceil(ps);
         for (p, &page) in pages.iter().enumerate().take(page_end).skip(c0 / ps) {
             let page_start = p * ps;
-            let (k, v) = pool.page_kv(layer, page);
-            let (k, v) = (&k[u.kvh * hd..], &v[u.kvh * hd..]);
+            let (k, v, stride) = match pool.page_kv(layer, page) {
+                PageKv::F32(k, v) => (&k[u.kvh * hd..], &v[u.kvh * hd..], kv_dim),
+                PageKv::F16(k, v) => {
+                    let slots = (last + 1 - page_start).min(ps);
+                    let (wk, wv) = wide.split_at_mut(ps * hd);
+                    kernel.widen(&k[u.kvh * hd..], kv_dim, hd, slots, wk);
+                    kernel.widen(&v[u.kvh * hd..], kv_dim, hd, slots, wv);
+                    (&*wk, &*wv, hd)
+                }
+            };
             for i in page_start.saturating_sub(pos0)..u.rows {
                 let n = (pos0 + i + 1 - page_start).min(ps);
                 let row = s.row0 + u.first + i;
@@ -271,7 +289,7 @@ fn run_unit(
                         qv,
                         k,
                         v,
-                        kv_dim,
+                        stride,
                         n,
                         scale,
                         &mut cst[qi],
@@ -345,8 +363,31 @@ impl Kernel {
                 head_dim.is_multiple_of(8)
                     && is_x86_feature_detected!("avx2")
                     && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
             }
             Kernel::Portable => true,
+        }
+    }
+
+    /// The first `hd` values of `slots` rows of f16 bits, `stride` apart in
+    /// `src`, widened to f32 into `dst`, rows `hd` apart.
+    fn widen(self, src: &[u16], stride: usize, hd: usize, slots: usize, dst: &mut [f32]) {
+        assert!(slots >= 1 && src.len() >= (slots - 1) * stride + hd && dst.len() >= slots * hd);
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `available` checked AVX-512F and that `hd` is a multiple of
+            // 16; the slices were checked above.
+            Kernel::Avx512 => unsafe { avx512::widen(src, stride, hd, slots, dst) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above, for F16C and a multiple of 8.
+            Kernel::Avx2 => unsafe { avx2::widen(src, stride, hd, slots, dst) },
+            Kernel::Portable => {
+                for (j, row) in dst.chunks_exact_mut(hd).take(slots).enumerate() {
+                    for (d, x) in row.iter_mut().zip(&src[j * stride..][..hd]) {
+                        *d = half::f16::from_bits(*x).to_f32();
+                    }
+                }
+            }
         }
     }
 
@@ -504,6 +545,24 @@ mod avx2 {
         _mm256_mul_ps(y, _mm256_castsi256_ps(pow))
     }
 
+    /// `super::Kernel::widen` eight lanes at a time (`hd` a multiple of 8).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn widen(
+        src: &[u16],
+        stride: usize,
+        hd: usize,
+        slots: usize,
+        dst: &mut [f32],
+    ) {
+        let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+        for j in 0..slots {
+            for d in (0..hd).step_by(8) {
+                let h = _mm_loadu_si128(sp.add(j * stride + d) as *const __m128i);
+                _mm256_storeu_ps(dp.add(j * hd + d), _mm256_cvtph_ps(h));
+            }
+        }
+    }
+
     /// All ones in the lanes below `n` (`n < 8`).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
@@ -645,6 +704,24 @@ mod avx512 {
             _mm512_castps512_ps256(a),
             _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a))),
         )
+    }
+
+    /// `super::Kernel::widen` sixteen lanes at a time (`hd` a multiple of 16).
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn widen(
+        src: &[u16],
+        stride: usize,
+        hd: usize,
+        slots: usize,
+        dst: &mut [f32],
+    ) {
+        let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+        for j in 0..slots {
+            for d in (0..hd).step_by(16) {
+                let h = _mm256_loadu_si256(sp.add(j * stride + d) as *const __m256i);
+                _mm512_storeu_ps(dp.add(j * hd + d), _mm512_cvtph_ps(h));
+            }
+        }
     }
 
     /// `acc[..16N] = acc * alpha + sum_j p[j] * v_j`, N registers wide, even and
@@ -827,8 +904,16 @@ mod tests {
     }
 
     impl Setup {
-        /// `lens[i]`: keys sequence `i` holds; `rows`: query rows to allocate.
-        fn new(seed: u64, page_size: usize, heads: Heads, lens: &[usize], rows: usize) -> Self {
+        /// `lens[i]`: keys sequence `i` holds; `rows`: query rows to allocate;
+        /// pages of `dtype` (the same values for either, before rounding).
+        fn new(
+            dtype: KvDtype,
+            seed: u64,
+            page_size: usize,
+            heads: Heads,
+            lens: &[usize],
+            rows: usize,
+        ) -> Self {
             let mut rng = StdRng::seed_from_u64(seed);
             let hd = heads.head_dim;
             let kv_dim = heads.kv_heads * hd;
@@ -838,7 +923,7 @@ mod tests {
                 kv_dim,
             };
             let pages: usize = lens.iter().map(|l| l.div_ceil(page_size)).sum();
-            let mut pool = KvPool::new(layout, pages + 1, ModelFingerprint(7));
+            let mut pool = KvPool::with_dtype(layout, dtype, pages + 1, ModelFingerprint(7));
             let mut tables: Vec<PageTable> = lens.iter().map(|_| PageTable::new()).collect();
             // Interleave the sequences' pages so no table is contiguous.
             let max = lens.iter().copied().max().unwrap_or(0);
@@ -944,6 +1029,9 @@ mod tests {
         spans.iter().map(|&(_, s, l)| s + l).collect()
     }
 
+    const DTYPES: [KvDtype; 2] = [KvDtype::F32, KvDtype::F16];
+
+    /// On f32 and f16 pages alike (f16: the reference reads the widened values).
     #[test]
     fn every_kernel_matches_the_reference() {
         for (case, &(ps, heads, kv_heads, hd)) in SHAPES.iter().enumerate() {
@@ -953,28 +1041,52 @@ mod tests {
                 head_dim: hd,
             };
             let rows = MIXED.iter().map(|s| s.2).sum();
-            let setup = Setup::new(case as u64, ps, h, &lens(&MIXED), rows);
-            // The whole mixed step; decode alone (split into chunk units).
-            for spans in [&MIXED[..], &MIXED[2..3], &MIXED[3..4]] {
-                let seqs = setup.seqs(spans);
-                let want = reference(&setup.pool, &seqs, h, &setup.q, setup.q_stride);
-                let portable = setup.run(Kernel::Portable, &seqs);
-                assert_close(&portable, &want, 2e-5, &format!("portable, shape {case}"));
-                for kernel in all_kernels() {
-                    if !kernel.available(hd) {
-                        eprintln!(
+            for dtype in DTYPES {
+                let setup = Setup::new(dtype, case as u64, ps, h, &lens(&MIXED), rows);
+                let case = format!("{case} {dtype:?}");
+                // The whole mixed step; decode alone (split into chunk units).
+                for spans in [&MIXED[..], &MIXED[2..3], &MIXED[3..4]] {
+                    let seqs = setup.seqs(spans);
+                    let want = reference(&setup.pool, &seqs, h, &setup.q, setup.q_stride);
+                    let portable = setup.run(Kernel::Portable, &seqs);
+                    assert_close(&portable, &want, 2e-5, &format!("portable, shape {case}"));
+                    for kernel in all_kernels() {
+                        if !kernel.available(hd) {
+                            eprintln!(
                             "SKIPPED: {kernel:?} attention kernel not tested for head dim {hd}: \
                              this CPU lacks it or the head dim does not fit its registers"
                         );
-                        continue;
+                            continue;
+                        }
+                        let got = setup.run(kernel, &seqs);
+                        let what = format!("{kernel:?} vs portable, shape {case}");
+                        assert_close(&got, &portable, 1e-5, &what);
+                        assert_close(&got, &want, 2e-5, &format!("{kernel:?}, shape {case}"));
                     }
-                    let got = setup.run(kernel, &seqs);
-                    let what = format!("{kernel:?} vs portable, shape {case}");
-                    assert_close(&got, &portable, 1e-5, &what);
-                    assert_close(&got, &want, 2e-5, &format!("{kernel:?}, shape {case}"));
                 }
             }
         }
+    }
+
+    /// f16 pages holding the same values as f32 pages give the same attention to
+    /// within f16's rounding of K and V (relative 2^-11 each).
+    #[test]
+    fn f16_pages_are_close_to_f32_pages() {
+        let (ps, heads, kv_heads, hd) = SHAPES[0];
+        let h = Heads {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        };
+        let rows = MIXED.iter().map(|s| s.2).sum();
+        let [full, half] = DTYPES.map(|d| Setup::new(d, 3, ps, h, &lens(&MIXED), rows));
+        let kernel = Kernel::detect(hd);
+        let (a, b) = (
+            full.run(kernel, &full.seqs(&MIXED)),
+            half.run(kernel, &half.seqs(&MIXED)),
+        );
+        assert_close(&b, &a, 5e-3, "f16 vs f32 pages");
+        assert_ne!(a, b, "the pages differ by rounding");
     }
 
     /// Chunked prefill: a prompt attended in pieces of any size (each piece after
@@ -990,49 +1102,52 @@ mod tests {
                 head_dim: hd,
             };
             let total = 530;
-            let setup = Setup::new(10 + case as u64, ps, h, &[total, 300], total + 40);
             let width = heads * hd;
-            for kernel in all_kernels().into_iter().filter(|k| k.available(hd)) {
-                let whole = setup.run(kernel, &setup.seqs(&[(0, 0, total)]));
-                for piece in [1, 5, 64, 200] {
-                    let mut start = 0;
-                    while start < total {
-                        let len = piece.min(total - start);
-                        // A piece's rows read the queries of the same rows of the
-                        // whole prompt.
-                        let seqs = setup.seqs(&[(0, start, len)]);
-                        let mut out = vec![0f32; len * width];
-                        attention_with(
-                            kernel,
-                            &setup.pool,
-                            0,
-                            &seqs,
-                            h,
-                            &setup.q[start * setup.q_stride..],
-                            setup.q_stride,
-                            &mut out,
-                        );
-                        assert_eq!(
-                            out,
-                            whole[start * width..(start + len) * width],
-                            "{kernel:?}, shape {case}, pieces of {piece}, at {start}"
-                        );
-                        start += len;
+            for dtype in DTYPES {
+                let setup = Setup::new(dtype, 10 + case as u64, ps, h, &[total, 300], total + 40);
+                let case = format!("{case} {dtype:?}");
+                for kernel in all_kernels().into_iter().filter(|k| k.available(hd)) {
+                    let whole = setup.run(kernel, &setup.seqs(&[(0, 0, total)]));
+                    for piece in [1, 5, 64, 200] {
+                        let mut start = 0;
+                        while start < total {
+                            let len = piece.min(total - start);
+                            // A piece's rows read the queries of the same rows of the
+                            // whole prompt.
+                            let seqs = setup.seqs(&[(0, start, len)]);
+                            let mut out = vec![0f32; len * width];
+                            attention_with(
+                                kernel,
+                                &setup.pool,
+                                0,
+                                &seqs,
+                                h,
+                                &setup.q[start * setup.q_stride..],
+                                setup.q_stride,
+                                &mut out,
+                            );
+                            assert_eq!(
+                                out,
+                                whole[start * width..(start + len) * width],
+                                "{kernel:?}, shape {case}, pieces of {piece}, at {start}"
+                            );
+                            start += len;
+                        }
                     }
+                    // Among another sequence's rows, after them in the step (the
+                    // prompt's rows keep their queries).
+                    let qs = setup.q_stride;
+                    let q: Vec<f32> =
+                        [&setup.q[total * qs..][..40 * qs], &setup.q[..total * qs]].concat();
+                    let seqs = setup.seqs(&[(1, 260, 40), (0, 0, total)]);
+                    let mut mixed = vec![0f32; (40 + total) * width];
+                    attention_with(kernel, &setup.pool, 0, &seqs, h, &q, qs, &mut mixed);
+                    assert_eq!(
+                        mixed[40 * width..],
+                        whole[..],
+                        "{kernel:?}, shape {case}, mixed"
+                    );
                 }
-                // Among another sequence's rows, after them in the step (the
-                // prompt's rows keep their queries).
-                let qs = setup.q_stride;
-                let q: Vec<f32> =
-                    [&setup.q[total * qs..][..40 * qs], &setup.q[..total * qs]].concat();
-                let seqs = setup.seqs(&[(1, 260, 40), (0, 0, total)]);
-                let mut mixed = vec![0f32; (40 + total) * width];
-                attention_with(kernel, &setup.pool, 0, &seqs, h, &q, qs, &mut mixed);
-                assert_eq!(
-                    mixed[40 * width..],
-                    whole[..],
-                    "{kernel:?}, shape {case}, mixed"
-                );
             }
         }
     }
@@ -1052,8 +1167,9 @@ mod tests {
         assert_eq!(Kernel::detect(12), Kernel::Portable);
     }
 
-    /// One layer of SmolLM2-135M's attention, per kernel: a 2,048-token prefill in
-    /// one step and one decode row at depth 2,048, the best of five timings.
+    /// One layer of SmolLM2-135M's attention, per kernel and KV dtype: a
+    /// 2,048-token prefill in one step and one decode row at depth 2,048, the
+    /// best of five timings.
     /// `cargo test --release -p pie-model attention_throughput -- --ignored --nocapture`
     /// (`MB_KERNEL=Avx2` for one kernel).
     #[test]
@@ -1065,26 +1181,28 @@ mod tests {
             head_dim: 64,
         };
         let n = 2048;
-        let setup = Setup::new(1, 16, h, &[n + 1], n);
         let only = std::env::var("MB_KERNEL").ok();
-        for kernel in all_kernels().into_iter().filter(|k| k.available(64)) {
-            if only.as_ref().is_some_and(|o| *o != format!("{kernel:?}")) {
-                continue;
-            }
-            for (what, spans) in [("prefill 2048", (0, 0, n)), ("decode at 2048", (0, n, 1))] {
-                let seqs = setup.seqs(&[spans]);
-                let mut best = f64::MAX;
-                for _ in 0..5 {
-                    let t = std::time::Instant::now();
-                    std::hint::black_box(setup.run(kernel, &seqs));
-                    best = best.min(t.elapsed().as_secs_f64());
+        for dtype in DTYPES {
+            let setup = Setup::new(dtype, 1, 16, h, &[n + 1], n);
+            for kernel in all_kernels().into_iter().filter(|k| k.available(64)) {
+                if only.as_ref().is_some_and(|o| *o != format!("{kernel:?}")) {
+                    continue;
                 }
-                let pairs = (spans.1 + 1..=spans.1 + spans.2).sum::<usize>() * h.heads;
-                println!(
-                    "{kernel:?} {what}: {:.3} ms per layer, {:.2} ns per (query head, key) pair",
+                for (what, spans) in [("prefill 2048", (0, 0, n)), ("decode at 2048", (0, n, 1))] {
+                    let seqs = setup.seqs(&[spans]);
+                    let mut best = f64::MAX;
+                    for _ in 0..5 {
+                        let t = std::time::Instant::now();
+                        std::hint::black_box(setup.run(kernel, &seqs));
+                        best = best.min(t.elapsed().as_secs_f64());
+                    }
+                    let pairs = (spans.1 + 1..=spans.1 + spans.2).sum::<usize>() * h.heads;
+                    println!(
+                    "{kernel:?} {dtype:?} {what}: {:.3} ms per layer, {:.2} ns per (query head, key) pair",
                     best * 1e3,
                     best * 1e9 / pairs as f64
                 );
+                }
             }
         }
     }

@@ -4,7 +4,7 @@
 //! ...) exactly as the worker does. At most one ordering policy (`fcfs`, `fair`,
 //! `priority`, `deadline`) plus `keep-session` and/or `offload`.
 
-use pie_core::ByteSize;
+use pie_core::{ByteSize, KvDtype};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::Stage;
@@ -23,6 +23,9 @@ pub struct RuntimeConfig {
     pub kv_pages: Option<usize>,
     /// KV pool size as bytes or a string like "512MiB", "2GiB".
     pub kv_memory: Option<ByteSize>,
+    /// Element type of the KV pages: "f32" or "f16" (half the memory and
+    /// transfer bytes). Pages move only between workers of one dtype.
+    pub kv_dtype: KvDtype,
     pub max_batch_tokens: usize,
     pub max_running: usize,
     pub fair: FairConfig,
@@ -94,6 +97,7 @@ impl Default for RuntimeConfig {
             page_size: 16,
             kv_pages: None,
             kv_memory: None,
+            kv_dtype: KvDtype::F32,
             max_batch_tokens: 512,
             max_running: 64,
             fair: FairConfig::default(),

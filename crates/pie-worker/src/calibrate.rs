@@ -81,10 +81,11 @@ impl Fit {
 pub fn serve_engine_config(model: &Model) -> EngineConfig {
     let config = Config::default();
     let rt = &config.runtime;
-    let page_bytes = model.kv_layout(rt.page_size).page_bytes();
+    let page_bytes = model.kv_layout(rt.page_size).page_bytes(rt.kv_dtype);
     EngineConfig {
         page_size: rt.page_size,
         kv_pages: config.kv_pages(page_bytes),
+        kv_dtype: rt.kv_dtype,
         max_batch_tokens: rt.max_batch_tokens,
         max_running: rt.max_running,
     }

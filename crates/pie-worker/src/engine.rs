@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use pie_core::{Props, SeqId};
-use pie_kv::{KvPool, PageTable, PoolStats};
+use pie_kv::{KvDtype, KvPool, PageTable, PoolStats};
 use pie_model::{Model, Sampler, SamplingParams, SeqInput};
 use pie_policy::{
     scheduler::prefill_share, Candidate, KeepSession, Planned, Scheduler, StepLimits, WorkerPolicy,
@@ -32,6 +32,8 @@ use kv::{EngineKv, Sequence};
 pub struct EngineConfig {
     pub page_size: usize,
     pub kv_pages: usize,
+    /// The pages' element type (`[runtime] kv_dtype`).
+    pub kv_dtype: KvDtype,
     pub max_batch_tokens: usize,
     pub max_running: usize,
 }
@@ -41,6 +43,7 @@ impl Default for EngineConfig {
         Self {
             page_size: 16,
             kv_pages: 2048,
+            kv_dtype: KvDtype::default(),
             max_batch_tokens: 512,
             max_running: 64,
         }
@@ -161,8 +164,9 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(model: Arc<Model>, config: EngineConfig, policy: Box<dyn WorkerPolicy>) -> Self {
-        let pool = KvPool::new(
+        let pool = KvPool::with_dtype(
             model.kv_layout(config.page_size),
+            config.kv_dtype,
             config.kv_pages,
             model.fingerprint,
         );

@@ -8,11 +8,14 @@
 //!   sequence, `llama-batched-bench` for more).
 //!
 //! A `prompt_tokens` of 0 skips the prefill figure, a concurrency of 0 is skipped.
+//! Every figure runs on pages of one KV dtype (`--kv-dtype`), whose bytes per
+//! token are printed first.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{ensure, Result};
+use pie_kv::KvDtype;
 use pie_model::Model;
 use pie_policy::Fcfs;
 use pie_worker::engine::{Engine, EngineConfig, Request};
@@ -27,12 +30,18 @@ fn prompt(i: usize, len: usize) -> Vec<u32> {
         .collect()
 }
 
-fn fresh(model: &Arc<Model>, kv_pages: usize, max_batch_tokens: usize) -> Engine {
+fn fresh(
+    model: &Arc<Model>,
+    kv_dtype: KvDtype,
+    kv_pages: usize,
+    max_batch_tokens: usize,
+) -> Engine {
     Engine::new(
         model.clone(),
         EngineConfig {
             page_size: PAGE,
             kv_pages,
+            kv_dtype,
             max_batch_tokens,
             max_running: 256,
         },
@@ -49,16 +58,22 @@ fn run_to_end(engine: &mut Engine) -> Result<()> {
 
 pub fn run(
     model: Arc<Model>,
+    kv_dtype: KvDtype,
     prompt_tokens: usize,
     decode_tokens: usize,
     concurrency: &[usize],
     depth: usize,
 ) -> Result<()> {
+    println!(
+        "kv: {} bytes per token ({})",
+        model.kv_layout(PAGE).page_bytes(kv_dtype) / PAGE,
+        kv_dtype.name()
+    );
     if prompt_tokens > 0 {
         let pages = 2 * (depth + prompt_tokens) / PAGE + 8;
         // The new tokens in one step, like llama-bench's batch (the prefix in
         // chunks of the same size).
-        let mut engine = fresh(&model, pages, prompt_tokens);
+        let mut engine = fresh(&model, kv_dtype, pages, prompt_tokens);
         let mut tokens = prompt(0, depth);
         if depth > 0 {
             // Compute the prefix once; its full pages stay in the prefix cache.
@@ -90,7 +105,7 @@ pub fn run(
     for &n in concurrency.iter().filter(|&&n| n > 0) {
         let plen = if depth > 0 { depth } else { 32 };
         let pages = n * (plen + decode_tokens).div_ceil(PAGE) + n * 2 + 8;
-        let mut engine = fresh(&model, pages, 2048);
+        let mut engine = fresh(&model, kv_dtype, pages, 2048);
         for i in 0..n {
             engine.add(Request::fixed_length(
                 prompt(i + 1, plen),

@@ -75,6 +75,9 @@ enum Cmd {
         /// prompt of this many (32 when 0). `--prompt-tokens 0` skips the prefill.
         #[arg(long, default_value_t = 0)]
         depth: usize,
+        /// KV page values: f16 or f32 (`[runtime] kv_dtype`).
+        #[arg(long, default_value = "f32")]
+        kv_dtype: pie_core::KvDtype,
     },
     /// Load-test a worker or controller with a workload; or, with --calibrate,
     /// time the engine here and write a step-time profile for pie-sim.
@@ -374,8 +377,10 @@ fn main() -> Result<()> {
             decode_tokens,
             concurrency,
             depth,
+            kv_dtype,
         } => engine_bench::run(
             model.load()?,
+            kv_dtype,
             prompt_tokens,
             decode_tokens,
             &concurrency,

@@ -321,10 +321,11 @@ fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
     let model =
         Arc::new(Model::load(&path).with_context(|| format!("loading {}", path.display()))?);
     let rt = &config.runtime;
-    let page_bytes = model.kv_layout(rt.page_size).page_bytes();
+    let page_bytes = model.kv_layout(rt.page_size).page_bytes(rt.kv_dtype);
     let engine_config = EngineConfig {
         page_size: rt.page_size,
         kv_pages: config.kv_pages(page_bytes),
+        kv_dtype: rt.kv_dtype,
         max_batch_tokens: rt.max_batch_tokens,
         max_running: rt.max_running,
     };

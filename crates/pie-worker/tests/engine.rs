@@ -37,6 +37,7 @@ fn engine(kv_pages: usize, max_batch_tokens: usize) -> Engine {
         kv_pages,
         max_batch_tokens,
         max_running: 64,
+        ..EngineConfig::default()
     };
     Engine::new(model(), config, Box::new(Fcfs))
 }
@@ -306,6 +307,7 @@ fn expired_sequences_stop_before_computing_and_free_their_pages() {
         kv_pages: 64,
         max_batch_tokens: 512,
         max_running: 64,
+        ..EngineConfig::default()
     };
     let mut e = Engine::new(
         model(),

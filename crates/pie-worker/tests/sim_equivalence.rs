@@ -270,6 +270,7 @@ fn engine_config() -> impl Strategy<Value = EngineConfig> {
                 kv_pages,
                 max_batch_tokens,
                 max_running,
+                ..EngineConfig::default()
             },
         )
 }

@@ -156,6 +156,58 @@ async fn a_peer_serves_its_cached_pages_as_a_checked_stream_and_refuses_another_
         .unwrap();
     assert!(refused.contains("page_size differs"), "{refused}");
     assert_eq!(pull(&s, &[999], format, 0).await.0, 400);
+
+    let f16 = PageFormat {
+        dtype: pie_kv::KvDtype::F16.code(),
+        ..format
+    };
+    let refused = s
+        .client
+        .post(s.url("/v1/internal/kv/pull"))
+        .json(&json!({"format": f16, "tokens": tokens, "max_bytes": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 409);
+    let refused = refused.text().await.unwrap();
+    assert!(refused.contains("kv dtype differs"), "{refused}");
+}
+
+/// Workers of one KV dtype move pages as workers of the default do; a worker
+/// of the other dtype is refused at the handshake and the prompt recomputed.
+#[tokio::test]
+async fn f16_workers_move_pages_between_them_and_refuse_f32_ones() {
+    const F16: &str = "[runtime]\nkv_dtype = \"f16\"\n";
+    let prefill = Server::start(F16, &[]).await;
+    let decode = Server::start(F16, &[]).await;
+    let alone = Server::start(F16, &[]).await;
+    let tokens = prompt(5, 10 * PAGE + 3);
+    let (expected, _) = text_of(&alone, completion(&tokens)).await;
+    let (got, _) = text_of(&decode, disaggregated(&tokens, &prefill.url)).await;
+    assert_eq!(got, expected, "token-for-token the same as one f16 worker");
+    assert_eq!(decode.metric("pie_kv_transfer_pages_total").await, 10.0);
+    let f16 = PageFormat {
+        dtype: pie_kv::KvDtype::F16.code(),
+        ..format_of(&prefill).await
+    };
+    assert_eq!(
+        pull(&prefill, &tokens, f16, 0).await,
+        (200, (0..10).collect())
+    );
+
+    let f32_worker = Server::start("", &[]).await;
+    let tokens = prompt(6, 10 * PAGE);
+    let (expected, _) = text_of(&alone, completion(&tokens)).await;
+    let (got, _) = text_of(&decode, disaggregated(&tokens, &f32_worker.url)).await;
+    assert_eq!(got, expected, "recomputed, same output");
+    let metrics = decode.metrics_text().await;
+    assert_eq!(refusals(&metrics, "handshake"), 1.0, "{metrics}");
+    assert_eq!(decode.metric("pie_kv_transfer_pages_total").await, 10.0);
+    assert_eq!(
+        f32_worker.metric("pie_prompt_tokens_total").await,
+        0.0,
+        "refused before the f32 worker computed anything"
+    );
 }
 
 #[tokio::test]
@@ -382,7 +434,7 @@ async fn pushed_pages_are_checked_and_kept_up_to_a_refusal() {
     );
 
     let damaged = Server::start("", &[]).await;
-    let page_frame = pie_kv::transfer::page_bytes_len(format.layout) + 4;
+    let page_frame = pie_kv::transfer::page_bytes_len(&format) + 4;
     let mut flipped = stream.to_vec();
     let in_page_3 = stream.len() - 4 - 5 * page_frame + 100;
     flipped[in_page_3] ^= 1;

@@ -254,7 +254,7 @@ impl Runtime {
     pub(crate) async fn receive_push(&self, body: Body) -> Result<usize, ServeError> {
         let started = std::time::Instant::now();
         let mut body = body.into_data_stream();
-        let max_page = pie_kv::transfer::page_bytes_len(self.page_format.layout);
+        let max_page = pie_kv::transfer::page_bytes_len(&self.page_format);
         let mut frames = FrameReader::new(max_page.max(MAX_PUSH_HEADER_BYTES));
         let header = first_frame(&mut body, &mut frames)
             .await
