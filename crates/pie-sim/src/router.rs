@@ -257,6 +257,9 @@ impl Router {
         let Some(index) = &mut self.index else {
             return;
         };
+        for &(h, _) in log {
+            index.prefetch(w, h.0);
+        }
         for &(h, added) in log {
             if added {
                 index.store(w, h.0);

@@ -63,6 +63,15 @@ impl ClusterIndex {
         }
     }
 
+    /// Start loading the entry a `store` or `remove` of (`slot`, `hash`)
+    /// reads, so that a batch of them (a worker's KV events) overlaps its
+    /// cache misses.
+    pub fn prefetch(&self, slot: usize, hash: u64) {
+        if let Some(map) = self.shards.get(split(slot).0) {
+            map.prefetch(hash);
+        }
+    }
+
     /// `slot` no longer holds `hash`.
     pub fn remove(&mut self, slot: usize, hash: u64) {
         let (shard, bit) = split(slot);
