@@ -15,8 +15,11 @@
 //!
 //! Moves are one stage (hand-off, then the pull of every page): a native
 //! process has no live reader waiting on each token. A native chat resuming
-//! a session with earlier turns on its worker is not moved: only that worker
-//! knows the turns; it finishes where it is (a drain waits for it).
+//! a session takes the session's earlier turns along: its first worker names
+//! them in the launch answer (`pie_session_turns`, to the controller only)
+//! and the target uses them instead of its own, so its prompt and the
+//! session it records are the first worker's; the session's next turn
+//! follows it (session-affinity records the move).
 //!
 //! Invariant: after a hand-off or a break the process goes on elsewhere or
 //! its id answers with the reason it was lost; never a silent end.
@@ -37,7 +40,9 @@ use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::Response;
 
-use crate::proxy::{describe, error, send, Acting, Controller, InFlight};
+use pie_policy::cluster::{record, RouteRequest};
+
+use crate::proxy::{describe, error, now_ms, send, Acting, Controller, InFlight};
 use crate::registry::with_worker_key;
 use crate::relay::{choose_worker, next_block, post_to_worker, Move, Reason, Whereabouts};
 
@@ -66,6 +71,8 @@ pub(crate) struct NativeLaunch {
     pub url: String,
     pub local: String,
     pub slot: InFlight,
+    /// A chat resuming a session: the session's turns before this one.
+    pub turns: Option<Value>,
 }
 
 /// How a worker's event stream of the process ended.
@@ -86,10 +93,12 @@ enum Native {
 }
 
 impl NativeLaunch {
-    /// Whether the process can move: not a chat resuming a session, whose
-    /// earlier turns only its worker knows.
-    pub fn movable(body: &Value) -> bool {
-        body["inferlet"] != "chat" || body["props"]["session"].is_null()
+    /// Whether the process can move: a chat resuming a session only with
+    /// its earlier turns (a worker that does not name them keeps it).
+    pub fn movable(&self) -> bool {
+        let session_chat =
+            self.body["inferlet"] == "chat" && !self.body["props"]["session"].is_null();
+        !session_chat || self.turns.is_some()
     }
 
     /// Follow the process until it ends, moving it when asked or broken.
@@ -269,7 +278,8 @@ impl Follower {
         if let Some(props) = ctl.streams.props_of(self.id) {
             body["props"] = props;
         }
-        body[RESUME_FIELD] = json!({"tokens": self.generated, "from": source});
+        body[RESUME_FIELD] =
+            json!({"tokens": self.generated, "from": source, "turns": self.launch.turns});
         let mut tokens = self.launch.prompt.clone();
         tokens.extend_from_slice(&self.generated);
         let old = self.launch.worker.clone();
@@ -329,6 +339,16 @@ impl Follower {
         }
         ctl.streams.now_on(self.id, &name);
         ctl.streams.named(self.id, &local);
+        let req = RouteRequest {
+            props: &self.launch.props,
+            prompt_tokens: self.launch.prompt.len() + self.generated.len(),
+        };
+        record(
+            &mut ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner()),
+            now_ms(),
+            &req,
+            &name,
+        );
         self.replayed = self.generated.len();
         self.launch.worker = name;
         self.launch.url = url;
@@ -538,16 +558,5 @@ mod tests {
         let done = b"event: status\ndata: {\"state\":\"migrated\"}\n\n";
         assert!(matches!(parse(done), Some(Native::Status(s)) if s == "migrated"));
         assert!(parse(b": keep-alive\n\n").is_none());
-    }
-
-    #[test]
-    fn only_a_chat_resuming_a_session_stays() {
-        assert!(NativeLaunch::movable(
-            &json!({"inferlet": "text-completion", "props": {"session": "s"}})
-        ));
-        assert!(NativeLaunch::movable(&json!({"inferlet": "chat"})));
-        assert!(!NativeLaunch::movable(
-            &json!({"inferlet": "chat", "props": {"session": "s"}})
-        ));
     }
 }

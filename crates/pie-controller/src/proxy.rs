@@ -27,7 +27,9 @@ use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use pie_core::auth::{
     authenticate, ApiKey, KeyLimits, Role, ACT_AS_CACHE_SALT, ACT_AS_CLIENT, ACT_AS_ROLE,
 };
-use pie_core::wire::{PREFILL_FROM_FIELD, PROMPT_TOKENS_FIELD, STREAM_IDS_FIELD};
+use pie_core::wire::{
+    PREFILL_FROM_FIELD, PROMPT_TOKENS_FIELD, SESSION_TURNS_FIELD, STREAM_IDS_FIELD,
+};
 use pie_core::{PropValue, Props};
 use pie_model::ChatMessage;
 use pie_policy::cluster::{record, PriorityQueue, RouteRequest, Stage};
@@ -738,10 +740,11 @@ async fn generate(
         Answer::stream_instead(&mut json);
     }
     let movable = movable(&path, &json, &tokens);
-    if movable {
+    let launches_native = path == "/v1/processes";
+    if movable || launches_native {
         json[STREAM_IDS_FIELD] = json!(true);
     }
-    let body = if client.is_some() || movable {
+    let body = if client.is_some() || movable || launches_native {
         match serde_json::to_vec(&json) {
             Ok(body) => Bytes::from(body),
             Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
@@ -819,8 +822,7 @@ async fn generate(
     let mut traced = (ctl.trace.is_some() && path != "/v1/processes")
         .then(|| TracedRequest::new(TraceInput::of(&tokens, arrival_ms), props.clone()));
     // A native process the controller follows, to move it (see `native`).
-    let mut native_body =
-        (path == "/v1/processes" && NativeLaunch::movable(&json)).then(|| json.clone());
+    let mut native_body = launches_native.then(|| json.clone());
     // The prompt's ids for workers of our model, when a worker key vouches
     // for them (workers without keys would ignore them).
     let ids_for = match (ctl.routing_model().map(|m| m.fingerprint), &ctl.worker_key) {
@@ -914,6 +916,7 @@ async fn generate(
                                 url: url.clone(),
                                 local: String::new(),
                                 slot,
+                                turns: None,
                             });
                             upstream.into_response()
                         }
@@ -1095,13 +1098,17 @@ async fn qualify_id(resp: Response, worker: &str, launch: Option<NativeLaunch>) 
         return error(StatusCode::BAD_GATEWAY, "unreadable worker response");
     };
     let mut v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let turns = v
+        .as_object_mut()
+        .and_then(|o| o.remove(SESSION_TURNS_FIELD));
     if let Some(id) = v["id"].as_str() {
-        if let Some(launch) = launch {
-            NativeLaunch {
-                local: id.to_string(),
-                ..launch
-            }
-            .follow();
+        let launch = launch.map(|launch| NativeLaunch {
+            local: id.to_string(),
+            turns,
+            ..launch
+        });
+        if let Some(launch) = launch.filter(NativeLaunch::movable) {
+            launch.follow();
         }
         v["id"] = json!(format!("{worker}~{id}"));
     }

@@ -987,8 +987,102 @@ async fn a_native_process_moves_on_drain_and_on_crash_and_its_id_and_events_go_o
     }
 }
 
-/// The output of native process `launch` run to its end on the worker at `url`.
-async fn native_output(http: &reqwest::Client, url: &str, launch: &Value) -> String {
+/// A native chat resuming a session moves with its earlier turns: drained
+/// mid-way through its second turn, it goes on with the output that turn
+/// has where the whole session ran undisturbed, and the session's third
+/// turn follows it and sees both earlier turns.
+#[tokio::test]
+async fn a_native_chat_session_moves_with_its_earlier_turns() {
+    let c = Cluster::start_with(Spec {
+        worker_args: &["--kv-pages", "512"],
+        ..Spec::new("session-affinity,least-loaded,drain-migrate")
+    })
+    .await;
+    let turn = |session: &str, content: &str, max_tokens: u64| json!({"inferlet": "chat", "props": {"session": session}, "args": {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "ignore_eos": true, "temperature": 0}});
+    let turns = [
+        ("my name is Ada", 8),
+        ("tell a long story", 900),
+        ("what is my name", 4),
+    ];
+    let direct = c.workers[2].as_ref().unwrap().url.clone();
+    let mut expected = Vec::new();
+    for (content, max_tokens) in turns {
+        let launch = turn("direct", content, max_tokens);
+        expected.push(native_record(&c.http, &direct, &launch).await);
+    }
+    let (first, _) = native_run(&c, &turn("s1", turns[0].0, turns[0].1)).await;
+    slow_steps(&c, 2).await;
+    let (status, v) = post_json(
+        &c.controller.url,
+        "/v1/processes",
+        None,
+        &turn("s1", turns[1].0, turns[1].1),
+    )
+    .await;
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    assert!(
+        id.starts_with(&format!("{first}~")),
+        "session-affinity: {id}"
+    );
+    assert!(
+        v.get("pie_session_turns").is_none(),
+        "the turns are the controller's: {v}"
+    );
+    serving_worker(&c).await;
+    let slot = first.trim_start_matches('w').parse::<usize>().unwrap();
+    let url = c.workers[slot].as_ref().unwrap().url.clone();
+    assert_eq!(
+        post_json(&url, "/v1/admin/drain", None, &json!({})).await.0,
+        202
+    );
+    let (worker, record) = finished_record(&c, &id).await;
+    assert_ne!(worker, first, "the second turn moved");
+    assert_eq!(record["output"], expected[1]["output"]);
+    assert_eq!(
+        record["usage"]["prompt_tokens"],
+        expected[1]["usage"]["prompt_tokens"]
+    );
+    let (third_worker, third) = native_run(&c, &turn("s1", turns[2].0, turns[2].1)).await;
+    assert_eq!(third_worker, worker, "the session's next turn follows it");
+    assert_eq!(
+        third["usage"]["prompt_tokens"], expected[2]["usage"]["prompt_tokens"],
+        "the third turn sees both earlier turns"
+    );
+    assert_eq!(third["output"], expected[2]["output"]);
+}
+
+/// Launch `launch` through the controller and wait for its record to be
+/// final: the worker that answers for it, and the record.
+async fn native_run(c: &Cluster, launch: &Value) -> (String, Value) {
+    let (status, v) = post_json(&c.controller.url, "/v1/processes", None, launch).await;
+    assert_eq!(status, 201, "{v}");
+    finished_record(c, v["id"].as_str().unwrap()).await
+}
+
+/// The record of process `id` through the controller once it is final, and
+/// the worker that answered for it.
+async fn finished_record(c: &Cluster, id: &str) -> (String, Value) {
+    let get = async || {
+        let r = c
+            .http
+            .get(format!("{}/v1/processes/{id}", c.controller.url))
+            .send()
+            .await
+            .unwrap();
+        let worker = r.headers()["x-pie-worker"].to_str().unwrap().to_string();
+        (worker, r.json::<Value>().await.unwrap())
+    };
+    wait_for("the process final", async || {
+        get().await.1["state"] == "finished"
+    })
+    .await;
+    get().await
+}
+
+/// The record of native process `launch` run to its end on the worker at
+/// `url` (its events read to the end: their text is its output).
+async fn native_record(http: &reqwest::Client, url: &str, launch: &Value) -> Value {
     let v: Value = http
         .post(format!("{url}/v1/processes"))
         .json(launch)
@@ -1006,7 +1100,22 @@ async fn native_output(http: &reqwest::Client, url: &str, launch: &Value) -> Str
         .unwrap();
     let (text, state) = native_events(events).await;
     assert_eq!(state, "finished");
-    text
+    let record: Value = http
+        .get(format!("{url}/v1/processes/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(record["output"], text.as_str());
+    record
+}
+
+/// The output of native process `launch` run to its end on the worker at `url`.
+async fn native_output(http: &reqwest::Client, url: &str, launch: &Value) -> String {
+    let record = native_record(http, url, launch).await;
+    record["output"].as_str().unwrap().to_string()
 }
 
 /// A native event stream's text, and the state of its last status event.

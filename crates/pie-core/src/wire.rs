@@ -15,3 +15,6 @@ pub const TOKEN_IDS_KEY: &str = "pie_token_ids";
 pub const PROCESS_COMMENT: &str = "pie-process";
 /// SSE comment ending a stream whose process was handed off.
 pub const HANDOFF_COMMENT: &str = "pie-handoff";
+/// Launch-answer field (with `STREAM_IDS_FIELD`): a native chat's session
+/// turns before this one.
+pub const SESSION_TURNS_FIELD: &str = "pie_session_turns";

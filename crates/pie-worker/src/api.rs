@@ -262,6 +262,7 @@ pub fn trusted_prompt_tokens(
 
 /// The request field naming the prefill worker a controller chose.
 pub use pie_core::wire::PREFILL_FROM_FIELD;
+use pie_core::wire::SESSION_TURNS_FIELD;
 
 /// `pie_prefill_from`: the URL of the worker a controller's `disaggregate`
 /// chose to prefill the prompt; this worker pulls the pages from it. Refused
@@ -909,6 +910,11 @@ struct LaunchBody {
     /// elsewhere into its record (see [`Resume::replay`]).
     #[serde(default)]
     pie_resume: Option<Resume>,
+    /// A controller that follows the process (see [`trusted_stream_ids`]):
+    /// the answer of a chat resuming a session carries the session's
+    /// earlier turns (`pie_session_turns`), so that it can move.
+    #[serde(default)]
+    pie_stream_ids: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -979,8 +985,13 @@ async fn launch_process(
         resume: trusted_resume(&auth, body.pie_resume)?.map(|r| Resume { replay: true, ..r }),
         ..opts
     };
+    let followed = trusted_stream_ids(&auth, body.pie_stream_ids)?;
     let (process, _) = rt.launch(inferlet, opts, props, client, pretokenized)?;
-    Ok((StatusCode::CREATED, Json(json!({"id": process.id}))).into_response())
+    let mut answer = json!({"id": process.id});
+    if let Some(turns) = process.earlier_turns().filter(|_| followed) {
+        answer[SESSION_TURNS_FIELD] = json!(turns);
+    }
+    Ok((StatusCode::CREATED, Json(answer)).into_response())
 }
 
 /// The process `id` if the caller may see it: another client's process is as

@@ -13,6 +13,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures_util::stream::{self, BoxStream, StreamExt};
 use pie_core::{Props, SeqId};
+use pie_model::ChatMessage;
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -192,6 +193,9 @@ pub struct Process {
     seq: OnceLock<SeqId>,
     /// A controller asked to move it: it stops after its next token.
     handing_off: AtomicBool,
+    /// A chat resuming a session: the session's turns before this one (what
+    /// a controller needs to resume it on another worker).
+    earlier_turns: OnceLock<Vec<ChatMessage>>,
 }
 
 /// A process as the API shows it.
@@ -243,7 +247,18 @@ impl Process {
             changes: watch::channel(0).0,
             seq: OnceLock::new(),
             handing_off: AtomicBool::new(false),
+            earlier_turns: OnceLock::new(),
         }
+    }
+
+    /// A chat resuming a session: its turns before this one (None: not such
+    /// a chat).
+    pub fn earlier_turns(&self) -> Option<&[ChatMessage]> {
+        self.earlier_turns.get().map(Vec::as_slice)
+    }
+
+    pub fn set_earlier_turns(&self, turns: Vec<ChatMessage>) {
+        let _ = self.earlier_turns.set(turns);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ProcData> {

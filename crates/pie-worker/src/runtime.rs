@@ -147,6 +147,10 @@ pub struct Resume {
     /// client has them already.
     #[serde(skip)]
     pub replay: bool,
+    /// A native chat resuming a session: the session's turns before this
+    /// one, as its first worker had them; they replace this worker's own.
+    #[serde(default)]
+    pub turns: Option<Vec<ChatMessage>>,
 }
 
 /// A built-in inferlet and its input.
@@ -623,13 +627,18 @@ impl Runtime {
             self.metrics.count_request("rejected_overload");
             return Err(LaunchError::Overloaded(queued));
         }
-        let (mut prompt, session_messages) =
-            self.prompt_tokens(&inferlet, &props, &client, pretokenized)?;
+        let mut resume = opts.resume.unwrap_or_default();
+        let (mut prompt, session_messages) = self.prompt_tokens(
+            &inferlet,
+            &props,
+            &client,
+            pretokenized,
+            resume.turns.take(),
+        )?;
         if prompt.is_empty() {
             return Err(LaunchError::BadRequest("the prompt is empty".into()));
         }
         let prompt_len = prompt.len();
-        let resume = opts.resume.unwrap_or_default();
         self.check_vocab(&format!("{RESUME_FIELD}.tokens"), &resume.tokens)?;
         prompt.extend_from_slice(&resume.tokens);
         if prompt.len() >= self.max_seq_tokens {
@@ -648,6 +657,10 @@ impl Runtime {
             prompt_len,
             self.state_counts.clone(),
         ));
+        if let (Inferlet::Chat { messages, .. }, Some((_, all))) = (&inferlet, &session_messages) {
+            let earlier = all.len().saturating_sub(messages.len());
+            process.set_earlier_turns(all[..earlier].to_vec());
+        }
         let events = process.events();
         self.lock_processes().insert(process.clone());
         let req = Request {
@@ -697,13 +710,15 @@ impl Runtime {
     /// every id in the vocabulary) replace tokenizing a text prompt or a chat
     /// without earlier turns on this worker; a session with earlier turns is
     /// tokenized here (the controller cannot know them), and a token-id prompt
-    /// is used as sent.
+    /// is used as sent. `turns` (a resumed session's, from its first worker)
+    /// replace the session's earlier turns here.
     fn prompt_tokens(
         &self,
         inferlet: &Inferlet,
         props: &Props,
         client: &str,
         pretokenized: Option<PromptTokens>,
+        turns: Option<Vec<ChatMessage>>,
     ) -> Result<(Vec<u32>, Option<SessionTurn>), LaunchError> {
         let bad = |e: anyhow::Error| LaunchError::BadRequest(e.to_string());
         let mut pretokenized = match pretokenized {
@@ -733,10 +748,11 @@ impl Runtime {
                     .str("session")
                     .filter(|_| *resume_session)
                     .map(|s| session_key(client, s));
-                let mut all = session
-                    .as_deref()
-                    .and_then(|s| self.lock_sessions().get(s))
-                    .unwrap_or_default();
+                let mut all = match (session.as_deref(), turns) {
+                    (Some(_), Some(turns)) => turns,
+                    (Some(s), None) => self.lock_sessions().get(s).unwrap_or_default(),
+                    (None, _) => Vec::new(),
+                };
                 if !all.is_empty() {
                     // Earlier turns the controller did not see: the ids lack them.
                     pretokenized = None;
