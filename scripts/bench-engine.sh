@@ -11,7 +11,10 @@
 #
 # Without LLAMA_CPP_BIN (or without the tools there) only Pie runs. PIE_BASE=path
 # runs a second `pie` binary (an earlier commit) with the same commands in the
-# same rounds and adds its column and the ratio to it.
+# same rounds and adds its column and the ratio to it. KV_DTYPE (f32 or f16,
+# default f32) is Pie's KV page dtype, BASE_KV_DTYPE the base's (default
+# KV_DTYPE): `PIE_BASE=target/release/pie KV_DTYPE=f16 BASE_KV_DTYPE=f32` sets
+# f16 pages beside f32 pages on one binary.
 #
 # See BENCHMARKS.md for how to build llama.cpp's tools.
 set -euo pipefail
@@ -26,6 +29,8 @@ CONC=${CONC:-1,8,32,64}
 ROUNDS=${ROUNDS:-2}
 PIE=${PIE:-target/release/pie}
 PIE_BASE=${PIE_BASE:-}
+KV_DTYPE=${KV_DTYPE:-f32}
+BASE_KV_DTYPE=${BASE_KV_DTYPE:-$KV_DTYPE}
 LLAMA_CPP_BIN=${LLAMA_CPP_BIN:-}
 
 cd "$(dirname "$0")/.."
@@ -46,21 +51,21 @@ out=${RAW_DIR:-$(mktemp -d)}
 mkdir -p "$out"
 rm -f "$out/pie" "$out/base" "$out/llama-bench" "$out/batched"
 
-# The three engine-bench runs of one round, for binary $1.
+# The three engine-bench runs of one round, for binary $1 with KV dtype $2.
 pie_round() {
-    RAYON_NUM_THREADS=$THREADS "$1" engine-bench --model "$MODEL" \
+    RAYON_NUM_THREADS=$THREADS "$1" engine-bench --model "$MODEL" --kv-dtype "$2" \
         --prompt-tokens "$PROMPT" --decode-tokens "$DECODE" --concurrency "$CONC"
-    RAYON_NUM_THREADS=$THREADS "$1" engine-bench --model "$MODEL" \
+    RAYON_NUM_THREADS=$THREADS "$1" engine-bench --model "$MODEL" --kv-dtype "$2" \
         --prompt-tokens "$LONG" --concurrency 0
-    RAYON_NUM_THREADS=$THREADS "$1" engine-bench --model "$MODEL" \
+    RAYON_NUM_THREADS=$THREADS "$1" engine-bench --model "$MODEL" --kv-dtype "$2" \
         --prompt-tokens "$PROMPT" --depth "$DEPTH" --decode-tokens "$DECODE" --concurrency 1
 }
 
 for round in $(seq "$ROUNDS"); do
     echo "round $round/$ROUNDS ..." >&2
-    pie_round "$PIE" >>"$out/pie" 2>/dev/null
+    pie_round "$PIE" "$KV_DTYPE" >>"$out/pie" 2>/dev/null
     if [ -n "$PIE_BASE" ]; then
-        pie_round "$PIE_BASE" >>"$out/base" 2>/dev/null || true
+        pie_round "$PIE_BASE" "$BASE_KV_DTYPE" >>"$out/base" 2>/dev/null || true
     fi
     if [ "$llama" = 1 ]; then
         for args in "-p $PROMPT -n $DECODE" "-p $LONG -n 0" "-p $PROMPT -n $DECODE -d $DEPTH"; do
@@ -126,6 +131,8 @@ row() { # label, key, target
 
 echo
 echo "model: $(basename "$MODEL"), $THREADS threads, best of $ROUNDS rounds, tok/s"
+echo "KV pages: pie $(grep -m1 '^kv:' "$out/pie" | cut -d' ' -f2-)"
+[ -f "$out/base" ] && echo "KV pages: base $(grep -m1 '^kv:' "$out/base" | cut -d' ' -f2-)"
 echo
 printf "| %-42s | %8s | %8s | %9s | %8s | %8s | %6s |\n" \
     "figure" "pie" "base" "llama.cpp" "vs base" "vs llama" "target"

@@ -459,7 +459,7 @@ mod tests {
     use super::*;
     use pie_core::ModelFingerprint;
     use pie_kv::transfer::export_page;
-    use pie_kv::{KvLayout, KvPool};
+    use pie_kv::{KvDtype, KvLayout, KvPool};
 
     const LAYOUT: KvLayout = KvLayout {
         layers: 1,
@@ -476,7 +476,11 @@ mod tests {
     }
 
     fn page(hash: u64) -> Vec<u8> {
-        let mut pool = KvPool::new(LAYOUT, 1, ModelFingerprint(7));
+        page_of(KvDtype::F32, hash)
+    }
+
+    fn page_of(dtype: KvDtype, hash: u64) -> Vec<u8> {
+        let mut pool = KvPool::with_dtype(LAYOUT, dtype, 1, ModelFingerprint(7));
         let p = pool.allocate().unwrap();
         pool.write(0, p, 0, &[hash as f32, 1.0], &[2.0, 3.0]);
         pool.publish(p, BlockHash(hash));
@@ -519,6 +523,33 @@ mod tests {
             "1 was used recently"
         );
         assert!(s.leading(format(), &chain(&[2])).is_empty());
+    }
+
+    /// One model's f16 and f32 pages of one block are two pages, each served
+    /// only in its own format, in memory and on disk after a reopen; a page
+    /// offered under the other dtype's format is refused.
+    #[test]
+    fn pages_of_each_kv_dtype_are_kept_apart() {
+        let dir = std::env::temp_dir().join(format!("pool-dtypes-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let f16 = PageFormat {
+            dtype: KvDtype::F16.code(),
+            ..format()
+        };
+        let (full, half) = (page(1), page_of(KvDtype::F16, 1));
+        for disk in [None, Some(dir.clone()), Some(dir.clone())] {
+            let mut s = store(4, disk.clone());
+            if s.leading(format(), &chain(&[1])).is_empty() {
+                s.put(format(), BlockHash(1), full.clone(), Pin::None)
+                    .unwrap();
+                assert!(s.leading(f16, &chain(&[1])).is_empty(), "no f16 page yet");
+                assert!(s.put(f16, BlockHash(1), full.clone(), Pin::None).is_err());
+                s.put(f16, BlockHash(1), half.clone(), Pin::None).unwrap();
+            }
+            assert_eq!(*s.leading(format(), &chain(&[1]))[0], full);
+            assert_eq!(*s.leading(f16, &chain(&[1]))[0], half, "{disk:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// The held set replayed from the changes, as a KV event follower does.
