@@ -16,13 +16,13 @@
 //! healthy workers that are not draining.
 //!
 //! At 1,000 workers a request costs what its prompt and the workers that can
-//! win cost, not a pass over every worker: only the holders of the prompt's
-//! prefix have non-zero prefix fields in their views (the previous request's
-//! holders are reset), and a pipeline that decides the same on a shortlist
-//! (`decides_on_shortlist`) routes among the holder cache-aware would pick
-//! (`LoadOrder::best_holder`), the least-loaded workers, the most loaded one
-//! and the workers its policies name (`LoadOrder::shortlist`, loads kept in
-//! order as they change).
+//! win cost, not a pass over every worker: only holders of the prompt's
+//! prefix that the pipeline looks at have non-zero prefix fields in their
+//! views (the previous request's are reset), and a pipeline that decides the
+//! same on a shortlist (`decides_on_shortlist`) routes among the holder
+//! cache-aware would pick (`LoadOrder::best_holder`), the least-loaded
+//! workers, the most loaded one and the workers its policies name
+//! (`LoadOrder::shortlist`, loads kept in order as they change).
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -113,10 +113,13 @@ pub struct Router {
     /// controller anticipates them.
     pending: PendingBlocks,
     page_size: usize,
-    /// The workers whose views have non-zero prefix fields (the last
-    /// request's holders, with their prefixes in blocks); every other view
-    /// has zeros there.
+    /// The last request's holders of a prefix of its prompt, with their
+    /// prefixes in blocks.
     holders: Vec<PrefixHolder>,
+    /// The workers whose views have non-zero prefix fields (of the last
+    /// request's holders, those its pipeline looked at); every other view
+    /// has zeros there.
+    marked: Vec<usize>,
     /// The decode-capable workers by load, when the pipeline routes on a
     /// shortlist.
     loads: Option<LoadOrder>,
@@ -152,6 +155,7 @@ impl Router {
             pending: PendingBlocks::new(CacheAwareConfig::default().anticipate_ms),
             page_size,
             holders: Vec::new(),
+            marked: Vec::new(),
             loads,
             slots: (0..workers).map(|i| (format!("w{i}"), i)).collect(),
             pooled_tokens: 0,
@@ -281,31 +285,24 @@ impl Router {
     ) -> Result<Routed, Reject> {
         self.pending.expire(now_ms);
         let hashes: Vec<u64> = prefix.iter().map(|h| h.0).collect();
-        self.set_cached_prefixes(&hashes);
+        self.find_holders(&hashes);
         let req = RouteRequest {
             props,
             prompt_tokens,
         };
-        // A shortlist must hold every worker that can pull a pooled prefix:
-        // with one, that is all of them.
-        let (decode, _reason) = match &self.loads {
-            Some(loads) if !self.views.is_empty() && self.pooled_tokens == 0 => {
-                let named: Vec<usize> = (self.pipeline.iter())
-                    .filter_map(|p| p.named_worker(now_ms, &req))
-                    .filter_map(|name| self.slots.get(name).copied())
-                    .collect();
-                let best =
-                    loads.best_holder(self.holders.iter().map(|h| (h.slot, h.ahead, h.held)));
-                let shortlist = loads.shortlist(best.as_slice(), &named);
+        let shortlist = self.shortlist(now_ms, &req);
+        self.mark_prefixes(shortlist.as_deref());
+        let (decode, _reason) = match shortlist {
+            Some(shortlist) => {
                 cluster::route_among(&mut self.pipeline, now_ms, &req, &self.views, shortlist)?
             }
-            _ if self.not_serving > 0 => {
+            None if self.not_serving > 0 => {
                 let candidates = (0..self.views.len())
                     .filter(|&w| self.serving[w] && self.views[w].stage != Stage::Prefill)
                     .collect();
                 cluster::route_among(&mut self.pipeline, now_ms, &req, &self.views, candidates)?
             }
-            _ => cluster::route(&mut self.pipeline, now_ms, &req, &self.views)?,
+            None => cluster::route(&mut self.pipeline, now_ms, &req, &self.views)?,
         };
         let prefill = cluster::place_prefill(&mut self.pipeline, now_ms, &req, &self.views, decode)
             .and_then(|placement| placement.remote_worker());
@@ -330,21 +327,53 @@ impl Router {
         cluster::record(&mut self.pipeline, now_ms, &req, &self.views[w].name);
     }
 
-    /// Each worker's leading run of `prefix` pages held, and held or
-    /// pending, as the controller's registry computes them: set on the
-    /// holders, the previous request's holders reset to zero.
-    fn set_cached_prefixes(&mut self, hashes: &[u64]) {
-        let Some(index) = &self.index else {
-            return;
-        };
-        for h in &self.holders {
-            self.views[h.slot].cached_prefix_tokens = 0;
-            self.views[h.slot].anticipated_prefix_tokens = 0;
+    /// The candidates that can win (see `LoadOrder::shortlist`), when the
+    /// pipeline routes on a shortlist. A shortlist must hold every worker
+    /// that can pull a pooled prefix: with one, that is all of them (None).
+    fn shortlist(&self, now_ms: u64, req: &RouteRequest) -> Option<Vec<usize>> {
+        let loads = self.loads.as_ref()?;
+        if self.views.is_empty() || self.pooled_tokens != 0 {
+            return None;
         }
-        self.holders = index.prefix_holders(self.pending.index(), hashes, self.views.len());
+        let named: Vec<usize> = (self.pipeline.iter())
+            .filter_map(|p| p.named_worker(now_ms, req))
+            .filter_map(|name| self.slots.get(name).copied())
+            .collect();
+        let best = loads.best_holder(self.holders.iter().map(|h| (h.slot, h.ahead, h.held)));
+        Some(loads.shortlist(best.as_slice(), &named))
+    }
+
+    /// Each worker's leading run of the prompt's pages held, and held or
+    /// pending, as the controller's registry computes them (`holders`; the
+    /// views are set by `mark_prefixes`).
+    fn find_holders(&mut self, hashes: &[u64]) {
+        if let Some(index) = &self.index {
+            self.holders = index.prefix_holders(self.pending.index(), hashes, self.views.len());
+        }
+    }
+
+    /// Sets the prefix fields of the holders' views among `candidates`
+    /// (ascending; None: every holder), the previously set ones reset to
+    /// zero. The pipeline reads only its candidates' views, so on a
+    /// shortlist a prefix every worker holds costs the shortlist's writes,
+    /// not a write to every view.
+    fn mark_prefixes(&mut self, candidates: Option<&[usize]>) {
+        for &w in &self.marked {
+            self.views[w].cached_prefix_tokens = 0;
+            self.views[w].anticipated_prefix_tokens = 0;
+        }
+        self.marked.clear();
+        let mut wanted = candidates.map(|c| c.iter().peekable());
         for h in &self.holders {
+            if let Some(wanted) = &mut wanted {
+                while wanted.next_if(|&&w| w < h.slot).is_some() {}
+                if wanted.next_if(|&&w| w == h.slot).is_none() {
+                    continue;
+                }
+            }
             self.views[h.slot].cached_prefix_tokens = h.held * self.page_size;
             self.views[h.slot].anticipated_prefix_tokens = h.ahead * self.page_size;
+            self.marked.push(h.slot);
         }
     }
 }
@@ -352,6 +381,12 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every holder's view set, as a full route sees them.
+    fn set_cached_prefixes(r: &mut Router, hashes: &[u64]) {
+        r.find_holders(hashes);
+        r.mark_prefixes(None);
+    }
 
     #[test]
     fn specs_parse_and_name_bad_entries() {
@@ -373,11 +408,11 @@ mod tests {
         r.cache_changed(1, &[(h(1), true), (h(3), true)]);
         // Worker 2 holds the second page only: not a prefix.
         r.cache_changed(2, &[(h(2), true)]);
-        r.set_cached_prefixes(&[1, 2, 3]);
+        set_cached_prefixes(&mut r, &[1, 2, 3]);
         let cached: Vec<usize> = r.views().iter().map(|v| v.cached_prefix_tokens).collect();
         assert_eq!(cached, [32, 16, 0]);
         r.cache_changed(0, &[(h(1), false)]);
-        r.set_cached_prefixes(&[1, 2]);
+        set_cached_prefixes(&mut r, &[1, 2]);
         let cached: Vec<usize> = r.views().iter().map(|v| v.cached_prefix_tokens).collect();
         assert_eq!(cached, [0, 16, 0]);
     }
@@ -398,7 +433,7 @@ mod tests {
             (0, 32)
         );
         r.cache_changed(first, &[(BlockHash(7), true), (BlockHash(8), true)]);
-        r.set_cached_prefixes(&[7, 8]);
+        set_cached_prefixes(&mut r, &[7, 8]);
         assert_eq!(r.views()[first].cached_prefix_tokens, 32);
         assert!(r.pending.is_empty(), "confirmed by the cache's log");
     }
