@@ -40,11 +40,9 @@ use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::Response;
 
-use pie_policy::cluster::{record, RouteRequest};
-
-use crate::proxy::{describe, error, now_ms, send, Acting, Controller, InFlight};
+use crate::proxy::{describe, error, send, Acting, Controller, InFlight};
 use crate::registry::with_worker_key;
-use crate::relay::{choose_worker, next_block, post_to_worker, Move, Reason, Whereabouts};
+use crate::relay::{choose_worker, next_block, post_to_worker, Move, Moved, Reason, Whereabouts};
 
 /// Resumes of one process before it is given up.
 const MAX_RESUMES: usize = 8;
@@ -324,31 +322,18 @@ impl Follower {
     }
 
     fn switch_to(&mut self, reason: Reason, name: String, url: String, local: String) {
-        let ctl = &self.launch.ctl;
-        tracing::info!(
-            from = self.launch.worker,
-            to = name,
-            tokens = self.generated.len(),
-            ?reason,
-            "native process moved"
-        );
-        ctl.metrics.moved.get_or_create(&reason.label()).inc();
-        self.launch.slot.moved_to(&name);
-        if let Some(demand) = &self.launch.slot.demand {
-            demand.placed(&name);
-        }
-        ctl.streams.now_on(self.id, &name);
-        ctl.streams.named(self.id, &local);
-        let req = RouteRequest {
-            props: &self.launch.props,
-            prompt_tokens: self.launch.prompt.len() + self.generated.len(),
+        let l = &mut self.launch;
+        let moved = Moved {
+            id: self.id,
+            from: &l.worker,
+            to: &name,
+            reason,
+            props: &l.props,
+            prompt: l.prompt.len(),
+            generated: self.generated.len(),
         };
-        record(
-            &mut ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner()),
-            now_ms(),
-            &req,
-            &name,
-        );
+        moved.count(&l.ctl, &mut l.slot);
+        l.ctl.streams.named(self.id, &local);
         self.replayed = self.generated.len();
         self.launch.worker = name;
         self.launch.url = url;

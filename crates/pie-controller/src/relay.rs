@@ -783,29 +783,17 @@ impl Run {
     }
 
     fn switch_to(&mut self, reason: Reason, name: &str, url: &str) {
-        let ctl = &self.relay.ctl;
-        tracing::info!(
-            from = self.relay.worker,
-            to = name,
-            tokens = self.generated.len(),
-            ?reason,
-            "stream moved"
-        );
-        ctl.metrics.moved.get_or_create(&reason.label()).inc();
-        self.relay.slot.moved_to(name);
-        if let Some(demand) = &self.relay.slot.demand {
-            demand.placed(name);
-        }
-        ctl.streams.now_on(self.stream_id, name);
-        record(
-            &mut ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner()),
-            now_ms(),
-            &RouteRequest {
-                props: &self.relay.props,
-                prompt_tokens: self.relay.prompt.len() + self.generated.len(),
-            },
-            name,
-        );
+        let r = &mut self.relay;
+        let moved = Moved {
+            id: self.stream_id,
+            from: &r.worker,
+            to: name,
+            reason,
+            props: &r.props,
+            prompt: r.prompt.len(),
+            generated: self.generated.len(),
+        };
+        moved.count(&r.ctl, &mut r.slot);
         self.relay.worker = name.to_string();
         self.relay.url = url.to_string();
         self.process = None;
@@ -907,6 +895,39 @@ pub(crate) fn next_block(buf: &mut Vec<u8>) -> Option<Vec<u8>> {
     let end = buf.windows(2).position(|w| w == b"\n\n")? + 2;
     let rest = buf.split_off(end);
     Some(std::mem::replace(buf, rest))
+}
+
+/// A stream or native process `id` that went on from worker `from` on `to`.
+pub(crate) struct Moved<'a> {
+    pub id: u64,
+    pub from: &'a str,
+    pub to: &'a str,
+    pub reason: Reason,
+    pub props: &'a Props,
+    /// Prompt and generated tokens.
+    pub prompt: usize,
+    pub generated: usize,
+}
+
+impl Moved<'_> {
+    /// Count the move: metrics, the request's in-flight slot and demand, the
+    /// registry of streams, and the routing pipeline (session-affinity
+    /// follows the session).
+    pub fn count(&self, ctl: &Controller, slot: &mut InFlight) {
+        tracing::info!(from = self.from, to = self.to, tokens = self.generated, reason = ?self.reason, "moved");
+        ctl.metrics.moved.get_or_create(&self.reason.label()).inc();
+        slot.moved_to(self.to);
+        if let Some(demand) = &slot.demand {
+            demand.placed(self.to);
+        }
+        ctl.streams.now_on(self.id, self.to);
+        let req = RouteRequest {
+            props: self.props,
+            prompt_tokens: self.prompt + self.generated,
+        };
+        let mut pipeline = ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner());
+        record(&mut pipeline, now_ms(), &req, self.to);
+    }
 }
 
 /// A serving worker for a process of `tokens` (prompt and output so far),

@@ -904,23 +904,13 @@ async fn a_non_streamed_request_moves_on_drain_and_on_crash_with_the_same_answer
             (worker, whole_text(r, 900).await)
         });
         let running = serving_worker(&c).await;
-        let slot = running.trim_start_matches('w').parse::<usize>().unwrap();
-        if crash {
-            c.workers[slot] = None;
-        } else {
-            let url = c.workers[slot].as_ref().unwrap().url.clone();
-            let (status, _) = post_json(&url, "/v1/admin/drain", None, &json!({})).await;
-            assert_eq!(status, 202);
-        }
+        drain_or_kill(&mut c, &running, crash).await;
         let (worker, (text, clean, raw)) = task.await.unwrap();
         assert!(clean, "crash: {crash}: {raw}");
         assert_eq!(text, expected, "crash: {crash}");
         assert_eq!(worker, running, "x-pie-worker names the first worker");
     }
-    for reason in ["drain", "crash"] {
-        let moved = format!("pie_controller_streams_moved_total{{reason=\"{reason}\"}}");
-        assert!(labelled_metric(&c, &moved).await >= Some(1.0), "{reason}");
-    }
+    moved_on_drain_and_crash(&c).await;
 }
 
 /// A native process moves too: on a drain (handed off, its pages pulled)
@@ -956,14 +946,7 @@ async fn a_native_process_moves_on_drain_and_on_crash_and_its_id_and_events_go_o
         assert_eq!(events.status(), 200);
         let reading = tokio::spawn(native_events(events));
         serving_worker(&c).await;
-        let slot = first.trim_start_matches('w').parse::<usize>().unwrap();
-        if crash {
-            c.workers[slot] = None;
-        } else {
-            let url = c.workers[slot].as_ref().unwrap().url.clone();
-            let (status, _) = post_json(&url, "/v1/admin/drain", None, &json!({})).await;
-            assert_eq!(status, 202);
-        }
+        drain_or_kill(&mut c, &first, crash).await;
         let (streamed, state) = reading.await.unwrap();
         assert_eq!(state, "finished", "crash: {crash}");
         assert_eq!(streamed, expected, "crash: {crash}: the events");
@@ -981,10 +964,7 @@ async fn a_native_process_moves_on_drain_and_on_crash_and_its_id_and_events_go_o
         assert_eq!(v["output"], expected.as_str(), "crash: {crash}: the record");
         assert_eq!(v["usage"]["completion_tokens"], 900);
     }
-    for reason in ["drain", "crash"] {
-        let moved = format!("pie_controller_streams_moved_total{{reason=\"{reason}\"}}");
-        assert!(labelled_metric(&c, &moved).await >= Some(1.0), "{reason}");
-    }
+    moved_on_drain_and_crash(&c).await;
 }
 
 /// A native chat resuming a session moves with its earlier turns: drained
@@ -993,7 +973,7 @@ async fn a_native_process_moves_on_drain_and_on_crash_and_its_id_and_events_go_o
 /// turn follows it and sees both earlier turns.
 #[tokio::test]
 async fn a_native_chat_session_moves_with_its_earlier_turns() {
-    let c = Cluster::start_with(Spec {
+    let mut c = Cluster::start_with(Spec {
         worker_args: &["--kv-pages", "512"],
         ..Spec::new("session-affinity,least-loaded,drain-migrate")
     })
@@ -1030,12 +1010,7 @@ async fn a_native_chat_session_moves_with_its_earlier_turns() {
         "the turns are the controller's: {v}"
     );
     serving_worker(&c).await;
-    let slot = first.trim_start_matches('w').parse::<usize>().unwrap();
-    let url = c.workers[slot].as_ref().unwrap().url.clone();
-    assert_eq!(
-        post_json(&url, "/v1/admin/drain", None, &json!({})).await.0,
-        202
-    );
+    drain_or_kill(&mut c, &first, false).await;
     let (worker, record) = finished_record(&c, &id).await;
     assert_ne!(worker, first, "the second turn moved");
     assert_eq!(record["output"], expected[1]["output"]);
@@ -1144,6 +1119,26 @@ async fn native_events(mut r: reqwest::Response) -> (String, String) {
         }
     }
     (text, state)
+}
+
+/// Drain worker `name` of `c` by its route, or kill it (-9) for a `crash`.
+async fn drain_or_kill(c: &mut Cluster, name: &str, crash: bool) {
+    let slot = name.trim_start_matches('w').parse::<usize>().unwrap();
+    if crash {
+        c.workers[slot] = None;
+        return;
+    }
+    let url = c.workers[slot].as_ref().unwrap().url.clone();
+    let (status, _) = post_json(&url, "/v1/admin/drain", None, &json!({})).await;
+    assert_eq!(status, 202);
+}
+
+/// The controller counted a move on a drain and one on a crash.
+async fn moved_on_drain_and_crash(c: &Cluster) {
+    for reason in ["drain", "crash"] {
+        let moved = format!("pie_controller_streams_moved_total{{reason=\"{reason}\"}}");
+        assert!(labelled_metric(c, &moved).await >= Some(1.0), "{reason}");
+    }
 }
 
 /// Every worker of `c` pauses `delay_ms` before each engine step (the
