@@ -82,8 +82,24 @@ pub struct Move {
 #[derive(Default)]
 pub struct Streams {
     next: AtomicU64,
-    live: Mutex<HashMap<u64, Live>>,
+    live: Mutex<Table>,
     ended: Mutex<Ended>,
+}
+
+/// The streams in flight, and each one's number by the id its client holds.
+#[derive(Default)]
+struct Table {
+    live: HashMap<u64, Live>,
+    by_origin: HashMap<(String, String), u64>,
+}
+
+impl Table {
+    fn by_origin(&mut self, worker: &str, local: &str) -> Option<&mut Live> {
+        let id = self
+            .by_origin
+            .get(&(worker.to_string(), local.to_string()))?;
+        self.live.get_mut(id)
+    }
 }
 
 /// Where a process that moved ended up, by the id its client holds; the
@@ -130,7 +146,7 @@ struct Live {
 }
 
 impl Streams {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Live>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -155,13 +171,13 @@ impl Streams {
             props: None,
             replays,
         };
-        self.lock().insert(id, live);
+        self.lock().live.insert(id, live);
         (id, rx)
     }
 
     /// Stream `id` moved to `worker` (which names its process next).
     pub(crate) fn now_on(&self, id: u64, worker: &str) {
-        if let Some(l) = self.lock().get_mut(&id) {
+        if let Some(l) = self.lock().live.get_mut(&id) {
             l.worker = worker.to_string();
             l.local = None;
         }
@@ -170,10 +186,13 @@ impl Streams {
     /// Stream `id` ended; `lost` says why when it could not go on. Where a
     /// stream that moved (or was lost) ended is kept for its id.
     pub(crate) fn remove(&self, id: u64, lost: Option<String>) {
-        let Some(l) = self.lock().remove(&id) else {
+        let mut table = self.lock();
+        let Some(l) = table.live.remove(&id) else {
             return;
         };
         let Some(origin) = l.origin else { return };
+        table.by_origin.remove(&origin);
+        drop(table);
         let at = match (lost, l.local) {
             (Some(why), _) => Whereabouts::Lost(why),
             (None, Some(local)) if (&l.worker, &local) != (&origin.0, &origin.1) => {
@@ -198,22 +217,26 @@ impl Streams {
 
     /// Stream `id`'s worker named its process `local`.
     pub(crate) fn named(&self, id: u64, local: &str) {
-        if let Some(l) = self.lock().get_mut(&id) {
-            l.local = Some(local.to_string());
-            if l.origin.is_none() {
-                l.origin = Some((l.worker.clone(), local.to_string()));
-            }
+        let mut table = self.lock();
+        let Some(l) = table.live.get_mut(&id) else {
+            return;
+        };
+        l.local = Some(local.to_string());
+        if l.origin.is_none() {
+            let origin = (l.worker.clone(), local.to_string());
+            l.origin = Some(origin.clone());
+            table.by_origin.insert(origin, id);
         }
     }
 
     pub(crate) fn props_of(&self, id: u64) -> Option<Value> {
-        self.lock().get(&id).and_then(|l| l.props.clone())
+        self.lock().live.get(&id).and_then(|l| l.props.clone())
     }
 
     /// Where the stream the client knows as `worker~local` runs now, or
     /// ended after moving (None: neither, or between two workers).
     pub fn current(&self, worker: &str, local: &str) -> Option<Whereabouts> {
-        if let Some(l) = self.lock().values().find(|l| is_origin(l, worker, local)) {
+        if let Some(l) = self.lock().by_origin(worker, local) {
             return Some(Whereabouts::At {
                 worker: l.worker.clone(),
                 local: l.local.clone()?,
@@ -238,8 +261,8 @@ impl Streams {
         props: &Value,
         serves: impl Fn(&str) -> bool,
     ) -> Option<String> {
-        let mut live = self.lock();
-        let l = live.values_mut().find(|l| is_origin(l, worker, local))?;
+        let mut table = self.lock();
+        let l = table.by_origin(worker, local)?;
         l.props = Some(props.clone());
         let pin = props["pin"]
             .as_str()
@@ -272,6 +295,7 @@ impl Streams {
 
     fn ask(&self, which: impl Fn(&Live) -> bool, to: &str, reason: Reason) -> usize {
         self.lock()
+            .live
             .values()
             .filter(|l| which(l))
             .filter(|l| {
@@ -284,12 +308,6 @@ impl Streams {
             })
             .count()
     }
-}
-
-fn is_origin(l: &Live, worker: &str, local: &str) -> bool {
-    l.origin
-        .as_ref()
-        .is_some_and(|(w, p)| w == worker && p == local)
 }
 
 /// A movable stream's request, as every worker gets it.
