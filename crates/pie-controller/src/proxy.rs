@@ -28,7 +28,7 @@ use pie_core::auth::{
     authenticate, ApiKey, KeyLimits, Role, ACT_AS_CACHE_SALT, ACT_AS_CLIENT, ACT_AS_ROLE,
 };
 use pie_core::wire::{
-    PREFILL_FROM_FIELD, PROMPT_TOKENS_FIELD, SESSION_TURNS_FIELD, STREAM_IDS_FIELD,
+    PREFILL_FROM_FIELD, PROMPT_TOKENS_FIELD, RESUME_FIELD, SESSION_TURNS_FIELD, STREAM_IDS_FIELD,
 };
 use pie_core::{PropValue, Props};
 use pie_model::ChatMessage;
@@ -709,9 +709,15 @@ async fn generate(
         Ok(v) => v,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("body is not JSON: {e}")),
     };
-    // Only the controller speaks for a prompt's ids and where its prefill
-    // runs (its worker key vouches).
-    for field in [PROMPT_TOKENS_FIELD, PREFILL_FROM_FIELD] {
+    // Only the controller speaks for a prompt's ids, where its prefill runs,
+    // what it resumes from and whether its tokens' ids are streamed (its
+    // worker key vouches): a client's own would be trusted by the workers.
+    for field in [
+        PROMPT_TOKENS_FIELD,
+        PREFILL_FROM_FIELD,
+        RESUME_FIELD,
+        STREAM_IDS_FIELD,
+    ] {
         if json.get(field).is_some() {
             return error(
                 StatusCode::BAD_REQUEST,

@@ -2504,18 +2504,30 @@ async fn forwarded_prompt_tokens_give_the_outputs_of_text() {
     assert_eq!(status, 201, "{r}");
     routed += 1;
     assert_eq!(worker_metric(&worker, counter).await, before, "{r}");
-    // The field is the controller's: a caller's is refused, naming it.
-    let mut forged = completion.clone();
-    forged["pie_prompt_tokens"] = json!({"fingerprint": 1, "ids": [1, 2]});
-    let (status, r) = post_json(&ctl, "/v1/completions", None, &forged).await;
-    assert_eq!(status, 400, "{r}");
-    assert!(
-        r["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("pie_prompt_tokens"),
-        "{r}"
-    );
+    // The controller's fields: a caller's own is refused, naming it, on
+    // the OpenAI routes and native launches alike (the workers would trust
+    // them under the controller's key).
+    let forgeries = [
+        (
+            "pie_prompt_tokens",
+            json!({"fingerprint": 1, "ids": [1, 2]}),
+        ),
+        (
+            "pie_resume",
+            json!({"tokens": [1], "from": "http://127.0.0.1:9"}),
+        ),
+        ("pie_stream_ids", json!(true)),
+    ];
+    for (field, value) in forgeries {
+        for (path, body) in [("/v1/completions", &completion), ("/v1/processes", &native)] {
+            let mut forged = body.clone();
+            forged[field] = value.clone();
+            let (status, r) = post_json(&ctl, path, None, &forged).await;
+            assert_eq!(status, 400, "{path} {field}: {r}");
+            let message = r["error"]["message"].as_str().unwrap();
+            assert!(message.contains(field), "{r}");
+        }
+    }
     for part in ["tokenize", "hash", "route", "proxy"] {
         let count = c
             .metric(&format!(
