@@ -14,19 +14,7 @@ use pie_worker::engine::{Engine, EngineConfig, Request};
 use pie_worker::fetch;
 
 fn default_model() -> Option<Arc<Model>> {
-    let path = fetch::cached_default_model();
-    if !path.exists() {
-        assert!(
-            std::env::var_os("PIE_REQUIRE_DEFAULT_MODEL").is_none(),
-            "default model missing at {}",
-            path.display()
-        );
-        eprintln!(
-            "skipping: default model not cached at {} (run `pie model fetch`)",
-            path.display()
-        );
-        return None;
-    }
+    let path = common::cached_default_model()?;
     Some(Arc::new(Model::load(&path).unwrap()))
 }
 

@@ -19,12 +19,13 @@
 //! On the default model (SmolLM2-135M-Instruct Q4_1; skipped without it, as in
 //! `default_model.rs`) and on the synthesized test model.
 
+mod common;
+
 use std::sync::Arc;
 
 use pie_kv::{KvDtype, KvPool, PageTable};
 use pie_model::synth::{write_test_model, SynthSpec};
 use pie_model::{Model, SeqInput};
-use pie_worker::fetch;
 
 /// The logits after each of `tokens`, one forward per token over `page`-token
 /// pages of `dtype`.
@@ -127,19 +128,9 @@ fn measure(what: &str, model: &Model, prompts: &[Vec<u32>]) -> (Agreement, Agree
 
 #[test]
 fn f16_kv_moves_the_default_models_logits_no_more_than_f32_rounding_does() {
-    let path = fetch::cached_default_model();
-    if !path.exists() {
-        assert!(
-            std::env::var_os("PIE_REQUIRE_DEFAULT_MODEL").is_none(),
-            "default model missing at {}",
-            path.display()
-        );
-        eprintln!(
-            "skipping: default model not cached at {} (run `pie model fetch`)",
-            path.display()
-        );
+    let Some(path) = common::cached_default_model() else {
         return;
-    }
+    };
     let model = Model::load(&path).unwrap();
     let texts = [
         "The quick brown fox jumps over the lazy dog. It was a bright cold day in April, and \

@@ -11,6 +11,26 @@ use std::time::{Duration, Instant};
 use pie_model::synth::{write_test_model, SynthSpec};
 use serde_json::Value;
 
+/// The cached default model's path; None, said on stderr, when it is not
+/// cached (`pie model fetch`), unless `PIE_REQUIRE_DEFAULT_MODEL` makes that a
+/// failure (CI, which fetches it).
+pub fn cached_default_model() -> Option<PathBuf> {
+    let path = pie_worker::fetch::cached_default_model();
+    if path.exists() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("PIE_REQUIRE_DEFAULT_MODEL").is_none(),
+        "default model missing at {}",
+        path.display()
+    );
+    eprintln!(
+        "skipping: default model not cached at {} (run `pie model fetch`)",
+        path.display()
+    );
+    None
+}
+
 /// The synthesized test model, written once per test binary.
 pub fn test_model() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
