@@ -6,27 +6,30 @@
 
 use serde::Serialize;
 
+use pie_core::KvDtype;
+
 use crate::cost::CostProfile;
 use crate::metrics::Percentiles;
 
 /// KV bytes per token of the model a built-in profile models, from the model's
 /// config: 2 (K and V) x layers x KV heads x head dimension x bytes per value.
 /// A profile read from a file (`pie bench --calibrate`, which measures CPU
-/// workers) is taken to model the CPU engine's SmolLM2-135M unless
-/// `--kv-bytes-per-token` says otherwise.
-pub fn kv_bytes_per_token(profile: &CostProfile) -> u64 {
+/// workers) is taken to model the CPU engine's SmolLM2-135M, its pages in
+/// `dtype` (the workers' `[runtime] kv_dtype`), unless `--kv-bytes-per-token`
+/// says otherwise.
+pub fn kv_bytes_per_token(profile: &CostProfile, dtype: KvDtype) -> u64 {
     match profile.name.as_str() {
         // Llama-3-8B bf16: 2 x 32 layers x 8 KV heads x 128 x 2 B = 128 KiB
         // (the figure `cost.rs` derives the profile's `c` from).
         "gpu-a100-llama3-8b" => LLAMA3_8B_BF16,
-        _ => SMOLLM2_135M_F32,
+        _ => SMOLLM2_135M_VALUES * dtype.bytes() as u64,
     }
 }
 
 const LLAMA3_8B_BF16: u64 = 2 * 32 * 8 * 128 * 2;
 /// SmolLM2-135M (Hugging Face `config.json`: 30 layers, 3 KV heads of dimension
-/// 64) in f32, as the CPU engine holds it: 2 x 30 x 3 x 64 x 4 B = 46,080 B.
-const SMOLLM2_135M_F32: u64 = 2 * 30 * 3 * 64 * 4;
+/// 64): 2 x 30 x 3 x 64 values per token, 46,080 B in f32.
+const SMOLLM2_135M_VALUES: u64 = 2 * 30 * 3 * 64;
 
 /// Each decode worker's receiving link (one port per GPU, as the GPU profile's
 /// transfer bandwidth assumes): transfers into the same worker queue behind
@@ -142,10 +145,12 @@ mod tests {
         let p = CostProfile::gpu_a100_llama3_8b();
         let mut links = Links::new(2);
         // 100 pages of 16 Llama-3-8B tokens: 209,715,200 B at 25 GB/s = 8,389 us + 50.
-        let bytes = 100 * 16 * kv_bytes_per_token(&p);
+        let bytes = 100 * 16 * kv_bytes_per_token(&p, KvDtype::F32);
         assert_eq!(links.book(&p, 0, 1000, bytes), (1000, 1000 + 8439));
         assert_eq!(links.book(&p, 0, 1000, bytes), (9439, 9439 + 8439));
         assert_eq!(links.book(&p, 1, 1000, bytes), (1000, 1000 + 8439));
-        assert_eq!(kv_bytes_per_token(&CostProfile::cpu_placeholder()), 46_080);
+        let cpu = CostProfile::cpu_placeholder();
+        assert_eq!(kv_bytes_per_token(&cpu, KvDtype::F32), 46_080);
+        assert_eq!(kv_bytes_per_token(&cpu, KvDtype::F16), 23_040);
     }
 }

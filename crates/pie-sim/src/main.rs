@@ -235,8 +235,9 @@ fn simulate(
                     cfg.prefill_workers = common.prefill_workers;
                     cfg.pool_pages = common.pool_pages;
                     cfg.disk_pages = common.disk_pages;
-                    cfg.kv_bytes_per_token =
-                        common.kv_bytes_per_token.unwrap_or(cfg.kv_bytes_per_token);
+                    cfg.kv_bytes_per_token = common.kv_bytes_per_token.unwrap_or_else(|| {
+                        pie_sim::disaggregate::kv_bytes_per_token(&cfg.profile, runtime.kv_dtype)
+                    });
                     let m = run(&cfg, &workload, &reqs)?;
                     eprintln!(
                         "{}: {} events in {:.2} s ({:.2e} events/s)",

@@ -44,7 +44,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 use std::time::Instant;
 
-use pie_core::{block_hash, block_hashes, BlockHash, ModelFingerprint, SeqId};
+use pie_core::{block_hash, block_hashes, BlockHash, KvDtype, ModelFingerprint, SeqId};
 use pie_policy::cluster::{
     ActionRecord, ActorConfigs, ClusterSnapshot, KvPages, PrefixHeat, ProcessState, Stage, Tier,
     WorkerState,
@@ -200,7 +200,7 @@ impl SimConfig {
             runtime: RuntimeConfig::default(),
             actor_configs: ActorConfigs::default(),
             actor_tick_ms: 1000,
-            kv_bytes_per_token: kv_bytes_per_token(&profile),
+            kv_bytes_per_token: kv_bytes_per_token(&profile, KvDtype::default()),
             profile,
             workers_per_machine: 1,
             prefill_workers: 0,

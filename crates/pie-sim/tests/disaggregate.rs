@@ -143,3 +143,44 @@ fn every_worker_prefilling_is_refused() {
     let err = run(&cfg, "x", &mix(2000).generate(10, 1)).unwrap_err();
     assert!(err.to_string().contains("--prefill-workers"), "{err}");
 }
+
+/// The workers' `[runtime] kv_dtype` (`--worker-config`) sizes the pages a
+/// CPU profile's transfers move: f16 pages are half of f32's.
+#[test]
+fn a_worker_configs_kv_dtype_sizes_the_pages_moved() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let kv_bytes = |dtype: &str| {
+        let config = dir.join(format!("sim-kv-{dtype}-{}.toml", std::process::id()));
+        std::fs::write(&config, format!("[runtime]\nkv_dtype = \"{dtype}\"\n")).unwrap();
+        let json = dir.join(format!("sim-kv-{dtype}-{}.json", std::process::id()));
+        let status = std::process::Command::new(env!("CARGO_BIN_EXE_pie-sim"))
+            .args(["run", "--workload", "prefill-decode-mix", "--workers", "4"])
+            .args([
+                "--prefill-workers",
+                "2",
+                "--router",
+                "disaggregate,cache-aware",
+            ])
+            .args(["--requests", "100", "--profile", "cpu"])
+            .arg("--worker-config")
+            .arg(&config)
+            .arg("--json")
+            .arg(&json)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let runs: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let d = &runs[0]["disaggregation"];
+        let pages = d["transferred_pages"].as_u64().unwrap();
+        assert!(pages > 0, "no remote prefill: {d}");
+        assert_eq!(
+            d["transferred_bytes"].as_u64(),
+            Some(pages * 16 * d["kv_bytes_per_token"].as_u64().unwrap())
+        );
+        d["kv_bytes_per_token"].as_u64().unwrap()
+    };
+    assert_eq!(kv_bytes("f32"), 46_080);
+    assert_eq!(kv_bytes("f16"), 23_040);
+}

@@ -68,7 +68,10 @@ fn rebalance_migrates_off_the_hot_worker_conserving_tokens_and_cuts_ttft_p99() {
     assert_eq!(mig.completed + mig.abandoned, mig.started, "{mig:?}");
     assert!(mig.pages > 0 && mig.stages >= mig.completed, "{mig:?}");
     let profile = CostProfile::gpu_a100_llama3_8b();
-    assert_eq!(mig.bytes, mig.pages * 16 * kv_bytes_per_token(&profile));
+    assert_eq!(
+        mig.bytes,
+        mig.pages * 16 * kv_bytes_per_token(&profile, pie_core::KvDtype::F32)
+    );
     // Every pause is the fixed part plus its last pages' copy.
     assert!(mig.mean_pause_ms >= PAUSE_US as f64 / 1000.0, "{mig:?}");
     assert!(mig.max_pause_ms < 1000.0, "{mig:?}");

@@ -40,7 +40,10 @@ fn replicate_copies_the_hot_prefix_without_recompute_and_cuts_ttft_p99() {
     assert!(copies.iter().all(|(from, to)| from != to));
     let profile = CostProfile::gpu_a100_llama3_8b();
     assert!(c.pages > 0, "{c:?}");
-    assert_eq!(c.bytes, c.pages * 16 * kv_bytes_per_token(&profile));
+    assert_eq!(
+        c.bytes,
+        c.pages * 16 * kv_bytes_per_token(&profile, pie_core::KvDtype::F32)
+    );
     assert!(c.received >= c.pages, "every sent page taken: {c:?}");
     assert!(
         copied.ttft_ms.p99 < 0.8 * plain.ttft_ms.p99,

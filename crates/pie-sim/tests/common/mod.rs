@@ -73,5 +73,5 @@ pub fn whole(m: &RunMetrics) {
 
 /// Bytes of one 16-token page of the profile's KV.
 pub fn page_bytes() -> u64 {
-    16 * kv_bytes_per_token(&CostProfile::gpu_a100_llama3_8b())
+    16 * kv_bytes_per_token(&CostProfile::gpu_a100_llama3_8b(), pie_core::KvDtype::F32)
 }
