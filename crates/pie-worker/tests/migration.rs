@@ -126,6 +126,12 @@ async fn only_a_worker_key_may_resume_or_ask_for_token_ids() {
 async fn a_handed_off_process_goes_on_on_a_peer_that_pulled_its_pages() {
     let a = Server::start("", &[]).await;
     let b = Server::start("", &[]).await;
+    // The test model is fast enough to finish the last 80 tokens before the
+    // prefetch and the hand-off below: slow its steps so the hand-off lands
+    // mid-way (needs `--features fault-injection`).
+    let slow = json!({"fault": "slow-steps", "delay_ms": 3});
+    let (status, v) = a.post("/v1/admin/fault", slow).await;
+    assert_eq!(status, 200, "build with --features fault-injection: {v}");
     let p = prompt(70);
     for seeded in [false, true] {
         // Undisturbed on the source: the target holds none of these pages.
