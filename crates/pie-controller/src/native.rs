@@ -175,8 +175,7 @@ impl Follower {
     /// The current worker's events of the process, with token ids.
     async fn subscribe(&self) -> Result<BoxStream<'static, reqwest::Result<Bytes>>, String> {
         let l = &self.launch;
-        let local = utf8_percent_encode(&l.local, NON_ALPHANUMERIC);
-        let url = format!("{}/v1/processes/{local}/events?pie_stream_ids=true", l.url);
+        let url = process_url(&l.url, "processes", &l.local, "/events?pie_stream_ids=true");
         let req = l.acting.apply(l.ctl.http.get(&url));
         let resp = with_worker_key(req, l.ctl.worker_key.as_deref())
             .send()
@@ -229,10 +228,8 @@ impl Follower {
     /// Kill the process on its current worker, if that still answers.
     async fn kill(&self) {
         let l = &self.launch;
-        let local = utf8_percent_encode(&l.local, NON_ALPHANUMERIC);
-        let req = l
-            .acting
-            .apply(l.ctl.http.delete(format!("{}/v1/processes/{local}", l.url)));
+        let url = process_url(&l.url, "processes", &l.local, "");
+        let req = l.acting.apply(l.ctl.http.delete(url));
         let _ = with_worker_key(req, l.ctl.worker_key.as_deref())
             .timeout(KILL_TIMEOUT)
             .send()
@@ -246,8 +243,7 @@ impl Follower {
             count_failure(&l.ctl, m.reason);
             return;
         }
-        let local = utf8_percent_encode(&l.local, NON_ALPHANUMERIC);
-        let url = format!("{}/v1/internal/processes/{local}/handoff", l.url);
+        let url = process_url(&l.url, "internal/processes", &l.local, "/handoff");
         match post_to_worker(l.ctl.clone(), url, l.acting.clone(), json!({})).await {
             Ok((status, _)) if status.is_success() => self.asked = Some(m),
             // It ended meanwhile: its events end as they would have.
@@ -478,8 +474,7 @@ impl Stitch {
                     if (&worker, &local) != (&self.at.0, &self.at.1) =>
                 {
                     if let Some(url) = self.ctl.registry.url_of(&worker) {
-                        let encoded = utf8_percent_encode(&local, NON_ALPHANUMERIC);
-                        let url = format!("{url}/v1/processes/{encoded}/events");
+                        let url = process_url(&url, "processes", &local, "/events");
                         if let Ok(up) = open(&self.ctl, &url, &self.acting).await {
                             if up.status.is_success() {
                                 self.at = (worker, local);
@@ -498,6 +493,13 @@ impl Stitch {
             MOVE_WAIT.as_secs()
         ))
     }
+}
+
+/// `{worker_url}/v1/{route}/{local}{tail}`, the process id percent-encoded
+/// so that it can only name a process.
+fn process_url(worker_url: &str, route: &str, local: &str, tail: &str) -> String {
+    let local = utf8_percent_encode(local, NON_ALPHANUMERIC);
+    format!("{worker_url}/v1/{route}/{local}{tail}")
 }
 
 /// One SSE event of a native event stream.
