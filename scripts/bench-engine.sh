@@ -14,7 +14,14 @@
 # same rounds and adds its column and the ratio to it. KV_DTYPE (f32 or f16,
 # default f32) is Pie's KV page dtype, BASE_KV_DTYPE the base's (default
 # KV_DTYPE): `PIE_BASE=target/release/pie KV_DTYPE=f16 BASE_KV_DTYPE=f32` sets
-# f16 pages beside f32 pages on one binary.
+# f16 pages beside f32 pages on one binary. MATMUL (a kernel name such as avx2 or
+# portable; an unknown one fails, listing the names; default: the fastest this
+# CPU runs) forces Pie's matmul kernel
+# (PIE_MATMUL_KERNEL), BASE_MATMUL the base's (default MATMUL):
+# `PIE_BASE=target/release/pie MATMUL=avx2 BASE_MATMUL=portable` compares two
+# kernels in one run. Pie's engine-bench also measures this machine's
+# streaming-read bandwidth; the summary gives single-stream decode's weight
+# traffic as a share of it.
 #
 # See BENCHMARKS.md for how to build llama.cpp's tools.
 set -euo pipefail
@@ -31,6 +38,8 @@ PIE=${PIE:-target/release/pie}
 PIE_BASE=${PIE_BASE:-}
 KV_DTYPE=${KV_DTYPE:-f32}
 BASE_KV_DTYPE=${BASE_KV_DTYPE:-$KV_DTYPE}
+MATMUL=${MATMUL:-}
+BASE_MATMUL=${BASE_MATMUL:-$MATMUL}
 LLAMA_CPP_BIN=${LLAMA_CPP_BIN:-}
 
 cd "$(dirname "$0")/.."
@@ -49,23 +58,28 @@ max_conc=$(tr ',' '\n' <<<"$CONC" | sort -n | tail -1)
 ctx=$((max_conc * (32 + DECODE) * 2))
 out=${RAW_DIR:-$(mktemp -d)}
 mkdir -p "$out"
-rm -f "$out/pie" "$out/base" "$out/llama-bench" "$out/batched"
+rm -f "$out/pie" "$out/base" "$out/pie.err" "$out/llama-bench" "$out/batched"
 
-# The three engine-bench runs of one round, for binary $1 with KV dtype $2.
+# The three engine-bench runs of one round, for binary $1 with KV dtype $2 and
+# matmul kernel $3 (empty: the fastest).
 pie_round() {
-    RAYON_NUM_THREADS=$THREADS "$1" engine-bench --model "$MODEL" --kv-dtype "$2" \
-        --prompt-tokens "$PROMPT" --decode-tokens "$DECODE" --concurrency "$CONC"
-    RAYON_NUM_THREADS=$THREADS "$1" engine-bench --model "$MODEL" --kv-dtype "$2" \
-        --prompt-tokens "$LONG" --concurrency 0
-    RAYON_NUM_THREADS=$THREADS "$1" engine-bench --model "$MODEL" --kv-dtype "$2" \
-        --prompt-tokens "$PROMPT" --depth "$DEPTH" --decode-tokens "$DECODE" --concurrency 1
+    local run=(env PIE_MATMUL_KERNEL="$3" RAYON_NUM_THREADS="$THREADS"
+        "$1" engine-bench --model "$MODEL" --kv-dtype "$2")
+    "${run[@]}" --prompt-tokens "$PROMPT" --decode-tokens "$DECODE" --concurrency "$CONC" &&
+        "${run[@]}" --prompt-tokens "$LONG" --concurrency 0 &&
+        "${run[@]}" --prompt-tokens "$PROMPT" --depth "$DEPTH" --decode-tokens "$DECODE" \
+            --concurrency 1
 }
 
 for round in $(seq "$ROUNDS"); do
     echo "round $round/$ROUNDS ..." >&2
-    pie_round "$PIE" "$KV_DTYPE" >>"$out/pie" 2>/dev/null
+    # A run that fails (an unknown MATMUL, say) stops the script with its error.
+    pie_round "$PIE" "$KV_DTYPE" "$MATMUL" >>"$out/pie" 2>"$out/pie.err" || {
+        cat "$out/pie.err" >&2
+        exit 1
+    }
     if [ -n "$PIE_BASE" ]; then
-        pie_round "$PIE_BASE" "$BASE_KV_DTYPE" >>"$out/base" 2>/dev/null || true
+        pie_round "$PIE_BASE" "$BASE_KV_DTYPE" "$BASE_MATMUL" >>"$out/base" 2>/dev/null || true
     fi
     if [ "$llama" = 1 ]; then
         for args in "-p $PROMPT -n $DECODE" "-p $LONG -n 0" "-p $PROMPT -n $DECODE -d $DEPTH"; do
@@ -95,7 +109,8 @@ pie_keys() { # prefix, file
             k = "decode" $2
             if ($5 == "at") { d = $7; sub(/:/, "", d); k = k "_d" d }
             print p k, $(NF-2)
-        }' "$2"
+        }
+        /^memory:/ { print p "membw", $2 }' "$2"
 }
 {
     pie_keys pie_ "$out/pie"
@@ -133,6 +148,17 @@ echo
 echo "model: $(basename "$MODEL"), $THREADS threads, best of $ROUNDS rounds, tok/s"
 echo "KV pages: pie $(grep -m1 '^kv:' "$out/pie" | cut -d' ' -f2-)"
 [ -f "$out/base" ] && echo "KV pages: base $(grep -m1 '^kv:' "$out/base" | cut -d' ' -f2-)"
+echo "matmul: pie $(grep -m1 '^matmul:' "$out/pie" | cut -d' ' -f2-)"
+[ -f "$out/base" ] && echo "matmul: base $(grep -m1 '^matmul:' "$out/base" | cut -d' ' -f2-)"
+# Single-stream decode's weight traffic (bytes per token x best tok/s) against the
+# best streaming-read bandwidth the same runs measured.
+awk -v w="$(grep -m1 '^weights:' "$out/pie" | cut -d' ' -f2)" -v bw="$(fig pie_membw)" \
+    -v tg="$(fig pie_decode1)" -v tgd="$(fig "pie_decode1_d$DEPTH")" -v d="$DEPTH" 'BEGIN {
+    if (w == "" || bw == "" || bw <= 0) exit
+    printf "memory: %.2f GB/s streaming read; single-stream decode reads %.1f MiB of weights per token:", bw, w / 1048576
+    if (tg != "") printf " tg %.1f%% of it", 100 * w * tg / (bw * 1e9)
+    if (tgd != "") printf ", at depth %d %.1f%%", d, 100 * w * tgd / (bw * 1e9)
+    print "" }'
 echo
 printf "| %-42s | %8s | %8s | %9s | %8s | %8s | %6s |\n" \
     "figure" "pie" "base" "llama.cpp" "vs base" "vs llama" "target"

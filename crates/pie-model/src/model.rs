@@ -12,7 +12,7 @@ use pie_kv::{KvLayout, KvPool, PageTable};
 
 use crate::attention::{self, Heads, SeqRows};
 use crate::gguf::{GgufFile, LlamaConfig};
-use crate::matmul::QWeight;
+use crate::matmul::{Kernel, QWeight};
 use crate::ops::{rms_norm, silu, Rope};
 use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
@@ -36,6 +36,9 @@ pub struct Model {
     norm: Vec<f32>,
     lm_head: QWeight,
     rope: Rope,
+    /// The matmul kernel every linear layer runs on, chosen at load (see
+    /// `matmul::KERNEL_ENV`).
+    matmul: Kernel,
 }
 
 /// One sequence's part of a step: its new tokens, starting at position `start`
@@ -58,6 +61,7 @@ struct Row {
 
 impl Model {
     pub fn load(path: &Path) -> Result<Self> {
+        let matmul = Kernel::from_env()?;
         let mut f = GgufFile::open(path)?;
         let config = f.llama_config()?;
         let tokenizer_spec = TokenizerSpec::from_gguf(&f)?;
@@ -100,7 +104,36 @@ impl Model {
             norm,
             lm_head,
             rope,
+            matmul,
         })
+    }
+
+    /// The name of the matmul kernel the linear layers run on (`avx2`, `portable`).
+    pub fn matmul_kernel(&self) -> &'static str {
+        self.matmul.name()
+    }
+
+    /// The weight bytes one decode step of a single sequence reads: every stored
+    /// weight matrix (with its scales) and norm vector, plus the one embedding
+    /// row of its token. With batch 1 each is read once per token, so this times
+    /// tokens per second is the memory traffic decode must sustain.
+    pub fn decode_weight_bytes(&self) -> usize {
+        fn f32s(v: &[f32]) -> usize {
+            std::mem::size_of_val(v)
+        }
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                f32s(&l.attn_norm)
+                    + f32s(&l.ffn_norm)
+                    + [&l.qkv, &l.out, &l.gate_up, &l.down]
+                        .iter()
+                        .map(|w| w.bytes())
+                        .sum::<usize>()
+            })
+            .sum();
+        layers + f32s(&self.norm) + self.lm_head.bytes() + self.config.hidden * 4
     }
 
     /// The KV page shape this model needs for `page_size`-token pages.
@@ -141,12 +174,12 @@ impl Model {
         }
         for (li, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.attn_norm, c.rms_eps);
-            let mut qkv = layer.qkv.forward(&h, rows.len());
+            let mut qkv = layer.qkv.forward(self.matmul, &h, rows.len());
             self.store_kv(pool, li, batch, &rows, &mut qkv);
             let attn = self.attention(pool, li, batch, rows.len(), &qkv);
-            add(&mut x, &layer.out.forward(&attn, rows.len()));
+            add(&mut x, &layer.out.forward(self.matmul, &attn, rows.len()));
             let h = rms_norm(&x, &layer.ffn_norm, c.rms_eps);
-            let gate_up = layer.gate_up.forward(&h, rows.len());
+            let gate_up = layer.gate_up.forward(self.matmul, &h, rows.len());
             let act: Vec<f32> = gate_up
                 .chunks_exact(2 * c.intermediate)
                 .flat_map(|r| {
@@ -154,7 +187,7 @@ impl Model {
                     g.iter().zip(u).map(|(g, u)| silu(*g) * u)
                 })
                 .collect();
-            add(&mut x, &layer.down.forward(&act, rows.len()));
+            add(&mut x, &layer.down.forward(self.matmul, &act, rows.len()));
         }
         self.logits(batch, &x)
     }
@@ -262,7 +295,7 @@ impl Model {
             return Ok(Vec::new());
         }
         let h = rms_norm(&last_rows, &self.norm, self.config.rms_eps);
-        let logits = self.lm_head.forward(&h, n);
+        let logits = self.lm_head.forward(self.matmul, &h, n);
         Ok(logits
             .chunks_exact(self.config.vocab)
             .map(<[f32]>::to_vec)

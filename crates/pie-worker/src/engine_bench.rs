@@ -9,7 +9,10 @@
 //!
 //! A `prompt_tokens` of 0 skips the prefill figure, a concurrency of 0 is skipped.
 //! Every figure runs on pages of one KV dtype (`--kv-dtype`), whose bytes per
-//! token are printed first.
+//! token are printed first, with the matmul kernel and the weight bytes a decode
+//! step reads per token. With a single-sequence decode figure, the machine's
+//! streaming-read bandwidth is measured in the same run (`bandwidth`) and the
+//! decode's weight traffic (bytes per token x tok/s) printed as a share of it.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,6 +22,8 @@ use pie_kv::KvDtype;
 use pie_model::Model;
 use pie_policy::Fcfs;
 use pie_worker::engine::{Engine, EngineConfig, Request};
+
+mod bandwidth;
 
 const PAGE: usize = 16;
 
@@ -69,6 +74,29 @@ pub fn run(
         model.kv_layout(PAGE).page_bytes(kv_dtype) / PAGE,
         kv_dtype.name()
     );
+    let weight_bytes = model.decode_weight_bytes();
+    println!("matmul: {} kernel", model.matmul_kernel());
+    println!(
+        "weights: {weight_bytes} bytes ({:.1} MiB) read per decoded token",
+        weight_bytes as f64 / (1 << 20) as f64
+    );
+    // Measured before the engines allocate their pages, and only when a figure
+    // uses it (it costs a second or two).
+    let bandwidth = concurrency.contains(&1).then(|| {
+        let (rate, _) = bandwidth::measure(
+            bandwidth::BUFFER_BYTES,
+            bandwidth::THREADS,
+            bandwidth::PASSES,
+        );
+        println!(
+            "memory: {:.2} GB/s streaming read ({} threads over {} MiB, best of {})",
+            rate / 1e9,
+            bandwidth::THREADS,
+            bandwidth::BUFFER_BYTES >> 20,
+            bandwidth::PASSES
+        );
+        rate
+    });
     if prompt_tokens > 0 {
         let pages = 2 * (depth + prompt_tokens) / PAGE + 8;
         // The new tokens in one step, like llama-bench's batch (the prefix in
@@ -123,6 +151,15 @@ pub fn run(
             (engine.counters().generated_tokens - start_tokens) as f64 / t.elapsed().as_secs_f64();
         let at = at_depth(depth);
         println!("decode: {n} concurrent sequences{at}: {rate:.1} tok/s aggregate");
+        if let (1, Some(bw)) = (n, bandwidth) {
+            let traffic = weight_bytes as f64 * rate;
+            println!(
+                "bandwidth share: 1 sequence{at}: {:.2} GB/s of weights, {:.1}% of {:.2} GB/s",
+                traffic / 1e9,
+                100.0 * traffic / bw,
+                bw / 1e9
+            );
+        }
     }
     Ok(())
 }

@@ -1,0 +1,67 @@
+//! The element order a weight row is stored in, which every kernel reads, and
+//! the packing of 4-bit rows.
+
+use super::BLOCK;
+
+/// The runs of blocks the kernel works in, as `(first block, blocks)`: groups of
+/// eight, then the rest as at most one run each of four, two and one.
+pub(super) fn runs(nb: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut b = 0;
+    for g in [8, 4, 2, 1] {
+        while nb - b >= g {
+            out.push((b, g));
+            b += g;
+        }
+    }
+    out
+}
+
+/// For each position of a row in kernel order, the element it holds. A run of
+/// `g` blocks is `g` vectors of 32 bytes in which byte `j` of vector `v` is
+/// element `v * w + j % w` of the run's block `j / w`, with `w = 32 / g`. Summing
+/// byte quads (maddubs, then madd) leaves i32 lane `l` of every vector with the
+/// single block `l * g / 8`, so the run's dot products sit side by side.
+pub(super) fn kernel_order(k: usize) -> Vec<u32> {
+    let mut order = Vec::with_capacity(k);
+    for (start, g) in runs(k / BLOCK) {
+        let w = BLOCK / g;
+        for v in 0..g {
+            order.extend((0..BLOCK).map(|j| ((start + j / w) * BLOCK + v * w + j % w) as u32));
+        }
+    }
+    order
+}
+
+/// Pack one row of 4-bit values (in kernel order) at two per byte, run by run:
+/// in a run of two or more blocks each 32 bytes hold a pair of vectors (the first
+/// in the low nibbles), so one load and two masks unpack 64 values; a single block
+/// keeps GGML's layout (element `j` low, element `j + 16` high).
+pub(super) fn pack_q4(q: &[u8], out: &mut Vec<u8>) {
+    for (start, g) in runs(q.len() / BLOCK) {
+        let run = &q[start * BLOCK..(start + g) * BLOCK];
+        if g == 1 {
+            out.extend((0..16).map(|j| run[j] | run[j + 16] << 4));
+        } else {
+            for pair in run.chunks_exact(2 * BLOCK) {
+                out.extend((0..BLOCK).map(|j| pair[j] | pair[j + BLOCK] << 4));
+            }
+        }
+    }
+}
+
+/// The 4-bit value at kernel-order position `pos` of a row packed by [`pack_q4`].
+pub(super) fn unpack_q4(row: &[u8], pos: usize) -> u8 {
+    let (start, g) = runs(row.len() * 2 / BLOCK)
+        .into_iter()
+        .find(|&(s, g)| pos < (s + g) * BLOCK)
+        .expect("position inside the row");
+    let (v, j) = ((pos - start * BLOCK) / BLOCK, pos % BLOCK);
+    let base = &row[start * BLOCK / 2..];
+    let byte = if g == 1 {
+        base[j % 16] >> (4 * (j / 16))
+    } else {
+        base[v / 2 * BLOCK + j] >> (4 * (v % 2))
+    };
+    byte & 0xf
+}

@@ -1,0 +1,38 @@
+//! The reference kernel: plain per-(row, column) dot products over the same data,
+//! block by block, in the order the SIMD kernels accumulate.
+
+use super::layout::{runs, unpack_q4};
+use super::{Acts, QWeight, Quants, BLOCK, GROUP};
+
+/// Output columns `c0..c0 + nc` for every row, into `out` (`rows x nc`).
+pub(super) fn run(w: &QWeight, a: &Acts, c0: usize, nc: usize, out: &mut [f32]) {
+    let (nb, nbp, k) = (w.blocks(), w.padded_blocks(), w.k);
+    let runs = runs(nb);
+    for (r, out) in out.chunks_exact_mut(nc).enumerate() {
+        let aq = &a.qs[r * k..][..k];
+        for (j, o) in out.iter_mut().enumerate() {
+            let c = c0 + j;
+            let weight = |pos: usize| -> i32 {
+                match &w.quants {
+                    Quants::Q4 { qs, .. } => unpack_q4(&qs[c * k / 2..][..k / 2], pos) as i32,
+                    Quants::Q8 { qs } => qs[c * k + pos] as i32,
+                }
+            };
+            let mut acc = 0f32;
+            for &(start, g) in &runs {
+                let width = BLOCK / g;
+                let mut dots = [0i32; GROUP];
+                for pos in start * BLOCK..(start + g) * BLOCK {
+                    dots[pos % BLOCK / width] += weight(pos) * aq[pos] as i32;
+                }
+                for (b, dot) in (start..).zip(&dots[..g]) {
+                    acc += w.d[c * nbp + b].to_f32() * a.d[r * nbp + b] * *dot as f32;
+                    if let Quants::Q4 { m, .. } = &w.quants {
+                        acc += m[c * nbp + b].to_f32() * a.s[r * nbp + b];
+                    }
+                }
+            }
+            *o = acc;
+        }
+    }
+}

@@ -1,0 +1,242 @@
+use super::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn random(rng: &mut StdRng, len: usize) -> Vec<f32> {
+    (0..len).map(|_| rng.gen::<f32>() * 2.0 - 1.0).collect()
+}
+
+/// f32 math on `w` and on `x` rounded the way `Acts` rounds it (to 8 bits per
+/// 32-block), so any difference is the kernels' arithmetic, not quantisation.
+fn reference(w: &[f32], x: &[f32], n: usize, k: usize) -> Vec<f32> {
+    assert_eq!(w.len(), n * k);
+    let mut x = x.to_vec();
+    let mut q = [0i8; 32];
+    for row in x.chunks_exact_mut(k) {
+        for blk in row.chunks_mut(32) {
+            let d = quantize_block(blk, &mut q);
+            for (v, q) in blk.iter_mut().zip(q) {
+                *v = d * q as f32;
+            }
+        }
+    }
+    x.chunks_exact(k)
+        .flat_map(|row| {
+            w.chunks_exact(k)
+                .map(|col| col.iter().zip(row).map(|(a, b)| a * b).sum::<f32>())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// GGML Q4_1 blocks of `w`, the way llama.cpp's quantiser writes them.
+fn q4_1_blocks(w: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    let mut raw = Vec::new();
+    let mut deq = Vec::new();
+    for x in w.chunks_exact(32) {
+        let (lo, hi) = x
+            .iter()
+            .fold((f32::MAX, f32::MIN), |(l, h), v| (l.min(*v), h.max(*v)));
+        let d = f16::from_f32((hi - lo) / 15.0);
+        let m = f16::from_f32(lo);
+        let q: Vec<u8> = x
+            .iter()
+            .map(|v| (((v - m.to_f32()) / d.to_f32()).round() as i32).clamp(0, 15) as u8)
+            .collect();
+        raw.extend(d.to_le_bytes());
+        raw.extend(m.to_le_bytes());
+        raw.extend((0..16).map(|j| q[j] | (q[j + 16] << 4)));
+        deq.extend(q.iter().map(|&q| d.to_f32() * q as f32 + m.to_f32()));
+    }
+    (raw, deq)
+}
+
+/// The f32 matrix an 8-bit `QWeight` stores (`n x k_in`).
+fn q8_dequant(w: &QWeight) -> Vec<f32> {
+    let Quants::Q8 { qs } = &w.quants else {
+        panic!("8-bit weight expected")
+    };
+    let (nbp, order) = (w.padded_blocks(), kernel_order(w.k));
+    let mut out = Vec::new();
+    for (c, row) in qs.chunks_exact(w.k).enumerate() {
+        let mut logical = vec![0f32; w.k];
+        for (&i, &q) in order.iter().zip(row) {
+            let i = i as usize;
+            logical[i] = w.d[c * nbp + i / BLOCK].to_f32() * q as f32;
+        }
+        out.extend_from_slice(&logical[..w.k_in]);
+    }
+    out
+}
+
+fn assert_close(got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tol, "element {i}: got {g}, want {w}");
+    }
+}
+
+fn run_with(kernel: Kernel, w: &QWeight, x: &[f32], rows: usize) -> Vec<f32> {
+    let acts = Acts::quantize(x, rows, w.k_in, &w.order);
+    let mut out = vec![0f32; rows * w.n];
+    kernel.run(w, &acts, 0, w.n, &mut out);
+    out
+}
+
+/// Every kernel this CPU runs but the portable one, each to be checked against
+/// it; the others are named as SKIPPED so a machine without them never passes
+/// their tests silently.
+fn simd_kernels() -> Vec<Kernel> {
+    let (run, skip): (Vec<Kernel>, Vec<Kernel>) = Kernel::ALL
+        .iter()
+        .copied()
+        .filter(|&k| k != Kernel::Portable)
+        .partition(|k| k.available());
+    for k in skip {
+        eprintln!(
+            "SKIPPED: {} matmul kernel not tested: this CPU lacks its instructions",
+            k.name()
+        );
+    }
+    run
+}
+
+/// Every kernel on `w` and `x`: the portable one within `tol` of `want`, every
+/// other within 1e-4 of the portable one (they differ only in the order of f32
+/// additions).
+fn check_kernels(w: &QWeight, x: &[f32], rows: usize, want: &[f32], tol: f32) {
+    let portable = run_with(Kernel::Portable, w, x, rows);
+    assert_close(&portable, want, tol);
+    for kernel in simd_kernels() {
+        let got = run_with(kernel, w, x, rows);
+        assert_close(&got, &portable, 1e-4);
+        assert_close(&got, want, tol);
+    }
+}
+
+#[test]
+fn q4_matches_reference() {
+    let mut rng = StdRng::seed_from_u64(1);
+    // Block counts 10, 15 and 48 cover runs of every length (8, 4, 2, 1).
+    for (n, k, rows) in [(37, 320, 11), (9, 480, 6), (16, 1536, 4)] {
+        let (raw, deq) = q4_1_blocks(&random(&mut rng, n * k));
+        let w = QWeight::from_q4(&raw, Q4Source::Q4_1, n, k);
+        let x = random(&mut rng, rows * k);
+        let want = reference(&deq, &x, n, k);
+        check_kernels(&w, &x, rows, &want, 1e-3);
+        assert_close(&w.forward(Kernel::detect(), &x, rows), &want, 1e-3);
+    }
+}
+
+#[test]
+fn q4_0_maps_exactly() {
+    let mut rng = StdRng::seed_from_u64(2);
+    let (n, k) = (5, 64);
+    // Q4_0 blocks: d, then nibbles meaning d * (q - 8).
+    let mut raw = Vec::new();
+    let mut deq = Vec::new();
+    for _ in 0..n * k / 32 {
+        let d = f16::from_f32(rng.gen::<f32>() * 0.1);
+        let q: Vec<u8> = (0..32).map(|_| rng.gen_range(0..16)).collect();
+        raw.extend(d.to_le_bytes());
+        raw.extend((0..16).map(|j| q[j] | (q[j + 16] << 4)));
+        deq.extend(q.iter().map(|&q| d.to_f32() * (q as f32 - 8.0)));
+    }
+    let w = QWeight::from_q4(&raw, Q4Source::Q4_0, n, k);
+    let x = random(&mut rng, 3 * k);
+    check_kernels(&w, &x, 3, &reference(&deq, &x, n, k), 1e-3);
+}
+
+#[test]
+fn q8_matches_reference_with_padding() {
+    let mut rng = StdRng::seed_from_u64(3);
+    // k = 70 is not a whole number of blocks: rows are zero-padded.
+    for (n, k, rows) in [(29, 70, 9), (64, 288, 5), (3, 32, 1)] {
+        let wf = random(&mut rng, n * k);
+        let w = QWeight::from_f32(&wf, n, k);
+        let x = random(&mut rng, rows * k);
+        let want = reference(&q8_dequant(&w), &x, n, k);
+        // Within half a step (plus the f16 scale's rounding) of the f32 weights.
+        assert_close(&q8_dequant(&w), &wf, 0.6 / 127.0);
+        check_kernels(&w, &x, rows, &want, 1e-3);
+    }
+}
+
+#[test]
+fn concat_stacks_rows() {
+    let mut rng = StdRng::seed_from_u64(4);
+    let (a, b) = (random(&mut rng, 3 * 64), random(&mut rng, 5 * 64));
+    let fused = QWeight::concat(vec![
+        QWeight::from_f32(&a, 3, 64),
+        QWeight::from_f32(&b, 5, 64),
+    ]);
+    let x = random(&mut rng, 2 * 64);
+    assert_eq!(fused.n, 8);
+    assert_close(
+        &fused.forward(Kernel::detect(), &x, 2),
+        &reference(&q8_dequant(&fused), &x, 8, 64),
+        1e-3,
+    );
+}
+
+/// The same-tokens guarantee: a row's output is bit-identical whether it runs
+/// alone or among others, at any position in the batch, on every kernel.
+#[test]
+fn rows_are_independent_of_the_batch() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let (n, k) = (70, 576);
+    let (raw, _) = q4_1_blocks(&random(&mut rng, n * k));
+    let q4 = QWeight::from_q4(&raw, Q4Source::Q4_1, n, k);
+    let q8 = QWeight::from_f32(&random(&mut rng, n * k), n, k);
+    let x = random(&mut rng, 13 * k);
+    for kernel in simd_kernels().into_iter().chain([Kernel::Portable]) {
+        for w in [&q4, &q8] {
+            let all = w.forward(kernel, &x, 13);
+            for r in 0..13 {
+                let alone = w.forward(kernel, &x[r * k..][..k], 1);
+                assert_eq!(alone, all[r * n..][..n], "{kernel:?}: row {r}");
+                let pair = w.forward(
+                    kernel,
+                    &x[r * k..(r + 1).min(12) * k + k],
+                    1 + (r < 12) as usize,
+                );
+                assert_eq!(
+                    pair[..n],
+                    all[r * n..][..n],
+                    "{kernel:?}: row {r} in a pair"
+                );
+            }
+        }
+    }
+}
+
+/// `PIE_MATMUL_KERNEL` names a kernel exactly; anything else is refused with
+/// the names there are (the variable itself is not set here: tests share it).
+#[test]
+fn kernel_names_are_checked() {
+    for &k in Kernel::ALL.iter().filter(|k| k.available()) {
+        assert_eq!(Kernel::named(k.name()).unwrap(), k);
+    }
+    for bad in ["AVX2", "avx-2", "fast", " portable"] {
+        let err = Kernel::named(bad).unwrap_err().to_string();
+        assert!(
+            err.contains("no such matmul kernel") && err.contains("portable"),
+            "{err}"
+        );
+    }
+}
+
+/// `bytes` counts what the kernels read: quantised values plus f16 scales (and
+/// minimums), padded to whole groups of eight blocks.
+#[test]
+fn bytes_count_the_stored_matrix() {
+    // k = 70 pads to 96 (3 blocks, scales padded to 8): 3 rows x (96 + 8 x 2).
+    assert_eq!(
+        QWeight::from_f32(&[0.5; 3 * 70], 3, 70).bytes(),
+        3 * (96 + 16)
+    );
+    // 4-bit, 48 blocks a row: 16 rows x (768 + 48 x 2 x 2).
+    let (raw, _) = q4_1_blocks(&[0.25; 16 * 1536]);
+    let w = QWeight::from_q4(&raw, Q4Source::Q4_1, 16, 1536);
+    assert_eq!(w.bytes(), 16 * (768 + 192));
+}
