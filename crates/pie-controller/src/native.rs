@@ -32,7 +32,6 @@ use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use pie_core::wire::RESUME_FIELD;
-use pie_core::Props;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -40,9 +39,12 @@ use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::Response;
 
-use crate::proxy::{describe, error, send, Acting, Controller, InFlight};
+use crate::proxy::{describe, error, send, Acting, Controller};
 use crate::registry::with_worker_key;
-use crate::relay::{choose_worker, next_block, post_to_worker, Move, Moved, Reason, Whereabouts};
+use crate::relay::{
+    choose_worker, count_move_failure, next_block, post_to_worker, Move, Moved, Placed, Reason,
+    Whereabouts,
+};
 
 /// Resumes of one process before it is given up.
 const MAX_RESUMES: usize = 8;
@@ -53,22 +55,14 @@ const KILL_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a client's event stream waits for its process to go on
 /// elsewhere after its worker's stream ended without a final state.
 const MOVE_WAIT: Duration = Duration::from_secs(60);
-/// How often it looks.
-const MOVE_POLL: Duration = Duration::from_millis(50);
+/// How soon it asks again a worker that took the process but did not yet
+/// answer for its events.
+const OPEN_RETRY: Duration = Duration::from_millis(50);
 
-/// A native process just launched on `worker` as `local`.
+/// A native process just launched on `placed.worker` as `local`.
 pub(crate) struct NativeLaunch {
-    pub ctl: Arc<Controller>,
-    pub acting: Acting,
-    /// The launch body as the first worker got it.
-    pub body: Value,
-    /// The prompt's ids as routing saw them (empty when unknown).
-    pub prompt: Vec<u32>,
-    pub props: Props,
-    pub worker: String,
-    pub url: String,
+    pub placed: Placed,
     pub local: String,
-    pub slot: InFlight,
     /// A chat resuming a session: the session's turns before this one.
     pub turns: Option<Value>,
 }
@@ -94,19 +88,16 @@ impl NativeLaunch {
     /// Whether the process can move: a chat resuming a session only with
     /// its earlier turns (a worker that does not name them keeps it).
     pub fn movable(&self) -> bool {
-        let session_chat =
-            self.body["inferlet"] == "chat" && !self.body["props"]["session"].is_null();
+        let body = &self.placed.body;
+        let session_chat = body["inferlet"] == "chat" && !body["props"]["session"].is_null();
         !session_chat || self.turns.is_some()
     }
 
     /// Follow the process until it ends, moving it when asked or broken.
     pub fn follow(self) {
-        let session = self.props.str("session").map(str::to_string);
-        let process = self.slot.demand.as_ref().map(|d| d.process_id());
-        let streams = &self.ctl.streams;
-        let (id, moves) = streams.add(self.worker.clone(), session, process, true);
-        streams.named(id, &self.local);
-        let ctl = self.ctl.clone();
+        let ctl = self.placed.ctl.clone();
+        let (id, moves) = ctl.streams.add(&self.placed, true);
+        ctl.streams.named(id, &self.local);
         tokio::spawn(async move {
             let mut follower = Follower {
                 launch: self,
@@ -145,16 +136,20 @@ impl Follower {
             let (reason, target, source) = match ended {
                 Ended::Final => return Ok(()),
                 Ended::HandedOff => match self.asked.take() {
-                    Some(m) => (m.reason, Some(m.to), Some(self.launch.url.clone())),
-                    None => (Reason::Drain, None, Some(self.launch.url.clone())),
+                    Some(m) => (m.reason, Some(m.to), Some(self.launch.placed.url.clone())),
+                    None => (Reason::Drain, None, Some(self.launch.placed.url.clone())),
                 },
                 Ended::Broke(cause) => {
                     tracing::warn!(
-                        worker = self.launch.worker,
+                        worker = self.launch.placed.worker,
                         cause,
                         "a native process's worker broke; resuming it elsewhere"
                     );
-                    self.launch.ctl.registry.mark_down(&self.launch.worker);
+                    self.launch
+                        .placed
+                        .ctl
+                        .registry
+                        .mark_down(&self.launch.placed.worker);
                     // A worker that lost only our connection must not run it twice.
                     self.kill().await;
                     (Reason::Crash, None, None)
@@ -165,7 +160,7 @@ impl Follower {
                 return Err(format!("moved {MAX_RESUMES} times; given up"));
             }
             if let Err(why) = self.resume(reason, target, source).await {
-                count_failure(&self.launch.ctl, reason);
+                count_move_failure(&self.launch.placed.ctl, reason);
                 tracing::warn!(process = self.launch.local, why, "native process lost");
                 return Err(why);
             }
@@ -175,9 +170,14 @@ impl Follower {
     /// The current worker's events of the process, with token ids.
     async fn subscribe(&self) -> Result<BoxStream<'static, reqwest::Result<Bytes>>, String> {
         let l = &self.launch;
-        let url = process_url(&l.url, "processes", &l.local, "/events?pie_stream_ids=true");
-        let req = l.acting.apply(l.ctl.http.get(&url));
-        let resp = with_worker_key(req, l.ctl.worker_key.as_deref())
+        let url = process_url(
+            &l.placed.url,
+            "processes",
+            &l.local,
+            "/events?pie_stream_ids=true",
+        );
+        let req = l.placed.acting.apply(l.placed.ctl.http.get(&url));
+        let resp = with_worker_key(req, l.placed.ctl.worker_key.as_deref())
             .send()
             .await
             .map_err(|e| describe(&e))?;
@@ -228,9 +228,9 @@ impl Follower {
     /// Kill the process on its current worker, if that still answers.
     async fn kill(&self) {
         let l = &self.launch;
-        let url = process_url(&l.url, "processes", &l.local, "");
-        let req = l.acting.apply(l.ctl.http.delete(url));
-        let _ = with_worker_key(req, l.ctl.worker_key.as_deref())
+        let url = process_url(&l.placed.url, "processes", &l.local, "");
+        let req = l.placed.acting.apply(l.placed.ctl.http.delete(url));
+        let _ = with_worker_key(req, l.placed.ctl.worker_key.as_deref())
             .timeout(KILL_TIMEOUT)
             .send()
             .await;
@@ -239,22 +239,28 @@ impl Follower {
     /// Ask the current worker to hand the process off for move `m`.
     async fn hand_off(&mut self, m: Move) {
         let l = &self.launch;
-        if m.to == l.worker || l.ctl.registry.url_of(&m.to).is_none() {
-            count_failure(&l.ctl, m.reason);
+        if l.placed.move_target(&m).is_none() {
             return;
         }
-        let url = process_url(&l.url, "internal/processes", &l.local, "/handoff");
-        match post_to_worker(l.ctl.clone(), url, l.acting.clone(), json!({})).await {
+        let url = process_url(&l.placed.url, "internal/processes", &l.local, "/handoff");
+        match post_to_worker(
+            l.placed.ctl.clone(),
+            url,
+            l.placed.acting.clone(),
+            json!({}),
+        )
+        .await
+        {
             Ok((status, _)) if status.is_success() => self.asked = Some(m),
             // It ended meanwhile: its events end as they would have.
             Ok((status, _)) if status == reqwest::StatusCode::CONFLICT => {}
             Ok((status, answer)) => {
                 tracing::warn!(process = l.local, %status, %answer, "hand-off refused; it stays");
-                count_failure(&l.ctl, m.reason);
+                count_move_failure(&l.placed.ctl, m.reason);
             }
             Err(e) => {
                 tracing::warn!(process = l.local, e, "hand-off failed; it stays");
-                count_failure(&l.ctl, m.reason);
+                count_move_failure(&l.placed.ctl, m.reason);
             }
         }
     }
@@ -267,16 +273,16 @@ impl Follower {
         target: Option<String>,
         source: Option<String>,
     ) -> Result<(), String> {
-        let ctl = self.launch.ctl.clone();
-        let mut body = self.launch.body.clone();
+        let ctl = self.launch.placed.ctl.clone();
+        let mut body = self.launch.placed.body.clone();
         if let Some(props) = ctl.streams.props_of(self.id) {
             body["props"] = props;
         }
         body[RESUME_FIELD] =
             json!({"tokens": self.generated, "from": source, "turns": self.launch.turns});
-        let mut tokens = self.launch.prompt.clone();
+        let mut tokens = self.launch.placed.prompt.clone();
         tokens.extend_from_slice(&self.generated);
-        let old = self.launch.worker.clone();
+        let old = self.launch.placed.worker.clone();
         let mut tried = vec![old.clone()];
         let mut target = target.and_then(|name| ctl.registry.url_of(&name).map(|url| (name, url)));
         for _ in 0..MAX_TARGETS {
@@ -284,8 +290,8 @@ impl Follower {
                 choose_worker(
                     &ctl,
                     &tokens,
-                    &self.launch.props,
-                    &self.launch.acting,
+                    &self.launch.placed.props,
+                    &self.launch.placed.acting,
                     &tried,
                 )
             });
@@ -309,8 +315,13 @@ impl Follower {
     async fn launch_on(&self, url: &str, body: &Value) -> Result<String, String> {
         let l = &self.launch;
         let url = format!("{url}/v1/processes");
-        let (status, answer) =
-            post_to_worker(l.ctl.clone(), url.clone(), l.acting.clone(), body.clone()).await?;
+        let (status, answer) = post_to_worker(
+            l.placed.ctl.clone(),
+            url.clone(),
+            l.placed.acting.clone(),
+            body.clone(),
+        )
+        .await?;
         match answer["id"].as_str() {
             Some(id) if status.is_success() => Ok(id.to_string()),
             _ => Err(format!("{url}: {status} {answer}")),
@@ -321,18 +332,18 @@ impl Follower {
         let l = &mut self.launch;
         let moved = Moved {
             id: self.id,
-            from: &l.worker,
+            from: &l.placed.worker,
             to: &name,
             reason,
-            props: &l.props,
-            prompt: l.prompt.len(),
+            props: &l.placed.props,
+            prompt: l.placed.prompt.len(),
             generated: self.generated.len(),
         };
-        moved.count(&l.ctl, &mut l.slot);
-        l.ctl.streams.named(self.id, &local);
+        moved.count(&l.placed.ctl, &mut l.placed.slot);
+        l.placed.ctl.streams.named(self.id, &local);
         self.replayed = self.generated.len();
-        self.launch.worker = name;
-        self.launch.url = url;
+        self.launch.placed.worker = name;
+        self.launch.placed.url = url;
         self.launch.local = local;
     }
 }
@@ -466,32 +477,43 @@ impl Stitch {
     /// moved it (Err: why it could not go on).
     async fn next_worker(&mut self) -> Result<BoxStream<'static, reqwest::Result<Bytes>>, String> {
         let started = Instant::now();
-        let (origin, origin_local) = (&self.origin.0, &self.origin.1);
-        while started.elapsed() < MOVE_WAIT {
-            match self.ctl.streams.current(origin, origin_local) {
-                Some(Whereabouts::Lost(why)) => return Err(why),
-                Some(Whereabouts::At { worker, local, .. })
-                    if (&worker, &local) != (&self.at.0, &self.at.1) =>
-                {
-                    if let Some(url) = self.ctl.registry.url_of(&worker) {
-                        let url = process_url(&url, "processes", &local, "/events");
-                        if let Ok(up) = open(&self.ctl, &url, &self.acting).await {
-                            if up.status.is_success() {
-                                self.at = (worker, local);
-                                return Ok(up.body);
-                            }
-                        }
+        let streams = &self.ctl.streams;
+        let ((origin, origin_local), at) = (&self.origin, &self.at);
+        loop {
+            let left = MOVE_WAIT.saturating_sub(started.elapsed());
+            let found = streams
+                .wait_for(left, || match streams.current(origin, origin_local) {
+                    Some(Whereabouts::Lost(why)) => Some(Err(why)),
+                    Some(Whereabouts::At { worker, local, .. })
+                        if (&worker, &local) != (&at.0, &at.1) =>
+                    {
+                        Some(Ok((worker, local)))
+                    }
+                    _ => None,
+                })
+                .await;
+            let (worker, local) = match found {
+                Some(found) => found?,
+                None => {
+                    return Err(format!(
+                        "its worker `{}` stopped answering and it went on nowhere within {} s",
+                        at.0,
+                        MOVE_WAIT.as_secs()
+                    ))
+                }
+            };
+            if let Some(url) = self.ctl.registry.url_of(&worker) {
+                let url = process_url(&url, "processes", &local, "/events");
+                if let Ok(up) = open(&self.ctl, &url, &self.acting).await {
+                    if up.status.is_success() {
+                        self.at = (worker, local);
+                        return Ok(up.body);
                     }
                 }
-                _ => {}
             }
-            tokio::time::sleep(MOVE_POLL).await;
+            // Named there but not answering yet: look again shortly.
+            tokio::time::sleep(OPEN_RETRY).await;
         }
-        Err(format!(
-            "its worker `{}` stopped answering and it went on nowhere within {} s",
-            self.at.0,
-            MOVE_WAIT.as_secs()
-        ))
     }
 }
 
@@ -523,13 +545,6 @@ fn parse(block: &[u8]) -> Option<Native> {
         "status" => Some(Native::Status(data["state"].as_str()?.to_string())),
         _ => None,
     }
-}
-
-fn count_failure(ctl: &Controller, reason: Reason) {
-    ctl.metrics
-        .move_failures
-        .get_or_create(&reason.label())
-        .inc();
 }
 
 #[cfg(test)]

@@ -43,7 +43,7 @@ use crate::metrics::{ControllerMetrics, RouteLabels};
 use crate::model::RoutingModel;
 use crate::native::{self, NativeLaunch};
 use crate::registry::{with_worker_key, PromptChains, RegisterLimits, Registry};
-use crate::relay::{Relay, Streams, Whereabouts};
+use crate::relay::{Placed, Relay, Streams, Whereabouts};
 use crate::routing::{decide, Decided, Pipeline};
 use crate::trace::TracedRequest;
 use crate::whole::Answer;
@@ -897,31 +897,27 @@ async fn generate(
             Ok(upstream) => {
                 slot.traced = traced.take();
                 slot.demand = demand.take();
+                let placed = |body, slot| Placed {
+                    ctl: ctl.clone(),
+                    acting,
+                    body,
+                    prompt: tokens.clone(),
+                    props: props.clone(),
+                    worker: view.name.clone(),
+                    url: url.clone(),
+                    slot,
+                };
                 let mut resp = match resume_body.take() {
                     Some(body) if upstream.status.is_success() => upstream.into_movable(Relay {
-                        ctl: ctl.clone(),
+                        placed: placed(body, slot),
                         path: path.clone(),
                         headers: headers.clone(),
-                        acting,
-                        body,
-                        prompt: tokens.clone(),
-                        props: props.clone(),
-                        worker: view.name.clone(),
-                        url: url.clone(),
-                        slot,
                     }),
                     _ => match native_body.take() {
                         Some(body) if upstream.status.is_success() => {
                             native = Some(NativeLaunch {
-                                ctl: ctl.clone(),
-                                acting,
-                                body,
-                                prompt: tokens.clone(),
-                                props: props.clone(),
-                                worker: view.name.clone(),
-                                url: url.clone(),
+                                placed: placed(body, slot),
                                 local: String::new(),
-                                slot,
                                 turns: None,
                             });
                             upstream.into_response()

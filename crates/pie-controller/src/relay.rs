@@ -20,7 +20,7 @@ use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::JsonRejection;
@@ -37,7 +37,7 @@ use pie_core::Props;
 use pie_policy::cluster::{record, route, RouteRequest, Stage};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
 use crate::metrics::MoveLabels;
 use crate::proxy::{describe, error, now_ms, send, Acting, Controller, InFlight};
@@ -84,6 +84,9 @@ pub struct Streams {
     next: AtomicU64,
     live: Mutex<Table>,
     ended: Mutex<Ended>,
+    /// Woken whenever a stream's whereabouts change (it named its process
+    /// on a worker, or ended), so a reader waiting for a move need not poll.
+    changed: Notify,
 }
 
 /// The streams in flight, and each one's number by the id its client holds.
@@ -150,21 +153,19 @@ impl Streams {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Register a stream (or a native process: `replays`); its moves arrive
-    /// on the receiver.
+    /// Register a placed stream (or a native process: `replays`); its
+    /// moves arrive on the receiver.
     pub(crate) fn add(
         &self,
-        worker: String,
-        session: Option<String>,
-        process: Option<String>,
+        placed: &Placed,
         replays: bool,
     ) -> (u64, mpsc::UnboundedReceiver<Move>) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (moves, rx) = mpsc::unbounded_channel();
         let live = Live {
-            worker,
-            session,
-            process,
+            worker: placed.worker.clone(),
+            session: placed.props.str("session").map(str::to_string),
+            process: placed.slot.demand.as_ref().map(|d| d.process_id()),
             moves,
             origin: None,
             local: None,
@@ -213,6 +214,8 @@ impl Streams {
                 ended.at.remove(&oldest);
             }
         }
+        drop(ended);
+        self.changed.notify_waiters();
     }
 
     /// Stream `id`'s worker named its process `local`.
@@ -226,6 +229,30 @@ impl Streams {
             let origin = (l.worker.clone(), local.to_string());
             l.origin = Some(origin.clone());
             table.by_origin.insert(origin, id);
+        }
+        drop(table);
+        self.changed.notify_waiters();
+    }
+
+    /// Wait until `look` finds something (Some) or `limit` passes (None),
+    /// looking again whenever a stream's whereabouts change.
+    pub(crate) async fn wait_for<T>(
+        &self,
+        limit: Duration,
+        mut look: impl FnMut() -> Option<T>,
+    ) -> Option<T> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            // Registered before looking, so a change in between still wakes it.
+            changed.as_mut().enable();
+            if let Some(found) = look() {
+                return Some(found);
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return None;
+            }
         }
     }
 
@@ -310,21 +337,49 @@ impl Streams {
     }
 }
 
-/// A movable stream's request, as every worker gets it.
-pub(crate) struct Relay {
+/// A request the controller placed on a worker and may move: what every
+/// worker it goes to gets, and where it runs now. A relayed stream
+/// ([`Relay`]) and a followed native process (`native::NativeLaunch`) both
+/// start from one.
+pub(crate) struct Placed {
     pub ctl: Arc<Controller>,
-    pub path: String,
-    pub headers: HeaderMap,
     pub acting: Acting,
-    /// The body with `pie_stream_ids` (and `pie_prompt_tokens` where the
-    /// worker key vouches), without `pie_prefill_from`.
+    /// The body as the workers get it: with `pie_stream_ids` (and
+    /// `pie_prompt_tokens` where the worker key vouches), without
+    /// `pie_prefill_from`.
     pub body: Value,
-    /// The prompt's ids as the workers see them.
+    /// The prompt's ids as the workers see them (empty when unknown).
     pub prompt: Vec<u32>,
     pub props: Props,
     pub worker: String,
     pub url: String,
     pub slot: InFlight,
+}
+
+impl Placed {
+    /// The URL of the worker move `m` goes to; None (the move counted
+    /// failed) when that is where it runs or a worker the registry lacks.
+    pub fn move_target(&self, m: &Move) -> Option<String> {
+        let target = (m.to != self.worker)
+            .then(|| self.ctl.registry.url_of(&m.to))
+            .flatten();
+        if target.is_none() {
+            tracing::warn!(
+                worker = self.worker,
+                to = m.to,
+                "no worker to move to; it stays"
+            );
+            count_move_failure(&self.ctl, m.reason);
+        }
+        target
+    }
+}
+
+/// A movable stream's request, as every worker gets it.
+pub(crate) struct Relay {
+    pub placed: Placed,
+    pub path: String,
+    pub headers: HeaderMap,
 }
 
 /// What one SSE event of a worker's stream means here.
@@ -371,13 +426,8 @@ impl Relay {
     /// the client, moving it when asked or when it breaks.
     pub fn into_body(self, upstream: BoxStream<'static, reqwest::Result<Bytes>>) -> Body {
         let (tx, rx) = mpsc::channel::<Bytes>(64);
-        let (id, moves) = self.ctl.streams.add(
-            self.worker.clone(),
-            self.props.str("session").map(str::to_string),
-            self.slot.demand.as_ref().map(|d| d.process_id()),
-            false,
-        );
-        let ctl = self.ctl.clone();
+        let ctl = self.placed.ctl.clone();
+        let (id, moves) = ctl.streams.add(&self.placed, false);
         tokio::spawn(async move {
             let mut run = Run {
                 relay: self,
@@ -444,7 +494,7 @@ impl Run {
                         }
                         Flow::End => return,
                         Flow::HandedOff => {
-                            let source = self.relay.url.clone();
+                            let source = self.relay.placed.url.clone();
                             let (reason, target) = match migration.take() {
                                 Some(m) => (m.reason, Some(m.target)),
                                 None => (Reason::Drain, None),
@@ -466,11 +516,15 @@ impl Run {
                         return;
                     }
                     tracing::warn!(
-                        worker = self.relay.worker,
+                        worker = self.relay.placed.worker,
                         cause,
                         "the worker's stream broke; resuming it elsewhere"
                     );
-                    self.relay.ctl.registry.mark_down(&self.relay.worker);
+                    self.relay
+                        .placed
+                        .ctl
+                        .registry
+                        .mark_down(&self.relay.placed.worker);
                     broke = Some(message);
                     let target = migration.take().map(|m| m.target);
                     (Reason::Crash, target, None)
@@ -542,7 +596,7 @@ impl Run {
     }
 
     fn observe(&mut self, bytes: &Bytes) {
-        if let Some(t) = &mut self.relay.slot.traced {
+        if let Some(t) = &mut self.relay.placed.slot.traced {
             t.observe(bytes);
         }
     }
@@ -559,7 +613,7 @@ impl Run {
                     .and_then(|rest| rest.strip_prefix(' '))
                 {
                     self.process = Some(id.to_string());
-                    self.relay.ctl.streams.named(self.stream_id, id);
+                    self.relay.placed.ctl.streams.named(self.stream_id, id);
                     return Event::Skip;
                 }
                 if comment == HANDOFF_COMMENT {
@@ -590,6 +644,7 @@ impl Run {
         self.generated.extend_from_slice(&ids);
         if let Some(reason) = self.paused.take() {
             self.relay
+                .placed
                 .ctl
                 .metrics
                 .move_pause
@@ -624,17 +679,7 @@ impl Run {
 
     /// Choose where a move goes and start its first stage (the prefetch).
     fn begin_move(&self, m: Move) -> Option<Migration> {
-        let target = (m.to != self.relay.worker)
-            .then(|| self.relay.ctl.registry.url_of(&m.to))
-            .flatten();
-        let Some(target_url) = target else {
-            tracing::warn!(
-                worker = self.relay.worker,
-                "no worker to move the stream to; it stays"
-            );
-            self.count_failure(m.reason);
-            return None;
-        };
+        let target_url = self.relay.placed.move_target(&m)?;
         Some(Migration {
             reason: m.reason,
             stage: Some(self.prefetch(&target_url)),
@@ -645,13 +690,13 @@ impl Run {
 
     /// The target pulls the pages the source holds of the tokens so far.
     fn prefetch(&self, target_url: &str) -> BoxFuture<'static, Result<(), String>> {
-        let mut tokens = self.relay.prompt.clone();
+        let mut tokens = self.relay.placed.prompt.clone();
         tokens.extend_from_slice(&self.generated);
         post_json(
-            self.relay.ctl.clone(),
+            self.relay.placed.ctl.clone(),
             format!("{target_url}/v1/internal/kv/prefetch"),
-            self.relay.acting.clone(),
-            json!({"from": self.relay.url, "tokens": tokens}),
+            self.relay.placed.acting.clone(),
+            json!({"from": self.relay.placed.url, "tokens": tokens}),
         )
         .map(|r| r.map(|_| ()))
         .boxed()
@@ -659,7 +704,11 @@ impl Run {
 
     /// The source's page size (0: unknown).
     fn page_size(&self) -> usize {
-        self.relay.ctl.registry.page_size_of(&self.relay.worker)
+        self.relay
+            .placed
+            .ctl
+            .registry
+            .page_size_of(&self.relay.placed.worker)
     }
 
     /// After tokens arrived: ask for the hand-off when the next token
@@ -667,7 +716,7 @@ impl Run {
     /// more, is one past a multiple of the page size).
     async fn on_token(&self, m: &mut Migration) -> Result<(), String> {
         let page = self.page_size();
-        let tokens = self.relay.prompt.len() + self.generated.len();
+        let tokens = self.relay.placed.prompt.len() + self.generated.len();
         if m.phase == Phase::AwaitPage && tokens.is_multiple_of(page) {
             m.phase = Phase::HandedOff;
             return self.hand_off().await;
@@ -677,7 +726,7 @@ impl Run {
 
     fn abandon(&self, m: &Migration, error: &str) {
         tracing::warn!(
-            worker = self.relay.worker,
+            worker = self.relay.placed.worker,
             target = m.target,
             error,
             "move abandoned; the process goes on where it is"
@@ -693,11 +742,14 @@ impl Run {
             .process
             .as_ref()
             .ok_or("the worker did not name its process")?;
-        let url = format!("{}/v1/internal/processes/{process}/handoff", self.relay.url);
+        let url = format!(
+            "{}/v1/internal/processes/{process}/handoff",
+            self.relay.placed.url
+        );
         let (status, answer) = post_to_worker(
-            self.relay.ctl.clone(),
+            self.relay.placed.ctl.clone(),
             url.clone(),
-            self.relay.acting.clone(),
+            self.relay.placed.acting.clone(),
             json!({}),
         )
         .await?;
@@ -724,24 +776,24 @@ impl Run {
                 "the stream was moved {MAX_RESUMES} times; giving up"
             ));
         }
-        let ctl = self.relay.ctl.clone();
+        let ctl = self.relay.placed.ctl.clone();
         if let Some(props) = ctl.streams.props_of(self.stream_id) {
             if let Ok(parsed) = Props::from_json(&props) {
-                self.relay.props = parsed;
+                self.relay.placed.props = parsed;
             }
-            self.relay.body["props"] = props;
+            self.relay.placed.body["props"] = props;
         }
-        let old = self.relay.worker.clone();
+        let old = self.relay.placed.worker.clone();
         let mut tried = vec![old.clone()];
         let mut target = target.and_then(|name| ctl.registry.url_of(&name).map(|url| (name, url)));
-        let mut body = self.relay.body.clone();
+        let mut body = self.relay.placed.body.clone();
         body[RESUME_FIELD] = json!({"tokens": self.generated, "from": source});
         let body = Bytes::from(body.to_string());
         for _ in 0..MAX_TARGETS {
             let next = target.take().or_else(|| {
-                let mut tokens = self.relay.prompt.clone();
+                let mut tokens = self.relay.placed.prompt.clone();
                 tokens.extend_from_slice(&self.generated);
-                let r = &self.relay;
+                let r = &self.relay.placed;
                 choose_worker(&ctl, &tokens, &r.props, &r.acting, &tried)
             });
             let Some((name, url)) = next else { break };
@@ -753,7 +805,7 @@ impl Run {
         }
         // `choose` never picks the worker it is moving from.
         if source.is_some() {
-            let url = self.relay.url.clone();
+            let url = self.relay.placed.url.clone();
             if let Some(upstream) = self.try_worker(&old, &url, body).await {
                 self.switch_to(reason, &old, &url);
                 return Ok(upstream);
@@ -771,11 +823,11 @@ impl Run {
     ) -> Option<BoxStream<'static, reqwest::Result<Bytes>>> {
         let r = &self.relay;
         let sent = send(
-            &r.ctl,
+            &r.placed.ctl,
             Method::POST,
             &format!("{url}{}", r.path),
             &r.headers,
-            &r.acting,
+            &r.placed.acting,
             body,
         )
         .await;
@@ -784,7 +836,7 @@ impl Run {
                 Ok(up) => Some(up.body),
                 Err(e) => {
                     tracing::warn!(worker = name, error = e, "resume failed");
-                    r.ctl.registry.mark_down(name);
+                    r.placed.ctl.registry.mark_down(name);
                     None
                 }
             },
@@ -794,14 +846,14 @@ impl Run {
             }
             Err(e) => {
                 tracing::warn!(worker = name, error = e, "resume failed");
-                r.ctl.registry.mark_down(name);
+                r.placed.ctl.registry.mark_down(name);
                 None
             }
         }
     }
 
     fn switch_to(&mut self, reason: Reason, name: &str, url: &str) {
-        let r = &mut self.relay;
+        let r = &mut self.relay.placed;
         let moved = Moved {
             id: self.stream_id,
             from: &r.worker,
@@ -812,19 +864,14 @@ impl Run {
             generated: self.generated.len(),
         };
         moved.count(&r.ctl, &mut r.slot);
-        self.relay.worker = name.to_string();
-        self.relay.url = url.to_string();
+        self.relay.placed.worker = name.to_string();
+        self.relay.placed.url = url.to_string();
         self.process = None;
         self.paused = Some(reason);
     }
 
     fn count_failure(&self, reason: Reason) {
-        self.relay
-            .ctl
-            .metrics
-            .move_failures
-            .get_or_create(&reason.label())
-            .inc();
+        count_move_failure(&self.relay.placed.ctl, reason);
     }
 }
 
@@ -895,6 +942,14 @@ async fn stage(migration: &mut Option<Migration>) -> Result<(), String> {
         }
         None => std::future::pending().await,
     }
+}
+
+/// A move for `reason` that ended with the stream or process lost.
+pub(crate) fn count_move_failure(ctl: &Controller, reason: Reason) {
+    ctl.metrics
+        .move_failures
+        .get_or_create(&reason.label())
+        .inc();
 }
 
 /// A completion or chat chunk with no text and no finish: a token that made

@@ -10,11 +10,14 @@ use std::time::{Duration, Instant};
 use common::{bin, model, spawn, wait_for, Proc};
 use serde_json::{json, Value};
 
-/// A TCP relay in front of a worker; `cut` drops every connection through it
-/// and refuses new ones until `restore`.
+/// A TCP relay in front of a worker; `set_cut(true)` drops every connection
+/// through it and refuses new ones until `set_cut(false)`; `drop_connections`
+/// drops the open ones only.
 struct Relay {
     url: String,
-    cut: tokio::sync::watch::Sender<bool>,
+    /// (refusing, generation): a connection ends when the relay refuses or
+    /// the generation it started in is over.
+    state: tokio::sync::watch::Sender<(bool, u64)>,
 }
 
 impl Relay {
@@ -22,10 +25,11 @@ impl Relay {
         let target = target_url.trim_start_matches("http://").to_string();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let (cut, watch) = tokio::sync::watch::channel(false);
+        let (state, watch) = tokio::sync::watch::channel((false, 0));
         tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
-                if *watch.borrow() {
+                let (refusing, generation) = *watch.borrow();
+                if refusing {
                     continue; // dropped: the connection is refused
                 }
                 let (target, mut watch) = (target.clone(), watch.clone());
@@ -35,16 +39,20 @@ impl Relay {
                     };
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                        _ = watch.wait_for(|cut| *cut) => {}
+                        _ = watch.wait_for(|&(refusing, g)| refusing || g != generation) => {}
                     }
                 });
             }
         });
-        Relay { url, cut }
+        Relay { url, state }
     }
 
     fn set_cut(&self, cut: bool) {
-        self.cut.send_replace(cut);
+        self.state.send_modify(|s| s.0 = cut);
+    }
+
+    fn drop_connections(&self) {
+        self.state.send_modify(|s| s.1 += 1);
     }
 }
 
@@ -965,6 +973,45 @@ async fn a_native_process_moves_on_drain_and_on_crash_and_its_id_and_events_go_o
         assert_eq!(v["usage"]["completion_tokens"], 900);
     }
     moved_on_drain_and_crash(&c).await;
+}
+
+/// A native process whose worker only lost the controller's connections
+/// (alive, still running it) is killed there before it goes on elsewhere,
+/// so it never runs twice: the old copy's record says `killed`, and its id
+/// answers from the new worker with the undisturbed output.
+#[tokio::test]
+async fn a_native_process_cut_off_from_the_controller_is_killed_before_it_goes_on() {
+    let c = Cluster::start_with(Spec {
+        worker_args: &["--kv-pages", "512"],
+        relayed: true,
+        ..Spec::new("least-loaded")
+    })
+    .await;
+    let launch = json!({"inferlet": "text-completion", "args": {"prompt": "request number 7 says", "max_tokens": 900, "ignore_eos": true, "temperature": 0}});
+    let expected = native_output(&c.http, &c.url_of("w2"), &launch).await;
+    slow_steps(&c, 2).await;
+    let (status, v) = post_json(&c.controller.url, "/v1/processes", None, &launch).await;
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    let (first, local) = id.split_once('~').unwrap();
+    serving_worker(&c).await;
+    let slot: usize = first.trim_start_matches('w').parse().unwrap();
+    c.relays[slot].drop_connections();
+    let (worker, record) = finished_record(&c, &id).await;
+    assert_ne!(worker, first, "it went on elsewhere");
+    assert_eq!(record["output"], expected.as_str());
+    let old: Value = c
+        .http
+        .get(format!("{}/v1/processes/{local}", c.url_of(first)))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(old["state"], "killed", "the old copy: {old}");
+    let moved = "pie_controller_streams_moved_total{reason=\"crash\"}";
+    assert!(labelled_metric(&c, moved).await >= Some(1.0));
 }
 
 /// A native chat resuming a session moves with its earlier turns: drained
