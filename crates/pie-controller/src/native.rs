@@ -35,15 +35,14 @@ use pie_core::wire::RESUME_FIELD;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::Response;
 
 use crate::proxy::{describe, error, send, Acting, Controller};
 use crate::registry::with_worker_key;
 use crate::relay::{
-    choose_worker, count_move_failure, next_block, post_to_worker, Move, Moved, Placed, Reason,
-    Whereabouts,
+    channel_body, choose_worker, count_move_failure, next_block, post_to_worker, Move, Moved,
+    Placed, Reason, Whereabouts,
 };
 
 /// Resumes of one process before it is given up.
@@ -374,12 +373,7 @@ pub(crate) async fn events(
         out: tx,
     };
     tokio::spawn(stitch.run(upstream.body));
-    let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|b| (Ok::<Bytes, std::convert::Infallible>(b), rx))
-    }));
-    let mut resp = Response::new(body);
+    let mut resp = Response::new(channel_body(rx));
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,

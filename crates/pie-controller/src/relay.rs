@@ -442,10 +442,16 @@ impl Relay {
             run.relay(upstream, tx, moves).await;
             ctl.streams.remove(id, None);
         });
-        Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|b| (Ok::<Bytes, Infallible>(b), rx))
-        }))
+        channel_body(rx)
     }
+}
+
+/// A response body of the bytes a task sends on `rx`, ending when it drops
+/// its sender.
+pub(crate) fn channel_body(rx: mpsc::Receiver<Bytes>) -> Body {
+    Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<Bytes, Infallible>(b), rx))
+    }))
 }
 
 struct Run {
