@@ -1000,15 +1000,7 @@ async fn a_native_process_cut_off_from_the_controller_is_killed_before_it_goes_o
     let (worker, record) = finished_record(&c, &id).await;
     assert_ne!(worker, first, "it went on elsewhere");
     assert_eq!(record["output"], expected.as_str());
-    let old: Value = c
-        .http
-        .get(format!("{}/v1/processes/{local}", c.url_of(first)))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let old = common::get_json(&format!("{}/v1/processes/{local}", c.url_of(first))).await;
     assert_eq!(old["state"], "killed", "the old copy: {old}");
     let moved = "pie_controller_streams_moved_total{reason=\"crash\"}";
     assert!(labelled_metric(&c, moved).await >= Some(1.0));
@@ -2385,15 +2377,7 @@ async fn after_an_engine_panic_the_controller_routes_to_the_other_worker() {
         "w0 still routed to {:?} after its engine panicked",
         injected.elapsed()
     );
-    let health: Value = c
-        .http
-        .get(format!("{w0}/health"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health = common::get_json(&format!("{w0}/health")).await;
     assert_eq!(health["status"], "unhealthy", "{health}");
 
     for i in 0..6 {
