@@ -261,6 +261,32 @@ impl KvAccounting for PageModel<'_> {
         s.len as usize
     }
 
+    fn prefix_in_flight(&self, seq: SeqId) -> bool {
+        let ps = self.pages.page_size;
+        let s = self.seq(seq);
+        let usable = ((s.tokens() - 1) / ps) as usize;
+        let full = &s.hashes[..usable.min(s.hashes.len())];
+        let cache = &self.pages.cache;
+        let cached = full.iter().take_while(|h| cache.contains(h)).count();
+        let Some(&next) = full.get(cached) else {
+            return false;
+        };
+        let end = (cached as u32 + 1) * ps;
+        let own = slot(seq);
+        let others = self
+            .pages
+            .seqs
+            .iter()
+            .enumerate()
+            .filter(|&(at, _)| at != own);
+        others.filter_map(|(_, other)| other.as_ref()).any(|other| {
+            other.pages > 0
+                && other.len < end
+                && other.tokens() > end
+                && other.hashes.get(cached) == Some(&next)
+        })
+    }
+
     fn reserve(&mut self, seq: SeqId, tokens: usize) {
         let ps = self.pages.page_size;
         let s = self.seq(seq);

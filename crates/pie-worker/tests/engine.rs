@@ -118,6 +118,41 @@ fn prefix_cache_hit_gives_same_tokens() {
     assert_eq!(got, expected);
 }
 
+/// Requests sharing a prefix, added together, compute it once: the first
+/// prefills it, the others wait one step and attach its pages (cache hits),
+/// and each gives the tokens it gives alone.
+#[test]
+fn a_prefix_shared_by_requests_added_together_is_computed_once() {
+    let shared = prompt(40, 20);
+    let prompts: Vec<Vec<u32>> = (0..3)
+        .map(|i| [shared.clone(), prompt(41 + i, 3)].concat())
+        .collect();
+    let expected: Vec<Vec<u32>> = prompts.iter().map(|p| alone(p, 6)).collect();
+    let mut e = engine(256, 512);
+    let ids: Vec<SeqId> = prompts
+        .iter()
+        .map(|p| e.add(request(p, 6)).unwrap())
+        .collect();
+    let (mut out, mut cached) = (HashMap::<SeqId, Vec<u32>>::new(), HashMap::new());
+    while e.has_work() {
+        let step = e.step(0).unwrap();
+        for (id, t) in step.tokens {
+            out.entry(id).or_default().push(t);
+        }
+        cached.extend(step.finished.iter().map(|f| (f.0, f.2.cached_tokens)));
+    }
+    assert_eq!(cached[&ids[0]], 0, "the first computes the prefix");
+    for id in &ids[1..] {
+        assert_eq!(
+            cached[id], 20,
+            "the five shared pages were attached, not computed again"
+        );
+    }
+    for (id, want) in ids.iter().zip(&expected) {
+        assert_eq!(&out[id], want);
+    }
+}
+
 #[test]
 fn fork_continues_like_the_parent() {
     let p = prompt(4, 10);

@@ -28,6 +28,14 @@ pub trait KvAccounting {
     /// at least one token to compute; returns the tokens it covers.
     fn attach_prefix(&mut self, seq: SeqId) -> usize;
 
+    /// Another sequence holding pages is computing the first page of this
+    /// one's tokens that the prefix cache lacks (the page with the same block
+    /// hash, not yet computed there): admitted now, this one would compute
+    /// that page a second time, so the scheduler admits it once the page is
+    /// cached. Only full pages of the tokens before the last count, as for
+    /// `attach_prefix`.
+    fn prefix_in_flight(&self, seq: SeqId) -> bool;
+
     /// Hold pages for the next `tokens` tokens (at most `room`), evicting
     /// unreferenced cached pages as needed.
     fn reserve(&mut self, seq: SeqId, tokens: usize);

@@ -11,9 +11,12 @@
 //! accounting), then retained sessions (soonest expiry first; evicted before
 //! their expiry, which the accounting may spill: `retain-all`), then the running
 //! sequence ordered last is preempted: its pages are released and it is
-//! recomputed later. Progress needs an order that does not flip between two
-//! sequences from step to step, or each would preempt the other forever (fair
-//! orders running sequences first for this reason). The policy is charged the service each sequence received
+//! recomputed later. A sequence whose next uncached page another sequence is
+//! computing waits until that page is cached (no prefix computed twice).
+//! Progress needs an order that does not flip between two sequences from step
+//! to step, or each would preempt the other forever (fair orders running
+//! sequences first for this reason). The policy is charged the service each
+//! sequence received
 //! ([`Scheduler::charge`]); a finished sequence's pages are retained for its
 //! session (keep-session) or released ([`Scheduler::finish_at`]).
 //!
@@ -182,6 +185,12 @@ impl Scheduler {
             let was_running = kv.holds_pages(seq);
             let mut hit = 0;
             if !was_running {
+                // Computing a shared prefix twice in one step (requests of
+                // one system prompt arriving together) costs the prefill and
+                // the pages of a copy; a step later it is a cache hit.
+                if kv.prefix_in_flight(seq) {
+                    continue;
+                }
                 if running >= self.limits.max_running {
                     if !(preempts && self.preempt_last(kv, rank + 1)) {
                         continue;

@@ -54,6 +54,9 @@ impl KvAccounting for ToyKv {
     fn attach_prefix(&mut self, _seq: SeqId) -> usize {
         0
     }
+    fn prefix_in_flight(&self, _seq: SeqId) -> bool {
+        false
+    }
     fn reserve(&mut self, seq: SeqId, tokens: usize) {
         let s = self.seqs.get_mut(&seq).unwrap();
         let need = (s.len + tokens).div_ceil(self.page_size) - s.pages;

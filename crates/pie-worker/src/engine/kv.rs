@@ -113,6 +113,28 @@ impl KvAccounting for EngineKv {
         s.table.attach_prefix(&mut self.pool, &hashes)
     }
 
+    fn prefix_in_flight(&self, seq: SeqId) -> bool {
+        let ps = self.page_size;
+        let s = self.seq(seq);
+        let chain = chain_from(s.chain_root, &s.tokens[..s.tokens.len() - 1], ps);
+        let cached = chain
+            .iter()
+            .take_while(|&&h| self.pool.lookup(h).is_some())
+            .count();
+        let Some(&next) = chain.get(cached) else {
+            return false;
+        };
+        let end = (cached + 1) * ps;
+        self.seqs.iter().any(|(&id, other)| {
+            id != seq
+                && !other.table.pages().is_empty()
+                && other.table.len() < end
+                && other.tokens.len() > end
+                && other.chain_root == s.chain_root
+                && chain_from(other.chain_root, &other.tokens[..end], ps).last() == Some(&next)
+        })
+    }
+
     fn reserve(&mut self, seq: SeqId, tokens: usize) {
         let s = self
             .seqs
