@@ -20,8 +20,11 @@
 # Prints each pair and the ratio sim/real (target: within 0.75..1.25). Exits
 # non-zero, after every step has run, when a TTFT p50 or p90 ratio of step 2 or
 # 3 is outside that band (each such row is marked OUTSIDE).
+# The simulator's runs also write every request's record (sim1.records.jsonl,
+# sim3.records.jsonl: arrival, TTFT, e2e) to set beside real1.json/real3.json's.
 # Needs: cargo build --release (pie, pie-controller, pie-sim), python3, curl.
-# Env: MODEL (default: the default model), REQUESTS, RATE (requests/s in all), SEED,
+# Env: BIN (the binaries' directory, default target/release), MODEL (default: the
+# default model), REQUESTS, RATE (requests/s in all), SEED, OVERHEAD=0 (skip step 4),
 # OUT (working directory, default a temp dir), SKIP_CALIBRATE=1 with OUT/profile.json present
 # (used for both runs),
 # NICE (default -10 when run as root: the measured processes get the CPU before
@@ -30,7 +33,7 @@ set -euo pipefail
 set -m # background jobs in their own process groups, SIGINT not ignored
 
 cd "$(dirname "$0")/.."
-BIN=target/release
+BIN=${BIN:-target/release}
 REQUESTS=${REQUESTS:-80}
 RATE=${RATE:-0.5}
 SEED=${SEED:-1}
@@ -92,6 +95,8 @@ outside = open(sys.argv[4], "a")
 rows = [("TTFT p50 (ms)", real["ttft_ms"]["p50"], sim["ttft_ms"]["p50"]),
         ("TTFT p90 (ms)", real["ttft_ms"]["p90"], sim["ttft_ms"]["p90"]),
         ("e2e p50 (ms)", real["e2e_ms"]["p50"], sim["e2e_ms"]["p50"]),
+        ("inter-token p50 (ms)", real["itl_ms"]["p50"], sim["itl_ms"]["p50"]),
+        ("inter-token p90 (ms)", real["itl_ms"]["p90"], sim["itl_ms"]["p90"]),
         ("output tok/s", real["output_tok_per_s"], sim["output_tokens_per_s"]),
         ("prefix hit rate", real["prefix_hit_rate"], sim["prefix_hit_rate"])]
 print(f"| {name} | real | sim | sim/real |\n|---|---:|---:|---:|")
@@ -114,7 +119,8 @@ wait_ok "$URL/health"
   --requests "$REQUESTS" --seed "$SEED" --out "$OUT/real1.json" | sed 's/^/  /'
 stop_all
 $BIN/pie-sim run --workload $WORKLOAD "${SETS[@]}" --set rate_per_s=$RATE --requests "$REQUESTS" \
-  --seed "$SEED" --workers 1 --profile "$PROFILE" --router round-robin --json "$OUT/sim1.json" >/dev/null
+  --seed "$SEED" --workers 1 --profile "$PROFILE" --router round-robin --json "$OUT/sim1.json" \
+  --records "$OUT/sim1.records.jsonl" >/dev/null
 compare "1 worker" "$OUT/real1.json" "$OUT/sim1.json"
 
 RATE3=$(python3 -c "print($RATE / 3)")
@@ -130,9 +136,10 @@ stop_all
 $BIN/pie-sim run --workload $WORKLOAD "${SETS[@]}" --set rate_per_s=$RATE3 --requests "$REQUESTS" \
   --seed "$SEED" --workers 3 --workers-per-machine 3 --profile "$PROFILE" \
   --router pin,session-affinity,cache-aware \
-  --json "$OUT/sim3.json" >/dev/null
+  --json "$OUT/sim3.json" --records "$OUT/sim3.records.jsonl" >/dev/null
 compare "3 workers" "$OUT/real3.json" "$OUT/sim3.json"
 
+overhead() {
 echo "== controller overhead: 1 worker, direct vs through pie-controller, concurrency 1"
 start "pie: listening on " "$OUT/serve2.log" $BIN/pie serve --port 0 "${MODEL_ARGS[@]}"
 WORKER=$URL
@@ -179,6 +186,8 @@ for kind in ("cold", "warm"):
     print(f"{kind}: controller / direct = {statistics.mean(c) / statistics.mean(d):.3f} "
           f"(added {statistics.mean(c) - statistics.mean(d):.2f} ms)\n")
 PY
+}
+if [[ "${OVERHEAD:-1}" != 0 ]]; then overhead; fi
 echo "== files in $OUT"
 if [[ -s "$OUT/outside" ]]; then
   echo "FAIL: simulator fidelity outside 0.75..1.25:" >&2

@@ -10,6 +10,7 @@ pub mod disaggregate;
 pub mod disk;
 pub mod events;
 pub mod histogram;
+pub mod jitter;
 pub mod machine;
 pub mod metrics;
 pub mod migrate;

@@ -2,7 +2,7 @@
 //! plane) and routers (cluster plane) on the same seeded workload, printing a
 //! markdown table and optionally writing every run's metrics as JSON.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -13,7 +13,7 @@ use pie_sim::metrics::{
 };
 use pie_sim::requests::{self, Input};
 use pie_sim::worker_config::WorkerConfig;
-use pie_sim::{run, PolicyName, RouterSpec, RunMetrics, SimConfig};
+use pie_sim::{run, run_records, PolicyName, RouterSpec, RunMetrics, SimConfig};
 
 #[derive(Parser)]
 #[command(
@@ -39,6 +39,11 @@ enum Command {
         /// round-robin, disaggregate (with --prefill-workers).
         #[arg(long, default_value = "round-robin")]
         router: String,
+        /// Write what happened to each request here, one JSON line per request
+        /// in workload order (arrival, TTFT, end-to-end, worker, cached
+        /// tokens): to set beside `pie bench --out`'s records request by request.
+        #[arg(long, value_name = "FILE")]
+        records: Option<PathBuf>,
     },
     /// Run each policy x router on the same workload; print a markdown table.
     Compare {
@@ -190,6 +195,7 @@ fn simulate(
     routers: &[RouterSpec],
     keep_session: &[bool],
     fleets: &[FleetChoice],
+    records: Option<&Path>,
 ) -> Result<Vec<RunMetrics>> {
     let (workload, reqs) = requests::load(&Input {
         workload: &common.workload,
@@ -235,10 +241,18 @@ fn simulate(
                     cfg.prefill_workers = common.prefill_workers;
                     cfg.pool_pages = common.pool_pages;
                     cfg.disk_pages = common.disk_pages;
+                    cfg.seed = common.seed;
                     cfg.kv_bytes_per_token = common.kv_bytes_per_token.unwrap_or_else(|| {
                         pie_sim::disaggregate::kv_bytes_per_token(&cfg.profile, runtime.kv_dtype)
                     });
-                    let m = run(&cfg, &workload, &reqs)?;
+                    let m = match records {
+                        None => run(&cfg, &workload, &reqs)?,
+                        Some(path) => {
+                            let (m, recs) = run_records(&cfg, &workload, &reqs)?;
+                            pie_sim::metrics::write_records(path, &recs)?;
+                            m
+                        }
+                    };
                     eprintln!(
                         "{}: {} events in {:.2} s ({:.2e} events/s)",
                         pie_sim::plots::run_label(&m),
@@ -291,6 +305,7 @@ fn main() -> Result<()> {
             common,
             policy,
             router,
+            records,
         } => {
             let worker = worker_config(&common)?;
             let runs = simulate(
@@ -300,6 +315,7 @@ fn main() -> Result<()> {
                 &[router.parse().map_err(anyhow::Error::msg)?],
                 &[keeps_sessions(&common, worker.as_ref())],
                 &[None],
+                records.as_deref(),
             )?;
             println!("{}", serde_json::to_string_pretty(&runs)?);
         }
@@ -329,6 +345,7 @@ fn main() -> Result<()> {
                 &std::iter::once(None)
                     .chain(fixed_fleets.iter().map(|&n| Some(n)))
                     .collect::<Vec<_>>(),
+                None,
             )?;
             let first = &runs[0];
             println!(

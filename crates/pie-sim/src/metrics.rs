@@ -213,6 +213,32 @@ fn ms(us: u64) -> f64 {
 }
 
 /// Whether a finished request missed its `deadline-ms`, if it had one.
+/// `pie-sim run --records FILE`: one JSON line per request, in workload order,
+/// with the fields `pie bench --out` gives each request (times in ms), so a
+/// simulated run can be set beside a real one request by request.
+pub fn write_records(path: &std::path::Path, records: &[Record]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let file = std::fs::File::create(path)
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    for (index, r) in records.iter().enumerate() {
+        let since = |t: Option<u64>| t.map(|t| ms(t - r.arrival_us));
+        let line = serde_json::json!({
+            "index": index,
+            "arrival_ms": ms(r.arrival_us),
+            "ttft_ms": since(r.first_token_us),
+            "e2e_ms": since(r.finish_us),
+            "worker": r.worker,
+            "prompt_tokens": r.prompt_tokens,
+            "output_tokens": r.generated_tokens,
+            "cached_tokens": r.cached_tokens,
+        });
+        writeln!(out, "{line}")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
 fn missed(req: &Request, rec: &Record) -> Option<bool> {
     let d = req.props.int("deadline-ms")?;
     let deadline_us = rec.arrival_us.saturating_add(d.max(0) as u64 * 1000);

@@ -60,6 +60,7 @@ use crate::cost::{CostProfile, StepShape};
 use crate::disaggregate::{kv_bytes_per_token, Links};
 use crate::disk::{read_us, write_us, Disks};
 use crate::events::{Event, Events};
+use crate::jitter::StepJitter;
 use crate::machine::SharedMachine;
 use crate::metrics::{Counters, Record, RunMetrics};
 use crate::migrate::{Migration, PAUSE_US};
@@ -183,6 +184,9 @@ pub struct SimConfig {
     pub slo_ttft_ms: f64,
     /// Each worker's disk tier in pages (`disk.rs`); 0: none.
     pub disk_pages: usize,
+    /// Seeds the run's own randomness (the profile's step-time variance,
+    /// `jitter.rs`); the workload's seed, so a run is reproducible from it.
+    pub seed: u64,
 }
 
 impl SimConfig {
@@ -208,6 +212,7 @@ impl SimConfig {
             autoscale: None,
             slo_ttft_ms: DEFAULT_SLO_TTFT_MS,
             disk_pages: 0,
+            seed: 0,
         }
     }
 }
@@ -243,6 +248,8 @@ struct Sim<'a> {
     /// Hosts of `workers_per_machine` workers each; empty when every worker has
     /// its own.
     machines: Vec<SharedMachine>,
+    /// Each step's variance around the profile's cost (`jitter.rs`).
+    jitter: StepJitter,
     router: Router,
     /// Hashes of first prompt segments that are whole pages (bounded; cleared when
     /// full), so shared system prompts are hashed once.
@@ -560,6 +567,7 @@ impl<'a> Sim<'a> {
                     .map(|_| SharedMachine::default())
                     .collect(),
             },
+            jitter: StepJitter::new(&cfg.profile, cfg.seed),
             router,
             memo: HashMap::new(),
             carried: vec![None; reqs.len()],
@@ -1643,7 +1651,7 @@ impl<'a> Sim<'a> {
         }
         self.sync_index(w);
         let step_us = if planned {
-            self.cfg.profile.step_us(&shape)
+            self.jitter.apply(w, now, self.cfg.profile.step_us(&shape))
         } else {
             0
         };

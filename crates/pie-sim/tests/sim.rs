@@ -405,3 +405,75 @@ fn actors_tick_on_simulated_time_and_only_observe() {
     assert_eq!(dry.actions.len(), acting.actions.len());
     assert!(dry.actions.iter().all(|a| a.dry_run));
 }
+
+/// `scripts/fidelity.sh`'s one-worker run: shared-prefix, 4 groups of 256-token
+/// system prompts, 32-token questions and outputs, 0.5 requests/s (workload
+/// seed 1); the simulator's own draws from `seed`.
+fn fidelity_run(step_cv: f64, seed: u64) -> RunMetrics {
+    let overrides: Vec<String> = [
+        "groups=4",
+        "zipf=null",
+        "system_len=256",
+        "question_len=32",
+        "output_len=32",
+        "rate_per_s=0.5",
+    ]
+    .map(String::from)
+    .to_vec();
+    let input = Input {
+        workload: "shared-prefix",
+        trace: None,
+        overrides: &overrides,
+        requests: Some(400),
+        seed: 1,
+        workers: 1,
+        load: 1.0,
+    };
+    let (name, reqs) = requests::load(&input).expect("workload");
+    // A calibrated profile of the default model on two cores (BENCHMARKS.md).
+    let profile = CostProfile {
+        a_ms: 13.78,
+        b_ms_per_token: 2.08,
+        c_ms_per_context_token: 0.00201,
+        d_ms_per_pair: 0.00697,
+        step_cv,
+        ..CostProfile::cpu_placeholder()
+    };
+    let mut cfg = SimConfig::new(1, PolicyName::Fcfs, router("round-robin"), profile);
+    cfg.seed = seed;
+    let mut m = run(&cfg, &name, &reqs).expect("simulation runs");
+    m.wall_s = 0.0;
+    m.events_per_s = 0.0;
+    m
+}
+
+#[test]
+fn step_variance_raises_the_ttft_tail_not_the_mean() {
+    let still = fidelity_run(0.0, 1);
+    let varied = fidelity_run(0.3, 1);
+    // Below saturation every request finishes either way: the same work.
+    assert_eq!(
+        (still.completed, still.generated_tokens),
+        (varied.completed, varied.generated_tokens)
+    );
+    // Steps cost the fit's time on average: a request's whole life (31 decode
+    // steps and a prefill) moves by little, its first token's tail by more.
+    let rel = |a: f64, b: f64| b / a - 1.0;
+    let e2e_mean = rel(still.e2e_ms.mean, varied.e2e_ms.mean);
+    assert!(e2e_mean.abs() < 0.04, "e2e mean moved {e2e_mean:.3}");
+    let p90 = rel(still.ttft_ms.p90, varied.ttft_ms.p90);
+    assert!(p90 > 0.1, "TTFT p90 rose only {p90:.3}");
+    assert!(
+        p90 > 2.0 * e2e_mean.abs(),
+        "p90 {p90:.3}, e2e mean {e2e_mean:.3}"
+    );
+}
+
+#[test]
+fn runs_with_step_variance_follow_the_seed() {
+    assert_eq!(fidelity_run(0.2, 5), fidelity_run(0.2, 5));
+    // Same workload: another seed draws other step times; without variance
+    // there is nothing to draw and the seed changes nothing.
+    assert_ne!(fidelity_run(0.2, 5).ttft_ms, fidelity_run(0.2, 6).ttft_ms);
+    assert_eq!(fidelity_run(0.0, 5), fidelity_run(0.0, 6));
+}

@@ -19,6 +19,15 @@
 //! refitted. The fit without the pair term is printed beside it: the CPU
 //! engine's attention costs per pair, so prefill after a long prefix is far
 //! dearer than context tokens alone say.
+//!
+//! Then the spread: one prefill shape (32 tokens after a cached 256-token
+//! prefix; half of them after 300 ms idle) and one decode shape (one sequence at about 256 tokens) are each
+//! stepped many times in a row; the standard deviation of their times over
+//! their shape's mean is the profile's `step_cv`, which `pie-sim` draws each
+//! step's variance from (a queue's tail grows with it). Printed beside it:
+//! p90 / p50 of the repeated times, their lag-1 autocorrelation (near 0: steps
+//! vary one by one, not in slow swings), and their mean over the fit's
+//! prediction (the fit keeps each grid shape's faster time of two).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -110,7 +119,12 @@ pub fn run(path: &Path, out: &Path) -> Result<CostProfile> {
     if let Some(f) = without_pairs {
         println!("  without the pair term: {}", describe(&f));
     }
-    let profile = profile(path, &serve, &fit);
+    let repeated = measure_spread(&model, &serve)?;
+    // The profile's terms are the back-to-back steps'; the steps after idle
+    // are printed beside them (whether waking costs anything).
+    let spread = spread(repeated.iter().filter(|r| r.idle_ms == 0), &fit);
+    println!("  {}", describe_spread(&spread, &repeated, &fit));
+    let profile = profile(path, &serve, &fit, &spread);
     let json = serde_json::to_string_pretty(&profile)?;
     std::fs::write(out, json + "\n").with_context(|| format!("writing {}", out.display()))?;
     println!("wrote {}", out.display());
@@ -138,7 +152,7 @@ fn print_samples(samples: &[Sample], fit: &Fit) {
     }
 }
 
-fn profile(path: &Path, serve: &EngineConfig, fit: &Fit) -> CostProfile {
+fn profile(path: &Path, serve: &EngineConfig, fit: &Fit, spread: &Spread) -> CostProfile {
     let file = path.file_name().map_or_else(
         || path.display().to_string(),
         |f| f.to_string_lossy().into_owned(),
@@ -151,6 +165,9 @@ fn profile(path: &Path, serve: &EngineConfig, fit: &Fit) -> CostProfile {
         b_ms_per_token: fit.b,
         c_ms_per_context_token: fit.c,
         d_ms_per_pair: fit.d,
+        step_mean_over_fit: spread.mean_over_fit,
+        step_cv: spread.cv,
+        step_corr_ms: spread.corr_ms,
         calibrated: true,
         source: format!(
             "pie bench --calibrate on {file}, {}, {cores} cores; R^2 {:.4}, worst relative error {:.1}%",
@@ -181,11 +198,160 @@ pub fn measure(model: &Arc<Model>, serve: &EngineConfig) -> Result<Vec<Sample>> 
         .collect())
 }
 
+/// Steps of one shape, timed again and again.
+pub struct Repeated {
+    pub name: &'static str,
+    /// How long the engine sat idle before each step (0: back to back).
+    pub idle_ms: u64,
+    pub samples: Vec<Sample>,
+    /// When each sample's step started (ms since the first).
+    pub starts_ms: Vec<f64>,
+}
+
+/// Prefills of 32 tokens after a cached 256-token prefix (every other one
+/// after the engine sat idle for 300 ms), and decode steps of one sequence
+/// from 256 tokens of context on: the shapes a shared-prefix workload's first
+/// tokens and gaps are made of.
+pub fn measure_spread(model: &Arc<Model>, serve: &EngineConfig) -> Result<Vec<Repeated>> {
+    const PREFILLS: usize = 48;
+    const DECODES: usize = 120;
+    let mut grid = Grid::new(model.clone(), serve);
+    grid.prefill(1, 32)?; // warm-up, not kept
+    let mut back_to_back = Repeated::new("prefill 32 after 256", 0);
+    let mut after_idle = Repeated::new("the same after 300 ms idle", 300);
+    for i in 0..PREFILLS {
+        let into = if i % 2 == 1 {
+            // A served request often finds the engine idle: its step may pay
+            // for waking the thread pool and cold caches.
+            std::thread::sleep(std::time::Duration::from_millis(after_idle.idle_ms));
+            &mut after_idle
+        } else {
+            &mut back_to_back
+        };
+        let samples = grid.after_prefix(1, 256, 32)?;
+        into.add(samples, &grid.starts_ms);
+    }
+    let mut decode = Repeated::new("decode 1 at 256", 0);
+    let samples = grid.decode_steps(1, 256, DECODES)?;
+    decode.add(samples, &grid.starts_ms);
+    Ok(vec![back_to_back, after_idle, decode])
+}
+
+impl Repeated {
+    fn new(name: &'static str, idle_ms: u64) -> Self {
+        Self {
+            name,
+            idle_ms,
+            samples: Vec::new(),
+            starts_ms: Vec::new(),
+        }
+    }
+
+    /// `samples` just timed, with their starts: the last of `starts`.
+    fn add(&mut self, samples: Vec<Sample>, starts: &[f64]) {
+        let from = starts.len().saturating_sub(samples.len());
+        self.starts_ms.extend(&starts[from..]);
+        self.samples.extend(samples);
+    }
+}
+
+/// How repeated steps of one shape spread (of several: pooled).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Spread {
+    /// Standard deviation over the mean (pooled: the root mean square).
+    pub cv: f64,
+    /// p90 / p50 of the times (pooled: the mean).
+    pub p90_over_p50: f64,
+    /// Lag-1 autocorrelation of consecutive times (pooled: weighted by samples).
+    pub lag1: f64,
+    /// The correlation time (ms) that lag-1 autocorrelation gives at the mean
+    /// time between the steps' starts, `-dt / ln(lag1)`; 0 when it is not
+    /// positive (pooled: weighted by samples).
+    pub corr_ms: f64,
+    /// Mean time over the fit's prediction (pooled: the mean).
+    pub mean_over_fit: f64,
+}
+
+/// Each shape's spread, then pooled with every shape counting alike (its
+/// spread does not depend on how long it takes or how often it was timed);
+/// the autocorrelation by samples, as short runs estimate it poorly.
+pub fn spread<'a>(repeated: impl IntoIterator<Item = &'a Repeated>, fit: &Fit) -> Spread {
+    let shapes: Vec<(f64, Spread)> = repeated
+        .into_iter()
+        .filter(|r| r.samples.len() > 2)
+        .map(|r| (r.samples.len() as f64, shape_spread(r, fit)))
+        .collect();
+    let n = shapes.len().max(1) as f64;
+    let samples = shapes.iter().map(|(w, _)| w).sum::<f64>().max(1.0);
+    let mean = |f: fn(&Spread) -> f64| shapes.iter().map(|(_, s)| f(s)).sum::<f64>() / n;
+    let weighted =
+        |f: fn(&Spread) -> f64| shapes.iter().map(|(w, s)| w * f(s)).sum::<f64>() / samples;
+    Spread {
+        cv: mean(|s| s.cv * s.cv).sqrt(),
+        p90_over_p50: mean(|s| s.p90_over_p50),
+        lag1: weighted(|s| s.lag1),
+        corr_ms: weighted(|s| s.corr_ms),
+        mean_over_fit: mean(|s| s.mean_over_fit),
+    }
+}
+
+/// One shape's spread (at least two samples).
+fn shape_spread(r: &Repeated, fit: &Fit) -> Spread {
+    let ms: Vec<f64> = r.samples.iter().map(|s| s.ms).collect();
+    let n = ms.len() as f64;
+    let mean = ms.iter().sum::<f64>() / n;
+    let x: Vec<f64> = ms.iter().map(|t| t / mean - 1.0).collect();
+    let var = x.iter().map(|x| x * x).sum::<f64>() / n;
+    let cov = x.windows(2).map(|w| w[0] * w[1]).sum::<f64>() / (n - 1.0);
+    let lag1 = if var > 0.0 { cov / var } else { 0.0 };
+    let span = r
+        .starts_ms
+        .last()
+        .zip(r.starts_ms.first())
+        .map_or(0.0, |(l, f)| l - f);
+    let dt = span / (r.starts_ms.len().max(2) - 1) as f64;
+    let mut sorted = ms.clone();
+    sorted.sort_by(f64::total_cmp);
+    let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q) as usize];
+    Spread {
+        cv: var.sqrt(),
+        p90_over_p50: at(0.9) / at(0.5),
+        lag1,
+        corr_ms: if lag1 > 0.0 && lag1 < 1.0 {
+            -dt / lag1.ln()
+        } else {
+            0.0
+        },
+        mean_over_fit: r.samples.iter().map(|s| s.ms / fit.predict(s)).sum::<f64>() / n,
+    }
+}
+
+fn describe_spread(s: &Spread, repeated: &[Repeated], fit: &Fit) -> String {
+    let line = |name: String, s: &Spread| {
+        format!(
+            "{name}: cv {:.3}, p90/p50 {:.3}, lag-1 autocorrelation {:.2} (correlation time {:.1} ms), mean / fit {:.3}",
+            s.cv, s.p90_over_p50, s.lag1, s.corr_ms, s.mean_over_fit
+        )
+    };
+    let mut lines = vec![line("step spread, back-to-back shapes pooled".into(), s)];
+    for r in repeated.iter().filter(|r| r.samples.len() > 2) {
+        let one = shape_spread(r, fit);
+        lines.push(line(
+            format!("  {} ({} steps)", r.name, r.samples.len()),
+            &one,
+        ));
+    }
+    lines.join("\n  ")
+}
+
 /// An engine and a source of distinct prompts.
 struct Grid {
     engine: Engine,
     vocab: u32,
     next: u32,
+    origin: Instant,
+    /// When each timed step started (ms since `origin`).
+    starts_ms: Vec<f64>,
 }
 
 impl Grid {
@@ -201,6 +367,8 @@ impl Grid {
             engine: Engine::new(model, config, Box::new(Fcfs)),
             vocab,
             next: 0,
+            origin: Instant::now(),
+            starts_ms: Vec::new(),
         }
     }
 
@@ -236,6 +404,8 @@ impl Grid {
     /// One step, timed, on sequences of (cached, computed) tokens.
     fn step(&mut self, seqs: &[(usize, usize)]) -> Result<Sample> {
         let t = Instant::now();
+        self.starts_ms
+            .push(t.duration_since(self.origin).as_secs_f64() * 1000.0);
         let out = self.engine.step(0)?;
         let ms = t.elapsed().as_secs_f64() * 1000.0;
         let (context_tokens, pairs) = shape(seqs);
@@ -296,19 +466,23 @@ impl Grid {
 
     /// `seqs` sequences decoding at about `context` tokens each.
     fn decode(&mut self, seqs: usize, context: usize) -> Result<Vec<Sample>> {
-        const STEPS: usize = 4;
+        self.decode_steps(seqs, context, 4)
+    }
+
+    /// `steps` decode steps of `seqs` sequences from about `context` tokens on.
+    fn decode_steps(&mut self, seqs: usize, context: usize, steps: usize) -> Result<Vec<Sample>> {
         let base = self.cached_base(context)?;
         let mut ids = Vec::new();
         for i in 0..seqs {
             let mut prompt = base.clone();
             prompt.push(i as u32 % self.vocab);
-            ids.push(self.add(prompt, STEPS + 1)?);
+            ids.push(self.add(prompt, steps + 1)?);
         }
         while ids.iter().any(|&id| self.waiting_first_token(id)) {
             self.engine.step(0)?;
         }
         let mut samples = Vec::new();
-        for _ in 0..STEPS {
+        for _ in 0..steps {
             // Before a decode step a sequence holds prompt + generated tokens,
             // all but the last in its KV.
             let seqs: Vec<(usize, usize)> = ids
@@ -510,6 +684,75 @@ mod tests {
         assert_eq!(shape(&[(100, 1)]), (101, 101));
         assert_eq!(shape(&[(16, 4)]), (20, 74));
         assert_eq!(shape(&[(100, 1), (16, 4)]), (121, 175));
+    }
+
+    #[test]
+    fn spread_is_relative_to_each_shapes_mean() {
+        // Two shapes, 10 ms and 100 ms, each alternating 10% either side of its
+        // mean: cv 0.1 whatever the scale, consecutive steps anti-correlated
+        // (no correlation time).
+        let shape = |name, base: f64| Repeated {
+            name,
+            idle_ms: 0,
+            samples: (0..20)
+                .map(|i| sample(1, 1, 1, base * if i % 2 == 0 { 0.9 } else { 1.1 }))
+                .collect(),
+            starts_ms: (0..20).map(|i| i as f64 * base).collect(),
+        };
+        let repeated = [shape("fast", 10.0), shape("slow", 100.0)];
+        // A fit of 50 ms for both: the means are 0.2 and 2 of it.
+        let fit = Fit {
+            a: 50.0,
+            b: 0.0,
+            c: 0.0,
+            d: 0.0,
+            r2: 1.0,
+            worst_rel_err: 0.0,
+        };
+        let s = spread(&repeated, &fit);
+        assert!((s.cv - 0.1).abs() < 1e-9, "{s:?}");
+        assert!((s.lag1 + 1.0).abs() < 1e-9 && s.corr_ms == 0.0, "{s:?}");
+        assert!((s.p90_over_p50 - 1.1 / 0.9).abs() < 1e-9, "{s:?}");
+        assert!((s.mean_over_fit - 1.1).abs() < 1e-9, "{s:?}");
+        // Every step the same: no spread.
+        let still = Repeated {
+            samples: vec![sample(1, 1, 1, 5.0); 10],
+            ..shape("still", 5.0)
+        };
+        assert_eq!(spread([&still], &fit).cv, 0.0);
+    }
+
+    #[test]
+    fn slow_swings_give_a_correlation_time() {
+        // Times that swing (a sine over 12 steps 10 ms apart): lag-1
+        // autocorrelation cos(2 pi / 12) = 0.866, so -10 / ln(0.866) = 70 ms.
+        let swing = Repeated {
+            name: "swing",
+            idle_ms: 0,
+            samples: (0..396)
+                .map(|i| {
+                    let phase = std::f64::consts::TAU * i as f64 / 12.0;
+                    sample(1, 1, 1, 10.0 * (1.0 + 0.1 * phase.sin()))
+                })
+                .collect(),
+            starts_ms: (0..396).map(|i| i as f64 * 10.0).collect(),
+        };
+        let fit = Fit {
+            a: 10.0,
+            b: 0.0,
+            c: 0.0,
+            d: 0.0,
+            r2: 1.0,
+            worst_rel_err: 0.0,
+        };
+        let s = spread([&swing], &fit);
+        let expected = -10.0 / (std::f64::consts::TAU / 12.0).cos().ln();
+        assert!(
+            (s.corr_ms - expected).abs() < 0.05 * expected,
+            "{s:?} vs {expected}"
+        );
+        assert!((s.cv - 0.1 / 2f64.sqrt()).abs() < 1e-3, "{s:?}");
+        assert!((s.mean_over_fit - 1.0).abs() < 1e-9, "{s:?}");
     }
 
     #[test]

@@ -21,6 +21,20 @@ pub struct CostProfile {
     /// engine; prefill on a GPU). 0 in profiles written before it existed.
     #[serde(default)]
     pub d_ms_per_pair: f64,
+    /// Repeated steps of one shape, measured by `pie bench --calibrate`
+    /// (`pie-sim`'s `jitter.rs` draws each step's time from them): their mean
+    /// over the fit's prediction (the fit keeps each grid shape's faster time
+    /// of two, so a typical step is slower) ...
+    #[serde(default = "one")]
+    pub step_mean_over_fit: f64,
+    /// ... their coefficient of variation (a queue's tail grows with it) ...
+    #[serde(default)]
+    pub step_cv: f64,
+    /// ... and how long a slow spell lasts: the correlation time of one step's
+    /// deviation with the next's (ms; 0: independent). Profiles written before
+    /// these existed load as 1, 0, 0: every step of a shape the fit's time.
+    #[serde(default)]
+    pub step_corr_ms: f64,
     /// False for placeholder coefficients; results must say so.
     pub calibrated: bool,
     /// Where the coefficients come from.
@@ -38,6 +52,10 @@ pub struct CostProfile {
     /// Fixed cost of one transfer (us): handshake and request round trip.
     #[serde(default = "loopback_latency_us")]
     pub transfer_latency_us: u64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 /// Uncalibrated: one HTTP stream over loopback with per-page checksums, of the
@@ -92,6 +110,9 @@ impl CostProfile {
             b_ms_per_token: 0.103,
             c_ms_per_context_token: 6.4e-5,
             d_ms_per_pair: 3.4e-6,
+            step_mean_over_fit: 1.0,
+            step_cv: 0.0,
+            step_corr_ms: 0.0,
             calibrated: false,
             source: "roofline from the A100 datasheet and the Llama-3-8B config; not measured"
                 .into(),
@@ -115,6 +136,9 @@ impl CostProfile {
             b_ms_per_token: 2.0,
             c_ms_per_context_token: 0.0,
             d_ms_per_pair: 0.02,
+            step_mean_over_fit: 1.0,
+            step_cv: 0.0,
+            step_corr_ms: 0.0,
             calibrated: false,
             source: "uncalibrated placeholder".into(),
             page_size: 16,
@@ -149,6 +173,9 @@ impl CostProfile {
             ("b_ms_per_token", self.b_ms_per_token),
             ("c_ms_per_context_token", self.c_ms_per_context_token),
             ("d_ms_per_pair", self.d_ms_per_pair),
+            ("step_mean_over_fit", self.step_mean_over_fit),
+            ("step_cv", self.step_cv),
+            ("step_corr_ms", self.step_corr_ms),
             ("transfer_bytes_per_s", self.transfer_bytes_per_s),
         ];
         if let Some((field, v)) = coefficients
@@ -167,6 +194,9 @@ impl CostProfile {
             Some((field, _)) => Err(format!("field `{field}`: must be positive")),
             None if self.transfer_bytes_per_s == 0.0 => {
                 Err("field `transfer_bytes_per_s`: must be positive".into())
+            }
+            None if self.step_mean_over_fit == 0.0 => {
+                Err("field `step_mean_over_fit`: must be positive".into())
             }
             None => Ok(()),
         }
@@ -261,13 +291,20 @@ mod tests {
         let fields = v.as_object_mut().expect("object");
         for f in [
             "d_ms_per_pair",
+            "step_mean_over_fit",
+            "step_cv",
+            "step_corr_ms",
             "transfer_bytes_per_s",
             "transfer_latency_us",
         ] {
             fields.remove(f);
         }
         let p = CostProfile::from_json(&v.to_string()).expect("older profile");
-        assert_eq!(p.d_ms_per_pair, 0.0);
+        assert_eq!(
+            (p.d_ms_per_pair, p.step_cv, p.step_corr_ms),
+            (0.0, 0.0, 0.0)
+        );
+        assert_eq!(p.step_mean_over_fit, 1.0);
         assert_eq!(
             (p.transfer_bytes_per_s, p.transfer_latency_us),
             (loopback_bytes_per_s(), loopback_latency_us())
