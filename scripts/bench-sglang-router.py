@@ -8,6 +8,7 @@ Usage: scripts/bench-sglang-router.py [--pie target/release/pie]
            [--max-tokens 16] [--requests 40] [--concurrency 1,4,8,16]
            [--seeds 1,2,3] [--routers pie,sglang] [--json out.json]
            [--sglang-args "--cache-threshold 0.3 ..."]
+           [--pie-config controller.toml]
 
 Needs SGLang's router importable by --sglang-python (`pip install
 sglang-router`; this script was run with 0.3.2).
@@ -20,7 +21,8 @@ cold caches. The order of the two routers alternates from seed to seed.
 
 Routers: `pie` is `pie-controller --model M --policies
 session-affinity,cache-aware` (no session header is sent, so only cache-aware
-decides; other settings default); `sglang` is `python -m
+decides; other settings default, or a `[cluster.cache-aware]` table from
+--pie-config, e.g. `balance_abs = 64` for SGLang's balance threshold); `sglang` is `python -m
 sglang_router.launch_router --policy cache_aware` with its CLI defaults
 (cache threshold 0.3, balance thresholds 64 absolute / 1.5 relative) plus
 --sglang-args.
@@ -72,6 +74,7 @@ WORDS = ("time year people way day man thing woman life child world school state
 
 HIT = "pie_prefix_cache_hit_tokens_total"
 PROMPT = "pie_prompt_tokens_total"
+PREEMPT = "pie_preemptions_total"
 
 
 def free_port():
@@ -166,7 +169,8 @@ def workload(seed, a):
 
 
 def one_request(url, model, prompt, max_tokens):
-    """(ttft_s, total_s) of one streaming completion."""
+    """(ttft_s, total_s, worker, route) of one streaming completion; the last two
+    are Pie's `x-pie-worker` and `x-pie-route` headers (None from other routers)."""
     u = urllib.parse.urlparse(url)
     c = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
@@ -179,6 +183,7 @@ def one_request(url, model, prompt, max_tokens):
         r = c.getresponse()
         if r.status != 200:
             raise RuntimeError(f"HTTP {r.status}: {r.read().decode()[:300]}")
+        worker, route = r.getheader("x-pie-worker"), r.getheader("x-pie-route")
         while True:
             line = r.readline()
             if not line:
@@ -201,7 +206,7 @@ def one_request(url, model, prompt, max_tokens):
     finally:
         c.close()
     total = time.perf_counter() - t0
-    return (ttft if ttft is not None else total), total
+    return (ttft if ttft is not None else total), total, worker, route
 
 
 def run_load(url, model, prompts, concurrency, max_tokens):
@@ -249,6 +254,8 @@ def start_router(kind, procs, a, wurls):
                 "--policies", "session-affinity,cache-aware"]
         for i, w in enumerate(wurls):
             args += ["--worker", f"w{i}={w}"]
+        if a.pie_config:
+            args += ["--config", a.pie_config]
         proc, url = procs.spawn(args, "pie-controller: listening on ", "pie-controller")
         n = len(wurls)
         wait_for(url, "/v1/cluster", "pie-controller", proc,
@@ -284,10 +291,13 @@ def one_run(kind, seed, conc, a):
         after = [call(u, "GET", "/metrics")[1] for u in wurls]
         computed = [counter(x, PROMPT) - counter(b, PROMPT) for b, x in zip(before, after)]
         hit = sum(counter(x, HIT) - counter(b, HIT) for b, x in zip(before, after))
+        preempted = [counter(x, PREEMPT) - counter(b, PREEMPT) for b, x in zip(before, after)]
         ttfts = [r[0] for r in results]
+        routes = [[i % a.groups, r[2], r[3]] for i, r in enumerate(results)]
         return {"router": kind, "seed": seed, "concurrency": conc, "wall_s": wall,
                 "hit_rate": hit / max(hit + sum(computed), 1), "ttft_p50_s": quantile(ttfts, 0.5),
-                "ttft_p90_s": quantile(ttfts, 0.9), "computed_tokens_per_worker": computed}
+                "ttft_p90_s": quantile(ttfts, 0.9), "computed_tokens_per_worker": computed,
+                "preemptions_per_worker": preempted, "routes": routes}
     finally:
         procs.kill_all()
 
@@ -300,6 +310,7 @@ def main():
         "~/.cache/pie/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--sglang-python", default="python3")
     ap.add_argument("--sglang-args", default="")
+    ap.add_argument("--pie-config", help="a pie-controller config file (its [cluster] table)")
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--kv-pages", type=int, default=40)
     ap.add_argument("--groups", type=int, default=8)
@@ -347,7 +358,8 @@ def main():
                 print(f"c={conc:<3} seed={seed} {kind:<6} wall {r['wall_s']:6.2f} s  "
                       f"hit {r['hit_rate']:.3f}  ttft p50 {r['ttft_p50_s'] * 1e3:7.0f} ms  "
                       f"p90 {r['ttft_p90_s'] * 1e3:7.0f} ms  prompt tokens computed per worker "
-                      f"{[int(x) for x in r['computed_tokens_per_worker']]}", flush=True)
+                      f"{[int(x) for x in r['computed_tokens_per_worker']]}  preemptions "
+                  f"{[int(x) for x in r['preemptions_per_worker']]}", flush=True)
     print(f"total {time.time() - t_start:.0f} s")
     summarize(runs, levels, routers, f"seeds {a.seeds}, {a.requests} requests per run")
     return 0
