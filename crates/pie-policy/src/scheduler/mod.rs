@@ -185,14 +185,21 @@ impl Scheduler {
             let was_running = kv.holds_pages(seq);
             let mut hit = 0;
             if !was_running {
+                let slots_full = running >= self.limits.max_running;
+                // Checked before the prefix (which hashes the prompt): a
+                // queue longer than the slots is visited every step.
+                if slots_full && !preempts {
+                    continue;
+                }
                 // Computing a shared prefix twice in one step (requests of
                 // one system prompt arriving together) costs the prefill and
                 // the pages of a copy; a step later it is a cache hit.
+                // Checked before a preemption, which it would waste.
                 if kv.prefix_in_flight(seq) {
                     continue;
                 }
-                if running >= self.limits.max_running {
-                    if !(preempts && self.preempt_last(kv, rank + 1)) {
+                if slots_full {
+                    if !self.preempt_last(kv, rank + 1) {
                         continue;
                     }
                     running -= 1;

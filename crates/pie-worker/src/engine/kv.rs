@@ -117,10 +117,7 @@ impl KvAccounting for EngineKv {
         let ps = self.page_size;
         let s = self.seq(seq);
         let chain = chain_from(s.chain_root, &s.tokens[..s.tokens.len() - 1], ps);
-        let cached = chain
-            .iter()
-            .take_while(|&&h| self.pool.lookup(h).is_some())
-            .count();
+        let cached = self.pool.longest_prefix(&chain).len();
         let Some(&next) = chain.get(cached) else {
             return false;
         };
