@@ -1430,7 +1430,7 @@ fn apply(
         }
         Command::Summary(reply) => {
             let retained: Vec<Value> = engine.retained_sessions().into_iter().map(|(session, pages, expires_ms)| json!({"session": session, "pages": pages, "expires_ms": expires_ms})).collect();
-            let _ = reply.send(json!({"ordering": engine.policy_name(), "ordering_state": engine.policy_summary(), "retained_sessions": retained}));
+            let _ = reply.send(json!({"ordering": engine.policy_name(), "sequences": engine.len(), "ordering_state": engine.policy_summary(), "retained_sessions": retained}));
         }
         Command::CachedPages { chain, reply } => {
             let _ = reply.send(engine.cached_pages(&chain));

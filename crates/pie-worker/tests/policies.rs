@@ -28,6 +28,13 @@ async fn first_tokens_behind_a_blocker(s: &Server, last_props: Value, preempts: 
     ids.push(s.launch(text_job("urgent", 3, last_props)).await);
     if preempts {
         s.wait_done(&ids[3]).await;
+    } else {
+        // A launched process submits its sequence asynchronously: the blocker
+        // leaves only once all four wait in the engine, or the first to arrive runs first.
+        s.eventually("all four waiting in the engine", async || {
+            s.get("/v1/policies").await.1["state"]["sequences"] == 5
+        })
+        .await;
     }
     s.client
         .delete(s.url(&format!("/v1/processes/{blocker}")))
