@@ -10,11 +10,15 @@
 //!
 //! - `layout`: the element order rows are stored in (shared by every kernel);
 //! - `portable`: plain per-(row, column) dot products, the reference;
-//! - `avx2`: a tile of rows times a tile of columns, so each unpacked weight
-//!   vector serves several rows and each activation vector several columns. In
-//!   the storage order eight blocks' integer dot products accumulate side by side
-//!   in one register, so the block scales apply as one vector multiply per eight
-//!   blocks instead of a broadcast per block.
+//! - `x86_tiles`: what the x86 kernels share, a tile of rows times a tile of
+//!   columns, so each unpacked weight vector serves several rows and each
+//!   activation vector several columns. In the storage order eight blocks'
+//!   integer dot products accumulate side by side in one register, so the block
+//!   scales apply as one vector multiply per eight blocks instead of a
+//!   broadcast per block.
+//! - `avx2`, `avx512`: those tiles over the integer dot products of AVX2
+//!   (maddubs + madd) and of 512-bit VNNI (`vpdpbusd`, two 32-byte vectors per
+//!   register).
 //!
 //! A row's result never depends on which other rows share the call: every
 //! (row, column) pair accumulates in the same order whatever the tile shape.
@@ -27,12 +31,16 @@ use layout::{kernel_order, pack_q4};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 #[cfg(test)]
 mod bench;
 mod layout;
 mod portable;
 #[cfg(test)]
 mod tests;
+#[cfg(target_arch = "x86_64")]
+mod x86_tiles;
 
 const BLOCK: usize = 32;
 /// Blocks per scale vector: scales are stored padded (with zeros) to a multiple
@@ -280,6 +288,8 @@ impl Acts {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kernel {
     #[cfg(target_arch = "x86_64")]
+    Avx512,
+    #[cfg(target_arch = "x86_64")]
     Avx2,
     Portable,
 }
@@ -292,12 +302,16 @@ impl Kernel {
     /// Every kernel, fastest first.
     pub(crate) const ALL: &[Kernel] = &[
         #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512,
+        #[cfg(target_arch = "x86_64")]
         Kernel::Avx2,
         Kernel::Portable,
     ];
 
     pub(crate) fn name(self) -> &'static str {
         match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => "avx512",
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => "avx2",
             Kernel::Portable => "portable",
@@ -307,6 +321,14 @@ impl Kernel {
     /// Whether this CPU has the instructions the kernel uses.
     pub(crate) fn available(self) -> bool {
         match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => {
+                is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+                    && Kernel::Avx2.available()
+            }
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => {
                 is_x86_feature_detected!("avx2")
@@ -375,8 +397,11 @@ impl Kernel {
         );
         match self {
             #[cfg(target_arch = "x86_64")]
+            // SAFETY: checked above: AVX-512 F, BW, VL and VNNI, AVX2, FMA, F16C.
+            Kernel::Avx512 => unsafe { x86_tiles::walk(&avx512::TILES, w, a, c0, nc, out) },
+            #[cfg(target_arch = "x86_64")]
             // SAFETY: checked above: the CPU has AVX2, FMA and F16C.
-            Kernel::Avx2 => unsafe { avx2::run(w, a, c0, nc, out) },
+            Kernel::Avx2 => unsafe { x86_tiles::walk(&avx2::TILES, w, a, c0, nc, out) },
             Kernel::Portable => portable::run(w, a, c0, nc, out),
         }
     }

@@ -1,0 +1,166 @@
+//! The AVX-512 kernel (F, BW, VL and VNNI): the AVX2 kernel's tiles and scale
+//! step, with the integer dot products in 512-bit `vpdpbusd`, which multiplies
+//! 64 byte pairs and adds them in quads into i32 lanes in one instruction where
+//! AVX2 needs maddubs, a 16-bit add and madd for 32. Each register holds two of
+//! `layout`'s 32-byte vectors; adding its halves at the end leaves the same
+//! eight block lanes the AVX2 kernel scales, so the scale step is unchanged.
+
+use std::arch::x86_64::*;
+
+use super::x86_tiles::{prefetch, x86_tile, AHEAD};
+use super::{Acts, QWeight, Quants, BLOCK, GROUP};
+
+x86_tile!("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c");
+
+/// The eight block lanes of a register holding two 32-byte vectors' sums.
+#[target_feature(enable = "avx512f,avx2")]
+#[inline]
+unsafe fn fold<const R: usize, const C: usize>(sums: [[__m512i; C]; R]) -> [[__m256i; C]; R] {
+    let mut out = [[_mm256_setzero_si256(); C]; R];
+    for (o, s) in out.iter_mut().zip(&sums) {
+        for (o, s) in o.iter_mut().zip(s) {
+            *o = _mm256_add_epi32(
+                _mm512_castsi512_si256(*s),
+                _mm512_extracti64x4_epi64::<1>(*s),
+            );
+        }
+    }
+    out
+}
+
+/// Integer dot products of a run of `g` blocks of 4-bit weights (unsigned, the
+/// first operand of `vpdpbusd`) with the signed activations, one i32 lane per
+/// block quarter (see `layout::kernel_order`); sums are 32-bit throughout.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2")]
+#[inline]
+unsafe fn dots_q4<const R: usize, const C: usize>(
+    qs: &[u8],
+    a: &Acts,
+    k: usize,
+    r0: usize,
+    c0: usize,
+    start: usize,
+    g: usize,
+) -> [[__m256i; C]; R] {
+    // Closures would not inherit this function's target features, so rows
+    // are addressed by plain offsets.
+    let wrow = qs.as_ptr().add(c0 * k / 2 + start * BLOCK / 2);
+    let arow = a.qs.as_ptr().add(r0 * k + start * BLOCK);
+    if g == 1 {
+        // 16 bytes, GGML's layout: element `j` low, `j + 16` high; one vector.
+        let low4 = _mm256_set1_epi8(0x0f);
+        let mut wv = [_mm256_setzero_si256(); C];
+        for (j, wv) in wv.iter_mut().enumerate() {
+            let raw = _mm_loadu_si128(wrow.add(j * k / 2).cast());
+            *wv = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low4);
+        }
+        let mut sums = [[_mm256_setzero_si256(); C]; R];
+        for (i, sums) in sums.iter_mut().enumerate() {
+            let av = _mm256_loadu_si256(arow.add(i * k).cast());
+            for j in 0..C {
+                sums[j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv[j], av);
+            }
+        }
+        return sums;
+    }
+    let low4 = _mm512_set1_epi8(0x0f);
+    let mut sums = [[_mm512_setzero_si512(); C]; R];
+    if g == 2 {
+        // One 32-byte pair: vector 0 in the low nibbles, vector 1 in the high.
+        let mut wv = [_mm512_setzero_si512(); C];
+        for (j, wv) in wv.iter_mut().enumerate() {
+            prefetch(wrow.wrapping_add(j * k / 2 + AHEAD));
+            let raw = _mm256_loadu_si256(wrow.add(j * k / 2).cast());
+            let both =
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4));
+            *wv = _mm512_and_si512(both, low4);
+        }
+        for (i, sums) in sums.iter_mut().enumerate() {
+            let av = _mm512_loadu_si512(arow.add(i * k).cast());
+            for j in 0..C {
+                sums[j] = _mm512_dpbusd_epi32(sums[j], wv[j], av);
+            }
+        }
+    } else {
+        // 64 bytes hold two pairs, vectors 4q..4q + 4: the low nibbles are
+        // vectors (4q, 4q + 2), the high ones (4q + 1, 4q + 3). Regrouped into
+        // (4q, 4q + 1) and (4q + 2, 4q + 3), they meet the activations as stored.
+        for quad in 0..g / 4 {
+            let mut w0 = [_mm512_setzero_si512(); C];
+            let mut w1 = [_mm512_setzero_si512(); C];
+            for j in 0..C {
+                let at = j * k / 2 + quad * 2 * BLOCK;
+                prefetch(wrow.wrapping_add(at + AHEAD));
+                let raw = _mm512_loadu_si512(wrow.add(at).cast());
+                let lo = _mm512_and_si512(raw, low4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low4);
+                w0[j] = _mm512_shuffle_i64x2::<0x44>(lo, hi);
+                w1[j] = _mm512_shuffle_i64x2::<0xee>(lo, hi);
+            }
+            for (i, sums) in sums.iter_mut().enumerate() {
+                let a0 = _mm512_loadu_si512(arow.add(i * k + quad * 4 * BLOCK).cast());
+                let a1 = _mm512_loadu_si512(arow.add(i * k + quad * 4 * BLOCK + 2 * BLOCK).cast());
+                for j in 0..C {
+                    sums[j] =
+                        _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sums[j], w0[j], a0), w1[j], a1);
+                }
+            }
+        }
+    }
+    fold(sums)
+}
+
+/// Integer dot products of a run of `g` blocks of 8-bit weights, one i32 lane
+/// per block quarter. `vpdpbusd` needs one unsigned operand: `|w|` times `a`
+/// with `w`'s sign (`|w|, |a| <= 127`, so negating never overflows).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2")]
+#[inline]
+unsafe fn dots_q8<const R: usize, const C: usize>(
+    qs: &[i8],
+    a: &Acts,
+    k: usize,
+    r0: usize,
+    c0: usize,
+    start: usize,
+    g: usize,
+) -> [[__m256i; C]; R] {
+    let at = start * BLOCK;
+    if g == 1 {
+        let mut wv = [_mm256_setzero_si256(); C];
+        for (j, wv) in wv.iter_mut().enumerate() {
+            *wv = _mm256_loadu_si256(qs.as_ptr().add((c0 + j) * k + at).cast());
+        }
+        let mut sums = [[_mm256_setzero_si256(); C]; R];
+        for (i, sums) in sums.iter_mut().enumerate() {
+            let av = _mm256_loadu_si256(a.qs.as_ptr().add((r0 + i) * k + at).cast());
+            for j in 0..C {
+                let signed = _mm256_sign_epi8(av, wv[j]);
+                sums[j] =
+                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv[j]), signed);
+            }
+        }
+        return sums;
+    }
+    let zero = _mm512_setzero_si512();
+    let mut sums = [[zero; C]; R];
+    for v in (0..g).step_by(2) {
+        let at = at + v * BLOCK;
+        let mut wabs = [zero; C];
+        let mut neg = [0 as __mmask64; C];
+        for j in 0..C {
+            let wp = qs.as_ptr().add((c0 + j) * k + at);
+            prefetch(wp.wrapping_add(AHEAD));
+            let wv = _mm512_loadu_si512(wp.cast());
+            wabs[j] = _mm512_abs_epi8(wv);
+            neg[j] = _mm512_movepi8_mask(wv);
+        }
+        for (i, sums) in sums.iter_mut().enumerate() {
+            let av = _mm512_loadu_si512(a.qs.as_ptr().add((r0 + i) * k + at).cast());
+            for j in 0..C {
+                let signed = _mm512_mask_sub_epi8(av, neg[j], zero, av);
+                sums[j] = _mm512_dpbusd_epi32(sums[j], wabs[j], signed);
+            }
+        }
+    }
+    fold(sums)
+}

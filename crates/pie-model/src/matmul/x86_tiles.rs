@@ -1,0 +1,169 @@
+//! What the x86 kernels share: the walk over tiles and the tile itself (the
+//! f32 scale step over eight blocks' integer dot products). The kernels differ
+//! only in their integer dot products (`dots_q4`, `dots_q8`, one i32 lane per
+//! block quarter in `layout::kernel_order`) and in their target features, so
+//! each kernel module instantiates the tile with [`x86_tile!`] over its own
+//! dot products.
+
+use std::arch::x86_64::*;
+
+use super::{Acts, QWeight};
+
+/// One tile shape's function: rows `r0..r0 + R` times columns `c0..c0 + C` of
+/// the output, written to `out[i * stride + j]`; returns `C`.
+pub(super) type TileFn =
+    unsafe fn(w: &QWeight, a: &Acts, r0: usize, c0: usize, out: &mut [f32], stride: usize) -> usize;
+
+/// A kernel's four tile shapes: four rows by two columns and by one while four
+/// rows remain (each unpacked weight vector serves four rows), then single rows
+/// by four columns and by one.
+pub(super) struct Tiles {
+    pub four_by_two: TileFn,
+    pub four_by_one: TileFn,
+    pub one_by_four: TileFn,
+    pub one_by_one: TileFn,
+}
+
+/// Output columns `c0..c0 + nc` for every row, into `out` (`rows x nc`), tile
+/// by tile.
+///
+/// # Safety
+/// The CPU has the target features of every function in `tiles`.
+pub(super) unsafe fn walk(
+    tiles: &Tiles,
+    w: &QWeight,
+    a: &Acts,
+    c0: usize,
+    nc: usize,
+    out: &mut [f32],
+) {
+    let rows = out.len() / nc;
+    let mut r = 0;
+    while r < rows {
+        let four = rows - r >= 4;
+        let mut c = 0;
+        while c < nc {
+            let tile = match (four, nc - c) {
+                (true, 2..) => tiles.four_by_two,
+                (true, _) => tiles.four_by_one,
+                (false, 4..) => tiles.one_by_four,
+                (false, _) => tiles.one_by_one,
+            };
+            c += tile(w, a, r, c0 + c, &mut out[r * nc + c..], nc);
+        }
+        r += if four { 4 } else { 1 };
+    }
+}
+
+/// How far ahead (bytes) weights are prefetched. A tile's columns are only a
+/// few hundred bytes each, too short for the hardware prefetcher to lock on
+/// before they end, which starves single-row calls streaming weights from
+/// memory; the distance was tuned on the default model (Zen 3).
+pub(super) const AHEAD: usize = 8192;
+
+#[inline]
+pub(super) fn prefetch<T>(p: *const T) {
+    // SAFETY: a prefetch is only a hint; it never faults, whatever the address.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+}
+
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Defines `tile::<R, C>` and the kernel's [`Tiles`] (`TILES`) in the calling
+/// module, compiled with `$features`, over that module's `dots_q4` and
+/// `dots_q8` (which return `[[__m256i; C]; R]`, eight block lanes per pair).
+/// Every kernel thus scales and accumulates in the same f32 operations in the
+/// same order.
+macro_rules! x86_tile {
+    ($features:literal) => {
+        pub(super) const TILES: super::x86_tiles::Tiles = super::x86_tiles::Tiles {
+            four_by_two: tile::<4, 2>,
+            four_by_one: tile::<4, 1>,
+            one_by_four: tile::<1, 4>,
+            one_by_one: tile::<1, 1>,
+        };
+
+        /// Rows `r0..r0 + R` times columns `c0..c0 + C`; `out[i * stride + j]` gets
+        /// (row `r0 + i`, column `c0 + j`). Returns `C`.
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn tile<const R: usize, const C: usize>(
+            w: &QWeight,
+            a: &Acts,
+            r0: usize,
+            c0: usize,
+            out: &mut [f32],
+            stride: usize,
+        ) -> usize {
+            let (nb, nbp) = (w.blocks(), w.padded_blocks());
+            debug_assert_eq!((a.k, a.nbp), (w.k, nbp));
+            let mut acc = [[_mm256_setzero_ps(); C]; R];
+            for group in (0..nb).step_by(GROUP) {
+                let mut dw = [_mm256_setzero_ps(); C];
+                for (j, dw) in dw.iter_mut().enumerate() {
+                    *dw = _mm256_cvtph_ps(_mm_loadu_si128(
+                        w.d.as_ptr().add((c0 + j) * nbp + group).cast(),
+                    ));
+                }
+                if let Quants::Q4 { m, .. } = &w.quants {
+                    // The minimum term `m_w * s_a`, eight blocks at a time.
+                    for j in 0..C {
+                        let mw = _mm256_cvtph_ps(_mm_loadu_si128(
+                            m.as_ptr().add((c0 + j) * nbp + group).cast(),
+                        ));
+                        for (i, acc) in acc.iter_mut().enumerate() {
+                            let sa = _mm256_loadu_ps(a.s.as_ptr().add((r0 + i) * nbp + group));
+                            acc[j] = _mm256_fmadd_ps(mw, sa, acc[j]);
+                        }
+                    }
+                }
+                let mut start = group;
+                for g in [8, 4, 2, 1] {
+                    if nb - start < g {
+                        continue;
+                    }
+                    let dots = match &w.quants {
+                        Quants::Q4 { qs, .. } => dots_q4::<R, C>(qs, a, w.k, r0, c0, start, g),
+                        Quants::Q8 { qs } => dots_q8::<R, C>(qs, a, w.k, r0, c0, start, g),
+                    };
+                    // Lane `l` holds block `start + l * g / 8`: spread the scales to match.
+                    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                    let spread = _mm256_add_epi32(
+                        _mm256_set1_epi32((start - group) as i32),
+                        _mm256_srli_epi32(
+                            _mm256_mullo_epi32(lanes, _mm256_set1_epi32(g as i32)),
+                            3,
+                        ),
+                    );
+                    for (i, acc) in acc.iter_mut().enumerate() {
+                        let da = _mm256_loadu_ps(a.d.as_ptr().add((r0 + i) * nbp + group));
+                        for j in 0..C {
+                            let mut scale = _mm256_mul_ps(dw[j], da);
+                            if g != GROUP {
+                                scale = _mm256_permutevar8x32_ps(scale, spread);
+                            }
+                            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[i][j]), scale, acc[j]);
+                        }
+                    }
+                    start += g;
+                    if g == GROUP {
+                        break;
+                    }
+                }
+            }
+            for (i, acc) in acc.iter().enumerate() {
+                for (j, v) in acc.iter().enumerate() {
+                    out[i * stride + j] = super::x86_tiles::hsum(*v);
+                }
+            }
+            C
+        }
+    };
+}
+pub(super) use x86_tile;
