@@ -94,6 +94,12 @@ pub struct Summary {
     pub output_tokens: usize,
     pub cached_tokens: usize,
     pub output_tok_per_s: f64,
+    /// Streamed tokens per second while every completed request was decoding
+    /// at once (from the latest first token to the earliest last one): with
+    /// all requests sent together, the serving path's counterpart of
+    /// `pie engine-bench`'s aggregate decode. `None` when they never overlapped.
+    #[serde(default)]
+    pub all_decoding_tok_per_s: Option<f64>,
     pub req_per_s: f64,
     /// `cached_tokens / prompt_tokens` from the responses' usage.
     pub prefix_hit_rate: f64,
@@ -101,6 +107,43 @@ pub struct Summary {
     pub per_client: BTreeMap<String, ClientService>,
     pub deadline_requests: usize,
     pub deadline_misses: usize,
+}
+
+/// Each streamed chunk's arrival (ms since the bench start), one per token.
+fn chunk_arrivals(r: &Record) -> Vec<f64> {
+    let Some(ttft) = r.ttft_ms else {
+        return Vec::new();
+    };
+    let mut t = r.sent_ms + ttft;
+    let mut out = vec![t];
+    for gap in &r.itl_ms {
+        t += gap;
+        out.push(t);
+    }
+    out
+}
+
+/// See [`Summary::all_decoding_tok_per_s`]: chunks that arrived after the
+/// latest first token, up to the earliest last one, over that window.
+fn all_decoding_tok_per_s(done: &[&Record]) -> Option<f64> {
+    let streams: Vec<Vec<f64>> = done.iter().map(|r| chunk_arrivals(r)).collect();
+    if streams.len() < 2 || streams.iter().any(|s| s.len() < 2) {
+        return None;
+    }
+    let start = streams.iter().map(|s| s[0]).fold(f64::MIN, f64::max);
+    let end = streams
+        .iter()
+        .filter_map(|s| s.last().copied())
+        .fold(f64::MAX, f64::min);
+    if end <= start {
+        return None;
+    }
+    let chunks = streams
+        .iter()
+        .flatten()
+        .filter(|&&t| t > start && t <= end)
+        .count();
+    Some(chunks as f64 / ((end - start) / 1000.0))
 }
 
 impl Summary {
@@ -137,10 +180,21 @@ impl Summary {
             s.output_tok_per_s = s.output_tokens as f64 / s.duration_s;
             s.req_per_s = s.completed as f64 / s.duration_s;
         }
+        s.all_decoding_tok_per_s = all_decoding_tok_per_s(&done);
         if s.prompt_tokens > 0 {
             s.prefix_hit_rate = s.cached_tokens as f64 / s.prompt_tokens as f64;
         }
         s
+    }
+
+    fn all_decoding_line(&self) -> String {
+        match self.all_decoding_tok_per_s {
+            Some(rate) => format!(
+                "; {rate:.1} tok/s while all {} streams decoded",
+                self.completed
+            ),
+            None => String::new(),
+        }
     }
 
     /// The human-readable table `pie bench` prints.
@@ -169,8 +223,10 @@ impl Summary {
         }
         let _ = writeln!(
             t,
-            "throughput: {:.1} output tok/s, {:.2} req/s",
-            self.output_tok_per_s, self.req_per_s
+            "throughput: {:.1} output tok/s, {:.2} req/s{}",
+            self.output_tok_per_s,
+            self.req_per_s,
+            self.all_decoding_line()
         );
         let _ = writeln!(
             t,
@@ -274,6 +330,28 @@ mod tests {
         assert_eq!((s.deadline_requests, s.deadline_misses), (2, 1));
         assert_eq!(s.e2e_ms.p50, 400.0);
         assert!(s.table().contains("errors: http 429: 1"), "{}", s.table());
+    }
+
+    #[test]
+    fn all_decoding_rate_counts_only_the_window_where_every_stream_ran() {
+        let stream = |sent: f64, ttft: f64, gaps: usize| Record {
+            sent_ms: sent,
+            ttft_ms: Some(ttft),
+            itl_ms: vec![10.0; gaps],
+            ..Record::default()
+        };
+        // First tokens at 100 and 150 ms; last tokens at 200 and 250 ms:
+        // the window is (150, 200], where each stream sent 5 chunks.
+        let s = Summary::of(&[stream(0.0, 100.0, 10), stream(50.0, 100.0, 10)]);
+        let rate = s.all_decoding_tok_per_s.expect("the streams overlapped");
+        assert!((rate - 10.0 / 0.05).abs() < 1e-6, "{rate}");
+        assert!(s
+            .table()
+            .contains("200.0 tok/s while all 2 streams decoded"));
+        // One after the other: no moment where both decoded.
+        let s = Summary::of(&[stream(0.0, 10.0, 2), stream(500.0, 10.0, 2)]);
+        assert_eq!(s.all_decoding_tok_per_s, None);
+        assert!(!s.table().contains("while all"));
     }
 
     #[test]
