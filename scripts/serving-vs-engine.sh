@@ -53,8 +53,8 @@ for round in $(seq "$ROUNDS"); do
     "$PIE" bench --url "http://127.0.0.1:$port" --workload priority-mix \
         --set high_fraction=0 --set input_len=32 --set "output_len=$DECODE" \
         --requests "$N" --concurrency "$N" --seed "$round" --quiet >"$work/bench.txt"
-    sed -n "s/.*; \([0-9.]*\) tok\/s while all $N streams decoded.*/\1/p" "$work/bench.txt" >>"$work/serving"
     grep -q "$N completed" "$work/bench.txt" || { cat "$work/bench.txt" >&2; exit 1; }
+    sed -n "s/.*; \([0-9.]*\) tok\/s while all $N streams decoded.*/\1/p" "$work/bench.txt" >>"$work/serving"
 done
 
 engine=$(best <"$work/engine")

@@ -109,7 +109,8 @@ pub struct Summary {
     pub deadline_misses: usize,
 }
 
-/// Each streamed chunk's arrival (ms since the bench start), one per token.
+/// Each streamed text chunk's arrival (ms since the bench start): one per token,
+/// except bytes held back until they form a character, which arrive with the next.
 fn chunk_arrivals(r: &Record) -> Vec<f64> {
     let Some(ttft) = r.ttft_ms else {
         return Vec::new();
@@ -127,13 +128,13 @@ fn chunk_arrivals(r: &Record) -> Vec<f64> {
 /// latest first token, up to the earliest last one, over that window.
 fn all_decoding_tok_per_s(done: &[&Record]) -> Option<f64> {
     let streams: Vec<Vec<f64>> = done.iter().map(|r| chunk_arrivals(r)).collect();
-    if streams.len() < 2 || streams.iter().any(|s| s.len() < 2) {
+    if streams.is_empty() || streams.iter().any(|s| s.len() < 2) {
         return None;
     }
     let start = streams.iter().map(|s| s[0]).fold(f64::MIN, f64::max);
     let end = streams
         .iter()
-        .filter_map(|s| s.last().copied())
+        .map(|s| s[s.len() - 1])
         .fold(f64::MAX, f64::min);
     if end <= start {
         return None;

@@ -93,7 +93,7 @@ macro_rules! x86_tile {
         /// Rows `r0..r0 + R` times columns `c0..c0 + C`; `out[i * stride + j]` gets
         /// (row `r0 + i`, column `c0 + j`). Returns `C`.
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn tile<const R: usize, const C: usize>(
+        unsafe fn tile<const R: usize, const C: usize>(
             w: &QWeight,
             a: &Acts,
             r0: usize,
