@@ -1185,13 +1185,18 @@ async fn moved_on_drain_and_crash(c: &Cluster) {
 /// test could move it).
 async fn slow_steps(c: &Cluster, delay_ms: u64) {
     for w in c.workers.iter().flatten() {
-        let fault = json!({"fault": "slow-steps", "delay_ms": delay_ms});
-        let (status, _) = post_json(&w.url, "/v1/admin/fault", None, &fault).await;
-        assert_eq!(
-            status, 200,
-            "the pie binary lacks the fault route: build it with `--features pie-worker/fault-injection`"
-        );
+        slow_worker_steps(&w.url, delay_ms).await;
     }
+}
+
+/// The worker at `url` pauses `delay_ms` before each engine step.
+async fn slow_worker_steps(url: &str, delay_ms: u64) {
+    let fault = json!({"fault": "slow-steps", "delay_ms": delay_ms});
+    let (status, _) = post_json(url, "/v1/admin/fault", None, &fault).await;
+    assert_eq!(
+        status, 200,
+        "the pie binary lacks the fault route: build it with `--features pie-worker/fault-injection`"
+    );
 }
 
 /// The one worker with a request in flight, once it has generated a little.
@@ -1239,9 +1244,12 @@ async fn a_draining_worker_hands_its_streams_off_and_exits_with_identical_transc
             ..Spec::new("least-loaded,drain-migrate")
         })
         .await;
+        let w0 = c.workers[0].as_ref().unwrap().url.clone();
+        // On a fast CPU w0's streams could end before the drain moves them
+        // (CI saw it); the streams moved to w1 and w2 run at full speed.
+        slow_worker_steps(&w0, 2).await;
         let tasks = stream_load(&c, 6, seeded);
         w0_streaming(&c).await;
-        let w0 = c.workers[0].as_ref().unwrap().url.clone();
         if seeded {
             let pid = c.workers[0].as_ref().unwrap().pid().to_string();
             assert!(Command::new("kill")
