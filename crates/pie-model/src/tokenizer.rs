@@ -161,7 +161,9 @@ impl Tokenizer {
             .filter(|(_, t)| matches!(**t, TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED))
             .map(|(tok, _)| AddedToken::from(tok.clone(), true))
             .collect();
-        inner.add_special_tokens(&specials);
+        inner
+            .add_special_tokens(specials)
+            .map_err(|e| anyhow!("adding the special tokens: {e}"))?;
         let mut stop_tokens: Vec<u32> = END_OF_TURN_TOKENS
             .iter()
             .filter_map(|t| vocab.get(*t).copied())
