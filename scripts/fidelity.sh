@@ -3,8 +3,9 @@
 # time to first token.
 #
 # 1. `pie bench --calibrate` fits the step-time profile of this machine, right
-#    before each real run of steps 2 and 3 (this machine's speed drifts by 10-25%
-#    over minutes, so a profile from a few minutes earlier can be that far off).
+#    before and right after each real run of steps 2 and 3; the simulator gets
+#    the mean of the two (this machine's speed drifts by 10-25% over minutes, so
+#    a profile from a few minutes earlier can be that far off).
 # 2. One `pie serve` + `pie bench` on a workload vs `pie-sim run` with that
 #    profile, one worker, the same workload, overrides and seed.
 # 3. Three workers behind `pie-controller` (`pie cluster up --workers 3`, default
@@ -87,6 +88,29 @@ calibrate() {
   "${NICE_CMD[@]}" $BIN/pie bench --calibrate "${MODEL_ARGS[@]}" --out "$PROFILE" | grep -Ev '^ +([0-9]|batch)'
 }
 
+# bracket NAME: calibrates again after a real run (NAME-after.json) and sets
+# $PROFILE to the mean of that profile and the one before the run (NAME.json),
+# written to NAME-bracket.json: this machine's speed moves by up to 20-25%
+# over minutes (six calibrations within ten minutes put the same prefill step
+# at 36-53 ms), so one profile from before a two-minute run can be that far
+# off, and the two around it halve a steady drift.
+bracket() {
+  [[ "${SKIP_CALIBRATE:-0}" == 1 ]] && return 0
+  local before=$OUT/$1.json
+  calibrate "$1-after"
+  python3 - "$before" "$PROFILE" "$OUT/$1-bracket.json" <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+mean = dict(a)
+for k, v in a.items():
+    if isinstance(v, float) and isinstance(b.get(k), float):
+        mean[k] = (v + b[k]) / 2
+mean["source"] = f"mean of two calibrations around the run: {a['source']}; {b['source']}"
+json.dump(mean, open(sys.argv[3], "w"), indent=2)
+PY
+  PROFILE=$OUT/$1-bracket.json
+}
+
 compare() { # name real.json sim.json; appends rows outside the band to $OUT/outside
   python3 - "$@" "$OUT/outside" <<'PY'
 import json, sys
@@ -118,6 +142,7 @@ wait_ok "$URL/health"
 "${NICE_CMD[@]}" $BIN/pie bench --quiet --url "$URL" --workload $WORKLOAD "${SETS[@]}" --set rate_per_s=$RATE \
   --requests "$REQUESTS" --seed "$SEED" --out "$OUT/real1.json" | sed 's/^/  /'
 stop_all
+bracket profile1
 $BIN/pie-sim run --workload $WORKLOAD "${SETS[@]}" --set rate_per_s=$RATE --requests "$REQUESTS" \
   --seed "$SEED" --workers 1 --profile "$PROFILE" --router round-robin --json "$OUT/sim1.json" \
   --records "$OUT/sim1.records.jsonl" >/dev/null
@@ -133,6 +158,7 @@ sleep 3 # the controller's next poll sees every worker healthy
 "${NICE_CMD[@]}" $BIN/pie bench --quiet --url "$URL" --workload $WORKLOAD "${SETS[@]}" --set rate_per_s=$RATE \
   --requests "$REQUESTS" --seed "$SEED" --out "$OUT/real3.json" | sed 's/^/  /'
 stop_all
+bracket profile3
 $BIN/pie-sim run --workload $WORKLOAD "${SETS[@]}" --set rate_per_s=$RATE3 --requests "$REQUESTS" \
   --seed "$SEED" --workers 3 --workers-per-machine 3 --profile "$PROFILE" \
   --router pin,session-affinity,cache-aware \

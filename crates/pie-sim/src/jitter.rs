@@ -9,7 +9,9 @@
 //! mean.
 //!
 //! Each step's cost from the profile is multiplied by a log-normal draw of mean
-//! `step_mean_over_fit` and coefficient of variation `step_cv`. Its logarithm
+//! its kind's mean over the fit (`prefill_mean_over_fit` for a step that
+//! prefills, `step_mean_over_fit` for decode; the two differ) and coefficient
+//! of variation `step_cv`. Its logarithm
 //! follows an Ornstein-Uhlenbeck process per worker: a step `dt` after the
 //! worker's previous one keeps `exp(-dt / step_corr_ms)` of that one's
 //! deviation (0 ms: every step drawn afresh). Right-skewed, as measured step
@@ -18,19 +20,19 @@
 //! Invariant (tested): a profile without these terms changes nothing (no draw
 //! is made); the draws are seeded from the run's seed and the worker, so a run
 //! is reproducible and one worker's draws do not depend on the others' steps;
-//! with `step_mean_over_fit` 1 the mean step cost is the fit's.
+//! with a kind's mean 1 that kind's mean step cost is the fit's.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::cost::CostProfile;
+use crate::cost::{CostProfile, StepKind};
 
 pub struct StepJitter {
-    /// `ln(multiplier) = mu + sigma * x`, `x` standard normal at any one step.
-    mu: f64,
+    /// `ln(multiplier) = ln(mean) - sigma^2 / 2 + sigma * x`, `x` standard
+    /// normal at any one step, `mean` the step kind's.
     sigma: f64,
-    /// The multiplier when there is no spread.
-    mean: f64,
+    prefill_mean: f64,
+    decode_mean: f64,
     /// Correlation time of `x` (us); 0: independent steps.
     corr_us: f64,
     seed: u64,
@@ -52,22 +54,27 @@ impl StepJitter {
         // mu = ln(m) - sigma^2 / 2.
         let var = (1.0 + cv * cv).ln();
         Self {
-            mu: profile.step_mean_over_fit.ln() - var / 2.0,
             sigma: var.sqrt(),
-            mean: profile.step_mean_over_fit,
+            prefill_mean: profile.mean_over_fit(StepKind::Prefill),
+            decode_mean: profile.mean_over_fit(StepKind::Decode),
             corr_us: profile.step_corr_ms * 1000.0,
             seed,
             workers: Vec::new(),
         }
     }
 
-    /// `work_us` of profile time for worker `w`'s step starting at `now_us`,
-    /// varied (at least 1).
-    pub fn apply(&mut self, w: usize, now_us: u64, work_us: u64) -> u64 {
+    /// `work_us` of profile time for worker `w`'s step of `kind` starting at
+    /// `now_us`, varied (at least 1).
+    pub fn apply(&mut self, w: usize, now_us: u64, work_us: u64, kind: StepKind) -> u64 {
+        let mean = match kind {
+            StepKind::Prefill => self.prefill_mean,
+            StepKind::Decode => self.decode_mean,
+        };
         let factor = if self.sigma > 0.0 {
-            (self.mu + self.sigma * self.next_x(w, now_us)).exp()
-        } else if self.mean != 1.0 {
-            self.mean
+            let sigma = self.sigma;
+            mean * (sigma * self.next_x(w, now_us) - sigma * sigma / 2.0).exp()
+        } else if mean != 1.0 {
+            mean
         } else {
             return work_us;
         };
@@ -128,7 +135,7 @@ mod tests {
     fn draws(p: &CostProfile, seed: u64, n: usize, gap_us: u64) -> Vec<f64> {
         let mut j = StepJitter::new(p, seed);
         (0..n as u64)
-            .map(|i| j.apply(0, i * gap_us, 100_000) as f64 / 100_000.0)
+            .map(|i| j.apply(0, i * gap_us, 100_000, StepKind::Decode) as f64 / 100_000.0)
             .collect()
     }
 
@@ -150,10 +157,34 @@ mod tests {
     #[test]
     fn no_terms_change_nothing() {
         let mut j = StepJitter::new(&CostProfile::cpu_placeholder(), 7);
-        assert!((0..100).all(|i| j.apply(i % 3, i as u64, 12_345) == 12_345));
+        let kinds = [StepKind::Prefill, StepKind::Decode];
+        assert!((0..100).all(|i| j.apply(i % 3, i as u64, 12_345, kinds[i % 2]) == 12_345));
         assert!(j.workers.is_empty(), "no draw was made");
         let mut slower = StepJitter::new(&profile(1.1, 0.0, 0.0), 7);
-        assert_eq!(slower.apply(0, 0, 1000), 1100);
+        assert_eq!(slower.apply(0, 0, 1000, StepKind::Prefill), 1100);
+        assert_eq!(slower.apply(0, 0, 1000, StepKind::Decode), 1100);
+    }
+
+    #[test]
+    fn each_kind_of_step_has_its_own_mean() {
+        let p = CostProfile {
+            prefill_mean_over_fit: Some(0.95),
+            ..profile(1.2, 0.0, 0.0)
+        };
+        let mut j = StepJitter::new(&p, 7);
+        assert_eq!(j.apply(0, 0, 1000, StepKind::Prefill), 950);
+        assert_eq!(j.apply(0, 0, 1000, StepKind::Decode), 1200);
+        let spread = CostProfile { step_cv: 0.2, ..p };
+        let mut j = StepJitter::new(&spread, 7);
+        let mut mean = |kind| {
+            (0..100_000u64)
+                .map(|i| j.apply(0, i * 1000, 100_000, kind) as f64 / 100_000.0)
+                .sum::<f64>()
+                / 100_000.0
+        };
+        let (prefill, decode) = (mean(StepKind::Prefill), mean(StepKind::Decode));
+        assert!((prefill - 0.95).abs() < 0.006, "{prefill}");
+        assert!((decode - 1.2).abs() < 0.008, "{decode}");
     }
 
     #[test]
@@ -197,10 +228,14 @@ mod tests {
         // Worker 1's draws are the same however many steps worker 0 took.
         let (mut a, mut b) = (StepJitter::new(&p, 3), StepJitter::new(&p, 3));
         for t in 0..10 {
-            a.apply(0, t, 1000);
+            a.apply(0, t, 1000, StepKind::Decode);
         }
-        let x: Vec<u64> = (0..5).map(|t| a.apply(1, t, 1000)).collect();
-        let y: Vec<u64> = (0..5).map(|t| b.apply(1, t, 1000)).collect();
+        let x: Vec<u64> = (0..5)
+            .map(|t| a.apply(1, t, 1000, StepKind::Decode))
+            .collect();
+        let y: Vec<u64> = (0..5)
+            .map(|t| b.apply(1, t, 1000, StepKind::Decode))
+            .collect();
         assert_eq!(x, y);
     }
 }

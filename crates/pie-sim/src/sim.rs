@@ -1206,12 +1206,13 @@ impl<'a> Sim<'a> {
         (!self.machines.is_empty()).then(|| w / self.cfg.workers_per_machine)
     }
 
-    /// Schedule the end of `w`'s step of `work_us` (profile time) begun at `now`.
-    fn schedule_step(&mut self, w: usize, now: u64, work_us: u64) {
+    /// Schedule the end of `w`'s step of `work_us` (profile time) begun at
+    /// `now`, keeping `demand` of its host busy (`machine.rs`).
+    fn schedule_step(&mut self, w: usize, now: u64, work_us: u64, demand: f64) {
         match self.machine_of(w) {
             None => self.set_step_end(w, now + work_us),
             Some(m) => {
-                self.machines[m].start(now, w as u32, work_us);
+                self.machines[m].start(now, w as u32, work_us, demand);
                 self.schedule_machine(m, now);
             }
         }
@@ -1651,7 +1652,8 @@ impl<'a> Sim<'a> {
         }
         self.sync_index(w);
         let step_us = if planned {
-            self.jitter.apply(w, now, self.cfg.profile.step_us(&shape))
+            let work_us = self.cfg.profile.step_us(&shape);
+            self.jitter.apply(w, now, work_us, shape.kind())
         } else {
             0
         };
@@ -1679,7 +1681,8 @@ impl<'a> Sim<'a> {
         }
         self.counters.steps += 1;
         self.counters.batch_tokens += shape.batch_tokens as u64;
-        self.schedule_step(w, now, step_us);
+        let demand = self.cfg.profile.host_share(shape.kind());
+        self.schedule_step(w, now, step_us, demand);
         Ok(true)
     }
 

@@ -27,7 +27,13 @@
 //! step's variance from (a queue's tail grows with it). Printed beside it:
 //! p90 / p50 of the repeated times, their lag-1 autocorrelation (near 0: steps
 //! vary one by one, not in slow swings), and their mean over the fit's
-//! prediction (the fit keeps each grid shape's faster time of two).
+//! prediction (the fit keeps each grid shape's faster time of two), which goes
+//! into the profile per kind (prefill and decode differ).
+//!
+//! Last, the host share: two engines with their own thread pools (as two
+//! workers on one host) step the same two shapes at the same moments,
+//! alternating with one engine alone; half the slowdown is the share of the
+//! host a step demands, which `pie-sim` uses when workers share a machine.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -36,7 +42,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use pie_model::Model;
 use pie_policy::Fcfs;
-use pie_workload::CostProfile;
+use pie_workload::{CostProfile, StepKind};
 
 use crate::config::Config;
 use crate::engine::{Engine, EngineConfig, Request};
@@ -122,9 +128,21 @@ pub fn run(path: &Path, out: &Path) -> Result<CostProfile> {
     let repeated = measure_spread(&model, &serve)?;
     // The profile's terms are the back-to-back steps'; the steps after idle
     // are printed beside them (whether waking costs anything).
-    let spread = spread(repeated.iter().filter(|r| r.idle_ms == 0), &fit);
-    println!("  {}", describe_spread(&spread, &repeated, &fit));
-    let profile = profile(path, &serve, &fit, &spread);
+    let back_to_back = || repeated.iter().filter(|r| r.idle_ms == 0);
+    let mean_over_fit =
+        |kind: StepKind| spread(back_to_back().filter(|r| r.kind == kind), &fit).mean_over_fit;
+    let spread = KindSpread {
+        pooled: spread(back_to_back(), &fit),
+        prefill_mean_over_fit: mean_over_fit(StepKind::Prefill),
+        decode_mean_over_fit: mean_over_fit(StepKind::Decode),
+    };
+    println!("  {}", describe_spread(&spread.pooled, &repeated, &fit));
+    let share = measure_host_share(&model, &serve)?;
+    println!(
+        "  host share (half the slowdown of two engines stepping together): prefill {:.3}, decode {:.3}",
+        share.prefill, share.decode
+    );
+    let profile = profile(path, &serve, &fit, &spread, &share);
     let json = serde_json::to_string_pretty(&profile)?;
     std::fs::write(out, json + "\n").with_context(|| format!("writing {}", out.display()))?;
     println!("wrote {}", out.display());
@@ -152,7 +170,13 @@ fn print_samples(samples: &[Sample], fit: &Fit) {
     }
 }
 
-fn profile(path: &Path, serve: &EngineConfig, fit: &Fit, spread: &Spread) -> CostProfile {
+fn profile(
+    path: &Path,
+    serve: &EngineConfig,
+    fit: &Fit,
+    spread: &KindSpread,
+    share: &HostShare,
+) -> CostProfile {
     let file = path.file_name().map_or_else(
         || path.display().to_string(),
         |f| f.to_string_lossy().into_owned(),
@@ -165,9 +189,12 @@ fn profile(path: &Path, serve: &EngineConfig, fit: &Fit, spread: &Spread) -> Cos
         b_ms_per_token: fit.b,
         c_ms_per_context_token: fit.c,
         d_ms_per_pair: fit.d,
-        step_mean_over_fit: spread.mean_over_fit,
-        step_cv: spread.cv,
-        step_corr_ms: spread.corr_ms,
+        step_mean_over_fit: spread.decode_mean_over_fit,
+        prefill_mean_over_fit: Some(spread.prefill_mean_over_fit),
+        step_cv: spread.pooled.cv,
+        step_corr_ms: spread.pooled.corr_ms,
+        prefill_host_share: share.prefill,
+        decode_host_share: share.decode,
         calibrated: true,
         source: format!(
             "pie bench --calibrate on {file}, {}, {cores} cores; R^2 {:.4}, worst relative error {:.1}%",
@@ -201,6 +228,7 @@ pub fn measure(model: &Arc<Model>, serve: &EngineConfig) -> Result<Vec<Sample>> 
 /// Steps of one shape, timed again and again.
 pub struct Repeated {
     pub name: &'static str,
+    pub kind: StepKind,
     /// How long the engine sat idle before each step (0: back to back).
     pub idle_ms: u64,
     pub samples: Vec<Sample>,
@@ -217,8 +245,8 @@ pub fn measure_spread(model: &Arc<Model>, serve: &EngineConfig) -> Result<Vec<Re
     const DECODES: usize = 120;
     let mut grid = Grid::new(model.clone(), serve);
     grid.prefill(1, 32)?; // warm-up, not kept
-    let mut back_to_back = Repeated::new("prefill 32 after 256", 0);
-    let mut after_idle = Repeated::new("the same after 300 ms idle", 300);
+    let mut back_to_back = Repeated::new("prefill 32 after 256", StepKind::Prefill, 0);
+    let mut after_idle = Repeated::new("the same after 300 ms idle", StepKind::Prefill, 300);
     for i in 0..PREFILLS {
         let into = if i % 2 == 1 {
             // A served request often finds the engine idle: its step may pay
@@ -231,16 +259,81 @@ pub fn measure_spread(model: &Arc<Model>, serve: &EngineConfig) -> Result<Vec<Re
         let samples = grid.after_prefix(1, 256, 32)?;
         into.add(samples, &grid.starts_ms);
     }
-    let mut decode = Repeated::new("decode 1 at 256", 0);
+    let mut decode = Repeated::new("decode 1 at 256", StepKind::Decode, 0);
     let samples = grid.decode_steps(1, 256, DECODES)?;
     decode.add(samples, &grid.starts_ms);
     Ok(vec![back_to_back, after_idle, decode])
 }
 
+/// The share of the host one step demands, per kind: two engines, each with
+/// its own thread pool spanning every core (as two `pie serve` processes on
+/// one host), step the same shape at the same moment (a barrier before each
+/// timed step), alternating with one engine stepping alone; with `s` the
+/// together / alone time, the share is `s / 2` (two steps demanding it each
+/// run at `1 / s`). 1: they split the host as processor sharing does; 0.5:
+/// they do not slow each other (the cores one leaves idle serve the other).
+/// `pie-sim`'s `machine.rs` slows overlapping steps by their summed shares.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HostShare {
+    /// Prefill of 32 tokens after a cached 256.
+    pub prefill: f64,
+    /// Decode of one sequence at about 256 tokens.
+    pub decode: f64,
+}
+
+pub fn measure_host_share(model: &Arc<Model>, serve: &EngineConfig) -> Result<HostShare> {
+    const ROUNDS: usize = 16;
+    const DECODES: usize = 8;
+    let pool = || {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(rayon::current_num_threads())
+            .build()
+            .context("building a thread pool")
+    };
+    let (pool_a, pool_b) = (pool()?, pool()?);
+    let barrier = Arc::new(std::sync::Barrier::new(2));
+    let mut a = Grid::small(model.clone(), serve);
+    let mut b = Grid::small(model.clone(), serve);
+    // (prefill ms, decode ms) of one round of the two shapes.
+    let round = |grid: &mut Grid| -> Result<[f64; 2]> {
+        let prefill = grid.after_prefix(1, 256, 32)?;
+        let decode = grid.decode_steps(1, 256, DECODES)?;
+        let mean = |s: &[Sample]| s.iter().map(|s| s.ms).sum::<f64>() / s.len() as f64;
+        Ok([mean(&prefill), mean(&decode)])
+    };
+    pool_a.install(|| round(&mut a))?; // warm-up, not kept
+    let (mut alone, mut together) = ([0.0; 2], [0.0; 2]);
+    for _ in 0..ROUNDS {
+        a.barrier = None;
+        let one = pool_a.install(|| round(&mut a))?;
+        a.barrier = Some(barrier.clone());
+        b.barrier = Some(barrier.clone());
+        let (x, y) = std::thread::scope(|scope| {
+            let x = scope.spawn(|| pool_a.install(|| round(&mut a)));
+            let y = scope.spawn(|| pool_b.install(|| round(&mut b)));
+            (x.join(), y.join())
+        });
+        let (x, y) = (
+            x.map_err(|_| anyhow::anyhow!("a calibration engine panicked"))??,
+            y.map_err(|_| anyhow::anyhow!("a calibration engine panicked"))??,
+        );
+        for k in 0..2 {
+            alone[k] += one[k];
+            together[k] += (x[k] + y[k]) / 2.0;
+        }
+    }
+    let share = |k: usize| (together[k] / alone[k] / 2.0).clamp(0.5, 1.0);
+    Ok(HostShare {
+        prefill: share(0),
+        decode: share(1),
+    })
+}
+
 impl Repeated {
-    fn new(name: &'static str, idle_ms: u64) -> Self {
+    fn new(name: &'static str, kind: StepKind, idle_ms: u64) -> Self {
         Self {
             name,
+            kind,
             idle_ms,
             samples: Vec::new(),
             starts_ms: Vec::new(),
@@ -253,6 +346,14 @@ impl Repeated {
         self.starts_ms.extend(&starts[from..]);
         self.samples.extend(samples);
     }
+}
+
+/// The spread pooled over the repeated shapes, and each kind's own mean over
+/// the fit (prefill's sits near 1, one-sequence decode's above it).
+struct KindSpread {
+    pooled: Spread,
+    prefill_mean_over_fit: f64,
+    decode_mean_over_fit: f64,
 }
 
 /// How repeated steps of one shape spread (of several: pooled).
@@ -352,23 +453,39 @@ struct Grid {
     origin: Instant,
     /// When each timed step started (ms since `origin`).
     starts_ms: Vec<f64>,
+    /// Waited on before each timed step: engines stepping together start together.
+    barrier: Option<Arc<std::sync::Barrier>>,
 }
 
 impl Grid {
     fn new(model: Arc<Model>, serve: &EngineConfig) -> Self {
-        let vocab = model.config.vocab.max(2) as u32;
         let config = EngineConfig {
             // Room for 64 sequences of 512+ tokens even with a small default pool.
             kv_pages: serve.kv_pages.max(64 * 40),
             max_running: serve.max_running.max(64),
             ..serve.clone()
         };
+        Self::with(model, config)
+    }
+
+    /// Room for the repeated shapes only (two of them live at once).
+    fn small(model: Arc<Model>, serve: &EngineConfig) -> Self {
+        let config = EngineConfig {
+            kv_pages: 64,
+            ..serve.clone()
+        };
+        Self::with(model, config)
+    }
+
+    fn with(model: Arc<Model>, config: EngineConfig) -> Self {
+        let vocab = model.config.vocab.max(2) as u32;
         Self {
             engine: Engine::new(model, config, Box::new(Fcfs)),
             vocab,
             next: 0,
             origin: Instant::now(),
             starts_ms: Vec::new(),
+            barrier: None,
         }
     }
 
@@ -403,6 +520,9 @@ impl Grid {
 
     /// One step, timed, on sequences of (cached, computed) tokens.
     fn step(&mut self, seqs: &[(usize, usize)]) -> Result<Sample> {
+        if let Some(b) = &self.barrier {
+            b.wait();
+        }
         let t = Instant::now();
         self.starts_ms
             .push(t.duration_since(self.origin).as_secs_f64() * 1000.0);
@@ -693,6 +813,7 @@ mod tests {
         // (no correlation time).
         let shape = |name, base: f64| Repeated {
             name,
+            kind: StepKind::Decode,
             idle_ms: 0,
             samples: (0..20)
                 .map(|i| sample(1, 1, 1, base * if i % 2 == 0 { 0.9 } else { 1.1 }))
@@ -728,6 +849,7 @@ mod tests {
         // autocorrelation cos(2 pi / 12) = 0.866, so -10 / ln(0.866) = 70 ms.
         let swing = Repeated {
             name: "swing",
+            kind: StepKind::Decode,
             idle_ms: 0,
             samples: (0..396)
                 .map(|i| {

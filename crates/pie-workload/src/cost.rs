@@ -24,9 +24,14 @@ pub struct CostProfile {
     /// Repeated steps of one shape, measured by `pie bench --calibrate`
     /// (`pie-sim`'s `jitter.rs` draws each step's time from them): their mean
     /// over the fit's prediction (the fit keeps each grid shape's faster time
-    /// of two, so a typical step is slower) ...
+    /// of two, so a typical step is slower), for decode steps, and for every
+    /// step where `prefill_mean_over_fit` is absent ...
     #[serde(default = "one")]
     pub step_mean_over_fit: f64,
+    /// ... prefill steps' own mean over the fit (the two kinds differ: about
+    /// 1.0 against up to 1.3), absent in profiles written before it ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_mean_over_fit: Option<f64>,
     /// ... their coefficient of variation (a queue's tail grows with it) ...
     #[serde(default)]
     pub step_cv: f64,
@@ -35,6 +40,15 @@ pub struct CostProfile {
     /// these existed load as 1, 0, 0: every step of a shape the fit's time.
     #[serde(default)]
     pub step_corr_ms: f64,
+    /// The share of the host one step demands, per kind (`pie bench
+    /// --calibrate`: half the slowdown of two engines stepping together, in
+    /// 0.5..=1): workers sharing a host slow each other by what their
+    /// overlapping steps demand together (`pie-sim`'s `machine.rs`). 1 in
+    /// profiles written before it existed: processor sharing.
+    #[serde(default = "one")]
+    pub prefill_host_share: f64,
+    #[serde(default = "one")]
+    pub decode_host_share: f64,
     /// False for placeholder coefficients; results must say so.
     pub calibrated: bool,
     /// Where the coefficients come from.
@@ -113,6 +127,9 @@ impl CostProfile {
             step_mean_over_fit: 1.0,
             step_cv: 0.0,
             step_corr_ms: 0.0,
+            prefill_mean_over_fit: None,
+            prefill_host_share: 1.0,
+            decode_host_share: 1.0,
             calibrated: false,
             source: "roofline from the A100 datasheet and the Llama-3-8B config; not measured"
                 .into(),
@@ -139,6 +156,9 @@ impl CostProfile {
             step_mean_over_fit: 1.0,
             step_cv: 0.0,
             step_corr_ms: 0.0,
+            prefill_mean_over_fit: None,
+            prefill_host_share: 1.0,
+            decode_host_share: 1.0,
             calibrated: false,
             source: "uncalibrated placeholder".into(),
             page_size: 16,
@@ -221,6 +241,32 @@ impl CostProfile {
     pub fn step_us(&self, shape: &StepShape) -> u64 {
         ((self.step_ms(shape) * 1000.0).round() as u64).max(1)
     }
+
+    /// A step's mean time over the fit's prediction, by its kind.
+    pub fn mean_over_fit(&self, kind: StepKind) -> f64 {
+        match kind {
+            StepKind::Prefill => self
+                .prefill_mean_over_fit
+                .unwrap_or(self.step_mean_over_fit),
+            StepKind::Decode => self.step_mean_over_fit,
+        }
+    }
+
+    /// The share of the host a step of `kind` demands.
+    pub fn host_share(&self, kind: StepKind) -> f64 {
+        match kind {
+            StepKind::Prefill => self.prefill_host_share,
+            StepKind::Decode => self.decode_host_share,
+        }
+    }
+}
+
+/// Prefill (some sequence computes more than one token) or decode (one token
+/// per sequence): the calibrated terms that differ between them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepKind {
+    Prefill,
+    Decode,
 }
 
 /// What one engine step computes: the terms of the cost model.
@@ -231,14 +277,24 @@ pub struct StepShape {
     pub context_tokens: usize,
     /// Query x key pairs of the step's causal attention.
     pub attention_pairs: u64,
+    pub sequences: usize,
 }
 
 impl StepShape {
     /// Add a sequence computing `new` tokens after `cached` computed ones.
     pub fn add(&mut self, cached: usize, new: usize) {
+        self.sequences += 1;
         self.batch_tokens += new;
         self.context_tokens += cached + new;
         self.attention_pairs += (new * cached + new * (new + 1) / 2) as u64;
+    }
+
+    pub fn kind(&self) -> StepKind {
+        if self.batch_tokens > self.sequences {
+            StepKind::Prefill
+        } else {
+            StepKind::Decode
+        }
     }
 
     /// The shape of a step over `(cached, new)` sequences.
@@ -266,7 +322,8 @@ mod tests {
             StepShape {
                 batch_tokens: 100,
                 context_tokens: 10_000,
-                attention_pairs: 10_000
+                attention_pairs: 10_000,
+                sequences: 100
             }
         );
         // 7.9 + 0.103 * 100 + 6.4e-5 * 10_000 + 3.4e-6 * 10_000 = 18.874 ms.
