@@ -1206,13 +1206,12 @@ impl<'a> Sim<'a> {
         (!self.machines.is_empty()).then(|| w / self.cfg.workers_per_machine)
     }
 
-    /// Schedule the end of `w`'s step of `work_us` (profile time) begun at
-    /// `now`, keeping `demand` of its host busy (`machine.rs`).
-    fn schedule_step(&mut self, w: usize, now: u64, work_us: u64, demand: f64) {
+    /// Schedule the end of `w`'s step of `work_us` (profile time) begun at `now`.
+    fn schedule_step(&mut self, w: usize, now: u64, work_us: u64) {
         match self.machine_of(w) {
             None => self.set_step_end(w, now + work_us),
             Some(m) => {
-                self.machines[m].start(now, w as u32, work_us, demand);
+                self.machines[m].start(now, w as u32, work_us);
                 self.schedule_machine(m, now);
             }
         }
@@ -1681,8 +1680,7 @@ impl<'a> Sim<'a> {
         }
         self.counters.steps += 1;
         self.counters.batch_tokens += shape.batch_tokens as u64;
-        let demand = self.cfg.profile.host_share(shape.kind());
-        self.schedule_step(w, now, step_us, demand);
+        self.schedule_step(w, now, step_us);
         Ok(true)
     }
 

@@ -29,11 +29,6 @@
 //! vary one by one, not in slow swings), and their mean over the fit's
 //! prediction (the fit keeps each grid shape's faster time of two), which goes
 //! into the profile per kind (prefill and decode differ).
-//!
-//! Last, the host share: two engines with their own thread pools (as two
-//! workers on one host) step the same two shapes at the same moments,
-//! alternating with one engine alone; half the slowdown is the share of the
-//! host a step demands, which `pie-sim` uses when workers share a machine.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -137,12 +132,7 @@ pub fn run(path: &Path, out: &Path) -> Result<CostProfile> {
         decode_mean_over_fit: mean_over_fit(StepKind::Decode),
     };
     println!("  {}", describe_spread(&spread.pooled, &repeated, &fit));
-    let share = measure_host_share(&model, &serve)?;
-    println!(
-        "  host share (half the slowdown of two engines stepping together): prefill {:.3}, decode {:.3}",
-        share.prefill, share.decode
-    );
-    let profile = profile(path, &serve, &fit, &spread, &share);
+    let profile = profile(path, &serve, &fit, &spread);
     let json = serde_json::to_string_pretty(&profile)?;
     std::fs::write(out, json + "\n").with_context(|| format!("writing {}", out.display()))?;
     println!("wrote {}", out.display());
@@ -170,13 +160,7 @@ fn print_samples(samples: &[Sample], fit: &Fit) {
     }
 }
 
-fn profile(
-    path: &Path,
-    serve: &EngineConfig,
-    fit: &Fit,
-    spread: &KindSpread,
-    share: &HostShare,
-) -> CostProfile {
+fn profile(path: &Path, serve: &EngineConfig, fit: &Fit, spread: &KindSpread) -> CostProfile {
     let file = path.file_name().map_or_else(
         || path.display().to_string(),
         |f| f.to_string_lossy().into_owned(),
@@ -193,8 +177,6 @@ fn profile(
         prefill_mean_over_fit: Some(spread.prefill_mean_over_fit),
         step_cv: spread.pooled.cv,
         step_corr_ms: spread.pooled.corr_ms,
-        prefill_host_share: share.prefill,
-        decode_host_share: share.decode,
         calibrated: true,
         source: format!(
             "pie bench --calibrate on {file}, {}, {cores} cores; R^2 {:.4}, worst relative error {:.1}%",
@@ -263,70 +245,6 @@ pub fn measure_spread(model: &Arc<Model>, serve: &EngineConfig) -> Result<Vec<Re
     let samples = grid.decode_steps(1, 256, DECODES)?;
     decode.add(samples, &grid.starts_ms);
     Ok(vec![back_to_back, after_idle, decode])
-}
-
-/// The share of the host one step demands, per kind: two engines, each with
-/// its own thread pool spanning every core (as two `pie serve` processes on
-/// one host), step the same shape at the same moment (a barrier before each
-/// timed step), alternating with one engine stepping alone; with `s` the
-/// together / alone time, the share is `s / 2` (two steps demanding it each
-/// run at `1 / s`). 1: they split the host as processor sharing does; 0.5:
-/// they do not slow each other (the cores one leaves idle serve the other).
-/// `pie-sim`'s `machine.rs` slows overlapping steps by their summed shares.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct HostShare {
-    /// Prefill of 32 tokens after a cached 256.
-    pub prefill: f64,
-    /// Decode of one sequence at about 256 tokens.
-    pub decode: f64,
-}
-
-pub fn measure_host_share(model: &Arc<Model>, serve: &EngineConfig) -> Result<HostShare> {
-    const ROUNDS: usize = 16;
-    const DECODES: usize = 8;
-    let pool = || {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(rayon::current_num_threads())
-            .build()
-            .context("building a thread pool")
-    };
-    let (pool_a, pool_b) = (pool()?, pool()?);
-    let barrier = Arc::new(std::sync::Barrier::new(2));
-    let mut a = Grid::small(model.clone(), serve);
-    let mut b = Grid::small(model.clone(), serve);
-    // (prefill ms, decode ms) of one round of the two shapes.
-    let round = |grid: &mut Grid| -> Result<[f64; 2]> {
-        let prefill = grid.after_prefix(1, 256, 32)?;
-        let decode = grid.decode_steps(1, 256, DECODES)?;
-        let mean = |s: &[Sample]| s.iter().map(|s| s.ms).sum::<f64>() / s.len() as f64;
-        Ok([mean(&prefill), mean(&decode)])
-    };
-    pool_a.install(|| round(&mut a))?; // warm-up, not kept
-    let (mut alone, mut together) = ([0.0; 2], [0.0; 2]);
-    for _ in 0..ROUNDS {
-        a.barrier = None;
-        let one = pool_a.install(|| round(&mut a))?;
-        a.barrier = Some(barrier.clone());
-        b.barrier = Some(barrier.clone());
-        let (x, y) = std::thread::scope(|scope| {
-            let x = scope.spawn(|| pool_a.install(|| round(&mut a)));
-            let y = scope.spawn(|| pool_b.install(|| round(&mut b)));
-            (x.join(), y.join())
-        });
-        let (x, y) = (
-            x.map_err(|_| anyhow::anyhow!("a calibration engine panicked"))??,
-            y.map_err(|_| anyhow::anyhow!("a calibration engine panicked"))??,
-        );
-        for k in 0..2 {
-            alone[k] += one[k];
-            together[k] += (x[k] + y[k]) / 2.0;
-        }
-    }
-    let share = |k: usize| (together[k] / alone[k] / 2.0).clamp(0.5, 1.0);
-    Ok(HostShare {
-        prefill: share(0),
-        decode: share(1),
-    })
 }
 
 impl Repeated {
@@ -453,8 +371,6 @@ struct Grid {
     origin: Instant,
     /// When each timed step started (ms since `origin`).
     starts_ms: Vec<f64>,
-    /// Waited on before each timed step: engines stepping together start together.
-    barrier: Option<Arc<std::sync::Barrier>>,
 }
 
 impl Grid {
@@ -465,19 +381,6 @@ impl Grid {
             max_running: serve.max_running.max(64),
             ..serve.clone()
         };
-        Self::with(model, config)
-    }
-
-    /// Room for the repeated shapes only (two of them live at once).
-    fn small(model: Arc<Model>, serve: &EngineConfig) -> Self {
-        let config = EngineConfig {
-            kv_pages: 64,
-            ..serve.clone()
-        };
-        Self::with(model, config)
-    }
-
-    fn with(model: Arc<Model>, config: EngineConfig) -> Self {
         let vocab = model.config.vocab.max(2) as u32;
         Self {
             engine: Engine::new(model, config, Box::new(Fcfs)),
@@ -485,7 +388,6 @@ impl Grid {
             next: 0,
             origin: Instant::now(),
             starts_ms: Vec::new(),
-            barrier: None,
         }
     }
 
@@ -520,9 +422,6 @@ impl Grid {
 
     /// One step, timed, on sequences of (cached, computed) tokens.
     fn step(&mut self, seqs: &[(usize, usize)]) -> Result<Sample> {
-        if let Some(b) = &self.barrier {
-            b.wait();
-        }
         let t = Instant::now();
         self.starts_ms
             .push(t.duration_since(self.origin).as_secs_f64() * 1000.0);

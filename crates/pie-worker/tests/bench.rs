@@ -162,20 +162,11 @@ fn calibrate_writes_a_profile_for_the_simulator() {
         "{profile:?}"
     );
     assert!(profile.c_ms_per_context_token >= 0.0);
-    // Measured, so only their ranges are fixed: each kind's mean over the fit,
-    // and the host share two engines stepping together give (half their
-    // slowdown, clamped to 0.5..=1).
+    // Measured, so only positive: each kind's own mean over the fit.
     let prefill_mean = profile.prefill_mean_over_fit.expect("prefill's own mean");
     assert!(
         prefill_mean > 0.0 && profile.step_mean_over_fit > 0.0,
         "{profile:?}"
-    );
-    for share in [profile.prefill_host_share, profile.decode_host_share] {
-        assert!((0.5..=1.0).contains(&share), "{profile:?}");
-    }
-    assert!(
-        stdout.contains("host share"),
-        "the host share is printed: {stdout}"
     );
     assert_eq!(
         (

@@ -40,15 +40,6 @@ pub struct CostProfile {
     /// these existed load as 1, 0, 0: every step of a shape the fit's time.
     #[serde(default)]
     pub step_corr_ms: f64,
-    /// The share of the host one step demands, per kind (`pie bench
-    /// --calibrate`: half the slowdown of two engines stepping together, in
-    /// 0.5..=1): workers sharing a host slow each other by what their
-    /// overlapping steps demand together (`pie-sim`'s `machine.rs`). 1 in
-    /// profiles written before it existed: processor sharing.
-    #[serde(default = "one")]
-    pub prefill_host_share: f64,
-    #[serde(default = "one")]
-    pub decode_host_share: f64,
     /// False for placeholder coefficients; results must say so.
     pub calibrated: bool,
     /// Where the coefficients come from.
@@ -128,8 +119,6 @@ impl CostProfile {
             step_cv: 0.0,
             step_corr_ms: 0.0,
             prefill_mean_over_fit: None,
-            prefill_host_share: 1.0,
-            decode_host_share: 1.0,
             calibrated: false,
             source: "roofline from the A100 datasheet and the Llama-3-8B config; not measured"
                 .into(),
@@ -157,8 +146,6 @@ impl CostProfile {
             step_cv: 0.0,
             step_corr_ms: 0.0,
             prefill_mean_over_fit: None,
-            prefill_host_share: 1.0,
-            decode_host_share: 1.0,
             calibrated: false,
             source: "uncalibrated placeholder".into(),
             page_size: 16,
@@ -249,14 +236,6 @@ impl CostProfile {
                 .prefill_mean_over_fit
                 .unwrap_or(self.step_mean_over_fit),
             StepKind::Decode => self.step_mean_over_fit,
-        }
-    }
-
-    /// The share of the host a step of `kind` demands.
-    pub fn host_share(&self, kind: StepKind) -> f64 {
-        match kind {
-            StepKind::Prefill => self.prefill_host_share,
-            StepKind::Decode => self.decode_host_share,
         }
     }
 }
