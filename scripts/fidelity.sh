@@ -91,7 +91,7 @@ calibrate() {
 # bracket NAME: calibrates again after a real run (NAME-after.json) and sets
 # $PROFILE to the mean of that profile and the one before the run (NAME.json),
 # written to NAME-bracket.json: this machine's speed moves by up to 20-25%
-# over minutes (six calibrations within ten minutes put the same prefill step
+# over minutes (six calibrations within eleven minutes put the same prefill step
 # at 36-53 ms), so one profile from before a two-minute run can be that far
 # off, and the two around it halve a steady drift.
 bracket() {

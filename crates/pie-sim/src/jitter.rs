@@ -8,10 +8,10 @@
 //! service times, and more when slow steps come together, not only with their
 //! mean.
 //!
-//! Each step's cost from the profile is multiplied by a log-normal draw of mean
-//! its kind's mean over the fit (`prefill_mean_over_fit` for a step that
-//! prefills, `step_mean_over_fit` for decode; the two differ) and coefficient
-//! of variation `step_cv`. Its logarithm
+//! Each step's cost from the profile is multiplied by a log-normal draw whose
+//! mean the caller gives (the profile's mean over the fit for the step's kind,
+//! `CostProfile::mean_over_fit`) and whose coefficient of variation is
+//! `step_cv`. Its logarithm
 //! follows an Ornstein-Uhlenbeck process per worker: a step `dt` after the
 //! worker's previous one keeps `exp(-dt / step_corr_ms)` of that one's
 //! deviation (0 ms: every step drawn afresh). Right-skewed, as measured step
@@ -20,19 +20,17 @@
 //! Invariant (tested): a profile without these terms changes nothing (no draw
 //! is made); the draws are seeded from the run's seed and the worker, so a run
 //! is reproducible and one worker's draws do not depend on the others' steps;
-//! with a kind's mean 1 that kind's mean step cost is the fit's.
+//! the draws' mean is the mean asked for.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::cost::{CostProfile, StepKind};
+use crate::cost::CostProfile;
 
 pub struct StepJitter {
     /// `ln(multiplier) = ln(mean) - sigma^2 / 2 + sigma * x`, `x` standard
-    /// normal at any one step, `mean` the step kind's.
+    /// normal at any one step.
     sigma: f64,
-    prefill_mean: f64,
-    decode_mean: f64,
     /// Correlation time of `x` (us); 0: independent steps.
     corr_us: f64,
     seed: u64,
@@ -55,21 +53,15 @@ impl StepJitter {
         let var = (1.0 + cv * cv).ln();
         Self {
             sigma: var.sqrt(),
-            prefill_mean: profile.mean_over_fit(StepKind::Prefill),
-            decode_mean: profile.mean_over_fit(StepKind::Decode),
             corr_us: profile.step_corr_ms * 1000.0,
             seed,
             workers: Vec::new(),
         }
     }
 
-    /// `work_us` of profile time for worker `w`'s step of `kind` starting at
-    /// `now_us`, varied (at least 1).
-    pub fn apply(&mut self, w: usize, now_us: u64, work_us: u64, kind: StepKind) -> u64 {
-        let mean = match kind {
-            StepKind::Prefill => self.prefill_mean,
-            StepKind::Decode => self.decode_mean,
-        };
+    /// `work_us` of profile time for worker `w`'s step starting at `now_us`,
+    /// times a draw of mean `mean` (at least 1).
+    pub fn apply(&mut self, w: usize, now_us: u64, work_us: u64, mean: f64) -> u64 {
         let factor = if self.sigma > 0.0 {
             let sigma = self.sigma;
             mean * (sigma * self.next_x(w, now_us) - sigma * sigma / 2.0).exp()
@@ -121,6 +113,7 @@ fn normal(rng: &mut StdRng) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cost::StepKind;
 
     fn profile(mean: f64, cv: f64, corr_ms: f64) -> CostProfile {
         CostProfile {
@@ -135,7 +128,7 @@ mod tests {
     fn draws(p: &CostProfile, seed: u64, n: usize, gap_us: u64) -> Vec<f64> {
         let mut j = StepJitter::new(p, seed);
         (0..n as u64)
-            .map(|i| j.apply(0, i * gap_us, 100_000, StepKind::Decode) as f64 / 100_000.0)
+            .map(|i| j.apply(0, i * gap_us, 100_000, p.step_mean_over_fit) as f64 / 100_000.0)
             .collect()
     }
 
@@ -156,13 +149,17 @@ mod tests {
 
     #[test]
     fn no_terms_change_nothing() {
-        let mut j = StepJitter::new(&CostProfile::cpu_placeholder(), 7);
-        let kinds = [StepKind::Prefill, StepKind::Decode];
-        assert!((0..100).all(|i| j.apply(i % 3, i as u64, 12_345, kinds[i % 2]) == 12_345));
+        let placeholder = CostProfile::cpu_placeholder();
+        let mut j = StepJitter::new(&placeholder, 7);
+        let means = [StepKind::Prefill, StepKind::Decode].map(|k| placeholder.mean_over_fit(k));
+        assert!((0..100).all(|i| j.apply(i % 3, i as u64, 12_345, means[i % 2]) == 12_345));
         assert!(j.workers.is_empty(), "no draw was made");
-        let mut slower = StepJitter::new(&profile(1.1, 0.0, 0.0), 7);
-        assert_eq!(slower.apply(0, 0, 1000, StepKind::Prefill), 1100);
-        assert_eq!(slower.apply(0, 0, 1000, StepKind::Decode), 1100);
+        // A profile from before the per-kind means: one mean for both kinds.
+        let old = profile(1.1, 0.0, 0.0);
+        let mut slower = StepJitter::new(&old, 7);
+        let mut step = |kind| slower.apply(0, 0, 1000, old.mean_over_fit(kind));
+        assert_eq!(step(StepKind::Prefill), 1100);
+        assert_eq!(step(StepKind::Decode), 1100);
     }
 
     #[test]
@@ -172,13 +169,16 @@ mod tests {
             ..profile(1.2, 0.0, 0.0)
         };
         let mut j = StepJitter::new(&p, 7);
-        assert_eq!(j.apply(0, 0, 1000, StepKind::Prefill), 950);
-        assert_eq!(j.apply(0, 0, 1000, StepKind::Decode), 1200);
+        let mut step = |kind| j.apply(0, 0, 1000, p.mean_over_fit(kind));
+        assert_eq!(step(StepKind::Prefill), 950);
+        assert_eq!(step(StepKind::Decode), 1200);
         let spread = CostProfile { step_cv: 0.2, ..p };
         let mut j = StepJitter::new(&spread, 7);
         let mut mean = |kind| {
             (0..100_000u64)
-                .map(|i| j.apply(0, i * 1000, 100_000, kind) as f64 / 100_000.0)
+                .map(|i| {
+                    j.apply(0, i * 1000, 100_000, spread.mean_over_fit(kind)) as f64 / 100_000.0
+                })
                 .sum::<f64>()
                 / 100_000.0
         };
@@ -228,14 +228,10 @@ mod tests {
         // Worker 1's draws are the same however many steps worker 0 took.
         let (mut a, mut b) = (StepJitter::new(&p, 3), StepJitter::new(&p, 3));
         for t in 0..10 {
-            a.apply(0, t, 1000, StepKind::Decode);
+            a.apply(0, t, 1000, 1.0);
         }
-        let x: Vec<u64> = (0..5)
-            .map(|t| a.apply(1, t, 1000, StepKind::Decode))
-            .collect();
-        let y: Vec<u64> = (0..5)
-            .map(|t| b.apply(1, t, 1000, StepKind::Decode))
-            .collect();
+        let x: Vec<u64> = (0..5).map(|t| a.apply(1, t, 1000, 1.0)).collect();
+        let y: Vec<u64> = (0..5).map(|t| b.apply(1, t, 1000, 1.0)).collect();
         assert_eq!(x, y);
     }
 }

@@ -1651,8 +1651,9 @@ impl<'a> Sim<'a> {
         }
         self.sync_index(w);
         let step_us = if planned {
-            let work_us = self.cfg.profile.step_us(&shape);
-            self.jitter.apply(w, now, work_us, shape.kind())
+            let profile = &self.cfg.profile;
+            let mean = profile.mean_over_fit(shape.kind());
+            self.jitter.apply(w, now, profile.step_us(&shape), mean)
         } else {
             0
         };

@@ -126,13 +126,13 @@ pub fn run(path: &Path, out: &Path) -> Result<CostProfile> {
     let back_to_back = || repeated.iter().filter(|r| r.idle_ms == 0);
     let mean_over_fit =
         |kind: StepKind| spread(back_to_back().filter(|r| r.kind == kind), &fit).mean_over_fit;
-    let spread = KindSpread {
+    let measured = KindSpread {
         pooled: spread(back_to_back(), &fit),
         prefill_mean_over_fit: mean_over_fit(StepKind::Prefill),
         decode_mean_over_fit: mean_over_fit(StepKind::Decode),
     };
-    println!("  {}", describe_spread(&spread.pooled, &repeated, &fit));
-    let profile = profile(path, &serve, &fit, &spread);
+    println!("  {}", describe_spread(&measured.pooled, &repeated, &fit));
+    let profile = profile(path, &serve, &fit, &measured);
     let json = serde_json::to_string_pretty(&profile)?;
     std::fs::write(out, json + "\n").with_context(|| format!("writing {}", out.display()))?;
     println!("wrote {}", out.display());
@@ -267,7 +267,7 @@ impl Repeated {
 }
 
 /// The spread pooled over the repeated shapes, and each kind's own mean over
-/// the fit (prefill's sits near 1, one-sequence decode's above it).
+/// the fit (the two can be 0.3 apart, either way).
 struct KindSpread {
     pooled: Spread,
     prefill_mean_over_fit: f64,
