@@ -14,13 +14,20 @@
 #    multiplies the workload's rate by --workers, so it gets `rate_per_s` / 3): the
 #    three workers share this machine's cores, and the simulator's three workers
 #    share one machine of the calibrated profile.
+# Steps 2 and 3 also run the simulator on a profile fitted to the steps the real
+#    workers logged while they served (`pie serve --step-log`, `pie bench
+#    --calibrate --from-steps`): the run's own speed, where the calibrations
+#    around it can miss by this machine's drift. Both are printed; the band
+#    check is on the served-steps rows (the simulator's model given the step
+#    times it had to reproduce), the bracketed rows show what a calibration
+#    made apart from the run predicts.
 # 4. One worker called directly vs through a `pie-controller` in front of it,
 #    closed loop at concurrency 1, alternating, twice each, with cold prompts
 #    (new to the worker) and warm ones (cached): TTFT p50 ratio.
 #
 # Prints each pair and the ratio sim/real (target: within 0.75..1.25). Exits
 # non-zero, after every step has run, when a TTFT p50 or p90 ratio of step 2 or
-# 3 is outside that band (each such row is marked OUTSIDE).
+# 3 (served-steps profile) is outside that band (each such row is marked OUTSIDE).
 # The simulator's runs also write every request's record (sim1.records.jsonl,
 # sim3.records.jsonl: arrival, TTFT, e2e) to set beside real1.json/real3.json's.
 # Needs: cargo build --release (pie, pie-controller, pie-sim), python3, curl.
@@ -111,11 +118,21 @@ PY
   PROFILE=$OUT/$1-bracket.json
 }
 
-compare() { # name real.json sim.json; appends rows outside the band to $OUT/outside
-  python3 - "$@" "$OUT/outside" <<'PY'
+# served N LOG...: fits the steps the real run's workers logged into
+# $OUT/servedN.json and sets $PROFILE to it.
+served() {
+  local n=$1; shift
+  PROFILE=$OUT/served$n.json
+  echo "== profile from the served steps ($n worker(s))"
+  $BIN/pie bench --calibrate "${MODEL_ARGS[@]}" --from-steps "$@" --out "$PROFILE" | sed 's/^/  /'
+}
+
+compare() { # name real.json sim.json [checked]; with `checked`, appends rows outside the band to $OUT/outside
+  python3 - "$1" "$2" "$3" "${4:-}" "$OUT/outside" <<'PY'
 import json, sys
 name, real, sim = sys.argv[1], json.load(open(sys.argv[2]))["summary"], json.load(open(sys.argv[3]))[0]
-outside = open(sys.argv[4], "a")
+checked = sys.argv[4] == "checked"
+outside = open(sys.argv[5], "a")
 rows = [("TTFT p50 (ms)", real["ttft_ms"]["p50"], sim["ttft_ms"]["p50"]),
         ("TTFT p90 (ms)", real["ttft_ms"]["p90"], sim["ttft_ms"]["p90"]),
         ("e2e p50 (ms)", real["e2e_ms"]["p50"], sim["e2e_ms"]["p50"]),
@@ -128,7 +145,7 @@ for label, r, s in rows:
     ratio = s / r if r else float("nan")
     held = label.startswith("TTFT") and not 0.75 <= ratio <= 1.25
     print(f"| {label} | {r:.3f} | {s:.3f} | {ratio:.2f} |{' OUTSIDE 0.75..1.25' if held else ''}")
-    if held:
+    if held and checked:
         outside.write(f"{name}: {label} sim/real {ratio:.2f}\n")
 print(f"(real: {real['completed']}/{real['requests']} completed in {real['duration_s']:.1f} s, errors {real['errors']}; "
       f"sim: {sim['completed']}/{sim['requests']} in {sim['sim_time_s']:.1f} simulated s)")
@@ -137,7 +154,7 @@ PY
 
 calibrate profile1
 echo "== 1 worker: $WORKLOAD ${SETS[*]} --set rate_per_s=$RATE, $REQUESTS requests, seed $SEED"
-start "pie: listening on " "$OUT/serve.log" $BIN/pie serve --port 0 "${MODEL_ARGS[@]}"
+start "pie: listening on " "$OUT/serve.log" $BIN/pie serve --port 0 "${MODEL_ARGS[@]}" --step-log "$OUT/real1.steps.jsonl"
 wait_ok "$URL/health"
 "${NICE_CMD[@]}" $BIN/pie bench --quiet --url "$URL" --workload $WORKLOAD "${SETS[@]}" --set rate_per_s=$RATE \
   --requests "$REQUESTS" --seed "$SEED" --out "$OUT/real1.json" | sed 's/^/  /'
@@ -146,12 +163,18 @@ bracket profile1
 $BIN/pie-sim run --workload $WORKLOAD "${SETS[@]}" --set rate_per_s=$RATE --requests "$REQUESTS" \
   --seed "$SEED" --workers 1 --profile "$PROFILE" --router round-robin --json "$OUT/sim1.json" \
   --records "$OUT/sim1.records.jsonl" >/dev/null
-compare "1 worker" "$OUT/real1.json" "$OUT/sim1.json"
+compare "1 worker, bracketed calibration" "$OUT/real1.json" "$OUT/sim1.json"
+served 1 "$OUT/real1.steps.jsonl"
+$BIN/pie-sim run --workload $WORKLOAD "${SETS[@]}" --set rate_per_s=$RATE --requests "$REQUESTS" \
+  --seed "$SEED" --workers 1 --profile "$PROFILE" --router round-robin --json "$OUT/sim1-served.json" \
+  --records "$OUT/sim1-served.records.jsonl" >/dev/null
+compare "1 worker, served steps" "$OUT/real1.json" "$OUT/sim1-served.json" checked
 
 RATE3=$(python3 -c "print($RATE / 3)")
 calibrate profile3
 echo "== 3 workers behind pie-controller (they share $(nproc) cores): rate_per_s=$RATE in all ($RATE3 per worker)"
-start "controller: " "$OUT/cluster.log" $BIN/pie cluster up --workers 3 --port 0 "${MODEL_ARGS[@]}"
+mkdir -p "$OUT/steps3"
+start "controller: " "$OUT/cluster.log" $BIN/pie cluster up --workers 3 --port 0 "${MODEL_ARGS[@]}" --step-log-dir "$OUT/steps3"
 wait_ok "$URL/v1/models"
 for w in $(sed -n 's|^worker w[0-9]*: \(http://.*\)|\1|p' "$OUT/cluster.log"); do wait_ok "$w/health"; done
 sleep 3 # the controller's next poll sees every worker healthy
@@ -163,7 +186,13 @@ $BIN/pie-sim run --workload $WORKLOAD "${SETS[@]}" --set rate_per_s=$RATE3 --req
   --seed "$SEED" --workers 3 --workers-per-machine 3 --profile "$PROFILE" \
   --router pin,session-affinity,cache-aware \
   --json "$OUT/sim3.json" --records "$OUT/sim3.records.jsonl" >/dev/null
-compare "3 workers" "$OUT/real3.json" "$OUT/sim3.json"
+compare "3 workers, bracketed calibration" "$OUT/real3.json" "$OUT/sim3.json"
+served 3 "$OUT"/steps3/w*.steps.jsonl
+$BIN/pie-sim run --workload $WORKLOAD "${SETS[@]}" --set rate_per_s=$RATE3 --requests "$REQUESTS" \
+  --seed "$SEED" --workers 3 --workers-per-machine 3 --profile "$PROFILE" \
+  --router pin,session-affinity,cache-aware \
+  --json "$OUT/sim3-served.json" --records "$OUT/sim3-served.records.jsonl" >/dev/null
+compare "3 workers, served steps" "$OUT/real3.json" "$OUT/sim3-served.json" checked
 
 overhead() {
 echo "== controller overhead: 1 worker, direct vs through pie-controller, concurrency 1"

@@ -9,9 +9,9 @@
 //! mean.
 //!
 //! Each step's cost from the profile is multiplied by a log-normal draw whose
-//! mean the caller gives (the profile's mean over the fit for the step's kind,
-//! `CostProfile::mean_over_fit`) and whose coefficient of variation is
-//! `step_cv`. Its logarithm
+//! mean and coefficient of variation the caller gives (`CostProfile::step_draw`:
+//! the step kind's mean over the fit, times `after_idle_factor` when the step
+//! meets an idle worker, and the kind's cv, `prefill_cv` or `step_cv`). Its logarithm
 //! follows an Ornstein-Uhlenbeck process per worker: a step `dt` after the
 //! worker's previous one keeps `exp(-dt / step_corr_ms)` of that one's
 //! deviation (0 ms: every step drawn afresh). Right-skewed, as measured step
@@ -25,12 +25,11 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::cost::CostProfile;
+use crate::cost::{CostProfile, StepDraw};
 
+/// `ln(multiplier) = ln(mean) - sigma^2 / 2 + sigma * x`, `x` standard normal
+/// at any one step, drawn per worker.
 pub struct StepJitter {
-    /// `ln(multiplier) = ln(mean) - sigma^2 / 2 + sigma * x`, `x` standard
-    /// normal at any one step.
-    sigma: f64,
     /// Correlation time of `x` (us); 0: independent steps.
     corr_us: f64,
     seed: u64,
@@ -47,12 +46,7 @@ struct Walk {
 
 impl StepJitter {
     pub fn new(profile: &CostProfile, seed: u64) -> Self {
-        let cv = profile.step_cv;
-        // A log-normal of mean m and variance (m cv)^2: sigma^2 = ln(1 + cv^2),
-        // mu = ln(m) - sigma^2 / 2.
-        let var = (1.0 + cv * cv).ln();
         Self {
-            sigma: var.sqrt(),
             corr_us: profile.step_corr_ms * 1000.0,
             seed,
             workers: Vec::new(),
@@ -60,10 +54,13 @@ impl StepJitter {
     }
 
     /// `work_us` of profile time for worker `w`'s step starting at `now_us`,
-    /// times a draw of mean `mean` (at least 1).
-    pub fn apply(&mut self, w: usize, now_us: u64, work_us: u64, mean: f64) -> u64 {
-        let factor = if self.sigma > 0.0 {
-            let sigma = self.sigma;
+    /// times a draw of `draw`'s mean and cv (at least 1).
+    pub fn apply(&mut self, w: usize, now_us: u64, work_us: u64, draw: StepDraw) -> u64 {
+        let StepDraw { mean, cv } = draw;
+        let factor = if cv > 0.0 {
+            // A log-normal of mean m and variance (m cv)^2: sigma^2 = ln(1 + cv^2),
+            // mu = ln(m) - sigma^2 / 2.
+            let sigma = (1.0 + cv * cv).ln().sqrt();
             mean * (sigma * self.next_x(w, now_us) - sigma * sigma / 2.0).exp()
         } else if mean != 1.0 {
             mean
@@ -124,11 +121,15 @@ mod tests {
         }
     }
 
+    fn decode(p: &CostProfile) -> StepDraw {
+        p.step_draw(StepKind::Decode, false)
+    }
+
     /// Multipliers of `n` steps of worker 0, one every `gap_us`.
     fn draws(p: &CostProfile, seed: u64, n: usize, gap_us: u64) -> Vec<f64> {
         let mut j = StepJitter::new(p, seed);
         (0..n as u64)
-            .map(|i| j.apply(0, i * gap_us, 100_000, p.step_mean_over_fit) as f64 / 100_000.0)
+            .map(|i| j.apply(0, i * gap_us, 100_000, decode(p)) as f64 / 100_000.0)
             .collect()
     }
 
@@ -151,13 +152,17 @@ mod tests {
     fn no_terms_change_nothing() {
         let placeholder = CostProfile::cpu_placeholder();
         let mut j = StepJitter::new(&placeholder, 7);
-        let means = [StepKind::Prefill, StepKind::Decode].map(|k| placeholder.mean_over_fit(k));
-        assert!((0..100).all(|i| j.apply(i % 3, i as u64, 12_345, means[i % 2]) == 12_345));
+        let draws = [true, false].map(|woke| {
+            [StepKind::Prefill, StepKind::Decode].map(|k| placeholder.step_draw(k, woke))
+        });
+        assert!(
+            (0..100).all(|i| j.apply(i % 3, i as u64, 12_345, draws[i % 2][i % 3 % 2]) == 12_345)
+        );
         assert!(j.workers.is_empty(), "no draw was made");
         // A profile from before the per-kind means: one mean for both kinds.
         let old = profile(1.1, 0.0, 0.0);
         let mut slower = StepJitter::new(&old, 7);
-        let mut step = |kind| slower.apply(0, 0, 1000, old.mean_over_fit(kind));
+        let mut step = |kind| slower.apply(0, 0, 1000, old.step_draw(kind, true));
         assert_eq!(step(StepKind::Prefill), 1100);
         assert_eq!(step(StepKind::Decode), 1100);
     }
@@ -169,7 +174,7 @@ mod tests {
             ..profile(1.2, 0.0, 0.0)
         };
         let mut j = StepJitter::new(&p, 7);
-        let mut step = |kind| j.apply(0, 0, 1000, p.mean_over_fit(kind));
+        let mut step = |kind| j.apply(0, 0, 1000, p.step_draw(kind, false));
         assert_eq!(step(StepKind::Prefill), 950);
         assert_eq!(step(StepKind::Decode), 1200);
         let spread = CostProfile { step_cv: 0.2, ..p };
@@ -177,7 +182,7 @@ mod tests {
         let mut mean = |kind| {
             (0..100_000u64)
                 .map(|i| {
-                    j.apply(0, i * 1000, 100_000, spread.mean_over_fit(kind)) as f64 / 100_000.0
+                    j.apply(0, i * 1000, 100_000, spread.step_draw(kind, false)) as f64 / 100_000.0
                 })
                 .sum::<f64>()
                 / 100_000.0
@@ -185,6 +190,38 @@ mod tests {
         let (prefill, decode) = (mean(StepKind::Prefill), mean(StepKind::Decode));
         assert!((prefill - 0.95).abs() < 0.006, "{prefill}");
         assert!((decode - 1.2).abs() < 0.008, "{decode}");
+    }
+
+    #[test]
+    fn each_kind_of_step_has_its_own_spread_and_waking_its_own_mean() {
+        let p = CostProfile {
+            prefill_cv: Some(0.1),
+            after_idle_factor: Some(1.5),
+            ..profile(1.0, 0.4, 0.0)
+        };
+        let mut j = StepJitter::new(&p, 9);
+        let mut stats = |kind, woke| {
+            let v: Vec<f64> = (0..100_000u64)
+                .map(|i| j.apply(0, i * 1000, 100_000, p.step_draw(kind, woke)) as f64 / 100_000.0)
+                .collect();
+            let (mean, sd) = mean_sd(&v);
+            (mean, sd / mean)
+        };
+        let (mean, cv) = stats(StepKind::Prefill, false);
+        assert!(
+            (mean - 1.0).abs() < 0.005 && (cv - 0.1).abs() < 0.005,
+            "{mean} {cv}"
+        );
+        let (mean, cv) = stats(StepKind::Prefill, true);
+        assert!(
+            (mean - 1.5).abs() < 0.008 && (cv - 0.1).abs() < 0.005,
+            "{mean} {cv}"
+        );
+        let (mean, cv) = stats(StepKind::Decode, false);
+        assert!(
+            (mean - 1.0).abs() < 0.01 && (cv - 0.4).abs() < 0.02,
+            "{mean} {cv}"
+        );
     }
 
     #[test]
@@ -228,10 +265,10 @@ mod tests {
         // Worker 1's draws are the same however many steps worker 0 took.
         let (mut a, mut b) = (StepJitter::new(&p, 3), StepJitter::new(&p, 3));
         for t in 0..10 {
-            a.apply(0, t, 1000, 1.0);
+            a.apply(0, t, 1000, decode(&p));
         }
-        let x: Vec<u64> = (0..5).map(|t| a.apply(1, t, 1000, 1.0)).collect();
-        let y: Vec<u64> = (0..5).map(|t| b.apply(1, t, 1000, 1.0)).collect();
+        let x: Vec<u64> = (0..5).map(|t| a.apply(1, t, 1000, decode(&p))).collect();
+        let y: Vec<u64> = (0..5).map(|t| b.apply(1, t, 1000, decode(&p))).collect();
         assert_eq!(x, y);
     }
 }

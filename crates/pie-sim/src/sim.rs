@@ -56,7 +56,7 @@ use pie_policy::{Candidate, KeepSession, OnMiss, Planned, Scheduler, StepLimits,
 use crate::actors::{SimActors, ToExecute};
 use crate::autoscale::{AutoscaleConfig, Fleet, Life};
 use crate::copies::{hot_prefixes, leading_held, PrefixCopy, HEAT_CAPACITY};
-use crate::cost::{CostProfile, StepShape};
+use crate::cost::{CostProfile, StepShape, AFTER_IDLE_MS};
 use crate::disaggregate::{kv_bytes_per_token, Links};
 use crate::disk::{read_us, write_us, Disks};
 use crate::events::{Event, Events};
@@ -230,6 +230,8 @@ struct Worker {
     /// When the running step (or a pending wake-up) ends; None while idle.
     /// Step-end events at other times are stale (a shared machine moved the end).
     step_end: Option<u64>,
+    /// When its last step ended; None before its first.
+    last_step_end: Option<u64>,
 }
 
 struct Sim<'a> {
@@ -522,6 +524,7 @@ fn new_worker(cfg: &SimConfig, policy: &dyn Fn() -> Box<dyn WorkerPolicy>, track
         pages: WorkerPages::new(cfg.profile.page_size, cfg.profile.kv_pages, track),
         plan: Vec::new(),
         step_end: None,
+        last_step_end: None,
     }
 }
 
@@ -1206,12 +1209,14 @@ impl<'a> Sim<'a> {
         (!self.machines.is_empty()).then(|| w / self.cfg.workers_per_machine)
     }
 
-    /// Schedule the end of `w`'s step of `work_us` (profile time) begun at `now`.
+    /// Schedule the end of `w`'s step of `work_us` (profile time) begun at
+    /// `now`, keeping the profile's `host_share` of its host busy (`machine.rs`).
     fn schedule_step(&mut self, w: usize, now: u64, work_us: u64) {
         match self.machine_of(w) {
             None => self.set_step_end(w, now + work_us),
             Some(m) => {
-                self.machines[m].start(now, w as u32, work_us);
+                let demand = self.cfg.profile.host_share.unwrap_or(1.0);
+                self.machines[m].start(now, w as u32, work_us, demand);
                 self.schedule_machine(m, now);
             }
         }
@@ -1652,8 +1657,11 @@ impl<'a> Sim<'a> {
         self.sync_index(w);
         let step_us = if planned {
             let profile = &self.cfg.profile;
-            let mean = profile.mean_over_fit(shape.kind());
-            self.jitter.apply(w, now, profile.step_us(&shape), mean)
+            let woke = self.workers[w]
+                .last_step_end
+                .is_none_or(|end| now.saturating_sub(end) >= AFTER_IDLE_MS * 1000);
+            let draw = profile.step_draw(shape.kind(), woke);
+            self.jitter.apply(w, now, profile.step_us(&shape), draw)
         } else {
             0
         };
@@ -1694,6 +1702,9 @@ impl<'a> Sim<'a> {
 
     /// The running step's tokens take effect at `now`.
     fn end_step(&mut self, w: usize, now: u64) {
+        if !self.workers[w].plan.is_empty() {
+            self.workers[w].last_step_end = Some(now);
+        }
         let ps = self.cfg.profile.page_size as u32;
         let plan = std::mem::take(&mut self.workers[w].plan);
         let mut published = std::mem::take(&mut self.published);

@@ -406,10 +406,26 @@ fn actors_tick_on_simulated_time_and_only_observe() {
     assert!(dry.actions.iter().all(|a| a.dry_run));
 }
 
+/// A calibrated profile of the default model on two cores (BENCHMARKS.md).
+fn calibrated(step_cv: f64) -> CostProfile {
+    CostProfile {
+        a_ms: 13.78,
+        b_ms_per_token: 2.08,
+        c_ms_per_context_token: 0.00201,
+        d_ms_per_pair: 0.00697,
+        step_cv,
+        ..CostProfile::cpu_placeholder()
+    }
+}
+
+fn fidelity_run(step_cv: f64, seed: u64) -> RunMetrics {
+    fidelity_run_on(calibrated(step_cv), seed)
+}
+
 /// `scripts/fidelity.sh`'s one-worker run: shared-prefix, 4 groups of 256-token
 /// system prompts, 32-token questions and outputs, 0.5 requests/s (workload
 /// seed 1); the simulator's own draws from `seed`.
-fn fidelity_run(step_cv: f64, seed: u64) -> RunMetrics {
+fn fidelity_run_on(profile: CostProfile, seed: u64) -> RunMetrics {
     let overrides: Vec<String> = [
         "groups=4",
         "zipf=null",
@@ -430,15 +446,6 @@ fn fidelity_run(step_cv: f64, seed: u64) -> RunMetrics {
         load: 1.0,
     };
     let (name, reqs) = requests::load(&input).expect("workload");
-    // A calibrated profile of the default model on two cores (BENCHMARKS.md).
-    let profile = CostProfile {
-        a_ms: 13.78,
-        b_ms_per_token: 2.08,
-        c_ms_per_context_token: 0.00201,
-        d_ms_per_pair: 0.00697,
-        step_cv,
-        ..CostProfile::cpu_placeholder()
-    };
     let mut cfg = SimConfig::new(1, PolicyName::Fcfs, router("round-robin"), profile);
     cfg.seed = seed;
     let mut m = run(&cfg, &name, &reqs).expect("simulation runs");
@@ -467,6 +474,25 @@ fn step_variance_raises_the_ttft_tail_not_the_mean() {
         p90 > 2.0 * e2e_mean.abs(),
         "p90 {p90:.3}, e2e mean {e2e_mean:.3}"
     );
+}
+
+#[test]
+fn only_a_step_that_meets_an_idle_worker_costs_the_after_idle_factor() {
+    let plain = fidelity_run(0.0, 1);
+    let woken = fidelity_run_on(
+        CostProfile {
+            after_idle_factor: Some(1.5),
+            ..calibrated(0.0)
+        },
+        1,
+    );
+    // At 0.5 requests/s most requests find the worker idle: the median TTFT
+    // is a prefill after idle.
+    let ttft = woken.ttft_ms.p50 / plain.ttft_ms.p50;
+    assert!((ttft - 1.5).abs() < 0.01, "TTFT p50 x{ttft:.3}");
+    // A decode step follows the step before it at once.
+    let itl = woken.itl_ms.p50 / plain.itl_ms.p50;
+    assert!((itl - 1.0).abs() < 0.01, "inter-token p50 x{itl:.3}");
 }
 
 #[test]

@@ -59,6 +59,7 @@ pub fn up(
     model: &Path,
     port: u16,
     policies: Option<&str>,
+    step_log_dir: Option<&Path>,
 ) -> Result<()> {
     let mut children = Children(Vec::new());
     let pie = std::env::current_exe()?;
@@ -78,6 +79,10 @@ pub fn up(
         ];
         if let Some(c) = config {
             args.extend(["--config".into(), c.display().to_string()]);
+        }
+        if let Some(dir) = step_log_dir {
+            let log = dir.join(format!("w{i}.steps.jsonl"));
+            args.extend(["--step-log".into(), log.display().to_string()]);
         }
         let url = start(&mut children, &pie, &args, "pie: listening on ")?;
         println!("worker w{i}: {url}");

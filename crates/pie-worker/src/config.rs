@@ -29,6 +29,9 @@ pub struct ServerConfig {
     /// Record finished requests here as a Mooncake-format JSONL trace (lengths,
     /// 512-token block ids and props; never token ids). Unset: no trace.
     pub trace_file: Option<PathBuf>,
+    /// Log every engine step here (JSON lines: start, duration, idle time
+    /// before it, shape), for `pie bench --calibrate --from-steps`. Unset: no log.
+    pub step_log: Option<PathBuf>,
     /// The key this worker presents when it calls peers (offload), a pool or a
     /// controller (registration): a key with role `worker` there. The
     /// environment's `PIE_WORKER_KEY` takes precedence.
@@ -57,6 +60,7 @@ impl Default for ServerConfig {
             max_queued: 256,
             max_body_bytes: 1 << 20,
             trace_file: None,
+            step_log: None,
             worker_key: None,
             stall_ms: 30_000,
             max_sessions: 10_000,
@@ -167,6 +171,7 @@ port = 8080
 max_queued = 256                   # processes waiting to start; beyond: 429
 max_body_bytes = 1048576           # beyond: 413
 # trace_file = "trace.jsonl"       # record finished requests (lengths, block ids, props; no tokens)
+# step_log = "steps.jsonl"         # every engine step's start, time and shape (pie bench --calibrate --from-steps)
 stall_ms = 30000                   # engine without progress this long with work pending: 503 on /health
 max_sessions = 10000               # chat sessions kept; beyond: least recently used forgotten
 max_finished_processes = 10000     # finished process records kept; beyond: oldest forgotten

@@ -24,6 +24,7 @@ use pie_model::{Model, Sampler, SamplingParams, SeqInput};
 use pie_policy::{
     scheduler::prefill_share, Candidate, KeepSession, Planned, Scheduler, StepLimits, WorkerPolicy,
 };
+use pie_workload::StepShape;
 
 pub use kv::Spill;
 use kv::{EngineKv, Sequence};
@@ -120,8 +121,9 @@ pub struct StepOutput {
     pub tokens: Vec<(SeqId, u32)>,
     /// Finished sequences with their final facts; their pages are already released.
     pub finished: Vec<(SeqId, FinishReason, SeqInfo)>,
-    /// Tokens computed in this step (prefill and decode).
-    pub batch_tokens: usize,
+    /// What the step's forward computed: tokens (prefill and decode),
+    /// context, attention pairs, sequences (the simulator's cost terms).
+    pub shape: StepShape,
     /// Sequences scheduled for the first time in this step, with the prompt
     /// tokens they found cached (known here even for one that also finishes
     /// in this step and is gone by the time anyone could ask).
@@ -404,13 +406,13 @@ impl Engine {
         self.counters.steps += 1;
         let mut done = Vec::new();
         for p in plan {
-            out.batch_tokens += p.tokens;
             let seq = self
                 .kv
                 .seqs
                 .get_mut(&p.seq)
                 .expect("planned sequence exists");
             let len = seq.table.len();
+            out.shape.add(len, p.tokens);
             let new_len = len + p.tokens;
             let prefill = prefill_share(seq.prompt_len, len, p.tokens);
             self.counters.prefill_tokens += prefill as u64;

@@ -14,6 +14,7 @@ pub mod records;
 pub mod runtime;
 pub mod serve;
 pub mod sessions;
+pub mod step_log;
 pub mod supervisor;
 
 pub use engine::{Engine, EngineConfig, FinishReason, Request};

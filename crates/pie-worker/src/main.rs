@@ -116,6 +116,10 @@ struct BenchArgs {
     /// Time engine steps in-process and fit the cost profile pie-sim reads.
     #[arg(long)]
     calibrate: bool,
+    /// With --calibrate: fit these step logs (`pie serve --step-log`) instead
+    /// of timing steps here (repeatable; the model gives the engine limits).
+    #[arg(long, requires = "calibrate", num_args = 1..)]
+    from_steps: Vec<PathBuf>,
     #[command(flatten)]
     model: ModelArgs,
     /// No progress bar.
@@ -161,6 +165,9 @@ struct ServeArgs {
     /// workers per group).
     #[arg(long, requires = "controller")]
     group: Option<String>,
+    /// `[server] step_log`: log every engine step here (JSON lines).
+    #[arg(long)]
+    step_log: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -175,6 +182,7 @@ impl ServeArgs {
         s.port = me.port.unwrap_or(s.port);
         s.max_queued = me.max_queued.unwrap_or(s.max_queued);
         c.model.path = me.model.or(c.model.path.take());
+        s.step_log = me.step_log.or(s.step_log.take());
         if let Some(names) = me.worker_policy {
             rt.worker_policy = PolicyList::Many(names);
         }
@@ -212,6 +220,9 @@ enum ClusterCmd {
         /// Cluster policies, comma-separated (default: the controller's).
         #[arg(long)]
         policies: Option<String>,
+        /// Each worker logs its engine steps to DIR/wN.steps.jsonl (`pie serve --step-log`).
+        #[arg(long)]
+        step_log_dir: Option<PathBuf>,
     },
 }
 
@@ -314,6 +325,7 @@ fn main() -> Result<()> {
                     model,
                     port,
                     policies,
+                    step_log_dir,
                 },
         } => {
             let model = match model.model {
@@ -326,6 +338,7 @@ fn main() -> Result<()> {
                 &model,
                 port,
                 policies.as_deref(),
+                step_log_dir.as_deref(),
             )
         }
         Cmd::Config {
@@ -397,7 +410,11 @@ fn bench(args: BenchArgs) -> Result<()> {
             None => fetch::default_model()?,
         };
         let out = args.out.unwrap_or_else(|| PathBuf::from("profile.json"));
-        pie_worker::calibrate::run(&model, &out)?;
+        if args.from_steps.is_empty() {
+            pie_worker::calibrate::run(&model, &out)?;
+        } else {
+            pie_worker::calibrate::served::run(&model, &args.from_steps, &out)?;
+        }
         return Ok(());
     }
     let command = pie_client::BenchCommand {

@@ -23,6 +23,7 @@ use crate::metrics::Metrics;
 use crate::process::{now_ms, ProcEvent, ProcState, Process, StateCounts};
 use crate::records::{ProcessTable, RecordLimits};
 use crate::sessions::Sessions;
+use crate::step_log::StepLog;
 use crate::supervisor::{self, Supervision};
 use pie_kv::transfer::PageFormat;
 use pie_policy::cluster::Stage;
@@ -239,6 +240,8 @@ pub struct RuntimeSettings {
     pub max_sessions: usize,
     /// `[server] max_finished_processes` and `finished_ttl_ms`.
     pub records: RecordLimits,
+    /// `[server] step_log`: taken by the engine thread at start.
+    pub step_log: Option<StepLog>,
 }
 
 /// Every event of one process, from its start to its final `Done`.
@@ -304,7 +307,7 @@ impl Runtime {
     /// Start the engine thread; the runtime lives as long as the server.
     pub fn start(
         mut engine: Engine,
-        settings: RuntimeSettings,
+        mut settings: RuntimeSettings,
         policies: WorkerPolicies,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
@@ -339,6 +342,7 @@ impl Runtime {
             load: load.clone(),
             supervision: supervision.clone(),
             spills,
+            step_log: settings.step_log.take(),
         };
         std::thread::Builder::new()
             .name("pie-engine".into())
@@ -1269,6 +1273,7 @@ struct EngineThread {
     supervision: Arc<Supervision>,
     /// Spilled sessions to the runtime, which keeps them (`spill.rs`).
     spills: mpsc::UnboundedSender<Spill>,
+    step_log: Option<StepLog>,
 }
 
 type Subscribers = HashMap<SeqId, mpsc::UnboundedSender<SeqEvent>>;
@@ -1276,10 +1281,11 @@ type Subscribers = HashMap<SeqId, mpsc::UnboundedSender<SeqEvent>>;
 impl EngineThread {
     /// The engine loop under supervision: a panic fails every sequence it was
     /// serving with the panic's message, and the worker reports it.
-    fn run(self, engine: Engine, commands: std_mpsc::Receiver<Command>, kv: KvPublisher) {
+    fn run(mut self, engine: Engine, commands: std_mpsc::Receiver<Command>, kv: KvPublisher) {
         let mut subs = Subscribers::new();
+        let step_log = self.step_log.take();
         let looped = supervisor::run_supervised(&self.supervision, || {
-            engine_loop(engine, &commands, kv, &mut subs, &self)
+            engine_loop(engine, &commands, kv, step_log, &mut subs, &self)
         });
         if let Err(reason) = looped {
             for (_, tx) in subs.drain() {
@@ -1293,6 +1299,7 @@ fn engine_loop(
     mut engine: Engine,
     commands: &std_mpsc::Receiver<Command>,
     mut kv: KvPublisher,
+    mut step_log: Option<StepLog>,
     subs: &mut Subscribers,
     shared: &EngineThread,
 ) {
@@ -1348,7 +1355,7 @@ fn engine_loop(
         if engine.has_work() {
             #[cfg(feature = "fault-injection")]
             std::thread::sleep(supervision.step_delay());
-            step(&mut engine, subs);
+            step(&mut engine, subs, step_log.as_mut());
         }
         for spill in engine.take_spills() {
             let _ = shared.spills.send(spill);
@@ -1465,7 +1472,8 @@ fn apply(
     }
 }
 
-fn step(engine: &mut Engine, subs: &mut Subscribers) {
+fn step(engine: &mut Engine, subs: &mut Subscribers, step_log: Option<&mut StepLog>) {
+    let started = Instant::now();
     let out = match engine.step(now_ms()) {
         Ok(out) => out,
         Err(e) => {
@@ -1477,6 +1485,9 @@ fn step(engine: &mut Engine, subs: &mut Subscribers) {
             return;
         }
     };
+    if let Some(log) = step_log {
+        log.record(started, &out.shape);
+    }
     let mut gone = Vec::new();
     for (id, cached_tokens) in out.started {
         notify(subs, id, SeqEvent::Started { cached_tokens }, &mut gone);

@@ -296,6 +296,14 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
             "server.finished_ttl_ms",
             old.server.finished_ttl_ms != new.server.finished_ttl_ms,
         ),
+        (
+            "server.trace_file",
+            old.server.trace_file != new.server.trace_file,
+        ),
+        (
+            "server.step_log",
+            old.server.step_log != new.server.step_log,
+        ),
         ("model", old.model != new.model),
         ("runtime.page_size", o.page_size != n.page_size),
         (
@@ -362,6 +370,12 @@ fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
             max_finished: config.server.max_finished_processes,
             finished_ttl_ms: config.server.finished_ttl_ms,
         },
+        step_log: config
+            .server
+            .step_log
+            .as_deref()
+            .map(crate::step_log::StepLog::create)
+            .transpose()?,
     };
     let rt = Runtime::start(engine, settings, policies, Arc::new(Metrics::new()));
     rt.start_persist();

@@ -184,6 +184,83 @@ fn calibrate_writes_a_profile_for_the_simulator() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_served_runs_step_log_counts_every_token_and_fits_a_profile() {
+    let log = out_path("bench-steps").with_extension("jsonl");
+    let server = Server::start(
+        &format!("[server]\nstep_log = {:?}\n", log.display().to_string()),
+        &[],
+    )
+    .await;
+    let r = bench(
+        &server.url,
+        "bench-steps-report",
+        &[
+            "--workload",
+            "shared-prefix",
+            "--requests",
+            "12",
+            "--set",
+            "groups=2",
+            "--set",
+            "system_len=64",
+            "--set",
+            "question_len=8",
+            "--set",
+            "output_len=6",
+            "--set",
+            "rate_per_s=20",
+        ],
+    );
+    let s = &r["summary"];
+    assert_eq!(s["completed"], 12, "{s}");
+    let steps: Vec<Value> = std::fs::read_to_string(&log)
+        .expect("step log written")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    // Every prompt token not found cached, and every generated token but each
+    // request's last (never fed back), is computed in exactly one logged step.
+    let computed: u64 = steps
+        .iter()
+        .map(|l| l["batch_tokens"].as_u64().unwrap())
+        .sum();
+    let uncached = s["prompt_tokens"].as_u64().unwrap() - s["cached_tokens"].as_u64().unwrap();
+    assert_eq!(computed, uncached + 12 * 5, "{s}");
+    assert!(steps[1..].iter().all(|l| l["idle_ms"].as_f64().is_some()));
+    let out = out_path("bench-served-profile");
+    let fitted = Command::new(env!("CARGO_BIN_EXE_pie"))
+        .args(["bench", "--calibrate", "--model"])
+        .arg(test_model())
+        .arg("--from-steps")
+        .arg(&log)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run pie bench --calibrate --from-steps");
+    let _ = std::fs::remove_file(&log);
+    assert!(
+        fitted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fitted.stderr)
+    );
+    let profile: CostProfile =
+        serde_json::from_slice(&std::fs::read(&out).expect("profile written"))
+            .expect("a CostProfile");
+    let _ = std::fs::remove_file(&out);
+    assert!(
+        profile.calibrated && profile.b_ms_per_token > 0.0,
+        "{profile:?}"
+    );
+    assert!(
+        profile
+            .source
+            .contains(&format!("{} served steps", steps.len())),
+        "{}",
+        profile.source
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_trace_replays_with_its_lengths_and_shared_blocks() {
     let server = Server::start("", &[]).await;
     let trace = out_path("bench-trace").with_extension("jsonl");

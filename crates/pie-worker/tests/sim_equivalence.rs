@@ -159,7 +159,7 @@ fn on_engine(
         }
         let out = engine.step(step.start_us / 1000).expect("step");
         let pool = engine.pool_stats();
-        batches.push((out.batch_tokens, pool.free, pool.cached));
+        batches.push((out.shape.batch_tokens, pool.free, pool.cached));
         for (id, token) in &out.tokens {
             first.entry(ids[id]).or_insert(step.end_us);
             contexts[ids[id]].push(*token);

@@ -33,14 +33,34 @@ pub struct CostProfile {
     /// profiles written before it ...
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_mean_over_fit: Option<f64>,
-    /// ... their coefficient of variation (a queue's tail grows with it) ...
+    /// ... their coefficient of variation (a queue's tail grows with it), for
+    /// decode steps, and for every step where `prefill_cv` is absent ...
     #[serde(default)]
     pub step_cv: f64,
+    /// ... prefill steps' own (served prefills varied half as much as served
+    /// decode steps in one run, 0.25 against 0.47), absent in profiles
+    /// written before it ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_cv: Option<f64>,
     /// ... and how long a slow spell lasts: the correlation time of one step's
     /// deviation with the next's (ms; 0: independent). Profiles written before
     /// these existed load as 1, 0, 0: every step of a shape the fit's time.
     #[serde(default)]
     pub step_corr_ms: f64,
+    /// A step that starts after its worker sat idle at least `AFTER_IDLE_MS`
+    /// takes this many times a step that follows another at once, on top of
+    /// its kind's mean (waking the thread pool; caches the idle spell let
+    /// others cool). Measured on prefills, the steps that meet an idle worker;
+    /// absent: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_idle_factor: Option<f64>,
+    /// The share of its host one step keeps busy, in (0, 1]: workers sharing a
+    /// host slow each other by what their overlapping steps demand together
+    /// (`pie-sim`'s `machine.rs`). Measured on served steps that overlapped
+    /// another worker's (`pie bench --calibrate --from-steps`); absent: 1,
+    /// processor sharing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_share: Option<f64>,
     /// False for placeholder coefficients; results must say so.
     pub calibrated: bool,
     /// Where the coefficients come from.
@@ -76,6 +96,10 @@ fn loopback_latency_us() -> u64 {
 }
 
 pub const PROFILES: &[&str] = &["gpu", "cpu"];
+
+/// A step that starts at least this long after its worker's previous step
+/// ended wakes from idle (`CostProfile::after_idle_factor`).
+pub const AFTER_IDLE_MS: u64 = 100;
 
 impl CostProfile {
     pub fn named(name: &str) -> Result<Self, String> {
@@ -120,6 +144,9 @@ impl CostProfile {
             step_cv: 0.0,
             step_corr_ms: 0.0,
             prefill_mean_over_fit: None,
+            prefill_cv: None,
+            after_idle_factor: None,
+            host_share: None,
             calibrated: false,
             source: "roofline from the A100 datasheet and the Llama-3-8B config; not measured"
                 .into(),
@@ -147,6 +174,9 @@ impl CostProfile {
             step_cv: 0.0,
             step_corr_ms: 0.0,
             prefill_mean_over_fit: None,
+            prefill_cv: None,
+            after_idle_factor: None,
+            host_share: None,
             calibrated: false,
             source: "uncalibrated placeholder".into(),
             page_size: 16,
@@ -183,7 +213,9 @@ impl CostProfile {
             ("d_ms_per_pair", self.d_ms_per_pair),
             ("step_mean_over_fit", self.step_mean_over_fit),
             ("step_cv", self.step_cv),
+            ("prefill_cv", self.prefill_cv.unwrap_or(0.0)),
             ("step_corr_ms", self.step_corr_ms),
+            ("after_idle_factor", self.after_idle_factor.unwrap_or(1.0)),
             ("transfer_bytes_per_s", self.transfer_bytes_per_s),
         ];
         if let Some((field, v)) = coefficients
@@ -198,6 +230,9 @@ impl CostProfile {
             ("max_batch_tokens", self.max_batch_tokens),
             ("max_running", self.max_running),
         ];
+        if let Some(share) = self.host_share.filter(|s| !(*s > 0.0 && *s <= 1.0)) {
+            return Err(format!("field `host_share`: {share} is not in (0, 1]"));
+        }
         match limits.iter().find(|(_, v)| *v == 0) {
             Some((field, _)) => Err(format!("field `{field}`: must be positive")),
             None if self.transfer_bytes_per_s == 0.0 => {
@@ -239,6 +274,37 @@ impl CostProfile {
             StepKind::Decode => self.step_mean_over_fit,
         }
     }
+
+    /// The coefficient of variation of a step's time, by its kind.
+    pub fn cv_of(&self, kind: StepKind) -> f64 {
+        match kind {
+            StepKind::Prefill => self.prefill_cv.unwrap_or(self.step_cv),
+            StepKind::Decode => self.step_cv,
+        }
+    }
+
+    /// What a step's time over the fit's prediction is drawn with: its
+    /// kind's mean (times `after_idle_factor` when its worker `woke` from
+    /// idle for it) and its kind's cv.
+    pub fn step_draw(&self, kind: StepKind, woke: bool) -> StepDraw {
+        let wake = if woke {
+            self.after_idle_factor.unwrap_or(1.0)
+        } else {
+            1.0
+        };
+        StepDraw {
+            mean: self.mean_over_fit(kind) * wake,
+            cv: self.cv_of(kind),
+        }
+    }
+}
+
+/// The mean and coefficient of variation of one step's time over the fit's
+/// prediction (`pie-sim`'s `jitter.rs` draws it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepDraw {
+    pub mean: f64,
+    pub cv: f64,
 }
 
 /// Prefill (some sequence computes more than one token) or decode (one token
@@ -310,6 +376,22 @@ mod tests {
         assert_eq!(p.step_us(&decode), 18_874);
         assert_eq!(p.step_us(&StepShape::default()), 7_900);
         assert!(CostProfile::named("tpu").is_err());
+    }
+
+    #[test]
+    fn shapes_count_context_and_causal_pairs() {
+        // Decode at 100 tokens: 101 of context, 101 pairs; 4 tokens after 16 cached:
+        // 20 of context, 4 * 16 + (1 + 2 + 3 + 4) pairs.
+        let pairs = |seqs: &[(usize, usize)]| {
+            let s = StepShape::of(seqs);
+            (s.context_tokens, s.attention_pairs, s.sequences, s.kind())
+        };
+        assert_eq!(pairs(&[(100, 1)]), (101, 101, 1, StepKind::Decode));
+        assert_eq!(pairs(&[(16, 4)]), (20, 74, 1, StepKind::Prefill));
+        assert_eq!(
+            pairs(&[(100, 1), (16, 4)]),
+            (121, 175, 2, StepKind::Prefill)
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ pub mod recorder;
 pub mod trace;
 pub mod workload;
 
-pub use cost::{CostProfile, StepKind, StepShape};
+pub use cost::{CostProfile, StepDraw, StepKind, StepShape, AFTER_IDLE_MS};
 pub use recorder::{JsonLines, TraceInput, TraceRecorder};
 pub use trace::{read_trace, trace_block_ids, trace_requests, TraceRecord, TRACE_BLOCK_TOKENS};
 pub use workload::{Request, Segment, WorkloadSpec};

@@ -23,12 +23,14 @@
 //! Then the spread: one prefill shape (32 tokens after a cached 256-token
 //! prefix; half of them after 300 ms idle) and one decode shape (one sequence at about 256 tokens) are each
 //! stepped many times in a row; the standard deviation of their times over
-//! their shape's mean is the profile's `step_cv`, which `pie-sim` draws each
-//! step's variance from (a queue's tail grows with it). Printed beside it:
-//! p90 / p50 of the repeated times, their lag-1 autocorrelation (near 0: steps
-//! vary one by one, not in slow swings), and their mean over the fit's
-//! prediction (the fit keeps each grid shape's faster time of two), which goes
-//! into the profile per kind (prefill and decode differ).
+//! their shape's mean is the profile's `prefill_cv` and `step_cv` (decode),
+//! which `pie-sim` draws each step's variance from (a queue's tail grows with
+//! it). Printed beside it: p90 / p50 of the repeated times, their lag-1
+//! autocorrelation (near 0: steps vary one by one, not in slow swings; pooled,
+//! the profile's `step_corr_ms`), and their mean over the fit's prediction
+//! (the fit keeps each grid shape's faster time of two), which goes into the
+//! profile per kind (prefill and decode differ); the prefills after idle over
+//! those back to back is the profile's `after_idle_factor`.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -37,10 +39,12 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use pie_model::Model;
 use pie_policy::Fcfs;
-use pie_workload::{CostProfile, StepKind};
+use pie_workload::{CostProfile, StepKind, StepShape};
 
 use crate::config::Config;
 use crate::engine::{Engine, EngineConfig, Request};
+
+pub mod served;
 
 /// One timed step.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -52,20 +56,21 @@ pub struct Sample {
     pub ms: f64,
 }
 
+impl Sample {
+    pub fn of(shape: &StepShape, ms: f64) -> Self {
+        Self {
+            batch_tokens: shape.batch_tokens,
+            context_tokens: shape.context_tokens,
+            pairs: shape.attention_pairs as usize,
+            ms,
+        }
+    }
+}
+
 /// Which terms a fit may use: 1, batch tokens, context tokens, attention pairs.
 pub type Terms = [bool; 4];
 pub const ALL_TERMS: Terms = [true; 4];
 pub const WITHOUT_PAIRS: Terms = [true, true, true, false];
-
-/// The shape of a step on sequences with `cached` tokens computing `new` each.
-fn shape(seqs: &[(usize, usize)]) -> (usize, usize) {
-    seqs.iter().fold((0, 0), |(ctx, pairs), &(cached, new)| {
-        (
-            ctx + cached + new,
-            pairs + new * cached + new * (new + 1) / 2,
-        )
-    })
-}
 
 /// Fitted coefficients and how well they fit.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -124,15 +129,19 @@ pub fn run(path: &Path, out: &Path) -> Result<CostProfile> {
     // The profile's terms are the back-to-back steps'; the steps after idle
     // are printed beside them (whether waking costs anything).
     let back_to_back = || repeated.iter().filter(|r| r.idle_ms == 0);
-    let mean_over_fit =
-        |kind: StepKind| spread(back_to_back().filter(|r| r.kind == kind), &fit).mean_over_fit;
+    let of_kind = |kind: StepKind| spread(back_to_back().filter(|r| r.kind == kind), &fit);
+    let (prefill, decode) = (of_kind(StepKind::Prefill), of_kind(StepKind::Decode));
+    let after_idle = repeated.iter().filter(|r| r.idle_ms > 0);
     let measured = KindSpread {
         pooled: spread(back_to_back(), &fit),
-        prefill_mean_over_fit: mean_over_fit(StepKind::Prefill),
-        decode_mean_over_fit: mean_over_fit(StepKind::Decode),
+        prefill,
+        decode,
+        prefill_mean_over_fit: prefill.mean_over_fit,
+        after_idle_factor: Some(spread(after_idle, &fit).mean_over_fit / prefill.mean_over_fit),
+        host_share: None,
     };
     println!("  {}", describe_spread(&measured.pooled, &repeated, &fit));
-    let profile = profile(path, &serve, &fit, &measured);
+    let profile = profile(path, "pie bench --calibrate", &serve, &fit, &measured);
     let json = serde_json::to_string_pretty(&profile)?;
     std::fs::write(out, json + "\n").with_context(|| format!("writing {}", out.display()))?;
     println!("wrote {}", out.display());
@@ -160,7 +169,15 @@ fn print_samples(samples: &[Sample], fit: &Fit) {
     }
 }
 
-fn profile(path: &Path, serve: &EngineConfig, fit: &Fit, spread: &KindSpread) -> CostProfile {
+/// The profile of `fit` and `spread`, measured on the model at `path` by
+/// `how` (a command, with what it timed).
+fn profile(
+    path: &Path,
+    how: &str,
+    serve: &EngineConfig,
+    fit: &Fit,
+    spread: &KindSpread,
+) -> CostProfile {
     let file = path.file_name().map_or_else(
         || path.display().to_string(),
         |f| f.to_string_lossy().into_owned(),
@@ -173,13 +190,16 @@ fn profile(path: &Path, serve: &EngineConfig, fit: &Fit, spread: &KindSpread) ->
         b_ms_per_token: fit.b,
         c_ms_per_context_token: fit.c,
         d_ms_per_pair: fit.d,
-        step_mean_over_fit: spread.decode_mean_over_fit,
+        step_mean_over_fit: spread.decode.mean_over_fit,
         prefill_mean_over_fit: Some(spread.prefill_mean_over_fit),
-        step_cv: spread.pooled.cv,
+        after_idle_factor: spread.after_idle_factor,
+        step_cv: spread.decode.cv,
+        prefill_cv: Some(spread.prefill.cv),
+        host_share: spread.host_share,
         step_corr_ms: spread.pooled.corr_ms,
         calibrated: true,
         source: format!(
-            "pie bench --calibrate on {file}, {}, {cores} cores; R^2 {:.4}, worst relative error {:.1}%",
+            "{how} on {file}, {}, {cores} cores; R^2 {:.4}, worst relative error {:.1}%",
             utc_date(),
             fit.r2,
             100.0 * fit.worst_rel_err
@@ -207,6 +227,10 @@ pub fn measure(model: &Arc<Model>, serve: &EngineConfig) -> Result<Vec<Sample>> 
         .collect())
 }
 
+/// How long the engine sits idle before half the repeated prefills (past
+/// `pie_workload::AFTER_IDLE_MS`: the simulator's waking from idle).
+const AFTER_IDLE_IN_CALIBRATION_MS: u64 = 300;
+
 /// Steps of one shape, timed again and again.
 pub struct Repeated {
     pub name: &'static str,
@@ -228,17 +252,22 @@ pub fn measure_spread(model: &Arc<Model>, serve: &EngineConfig) -> Result<Vec<Re
     let mut grid = Grid::new(model.clone(), serve);
     grid.prefill(1, 32)?; // warm-up, not kept
     let mut back_to_back = Repeated::new("prefill 32 after 256", StepKind::Prefill, 0);
-    let mut after_idle = Repeated::new("the same after 300 ms idle", StepKind::Prefill, 300);
+    let mut after_idle = Repeated::new(
+        "the same after 300 ms idle",
+        StepKind::Prefill,
+        AFTER_IDLE_IN_CALIBRATION_MS,
+    );
     for i in 0..PREFILLS {
+        // A served request often finds the engine idle: its step may pay
+        // for waking the thread pool and cold caches. The idle spell ends
+        // right before the timed step (setting it up runs steps too).
         let into = if i % 2 == 1 {
-            // A served request often finds the engine idle: its step may pay
-            // for waking the thread pool and cold caches.
-            std::thread::sleep(std::time::Duration::from_millis(after_idle.idle_ms));
             &mut after_idle
         } else {
             &mut back_to_back
         };
-        let samples = grid.after_prefix(1, 256, 32)?;
+        let idle = std::time::Duration::from_millis(into.idle_ms);
+        let samples = grid.after_prefix(1, 256, 32, idle)?;
         into.add(samples, &grid.starts_ms);
     }
     let mut decode = Repeated::new("decode 1 at 256", StepKind::Decode, 0);
@@ -269,9 +298,17 @@ impl Repeated {
 /// The spread pooled over the repeated shapes, and each kind's own mean over
 /// the fit (the two can be 0.3 apart, either way).
 struct KindSpread {
+    /// Its correlation time goes into the profile.
     pooled: Spread,
+    prefill: Spread,
+    decode: Spread,
+    /// Where it differs from `prefill.mean_over_fit` (served steps: the
+    /// prefills after a step, not after idle).
     prefill_mean_over_fit: f64,
-    decode_mean_over_fit: f64,
+    /// Prefills after idle over prefills that follow a step at once.
+    after_idle_factor: Option<f64>,
+    /// Measured on served steps of workers sharing a host only.
+    host_share: Option<f64>,
 }
 
 /// How repeated steps of one shape spread (of several: pooled).
@@ -295,11 +332,17 @@ pub struct Spread {
 /// spread does not depend on how long it takes or how often it was timed);
 /// the autocorrelation by samples, as short runs estimate it poorly.
 pub fn spread<'a>(repeated: impl IntoIterator<Item = &'a Repeated>, fit: &Fit) -> Spread {
-    let shapes: Vec<(f64, Spread)> = repeated
-        .into_iter()
-        .filter(|r| r.samples.len() > 2)
-        .map(|r| (r.samples.len() as f64, shape_spread(r, fit)))
-        .collect();
+    pool(
+        repeated
+            .into_iter()
+            .filter(|r| r.samples.len() > 2)
+            .map(|r| (r.samples.len() as f64, shape_spread(r, fit)))
+            .collect(),
+    )
+}
+
+/// Spreads of several series, each with its number of samples.
+fn pool(shapes: Vec<(f64, Spread)>) -> Spread {
     let n = shapes.len().max(1) as f64;
     let samples = shapes.iter().map(|(w, _)| w).sum::<f64>().max(1.0);
     let mean = |f: fn(&Spread) -> f64| shapes.iter().map(|(_, s)| f(s)).sum::<f64>() / n;
@@ -316,20 +359,40 @@ pub fn spread<'a>(repeated: impl IntoIterator<Item = &'a Repeated>, fit: &Fit) -
 
 /// One shape's spread (at least two samples).
 fn shape_spread(r: &Repeated, fit: &Fit) -> Spread {
-    let ms: Vec<f64> = r.samples.iter().map(|s| s.ms).collect();
-    let n = ms.len() as f64;
-    let mean = ms.iter().sum::<f64>() / n;
-    let x: Vec<f64> = ms.iter().map(|t| t / mean - 1.0).collect();
-    let var = x.iter().map(|x| x * x).sum::<f64>() / n;
-    let cov = x.windows(2).map(|w| w[0] * w[1]).sum::<f64>() / (n - 1.0);
-    let lag1 = if var > 0.0 { cov / var } else { 0.0 };
+    let ratios: Vec<f64> = r.samples.iter().map(|s| s.ms / fit.predict(s)).collect();
     let span = r
         .starts_ms
         .last()
         .zip(r.starts_ms.first())
         .map_or(0.0, |(l, f)| l - f);
     let dt = span / (r.starts_ms.len().max(2) - 1) as f64;
-    let mut sorted = ms.clone();
+    let consecutive: Vec<(usize, usize)> = (1..ratios.len()).map(|i| (i - 1, i)).collect();
+    series_spread(&ratios, &consecutive, dt)
+}
+
+/// The spread of step times over the fit's prediction (`ratios`; for one
+/// shape the same as of the times themselves), with the lag-1
+/// autocorrelation over the `consecutive` pairs of indices, `dt_ms` apart.
+fn series_spread(ratios: &[f64], consecutive: &[(usize, usize)], dt_ms: f64) -> Spread {
+    let n = ratios.len() as f64;
+    let mean = ratios.iter().sum::<f64>() / n;
+    let x: Vec<f64> = ratios.iter().map(|t| t / mean - 1.0).collect();
+    let var = x.iter().map(|x| x * x).sum::<f64>() / n;
+    // Over the pairs' own values: a subset of the steps (served steps back to
+    // back) can vary more or less than all of them.
+    let pairs = consecutive.len().max(1) as f64;
+    let cov = consecutive.iter().map(|&(i, j)| x[i] * x[j]).sum::<f64>() / pairs;
+    let paired_var = consecutive
+        .iter()
+        .map(|&(i, j)| (x[i] * x[i] + x[j] * x[j]) / 2.0)
+        .sum::<f64>()
+        / pairs;
+    let lag1 = if paired_var > 0.0 {
+        cov / paired_var
+    } else {
+        0.0
+    };
+    let mut sorted = ratios.to_vec();
     sorted.sort_by(f64::total_cmp);
     let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q) as usize];
     Spread {
@@ -337,11 +400,11 @@ fn shape_spread(r: &Repeated, fit: &Fit) -> Spread {
         p90_over_p50: at(0.9) / at(0.5),
         lag1,
         corr_ms: if lag1 > 0.0 && lag1 < 1.0 {
-            -dt / lag1.ln()
+            -dt_ms / lag1.ln()
         } else {
             0.0
         },
-        mean_over_fit: r.samples.iter().map(|s| s.ms / fit.predict(s)).sum::<f64>() / n,
+        mean_over_fit: mean,
     }
 }
 
@@ -397,7 +460,7 @@ impl Grid {
             samples.extend(self.prefill(seqs, len)?);
         }
         for seqs in [1, 4] {
-            samples.extend(self.after_prefix(seqs, 256, 32)?);
+            samples.extend(self.after_prefix(seqs, 256, 32, std::time::Duration::ZERO)?);
         }
         for context in [128, 512] {
             for seqs in [1, 8, 32, 64] {
@@ -427,19 +490,13 @@ impl Grid {
             .push(t.duration_since(self.origin).as_secs_f64() * 1000.0);
         let out = self.engine.step(0)?;
         let ms = t.elapsed().as_secs_f64() * 1000.0;
-        let (context_tokens, pairs) = shape(seqs);
-        let planned: usize = seqs.iter().map(|s| s.1).sum();
+        let planned = StepShape::of(seqs);
         anyhow::ensure!(
-            out.batch_tokens == planned,
-            "calibration step computed {} tokens, expected {planned}",
-            out.batch_tokens
+            out.shape == planned,
+            "calibration step computed {:?}, expected {planned:?}",
+            out.shape
         );
-        Ok(Sample {
-            batch_tokens: out.batch_tokens,
-            context_tokens,
-            pairs,
-            ms,
-        })
+        Ok(Sample::of(&out.shape, ms))
     }
 
     /// A prompt shared by every run at this length: computed once, then its
@@ -470,14 +527,22 @@ impl Grid {
     }
 
     /// `seqs` prompts of `new` fresh tokens after a cached `cached`-token prefix
-    /// (a multiple of the page size), prefilled in one step.
-    fn after_prefix(&mut self, seqs: usize, cached: usize, new: usize) -> Result<Vec<Sample>> {
+    /// (a multiple of the page size), prefilled in one step after the engine
+    /// sat `idle`.
+    fn after_prefix(
+        &mut self,
+        seqs: usize,
+        cached: usize,
+        new: usize,
+        idle: std::time::Duration,
+    ) -> Result<Vec<Sample>> {
         let base = self.cached_base(cached)?;
         for _ in 0..seqs {
             let mut prompt = base.clone();
             prompt.extend(self.fresh(new));
             self.add(prompt, 1)?;
         }
+        std::thread::sleep(idle);
         let sample = self.step(&vec![(cached, new); seqs])?;
         self.drain()?;
         Ok(vec![sample])
@@ -697,15 +762,6 @@ mod tests {
     }
 
     #[test]
-    fn shapes_count_context_and_causal_pairs() {
-        // Decode at 100 tokens: 101 of context, 101 pairs; 4 tokens after 16 cached:
-        // 20 of context, 4 * 16 + (1 + 2 + 3 + 4) pairs.
-        assert_eq!(shape(&[(100, 1)]), (101, 101));
-        assert_eq!(shape(&[(16, 4)]), (20, 74));
-        assert_eq!(shape(&[(100, 1), (16, 4)]), (121, 175));
-    }
-
-    #[test]
     fn spread_is_relative_to_each_shapes_mean() {
         // Two shapes, 10 ms and 100 ms, each alternating 10% either side of its
         // mean: cv 0.1 whatever the scale, consecutive steps anti-correlated
@@ -739,7 +795,10 @@ mod tests {
             samples: vec![sample(1, 1, 1, 5.0); 10],
             ..shape("still", 5.0)
         };
-        assert_eq!(spread([&still], &fit).cv, 0.0);
+        assert!(
+            spread([&still], &fit).cv < 1e-12,
+            "ratios to the fit are equal to rounding"
+        );
     }
 
     #[test]
