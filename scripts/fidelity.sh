@@ -64,6 +64,7 @@ trap cleanup EXIT
 # Start a process whose stdout announces `PREFIX URL`; sets $URL and pushes its pid.
 start() {
   local prefix=$1 log=$2; shift 2
+  : >"$log" # there before the first look below (pipefail would end the script)
   "${NICE_CMD[@]}" "$@" >"$log" 2>"$log.err" &
   PIDS+=($!)
   for _ in $(seq 600); do

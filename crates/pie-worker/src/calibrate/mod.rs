@@ -86,6 +86,19 @@ pub struct Fit {
 }
 
 impl Fit {
+    /// Every step predicted at `ms` (tests).
+    #[cfg(test)]
+    fn flat(ms: f64) -> Self {
+        Self {
+            a: ms,
+            b: 0.0,
+            c: 0.0,
+            d: 0.0,
+            r2: 1.0,
+            worst_rel_err: 0.0,
+        }
+    }
+
     pub fn predict(&self, s: &Sample) -> f64 {
         let x = features(s);
         self.a * x[0] + self.b * x[1] + self.c * x[2] + self.d * x[3]
@@ -777,14 +790,7 @@ mod tests {
         };
         let repeated = [shape("fast", 10.0), shape("slow", 100.0)];
         // A fit of 50 ms for both: the means are 0.2 and 2 of it.
-        let fit = Fit {
-            a: 50.0,
-            b: 0.0,
-            c: 0.0,
-            d: 0.0,
-            r2: 1.0,
-            worst_rel_err: 0.0,
-        };
+        let fit = Fit::flat(50.0);
         let s = spread(&repeated, &fit);
         assert!((s.cv - 0.1).abs() < 1e-9, "{s:?}");
         assert!((s.lag1 + 1.0).abs() < 1e-9 && s.corr_ms == 0.0, "{s:?}");
@@ -817,14 +823,7 @@ mod tests {
                 .collect(),
             starts_ms: (0..396).map(|i| i as f64 * 10.0).collect(),
         };
-        let fit = Fit {
-            a: 10.0,
-            b: 0.0,
-            c: 0.0,
-            d: 0.0,
-            r2: 1.0,
-            worst_rel_err: 0.0,
-        };
+        let fit = Fit::flat(10.0);
         let s = spread([&swing], &fit);
         let expected = -10.0 / (std::f64::consts::TAU / 12.0).cos().ln();
         assert!(
