@@ -994,6 +994,9 @@ async fn a_native_process_cut_off_from_the_controller_is_killed_before_it_goes_o
     assert_eq!(status, 201, "{v}");
     let id = v["id"].as_str().unwrap().to_string();
     let (first, local) = id.split_once('~').unwrap();
+    // The old copy must still be running when the controller kills it: at
+    // 2 ms a step it finished first on a loaded CI machine (900 tokens, 2 s).
+    slow_worker_steps(&c.url_of(first), 10).await;
     serving_worker(&c).await;
     let slot: usize = first.trim_start_matches('w').parse().unwrap();
     c.relays[slot].drop_connections();
