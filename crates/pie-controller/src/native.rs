@@ -49,8 +49,10 @@ use crate::relay::{
 const MAX_RESUMES: usize = 8;
 /// Workers tried for one resume.
 const MAX_TARGETS: usize = 4;
-/// How long a kill of a process on a worker that broke may take.
+/// How long a kill of a process on a worker that broke may take, per try.
 const KILL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Tries of that kill that fail before reaching the worker.
+const KILL_TRIES: usize = 3;
 /// How long a client's event stream waits for its process to go on
 /// elsewhere after its worker's stream ended without a final state.
 const MOVE_WAIT: Duration = Duration::from_secs(60);
@@ -224,15 +226,24 @@ impl Follower {
         None
     }
 
-    /// Kill the process on its current worker, if that still answers.
+    /// Kill the process on its current worker, if that still answers. A try
+    /// that fails to connect or to send is made again: the break that brought
+    /// us here can leave a pooled connection to the worker that is already
+    /// closed, and a fresh one reaches a worker that lost only that.
     async fn kill(&self) {
         let l = &self.launch;
         let url = process_url(&l.placed.url, "processes", &l.local, "");
-        let req = l.placed.acting.apply(l.placed.ctl.http.delete(url));
-        let _ = with_worker_key(req, l.placed.ctl.worker_key.as_deref())
-            .timeout(KILL_TIMEOUT)
-            .send()
-            .await;
+        for _ in 0..KILL_TRIES {
+            let req = l.placed.acting.apply(l.placed.ctl.http.delete(url.clone()));
+            let sent = with_worker_key(req, l.placed.ctl.worker_key.as_deref())
+                .timeout(KILL_TIMEOUT)
+                .send()
+                .await;
+            match sent {
+                Err(e) if !e.is_timeout() => continue,
+                _ => return,
+            }
+        }
     }
 
     /// Ask the current worker to hand the process off for move `m`.

@@ -684,10 +684,17 @@ async fn cluster_priority_admits_high_priority_first_and_bounds_the_queue() {
     for t in tasks {
         t.await.unwrap();
     }
-    assert_eq!(
-        *done.lock().unwrap(),
-        ["high-1", "high-2", "low-1", "low-2"]
-    );
+    // By level: one freed slot can let two of a level in together (the next
+    // poll can report another worker free), and two one-token requests
+    // admitted together finish in either order.
+    let done = done.lock().unwrap().clone();
+    fn level<'a>(names: &[&'a str]) -> Vec<&'a str> {
+        let mut v = names.to_vec();
+        v.sort_unstable();
+        v
+    }
+    assert_eq!(level(&done[..2]), ["high-1", "high-2"], "{done:?}");
+    assert_eq!(level(&done[2..]), ["low-1", "low-2"], "{done:?}");
     assert_eq!(c.metric("pie_controller_queue_full_total").await, 1.0);
 }
 
