@@ -69,9 +69,10 @@ impl StepLog {
         let ended = Instant::now();
         let idle_ms = self.last_end.map(|end| ms_between(end, started.max(end)));
         self.last_end = Some(ended);
+        let ms = ms_between(started, ended);
         let record = StepRecord {
-            start_unix_ms: unix_ms() - ms_between(started, ended),
-            ms: ms_between(started, ended),
+            start_unix_ms: unix_ms() - ms,
+            ms,
             idle_ms,
             batch_tokens: shape.batch_tokens,
             context_tokens: shape.context_tokens,

@@ -130,30 +130,38 @@ async fn later_turns_reuse_the_generated_tokens() {
     }
 }
 
-#[test]
-fn calibrate_writes_a_profile_for_the_simulator() {
-    let out = out_path("bench-profile");
+/// `pie bench --calibrate` on the test model with `args`, into a profile
+/// named `name`: its stdout and the profile it wrote.
+fn calibrate(name: &str, args: &[&std::ffi::OsStr]) -> (String, CostProfile) {
+    let out = out_path(name);
     let result = Command::new(env!("CARGO_BIN_EXE_pie"))
         .args(["bench", "--calibrate", "--model"])
         .arg(test_model())
+        .args(args)
         .arg("--out")
         .arg(&out)
         .output()
         .expect("run pie bench --calibrate");
-    let stdout = String::from_utf8_lossy(&result.stdout);
+    let stdout = String::from_utf8_lossy(&result.stdout).into_owned();
     assert!(
         result.status.success(),
         "{stdout}{}",
         String::from_utf8_lossy(&result.stderr)
     );
-    assert!(
-        stdout.contains("R^2"),
-        "the fit quality is printed: {stdout}"
-    );
     let profile: CostProfile =
         serde_json::from_slice(&std::fs::read(&out).expect("profile written"))
             .expect("a CostProfile");
     let _ = std::fs::remove_file(&out);
+    (stdout, profile)
+}
+
+#[test]
+fn calibrate_writes_a_profile_for_the_simulator() {
+    let (stdout, profile) = calibrate("bench-profile", &[]);
+    assert!(
+        stdout.contains("R^2"),
+        "the fit quality is printed: {stdout}"
+    );
     assert!(profile.calibrated);
     // Timings, not a speed target: on a loaded machine the fitted intercept can
     // come out 0 (the fit keeps terms non-negative), but tokens always cost.
@@ -227,26 +235,11 @@ async fn a_served_runs_step_log_counts_every_token_and_fits_a_profile() {
     let uncached = s["prompt_tokens"].as_u64().unwrap() - s["cached_tokens"].as_u64().unwrap();
     assert_eq!(computed, uncached + 12 * 5, "{s}");
     assert!(steps[1..].iter().all(|l| l["idle_ms"].as_f64().is_some()));
-    let out = out_path("bench-served-profile");
-    let fitted = Command::new(env!("CARGO_BIN_EXE_pie"))
-        .args(["bench", "--calibrate", "--model"])
-        .arg(test_model())
-        .arg("--from-steps")
-        .arg(&log)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("run pie bench --calibrate --from-steps");
-    let _ = std::fs::remove_file(&log);
-    assert!(
-        fitted.status.success(),
-        "{}",
-        String::from_utf8_lossy(&fitted.stderr)
+    let (_, profile) = calibrate(
+        "bench-served-profile",
+        &["--from-steps".as_ref(), log.as_os_str()],
     );
-    let profile: CostProfile =
-        serde_json::from_slice(&std::fs::read(&out).expect("profile written"))
-            .expect("a CostProfile");
-    let _ = std::fs::remove_file(&out);
+    let _ = std::fs::remove_file(&log);
     // Timings of a tiny model's sub-millisecond steps, not a speed: which
     // terms survive the fit varies (its recovery of known terms is a unit
     // test); a step still costs something, and each kind's mean is measured.

@@ -149,12 +149,18 @@ pub fn run(path: &Path, out: &Path) -> Result<CostProfile> {
         pooled: spread(back_to_back(), &fit),
         prefill,
         decode,
-        prefill_mean_over_fit: prefill.mean_over_fit,
         after_idle_factor: Some(spread(after_idle, &fit).mean_over_fit / prefill.mean_over_fit),
         host_share: None,
     };
     println!("  {}", describe_spread(&measured.pooled, &repeated, &fit));
-    let profile = profile(path, "pie bench --calibrate", &serve, &fit, &measured);
+    write_profile(
+        profile(path, "pie bench --calibrate", &serve, &fit, &measured),
+        out,
+    )
+}
+
+/// Write `profile` to `out` as JSON and say so.
+fn write_profile(profile: CostProfile, out: &Path) -> Result<CostProfile> {
     let json = serde_json::to_string_pretty(&profile)?;
     std::fs::write(out, json + "\n").with_context(|| format!("writing {}", out.display()))?;
     println!("wrote {}", out.display());
@@ -204,7 +210,7 @@ fn profile(
         c_ms_per_context_token: fit.c,
         d_ms_per_pair: fit.d,
         step_mean_over_fit: spread.decode.mean_over_fit,
-        prefill_mean_over_fit: Some(spread.prefill_mean_over_fit),
+        prefill_mean_over_fit: Some(spread.prefill.mean_over_fit),
         after_idle_factor: spread.after_idle_factor,
         step_cv: spread.decode.cv,
         prefill_cv: Some(spread.prefill.cv),
@@ -313,11 +319,10 @@ impl Repeated {
 struct KindSpread {
     /// Its correlation time goes into the profile.
     pooled: Spread,
+    /// Its mean over the fit is that of prefills that do not wake the
+    /// engine (served steps: when measured apart from those that do).
     prefill: Spread,
     decode: Spread,
-    /// Where it differs from `prefill.mean_over_fit` (served steps: the
-    /// prefills after a step, not after idle).
-    prefill_mean_over_fit: f64,
     /// Prefills after idle over prefills that follow a step at once.
     after_idle_factor: Option<f64>,
     /// Measured on served steps of workers sharing a host only.

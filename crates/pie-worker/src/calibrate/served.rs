@@ -15,15 +15,14 @@
 //! it the profile's `after_idle_factor`.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::{ensure, Context, Result};
 use pie_model::Model;
 use pie_workload::{CostProfile, StepKind, AFTER_IDLE_MS};
 
 use super::{
-    describe, fit, pool, profile, series_spread, serve_engine_config, Fit, KindSpread, Sample,
-    Spread, ALL_TERMS,
+    describe, fit, pool, profile, series_spread, serve_engine_config, write_profile, Fit,
+    KindSpread, Sample, Spread, ALL_TERMS,
 };
 use crate::step_log::{self, StepRecord};
 
@@ -37,7 +36,7 @@ const MIN_SPLIT: usize = 3;
 /// Fit the steps in `logs` (the engine limits from the model at `path`, as
 /// `pie serve` runs it by default), print the fit, write the profile to `out`.
 pub fn run(path: &Path, logs: &[PathBuf], out: &Path) -> Result<CostProfile> {
-    let model = Arc::new(Model::load(path).with_context(|| format!("loading {}", path.display()))?);
+    let model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
     let serve = serve_engine_config(&model);
     let logged = step_log::read(logs)?;
     let overlaps = overlap_ms(&logged);
@@ -76,7 +75,7 @@ pub fn run(path: &Path, logs: &[PathBuf], out: &Path) -> Result<CostProfile> {
         "  prefills after {AFTER_IDLE_MS} ms idle or more: {} steps, mean / fit {:.3}; after a step sooner: {} steps, {:.3}",
         split.after_idle.0, split.after_idle.1, split.busy.0, split.busy.1
     );
-    let (prefill_mean_over_fit, after_idle_factor) = match split.factor() {
+    let (prefill_mean, after_idle_factor) = match split.factor() {
         Some(factor) => (split.busy.1, Some(factor)),
         None => {
             println!(
@@ -98,9 +97,11 @@ pub fn run(path: &Path, logs: &[PathBuf], out: &Path) -> Result<CostProfile> {
             (prefill.0 as f64, prefill.1),
             (decode.0 as f64, decode.1),
         ]),
-        prefill: prefill.1,
+        prefill: Spread {
+            mean_over_fit: prefill_mean,
+            ..prefill.1
+        },
         decode: decode.1,
-        prefill_mean_over_fit,
         after_idle_factor,
         host_share: host_share.map(|(_, share)| share),
     };
@@ -116,11 +117,7 @@ pub fn run(path: &Path, logs: &[PathBuf], out: &Path) -> Result<CostProfile> {
         samples.len(),
         names.join(", ")
     );
-    let profile = profile(path, &how, &serve, &fit, &measured);
-    let json = serde_json::to_string_pretty(&profile)?;
-    std::fs::write(out, json + "\n").with_context(|| format!("writing {}", out.display()))?;
-    println!("wrote {}", out.display());
-    Ok(profile)
+    write_profile(profile(path, &how, &serve, &fit, &measured), out)
 }
 
 /// For each step of each log, the time (ms) it overlapped steps of the other
