@@ -342,11 +342,11 @@ impl Runtime {
             load: load.clone(),
             supervision: supervision.clone(),
             spills,
-            step_log: settings.step_log.take(),
         };
+        let step_log = settings.step_log.take();
         std::thread::Builder::new()
             .name("pie-engine".into())
-            .spawn(move || thread.run(engine, rx, publisher))
+            .spawn(move || thread.run(engine, rx, publisher, step_log))
             .expect("spawning the engine thread");
         let state_counts = Arc::<StateCounts>::default();
         let rt = Arc::new(Self {
@@ -1273,7 +1273,6 @@ struct EngineThread {
     supervision: Arc<Supervision>,
     /// Spilled sessions to the runtime, which keeps them (`spill.rs`).
     spills: mpsc::UnboundedSender<Spill>,
-    step_log: Option<StepLog>,
 }
 
 type Subscribers = HashMap<SeqId, mpsc::UnboundedSender<SeqEvent>>;
@@ -1281,9 +1280,14 @@ type Subscribers = HashMap<SeqId, mpsc::UnboundedSender<SeqEvent>>;
 impl EngineThread {
     /// The engine loop under supervision: a panic fails every sequence it was
     /// serving with the panic's message, and the worker reports it.
-    fn run(mut self, engine: Engine, commands: std_mpsc::Receiver<Command>, kv: KvPublisher) {
+    fn run(
+        self,
+        engine: Engine,
+        commands: std_mpsc::Receiver<Command>,
+        kv: KvPublisher,
+        step_log: Option<StepLog>,
+    ) {
         let mut subs = Subscribers::new();
-        let step_log = self.step_log.take();
         let looped = supervisor::run_supervised(&self.supervision, || {
             engine_loop(engine, &commands, kv, step_log, &mut subs, &self)
         });
