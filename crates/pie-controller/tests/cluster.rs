@@ -619,7 +619,22 @@ async fn kv_events_lost_while_disconnected_are_repaired_by_the_snapshot_on_recon
     );
 }
 
-/// A streamed completion whose body the test holds unread, keeping its slot.
+/// `n` streamed completions whose bodies the test holds unread, each keeping
+/// a slot. The workers' steps are slowed first: an unread stream does not
+/// stop its process (the worker's events are unbounded), and the tiny model
+/// can run 2,000 tokens in a second or two, which freed a slot under a
+/// queued request in fresh-clone CI. At 20 ms a step a hold lasts 40 s,
+/// longer than any `wait_for`.
+async fn hold_slots(c: &Cluster, n: usize) -> Vec<reqwest::Response> {
+    slow_steps(c, 20).await;
+    let mut holds = Vec::new();
+    for _ in 0..n {
+        holds.push(open_stream(c).await);
+    }
+    holds
+}
+
+/// A streamed completion whose body the test holds unread.
 async fn open_stream(c: &Cluster) -> reqwest::Response {
     let mut r = c
         .http
@@ -641,10 +656,7 @@ async fn cluster_priority_admits_high_priority_first_and_bounds_the_queue() {
         ..Spec::new("cluster-priority,least-loaded")
     })
     .await;
-    let mut holds = Vec::new();
-    for _ in 0..3 {
-        holds.push(open_stream(&c).await);
-    }
+    let mut holds = hold_slots(&c, 3).await;
     let done = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for (i, (name, priority)) in [("low-1", 0), ("low-2", 0), ("high-1", 5), ("high-2", 5)]
@@ -717,7 +729,7 @@ async fn a_fair_queue_serves_the_client_with_fewer_requests_in_flight_first() {
             .clone()
     };
     // Alice holds both slots, then queues two more; bob queues one after her.
-    let mut holds = vec![open_stream(&c).await, open_stream(&c).await];
+    let mut holds = hold_slots(&c, 2).await;
     let done = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for (i, (name, key)) in [
@@ -905,7 +917,7 @@ async fn a_non_streamed_request_moves_on_drain_and_on_crash_with_the_same_answer
         .await
         .unwrap();
     let expected = direct["choices"][0]["text"].as_str().unwrap().to_string();
-    slow_steps(&c, 2).await;
+    slow_steps(&c, MOVE_STEP_MS).await;
     for crash in [false, true] {
         let (http, url, body) = (c.http.clone(), c.controller.url.clone(), body.clone());
         let task = tokio::spawn(async move {
@@ -946,7 +958,7 @@ async fn a_native_process_moves_on_drain_and_on_crash_and_its_id_and_events_go_o
     let chat = json!({"inferlet": "chat", "args": {"messages": [{"role": "user", "content": "tell a long story"}], "max_tokens": 900, "ignore_eos": true, "temperature": 0}});
     let runs = [&text, &chat].map(|launch| native_output(&c.http, &survivor, launch));
     let expected = futures_util::future::join_all(runs).await;
-    slow_steps(&c, 2).await;
+    slow_steps(&c, MOVE_STEP_MS).await;
     for ((crash, launch), expected) in [(false, text), (true, chat)].into_iter().zip(expected) {
         let (status, v) = post_json(&c.controller.url, "/v1/processes", None, &launch).await;
         assert_eq!(status, 201, "{v}");
@@ -996,7 +1008,7 @@ async fn a_native_process_cut_off_from_the_controller_is_killed_before_it_goes_o
     .await;
     let launch = json!({"inferlet": "text-completion", "args": {"prompt": "request number 7 says", "max_tokens": 900, "ignore_eos": true, "temperature": 0}});
     let expected = native_output(&c.http, &c.url_of("w2"), &launch).await;
-    slow_steps(&c, 2).await;
+    slow_steps(&c, MOVE_STEP_MS).await;
     let (status, v) = post_json(&c.controller.url, "/v1/processes", None, &launch).await;
     assert_eq!(status, 201, "{v}");
     let id = v["id"].as_str().unwrap().to_string();
@@ -1040,7 +1052,7 @@ async fn a_native_chat_session_moves_with_its_earlier_turns() {
         expected.push(native_record(&c.http, &direct, &launch).await);
     }
     let (first, _) = native_run(&c, &turn("s1", turns[0].0, turns[0].1)).await;
-    slow_steps(&c, 2).await;
+    slow_steps(&c, MOVE_STEP_MS).await;
     let (status, v) = post_json(
         &c.controller.url,
         "/v1/processes",
@@ -1190,6 +1202,11 @@ async fn moved_on_drain_and_crash(c: &Cluster) {
     }
 }
 
+/// The step delay of the tests that drain or kill a worker under a
+/// 900- or 1,000-token request: 4.5 s or more of steps, so it is still running when
+/// the move lands on a loaded CI machine (2 ms, 1.8 s, left little room).
+const MOVE_STEP_MS: u64 = 5;
+
 /// Every worker of `c` pauses `delay_ms` before each engine step (the
 /// test model is so fast that a 1,000-token process would end before a
 /// test could move it).
@@ -1257,7 +1274,7 @@ async fn a_draining_worker_hands_its_streams_off_and_exits_with_identical_transc
         let w0 = c.workers[0].as_ref().unwrap().url.clone();
         // On a fast CPU w0's streams could end before the drain moves them
         // (CI saw it); the streams moved to w1 and w2 run at full speed.
-        slow_worker_steps(&w0, 2).await;
+        slow_worker_steps(&w0, MOVE_STEP_MS).await;
         let tasks = stream_load(&c, 6, seeded);
         w0_streaming(&c).await;
         if seeded {
