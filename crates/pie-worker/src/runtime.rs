@@ -84,6 +84,8 @@ enum Command {
     },
     ReleaseLease(u64),
     ImportPages {
+        /// The chain's blocks before `pages` (kept while they are imported).
+        held: Vec<BlockHash>,
         pages: Vec<Vec<u8>>,
         reply: oneshot::Sender<usize>,
     },
@@ -1466,8 +1468,8 @@ fn apply(
             let _ = reply.send(pages);
         }
         Command::ReleaseLease(lease) => engine.unpin(&leases.release(lease)),
-        Command::ImportPages { pages, reply } => {
-            let _ = reply.send(engine.import_pages(&pages));
+        Command::ImportPages { held, pages, reply } => {
+            let _ = reply.send(engine.import_pages(&held, &pages));
         }
         Command::SetSpill(on) => engine.set_spill(on),
         Command::DiskChanged { stored, removed } => kv.disk_changed(stored, removed),

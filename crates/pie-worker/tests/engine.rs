@@ -207,18 +207,25 @@ fn batched_and_chunked_prefill_give_same_tokens() {
     assert_eq!(stats.cached + stats.free, stats.total);
 }
 
+/// Prompt `p` served on an engine of its own (`max_tokens` generated): its
+/// full pages' block hashes and the pages exported in the transfer format.
+fn served_pages(p: &[u32], max_tokens: usize) -> (Vec<pie_core::BlockHash>, Vec<Vec<u8>>) {
+    let mut a = engine(64, 512);
+    a.add(request(p, max_tokens)).unwrap();
+    drain(&mut a);
+    let hashes = block_hashes(model().fingerprint, p, 4);
+    let pages = hashes
+        .iter()
+        .map(|h| export_page(a.pool(), a.pool().lookup(*h).unwrap()).unwrap())
+        .collect();
+    (hashes, pages)
+}
+
 #[test]
 fn imported_prefix_pages_give_same_tokens() {
     let p = prompt(30, 21);
     let expected = alone(&p, 8);
-    let mut a = engine(64, 512);
-    a.add(request(&p, 8)).unwrap();
-    drain(&mut a);
-    let hashes = block_hashes(model().fingerprint, &p, 4);
-    let pages: Vec<Vec<u8>> = hashes
-        .iter()
-        .map(|h| export_page(a.pool(), a.pool().lookup(*h).unwrap()).unwrap())
-        .collect();
+    let (_, pages) = served_pages(&p, 8);
     let mut b = engine(64, 512);
     for bytes in &pages {
         import_page(b.pool_mut(), bytes).unwrap();
@@ -236,13 +243,7 @@ fn imported_pages_evict_a_retained_session_which_spills() {
     use pie_core::{PropValue, Props};
     use pie_policy::KeepSession;
     let p = prompt(31, 48);
-    let mut a = engine(64, 512);
-    a.add(request(&p, 4)).unwrap();
-    drain(&mut a);
-    let pages: Vec<Vec<u8>> = block_hashes(model().fingerprint, &p, 4)
-        .iter()
-        .map(|h| export_page(a.pool(), a.pool().lookup(*h).unwrap()).unwrap())
-        .collect();
+    let (_, pages) = served_pages(&p, 4);
     assert_eq!(pages.len(), 12);
     for spill in [false, true] {
         let mut b = engine(16, 512);
@@ -258,7 +259,7 @@ fn imported_pages_evict_a_retained_session_which_spills() {
         assert_eq!(b.retained_sessions().len(), 1, "7 pages retained");
         assert!(b.pool_stats().free + b.pool_stats().cached < pages.len());
         assert_eq!(
-            b.import_pages(&pages),
+            b.import_pages(&[], &pages),
             12,
             "every page, in the retained room"
         );
@@ -278,6 +279,35 @@ fn imported_pages_evict_a_retained_session_which_spills() {
         let (got, cached) = run_one(&mut b, request(&p, 4));
         assert_eq!(cached, 44, "the imported prefix (all but the last token)");
         assert_eq!(got, alone(&p, 4));
+    }
+}
+
+/// Importing a chain's tail into a full pool keeps the chain's head the
+/// pool already holds, even when the head is the least recently used: the
+/// room comes from other pages. (Evicting the head to make room for its own
+/// tail left a prompt with no prefix at all: a disk-tier load on a worker
+/// whose groups take turns thrashed so, at hit rate 0.47.)
+#[test]
+fn importing_a_chains_tail_into_a_full_pool_keeps_its_head() {
+    let (chain, pages) = served_pages(&prompt(33, 48), 4);
+    let (_, filler) = served_pages(&prompt(34, 48), 4);
+    let (head, tail) = (&pages[..4], &pages[4..8]);
+    for keep_head in [false, true] {
+        let mut b = engine(16, 512);
+        // The head first (least recently used), then 12 other pages: full.
+        for bytes in head.iter().chain(&filler[..12]) {
+            import_page(b.pool_mut(), bytes).unwrap();
+        }
+        assert_eq!(b.pool_stats().free, 0);
+        assert_eq!(b.cached_pages(&chain), 4);
+        let held = if keep_head { &chain[..4] } else { &[][..] };
+        assert_eq!(b.import_pages(held, tail), 4, "every page of the tail");
+        let expected = if keep_head { 8 } else { 0 };
+        assert_eq!(
+            b.cached_pages(&chain),
+            expected,
+            "keep_head: {keep_head}: the chain's leading pages held"
+        );
     }
 }
 

@@ -4,7 +4,7 @@
 
 use pie_core::BlockHash;
 use pie_kv::transfer::{export_page, import_page, PageFormat};
-use pie_kv::PageId;
+use pie_kv::{KvPool, PageId};
 
 use super::Engine;
 
@@ -45,16 +45,42 @@ impl Engine {
 
     /// Import verified pages as cached pages; returns how many the pool holds
     /// afterwards (already present ones count; a full pool stops the import).
+    /// `held` is the chain's part before `pages`, kept (`import_keeping`).
     /// Retained sessions make room first, soonest expiry first (spilled
     /// under `retain-all`): pages pulled for an arriving prompt are worth
     /// more than a finished session's that may never be asked for again.
-    pub fn import_pages(&mut self, pages: &[Vec<u8>]) -> usize {
+    pub fn import_pages(&mut self, held: &[BlockHash], pages: &[Vec<u8>]) -> usize {
         while self.kv.pool.available() < pages.len()
             && self.scheduler.evict_soonest_retained(&mut self.kv)
         {}
-        pages
-            .iter()
-            .take_while(|bytes| import_page(&mut self.kv.pool, bytes).is_ok())
-            .count()
+        import_keeping(&mut self.kv.pool, held, pages)
     }
+}
+
+/// Import `pages`, the continuation of the chain part `held`, as cached
+/// pages, keeping `held` and the pages already imported while room is made
+/// (a chain's head is often the least recently used page, and evicting it
+/// for its own tail leaves a prompt nothing). Stops at a full pool or a
+/// refused page; returns how many of `pages` the pool holds. Released tail
+/// first, so the prefix's tail is evicted first, as a sequence's is.
+fn import_keeping(pool: &mut KvPool, held: &[BlockHash], pages: &[Vec<u8>]) -> usize {
+    let mut kept = pool.longest_prefix(held);
+    for &page in &kept {
+        pool.retain(page);
+    }
+    let before = kept.len();
+    for bytes in pages {
+        match import_page(pool, bytes) {
+            Ok(page) => {
+                pool.retain(page);
+                kept.push(page);
+            }
+            Err(_) => break,
+        }
+    }
+    let imported = kept.len() - before;
+    for &page in kept.iter().rev() {
+        pool.release(page);
+    }
+    imported
 }

@@ -177,7 +177,11 @@ impl Runtime {
         }
         let read = pages.len();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.send(Command::ImportPages { pages, reply: tx });
+        self.send(Command::ImportPages {
+            held: chain[..have].to_vec(),
+            pages,
+            reply: tx,
+        });
         let imported = rx.await.unwrap_or(0);
         self.metrics.count_persist("loaded", imported.min(read));
         have + imported

@@ -82,6 +82,8 @@ pub struct Pull<'a> {
 /// Verified pages on their way into the pool, imported in batches.
 #[derive(Default)]
 struct Arrivals {
+    /// The chain the pages belong to; its first `held` blocks are in the pool.
+    chain: Vec<BlockHash>,
     batch: Vec<Vec<u8>>,
     bytes: u64,
     held: usize,
@@ -135,6 +137,7 @@ impl Runtime {
         }
         let started = std::time::Instant::now();
         let mut arrivals = Arrivals {
+            chain: chain.clone(),
             held: have,
             ..Arrivals::default()
         };
@@ -265,8 +268,11 @@ impl Runtime {
             .map_err(|e| ServeError::BadTokens(format!("push header: {e}")))?;
         self.check_tokens(&header.tokens)?;
         let chain = self.chain(&header.tokens, header.cache_salt.as_deref());
-        let mut check = StreamCheck::new(self.page_format, chain, 0);
-        let mut arrivals = Arrivals::default();
+        let mut check = StreamCheck::new(self.page_format, chain.clone(), 0);
+        let mut arrivals = Arrivals {
+            chain,
+            ..Arrivals::default()
+        };
         let timeout_ms = self.settings.transfer.timeout_ms;
         let streamed = within(
             timeout_ms,
@@ -302,7 +308,12 @@ impl Runtime {
         let pages = std::mem::take(&mut arrivals.batch);
         let bytes: u64 = pages.iter().map(|p| p.len() as u64).sum();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.send(Command::ImportPages { pages, reply: tx });
+        let held = arrivals.chain[..arrivals.held.min(arrivals.chain.len())].to_vec();
+        self.send(Command::ImportPages {
+            held,
+            pages,
+            reply: tx,
+        });
         let imported = rx.await.unwrap_or(0);
         arrivals.held += imported;
         self.metrics.count_transfer("in", imported, bytes);
