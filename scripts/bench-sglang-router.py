@@ -8,7 +8,7 @@ Usage: scripts/bench-sglang-router.py [--pie target/release/pie]
            [--max-tokens 16] [--requests 40] [--concurrency 1,4,8,16]
            [--seeds 1,2,3] [--routers pie,sglang] [--json out.json]
            [--sglang-args "--cache-threshold 0.3 ..."]
-           [--pie-config controller.toml]
+           [--pie-config controller.toml] [--pie-policies LIST] [--persist]
 
 Needs SGLang's router importable by --sglang-python (`pip install
 sglang-router`; this script was run with 0.3.2).
@@ -25,7 +25,14 @@ decides; other settings default, or a `[cluster.cache-aware]` table from
 --pie-config, e.g. `balance_abs = 64` for SGLang's balance threshold); `sglang` is `python -m
 sglang_router.launch_router --policy cache_aware` with its CLI defaults
 (cache threshold 0.3, balance thresholds 64 absolute / 1.5 relative) plus
---sglang-args.
+--sglang-args. --pie-policies replaces Pie's policy list.
+
+--persist gives every worker a disk tier (`[runtime.persist] dir`, a fresh
+temporary directory per worker and run), for both routers alike: the workers
+are the same processes either way, and a prefix reaches the disk only when
+something asks for it (Pie's `persist-prefix` actor, if --pie-policies lists
+it; SGLang's router asks for nothing). Pages loaded back from disk before a
+prefill count as prefix hits.
 
 Workload (text, so that SGLang's router, which routes on prompt text, sees
 prefixes): --groups system prompts of --prefix-words random words (seeded),
@@ -55,10 +62,12 @@ import os
 import random
 import re
 import shlex
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -75,6 +84,8 @@ WORDS = ("time year people way day man thing woman life child world school state
 HIT = "pie_prefix_cache_hit_tokens_total"
 PROMPT = "pie_prompt_tokens_total"
 PREEMPT = "pie_preemptions_total"
+DISK_LOADED = 'pie_kv_persist_pages_total{event="loaded"}'
+DISK_WRITTEN = 'pie_kv_persist_pages_total{event="written"}'
 
 
 def free_port():
@@ -152,7 +163,10 @@ def wait_for(url, path, what, proc, ok=lambda status, text: status == 200, limit
 
 
 def counter(metrics, name):
-    m = re.search(rf"^{name}(?:\{{[^}}]*\}})? (\S+)", metrics, re.M)
+    """The first sample of `name`, whatever its labels; a `name` with labels
+    (`x{event="loaded"}`) matches that series only."""
+    pattern = re.escape(name) if "{" in name else rf"{name}(?:\{{[^}}]*\}})?"
+    m = re.search(rf"^{pattern} (\S+)", metrics, re.M)
     return float(m.group(1)) if m else 0.0
 
 
@@ -250,8 +264,7 @@ def quantile(xs, q):
 
 def start_router(kind, procs, a, wurls):
     if kind == "pie":
-        args = [a.controller, "--port", "0", "--model", a.model,
-                "--policies", "session-affinity,cache-aware"]
+        args = [a.controller, "--port", "0", "--model", a.model, "--policies", a.pie_policies]
         for i, w in enumerate(wurls):
             args += ["--worker", f"w{i}={w}"]
         if a.pie_config:
@@ -272,14 +285,26 @@ def start_router(kind, procs, a, wurls):
     return url
 
 
+def worker_args(a, i, scratch):
+    """`pie serve` arguments of worker `i`; with --persist, a config naming
+    its own disk tier under `scratch`."""
+    args = [a.pie, "serve", "--port", "0", "--model", a.model, "--kv-pages", str(a.kv_pages)]
+    if a.persist:
+        cfg = os.path.join(scratch, f"w{i}.toml")
+        with open(cfg, "w") as f:
+            f.write(f'[runtime.persist]\ndir = "{os.path.join(scratch, f"kv-w{i}")}"\n')
+        args += ["--config", cfg]
+    return args
+
+
 def one_run(kind, seed, conc, a):
     procs = Procs()
+    scratch = tempfile.mkdtemp(prefix="pie-router-bench-")
     try:
         wurls = []
         for i in range(a.workers):
-            proc, url = procs.spawn([a.pie, "serve", "--port", "0", "--model", a.model,
-                                     "--kv-pages", str(a.kv_pages)],
-                                    "pie: listening on ", f"pie serve w{i}")
+            proc, url = procs.spawn(worker_args(a, i, scratch), "pie: listening on ",
+                                    f"pie serve w{i}")
             wurls.append(url)
         for i, (p, u) in enumerate(zip(procs.procs, wurls)):
             wait_for(u, "/health", f"pie serve w{i}", p)
@@ -291,15 +316,18 @@ def one_run(kind, seed, conc, a):
         after = [call(u, "GET", "/metrics")[1] for u in wurls]
         computed = [counter(x, PROMPT) - counter(b, PROMPT) for b, x in zip(before, after)]
         hit = sum(counter(x, HIT) - counter(b, HIT) for b, x in zip(before, after))
-        preempted = [counter(x, PREEMPT) - counter(b, PREEMPT) for b, x in zip(before, after)]
+        delta = lambda name: [counter(x, name) - counter(b, name) for b, x in zip(before, after)]
+        preempted = delta(PREEMPT)
         ttfts = [r[0] for r in results]
         routes = [[i % a.groups, r[2], r[3]] for i, r in enumerate(results)]
         return {"router": kind, "seed": seed, "concurrency": conc, "wall_s": wall,
                 "hit_rate": hit / max(hit + sum(computed), 1), "ttft_p50_s": quantile(ttfts, 0.5),
                 "ttft_p90_s": quantile(ttfts, 0.9), "computed_tokens_per_worker": computed,
-                "preemptions_per_worker": preempted, "routes": routes}
+                "preemptions_per_worker": preempted, "disk_pages_written": sum(delta(DISK_WRITTEN)),
+                "disk_pages_loaded": sum(delta(DISK_LOADED)), "routes": routes}
     finally:
         procs.kill_all()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def main():
@@ -311,6 +339,9 @@ def main():
     ap.add_argument("--sglang-python", default="python3")
     ap.add_argument("--sglang-args", default="")
     ap.add_argument("--pie-config", help="a pie-controller config file (its [cluster] table)")
+    ap.add_argument("--pie-policies", default="session-affinity,cache-aware")
+    ap.add_argument("--persist", action="store_true",
+                    help="every worker gets a disk tier of its own (both routers)")
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--kv-pages", type=int, default=40)
     ap.add_argument("--groups", type=int, default=8)
@@ -359,7 +390,8 @@ def main():
                       f"hit {r['hit_rate']:.3f}  ttft p50 {r['ttft_p50_s'] * 1e3:7.0f} ms  "
                       f"p90 {r['ttft_p90_s'] * 1e3:7.0f} ms  prompt tokens computed per worker "
                       f"{[int(x) for x in r['computed_tokens_per_worker']]}  preemptions "
-                  f"{[int(x) for x in r['preemptions_per_worker']]}", flush=True)
+                  f"{[int(x) for x in r['preemptions_per_worker']]}  disk pages written "
+                  f"{int(r['disk_pages_written'])} loaded {int(r['disk_pages_loaded'])}", flush=True)
     print(f"total {time.time() - t_start:.0f} s")
     summarize(runs, levels, routers, f"seeds {a.seeds}, {a.requests} requests per run")
     return 0
