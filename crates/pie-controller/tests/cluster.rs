@@ -619,33 +619,15 @@ async fn kv_events_lost_while_disconnected_are_repaired_by_the_snapshot_on_recon
     );
 }
 
-/// `n` streamed completions whose bodies the test holds unread, each keeping
-/// a slot. The workers' steps are slowed first: an unread stream does not
-/// stop its process (the worker's events are unbounded), and the tiny model
-/// can run 2,000 tokens in a second or two, which freed a slot under a
-/// queued request in fresh-clone CI. At 20 ms a step a hold lasts 40 s,
-/// longer than any `wait_for`.
-async fn hold_slots(c: &Cluster, n: usize) -> Vec<reqwest::Response> {
+/// `n` streamed completions with `props` through the controller, their
+/// bodies held unread, each keeping a slot (demand the actors see). The
+/// workers' steps are slowed first: an unread stream does not stop its
+/// process (the worker's events are unbounded), and the tiny model can run
+/// 2,000 tokens in a second or two, which freed a slot under a queued
+/// request in fresh-clone CI. At 20 ms a step a hold outlasts any `wait_for`.
+async fn held_through_controller(c: &Cluster, n: usize, props: Value) -> Vec<reqwest::Response> {
     slow_steps(c, 20).await;
-    let mut holds = Vec::new();
-    for _ in 0..n {
-        holds.push(open_stream(c).await);
-    }
-    holds
-}
-
-/// A streamed completion whose body the test holds unread.
-async fn open_stream(c: &Cluster) -> reqwest::Response {
-    let mut r = c
-        .http
-        .post(format!("{}/v1/completions", c.controller.url))
-        .json(&json!({"prompt": "hold", "max_tokens": 2000, "ignore_eos": true, "stream": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    r.chunk().await.unwrap().expect("first chunk");
-    r
+    common::hold_streams(&c.http, &c.controller.url, n, props).await
 }
 
 #[tokio::test]
@@ -656,7 +638,7 @@ async fn cluster_priority_admits_high_priority_first_and_bounds_the_queue() {
         ..Spec::new("cluster-priority,least-loaded")
     })
     .await;
-    let mut holds = hold_slots(&c, 3).await;
+    let mut holds = held_through_controller(&c, 3, json!({})).await;
     let done = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for (i, (name, priority)) in [("low-1", 0), ("low-2", 0), ("high-1", 5), ("high-2", 5)]
@@ -729,7 +711,7 @@ async fn a_fair_queue_serves_the_client_with_fewer_requests_in_flight_first() {
             .clone()
     };
     // Alice holds both slots, then queues two more; bob queues one after her.
-    let mut holds = hold_slots(&c, 2).await;
+    let mut holds = held_through_controller(&c, 2, json!({})).await;
     let done = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for (i, (name, key)) in [
@@ -1768,24 +1750,6 @@ async fn cluster_up_stops_its_children_on_sigterm() {
     }
 }
 
-/// A streamed completion with `props`, held open (its body unread) so it stays
-/// in flight: demand the actors see.
-async fn hold_with(c: &Cluster, props: Value) -> reqwest::Response {
-    let mut r = c
-        .http
-        .post(format!("{}/v1/completions", c.controller.url))
-        .json(
-            &json!({"prompt": "hold", "max_tokens": 2000, "ignore_eos": true,
-                      "stream": true, "props": props}),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    r.chunk().await.unwrap().expect("first chunk");
-    r
-}
-
 /// The value of a labelled controller metric line `name{labels}`, if present.
 async fn labelled_metric(c: &Cluster, series: &str) -> Option<f64> {
     let text = c.get_text("/metrics").await;
@@ -1835,9 +1799,9 @@ async fn newest_hint(c: &Cluster, group: &str) -> Option<Value> {
         .cloned()
 }
 
-/// Six gold requests held open at once (each ends when its generation does).
+/// Six gold requests held open.
 async fn gold_load(c: &Cluster) -> Vec<reqwest::Response> {
-    futures_util::future::join_all((0..6).map(|_| hold_with(c, json!({"tier": "gold"})))).await
+    held_through_controller(c, 6, json!({"tier": "gold"})).await
 }
 
 #[tokio::test]
@@ -2929,7 +2893,7 @@ async fn hot_prefix_on_a_full_worker(
         "its holder has room: no {kind}: {early:?}"
     );
     let holder_url = c.url_of(&holder);
-    let busy = common::hold_streams(&holder_url, 3).await;
+    let busy = common::hold_streams(&reqwest::Client::new(), &holder_url, 3, json!({})).await;
     (holder, holder_url, busy)
 }
 

@@ -255,7 +255,7 @@ async fn pool_replicate_pushes_a_crowded_prefix_that_another_worker_then_pulls()
         "w0" => (&ws[0], &ws[1]),
         _ => (&ws[1], &ws[0]),
     };
-    let busy = hold_streams(&holder.url, 3).await;
+    let busy = hold_streams(&reqwest::Client::new(), &holder.url, 3, json!({})).await;
     wait_for("the prefix's 10 pages in the pool", async || {
         pool_pages(&p).await >= 10
     })

@@ -120,18 +120,24 @@ pub async fn settled(controller: &str, kind: &str) -> Vec<serde_json::Value> {
     actions(controller, kind).await
 }
 
-/// `n` long streams started on the worker at `url` (directly), each past its
-/// first chunk: the worker runs them until they are dropped.
-pub async fn hold_streams(url: &str, n: usize) -> Vec<reqwest::Response> {
+/// `n` long streams with `props` started at `url` (a worker or a
+/// controller) by `http`, each past its first chunk: they run until dropped.
+pub async fn hold_streams(
+    http: &reqwest::Client,
+    url: &str,
+    n: usize,
+    props: serde_json::Value,
+) -> Vec<reqwest::Response> {
     let mut held = Vec::new();
     for _ in 0..n {
-        let mut r = reqwest::Client::new()
+        let mut r = http
             .post(format!("{url}/v1/completions"))
             .json(&serde_json::json!({"prompt": "hold", "max_tokens": 4000,
-                "ignore_eos": true, "stream": true}))
+                "ignore_eos": true, "stream": true, "props": props}))
             .send()
             .await
             .unwrap();
+        assert_eq!(r.status(), 200);
         r.chunk().await.unwrap().expect("first chunk");
         held.push(r);
     }
