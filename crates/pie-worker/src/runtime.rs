@@ -84,8 +84,9 @@ enum Command {
     },
     ReleaseLease(u64),
     ImportPages {
-        /// The chain's blocks before `pages` (kept while they are imported).
-        held: Vec<BlockHash>,
+        /// The chain `pages` continue: the pool's leading part of it is kept
+        /// while they are imported.
+        chain: Arc<[BlockHash]>,
         pages: Vec<Vec<u8>>,
         reply: oneshot::Sender<usize>,
     },
@@ -1468,8 +1469,12 @@ fn apply(
             let _ = reply.send(pages);
         }
         Command::ReleaseLease(lease) => engine.unpin(&leases.release(lease)),
-        Command::ImportPages { held, pages, reply } => {
-            let _ = reply.send(engine.import_pages(&held, &pages));
+        Command::ImportPages {
+            chain,
+            pages,
+            reply,
+        } => {
+            let _ = reply.send(engine.import_pages(&chain, &pages));
         }
         Command::SetSpill(on) => engine.set_spill(on),
         Command::DiskChanged { stored, removed } => kv.disk_changed(stored, removed),

@@ -300,8 +300,8 @@ fn importing_a_chains_tail_into_a_full_pool_keeps_its_head() {
         }
         assert_eq!(b.pool_stats().free, 0);
         assert_eq!(b.cached_pages(&chain), 4);
-        let held = if keep_head { &chain[..4] } else { &[][..] };
-        assert_eq!(b.import_pages(held, tail), 4, "every page of the tail");
+        let named = if keep_head { &chain[..] } else { &[][..] };
+        assert_eq!(b.import_pages(named, tail), 4, "every page of the tail");
         let expected = if keep_head { 8 } else { 0 };
         assert_eq!(
             b.cached_pages(&chain),

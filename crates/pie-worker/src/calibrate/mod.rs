@@ -88,7 +88,7 @@ pub struct Fit {
 impl Fit {
     /// Every step predicted at `ms` (tests).
     #[cfg(test)]
-    fn flat(ms: f64) -> Self {
+    const fn flat(ms: f64) -> Self {
         Self {
             a: ms,
             b: 0.0,

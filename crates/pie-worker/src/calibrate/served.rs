@@ -268,6 +268,8 @@ mod tests {
     use super::*;
     use pie_workload::StepShape;
 
+    const FLAT: Fit = Fit::flat(10.0);
+
     fn record(start: f64, ms: f64, idle_ms: Option<f64>, seqs: &[(usize, usize)]) -> StepRecord {
         let s = StepShape::of(seqs);
         StepRecord {
@@ -300,23 +302,15 @@ mod tests {
             log.push(record(t + idle, ms, Some(idle), &[(300 + i, 1)]));
             t += idle + ms;
         }
-        let (n, decode) = kind_spread(
-            std::slice::from_ref(&log),
-            &Fit::flat(10.0),
-            StepKind::Decode,
-        );
+        let (n, decode) = kind_spread(std::slice::from_ref(&log), &FLAT, StepKind::Decode);
         assert_eq!(n, 20);
         assert!((decode.mean_over_fit - 1.0).abs() < 1e-9, "{decode:?}");
         assert!((decode.cv - 0.1).abs() < 1e-9, "{decode:?}");
         assert!((decode.lag1 + 1.0).abs() < 1e-9, "{decode:?}");
-        let (n, prefill) = kind_spread(
-            std::slice::from_ref(&log),
-            &Fit::flat(10.0),
-            StepKind::Prefill,
-        );
+        let (n, prefill) = kind_spread(std::slice::from_ref(&log), &FLAT, StepKind::Prefill);
         assert_eq!(n, 1);
         assert_eq!(prefill.cv, 0.0);
-        let split = PrefillSplit::of(std::slice::from_ref(&log), &Fit::flat(10.0));
+        let split = PrefillSplit::of(std::slice::from_ref(&log), &FLAT);
         assert_eq!((split.after_idle.0, split.busy.0), (1, 0));
         assert!((split.after_idle.1 - 1.5).abs() < 1e-9);
         assert_eq!(split.factor(), None, "one prefill measures no split");
@@ -332,7 +326,7 @@ mod tests {
             log.push(record(t, 12.0, Some(500.0), &[(256, 32)]));
             log.push(record(t + 62.0, 10.0, Some(50.0), &[(256, 32)]));
         }
-        let split = PrefillSplit::of(&[log], &Fit::flat(10.0));
+        let split = PrefillSplit::of(&[log], &FLAT);
         assert_eq!((split.after_idle.0, split.busy.0), (4, 4));
         assert!((split.busy.1 - 1.0).abs() < 1e-9);
         let factor = split.factor().expect("enough of both");
@@ -367,17 +361,12 @@ mod tests {
         let c = vec![record(100.0, 10.0, None, &[(300, 1)])];
         let logs = [a, b, c];
         let overlaps = overlap_ms(&logs);
-        let (n, share) = host_share(&logs, &overlaps, &Fit::flat(10.0), |_| 1.0).expect("measured");
+        let (n, share) = host_share(&logs, &overlaps, &FLAT, |_| 1.0).expect("measured");
         assert_eq!(n, 2);
         assert!((share - 0.8).abs() < 1e-9, "{share}");
         let alone_only = [logs[2].clone()];
         assert_eq!(
-            host_share(
-                &alone_only,
-                &overlap_ms(&alone_only),
-                &Fit::flat(10.0),
-                |_| 1.0
-            ),
+            host_share(&alone_only, &overlap_ms(&alone_only), &FLAT, |_| 1.0),
             None
         );
     }

@@ -45,26 +45,28 @@ impl Engine {
 
     /// Import verified pages as cached pages; returns how many the pool holds
     /// afterwards (already present ones count; a full pool stops the import).
-    /// `held` is the chain's part before `pages`, kept (`import_keeping`).
+    /// `pages` continue `chain`, whose leading part in the pool is kept
+    /// (`import_keeping`).
     /// Retained sessions make room first, soonest expiry first (spilled
     /// under `retain-all`): pages pulled for an arriving prompt are worth
     /// more than a finished session's that may never be asked for again.
-    pub fn import_pages(&mut self, held: &[BlockHash], pages: &[Vec<u8>]) -> usize {
+    pub fn import_pages(&mut self, chain: &[BlockHash], pages: &[Vec<u8>]) -> usize {
         while self.kv.pool.available() < pages.len()
             && self.scheduler.evict_soonest_retained(&mut self.kv)
         {}
-        import_keeping(&mut self.kv.pool, held, pages)
+        import_keeping(&mut self.kv.pool, chain, pages)
     }
 }
 
-/// Import `pages`, the continuation of the chain part `held`, as cached
-/// pages, keeping `held` and the pages already imported while room is made
+/// Import `pages`, which continue `chain`, as cached pages, keeping the
+/// chain's leading pages the pool holds and the pages already imported while
+/// room is made
 /// (a chain's head is often the least recently used page, and evicting it
 /// for its own tail leaves a prompt nothing). Stops at a full pool or a
 /// refused page; returns how many of `pages` the pool holds. Released tail
 /// first, so the prefix's tail is evicted first, as a sequence's is.
-fn import_keeping(pool: &mut KvPool, held: &[BlockHash], pages: &[Vec<u8>]) -> usize {
-    let mut kept = pool.longest_prefix(held);
+fn import_keeping(pool: &mut KvPool, chain: &[BlockHash], pages: &[Vec<u8>]) -> usize {
+    let mut kept = pool.longest_prefix(chain);
     for &page in &kept {
         pool.retain(page);
     }

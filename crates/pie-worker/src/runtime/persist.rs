@@ -178,7 +178,7 @@ impl Runtime {
         let read = pages.len();
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.send(Command::ImportPages {
-            held: chain[..have].to_vec(),
+            chain: chain.into(),
             pages,
             reply: tx,
         });

@@ -82,8 +82,8 @@ pub struct Pull<'a> {
 /// Verified pages on their way into the pool, imported in batches.
 #[derive(Default)]
 struct Arrivals {
-    /// The chain the pages belong to; its first `held` blocks are in the pool.
-    chain: Vec<BlockHash>,
+    /// The chain the pages belong to (the engine keeps the part it holds).
+    chain: Arc<[BlockHash]>,
     batch: Vec<Vec<u8>>,
     bytes: u64,
     held: usize,
@@ -137,7 +137,7 @@ impl Runtime {
         }
         let started = std::time::Instant::now();
         let mut arrivals = Arrivals {
-            chain: chain.clone(),
+            chain: chain.as_slice().into(),
             held: have,
             ..Arrivals::default()
         };
@@ -270,7 +270,7 @@ impl Runtime {
         let chain = self.chain(&header.tokens, header.cache_salt.as_deref());
         let mut check = StreamCheck::new(self.page_format, chain.clone(), 0);
         let mut arrivals = Arrivals {
-            chain,
+            chain: chain.as_slice().into(),
             ..Arrivals::default()
         };
         let timeout_ms = self.settings.transfer.timeout_ms;
@@ -308,9 +308,8 @@ impl Runtime {
         let pages = std::mem::take(&mut arrivals.batch);
         let bytes: u64 = pages.iter().map(|p| p.len() as u64).sum();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let held = arrivals.chain[..arrivals.held.min(arrivals.chain.len())].to_vec();
         self.send(Command::ImportPages {
-            held,
+            chain: arrivals.chain.clone(),
             pages,
             reply: tx,
         });
