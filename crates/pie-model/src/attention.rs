@@ -1181,27 +1181,40 @@ mod tests {
             head_dim: 64,
         };
         let n = 2048;
+        // Aggregate decode: 32 sequences one row each, at depth 128.
+        let (batch, depth) = (32, 128);
         let only = std::env::var("MB_KERNEL").ok();
         for dtype in DTYPES {
-            let setup = Setup::new(dtype, 1, 16, h, &[n + 1], n);
+            let mut lens = vec![depth + 1; batch];
+            lens.insert(0, n + 1);
+            let setup = Setup::new(dtype, 1, 16, h, &lens, n);
+            let decode_batch: Vec<_> = (1..=batch).map(|t| (t, depth, 1)).collect();
+            let cases: [(&str, Vec<_>); 3] = [
+                ("prefill 2048", vec![(0, 0, n)]),
+                ("decode at 2048", vec![(0, n, 1)]),
+                ("decode 32 at 128", decode_batch),
+            ];
             for kernel in all_kernels().into_iter().filter(|k| k.available(64)) {
                 if only.as_ref().is_some_and(|o| *o != format!("{kernel:?}")) {
                     continue;
                 }
-                for (what, spans) in [("prefill 2048", (0, 0, n)), ("decode at 2048", (0, n, 1))] {
-                    let seqs = setup.seqs(&[spans]);
+                for (what, spans) in &cases {
+                    let seqs = setup.seqs(spans);
                     let mut best = f64::MAX;
-                    for _ in 0..5 {
+                    for _ in 0..20 {
                         let t = std::time::Instant::now();
                         std::hint::black_box(setup.run(kernel, &seqs));
                         best = best.min(t.elapsed().as_secs_f64());
                     }
-                    let pairs = (spans.1 + 1..=spans.1 + spans.2).sum::<usize>() * h.heads;
+                    let pairs: usize = spans
+                        .iter()
+                        .map(|s| (s.1 + 1..=s.1 + s.2).sum::<usize>() * h.heads)
+                        .sum();
                     println!(
-                    "{kernel:?} {dtype:?} {what}: {:.3} ms per layer, {:.2} ns per (query head, key) pair",
-                    best * 1e3,
-                    best * 1e9 / pairs as f64
-                );
+                        "{kernel:?} {dtype:?} {what}: {:.3} ms per layer, {:.2} ns per (query head, key) pair",
+                        best * 1e3,
+                        best * 1e9 / pairs as f64
+                    );
                 }
             }
         }

@@ -180,13 +180,13 @@ impl Model {
             add(&mut x, &layer.out.forward(self.matmul, &attn, rows.len()));
             let h = rms_norm(&x, &layer.ffn_norm, c.rms_eps);
             let gate_up = layer.gate_up.forward(self.matmul, &h, rows.len());
-            let act: Vec<f32> = gate_up
-                .chunks_exact(2 * c.intermediate)
-                .flat_map(|r| {
-                    let (g, u) = r.split_at(c.intermediate);
-                    g.iter().zip(u).map(|(g, u)| silu(*g) * u)
-                })
-                .collect();
+            // Extended row by row: a flattened iterator's length is unknown, so
+            // it would grow the vector element by element.
+            let mut act = Vec::with_capacity(rows.len() * c.intermediate);
+            for r in gate_up.chunks_exact(2 * c.intermediate) {
+                let (g, u) = r.split_at(c.intermediate);
+                act.extend(g.iter().zip(u).map(|(g, u)| silu(*g) * u));
+            }
             add(&mut x, &layer.down.forward(self.matmul, &act, rows.len()));
         }
         self.logits(batch, &x)

@@ -96,17 +96,38 @@ impl Sampler {
 }
 
 pub fn argmax(logits: &[f32]) -> u32 {
-    logits
+    // Two passes in lanes the compiler vectorises (the largest value, then the
+    // first chunk holding it) instead of one loop carrying an index: at 32
+    // sequences a step's argmaxes over a 49,152-token vocabulary took 2% of it.
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = logits.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (m, &l) in lanes.iter_mut().zip(c) {
+            *m = if l > *m { l } else { *m };
+        }
+    }
+    let max = lanes
         .iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |best, (i, &l)| {
-            if l > best.1 {
-                (i, l)
-            } else {
-                best
-            }
-        })
-        .0 as u32
+        .chain(rest)
+        .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
+    if max == f32::NEG_INFINITY {
+        // Nothing above -inf (or only NaN): no value is greater than the first.
+        return 0;
+    }
+    let mut start = 0;
+    for c in logits.chunks(LANES) {
+        if c.iter().fold(false, |found, &l| found | (l == max)) {
+            let at = c
+                .iter()
+                .position(|&l| l == max)
+                .expect("found in this chunk");
+            return (start + at) as u32;
+        }
+        start += c.len();
+    }
+    unreachable!("the maximum is one of the logits")
 }
 
 #[cfg(test)]
@@ -125,6 +146,35 @@ mod tests {
     #[test]
     fn greedy_takes_argmax() {
         assert_eq!(sampler(0.0, 0, 1.0, 1).sample(&[0.1, 2.0, 1.0]), 1);
+    }
+
+    /// The first of equal maxima, NaN never, and 0 when nothing exceeds -inf, at
+    /// every length and place (inside a chunk of lanes, across them, in the
+    /// remainder), as a plain scan gives.
+    #[test]
+    fn argmax_is_the_first_largest() {
+        let scan = |l: &[f32]| {
+            l.iter()
+                .enumerate()
+                .fold(
+                    (0, f32::NEG_INFINITY),
+                    |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+                )
+                .0 as u32
+        };
+        let mut rng = StdRng::seed_from_u64(5);
+        for len in [1, 2, 15, 16, 17, 33, 100, 49_152] {
+            for case in 0..40 {
+                let mut l: Vec<f32> = (0..len).map(|_| (rng.gen::<f32>() * 8.0).round()).collect();
+                match case % 4 {
+                    1 => l[rng.gen_range(0..len)] = f32::NAN,
+                    2 => l.iter_mut().for_each(|v| *v = f32::NEG_INFINITY),
+                    3 => l[0] = f32::NAN,
+                    _ => {}
+                }
+                assert_eq!(argmax(&l), scan(&l), "len {len}, case {case}: {l:?}");
+            }
+        }
     }
 
     #[test]

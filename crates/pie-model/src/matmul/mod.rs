@@ -37,6 +37,7 @@ mod avx512;
 mod bench;
 mod layout;
 mod portable;
+mod quantize;
 #[cfg(test)]
 mod tests;
 #[cfg(target_arch = "x86_64")]
@@ -199,24 +200,56 @@ impl QWeight {
         // dozen columns so a task's work dwarfs the scheduling.
         let tasks = rayon::current_num_threads() * 4;
         let cols = self.n.div_ceil(tasks).next_multiple_of(8).max(32);
-        let parts: Vec<(usize, Vec<f32>)> = (0..self.n.div_ceil(cols))
-            .into_par_iter()
-            .map(|t| {
-                let c0 = t * cols;
-                let nc = cols.min(self.n - c0);
-                let mut out = vec![0f32; rows * nc];
-                kernel.run(self, &acts, c0, nc, &mut out);
-                (c0, out)
-            })
-            .collect();
         let mut out = vec![0f32; rows * self.n];
-        for (c0, part) in parts {
-            let nc = part.len() / rows;
-            for (dst, src) in out.chunks_exact_mut(self.n).zip(part.chunks_exact(nc)) {
-                dst[c0..c0 + nc].copy_from_slice(src);
-            }
-        }
+        let dst = Out {
+            ptr: out.as_mut_ptr(),
+            stride: self.n,
+        };
+        (0..self.n.div_ceil(cols)).into_par_iter().for_each(|t| {
+            let c0 = t * cols;
+            let nc = cols.min(self.n - c0);
+            // SAFETY: `out` holds `rows x n`, outlives the loop, and each task
+            // writes only its own columns `c0..c0 + nc`.
+            unsafe { kernel.run(self, &acts, c0, nc, dst.at(0, c0)) };
+        });
         out
+    }
+}
+
+/// Where a call's results go: `ptr` is (row 0, first column) of a row-major
+/// matrix whose rows are `stride` floats apart. The tasks of one call share
+/// the matrix, each writing its own columns in place (no per-task buffer to
+/// allocate, clear and copy back).
+#[derive(Clone, Copy)]
+pub(crate) struct Out {
+    ptr: *mut f32,
+    stride: usize,
+}
+
+// SAFETY: an `Out` is only a place to write; `QWeight::forward` gives the tasks
+// sharing one disjoint columns.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// The same matrix from (row `r`, column `c`) on.
+    ///
+    /// # Safety
+    /// The element is inside the matrix.
+    unsafe fn at(self, r: usize, c: usize) -> Self {
+        Self {
+            ptr: self.ptr.add(r * self.stride + c),
+            ..self
+        }
+    }
+
+    /// Writes (row `r`, column `c`), relative to this `Out`.
+    ///
+    /// # Safety
+    /// The element is inside the matrix, and no other thread writes it.
+    #[inline]
+    unsafe fn set(self, r: usize, c: usize, v: f32) {
+        *self.ptr.add(r * self.stride + c) = v;
     }
 }
 
@@ -245,6 +278,10 @@ struct Acts {
 }
 
 impl Acts {
+    fn rows(&self) -> usize {
+        self.qs.len() / self.k
+    }
+
     /// `order` is the weight's `kernel_order(k)`. Rows are independent, so a
     /// prefill's thousands of blocks are quantised in parallel.
     fn quantize(x: &[f32], rows: usize, k_in: usize, order: &[u32]) -> Self {
@@ -266,14 +303,7 @@ impl Acts {
                 || (vec![0f32; k], vec![0i8; k]),
                 |(padded, q), (((qs, d), s), src)| {
                     padded[..k_in].copy_from_slice(src);
-                    for (b, (x, q)) in padded
-                        .chunks_exact(BLOCK)
-                        .zip(q.chunks_exact_mut(BLOCK))
-                        .enumerate()
-                    {
-                        d[b] = quantize_block(x, q);
-                        s[b] = d[b] * q.iter().map(|&v| v as i32).sum::<i32>() as f32;
-                    }
+                    quantize::blocks(padded, q, d, s);
                     for (dst, &i) in qs.iter_mut().zip(order) {
                         *dst = q[i as usize];
                     }
@@ -386,8 +416,13 @@ impl Kernel {
             .join(", ")
     }
 
-    /// Output columns `c0..c0 + nc` for every row, into `out` (`rows x nc`).
-    fn run(self, w: &QWeight, a: &Acts, c0: usize, nc: usize, out: &mut [f32]) {
+    /// Output columns `c0..c0 + nc` for every row of `a`, into `out` (whose
+    /// column 0 is column `c0`).
+    ///
+    /// # Safety
+    /// `out` has room for `a`'s rows by `nc` columns, and no other thread
+    /// writes them.
+    unsafe fn run(self, w: &QWeight, a: &Acts, c0: usize, nc: usize, out: Out) {
         // Cheap (the features are cached), and it keeps a kernel value made
         // without `detect` or `named` from running instructions the CPU lacks.
         assert!(

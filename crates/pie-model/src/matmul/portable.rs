@@ -2,15 +2,18 @@
 //! block by block, in the order the SIMD kernels accumulate.
 
 use super::layout::{runs, unpack_q4};
-use super::{Acts, QWeight, Quants, BLOCK, GROUP};
+use super::{Acts, Out, QWeight, Quants, BLOCK, GROUP};
 
-/// Output columns `c0..c0 + nc` for every row, into `out` (`rows x nc`).
-pub(super) fn run(w: &QWeight, a: &Acts, c0: usize, nc: usize, out: &mut [f32]) {
+/// Output columns `c0..c0 + nc` for every row of `a`, into `out`.
+///
+/// # Safety
+/// As `Kernel::run`'s.
+pub(super) unsafe fn run(w: &QWeight, a: &Acts, c0: usize, nc: usize, out: Out) {
     let (nb, nbp, k) = (w.blocks(), w.padded_blocks(), w.k);
     let runs = runs(nb);
-    for (r, out) in out.chunks_exact_mut(nc).enumerate() {
+    for r in 0..a.rows() {
         let aq = &a.qs[r * k..][..k];
-        for (j, o) in out.iter_mut().enumerate() {
+        for j in 0..nc {
             let c = c0 + j;
             let weight = |pos: usize| -> i32 {
                 match &w.quants {
@@ -32,7 +35,7 @@ pub(super) fn run(w: &QWeight, a: &Acts, c0: usize, nc: usize, out: &mut [f32]) 
                     }
                 }
             }
-            *o = acc;
+            out.set(r, j, acc);
         }
     }
 }

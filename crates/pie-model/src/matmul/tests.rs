@@ -78,8 +78,13 @@ fn assert_close(got: &[f32], want: &[f32], tol: f32) {
 
 fn run_with(kernel: Kernel, w: &QWeight, x: &[f32], rows: usize) -> Vec<f32> {
     let acts = Acts::quantize(x, rows, w.k_in, &w.order);
-    let mut out = vec![0f32; rows * w.n];
-    kernel.run(w, &acts, 0, w.n, &mut out);
+    let mut out = vec![f32::NAN; rows * w.n];
+    let dst = Out {
+        ptr: out.as_mut_ptr(),
+        stride: w.n,
+    };
+    // SAFETY: `out` holds `rows x n`, written by this thread alone.
+    unsafe { kernel.run(w, &acts, 0, w.n, dst) };
     out
 }
 

@@ -7,12 +7,11 @@
 
 use std::arch::x86_64::*;
 
-use super::{Acts, QWeight};
+use super::{Acts, Out, QWeight};
 
 /// One tile shape's function: rows `r0..r0 + R` times columns `c0..c0 + C` of
-/// the output, written to `out[i * stride + j]`; returns `C`.
-pub(super) type TileFn =
-    unsafe fn(w: &QWeight, a: &Acts, r0: usize, c0: usize, out: &mut [f32], stride: usize) -> usize;
+/// the output, written to `out`'s (`i`, `j`); returns `C`.
+pub(super) type TileFn = unsafe fn(w: &QWeight, a: &Acts, r0: usize, c0: usize, out: Out) -> usize;
 
 /// A kernel's four tile shapes: four rows by two columns and by one while four
 /// rows remain (each unpacked weight vector serves four rows), then single rows
@@ -24,20 +23,14 @@ pub(super) struct Tiles {
     pub one_by_one: TileFn,
 }
 
-/// Output columns `c0..c0 + nc` for every row, into `out` (`rows x nc`), tile
-/// by tile.
+/// Output columns `c0..c0 + nc` for every row of `a`, into `out`, tile by
+/// tile.
 ///
 /// # Safety
-/// The CPU has the target features of every function in `tiles`.
-pub(super) unsafe fn walk(
-    tiles: &Tiles,
-    w: &QWeight,
-    a: &Acts,
-    c0: usize,
-    nc: usize,
-    out: &mut [f32],
-) {
-    let rows = out.len() / nc;
+/// The CPU has the target features of every function in `tiles`, and `out` is
+/// as `Kernel::run` requires.
+pub(super) unsafe fn walk(tiles: &Tiles, w: &QWeight, a: &Acts, c0: usize, nc: usize, out: Out) {
+    let rows = a.rows();
     let mut r = 0;
     while r < rows {
         let four = rows - r >= 4;
@@ -49,7 +42,7 @@ pub(super) unsafe fn walk(
                 (false, 4..) => tiles.one_by_four,
                 (false, _) => tiles.one_by_one,
             };
-            c += tile(w, a, r, c0 + c, &mut out[r * nc + c..], nc);
+            c += tile(w, a, r, c0 + c, out.at(r, c));
         }
         r += if four { 4 } else { 1 };
     }
@@ -90,7 +83,7 @@ macro_rules! x86_tile {
             one_by_one: tile::<1, 1>,
         };
 
-        /// Rows `r0..r0 + R` times columns `c0..c0 + C`; `out[i * stride + j]` gets
+        /// Rows `r0..r0 + R` times columns `c0..c0 + C`; `out`'s (`i`, `j`) gets
         /// (row `r0 + i`, column `c0 + j`). Returns `C`.
         #[target_feature(enable = $features)]
         unsafe fn tile<const R: usize, const C: usize>(
@@ -98,8 +91,7 @@ macro_rules! x86_tile {
             a: &Acts,
             r0: usize,
             c0: usize,
-            out: &mut [f32],
-            stride: usize,
+            out: super::Out,
         ) -> usize {
             let (nb, nbp) = (w.blocks(), w.padded_blocks());
             debug_assert_eq!((a.k, a.nbp), (w.k, nbp));
@@ -159,7 +151,7 @@ macro_rules! x86_tile {
             }
             for (i, acc) in acc.iter().enumerate() {
                 for (j, v) in acc.iter().enumerate() {
-                    out[i * stride + j] = super::x86_tiles::hsum(*v);
+                    out.set(i, j, super::x86_tiles::hsum(*v));
                 }
             }
             C
