@@ -11,8 +11,8 @@
 #
 # Without LLAMA_CPP_BIN (or without the tools there) only Pie runs. PIE_BASE=path
 # runs a second `pie` binary (an earlier commit) with the same commands in the
-# same rounds and adds its column and the ratio to it. KV_DTYPE (f32 or f16,
-# default f32) is Pie's KV page dtype, BASE_KV_DTYPE the base's (default
+# same rounds and adds its column and the ratio to it. KV_DTYPE (f16 or f32,
+# default f16, as `pie serve`'s) is Pie's KV page dtype, BASE_KV_DTYPE the base's (default
 # KV_DTYPE): `PIE_BASE=target/release/pie KV_DTYPE=f16 BASE_KV_DTYPE=f32` sets
 # f16 pages beside f32 pages on one binary. MATMUL (a kernel name such as avx2 or
 # portable; an unknown one fails, listing the names; default: the fastest this
@@ -36,7 +36,7 @@ CONC=${CONC:-1,8,32,64}
 ROUNDS=${ROUNDS:-2}
 PIE=${PIE:-target/release/pie}
 PIE_BASE=${PIE_BASE:-}
-KV_DTYPE=${KV_DTYPE:-f32}
+KV_DTYPE=${KV_DTYPE:-f16}
 BASE_KV_DTYPE=${BASE_KV_DTYPE:-$KV_DTYPE}
 MATMUL=${MATMUL:-}
 BASE_MATMUL=${BASE_MATMUL:-$MATMUL}

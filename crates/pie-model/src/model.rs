@@ -39,6 +39,9 @@ pub struct Model {
     /// The matmul kernel every linear layer runs on, chosen at load (see
     /// `matmul::KERNEL_ENV`).
     matmul: Kernel,
+    /// Linear layers in f32 without activation quantisation (see
+    /// [`Model::with_float_activations`]).
+    float_activations: bool,
 }
 
 /// One sequence's part of a step: its new tokens, starting at position `start`
@@ -105,7 +108,26 @@ impl Model {
             lm_head,
             rope,
             matmul,
+            float_activations: false,
         })
+    }
+
+    /// The model with its linear layers in f32, activations not quantised: many
+    /// times slower, and four times the weights' memory. For measuring what a
+    /// change does by itself, below the 8-bit activations' noise (as
+    /// `pie-worker/tests/kv_dtype.rs` measures f16 KV pages).
+    pub fn with_float_activations(mut self) -> Self {
+        self.float_activations = true;
+        self
+    }
+
+    /// One linear layer over `rows` rows of `x`.
+    fn linear(&self, w: &QWeight, x: &[f32], rows: usize) -> Vec<f32> {
+        if self.float_activations {
+            w.forward_float(x, rows)
+        } else {
+            w.forward(self.matmul, x, rows)
+        }
     }
 
     /// The name of the matmul kernel the linear layers run on (`avx2`, `portable`).
@@ -174,12 +196,12 @@ impl Model {
         }
         for (li, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.attn_norm, c.rms_eps);
-            let mut qkv = layer.qkv.forward(self.matmul, &h, rows.len());
+            let mut qkv = self.linear(&layer.qkv, &h, rows.len());
             self.store_kv(pool, li, batch, &rows, &mut qkv);
             let attn = self.attention(pool, li, batch, rows.len(), &qkv);
-            add(&mut x, &layer.out.forward(self.matmul, &attn, rows.len()));
+            add(&mut x, &self.linear(&layer.out, &attn, rows.len()));
             let h = rms_norm(&x, &layer.ffn_norm, c.rms_eps);
-            let gate_up = layer.gate_up.forward(self.matmul, &h, rows.len());
+            let gate_up = self.linear(&layer.gate_up, &h, rows.len());
             // Extended row by row: a flattened iterator's length is unknown, so
             // it would grow the vector element by element.
             let mut act = Vec::with_capacity(rows.len() * c.intermediate);
@@ -187,7 +209,7 @@ impl Model {
                 let (g, u) = r.split_at(c.intermediate);
                 act.extend(g.iter().zip(u).map(|(g, u)| silu(*g) * u));
             }
-            add(&mut x, &layer.down.forward(self.matmul, &act, rows.len()));
+            add(&mut x, &self.linear(&layer.down, &act, rows.len()));
         }
         self.logits(batch, &x)
     }
@@ -295,7 +317,7 @@ impl Model {
             return Ok(Vec::new());
         }
         let h = rms_norm(&last_rows, &self.norm, self.config.rms_eps);
-        let logits = self.lm_head.forward(self.matmul, &h, n);
+        let logits = self.linear(&self.lm_head, &h, n);
         Ok(logits
             .chunks_exact(self.config.vocab)
             .map(<[f32]>::to_vec)

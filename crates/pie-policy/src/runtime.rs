@@ -97,7 +97,7 @@ impl Default for RuntimeConfig {
             page_size: 16,
             kv_pages: None,
             kv_memory: None,
-            kv_dtype: KvDtype::F32,
+            kv_dtype: KvDtype::default(),
             max_batch_tokens: 512,
             max_running: 64,
             fair: FairConfig::default(),

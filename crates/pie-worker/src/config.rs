@@ -187,7 +187,7 @@ worker_policy = "fcfs"             # or a list, e.g. ["fcfs"]
 page_size = 16                     # tokens per KV page
 # kv_pages = 2048                 # KV pool size in pages, or:
 # kv_memory = "1GiB"              # ... in bytes (default 1GiB)
-kv_dtype = "f32"                   # KV page values: "f32" or "f16" (half the memory and transfer bytes);
+kv_dtype = "f16"                   # KV page values: "f16" or "f32" (twice the memory and transfer bytes);
                                    # pages move only between workers (and pools, disk) of one dtype
 max_batch_tokens = 512             # tokens per engine step (prefill chunks + decodes)
 max_running = 64                   # sequences holding KV pages at once
@@ -262,9 +262,9 @@ mod tests {
 
     #[test]
     fn kv_dtype_is_f16_or_f32() {
-        assert_eq!(Config::default().runtime.kv_dtype, pie_core::KvDtype::F32);
-        let c = parse("[runtime]\nkv_dtype = \"f16\"\n").unwrap();
-        assert_eq!(c.runtime.kv_dtype, pie_core::KvDtype::F16);
+        assert_eq!(Config::default().runtime.kv_dtype, pie_core::KvDtype::F16);
+        let c = parse("[runtime]\nkv_dtype = \"f32\"\n").unwrap();
+        assert_eq!(c.runtime.kv_dtype, pie_core::KvDtype::F32);
         let err = parse("[server]\nport = 1\n[runtime]\nkv_dtype = \"bf16\"\n").unwrap_err();
         assert_eq!(err.location, "config.toml:4");
         assert!(

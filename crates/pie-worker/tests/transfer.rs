@@ -157,14 +157,14 @@ async fn a_peer_serves_its_cached_pages_as_a_checked_stream_and_refuses_another_
     assert!(refused.contains("page_size differs"), "{refused}");
     assert_eq!(pull(&s, &[999], format, 0).await.0, 400);
 
-    let f16 = PageFormat {
-        dtype: pie_kv::KvDtype::F16.code(),
+    let f32 = PageFormat {
+        dtype: pie_kv::KvDtype::F32.code(),
         ..format
     };
     let refused = s
         .client
         .post(s.url("/v1/internal/kv/pull"))
-        .json(&json!({"format": f16, "tokens": tokens, "max_bytes": 1}))
+        .json(&json!({"format": f32, "tokens": tokens, "max_bytes": 1}))
         .send()
         .await
         .unwrap();
@@ -195,7 +195,7 @@ async fn f16_workers_move_pages_between_them_and_refuse_f32_ones() {
         (200, (0..10).collect())
     );
 
-    let f32_worker = Server::start("", &[]).await;
+    let f32_worker = Server::start("[runtime]\nkv_dtype = \"f32\"\n", &[]).await;
     let tokens = prompt(6, 10 * PAGE);
     let (expected, _) = text_of(&alone, completion(&tokens)).await;
     let (got, _) = text_of(&decode, disaggregated(&tokens, &f32_worker.url)).await;
@@ -384,7 +384,8 @@ async fn format_of(s: &Server) -> PageFormat {
     let state = s.get("/v1/internal/state").await.1;
     PageFormat {
         fingerprint: ModelFingerprint(state["fingerprint"].as_u64().unwrap()),
-        dtype: 0,
+        // The servers here run the default dtype unless a test says otherwise.
+        dtype: pie_kv::KvDtype::default().code(),
         // The test model: 2 layers, 2 KV heads of 16.
         layout: KvLayout {
             layers: 2,

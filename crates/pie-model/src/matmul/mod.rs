@@ -35,6 +35,7 @@ mod avx2;
 mod avx512;
 #[cfg(test)]
 mod bench;
+mod float;
 mod layout;
 mod portable;
 mod quantize;
@@ -68,6 +69,8 @@ pub struct QWeight {
     /// `kernel_order(k)`, kept so each call's activations are laid out without
     /// recomputing it.
     order: Vec<u32>,
+    /// The weights as f32, made on the first `forward_float` (see `float.rs`).
+    float: std::sync::OnceLock<Vec<f32>>,
 }
 
 /// A GGML 4-bit block as stored in GGUF.
@@ -125,6 +128,7 @@ impl QWeight {
             d,
             quants: Quants::Q8 { qs },
             order,
+            float: Default::default(),
         }
     }
 
@@ -168,6 +172,7 @@ impl QWeight {
             d,
             quants: Quants::Q4 { qs, m },
             order,
+            float: Default::default(),
         }
     }
 

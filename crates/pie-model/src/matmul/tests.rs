@@ -245,3 +245,37 @@ fn bytes_count_the_stored_matrix() {
     let w = QWeight::from_q4(&raw, Q4Source::Q4_1, 16, 1536);
     assert_eq!(w.bytes(), 16 * (768 + 192));
 }
+
+/// f32 math on `w` and `x` as they are (no activation quantisation).
+fn dense(w: &[f32], x: &[f32], n: usize, k: usize) -> Vec<f32> {
+    x.chunks_exact(k)
+        .flat_map(|row| {
+            w.chunks_exact(k)
+                .take(n)
+                .map(|col| col.iter().zip(row).map(|(a, b)| a * b).sum::<f32>())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// `forward_float` is the stored weights, dequantised, times the activations
+/// unrounded: 4-bit rows of every run shape (15 blocks: runs of 8, 4, 2, 1),
+/// 8-bit rows with a padded last block.
+#[test]
+fn float_activations_use_the_stored_weights_and_unrounded_inputs() {
+    let mut rng = StdRng::seed_from_u64(21);
+    let (n, rows) = (5, 3);
+    let k = 15 * BLOCK;
+    let (raw, deq) = q4_1_blocks(&random(&mut rng, n * k));
+    let w = QWeight::from_q4(&raw, Q4Source::Q4_1, n, k);
+    let x = random(&mut rng, rows * k);
+    assert_close(&w.forward_float(&x, rows), &dense(&deq, &x, n, k), 1e-4);
+
+    let k_in = 50;
+    let w = QWeight::from_f32(&random(&mut rng, n * k_in), n, k_in);
+    let x = random(&mut rng, rows * k_in);
+    let want = dense(&q8_dequant(&w), &x, n, k_in);
+    assert_close(&w.forward_float(&x, rows), &want, 1e-5);
+    // The quantised path differs by the activations' rounding, not by nothing.
+    assert_ne!(w.forward(Kernel::Portable, &x, rows), want);
+}
