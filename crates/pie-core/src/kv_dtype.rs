@@ -52,6 +52,12 @@ impl KvDtype {
     }
 }
 
+impl std::fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl std::str::FromStr for KvDtype {
     type Err = String;
 

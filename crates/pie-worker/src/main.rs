@@ -76,7 +76,7 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         depth: usize,
         /// KV page values: f16 or f32 (`[runtime] kv_dtype`).
-        #[arg(long, default_value = "f16")]
+        #[arg(long, default_value_t = pie_core::KvDtype::default())]
         kv_dtype: pie_core::KvDtype,
     },
     /// Load-test a worker or controller with a workload; or, with --calibrate,

@@ -7,8 +7,8 @@
 
 use rayon::prelude::*;
 
-use super::layout::runs;
-use super::{QWeight, Quants, BLOCK};
+use super::layout::unpack_row_q4;
+use super::{Out, QWeight, Quants, BLOCK};
 use crate::ops::dot;
 
 impl QWeight {
@@ -16,16 +16,20 @@ impl QWeight {
     pub(crate) fn forward_float(&self, x: &[f32], rows: usize) -> Vec<f32> {
         assert_eq!(x.len(), rows * self.k_in, "activation size");
         let w = self.float.get_or_init(|| self.dequantize());
-        let cols: Vec<Vec<f32>> = w
-            .par_chunks_exact(self.k_in)
-            .map(|wc| x.chunks_exact(self.k_in).map(|xr| dot(wc, xr)).collect())
-            .collect();
         let mut out = vec![0f32; rows * self.n];
-        for (c, col) in cols.iter().enumerate() {
-            for (r, v) in col.iter().enumerate() {
-                out[r * self.n + c] = *v;
-            }
-        }
+        let dst = Out {
+            ptr: out.as_mut_ptr(),
+            stride: self.n,
+        };
+        w.par_chunks_exact(self.k_in)
+            .enumerate()
+            .for_each(|(c, wc)| {
+                for (r, xr) in x.chunks_exact(self.k_in).enumerate() {
+                    // SAFETY: `out` holds `rows x n`, outlives the loop, and
+                    // each task writes only its own column `c`.
+                    unsafe { dst.set(r, c, dot(wc, xr)) };
+                }
+            });
         out
     }
 
@@ -57,29 +61,5 @@ impl QWeight {
             }
         }
         w
-    }
-}
-
-/// A row packed by `layout::pack_q4`, back to one value per position (kernel
-/// order).
-fn unpack_row_q4(row: &[u8], q: &mut [i32]) {
-    let mut at = 0;
-    for (start, g) in runs(q.len() / BLOCK) {
-        let run = &mut q[start * BLOCK..(start + g) * BLOCK];
-        if g == 1 {
-            for (j, &byte) in row[at..at + 16].iter().enumerate() {
-                run[j] = (byte & 0xf) as i32;
-                run[j + 16] = (byte >> 4) as i32;
-            }
-            at += 16;
-        } else {
-            for pair in run.chunks_exact_mut(2 * BLOCK) {
-                for (j, &byte) in row[at..at + BLOCK].iter().enumerate() {
-                    pair[j] = (byte & 0xf) as i32;
-                    pair[j + BLOCK] = (byte >> 4) as i32;
-                }
-                at += BLOCK;
-            }
-        }
     }
 }

@@ -50,6 +50,30 @@ pub(super) fn pack_q4(q: &[u8], out: &mut Vec<u8>) {
     }
 }
 
+/// A row packed by [`pack_q4`], back to one value per position (kernel order):
+/// its inverse, for a whole row at once.
+pub(super) fn unpack_row_q4(row: &[u8], q: &mut [i32]) {
+    let mut at = 0;
+    for (start, g) in runs(q.len() / BLOCK) {
+        let run = &mut q[start * BLOCK..(start + g) * BLOCK];
+        if g == 1 {
+            for (j, &byte) in row[at..at + 16].iter().enumerate() {
+                run[j] = (byte & 0xf) as i32;
+                run[j + 16] = (byte >> 4) as i32;
+            }
+            at += 16;
+        } else {
+            for pair in run.chunks_exact_mut(2 * BLOCK) {
+                for (j, &byte) in row[at..at + BLOCK].iter().enumerate() {
+                    pair[j] = (byte & 0xf) as i32;
+                    pair[j + BLOCK] = (byte >> 4) as i32;
+                }
+                at += BLOCK;
+            }
+        }
+    }
+}
+
 /// The 4-bit value at kernel-order position `pos` of a row packed by [`pack_q4`].
 pub(super) fn unpack_q4(row: &[u8], pos: usize) -> u8 {
     let (start, g) = runs(row.len() * 2 / BLOCK)

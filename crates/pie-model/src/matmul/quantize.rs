@@ -109,6 +109,7 @@ mod tests {
             eprintln!(
                 "SKIPPED: AVX-512 activation quantisation not tested: this CPU lacks AVX-512F"
             );
+            return;
         }
         let mut rng = StdRng::seed_from_u64(11);
         let mut x: Vec<f32> = (0..BLOCK * 4000)

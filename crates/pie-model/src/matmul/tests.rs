@@ -20,13 +20,7 @@ fn reference(w: &[f32], x: &[f32], n: usize, k: usize) -> Vec<f32> {
             }
         }
     }
-    x.chunks_exact(k)
-        .flat_map(|row| {
-            w.chunks_exact(k)
-                .map(|col| col.iter().zip(row).map(|(a, b)| a * b).sum::<f32>())
-                .collect::<Vec<_>>()
-        })
-        .collect()
+    dense(w, &x, n, k)
 }
 
 /// GGML Q4_1 blocks of `w`, the way llama.cpp's quantiser writes them.
@@ -248,14 +242,37 @@ fn bytes_count_the_stored_matrix() {
 
 /// f32 math on `w` and `x` as they are (no activation quantisation).
 fn dense(w: &[f32], x: &[f32], n: usize, k: usize) -> Vec<f32> {
+    assert_eq!(w.len(), n * k);
     x.chunks_exact(k)
         .flat_map(|row| {
             w.chunks_exact(k)
-                .take(n)
                 .map(|col| col.iter().zip(row).map(|(a, b)| a * b).sum::<f32>())
                 .collect::<Vec<_>>()
         })
         .collect()
+}
+
+/// `unpack_row_q4` inverts `pack_q4` at every run shape, and agrees with the
+/// per-position `unpack_q4`.
+#[test]
+fn a_packed_row_unpacks_to_its_values() {
+    let mut rng = StdRng::seed_from_u64(22);
+    for blocks in [1, 2, 3, 7, 8, 15, 18] {
+        let q: Vec<u8> = (0..blocks * BLOCK).map(|_| rng.gen_range(0..16)).collect();
+        let mut packed = Vec::new();
+        layout::pack_q4(&q, &mut packed);
+        let mut back = vec![-1i32; q.len()];
+        layout::unpack_row_q4(&packed, &mut back);
+        let want: Vec<i32> = q.iter().map(|&v| v as i32).collect();
+        assert_eq!(back, want, "{blocks} blocks");
+        for (pos, &v) in back.iter().enumerate() {
+            assert_eq!(
+                layout::unpack_q4(&packed, pos) as i32,
+                v,
+                "{blocks} blocks, {pos}"
+            );
+        }
+    }
 }
 
 /// `forward_float` is the stored weights, dequantised, times the activations
