@@ -27,11 +27,11 @@ use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use pie_core::auth::{
     authenticate, ApiKey, KeyLimits, Role, ACT_AS_CACHE_SALT, ACT_AS_CLIENT, ACT_AS_ROLE,
 };
+use pie_core::chat::parse_messages;
 use pie_core::wire::{
     PREFILL_FROM_FIELD, PROMPT_TOKENS_FIELD, RESUME_FIELD, SESSION_TURNS_FIELD, STREAM_IDS_FIELD,
 };
 use pie_core::{PropValue, Props};
-use pie_model::ChatMessage;
 use pie_policy::cluster::{record, PriorityQueue, RouteRequest, Stage};
 use pie_workload::{TraceInput, TraceRecorder};
 use serde_json::{json, Value};
@@ -636,8 +636,7 @@ fn route_inputs(ctl: &Controller, path: &str, body: &Value) -> Result<RouteInput
         });
     };
     let (tokens, forwardable) = if let Some(messages) = args.get("messages") {
-        let messages: Vec<ChatMessage> =
-            serde_json::from_value(messages.clone()).map_err(|e| format!("messages: {e}"))?;
+        let messages = parse_messages(messages)?;
         let tokens = tk
             .apply_chat_template(&messages)
             .and_then(|t| tk.encode(&t))

@@ -2568,6 +2568,53 @@ async fn forwarded_prompt_tokens_give_the_outputs_of_text() {
     }
 }
 
+/// OpenAI clients send `content` as an array of text parts, or `null`: the
+/// controller parses messages as a worker does (one parser, `pie_core::chat`),
+/// so such a chat routes, is tokenized once, and answers as its plain-text
+/// twin does on the worker; a part that is not text is refused naming it.
+#[tokio::test]
+async fn chat_content_parts_and_null_content_route_like_plain_text() {
+    let worker_cfg = worker_config_trusting_the_controller("content-parts");
+    let c = Cluster::start_with(Spec {
+        workers: 1,
+        worker_args: &["--config", worker_cfg.to_str().unwrap()],
+        cluster_config: "worker_key = \"sk-ctl\"",
+        ..Spec::new("least-loaded")
+    })
+    .await;
+    let worker = c.workers[0].as_ref().unwrap().url.clone();
+    let ctl = c.controller.url.clone();
+    let plain = json!({"messages": [{"role": "user", "content": "Say hi"},
+        {"role": "assistant", "content": ""}, {"role": "user", "content": "Again"}],
+        "max_tokens": 12, "temperature": 0, "ignore_eos": true});
+    let parts = json!({"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi"}]},
+        {"role": "assistant", "content": null},
+        {"role": "user", "content": [{"type": "text", "text": "Again"}]}],
+        "max_tokens": 12, "temperature": 0, "ignore_eos": true});
+    let path = "/v1/chat/completions";
+    let (status, direct) = post_json(&worker, path, Some("sk-ctl"), &plain).await;
+    assert_eq!(status, 200, "{direct}");
+    let before = worker_metric(&worker, "pie_pretokenized_requests_total").await;
+    let (status, via) = post_json(&ctl, path, None, &parts).await;
+    assert_eq!(status, 200, "{via}");
+    assert_eq!(via["choices"], direct["choices"], "{via}");
+    assert_eq!(
+        via["usage"]["prompt_tokens"],
+        direct["usage"]["prompt_tokens"]
+    );
+    assert_eq!(
+        worker_metric(&worker, "pie_pretokenized_requests_total").await,
+        before + 1.0,
+        "the controller tokenized the parts"
+    );
+    let image = json!({"messages": [{"role": "user", "content":
+        [{"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/x.png"}}]}]});
+    let (status, r) = post_json(&ctl, path, None, &image).await;
+    assert_eq!(status, 400, "{r}");
+    assert!(error_message(&r).contains("image_url"), "{r}");
+}
+
 /// The greedy completion of `prompt` by one worker alone.
 async fn alone(prompt: &[u32]) -> String {
     let model = model();

@@ -7,6 +7,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::quantized::gguf_file::Value;
+pub use pie_core::chat::ChatMessage;
 use serde::{Deserialize, Serialize};
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
@@ -23,12 +24,6 @@ const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 
 /// Names of end-of-turn tokens that stop generation when the vocabulary has them.
 const END_OF_TURN_TOKENS: &[&str] = &["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>"];
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ChatMessage {
-    pub role: String,
-    pub content: String,
-}
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,

@@ -13,9 +13,9 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::stream::{self, Stream, StreamExt};
+use pie_core::chat::OpenAiMessage;
 use pie_core::wire::{HANDOFF_COMMENT, PROCESS_COMMENT, TOKEN_IDS_KEY};
 use pie_core::{PropValue, Props};
-use pie_model::ChatMessage;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -81,54 +81,6 @@ pub struct ChatRequest {
     max_completion_tokens: Option<usize>,
     #[serde(flatten)]
     common: Common,
-}
-
-#[derive(Deserialize)]
-struct OpenAiMessage {
-    role: String,
-    #[serde(default)]
-    content: Option<Content>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
-
-#[derive(Deserialize)]
-struct ContentPart {
-    #[serde(rename = "type")]
-    kind: String,
-    text: Option<String>,
-}
-
-impl OpenAiMessage {
-    fn into_chat(self) -> Result<ChatMessage, ApiError> {
-        let content = match self.content {
-            None => String::new(),
-            Some(Content::Text(t)) => t,
-            Some(Content::Parts(parts)) => {
-                let mut text = String::new();
-                for p in parts {
-                    if p.kind != "text" {
-                        return Err(ApiError::bad_request(format!(
-                            "content part type `{}` is not supported (text only)",
-                            p.kind
-                        ))
-                        .param("messages"));
-                    }
-                    text.push_str(&p.text.unwrap_or_default());
-                }
-                text
-            }
-        };
-        Ok(ChatMessage {
-            role: self.role,
-            content,
-        })
-    }
 }
 
 /// What differs between the completion and chat response shapes.
@@ -209,7 +161,8 @@ pub async fn chat_completions(
         .messages
         .into_iter()
         .map(OpenAiMessage::into_chat)
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ApiError::bad_request(e).param("messages"))?;
     let mut common = req.common;
     common.gen.max_tokens = common.gen.max_tokens.or(req.max_completion_tokens);
     // OpenAI clients send the whole conversation each turn: no server-side history.
