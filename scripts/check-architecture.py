@@ -36,6 +36,7 @@ An edge to an ancestor module (`super::Item` from `dir/x.rs` to `dir/mod.rs`) co
 (--allow-ancestor-edges: not at all, so a directory's files may use what its mod.rs defines).
 
 --report prints per crate: modules, edges, cycles, the largest file and the longest function.
+--draft prints a map drafted from the code as it is (a starting point for the layers and owns).
 """
 import argparse
 import os
@@ -563,6 +564,40 @@ def check(repo, map_path, report=None, ancestor_edges=True):
     return sorted(set(problems))
 
 
+def draft(repo, ancestor_edges=True):
+    """A map from the code as it is: each file at the lowest layer above everything it imports
+    (a cycle's files share one layer), `owns` from the first line of its `//!` doc."""
+    out = ["<!-- drafted by check-architecture.py --draft: check each layer and owns -->"]
+    crates_dir = os.path.join(repo, "crates")
+    for name in sorted(d for d in os.listdir(crates_dir) if os.path.isdir(os.path.join(crates_dir, d, "src"))):
+        crate = Crate(repo, name)
+        graph = Graph(crate, ancestor_edges)
+        comp_of = {f: (f,) for f in crate.files.values()}
+        for comp in cycles(list(crate.files.values()), graph.edges):
+            for f in comp:
+                comp_of[f] = tuple(comp)
+        layer = {}
+
+        def level(f):
+            if f not in layer:
+                c = comp_of[f]
+                outs = {g for m in c for g in graph.edges[m] if g not in c}
+                layer.update({m: 1 + max((level(g) for g in outs), default=-1) for m in c})
+            return layer[f]
+
+        for f in crate.files.values():
+            level(f)
+        out += ["", f"## {name}", "", "| layer | files | owns |", "|---|---|---|"]
+        for f in sorted(crate.files.values(), key=lambda f: (layer[f], f.rel)):
+            with open(f.path, encoding="utf-8", errors="replace") as fh:
+                doc = re.match(r"\s*//!\s*([^\n]*)", fh.read())
+            owns = (doc.group(1) if doc else "").replace("|", "\\|")
+            owns = owns if len(owns) <= 100 else owns[:99] + "…"
+            cyc = " (cycle: " + ", ".join(g.rel for g in comp_of[f] if g is not f) + ")" if len(comp_of[f]) > 1 else ""
+            out.append(f"| {layer[f]} | `{f.rel}` | {owns}{cyc}{' (test code)' if f.test_only else ''} |")
+    return out
+
+
 def main(argv=None):
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -574,7 +609,11 @@ def main(argv=None):
         action="store_true",
         help="do not count imports from a module to its ancestors (`super::Item` into dir/mod.rs or lib.rs)",
     )
+    ap.add_argument("--draft", action="store_true", help="print a map drafted from the code as it is, and exit")
     args = ap.parse_args(argv)
+    if args.draft:
+        print("\n".join(draft(args.repo, not args.allow_ancestor_edges)))
+        return 0
     map_path = args.map or os.path.join(args.repo, "ARCHITECTURE.md")
     if not os.path.isfile(map_path) or not os.path.isdir(os.path.join(args.repo, "crates")):
         print(f"check-architecture: no map at {map_path} or no crates/ under {args.repo}", file=sys.stderr)

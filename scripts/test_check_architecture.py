@@ -239,6 +239,16 @@ class CheckArchitecture(unittest.TestCase):
             self.assertOne(r.problems(), "cycle: 2 modules", "sub/leaf.rs:1 -> sub/mod.rs:4 -> sub/leaf.rs")
             self.assertEqual(r.problems(ancestor_edges=False), [])
 
+    def test_drafted_map_passes_and_keeps_the_order(self):
+        with Repo() as r:
+            lines = ca.draft(r.root)
+            self.assertIn("| 0 | `low.rs` | The leaf. |", lines)
+            self.assertLess(lines.index("| 0 | `low.rs` | The leaf. |"), [i for i, l in enumerate(lines) if "`high.rs`" in l][0])
+            draft = os.path.join(r.root, "draft.md")
+            with open(draft, "w") as f:
+                f.write("\n".join(lines) + "\n")
+            self.assertEqual(ca.check(r.root, draft), [])
+
     def test_cli_exit_codes_and_map_option(self):
         with Repo() as r:
             run = lambda *a: subprocess.run([sys.executable, SCRIPT, "--repo", r.root, *a], capture_output=True, text=True)
