@@ -261,15 +261,17 @@ class Graph:
                 if ancestor_edges or g.module != f.module[: len(g.module)]:
                     self.edges[f][g] = (line, text)
 
-    def absolute(self, f, segs):
-        """Segments of a path written in f, made absolute in f's crate root; None when external."""
+    def absolute(self, f, segs, inner=()):
+        """Segments of a path written in f (inside its inline modules `inner`), made absolute in
+        f's crate root; None when external."""
+        module = f.module + tuple(inner)
         head = segs[0]
         if head in ("crate", "$crate"):
             return list(segs[1:])
         if head == "self":
-            return list(f.module) + list(segs[1:])
+            return list(module) + list(segs[1:])
         if head == "super":
-            base = list(f.module)
+            base = list(module)
             while segs and segs[0] == "super":
                 if not base:
                     return None
@@ -277,8 +279,8 @@ class Graph:
             if segs and segs[0] == "self":
                 segs = segs[1:]
             return base + list(segs)
-        if (f.root, f.module + (head,)) in self.crate.modules:  # a child module by its name
-            return list(f.module) + list(segs)
+        if (f.root, module + (head,)) in self.crate.modules:  # a child module by its name
+            return list(module) + list(segs)
         return None
 
     def scan(self, f):
@@ -288,17 +290,30 @@ class Graph:
         code = f.code
         uses, refs = {}, []
         line_at = lambda pos: code.count("\n", 0, pos) + 1
+        spans = []  # inline modules: (start, end, name)
+        for m in MOD_DECL.finditer(code):
+            if m.group(2) == "{":
+                depth, j = 0, m.end() - 1
+                while j < len(code):
+                    depth += (code[j] == "{") - (code[j] == "}")
+                    if depth == 0:
+                        break
+                    j += 1
+                spans.append((m.end(), j, m.group(1)))
+        inline = lambda pos: tuple(name for s, e, name in spans if s <= pos < e)
         for m in USE.finditer(code):
+            inner = inline(m.start())
             for segs, name in expand_use(m.group(1)):
-                a = self.absolute(f, segs)
-                uses[name] = a  # None: an external item, so no edge through it
+                a = self.absolute(f, segs, inner)
+                if not inner:
+                    uses[name] = a  # None: an external item, so no edge through it
                 if a is not None:
                     refs.append((a, line_at(m.start()), "use " + "::".join(segs)))
         rest = USE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), code)
         rest = MOD_DECL.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), rest)
         for m in PATH.finditer(rest):
             segs = [m.group(1)] + [s.strip() for s in m.group(2).split("::") if s.strip()]
-            a = self.absolute(f, segs)
+            a = self.absolute(f, segs, inline(m.start()))
             if a is not None:
                 refs.append((a, line_at(m.start()), "::".join(segs)))
         self.uses[f], self.refs[f] = uses, refs

@@ -136,6 +136,19 @@ class CheckArchitecture(unittest.TestCase):
         with Repo({"sub/leaf.rs": "use super::top;\n" + FILES["sub/leaf.rs"]}) as r:
             self.assertRule(r.problems(), "layers", "crates/x/src/sub/leaf.rs:1:", "use super::top")
 
+    def test_super_inside_an_inline_module(self):
+        # `super::` in `mod inner { .. }` of low.rs is low itself, not the crate root
+        low = FILES["low.rs"] + "mod inner {\n    use super::Low;\n    pub fn g(_: Low) {}\n}\n"
+        with Repo({"low.rs": low, "lib.rs": LIB + "pub struct Root;\n"}) as r:
+            self.assertEqual(r.problems(), [])
+        # and two levels up from an inline module of sub/leaf.rs is sub/mod.rs's parent, the root
+        leaf = FILES["sub/leaf.rs"] + "mod inner {\n    pub fn g() {\n        super::super::super::high::f();\n    }\n}\n"
+        with Repo({"sub/leaf.rs": leaf}) as r:
+            self.assertEqual(r.problems(), [])
+        leaf = leaf.replace("super::super::super::high::f()", "super::super::top::top(todo!(), todo!())")
+        with Repo({"sub/leaf.rs": leaf}) as r:
+            self.assertRule(r.problems(), "layers", "sub/leaf.rs:6:", "sub/top.rs, layer 2", "super::super::top::top")
+
     def test_reexport_resolves_to_the_defining_module(self):
         # `crate::High` is lib.rs's `pub use high::High`: an edge to high.rs, not to the root
         with Repo({"low.rs": FILES["low.rs"] + "pub fn h(_: crate::High) {}\n"}) as r:
