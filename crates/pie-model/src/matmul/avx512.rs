@@ -7,8 +7,9 @@
 
 use std::arch::x86_64::*;
 
+use super::layout::{BLOCK, GROUP};
+use super::store::{Acts, QWeight, Quants};
 use super::x86_tiles::{prefetch, x86_tile, AHEAD};
-use super::{Acts, QWeight, Quants, BLOCK, GROUP};
 
 x86_tile!("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c");
 

@@ -8,7 +8,8 @@
 use rayon::prelude::*;
 
 use super::layout::unpack_row_q4;
-use super::{Out, QWeight, Quants, BLOCK};
+use super::layout::BLOCK;
+use super::store::{Out, QWeight, Quants};
 use crate::ops::dot;
 
 impl QWeight {

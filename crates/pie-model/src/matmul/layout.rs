@@ -1,7 +1,11 @@
 //! The element order a weight row is stored in, which every kernel reads, and
 //! the packing of 4-bit rows.
 
-use super::BLOCK;
+/// Elements per block (one scale each).
+pub(super) const BLOCK: usize = 32;
+/// Blocks per scale vector: scales are stored padded (with zeros) to a multiple
+/// of this, so the kernel loads and converts eight at once.
+pub(super) const GROUP: usize = 8;
 
 /// The runs of blocks the kernel works in, as `(first block, blocks)`: groups of
 /// eight, then the rest as at most one run each of four, two and one.

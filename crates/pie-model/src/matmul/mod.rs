@@ -5,10 +5,12 @@
 //! type is dequantised and requantised to 8-bit. Activations are quantised to 8
 //! bits once per call (per row and block, like GGML's Q8_1).
 //!
-//! This file owns the storage ([`QWeight`], [`Acts`]), the parallel split over
-//! column ranges and the choice of [`Kernel`]; each kernel has a file of its own:
+//! This file owns the parallel split over column ranges and the choice of
+//! [`Kernel`]; the storage and each kernel have files of their own, leaves first:
 //!
 //! - `layout`: the element order rows are stored in (shared by every kernel);
+//! - `quantize`: the block rule, for weights and activations alike;
+//! - `store`: [`QWeight`] and its construction, [`Acts`], `Out`;
 //! - `portable`: plain per-(row, column) dot products, the reference;
 //! - `x86_tiles`: what the x86 kernels share, a tile of rows times a tile of
 //!   columns, so each unpacked weight vector serves several rows and each
@@ -24,10 +26,10 @@
 //! (row, column) pair accumulates in the same order whatever the tile shape.
 
 use anyhow::{bail, Result};
-use half::f16;
 use rayon::prelude::*;
 
-use layout::{kernel_order, pack_q4};
+use store::{Acts, Out};
+pub use store::{Q4Source, QWeight};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -39,164 +41,13 @@ mod float;
 mod layout;
 mod portable;
 mod quantize;
+mod store;
 #[cfg(test)]
 mod tests;
 #[cfg(target_arch = "x86_64")]
 mod x86_tiles;
 
-const BLOCK: usize = 32;
-/// Blocks per scale vector: scales are stored padded (with zeros) to a multiple
-/// of this, so the kernel loads and converts eight at once.
-const GROUP: usize = 8;
-
-enum Quants {
-    /// 4-bit values, two per byte, in kernel order (see `layout::pack_q4`); `m` holds
-    /// the per-block minimum, padded like the scales.
-    Q4 { qs: Vec<u8>, m: Vec<f16> },
-    /// One signed byte per element, in `-127..=127`, in kernel order.
-    Q8 { qs: Vec<i8> },
-}
-
-/// A weight matrix of `n` output rows by `k` inputs, in 32-element blocks.
-pub struct QWeight {
-    n: usize,
-    /// Inputs the caller passes; `k` is this rounded up to a whole block.
-    k_in: usize,
-    k: usize,
-    /// Block scales, `n` rows of `k / 32` padded to a multiple of [`GROUP`].
-    d: Vec<f16>,
-    quants: Quants,
-    /// `kernel_order(k)`, kept so each call's activations are laid out without
-    /// recomputing it.
-    order: Vec<u32>,
-    /// The weights as f32, made on the first `forward_float` (see `float.rs`).
-    float: std::sync::OnceLock<Vec<f32>>,
-}
-
-/// A GGML 4-bit block as stored in GGUF.
-pub enum Q4Source {
-    /// `d: f16, qs: [u8; 16]`, value `d * (q - 8)`.
-    Q4_0,
-    /// `d: f16, m: f16, qs: [u8; 16]`, value `d * q + m`.
-    Q4_1,
-}
-
 impl QWeight {
-    fn blocks(&self) -> usize {
-        self.k / BLOCK
-    }
-
-    /// The bytes the matrix is stored in: quantised values and block scales
-    /// (and minimums), padding included, as the kernels read them.
-    pub(crate) fn bytes(&self) -> usize {
-        let quants = match &self.quants {
-            Quants::Q4 { qs, m } => qs.len() + std::mem::size_of_val(m.as_slice()),
-            Quants::Q8 { qs } => qs.len(),
-        };
-        quants + std::mem::size_of_val(self.d.as_slice())
-    }
-
-    fn padded_blocks(&self) -> usize {
-        self.blocks().next_multiple_of(GROUP)
-    }
-
-    /// Row-major f32 weights (`n x k_in`), quantised to 8 bits per 32-block.
-    pub fn from_f32(w: &[f32], n: usize, k_in: usize) -> Self {
-        assert_eq!(w.len(), n * k_in, "weight size");
-        let k = k_in.next_multiple_of(BLOCK);
-        let nbp = (k / BLOCK).next_multiple_of(GROUP);
-        let order = kernel_order(k);
-        let mut d = vec![f16::ZERO; n * nbp];
-        let mut qs = Vec::with_capacity(n * k);
-        let mut padded = vec![0f32; k];
-        let mut q = vec![0i8; k];
-        for (row, src) in w.chunks_exact(k_in).enumerate() {
-            padded[..k_in].copy_from_slice(src);
-            for (b, (x, q)) in padded
-                .chunks_exact(BLOCK)
-                .zip(q.chunks_exact_mut(BLOCK))
-                .enumerate()
-            {
-                d[row * nbp + b] = f16::from_f32(quantize_block(x, q));
-            }
-            qs.extend(order.iter().map(|&i| q[i as usize]));
-        }
-        Self {
-            n,
-            k_in,
-            k,
-            d,
-            quants: Quants::Q8 { qs },
-            order,
-            float: Default::default(),
-        }
-    }
-
-    /// Raw GGUF 4-bit blocks of an `n x k` matrix; the values stay exactly as they are.
-    pub fn from_q4(raw: &[u8], source: Q4Source, n: usize, k: usize) -> Self {
-        assert!(k.is_multiple_of(BLOCK), "4-bit rows are whole blocks");
-        let nb = k / BLOCK;
-        let nbp = nb.next_multiple_of(GROUP);
-        let block_bytes = match source {
-            Q4Source::Q4_0 => 18,
-            Q4Source::Q4_1 => 20,
-        };
-        assert_eq!(raw.len(), n * nb * block_bytes, "4-bit weight size");
-        let order = kernel_order(k);
-        let mut d = vec![f16::ZERO; n * nbp];
-        let mut m = vec![f16::ZERO; n * nbp];
-        let mut qs = Vec::with_capacity(n * k / 2);
-        let mut q = vec![0u8; k];
-        let half = |b: &[u8]| f16::from_le_bytes([b[0], b[1]]);
-        for (row, blocks) in raw.chunks_exact(nb * block_bytes).enumerate() {
-            for (b, blk) in blocks.chunks_exact(block_bytes).enumerate() {
-                let at = row * nbp + b;
-                d[at] = half(blk);
-                m[at] = match source {
-                    // `d * (q - 8)` is `d * q + (-8 d)`; scaling by 8 is exact in f16.
-                    Q4Source::Q4_0 => f16::from_f32(-8.0 * d[at].to_f32()),
-                    Q4Source::Q4_1 => half(&blk[2..]),
-                };
-                for (j, &byte) in blk[block_bytes - 16..].iter().enumerate() {
-                    q[b * BLOCK + j] = byte & 0xf;
-                    q[b * BLOCK + j + 16] = byte >> 4;
-                }
-            }
-            let ordered: Vec<u8> = order.iter().map(|&i| q[i as usize]).collect();
-            pack_q4(&ordered, &mut qs);
-        }
-        Self {
-            n,
-            k_in: k,
-            k,
-            d,
-            quants: Quants::Q4 { qs, m },
-            order,
-            float: Default::default(),
-        }
-    }
-
-    /// Rows concatenated (e.g. Q, K and V fused into one matmul). All parts must
-    /// share `k` and the storage kind.
-    pub fn concat(parts: Vec<QWeight>) -> Self {
-        let mut it = parts.into_iter();
-        let mut w = it.next().expect("at least one part");
-        for p in it {
-            assert_eq!((p.k, p.k_in), (w.k, w.k_in), "fused weights share inputs");
-            w.n += p.n;
-            w.d.extend(p.d);
-            match (&mut w.quants, p.quants) {
-                (Quants::Q4 { qs, m }, Quants::Q4 { qs: q2, m: m2 }) => {
-                    qs.extend(q2);
-                    m.extend(m2);
-                }
-                (Quants::Q8 { qs }, Quants::Q8 { qs: q2 }) => qs.extend(q2),
-                _ => panic!("fused weights share a storage kind"),
-            }
-        }
-        w
-    }
-
     /// `x (rows x k_in) @ self^T`, row-major `rows x n`, on `kernel`.
     pub(crate) fn forward(&self, kernel: Kernel, x: &[f32], rows: usize) -> Vec<f32> {
         assert_eq!(x.len(), rows * self.k_in, "activation size");
@@ -218,103 +69,6 @@ impl QWeight {
             unsafe { kernel.run(self, &acts, c0, nc, dst.at(0, c0)) };
         });
         out
-    }
-}
-
-/// Where a call's results go: `ptr` is (row 0, first column) of a row-major
-/// matrix whose rows are `stride` floats apart. The tasks of one call share
-/// the matrix, each writing its own columns in place (no per-task buffer to
-/// allocate, clear and copy back).
-#[derive(Clone, Copy)]
-pub(crate) struct Out {
-    ptr: *mut f32,
-    stride: usize,
-}
-
-// SAFETY: an `Out` is only a place to write; `QWeight::forward` gives the tasks
-// sharing one disjoint columns.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
-impl Out {
-    /// The same matrix from (row `r`, column `c`) on.
-    ///
-    /// # Safety
-    /// The element is inside the matrix.
-    unsafe fn at(self, r: usize, c: usize) -> Self {
-        Self {
-            ptr: self.ptr.add(r * self.stride + c),
-            ..self
-        }
-    }
-
-    /// Writes (row `r`, column `c`), relative to this `Out`.
-    ///
-    /// # Safety
-    /// The element is inside the matrix, and no other thread writes it.
-    #[inline]
-    unsafe fn set(self, r: usize, c: usize, v: f32) {
-        *self.ptr.add(r * self.stride + c) = v;
-    }
-}
-
-/// Quantise 32 values to `d * q`; returns `d`. The same rule for weights and
-/// activations: `d = max|x| / 127`, `q = round(x / d)`, so `|q| <= 127` (the
-/// kernel's 16-bit sums rely on it).
-fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
-    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let d = amax / 127.0;
-    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-    for (q, v) in q.iter_mut().zip(x) {
-        *q = (v * id).round() as i8;
-    }
-    d
-}
-
-/// Activations quantised per row and 32-block: values `d * q` (in kernel order),
-/// plus `s = d * sum(q)` for the 4-bit weights' minimum term. Scales are padded
-/// like [`QWeight::d`].
-struct Acts {
-    k: usize,
-    nbp: usize,
-    qs: Vec<i8>,
-    d: Vec<f32>,
-    s: Vec<f32>,
-}
-
-impl Acts {
-    fn rows(&self) -> usize {
-        self.qs.len() / self.k
-    }
-
-    /// `order` is the weight's `kernel_order(k)`. Rows are independent, so a
-    /// prefill's thousands of blocks are quantised in parallel.
-    fn quantize(x: &[f32], rows: usize, k_in: usize, order: &[u32]) -> Self {
-        let k = order.len();
-        let nbp = (k / BLOCK).next_multiple_of(GROUP);
-        let mut a = Self {
-            k,
-            nbp,
-            qs: vec![0; rows * k],
-            d: vec![0.0; rows * nbp],
-            s: vec![0.0; rows * nbp],
-        };
-        a.qs.par_chunks_mut(k)
-            .zip(a.d.par_chunks_mut(nbp))
-            .zip(a.s.par_chunks_mut(nbp))
-            .zip(x.par_chunks(k_in))
-            .with_min_len(16)
-            .for_each_init(
-                || (vec![0f32; k], vec![0i8; k]),
-                |(padded, q), (((qs, d), s), src)| {
-                    padded[..k_in].copy_from_slice(src);
-                    quantize::blocks(padded, q, d, s);
-                    for (dst, &i) in qs.iter_mut().zip(order) {
-                        *dst = q[i as usize];
-                    }
-                },
-            );
-        a
     }
 }
 

@@ -2,7 +2,8 @@
 //! block by block, in the order the SIMD kernels accumulate.
 
 use super::layout::{runs, unpack_q4};
-use super::{Acts, Out, QWeight, Quants, BLOCK, GROUP};
+use super::layout::{BLOCK, GROUP};
+use super::store::{Acts, Out, QWeight, Quants};
 
 /// Output columns `c0..c0 + nc` for every row of `a`, into `out`.
 ///

@@ -1,4 +1,8 @@
+use super::layout::{kernel_order, BLOCK};
+use super::quantize::quantize_block;
+use super::store::Quants;
 use super::*;
+use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

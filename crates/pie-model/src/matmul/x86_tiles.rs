@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Acts, Out, QWeight};
+use super::store::{Acts, Out, QWeight};
 
 /// One tile shape's function: rows `r0..r0 + R` times columns `c0..c0 + C` of
 /// the output, written to `out`'s (`i`, `j`); returns `C`.
@@ -91,7 +91,7 @@ macro_rules! x86_tile {
             a: &Acts,
             r0: usize,
             c0: usize,
-            out: super::Out,
+            out: super::store::Out,
         ) -> usize {
             let (nb, nbp) = (w.blocks(), w.padded_blocks());
             debug_assert_eq!((a.k, a.nbp), (w.k, nbp));

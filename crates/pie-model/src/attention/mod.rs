@@ -27,6 +27,12 @@
 //!   is exact, so everything above holds for f16 pages as for f32 pages holding
 //!   the same values, and all arithmetic is f32.
 //!
+//! Files, leaves first (each imports only the ones before it): `softmax.rs`
+//! (a query's running state, merging two), `expf.rs` (the vector `exp`),
+//! `avx2.rs` and `avx512.rs` (the vector steps), `kernel.rs` (`Kernel`: the
+//! choice, the dispatch and the portable step), this file (units, chunks, the
+//! parallel walk, normalising into the output).
+//!
 //! Invariant (tested): the output equals plain attention (a score vector over all
 //! keys, softmax, weighted sum of V) to within float rounding, for every kernel,
 //! page size, GQA group, cached prefix, chunked prefill and decode; and a row's
@@ -37,7 +43,17 @@
 use pie_kv::{KvDtype, KvPool, PageKv, PageTable};
 use rayon::prelude::*;
 
-use crate::ops::{axpy, dot};
+use kernel::Kernel;
+use softmax::{merge, Stat, EMPTY};
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod expf;
+mod kernel;
+mod softmax;
 
 /// Rows of one sequence per unit: a page of K/V is read once per block.
 const QUERY_BLOCK: usize = 16;
@@ -60,18 +76,6 @@ pub(crate) struct SeqRows<'a> {
     pub start: usize,
     pub len: usize,
 }
-
-/// Running softmax state of one query: maximum score and sum of exponentials.
-#[derive(Clone, Copy, Debug)]
-struct Stat {
-    m: f32,
-    l: f32,
-}
-
-const EMPTY: Stat = Stat {
-    m: f32::NEG_INFINITY,
-    l: 0.0,
-};
 
 /// Attention of every row: `q` holds each row's query heads at the start of a
 /// row of `q_stride` floats; `out` gets `rows x heads * head_dim`.
@@ -202,25 +206,6 @@ fn attention_with(
     }
 }
 
-/// Merge a chunk's state `c` (accumulator `cacc`) into a query's state.
-fn merge(st: &mut Stat, acc: &mut [f32], c: Stat, cacc: &[f32]) {
-    if c.m == f32::NEG_INFINITY {
-        return;
-    }
-    if st.m == f32::NEG_INFINITY {
-        *st = c;
-        acc.copy_from_slice(cacc);
-        return;
-    }
-    let m = st.m.max(c.m);
-    let (a, b) = ((st.m - m).exp(), (c.m - m).exp());
-    st.l = st.l * a + c.l * b;
-    st.m = m;
-    for (x, y) in acc.iter_mut().zip(cacc) {
-        *x = *x * a + *y * b;
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 fn run_unit(
     kernel: Kernel,
@@ -326,518 +311,10 @@ fn run_unit(
     part
 }
 
-/// Which implementation of the per-page step runs, chosen once per call from the
-/// CPU's features and the head size.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kernel {
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    Portable,
-}
-
-impl Kernel {
-    pub(crate) fn detect(head_dim: usize) -> Self {
-        #[cfg(target_arch = "x86_64")]
-        for k in [Kernel::Avx512, Kernel::Avx2] {
-            if k.available(head_dim) {
-                return k;
-            }
-        }
-        Kernel::Portable
-    }
-
-    /// Whether this CPU can run the kernel for heads of `head_dim`.
-    pub(crate) fn available(self, head_dim: usize) -> bool {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512 => {
-                head_dim.is_multiple_of(16)
-                    && is_x86_feature_detected!("avx512f")
-                    && is_x86_feature_detected!("avx2")
-                    && is_x86_feature_detected!("fma")
-            }
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => {
-                head_dim.is_multiple_of(8)
-                    && is_x86_feature_detected!("avx2")
-                    && is_x86_feature_detected!("fma")
-                    && is_x86_feature_detected!("f16c")
-            }
-            Kernel::Portable => true,
-        }
-    }
-
-    /// The first `hd` values of `slots` rows of f16 bits, `stride` apart in
-    /// `src`, widened to f32 into `dst`, rows `hd` apart.
-    fn widen(self, src: &[u16], stride: usize, hd: usize, slots: usize, dst: &mut [f32]) {
-        assert!(slots >= 1 && src.len() >= (slots - 1) * stride + hd && dst.len() >= slots * hd);
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `available` checked AVX-512F and that `hd` is a multiple of
-            // 16; the slices were checked above.
-            Kernel::Avx512 => unsafe { avx512::widen(src, stride, hd, slots, dst) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above, for F16C and a multiple of 8.
-            Kernel::Avx2 => unsafe { avx2::widen(src, stride, hd, slots, dst) },
-            Kernel::Portable => {
-                for (j, row) in dst.chunks_exact_mut(hd).take(slots).enumerate() {
-                    for (d, x) in row.iter_mut().zip(&src[j * stride..][..hd]) {
-                        *d = half::f16::from_bits(*x).to_f32();
-                    }
-                }
-            }
-        }
-    }
-
-    /// One query against the first `n` keys of one page: `k` and `v` start at the
-    /// query's KV head in slot 0, slots `stride` floats apart. Updates the running
-    /// state `st` and accumulator `acc` (the query's length); `scratch` holds at
-    /// least `n` rounded up to 16 floats.
-    #[allow(clippy::too_many_arguments)]
-    #[inline]
-    fn page_step(
-        self,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        stride: usize,
-        n: usize,
-        scale: f32,
-        st: &mut Stat,
-        acc: &mut [f32],
-        scratch: &mut [f32],
-    ) {
-        let hd = q.len();
-        assert!(n >= 1 && acc.len() == hd && scratch.len() >= n.next_multiple_of(16));
-        assert!(k.len() >= (n - 1) * stride + hd && v.len() >= (n - 1) * stride + hd);
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `detect`/`available` checked the features and that `hd` is a
-            // multiple of 16; the slices were checked above.
-            Kernel::Avx512 => unsafe {
-                avx512::page_step(q, k, v, stride, n, scale, st, acc, scratch)
-            },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above, for AVX2 and FMA and a multiple of 8.
-            Kernel::Avx2 => unsafe { avx2::page_step(q, k, v, stride, n, scale, st, acc, scratch) },
-            Kernel::Portable => portable(q, k, v, stride, n, scale, st, acc, scratch),
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn portable(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    stride: usize,
-    n: usize,
-    scale: f32,
-    st: &mut Stat,
-    acc: &mut [f32],
-    s: &mut [f32],
-) {
-    let hd = q.len();
-    for (j, s) in s[..n].iter_mut().enumerate() {
-        *s = dot(q, &k[j * stride..][..hd]) * scale;
-    }
-    let m = s[..n].iter().fold(st.m, |a, &b| a.max(b));
-    let alpha = if m == st.m { 1.0 } else { (st.m - m).exp() };
-    let mut sum = 0.0;
-    for s in &mut s[..n] {
-        *s = (*s - m).exp();
-        sum += *s;
-    }
-    st.l = st.l * alpha + sum;
-    st.m = m;
-    if alpha != 1.0 {
-        acc.iter_mut().for_each(|a| *a *= alpha);
-    }
-    for (j, &p) in s[..n].iter().enumerate() {
-        axpy(acc, p, &v[j * stride..][..hd]);
-    }
-}
-
-/// Cephes' single-precision `exp` polynomial, shared by the vector kernels.
-#[cfg(target_arch = "x86_64")]
-mod expf {
-    pub const LOG2E: f32 = std::f32::consts::LOG2_E;
-    pub const LN2_HI: f32 = 0.693_359_4;
-    pub const LN2_LO: f32 = -2.121_944_4e-4;
-    pub const P: [f32; 6] = [
-        1.987_569_1e-4,
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        0.5,
-    ];
-    /// Inputs are clamped here first (the result of `exp(-87.3)` is ~1e-38).
-    pub const LO: f32 = -87.3;
-    pub const HI: f32 = 88.0;
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use std::arch::x86_64::*;
-
-    use super::{expf, Stat};
-
-    /// Eight accumulators summed lane-wise: lane `t` of the result is the sum of
-    /// `a[t]`'s lanes.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    pub(super) unsafe fn hsum8(a: [__m256; 8]) -> __m256 {
-        let h01 = _mm256_hadd_ps(a[0], a[1]);
-        let h23 = _mm256_hadd_ps(a[2], a[3]);
-        let h45 = _mm256_hadd_ps(a[4], a[5]);
-        let h67 = _mm256_hadd_ps(a[6], a[7]);
-        let h0123 = _mm256_hadd_ps(h01, h23);
-        let h4567 = _mm256_hadd_ps(h45, h67);
-        _mm256_add_ps(
-            _mm256_permute2f128_ps::<0x20>(h0123, h4567),
-            _mm256_permute2f128_ps::<0x31>(h0123, h4567),
-        )
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    pub(super) unsafe fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    pub(super) unsafe fn hmax(v: __m256) -> f32 {
-        let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_max_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    pub(super) unsafe fn exp8(x: __m256) -> __m256 {
-        let x = _mm256_min_ps(
-            _mm256_max_ps(x, _mm256_set1_ps(expf::LO)),
-            _mm256_set1_ps(expf::HI),
-        );
-        let fx = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm256_mul_ps(x, _mm256_set1_ps(expf::LOG2E)),
-        );
-        let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(expf::LN2_HI), x);
-        let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(expf::LN2_LO), r);
-        let mut y = _mm256_set1_ps(expf::P[0]);
-        for &p in &expf::P[1..] {
-            y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(p));
-        }
-        let y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r);
-        let y = _mm256_add_ps(y, _mm256_set1_ps(1.0));
-        let pow = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-            _mm256_cvtps_epi32(fx),
-            _mm256_set1_epi32(127),
-        ));
-        _mm256_mul_ps(y, _mm256_castsi256_ps(pow))
-    }
-
-    /// `super::Kernel::widen` eight lanes at a time (`hd` a multiple of 8).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn widen(
-        src: &[u16],
-        stride: usize,
-        hd: usize,
-        slots: usize,
-        dst: &mut [f32],
-    ) {
-        let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
-        for j in 0..slots {
-            for d in (0..hd).step_by(8) {
-                let h = _mm_loadu_si128(sp.add(j * stride + d) as *const __m128i);
-                _mm256_storeu_ps(dp.add(j * hd + d), _mm256_cvtph_ps(h));
-            }
-        }
-    }
-
-    /// All ones in the lanes below `n` (`n < 8`).
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn lanes_below(n: usize) -> __m256 {
-        let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), idx))
-    }
-
-    /// `acc[d..d + 8N] = acc * alpha + sum_j p[j] * v_j`, N registers wide.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn accumulate<const N: usize>(
-        acc: *mut f32,
-        v: *const f32,
-        stride: usize,
-        p: &[f32],
-        alpha: f32,
-    ) {
-        let mut a = [_mm256_setzero_ps(); N];
-        for (r, a) in a.iter_mut().enumerate() {
-            *a = _mm256_loadu_ps(acc.add(8 * r));
-        }
-        if alpha != 1.0 {
-            let al = _mm256_set1_ps(alpha);
-            for a in &mut a {
-                *a = _mm256_mul_ps(*a, al);
-            }
-        }
-        for (j, &p) in p.iter().enumerate() {
-            let pj = _mm256_set1_ps(p);
-            let vj = v.add(j * stride);
-            for (r, a) in a.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj.add(8 * r)), *a);
-            }
-        }
-        for (r, a) in a.iter().enumerate() {
-            _mm256_storeu_ps(acc.add(8 * r), *a);
-        }
-    }
-
-    /// The scores `s[..n]` to `exp(s - m)` in place, `m` the new running maximum;
-    /// updates `st` and returns the factor the accumulator is rescaled by.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    pub(super) unsafe fn exponentials(sp: *mut f32, n: usize, st: &mut Stat) -> f32 {
-        let mut mx = _mm256_set1_ps(f32::NEG_INFINITY);
-        for j in (0..n).step_by(8) {
-            let x = _mm256_loadu_ps(sp.add(j));
-            let x = if n - j < 8 {
-                _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), x, lanes_below(n - j))
-            } else {
-                x
-            };
-            mx = _mm256_max_ps(mx, x);
-        }
-        let m = st.m.max(hmax(mx));
-        let alpha = if m == st.m { 1.0 } else { (st.m - m).exp() };
-        let mv = _mm256_set1_ps(m);
-        let mut sum = _mm256_setzero_ps();
-        for j in (0..n).step_by(8) {
-            let mut e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sp.add(j)), mv));
-            if n - j < 8 {
-                e = _mm256_and_ps(e, lanes_below(n - j));
-            }
-            _mm256_storeu_ps(sp.add(j), e);
-            sum = _mm256_add_ps(sum, e);
-        }
-        st.l = st.l * alpha + hsum(sum);
-        st.m = m;
-        alpha
-    }
-
-    /// `super::portable` with eight keys' dot products at a time and the
-    /// exponentials eight lanes at a time.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn page_step(
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        stride: usize,
-        n: usize,
-        scale: f32,
-        st: &mut Stat,
-        acc: &mut [f32],
-        s: &mut [f32],
-    ) {
-        let hd = q.len();
-        let (qp, kp, sp) = (q.as_ptr(), k.as_ptr(), s.as_mut_ptr());
-        let mut j = 0;
-        while j + 8 <= n {
-            let mut a = [_mm256_setzero_ps(); 8];
-            for d in (0..hd).step_by(8) {
-                let qv = _mm256_loadu_ps(qp.add(d));
-                for (t, a) in a.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp.add((j + t) * stride + d)), *a);
-                }
-            }
-            _mm256_storeu_ps(sp.add(j), _mm256_mul_ps(hsum8(a), _mm256_set1_ps(scale)));
-            j += 8;
-        }
-        while j < n {
-            let mut a = _mm256_setzero_ps();
-            for d in (0..hd).step_by(8) {
-                a = _mm256_fmadd_ps(
-                    _mm256_loadu_ps(qp.add(d)),
-                    _mm256_loadu_ps(kp.add(j * stride + d)),
-                    a,
-                );
-            }
-            *sp.add(j) = hsum(a) * scale;
-            j += 1;
-        }
-        let alpha = exponentials(sp, n, st);
-        let (ap, vp, p) = (acc.as_mut_ptr(), v.as_ptr(), &s[..n]);
-        let mut d = 0;
-        while d + 64 <= hd {
-            accumulate::<8>(ap.add(d), vp.add(d), stride, p, alpha);
-            d += 64;
-        }
-        while d < hd {
-            accumulate::<1>(ap.add(d), vp.add(d), stride, p, alpha);
-            d += 8;
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use std::arch::x86_64::*;
-
-    use super::avx2::{exponentials, hsum, hsum8};
-    use super::Stat;
-
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    #[inline]
-    unsafe fn half_sum(a: __m512) -> __m256 {
-        _mm256_add_ps(
-            _mm512_castps512_ps256(a),
-            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a))),
-        )
-    }
-
-    /// `super::Kernel::widen` sixteen lanes at a time (`hd` a multiple of 16).
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn widen(
-        src: &[u16],
-        stride: usize,
-        hd: usize,
-        slots: usize,
-        dst: &mut [f32],
-    ) {
-        let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
-        for j in 0..slots {
-            for d in (0..hd).step_by(16) {
-                let h = _mm256_loadu_si256(sp.add(j * stride + d) as *const __m256i);
-                _mm512_storeu_ps(dp.add(j * hd + d), _mm512_cvtph_ps(h));
-            }
-        }
-    }
-
-    /// `acc[..16N] = acc * alpha + sum_j p[j] * v_j`, N registers wide, even and
-    /// odd keys in separate registers (twice the independent chains).
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    #[inline]
-    unsafe fn accumulate<const N: usize>(
-        acc: *mut f32,
-        v: *const f32,
-        stride: usize,
-        p: &[f32],
-        alpha: f32,
-    ) {
-        let mut a = [_mm512_setzero_ps(); N];
-        let mut b = [_mm512_setzero_ps(); N];
-        let mut pairs = p.chunks_exact(2);
-        let mut vj = v;
-        for pp in &mut pairs {
-            let (p0, p1) = (_mm512_set1_ps(pp[0]), _mm512_set1_ps(pp[1]));
-            let v1 = vj.add(stride);
-            for r in 0..N {
-                a[r] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(vj.add(16 * r)), a[r]);
-                b[r] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v1.add(16 * r)), b[r]);
-            }
-            vj = vj.add(2 * stride);
-        }
-        if let [p0] = pairs.remainder() {
-            let p0 = _mm512_set1_ps(*p0);
-            for (r, a) in a.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(p0, _mm512_loadu_ps(vj.add(16 * r)), *a);
-            }
-        }
-        let al = _mm512_set1_ps(alpha);
-        for r in 0..N {
-            let old = _mm512_loadu_ps(acc.add(16 * r));
-            let old = if alpha != 1.0 {
-                _mm512_mul_ps(old, al)
-            } else {
-                old
-            };
-            _mm512_storeu_ps(
-                acc.add(16 * r),
-                _mm512_add_ps(old, _mm512_add_ps(a[r], b[r])),
-            );
-        }
-    }
-
-    /// `super::portable` with 16-lane registers: eight keys' dot products at a
-    /// time, the exponentials eight lanes at a time.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn page_step(
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        stride: usize,
-        n: usize,
-        scale: f32,
-        st: &mut Stat,
-        acc: &mut [f32],
-        s: &mut [f32],
-    ) {
-        let hd = q.len();
-        let (qp, kp, sp) = (q.as_ptr(), k.as_ptr(), s.as_mut_ptr());
-        let mut j = 0;
-        while j + 8 <= n {
-            let mut a = [_mm512_setzero_ps(); 8];
-            for d in (0..hd).step_by(16) {
-                let qv = _mm512_loadu_ps(qp.add(d));
-                for (t, a) in a.iter_mut().enumerate() {
-                    *a = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kp.add((j + t) * stride + d)), *a);
-                }
-            }
-            let h = [
-                half_sum(a[0]),
-                half_sum(a[1]),
-                half_sum(a[2]),
-                half_sum(a[3]),
-                half_sum(a[4]),
-                half_sum(a[5]),
-                half_sum(a[6]),
-                half_sum(a[7]),
-            ];
-            _mm256_storeu_ps(sp.add(j), _mm256_mul_ps(hsum8(h), _mm256_set1_ps(scale)));
-            j += 8;
-        }
-        while j < n {
-            let mut a = _mm512_setzero_ps();
-            for d in (0..hd).step_by(16) {
-                a = _mm512_fmadd_ps(
-                    _mm512_loadu_ps(qp.add(d)),
-                    _mm512_loadu_ps(kp.add(j * stride + d)),
-                    a,
-                );
-            }
-            *sp.add(j) = hsum(half_sum(a)) * scale;
-            j += 1;
-        }
-        // Eight lanes here: the scores were stored eight at a time.
-        let alpha = exponentials(sp, n, st);
-        let (ap, vp, p) = (acc.as_mut_ptr(), v.as_ptr(), &s[..n]);
-        let mut d = 0;
-        while d + 64 <= hd {
-            accumulate::<4>(ap.add(d), vp.add(d), stride, p, alpha);
-            d += 64;
-        }
-        while d < hd {
-            accumulate::<1>(ap.add(d), vp.add(d), stride, p, alpha);
-            d += 16;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::{axpy, dot};
     use pie_core::ModelFingerprint;
     use pie_kv::KvLayout;
     use rand::rngs::StdRng;
@@ -1150,21 +627,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn detect_picks_the_widest_available() {
-        let k = Kernel::detect(64);
-        eprintln!("attention kernel on this CPU for head dim 64: {k:?}");
-        assert!(k.available(64));
-        #[cfg(target_arch = "x86_64")]
-        if Kernel::Avx512.available(64) {
-            assert_eq!(k, Kernel::Avx512);
-        } else if Kernel::Avx2.available(64) {
-            assert_eq!(k, Kernel::Avx2);
-        }
-        // A head dim no vector kernel fits falls back.
-        assert_eq!(Kernel::detect(12), Kernel::Portable);
     }
 
     /// One layer of SmolLM2-135M's attention, per kernel and KV dtype: a

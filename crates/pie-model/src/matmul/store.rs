@@ -1,0 +1,242 @@
+//! The stored forms the kernels read: [`QWeight`] (a weight matrix in 32-element
+//! blocks, 4- or 8-bit, in kernel order) and its construction, [`Acts`]
+//! (activations quantised once per call) and [`Out`] (where a call's results go).
+
+use half::f16;
+use rayon::prelude::*;
+
+use super::layout::{kernel_order, pack_q4, BLOCK, GROUP};
+use super::quantize::{self, quantize_block};
+
+pub(super) enum Quants {
+    /// 4-bit values, two per byte, in kernel order (see `layout::pack_q4`); `m` holds
+    /// the per-block minimum, padded like the scales.
+    Q4 { qs: Vec<u8>, m: Vec<f16> },
+    /// One signed byte per element, in `-127..=127`, in kernel order.
+    Q8 { qs: Vec<i8> },
+}
+
+/// A weight matrix of `n` output rows by `k` inputs, in 32-element blocks.
+pub struct QWeight {
+    pub(super) n: usize,
+    /// Inputs the caller passes; `k` is this rounded up to a whole block.
+    pub(super) k_in: usize,
+    pub(super) k: usize,
+    /// Block scales, `n` rows of `k / 32` padded to a multiple of [`GROUP`].
+    pub(super) d: Vec<f16>,
+    pub(super) quants: Quants,
+    /// `kernel_order(k)`, kept so each call's activations are laid out without
+    /// recomputing it.
+    pub(super) order: Vec<u32>,
+    /// The weights as f32, made on the first `forward_float` (see `float.rs`).
+    pub(super) float: std::sync::OnceLock<Vec<f32>>,
+}
+
+/// A GGML 4-bit block as stored in GGUF.
+pub enum Q4Source {
+    /// `d: f16, qs: [u8; 16]`, value `d * (q - 8)`.
+    Q4_0,
+    /// `d: f16, m: f16, qs: [u8; 16]`, value `d * q + m`.
+    Q4_1,
+}
+
+impl QWeight {
+    pub(super) fn blocks(&self) -> usize {
+        self.k / BLOCK
+    }
+
+    /// The bytes the matrix is stored in: quantised values and block scales
+    /// (and minimums), padding included, as the kernels read them.
+    pub(crate) fn bytes(&self) -> usize {
+        let quants = match &self.quants {
+            Quants::Q4 { qs, m } => qs.len() + std::mem::size_of_val(m.as_slice()),
+            Quants::Q8 { qs } => qs.len(),
+        };
+        quants + std::mem::size_of_val(self.d.as_slice())
+    }
+
+    pub(super) fn padded_blocks(&self) -> usize {
+        self.blocks().next_multiple_of(GROUP)
+    }
+
+    /// Row-major f32 weights (`n x k_in`), quantised to 8 bits per 32-block.
+    pub fn from_f32(w: &[f32], n: usize, k_in: usize) -> Self {
+        assert_eq!(w.len(), n * k_in, "weight size");
+        let k = k_in.next_multiple_of(BLOCK);
+        let nbp = (k / BLOCK).next_multiple_of(GROUP);
+        let order = kernel_order(k);
+        let mut d = vec![f16::ZERO; n * nbp];
+        let mut qs = Vec::with_capacity(n * k);
+        let mut padded = vec![0f32; k];
+        let mut q = vec![0i8; k];
+        for (row, src) in w.chunks_exact(k_in).enumerate() {
+            padded[..k_in].copy_from_slice(src);
+            for (b, (x, q)) in padded
+                .chunks_exact(BLOCK)
+                .zip(q.chunks_exact_mut(BLOCK))
+                .enumerate()
+            {
+                d[row * nbp + b] = f16::from_f32(quantize_block(x, q));
+            }
+            qs.extend(order.iter().map(|&i| q[i as usize]));
+        }
+        Self {
+            n,
+            k_in,
+            k,
+            d,
+            quants: Quants::Q8 { qs },
+            order,
+            float: Default::default(),
+        }
+    }
+
+    /// Raw GGUF 4-bit blocks of an `n x k` matrix; the values stay exactly as they are.
+    pub fn from_q4(raw: &[u8], source: Q4Source, n: usize, k: usize) -> Self {
+        assert!(k.is_multiple_of(BLOCK), "4-bit rows are whole blocks");
+        let nb = k / BLOCK;
+        let nbp = nb.next_multiple_of(GROUP);
+        let block_bytes = match source {
+            Q4Source::Q4_0 => 18,
+            Q4Source::Q4_1 => 20,
+        };
+        assert_eq!(raw.len(), n * nb * block_bytes, "4-bit weight size");
+        let order = kernel_order(k);
+        let mut d = vec![f16::ZERO; n * nbp];
+        let mut m = vec![f16::ZERO; n * nbp];
+        let mut qs = Vec::with_capacity(n * k / 2);
+        let mut q = vec![0u8; k];
+        let half = |b: &[u8]| f16::from_le_bytes([b[0], b[1]]);
+        for (row, blocks) in raw.chunks_exact(nb * block_bytes).enumerate() {
+            for (b, blk) in blocks.chunks_exact(block_bytes).enumerate() {
+                let at = row * nbp + b;
+                d[at] = half(blk);
+                m[at] = match source {
+                    // `d * (q - 8)` is `d * q + (-8 d)`; scaling by 8 is exact in f16.
+                    Q4Source::Q4_0 => f16::from_f32(-8.0 * d[at].to_f32()),
+                    Q4Source::Q4_1 => half(&blk[2..]),
+                };
+                for (j, &byte) in blk[block_bytes - 16..].iter().enumerate() {
+                    q[b * BLOCK + j] = byte & 0xf;
+                    q[b * BLOCK + j + 16] = byte >> 4;
+                }
+            }
+            let ordered: Vec<u8> = order.iter().map(|&i| q[i as usize]).collect();
+            pack_q4(&ordered, &mut qs);
+        }
+        Self {
+            n,
+            k_in: k,
+            k,
+            d,
+            quants: Quants::Q4 { qs, m },
+            order,
+            float: Default::default(),
+        }
+    }
+
+    /// Rows concatenated (e.g. Q, K and V fused into one matmul). All parts must
+    /// share `k` and the storage kind.
+    pub fn concat(parts: Vec<QWeight>) -> Self {
+        let mut it = parts.into_iter();
+        let mut w = it.next().expect("at least one part");
+        for p in it {
+            assert_eq!((p.k, p.k_in), (w.k, w.k_in), "fused weights share inputs");
+            w.n += p.n;
+            w.d.extend(p.d);
+            match (&mut w.quants, p.quants) {
+                (Quants::Q4 { qs, m }, Quants::Q4 { qs: q2, m: m2 }) => {
+                    qs.extend(q2);
+                    m.extend(m2);
+                }
+                (Quants::Q8 { qs }, Quants::Q8 { qs: q2 }) => qs.extend(q2),
+                _ => panic!("fused weights share a storage kind"),
+            }
+        }
+        w
+    }
+}
+
+/// Where a call's results go: `ptr` is (row 0, first column) of a row-major
+/// matrix whose rows are `stride` floats apart. The tasks of one call share
+/// the matrix, each writing its own columns in place (no per-task buffer to
+/// allocate, clear and copy back).
+#[derive(Clone, Copy)]
+pub(crate) struct Out {
+    pub(super) ptr: *mut f32,
+    pub(super) stride: usize,
+}
+
+// SAFETY: an `Out` is only a place to write; `QWeight::forward` gives the tasks
+// sharing one disjoint columns.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// The same matrix from (row `r`, column `c`) on.
+    ///
+    /// # Safety
+    /// The element is inside the matrix.
+    pub(super) unsafe fn at(self, r: usize, c: usize) -> Self {
+        Self {
+            ptr: self.ptr.add(r * self.stride + c),
+            ..self
+        }
+    }
+
+    /// Writes (row `r`, column `c`), relative to this `Out`.
+    ///
+    /// # Safety
+    /// The element is inside the matrix, and no other thread writes it.
+    #[inline]
+    pub(super) unsafe fn set(self, r: usize, c: usize, v: f32) {
+        *self.ptr.add(r * self.stride + c) = v;
+    }
+}
+
+/// Activations quantised per row and 32-block: values `d * q` (in kernel order),
+/// plus `s = d * sum(q)` for the 4-bit weights' minimum term. Scales are padded
+/// like [`QWeight::d`].
+pub(super) struct Acts {
+    pub(super) k: usize,
+    pub(super) nbp: usize,
+    pub(super) qs: Vec<i8>,
+    pub(super) d: Vec<f32>,
+    pub(super) s: Vec<f32>,
+}
+
+impl Acts {
+    pub(super) fn rows(&self) -> usize {
+        self.qs.len() / self.k
+    }
+
+    /// `order` is the weight's `kernel_order(k)`. Rows are independent, so a
+    /// prefill's thousands of blocks are quantised in parallel.
+    pub(super) fn quantize(x: &[f32], rows: usize, k_in: usize, order: &[u32]) -> Self {
+        let k = order.len();
+        let nbp = (k / BLOCK).next_multiple_of(GROUP);
+        let mut a = Self {
+            k,
+            nbp,
+            qs: vec![0; rows * k],
+            d: vec![0.0; rows * nbp],
+            s: vec![0.0; rows * nbp],
+        };
+        a.qs.par_chunks_mut(k)
+            .zip(a.d.par_chunks_mut(nbp))
+            .zip(a.s.par_chunks_mut(nbp))
+            .zip(x.par_chunks(k_in))
+            .with_min_len(16)
+            .for_each_init(
+                || (vec![0f32; k], vec![0i8; k]),
+                |(padded, q), (((qs, d), s), src)| {
+                    padded[..k_in].copy_from_slice(src);
+                    quantize::blocks(padded, q, d, s);
+                    for (dst, &i) in qs.iter_mut().zip(order) {
+                        *dst = q[i as usize];
+                    }
+                },
+            );
+        a
+    }
+}
