@@ -98,8 +98,8 @@ def main():
             if r.status != 200:
                 pielib.fail(f"request {i}: HTTP {r.status}: {r.text}")
             prompt_tokens.append(r.json()["usage"]["prompt_tokens"])
-        metrics = pielib.get_text(curl, "/metrics")
-        wmetrics = pielib.get_text(wurl, "/metrics", key="sk-ctl")
+        metrics = pielib.scrape(curl)
+        wmetrics = pielib.scrape(wurl, key="sk-ctl")
         pre = pielib.prom_sum(wmetrics, "pie_pretokenized_requests_total", 0.0)
         print(f"{a.requests} requests ({'chat' if a.chat else 'completions'}), prompt tokens "
               f"mean {sum(prompt_tokens) / len(prompt_tokens):.0f} "

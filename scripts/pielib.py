@@ -194,6 +194,11 @@ def get_text(url, path, timeout=600, key=None):
     return r.text
 
 
+def scrape(url, key=None, timeout=600):
+    """The Prometheus text of `url`/metrics; HttpError unless 200."""
+    return get_text(url, "/metrics", timeout, key)
+
+
 def get_json(url, path, timeout=600, key=None):
     """GET `url``path`, parsed; HttpError unless 200."""
     return json.loads(get_text(url, path, timeout, key))

@@ -20,7 +20,7 @@ import pielib  # noqa: E402
 
 def metrics(url):
     """`url`'s /metrics text, after checking that no sample is negative."""
-    text = pielib.get_text(url, "/metrics")
+    text = pielib.scrape(url)
     for name, labels, value in pielib.prom_samples(text):
         if value < 0:
             raise SystemExit(f"negative metric: {name}{labels or ''} {value}")
