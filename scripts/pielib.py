@@ -36,6 +36,7 @@ import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -287,6 +288,14 @@ def _drain(stream, tail):
         for line in stream:
             tail.append(line)
             del tail[:-50]
+
+
+def free_port():
+    """A free TCP port on 127.0.0.1, for a program without `--port 0` (SGLang's
+    router); the project's binaries take `--port 0` and print their URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class Procs:
