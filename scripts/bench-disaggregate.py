@@ -102,7 +102,7 @@ def bench_transfer(a):
         b_wall = time.monotonic() - t
         mb1 = pielib.scrape(wb)
         ma2 = pielib.scrape(wa)
-        rc = complete(wc, dict(body, max_tokens=1))
+        complete(wc, dict(body, max_tokens=1))
         mc1 = pielib.scrape(wc)
         if pielib.prom_delta(ma0, ma1, "pie_time_to_first_token_seconds_count") != 1:
             fail(f"prompt {i}: A's time_to_first_token_seconds_count moved by "

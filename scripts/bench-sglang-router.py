@@ -45,8 +45,8 @@ Closed loop: --concurrency requests in flight.
 Measured per run: prefix hit rate, hit / (hit + computed), summed over the
 workers' deltas of `pie_prefix_cache_hit_tokens_total` (hit) and
 `pie_prompt_tokens_total` (prompt tokens computed, recomputation after
-preemption included), as `pie bench` reports it; TTFT p50/p90 (client side,
-until the first SSE chunk with text); wall time (first send to last end); and
+preemption included), as `pie bench` reports it; TTFT p50/p90 (nearest rank,
+client side, until the first SSE chunk with text); wall time (first send to last end); and
 the prompt tokens each worker computed. Per level the medians over
 the seeds are printed with the ratios Pie/SGLang, and the issue's target
 (Pie's hit rate and wall time within 5% of SGLang's or better at every level,

@@ -11,7 +11,7 @@ with `max_tokens` 48 and `ignore_eos` (the client named by the `client` prop).
 Prints the share of generated tokens each client got (requests that finished
 inside the window) and exits non-zero if under `fair` the light client got less
 than --min-light-share (0.45: its demand is half the slots, so max-min fairness
-gives it all of it). Python standard library only (threads + http.client).
+gives it all of it). Python standard library only (threads + scripts/pielib.py).
 """
 import argparse
 import os

@@ -355,9 +355,12 @@ def main(argv):
     if len(argv) == 2 and argv[0] == "prom-sum":
         print(json.dumps(prom_sum(sys.stdin.read(), argv[1])))
         return 0
-    print("usage: pielib.py percentiles VALUE...   (JSON p50, p90, p99, mean; nearest rank)\n"
-          "       pielib.py prom-sum NAME < METRICS  (JSON sum over label sets, or null)",
-          file=sys.stderr)
+    usage = ("usage: pielib.py percentiles VALUE...   (JSON p50, p90, p99, mean; nearest rank)\n"
+             "       pielib.py prom-sum NAME < METRICS  (JSON sum over label sets, or null)")
+    if argv[:1] in (["-h"], ["--help"]):
+        print(usage)
+        return 0
+    print(usage, file=sys.stderr)
     return 2
 
 

@@ -3,7 +3,7 @@
 
 Usage: scripts/stream-load.py URL [--clients 32] [--requests 2] [--max-tokens 64]
 
-Prints aggregate generated tokens/s, TTFT percentiles, and checks /metrics:
+Prints aggregate generated tokens/s, TTFT percentiles (nearest rank), and checks /metrics:
 every request completed, no negative gauge, KV pages back to the baseline.
 """
 import argparse

@@ -74,6 +74,9 @@ class CliTest(unittest.TestCase):
         r = self.run_cli("nonsense")
         self.assertEqual(r.returncode, 2)
         self.assertIn("usage", r.stderr)
+        r = self.run_cli("--help")
+        self.assertEqual(r.returncode, 0)
+        self.assertIn("percentiles VALUE", r.stdout)
 
 
 # The text of crates/pie-client/src/prom.rs's test, and a histogram.
