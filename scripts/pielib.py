@@ -8,15 +8,16 @@ Import it from a script beside it, however the script was started
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import pielib
 
-Processes: `Procs().spawn(args, prefix)` starts one of the project's binaries
-with `--port 0`, reads the URL from its first stdout line (`pie: listening on
-http://...`, `pie-controller: listening on http://...`) and drains its output.
+Processes: `Procs().spawn(args, prefix)` starts a program (the project's
+binaries with `--port 0` in `args`), reads the URL from its first stdout line
+(`pie: listening on http://...`, `pie-controller: listening on http://...`)
+and drains its stdout and stderr, keeping the last lines for error messages.
 Every process it starts is killed when `stop_all()` or the `with` block ends,
 and at the latest when the interpreter exits, also on an exception, Ctrl-C or
 SIGTERM.
 
-Percentiles: one rule for the project, nearest rank, as `Percentiles::of` in
-`crates/pie-sim/src/metrics.rs`: values sorted ascending, the p-th percentile
+Percentiles: one rule for the project, nearest rank, as Rust's
+`Percentiles::of` (`crates/pie-sim/src/metrics.rs` today): values sorted ascending, the p-th percentile
 is the value at 1-based rank ceil(p / 100 * n) clamped to [1, n]; the mean is
 the arithmetic mean (summed in sorted order); no values give zeros.
 
