@@ -51,97 +51,29 @@ Exit 1 with a message naming the failed check or the failing process.
 Python standard library only.
 """
 import argparse
-import http.client
 import json
-import math
 import os
 import random
-import re
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.parse
 
-PROCS = []
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pielib  # noqa: E402
+from pielib import fail, percentile  # noqa: E402
 
-
-def fail(msg):
-    raise SystemExit(f"bench-disaggregate: FAIL: {msg}")
-
-
-def spawn(args, prefix):
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    PROCS.append(proc)
-    first = proc.stdout.readline().strip()
-    if not first.startswith(prefix):
-        fail(f"unexpected first line from {' '.join(args)}: {first!r}")
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-    return proc, first[len(prefix):]
-
-
-def stop_all():
-    for p in PROCS:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-    PROCS.clear()
-
-
-def call(url, method, path, body=None, timeout=600):
-    u = urllib.parse.urlparse(url)
-    c = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
-    try:
-        c.request(method, path, json.dumps(body) if body is not None else None,
-                  {"content-type": "application/json"})
-        r = c.getresponse()
-        return r.status, r.read().decode(), dict((k.lower(), v) for k, v in r.getheaders())
-    finally:
-        c.close()
-
-
-def wait_healthy(url, what, path="/health", healthy=1):
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        try:
-            status, text, _ = call(url, "GET", path, timeout=5)
-            if status == 200 and (path == "/health"
-                                  or text.replace(" ", "").count('"healthy":true') >= healthy):
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    fail(f"{what} never became healthy")
+PROCS = pielib.Procs()
 
 
 def worker(a, name, stage="both", core=None):
     args = [a.pie, "serve", "--port", "0", "--model", a.model, "--stage", stage]
     if core is not None:
         args = ["taskset", "-c", str(core)] + args
-    _, url = spawn(args, "pie: listening on ")
-    wait_healthy(url, f"worker {name}")
+    proc, url = PROCS.spawn(args, "pie: listening on ", f"worker {name}")
+    pielib.wait_healthy(url, 300, proc=proc, what=f"worker {name}")
     return url
-
-
-def metrics(url):
-    status, text, _ = call(url, "GET", "/metrics")
-    if status != 200:
-        fail(f"GET {url}/metrics: HTTP {status}")
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            k, _, v = line.rpartition(" ")
-            try:
-                out[k] = float(v)
-            except ValueError:
-                pass
-    return out
-
-
-def delta(m1, m0, key):
-    return m1.get(key, 0.0) - m0.get(key, 0.0)
 
 
 def prompt_ids(rng, n):
@@ -149,16 +81,7 @@ def prompt_ids(rng, n):
 
 
 def complete(url, body):
-    status, text, headers = call(url, "POST", "/v1/completions", body)
-    if status != 200:
-        fail(f"POST {url}/v1/completions: HTTP {status}: {text[:300]}")
-    return json.loads(text), headers
-
-
-def pct(xs, q):
-    """Nearest-rank percentile of a non-empty list."""
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+    return pielib.post_json(url, "/v1/completions", body)
 
 
 # ---------------------------------------------------------------------------
@@ -171,39 +94,39 @@ def bench_transfer(a):
     for i in range(a.prompts):
         ids = prompt_ids(rng, a.prompt_tokens)
         body = {"prompt": ids, "max_tokens": a.check_tokens, "temperature": 0}
-        ma0, mb0, mc0 = metrics(wa), metrics(wb), metrics(wc)
-        ra, _ = complete(wa, body)
-        ma1 = metrics(wa)
+        ma0, mb0, mc0 = pielib.scrape(wa), pielib.scrape(wb), pielib.scrape(wc)
+        ra = complete(wa, body)
+        ma1 = pielib.scrape(wa)
         t = time.monotonic()
-        rb, _ = complete(wb, dict(body, pie_prefill_from=wa))
+        rb = complete(wb, dict(body, pie_prefill_from=wa))
         b_wall = time.monotonic() - t
-        mb1 = metrics(wb)
-        ma2 = metrics(wa)
-        rc, _ = complete(wc, dict(body, max_tokens=1))
-        mc1 = metrics(wc)
-        if delta(ma1, ma0, "pie_time_to_first_token_seconds_count") != 1:
+        mb1 = pielib.scrape(wb)
+        ma2 = pielib.scrape(wa)
+        complete(wc, dict(body, max_tokens=1))
+        mc1 = pielib.scrape(wc)
+        if pielib.prom_delta(ma0, ma1, "pie_time_to_first_token_seconds_count") != 1:
             fail(f"prompt {i}: A's time_to_first_token_seconds_count moved by "
-                 f"{delta(ma1, ma0, 'pie_time_to_first_token_seconds_count')}, not 1")
+                 f"{pielib.prom_delta(ma0, ma1, 'pie_time_to_first_token_seconds_count')}, not 1")
         if ra["usage"]["prompt_tokens_details"]["cached_tokens"] != 0:
             fail(f"prompt {i}: A had {ra['usage']['prompt_tokens_details']} cached")
-        pulls = delta(mb1, mb0, "pie_kv_transfer_seconds_count")
-        fallbacks = delta(mb1, mb0, "pie_kv_transfer_fallbacks_total")
+        pulls = pielib.prom_delta(mb0, mb1, "pie_kv_transfer_seconds_count")
+        fallbacks = pielib.prom_delta(mb0, mb1, "pie_kv_transfer_fallbacks_total")
         if pulls != 1 or fallbacks != 0:
             fail(f"prompt {i}: B made {pulls} pulls with {fallbacks} fallbacks (want 1 and 0)")
         ta, tb = ra["choices"][0]["text"], rb["choices"][0]["text"]
         if ta != tb:
             fail(f"prompt {i}: B's greedy text {tb!r} differs from A's {ta!r}")
         row = {
-            "recompute_a": delta(ma1, ma0, "pie_time_to_first_token_seconds_sum"),
-            "recompute_c": delta(mc1, mc0, "pie_time_to_first_token_seconds_sum"),
-            "transfer": delta(mb1, mb0, "pie_kv_transfer_seconds_sum"),
-            "bytes": delta(mb1, mb0, 'pie_kv_transfer_bytes_total{direction="in"}'),
-            "pages": delta(mb1, mb0, 'pie_kv_transfer_pages_total{direction="in"}'),
-            "b_ttft": delta(mb1, mb0, "pie_time_to_first_token_seconds_sum"),
-            "b_computed": delta(mb1, mb0, "pie_prompt_tokens_total"),
+            "recompute_a": pielib.prom_delta(ma0, ma1, "pie_time_to_first_token_seconds_sum"),
+            "recompute_c": pielib.prom_delta(mc0, mc1, "pie_time_to_first_token_seconds_sum"),
+            "transfer": pielib.prom_delta(mb0, mb1, "pie_kv_transfer_seconds_sum"),
+            "bytes": pielib.prom_delta(mb0, mb1, 'pie_kv_transfer_bytes_total{direction="in"}'),
+            "pages": pielib.prom_delta(mb0, mb1, 'pie_kv_transfer_pages_total{direction="in"}'),
+            "b_ttft": pielib.prom_delta(mb0, mb1, "pie_time_to_first_token_seconds_sum"),
+            "b_computed": pielib.prom_delta(mb0, mb1, "pie_prompt_tokens_total"),
             "b_cached": rb["usage"]["prompt_tokens_details"]["cached_tokens"],
             "b_wall": b_wall,
-            "a_computed": delta(ma2, ma1, "pie_prompt_tokens_total"),  # A's part of the pull
+            "a_computed": pielib.prom_delta(ma1, ma2, "pie_prompt_tokens_total"),  # A's part of the pull
             "text": ta,
         }
         row["mbps"] = row["bytes"] / row["transfer"] / 1e6
@@ -219,7 +142,7 @@ def bench_transfer(a):
               f"{r['mbps']:>8.0f}{r['recompute_a']:>10.3f}{r['recompute_c']:>10.3f}"
               f"{r['ratio']:>8.1f}{r['b_ttft']:>10.3f}{r['b_computed']:>11.0f}"
               f"{r['a_computed']:>11.0f}  yes {r['text']!r}")
-    med = {k: statistics.median(r[k] for r in rows)
+    med = {k: percentile([r[k] for r in rows], 50)
            for k in ["pages", "bytes", "transfer", "mbps", "recompute_a", "recompute_c",
                      "ratio", "b_ttft", "b_computed", "a_computed"]}
     print(f"{'median':<7}{med['pages']:>6.0f}{med['bytes'] / 1e6:>8.1f}{med['transfer']:>9.3f}"
@@ -227,9 +150,9 @@ def bench_transfer(a):
           f"{med['ratio']:>8.1f}{med['b_ttft']:>10.3f}{med['b_computed']:>11.0f}"
           f"{med['a_computed']:>11.0f}")
     print(f"recompute (C, never used before) / pull, median: "
-          f"{statistics.median(r['recompute_c'] / r['transfer'] for r in rows):.1f}x; "
+          f"{percentile([r['recompute_c'] / r['transfer'] for r in rows], 50):.1f}x; "
           f"A/pull median {med['ratio']:.1f}x (target >= 50x)")
-    stop_all()
+    PROCS.stop_all()
     return med
 
 
@@ -250,8 +173,7 @@ class Stream:
 
 def stream(url, body, stop=None):
     s = Stream()
-    u = urllib.parse.urlsplit(url)
-    c = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+    c = pielib.connect(url, 600)
     try:
         c.request("POST", "/v1/completions",
                   json.dumps(dict(body, stream=True, stream_options={"include_usage": True})),
@@ -298,10 +220,10 @@ def run_setup(a, label, disaggregate, tmp):
     cfg = os.path.join(tmp, "controller.toml")
     with open(cfg, "w") as f:
         f.write(f"[cluster.disaggregate]\nmin_remote_prefill_tokens = {a.min_remote}\n")
-    _, curl = spawn([a.controller, "--port", "0", "--model", a.model, "--config", cfg,
-                     "--policies", policies, "--worker", f"w0={w0}", "--worker", f"w1={w1}"],
-                    "pie-controller: listening on ")
-    wait_healthy(curl, "the controller's workers", "/v1/cluster", healthy=2)
+    ctl, curl = PROCS.spawn([a.controller, "--port", "0", "--model", a.model, "--config", cfg,
+                             "--policies", policies, "--worker", f"w0={w0}", "--worker", f"w1={w1}"],
+                            "pie-controller: listening on ")
+    pielib.wait_healthy(curl, 300, workers=2, proc=ctl, what="the controller's workers")
     # Warm each worker up directly (its first engine steps are slower), so the
     # prefill-stage worker's first long prompt is not a cold start.
     warm = prompt_ids(random.Random(a.seed + 7), 256)
@@ -346,7 +268,7 @@ def run_setup(a, label, disaggregate, tmp):
         except BaseException as e:  # noqa: BLE001
             errors.append(f"long prompt {i}: {e}")
 
-    m_before = {"w0": metrics(w0), "w1": metrics(w1)}
+    m_before = {"w0": pielib.scrape(w0), "w1": pielib.scrape(w1)}
     prompts = [prompt_ids(rng, a.long_tokens) for _ in range(a.long_prompts)]
     threads = []
     t0 = time.monotonic()
@@ -362,7 +284,7 @@ def run_setup(a, label, disaggregate, tmp):
     for th in threads:
         th.join()
     t1 = time.monotonic()
-    m_after = {"w0": metrics(w0), "w1": metrics(w1)}
+    m_after = {"w0": pielib.scrape(w0), "w1": pielib.scrape(w1)}
     stop.set()
     for t in clients:
         t.join(timeout=a.stream_tokens)  # a stream stops at its next chunk
@@ -374,7 +296,7 @@ def run_setup(a, label, disaggregate, tmp):
         for x, y in zip(s.chunks, s.chunks[1:]):
             if x >= t0 and y <= t1:
                 gaps.append(y - x)
-    tokens = sum(delta(m_after[w], m_before[w], "pie_generated_tokens_total") for w in m_after)
+    tokens = sum(pielib.prom_delta(m_before[w], m_after[w], "pie_generated_tokens_total") for w in m_after)
     ttfts = []
     remote = 0
     for i, s in enumerate(longs):
@@ -384,24 +306,24 @@ def run_setup(a, label, disaggregate, tmp):
         if (s.route or "").startswith("disaggregate: prefill on"):
             remote += 1
     window = t1 - t0
-    fallbacks = sum(m["pie_kv_transfer_fallbacks_total"] for m in m_after.values()
-                    if "pie_kv_transfer_fallbacks_total" in m)
-    tin = delta(m_after["w1"], m_before["w1"], 'pie_kv_transfer_bytes_total{direction="in"}')
-    pulls = delta(m_after["w1"], m_before["w1"], "pie_kv_transfer_seconds_count")
-    pull_s = delta(m_after["w1"], m_before["w1"], "pie_kv_transfer_seconds_sum")
+    fallbacks = sum(pielib.prom_sum(m, "pie_kv_transfer_fallbacks_total", 0.0)
+                    for m in m_after.values())
+    tin = pielib.prom_delta(m_before["w1"], m_after["w1"], 'pie_kv_transfer_bytes_total{direction="in"}')
+    pulls = pielib.prom_delta(m_before["w1"], m_after["w1"], "pie_kv_transfer_seconds_count")
+    pull_s = pielib.prom_delta(m_before["w1"], m_after["w1"], "pie_kv_transfer_seconds_sum")
     res = {
         "label": label,
-        "itl_p50": pct(gaps, 0.5) * 1e3, "itl_p99": pct(gaps, 0.99) * 1e3, "gaps": len(gaps),
-        "itl_p999": pct(gaps, 0.999) * 1e3, "itl_max": max(gaps) * 1e3,
+        "itl_p50": percentile(gaps, 50) * 1e3, "itl_p99": percentile(gaps, 99) * 1e3,
+        "gaps": len(gaps), "itl_p999": percentile(gaps, 99.9) * 1e3, "itl_max": max(gaps) * 1e3,
         # share of the streams' time spent in gaps over 1 s (time-weighted, unlike
         # the percentiles, which count a 5 s stall once)
         "stall": sum(g for g in gaps if g > 1.0) / sum(gaps),
-        "ttft_p50": pct(ttfts, 0.5), "ttft_p90": pct(ttfts, 0.9),
+        "ttft_p50": percentile(ttfts, 50), "ttft_p90": percentile(ttfts, 90),
         "tok_s": tokens / window, "window": window, "remote": remote, "fallbacks": fallbacks,
         "pulls": pulls, "pull_s": pull_s / pulls if pulls else 0.0, "pull_mb": tin / 1e6,
         "routes": sorted({(s.route or "").split(";")[0] for s in longs}),
-        "w0_prompt": delta(m_after["w0"], m_before["w0"], "pie_prompt_tokens_total"),
-        "w1_prompt": delta(m_after["w1"], m_before["w1"], "pie_prompt_tokens_total"),
+        "w0_prompt": pielib.prom_delta(m_before["w0"], m_after["w0"], "pie_prompt_tokens_total"),
+        "w1_prompt": pielib.prom_delta(m_before["w1"], m_after["w1"], "pie_prompt_tokens_total"),
     }
     print(f"== {label}: window {window:.1f} s, {len(gaps)} decode gaps, routes {res['routes']}")
     print(f"   decode routes (up to 4) {sorted({(s.route or '').split(';')[0] for s in decode})[:4]}")
@@ -414,7 +336,7 @@ def run_setup(a, label, disaggregate, tmp):
           f"w1 {res['w1_prompt']:.0f}; pulls {pulls:.0f} ({tin / 1e6:.1f} MB in, mean "
           f"{res['pull_s']:.3f} s each), fallbacks {fallbacks:.0f}, "
           f"remote prefills {remote}/{len(longs)}")
-    stop_all()
+    PROCS.stop_all()
     return res
 
 
@@ -479,8 +401,10 @@ def main():
             bench_transfer(a)
         if a.what in ("serve", "all"):
             bench_serve(a)
+    except pielib.HttpError as e:
+        fail(e)
     finally:
-        stop_all()
+        PROCS.stop_all()
     return 0
 
 

@@ -59,80 +59,31 @@ copied at least once.
 Exit 1 with a message naming the failed check. Python standard library only.
 """
 import argparse
-import http.client
 import json
 import os
 import random
-import re
 import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.parse
 
-PROCS = []
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pielib  # noqa: E402
+from pielib import fail, percentile  # noqa: E402
 
-
-def fail(msg):
-    raise SystemExit(f"bench-migrate: FAIL: {msg}")
-
-
-def spawn(args, prefix):
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    PROCS.append(proc)
-    first = proc.stdout.readline().strip()
-    if not first.startswith(prefix):
-        fail(f"unexpected first line from {' '.join(args)}: {first!r}")
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-    return proc, first[len(prefix):]
-
-
-def stop_all():
-    for p in PROCS:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    PROCS.clear()
-
-
-def request(url, method, path, body=None, timeout=600):
-    u = urllib.parse.urlparse(url)
-    c = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
-    c.request(method, path, body=None if body is None else json.dumps(body),
-              headers={"content-type": "application/json"})
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    try:
-        return r.status, json.loads(data)
-    except ValueError:
-        return r.status, data.decode(errors="replace")
-
-
-def wait_healthy(url, what, path="/health", timeout=120):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            if request(url, "GET", path, timeout=5)[0] == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    fail(f"{what} never became healthy")
+PROCS = pielib.Procs()
 
 
 class Cluster:
     def __init__(self, args, workers, policies="least-loaded,drain-migrate", worker_args=(), config=None):
         self.workers = []
         for _ in range(workers):
-            proc, url = spawn([args.pie, "serve", "--port", "0", "--model", args.model, *worker_args],
-                              "pie: listening on ")
+            proc, url = PROCS.spawn([args.pie, "serve", "--port", "0", "--model", args.model, *worker_args],
+                                    "pie: listening on ")
             self.workers.append((proc, url))
-        for _, url in self.workers:
-            wait_healthy(url, "a worker")
+        for proc, url in self.workers:
+            pielib.wait_healthy(url, 120, proc=proc, what="a worker")
         cmd = [args.controller, "--port", "0", "--model", args.model, "--policies", policies]
         if config:
             path = os.path.join(tempfile.mkdtemp(), "controller.toml")
@@ -141,34 +92,26 @@ class Cluster:
             cmd += ["--config", path]
         for i, (_, url) in enumerate(self.workers):
             cmd += ["--worker", f"w{i}={url}"]
-        self.ctl_proc, self.ctl = spawn(cmd, "pie-controller: listening on ")
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            ws = request(self.ctl, "GET", "/v1/cluster")[1].get("workers", [])
-            if ws and all(w["healthy"] for w in ws):
-                return
-            time.sleep(0.1)
-        fail("the controller never saw every worker healthy")
+        self.ctl_proc, self.ctl = PROCS.spawn(cmd, "pie-controller: listening on ")
+        pielib.wait_healthy(self.ctl, 60, workers=workers, proc=self.ctl_proc,
+                            what="the controller's workers")
 
     def worker(self, name):
         return self.workers[int(name[1:])]
 
     def metric(self, name):
-        _, text = request(self.ctl, "GET", "/metrics")
-        m = re.search(r"^" + re.escape(name) + r" (\S+)$", text, re.M)
-        return float(m.group(1)) if m else 0.0
+        return pielib.prom_sum(pielib.scrape(self.ctl), name, 0.0)
 
 
 def stream(url, body, on_chunk=None):
     """A streamed completion: (worker, [(time, text)], clean end, raw)."""
-    u = urllib.parse.urlparse(url)
-    c = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+    c = pielib.connect(url, 600)
     c.request("POST", "/v1/completions", body=json.dumps(body), headers={"content-type": "application/json"})
     r = c.getresponse()
     if r.status != 200:
         fail(f"status {r.status}: {r.read()[:300]!r}")
     worker = r.getheader("x-pie-worker")
-    chunks, raw, buf = [], [], b""
+    chunks, raw = [], []
     while True:
         line = r.readline()
         if not line:
@@ -213,7 +156,7 @@ def downtime(args, rng):
                 if not clean or len(chunks) < args.tokens // 2:
                     fail(f"undisturbed stream broke: {raw[-300:]}")
                 results["prefill"].append(chunks[0][0] - t0)
-                results["step"].append(statistics.median(gaps(chunks)[len(chunks) // 2:]))
+                results["step"].append(percentile(gaps(chunks)[len(chunks) // 2:], 50))
             moved_at = []
 
             def disturb(n, worker):
@@ -221,7 +164,7 @@ def downtime(args, rng):
                     moved_at.append(time.perf_counter())
                     proc, url = c.worker(worker)
                     if disturbance == "drain":
-                        request(url, "POST", "/v1/admin/drain", {})
+                        pielib.request(url, "POST", "/v1/admin/drain", {})
                     else:
                         proc.send_signal(signal.SIGKILL)
 
@@ -238,15 +181,15 @@ def downtime(args, rng):
             if disturbance == "drain" and os.environ.get("BENCH_MIGRATE_DEBUG"):
                 for _, url in c.workers:
                     try:
-                        text = request(url, "GET", "/metrics")[1]
-                    except OSError:
+                        text = pielib.scrape(url)
+                    except (OSError, pielib.HttpError):
                         continue
                     print("  ", url, [l for l in text.splitlines() if l.startswith("pie_kv_transfer_")])
-            stop_all()
+            PROCS.stop_all()
         print(f"rep {rep + 1}: step {results['step'][-1] * 1e3:.1f} ms, prefill {results['prefill'][-1] * 1e3:.0f} ms, "
               f"drain pause {results['drain'][-1] * 1e3:.1f} ms (controller {results['drain_ctl'][-1] * 1e3:.1f}), "
               f"crash pause {results['crash'][-1] * 1e3:.1f} ms (controller {results['crash_ctl'][-1] * 1e3:.1f})")
-    med = {k: statistics.median(v) * 1e3 for k, v in results.items()}
+    med = {k: percentile(v, 50) * 1e3 for k, v in results.items()}
     print(f"\nmedians over {args.reps} reps at {args.context} tokens of context (+{args.after} generated):")
     print(f"  one decode step:             {med['step']:.1f} ms")
     print(f"  prefill of the context:      {med['prefill']:.0f} ms")
@@ -282,7 +225,7 @@ def drain(args, rng):
 
     def sigterm():
         time.sleep(args.term_after_s)
-        ws = request(c.ctl, "GET", "/v1/cluster")[1]["workers"]
+        ws = pielib.get_json(c.ctl, "/v1/cluster")["workers"]
         busiest = max(ws, key=lambda w: w["in_flight"])
         proc, _ = c.worker(busiest["name"])
         t0 = time.perf_counter()
@@ -296,7 +239,7 @@ def drain(args, rng):
     moved = c.metric('pie_controller_streams_moved_total{reason="drain"}')
     print(f"SIGTERM to {name} holding {held} of {args.clients} streams: {failed} failed, {differ} transcripts differ "
           f"from the undisturbed run, {moved:.0f} streams moved, the worker exited {exit_s:.1f} s after SIGTERM")
-    stop_all()
+    PROCS.stop_all()
     if failed or differ:
         fail(f"{failed} failed and {differ} differing transcripts")
     if moved < 1:
@@ -340,10 +283,8 @@ def rebalance(args, rng):
             t.join()
         wall = time.perf_counter() - t0
         moved = c.metric('pie_controller_streams_moved_total{reason="rebalance"}')
-        ttfts.sort()
-        p = lambda q: ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))] * 1e3
-        rows.append((label, p(0.5), p(0.9), p(0.99), wall, moved))
-        stop_all()
+        rows.append((label, *(percentile(ttfts, p) * 1e3 for p in (50, 90, 99)), wall, moved))
+        PROCS.stop_all()
     print(f"\n{args.sessions} sessions x {args.turns} turns of {args.turn_tokens} tokens, first turn pinned to w0, "
           f"3 workers, --max-running {args.max_running}")
     print("| pipeline | TTFT p50 / p90 / p99 (ms) | wall (s) | streams moved |")
@@ -389,22 +330,15 @@ def replicate(args, rng):
         for t in threads:
             t.join()
         wall = time.perf_counter() - t0
-        _, log = request(c.ctl, "GET", "/v1/cluster/actions")
+        log = pielib.get_json(c.ctl, "/v1/cluster/actions")
         copies = sum(1 for a in log["actions"] if a["kind"] == "copy-prefix" and a["outcome"] == "executed")
-        pulled = 0.0
-        for _, url in c.workers:
-            _, text = request(url, "GET", "/metrics")
-            m = re.search(r'^pie_kv_transfer_pages_total\{direction="in"\} (\S+)$', text, re.M)
-            pulled += float(m.group(1)) if m else 0.0
-
-        def pct(xs, q):
-            xs = sorted(xs)
-            return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3
-
-        every = [t for _, t in ttfts]
-        hot = [t for is_hot, t in ttfts if is_hot]
-        rows.append((label, pct(every, 0.5), pct(every, 0.9), pct(hot, 0.5), pct(hot, 0.9), wall, copies, pulled))
-        stop_all()
+        pulled = sum(pielib.prom_sum(pielib.scrape(url), 'pie_kv_transfer_pages_total{direction="in"}', 0.0)
+                     for _, url in c.workers)
+        every = [t * 1e3 for _, t in ttfts]
+        hot = [t * 1e3 for is_hot, t in ttfts if is_hot]
+        rows.append((label, percentile(every, 50), percentile(every, 90), percentile(hot, 50), percentile(hot, 90),
+                     wall, copies, pulled))
+        PROCS.stop_all()
     print(f"\n{args.requests_replicate} requests from {args.clients_replicate} clients, half on one system prompt "
           f"of {args.system_words} words, {args.answer_tokens} tokens each, 3 workers, --max-running {args.max_running}")
     print("| pipeline | TTFT p50 / p90, all (ms) | TTFT p50 / p90, hot prefix (ms) | wall (s) | copies | pages pulled |")
@@ -449,8 +383,10 @@ def main():
             rebalance(args, rng)
         if args.part in ("replicate", "all"):
             replicate(args, rng)
+    except pielib.HttpError as e:
+        fail(e)
     finally:
-        stop_all()
+        PROCS.stop_all()
 
 
 if __name__ == "__main__":

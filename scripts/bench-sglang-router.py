@@ -45,8 +45,8 @@ Closed loop: --concurrency requests in flight.
 Measured per run: prefix hit rate, hit / (hit + computed), summed over the
 workers' deltas of `pie_prefix_cache_hit_tokens_total` (hit) and
 `pie_prompt_tokens_total` (prompt tokens computed, recomputation after
-preemption included), as `pie bench` reports it; TTFT p50/p90 (client side,
-until the first SSE chunk with text); wall time (first send to last end); and
+preemption included), as `pie bench` reports it; TTFT p50/p90 (nearest rank,
+client side, until the first SSE chunk with text); wall time (first send to last end); and
 the prompt tokens each worker computed. Per level the medians over
 the seeds are printed with the ratios Pie/SGLang, and the issue's target
 (Pie's hit rate and wall time within 5% of SGLang's or better at every level,
@@ -56,21 +56,20 @@ Exit 1 with a message naming the failing process or request on failure.
 Python standard library only.
 """
 import argparse
-import http.client
 import json
 import os
 import random
-import re
 import shlex
 import shutil
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.parse
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pielib  # noqa: E402
+from pielib import percentile  # noqa: E402
 
 WORDS = ("time year people way day man thing woman life child world school state family student "
          "group country problem hand part place case week company system program question work "
@@ -88,88 +87,6 @@ DISK_LOADED = 'pie_kv_persist_pages_total{event="loaded"}'
 DISK_WRITTEN = 'pie_kv_persist_pages_total{event="written"}'
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Procs:
-    """Processes started by this script; all killed on exit."""
-
-    def __init__(self):
-        self.procs = []
-
-    def spawn(self, args, prefix=None, name=None):
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.procs.append(proc)
-        tail = []
-        url = None
-        if prefix is not None:
-            while True:
-                line = proc.stdout.readline()
-                if not line:
-                    raise SystemExit(f"{name or args[0]} exited before listening: "
-                                     f"{''.join(tail[-10:])!r}")
-                tail.append(line)
-                if line.startswith(prefix):
-                    url = line.strip()[len(prefix):]
-                    break
-
-        def drain():
-            for line in proc.stdout:
-                tail.append(line)
-                del tail[:-50]
-        threading.Thread(target=drain, daemon=True).start()
-        proc.tail = tail
-        return proc, url
-
-    def kill_all(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-        for p in self.procs:
-            p.wait()
-        self.procs = []
-
-
-def call(url, method, path, body=None, timeout=600):
-    u = urllib.parse.urlparse(url)
-    c = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
-    try:
-        c.request(method, path, json.dumps(body) if body is not None else None,
-                  {"content-type": "application/json"})
-        r = c.getresponse()
-        return r.status, r.read().decode()
-    finally:
-        c.close()
-
-
-def wait_for(url, path, what, proc, ok=lambda status, text: status == 200, limit=300):
-    deadline = time.time() + limit
-    last = None
-    while time.time() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise SystemExit(f"{what} exited ({proc.returncode}): {''.join(proc.tail[-10:])}")
-        try:
-            status, text = call(url, "GET", path, timeout=5)
-            last = (status, text[:200])
-            if ok(status, text):
-                return text
-        except OSError as e:
-            last = e
-        time.sleep(0.2)
-    raise SystemExit(f"{what} never answered GET {path} with success (last: {last!r})")
-
-
-def counter(metrics, name):
-    """The first sample of `name`, whatever its labels; a `name` with labels
-    (`x{event="loaded"}`) matches that series only."""
-    pattern = re.escape(name) if "{" in name else rf"{name}(?:\{{[^}}]*\}})?"
-    m = re.search(rf"^{pattern} (\S+)", metrics, re.M)
-    return float(m.group(1)) if m else 0.0
-
-
 def workload(seed, a):
     rng = random.Random(seed)
     prefixes = [f"Group {g} brief: " + " ".join(rng.choice(WORDS) for _ in range(a.prefix_words))
@@ -185,8 +102,7 @@ def workload(seed, a):
 def one_request(url, model, prompt, max_tokens):
     """(ttft_s, total_s, worker, route) of one streaming completion; the last two
     are Pie's `x-pie-worker` and `x-pie-route` headers (None from other routers)."""
-    u = urllib.parse.urlparse(url)
-    c = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+    c = pielib.connect(url, 600)
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "stream": True}
     t0 = time.perf_counter()
@@ -254,14 +170,6 @@ def run_load(url, model, prompts, concurrency, max_tokens):
     return results, wall
 
 
-def quantile(xs, q):
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
 def start_router(kind, procs, a, wurls):
     if kind == "pie":
         args = [a.controller, "--port", "0", "--model", a.model, "--policies", a.pie_policies]
@@ -270,18 +178,16 @@ def start_router(kind, procs, a, wurls):
         if a.pie_config:
             args += ["--config", a.pie_config]
         proc, url = procs.spawn(args, "pie-controller: listening on ", "pie-controller")
-        n = len(wurls)
-        wait_for(url, "/v1/cluster", "pie-controller", proc,
-                 ok=lambda s, t: s == 200 and t.replace(" ", "").count('"healthy":true') >= n)
+        pielib.wait_healthy(url, 300, workers=len(wurls), proc=proc, what="pie-controller")
         return url
-    port = free_port()
+    port = pielib.free_port()
     args = [a.sglang_python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
             "--port", str(port), "--policy", "cache_aware",
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(pielib.free_port()),
             "--log-level", "warn", "--worker-urls", *wurls] + shlex.split(a.sglang_args)
     proc, _ = procs.spawn(args, None, "sglang router")
     url = f"http://127.0.0.1:{port}"
-    wait_for(url, "/readiness", "sglang router", proc, limit=120)
+    pielib.wait_healthy(url, 120, path="/readiness", proc=proc, what="sglang router")
     return url
 
 
@@ -298,7 +204,7 @@ def worker_args(a, i, scratch):
 
 
 def one_run(kind, seed, conc, a):
-    procs = Procs()
+    procs = pielib.Procs()
     scratch = tempfile.mkdtemp(prefix="pie-router-bench-")
     try:
         wurls = []
@@ -307,26 +213,23 @@ def one_run(kind, seed, conc, a):
                                     f"pie serve w{i}")
             wurls.append(url)
         for i, (p, u) in enumerate(zip(procs.procs, wurls)):
-            wait_for(u, "/health", f"pie serve w{i}", p)
-        models = json.loads(wait_for(wurls[0], "/v1/models", "pie serve w0", procs.procs[0]))
-        model = models["data"][0]["id"]
+            pielib.wait_healthy(u, 300, proc=p, what=f"pie serve w{i}")
+        model = pielib.get_json(wurls[0], "/v1/models")["data"][0]["id"]
         url = start_router(kind, procs, a, wurls)
-        before = [call(u, "GET", "/metrics")[1] for u in wurls]
+        before = [pielib.scrape(u) for u in wurls]
         results, wall = run_load(url, model, workload(seed, a), conc, a.max_tokens)
-        after = [call(u, "GET", "/metrics")[1] for u in wurls]
-        computed = [counter(x, PROMPT) - counter(b, PROMPT) for b, x in zip(before, after)]
-        hit = sum(counter(x, HIT) - counter(b, HIT) for b, x in zip(before, after))
-        delta = lambda name: [counter(x, name) - counter(b, name) for b, x in zip(before, after)]
-        preempted = delta(PREEMPT)
+        after = [pielib.scrape(u) for u in wurls]
+        delta = lambda name: [pielib.prom_delta(b, x, name) for b, x in zip(before, after)]
+        computed, hit = delta(PROMPT), sum(delta(HIT))
         ttfts = [r[0] for r in results]
         routes = [[i % a.groups, r[2], r[3]] for i, r in enumerate(results)]
         return {"router": kind, "seed": seed, "concurrency": conc, "wall_s": wall,
-                "hit_rate": hit / max(hit + sum(computed), 1), "ttft_p50_s": quantile(ttfts, 0.5),
-                "ttft_p90_s": quantile(ttfts, 0.9), "computed_tokens_per_worker": computed,
-                "preemptions_per_worker": preempted, "disk_pages_written": sum(delta(DISK_WRITTEN)),
+                "hit_rate": hit / max(hit + sum(computed), 1), "ttft_p50_s": percentile(ttfts, 50),
+                "ttft_p90_s": percentile(ttfts, 90), "computed_tokens_per_worker": computed,
+                "preemptions_per_worker": delta(PREEMPT), "disk_pages_written": sum(delta(DISK_WRITTEN)),
                 "disk_pages_loaded": sum(delta(DISK_LOADED)), "routes": routes}
     finally:
-        procs.kill_all()
+        procs.stop_all()
         shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -400,7 +303,7 @@ def main():
 def summarize(runs, levels, routers, what):
     def med(kind, conc, key):
         xs = [r[key] for r in runs if r["router"] == kind and r["concurrency"] == conc]
-        return statistics.median(xs) if xs else float("nan")
+        return percentile(xs, 50) if xs else float("nan")
 
     keys = [("hit_rate", "hit rate", 1, "{:.3f}"), ("ttft_p50_s", "TTFT p50 ms", 1e3, "{:.0f}"),
             ("ttft_p90_s", "TTFT p90 ms", 1e3, "{:.0f}"), ("wall_s", "wall s", 1, "{:.2f}")]

@@ -18,17 +18,13 @@ for p99 it is an upper estimate (the parts' tails need not coincide).
 Python standard library only.
 """
 import argparse
-import http.client
-import json
 import os
 import random
-import re
-import subprocess
 import sys
 import tempfile
-import threading
-import time
-import urllib.parse
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pielib  # noqa: E402
 
 WORDS = ("time year people way day man thing woman life child world school state family student "
          "group country problem hand part place case week company system program question work "
@@ -40,51 +36,11 @@ WORDS = ("time year people way day man thing woman life child world school state
          "education lighthouse river mountain quiet bright green silver ancient modern").split()
 
 
-def spawn(args, prefix):
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    first = proc.stdout.readline().strip()
-    if not first.startswith(prefix):
-        proc.kill()
-        raise SystemExit(f"unexpected first line from {args[0]}: {first!r}")
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-    return proc, first[len(prefix):]
-
-
-def call(url, method, path, body=None, key=None, timeout=600):
-    u = urllib.parse.urlparse(url)
-    c = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
-    headers = {"content-type": "application/json"}
-    if key:
-        headers["authorization"] = f"Bearer {key}"
-    c.request(method, path, json.dumps(body) if body is not None else None, headers)
-    r = c.getresponse()
-    return r.status, r.read().decode()
-
-
-def wait_healthy(url, what, path="/health"):
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        try:
-            status, text = call(url, "GET", path, timeout=5)
-            if status == 200 and (path == "/health" or '"healthy":true' in text.replace(" ", "")):
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"{what} never became healthy")
-
-
 def buckets(metrics, part):
     """Cumulative (le, count) pairs of one part's histogram."""
-    out = []
-    pat = re.compile(r'pie_controller_overhead_seconds_bucket\{(.*)\} (\S+)')
-    for line in metrics.splitlines():
-        m = pat.match(line)
-        if not m or f'part="{part}"' not in m.group(1):
-            continue
-        le = re.search(r'le="([^"]+)"', m.group(1)).group(1)
-        out.append((float("inf") if le == "+Inf" else float(le), float(m.group(2))))
-    return sorted(out)
+    return sorted((float(labels["le"]), count) for _, labels, count
+                  in pielib.prom_samples(metrics, "pie_controller_overhead_seconds_bucket")
+                  if labels.get("part") == part)
 
 
 def quantile(bs, q):
@@ -120,16 +76,13 @@ def main():
     ctl_cfg = os.path.join(tmp, "controller.toml")
     with open(ctl_cfg, "w") as f:
         f.write('[cluster]\nworker_key = "sk-ctl"\npoll_ms = 100\n')
-    procs = []
-    try:
-        worker, wurl = spawn([a.pie, "serve", "--port", "0", "--model", a.model,
-                              "--config", worker_cfg], "pie: listening on ")
-        procs.append(worker)
-        wait_healthy(wurl, "pie serve")
-        ctl, curl = spawn([a.controller, "--port", "0", "--model", a.model, "--config", ctl_cfg,
-                           "--worker", f"w0={wurl}"], "pie-controller: listening on ")
-        procs.append(ctl)
-        wait_healthy(curl, "the controller's worker", "/v1/cluster")
+    with pielib.Procs() as procs:
+        worker, wurl = procs.spawn([a.pie, "serve", "--port", "0", "--model", a.model,
+                                    "--config", worker_cfg], "pie: listening on ")
+        pielib.wait_healthy(wurl, 600, proc=worker, what="pie serve")
+        ctl, curl = procs.spawn([a.controller, "--port", "0", "--model", a.model, "--config", ctl_cfg,
+                                 "--worker", f"w0={wurl}"], "pie-controller: listening on ")
+        pielib.wait_healthy(curl, 600, workers=1, proc=ctl, what="the controller's worker")
         rng = random.Random(19)
         prompt_tokens = []
         for i in range(a.requests):
@@ -141,17 +94,17 @@ def main():
             else:
                 path = "/v1/completions"
                 body = {"prompt": text, "max_tokens": 1, "temperature": 0}
-            status, resp = call(curl, "POST", path, body)
-            if status != 200:
-                raise SystemExit(f"request {i}: HTTP {status}: {resp}")
-            prompt_tokens.append(json.loads(resp)["usage"]["prompt_tokens"])
-        _, metrics = call(curl, "GET", "/metrics")
-        _, wmetrics = call(wurl, "GET", "/metrics", key="sk-ctl")
-        pre = re.search(r"^pie_pretokenized_requests_total (\S+)", wmetrics, re.M)
+            r = pielib.request(curl, "POST", path, body)
+            if r.status != 200:
+                pielib.fail(f"request {i}: HTTP {r.status}: {r.text}")
+            prompt_tokens.append(r.json()["usage"]["prompt_tokens"])
+        metrics = pielib.scrape(curl)
+        wmetrics = pielib.scrape(wurl, key="sk-ctl")
+        pre = pielib.prom_sum(wmetrics, "pie_pretokenized_requests_total", 0.0)
         print(f"{a.requests} requests ({'chat' if a.chat else 'completions'}), prompt tokens "
               f"mean {sum(prompt_tokens) / len(prompt_tokens):.0f} "
               f"(min {min(prompt_tokens)}, max {max(prompt_tokens)}); worker used forwarded ids "
-              f"for {pre.group(1) if pre else '0'}")
+              f"for {pre:.0f}")
         print(f"{'part':<10}{'count':>7}{'p50 ms':>10}{'p99 ms':>10}")
         p50s, p99s = 0.0, 0.0
         for part in ["tokenize", "hash", "route", "proxy"]:
@@ -162,10 +115,6 @@ def main():
             p99s += p99
             print(f"{part:<10}{n:>7}{p50:>10.3f}{p99:>10.3f}")
         print(f"{'sum':<10}{'':>7}{p50s:>10.3f}{p99s:>10.3f}")
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 if __name__ == "__main__":

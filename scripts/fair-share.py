@@ -11,54 +11,34 @@ with `max_tokens` 48 and `ignore_eos` (the client named by the `client` prop).
 Prints the share of generated tokens each client got (requests that finished
 inside the window) and exits non-zero if under `fair` the light client got less
 than --min-light-share (0.45: its demand is half the slots, so max-min fairness
-gives it all of it). Python standard library only (threads + http.client).
+gives it all of it). Python standard library only (threads + scripts/pielib.py).
 """
 import argparse
-import http.client
-import json
-import subprocess
+import os
 import sys
 import threading
 import time
-import urllib.parse
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pielib  # noqa: E402
 
 
-def serve(pie, model, policy):
+def serve(procs, pie, model, policy):
     args = [pie, "serve", "--port", "0", "--worker-policy", policy, "--max-running", "4"]
     if model:
         args += ["--model", model]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    first = proc.stdout.readline().strip()
-    prefix = "pie: listening on "
-    if not first.startswith(prefix):
-        proc.kill()
-        raise SystemExit(f"unexpected first line from pie serve: {first!r}")
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-    url = urllib.parse.urlparse(first[len(prefix):])
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        try:
-            c = http.client.HTTPConnection(url.hostname, url.port, timeout=5)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                return proc, url
-        except OSError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("pie serve never became healthy")
+    proc, url = procs.spawn(args, "pie: listening on ", "pie serve")
+    pielib.wait_healthy(url, 600, proc=proc, what="pie serve")
+    return url
 
 
 def complete(url, client):
-    body = json.dumps({"prompt": "Tell me a story about a lighthouse keeper.", "max_tokens": 48,
-                       "ignore_eos": True, "props": {"client": client}})
-    c = http.client.HTTPConnection(url.hostname, url.port, timeout=600)
-    c.request("POST", "/v1/completions", body, {"content-type": "application/json"})
-    r = c.getresponse()
-    data = json.loads(r.read())
-    if r.status != 200:
-        raise RuntimeError(f"{client}: HTTP {r.status}: {data}")
-    return data["usage"]["completion_tokens"]
+    body = {"prompt": "Tell me a story about a lighthouse keeper.", "max_tokens": 48,
+            "ignore_eos": True, "props": {"client": client}}
+    try:
+        return pielib.post_json(url, "/v1/completions", body)["usage"]["completion_tokens"]
+    except pielib.HttpError as e:
+        raise RuntimeError(f"{client}: {e}") from None
 
 
 def run(url, duration):
@@ -99,12 +79,8 @@ def main():
     a = ap.parse_args()
     ok = True
     for policy in a.policies.split(","):
-        proc, url = serve(a.pie, a.model, policy)
-        try:
-            tokens = run(url, a.duration)
-        finally:
-            proc.kill()
-            proc.wait()
+        with pielib.Procs() as procs:
+            tokens = run(serve(procs, a.pie, a.model, policy), a.duration)
         total = tokens["flood"] + tokens["light"]
         share = tokens["light"] / total if total else 0.0
         print(f"{policy}: light {tokens['light']} tokens, flood {tokens['flood']}: "

@@ -3,7 +3,7 @@
 #
 # - engine: `pie engine-bench --prompt-tokens 0 --concurrency N` (N distinct
 #   32-token prompts, DECODE new tokens each, decode timed after every prompt is in);
-# - serving: a `pie serve` on a free port with the same model and thread count,
+# - serving: a `pie serve` on a free port (`--port 0`) with the same model and thread count,
 #   driven by `pie bench` with N requests sent together (distinct 32-token
 #   prompts, DECODE tokens each, streamed over HTTP with ignore_eos); its "while
 #   all N streams decoded" rate counts streamed tokens from the last first token
@@ -34,15 +34,17 @@ cleanup() {
 }
 trap cleanup EXIT
 
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$PIE" serve --model "$MODEL" --port "$port" >"$work/serve.log" 2>&1 &
+# --port 0: the first stdout line says `pie: listening on http://ADDR`.
+"$PIE" serve --model "$MODEL" --port 0 >"$work/serve.log" 2>&1 &
 server=$!
+url=
 for _ in $(seq 300); do
-    curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+    [ -n "$url" ] || url=$(sed -n 's|^pie: listening on \(http://[^ ]*\).*|\1|p' "$work/serve.log" | head -1)
+    [ -n "$url" ] && curl -sf "$url/health" >/dev/null && break
     kill -0 "$server" 2>/dev/null || { cat "$work/serve.log" >&2; exit 1; }
     sleep 0.2
 done
-curl -sf "http://127.0.0.1:$port/health" >/dev/null || { echo "pie serve did not come up" >&2; exit 1; }
+[ -n "$url" ] && curl -sf "$url/health" >/dev/null || { echo "pie serve did not come up" >&2; exit 1; }
 
 best() { sort -g | tail -1; }
 for round in $(seq "$ROUNDS"); do
@@ -50,7 +52,7 @@ for round in $(seq "$ROUNDS"); do
     "$PIE" engine-bench --model "$MODEL" --prompt-tokens 0 --decode-tokens "$DECODE" \
         --concurrency "$N" 2>/dev/null |
         sed -n "s/^decode: $N concurrent sequences: \([0-9.]*\) tok\/s.*/\1/p" >>"$work/engine"
-    "$PIE" bench --url "http://127.0.0.1:$port" --workload priority-mix \
+    "$PIE" bench --url "$url" --workload priority-mix \
         --set high_fraction=0 --set input_len=32 --set "output_len=$DECODE" \
         --requests "$N" --concurrency "$N" --seed "$round" --quiet >"$work/bench.txt"
     grep -q "$N completed" "$work/bench.txt" || { cat "$work/bench.txt" >&2; exit 1; }

@@ -22,13 +22,15 @@ request must end with usage.completion_tokens == max_tokens, finish_reason
 Exit 1 if any check fails, naming it.
 """
 import argparse
-import http.client
 import json
+import os
 import random
 import sys
 import threading
 import time
-import urllib.parse
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pielib  # noqa: E402
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
@@ -86,7 +88,6 @@ class Result:
 
 def one_request(url, max_tokens, timeout):
     r = Result()
-    u = urllib.parse.urlsplit(url)
     body = json.dumps({
         "prompt": PROMPT,
         "max_tokens": max_tokens,
@@ -95,7 +96,7 @@ def one_request(url, max_tokens, timeout):
         "stream": True,
         "stream_options": {"include_usage": True},
     })
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    conn = pielib.connect(url, timeout)
     try:
         conn.request("POST", "/v1/completions", body=body,
                      headers={"content-type": "application/json"})
@@ -263,14 +264,14 @@ def main():
     refused = [r for r in res if r.status in (429, 503)]
     no_retry_after = [r for r in refused if not r.retry_after]
     other = [r for r in res if r not in accepted and r not in refused]
-    lat = sorted(r.end - r.start for r in complete)
+    lat = [r.end - r.start for r in complete]
     print(f"open loop: {sent} requests sent in {sent_s:.1f} s ({sent / sent_s:.2f} req/s offered), "
           f"all answered after {total_s:.1f} s")
     print(f"  accepted {len(accepted)} (complete with {a.max_tokens} tokens: {len(complete)}), "
           f"429: {by_status.get(429, 0)}, 503: {by_status.get(503, 0)}, "
           f"other: {len(other)}; accepted rate {len(accepted) / a.duration:.2f} req/s")
     if lat:
-        print(f"  accepted latency p50 {lat[len(lat) // 2]:.2f} s, max {lat[-1]:.2f} s")
+        print(f"  accepted latency p50 {pielib.percentile(lat, 50):.2f} s, max {max(lat):.2f} s")
     if incomplete:
         failures.append(f"{len(incomplete)} accepted requests incomplete, e.g. {incomplete[0].error}")
     if no_retry_after:

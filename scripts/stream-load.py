@@ -3,30 +3,28 @@
 
 Usage: scripts/stream-load.py URL [--clients 32] [--requests 2] [--max-tokens 64]
 
-Prints aggregate generated tokens/s, TTFT percentiles, and checks /metrics:
+Prints aggregate generated tokens/s, TTFT percentiles (nearest rank), and checks /metrics:
 every request completed, no negative gauge, KV pages back to the baseline.
 """
 import argparse
 import asyncio
-import re
-import statistics
+import os
+import sys
 import time
-import urllib.request
 
 import openai
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pielib  # noqa: E402
+
 
 def metrics(url):
-    text = urllib.request.urlopen(url + "/metrics").read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        name, value = line.rsplit(" ", 1)
-        out[re.sub(r"\{.*\}", "", name)] = out.get(re.sub(r"\{.*\}", "", name), 0.0) + float(value)
-        if float(value) < 0:
-            raise SystemExit(f"negative metric: {line}")
-    return out
+    """`url`'s /metrics text, after checking that no sample is negative."""
+    text = pielib.scrape(url)
+    for name, labels, value in pielib.prom_samples(text):
+        if value < 0:
+            raise SystemExit(f"negative metric: {name}{labels or ''} {value}")
+    return text
 
 
 async def client(api, model, i, requests, max_tokens, ttfts):
@@ -69,13 +67,15 @@ async def main():
     after = metrics(a.url)
     total = sum(counts)
     expected = a.clients * a.requests * a.max_tokens
-    q = statistics.quantiles(ttfts, n=10)
+    ttft = pielib.percentiles(ttfts)
+    pages_before = pielib.prom_sum(before, "pie_kv_pages_used")
+    pages_after = pielib.prom_sum(after, "pie_kv_pages_used")
     print(f"clients={a.clients} requests={a.clients * a.requests} tokens={total}/{expected} wall={wall:.1f}s")
-    print(f"aggregate decode: {total / wall:.1f} tok/s; TTFT p50 {statistics.median(ttfts):.2f}s p90 {q[-1]:.2f}s")
-    print(f"pages used after: {after['pie_kv_pages_used']:.0f} (before {before['pie_kv_pages_used']:.0f}); "
-          f"finished requests +{after.get('pie_requests_total', 0) - before.get('pie_requests_total', 0):.0f}")
+    print(f"aggregate decode: {total / wall:.1f} tok/s; TTFT p50 {ttft['p50']:.2f}s p90 {ttft['p90']:.2f}s")
+    print(f"pages used after: {pages_after:.0f} (before {pages_before:.0f}); "
+          f"finished requests +{pielib.prom_delta(before, after, 'pie_requests_total'):.0f}")
     assert total == expected, "every request completes with all its tokens"
-    assert after["pie_kv_pages_used"] == before["pie_kv_pages_used"], "pages return to baseline"
+    assert pages_after == pages_before, "pages return to baseline"
 
 
 asyncio.run(main())
