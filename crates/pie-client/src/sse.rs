@@ -3,6 +3,9 @@
 //! over several `data:` lines is joined with `\n`; the name is the `event:`
 //! field ("message" without one); comments (`:`) and other fields are skipped.
 //! Used by `pie bench` and by `pie-controller` for workers' KV event streams.
+//! [`SseBlocks`] yields whole raw events instead (comments included, bytes as
+//! sent, up to and including the blank line): the controller relays those and
+//! reads its own comments (`: pie-process`, `: pie-handoff`) from them.
 //!
 //! Linear time: every byte is looked at once, whatever the chunking. An event
 //! (its lines and comments up to the blank line) is capped at `max_event_bytes`
@@ -129,6 +132,56 @@ impl SseParser {
             self.name = Some(v.trim().to_string());
         }
         None
+    }
+}
+
+/// Incremental splitter into raw events, each up to and including the blank
+/// line (`\n\n`) that ends it, under the same cap as [`SseParser`]. Bytes
+/// already scanned are not scanned again, whatever the chunking.
+pub struct SseBlocks {
+    buf: Vec<u8>,
+    /// Bytes of `buf` already scanned for a blank line.
+    scanned: usize,
+    max_event_bytes: usize,
+}
+
+impl Default for SseBlocks {
+    fn default() -> Self {
+        Self::with_limit(DEFAULT_MAX_EVENT_BYTES)
+    }
+}
+
+impl SseBlocks {
+    /// A splitter refusing events of more than `max_event_bytes`.
+    pub fn with_limit(max_event_bytes: usize) -> Self {
+        Self {
+            buf: Vec::new(),
+            scanned: 0,
+            max_event_bytes,
+        }
+    }
+
+    /// Append `chunk`; return every event it completed, or the error of an
+    /// event over the cap (the splitter then starts afresh).
+    pub fn push(&mut self, chunk: &[u8]) -> Result<Vec<Vec<u8>>, SseTooLarge> {
+        self.buf.extend_from_slice(chunk);
+        let mut blocks = Vec::new();
+        let mut start = 0;
+        for end in self.scanned.max(1)..self.buf.len() {
+            if end > start && self.buf[end] == b'\n' && self.buf[end - 1] == b'\n' {
+                blocks.push(self.buf[start..=end].to_vec());
+                start = end + 1;
+            }
+        }
+        self.buf.drain(..start);
+        self.scanned = self.buf.len();
+        if self.buf.len() > self.max_event_bytes {
+            *self = Self::with_limit(self.max_event_bytes);
+            return Err(SseTooLarge {
+                limit: self.max_event_bytes,
+            });
+        }
+        Ok(blocks)
     }
 }
 
@@ -283,5 +336,37 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn blocks_split_at_blank_lines_whatever_the_chunking() {
+        let stream = b": pie-process p1\n\ndata: {\"a\":1}\n\ndata: [DONE]\n\n";
+        let expected = vec![
+            b": pie-process p1\n\n".to_vec(),
+            b"data: {\"a\":1}\n\n".to_vec(),
+            b"data: [DONE]\n\n".to_vec(),
+        ];
+        for cut in 0..stream.len() {
+            let mut blocks = SseBlocks::default();
+            let mut out = blocks.push(&stream[..cut]).unwrap();
+            out.extend(blocks.push(&stream[cut..]).unwrap());
+            assert_eq!(out, expected, "cut at {cut}");
+        }
+        let mut blocks = SseBlocks::default();
+        let bytewise: Vec<Vec<u8>> = stream
+            .iter()
+            .flat_map(|b| blocks.push(std::slice::from_ref(b)).unwrap())
+            .collect();
+        assert_eq!(bytewise, expected);
+    }
+
+    #[test]
+    fn a_block_over_the_cap_is_refused_and_the_splitter_starts_afresh() {
+        let mut blocks = SseBlocks::with_limit(8);
+        assert_eq!(blocks.push(b"data: 1234").unwrap_err().limit, 8);
+        assert_eq!(
+            blocks.push(b"data: 1\n\n").unwrap(),
+            vec![b"data: 1\n\n".to_vec()]
+        );
     }
 }

@@ -13,9 +13,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use pie_controller::proxy::now_ms;
 use pie_controller::registry::{RegisterLimits, Registry};
-use pie_controller::routing::{decide, Pipeline};
+use pie_controller::routing::{decide, Ask, Pipeline};
+use pie_core::clock::now_ms;
 use pie_core::Props;
 use pie_policy::cluster::{route, CacheAware, ClusterPolicy, Pin, RouteRequest, SessionAffinity};
 
@@ -89,7 +89,15 @@ fn all_under_lock(registry: &Registry, pipeline: &Pipeline, req: &RouteRequest, 
 }
 
 fn decide_now(registry: &Registry, pipeline: &Pipeline, req: &RouteRequest, tokens: &[u32]) {
-    let decided = decide(registry, pipeline, req, tokens, None, false);
+    let ask = Ask {
+        req,
+        tokens,
+        salt: None,
+        with_free_slot: false,
+        exclude: &[],
+        place_prefill: true,
+    };
+    let decided = decide(registry, pipeline, &ask);
     assert!(decided.choice.is_ok());
 }
 

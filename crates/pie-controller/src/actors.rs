@@ -1,5 +1,6 @@
-//! Cluster actors in the controller: the snapshot they see, the tick, and the
-//! execution and record of their actions.
+//! Cluster actors in the controller: their state, the snapshot they see, the
+//! execution of actions that need no worker, and the record of every action
+//! (`actor_loop` ticks them and asks workers).
 //!
 //! The snapshot's workers come from the registry (health, load, `max_running`,
 //! the `group` label). Its processes are the requests this controller has in
@@ -24,12 +25,8 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use axum::extract::State;
-use axum::routing::get;
-use axum::{Json, Router};
-use pie_core::{BlockHash, Props};
+use pie_core::Props;
 use pie_policy::cluster::{
     Action, ActionRecord, ActorRunner, ClusterEvent, ClusterSnapshot, HotPrefix, ProcessState,
     ScaleHint, WorkerState,
@@ -40,9 +37,8 @@ use serde_json::{json, Value};
 use pie_workload::JsonLines;
 
 use crate::metrics::{ActionLabels, ControllerMetrics, GroupLabels};
-use crate::proxy::{now_ms, Controller};
-use crate::registry::{with_worker_key, Worker};
-use crate::relay::{Reason, Streams};
+use crate::registry::Worker;
+use crate::streams::{Reason, Streams};
 
 /// Actions kept for `GET /v1/cluster/actions`.
 pub const ACTION_LOG_LEN: usize = 256;
@@ -74,7 +70,7 @@ pub struct LoggedAction {
 }
 
 impl LoggedAction {
-    fn new(record: ActionRecord, outcome: Outcome) -> Self {
+    pub(crate) fn new(record: ActionRecord, outcome: Outcome) -> Self {
         Self {
             id: 0,
             kind: record.action.kind(),
@@ -134,14 +130,14 @@ impl Drop for DemandGuard {
 }
 
 pub struct Actors {
-    runner: Mutex<ActorRunner>,
+    pub(crate) runner: Mutex<ActorRunner>,
     /// Actors are configured: requests are tracked with their props.
     tracking: AtomicBool,
-    tick_ms: AtomicU64,
+    pub(crate) tick_ms: AtomicU64,
     demand: Arc<Mutex<Demand>>,
-    events: Mutex<Vec<ClusterEvent>>,
-    wake: tokio::sync::Notify,
-    log: Mutex<VecDeque<LoggedAction>>,
+    pub(crate) events: Mutex<Vec<ClusterEvent>>,
+    pub(crate) wake: tokio::sync::Notify,
+    pub(crate) log: Mutex<VecDeque<LoggedAction>>,
     logged: AtomicU64,
     scale: Mutex<BTreeMap<String, Published>>,
     /// `[cluster] scale_history_file`: every hint published, a line each.
@@ -244,7 +240,11 @@ impl Actors {
             .reads_hot_prefixes()
     }
 
-    fn snapshot(&self, workers: Vec<Worker>, hot_prefixes: Vec<HotPrefix>) -> ClusterSnapshot {
+    pub(crate) fn snapshot(
+        &self,
+        workers: Vec<Worker>,
+        hot_prefixes: Vec<HotPrefix>,
+    ) -> ClusterSnapshot {
         let processes: Vec<ProcessState> = self
             .demand
             .lock()
@@ -273,59 +273,9 @@ impl Actors {
         }
     }
 
-    /// Queued events, then (when `tick`) a tick; every record executed and logged.
-    fn step(&self, ctl: &Arc<Controller>, tick: bool) {
-        let events = std::mem::take(&mut *self.events.lock().unwrap_or_else(|e| e.into_inner()));
-        if events.is_empty() && !tick {
-            return;
-        }
-        let snapshot = self.snapshot(ctl.registry.snapshot(), ctl.registry.hot_prefixes());
-        let now = now_ms();
-        let records = {
-            let mut runner = self.runner.lock().unwrap_or_else(|e| e.into_inner());
-            let mut records = Vec::new();
-            for e in &events {
-                records.extend(runner.event(now, e, &snapshot));
-            }
-            if tick {
-                records.extend(runner.tick(now, &snapshot));
-            }
-            records
-        };
-        for record in records {
-            let ask = match record.dry_run {
-                true => None,
-                false => worker_ask(ctl, &record.action),
-            };
-            let outcome = match &ask {
-                Some(Ok(_)) => Outcome::Sent,
-                Some(Err(error)) => Outcome::Failed {
-                    error: error.clone(),
-                },
-                None => self.execute(&ctl.metrics, &ctl.streams, &record),
-            };
-            let kind = record.action.kind();
-            if let Outcome::Failed { error } = &outcome {
-                tracing::error!(actor = record.actor, kind, "{error}");
-            }
-            let action = record.action.clone();
-            let id = self.log_action(&ctl.metrics, LoggedAction::new(record, outcome.clone()));
-            match ask {
-                Some(Ok(req)) => {
-                    let ctl = ctl.clone();
-                    tokio::spawn(async move {
-                        let outcome = answer_of(req, kind).await;
-                        ctl.actors.settle(id, action, outcome);
-                    });
-                }
-                _ => self.failed_back(action, &outcome),
-            }
-        }
-    }
-
     /// The worker's answer to logged action `id` (if still in the log); a
     /// failure goes back to the actors.
-    fn settle(&self, id: u64, action: Action, outcome: Outcome) {
+    pub(crate) fn settle(&self, id: u64, action: Action, outcome: Outcome) {
         self.failed_back(action, &outcome);
         let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(entry) = log.iter_mut().find(|a| a.id == id) {
@@ -335,7 +285,7 @@ impl Actors {
 
     /// A failed action is an `ActionFailed` event for the actors (replicate
     /// then frees the copy's place and avoids its target).
-    fn failed_back(&self, action: Action, outcome: &Outcome) {
+    pub(crate) fn failed_back(&self, action: Action, outcome: &Outcome) {
         if let Outcome::Failed { error } = outcome {
             self.notify(vec![ClusterEvent::ActionFailed {
                 action,
@@ -344,7 +294,7 @@ impl Actors {
         }
     }
 
-    fn execute(
+    pub(crate) fn execute(
         &self,
         metrics: &ControllerMetrics,
         streams: &Streams,
@@ -412,7 +362,7 @@ impl Actors {
     }
 
     /// Count and keep `logged`; its id.
-    fn log_action(&self, metrics: &ControllerMetrics, mut logged: LoggedAction) -> u64 {
+    pub(crate) fn log_action(&self, metrics: &ControllerMetrics, mut logged: LoggedAction) -> u64 {
         logged.id = self.logged.fetch_add(1, Ordering::Relaxed) + 1;
         let id = logged.id;
         metrics
@@ -432,74 +382,19 @@ impl Actors {
     }
 }
 
-/// The request that carries out `action` on a worker, for the actions
-/// workers execute: `persist-prefix` (`POST /v1/internal/kv/persist`; a worker
-/// without a disk or pool says so), `copy-prefix` (the target's `POST
-/// /v1/internal/kv/prefetch` from the source: nothing is computed, and the
-/// target's KV events announce the pages), `copy-prefix-to-pool` (the source's
-/// persist with `to = "pool"`), `retain-spill` (`POST /v1/internal/retain`:
-/// a worker without the tier says so). None for other actions; an error when a worker
-/// named is unknown.
-fn worker_ask(
-    ctl: &Controller,
-    action: &Action,
-) -> Option<Result<reqwest::RequestBuilder, String>> {
-    let url = |w: &str| ctl.registry.url_of(w).ok_or(format!("no worker `{w}`"));
-    let (worker, path, body) = match action {
-        Action::PersistPrefix { blocks, worker } => (
-            url(worker),
-            "/v1/internal/kv/persist",
-            Ok(json!({ "blocks": hashes(blocks) })),
-        ),
-        Action::CopyPrefix { blocks, from, to } => (
-            url(to),
-            "/v1/internal/kv/prefetch",
-            url(from).map(|from| json!({ "from": from, "blocks": hashes(blocks) })),
-        ),
-        Action::CopyPrefixToPool { blocks, from } => (
-            url(from),
-            "/v1/internal/kv/persist",
-            Ok(json!({ "blocks": hashes(blocks), "to": "pool" })),
-        ),
-        Action::RetainSpill { worker, to } => (
-            url(worker),
-            "/v1/internal/retain",
-            Ok(json!({ "spill": to })),
-        ),
-        _ => return None,
-    };
-    Some(worker.and_then(|worker| {
-        let body = body?;
-        Ok(with_worker_key(
-            ctl.http.post(format!("{worker}{path}")).json(&body),
-            ctl.worker_key.as_deref(),
-        ))
-    }))
-}
+impl Actors {
+    /// `GET /v1/cluster/actions`: the actors and the logged actions, newest first.
+    pub fn actions_view(&self) -> Value {
+        let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let newest_first: Vec<&LoggedAction> = log.iter().rev().collect();
+        json!({ "actors": self.names(), "actions": newest_first })
+    }
 
-fn hashes(blocks: &[BlockHash]) -> Vec<u64> {
-    blocks.iter().map(|b| b.0).collect()
-}
-
-/// Send a worker's ask and read its answer as the action's outcome (logged
-/// too): executed with what the worker did, or failed with why not.
-async fn answer_of(req: reqwest::RequestBuilder, kind: &'static str) -> Outcome {
-    let failed = |error: String| {
-        tracing::warn!(kind, "{error}");
-        Outcome::Failed { error }
-    };
-    match req.send().await {
-        Ok(resp) if resp.status().is_success() => {
-            let done: Value = resp.json().await.unwrap_or_default();
-            tracing::info!(kind, %done, "done");
-            Outcome::Executed
-        }
-        Ok(resp) => {
-            let status = resp.status();
-            let why = resp.text().await.unwrap_or_default();
-            failed(format!("the worker answered {status}: {why}"))
-        }
-        Err(e) => failed(format!("the worker did not answer: {e}")),
+    /// `GET /v1/cluster/scale`: the newest scale hint of each group.
+    pub fn scale_view(&self) -> Value {
+        let scale = self.scale.lock().unwrap_or_else(|e| e.into_inner());
+        let groups: Vec<&Published> = scale.values().collect();
+        json!({ "groups": groups })
     }
 }
 
@@ -531,44 +426,10 @@ pub fn health_events(before: &[Worker], after: &[Worker]) -> Vec<ClusterEvent> {
     changed.chain(gone).collect()
 }
 
-/// Tick the actors every `[cluster] actor_tick_ms` (re-read after a reload),
-/// and hand them events as they come.
-pub async fn run(ctl: Arc<Controller>) {
-    let mut next = tokio::time::Instant::now();
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep_until(next) => {
-                ctl.actors.step(&ctl, true);
-                let every = Duration::from_millis(ctl.actors.tick_ms.load(Ordering::Relaxed));
-                next = tokio::time::Instant::now() + every;
-            }
-            _ = ctl.actors.wake.notified() => ctl.actors.step(&ctl, false),
-        }
-    }
-}
-
-/// `GET /v1/cluster/actions` (newest first) and `GET /v1/cluster/scale`.
-pub fn routes() -> Router<Arc<Controller>> {
-    Router::new()
-        .route("/v1/cluster/actions", get(actions))
-        .route("/v1/cluster/scale", get(scale))
-}
-
-async fn actions(State(ctl): State<Arc<Controller>>) -> Json<Value> {
-    let log = ctl.actors.log.lock().unwrap_or_else(|e| e.into_inner());
-    let newest_first: Vec<&LoggedAction> = log.iter().rev().collect();
-    Json(json!({ "actors": ctl.actors.names(), "actions": newest_first }))
-}
-
-async fn scale(State(ctl): State<Arc<Controller>>) -> Json<Value> {
-    let scale = ctl.actors.scale.lock().unwrap_or_else(|e| e.into_inner());
-    let groups: Vec<&Published> = scale.values().collect();
-    Json(json!({ "groups": groups }))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pie_core::BlockHash;
     use pie_policy::cluster::{ActorConfigs, ScaleByPropConfig};
 
     fn hint(dry_run: bool, action: Action) -> ActionRecord {

@@ -18,7 +18,8 @@ use pie_core::{KvEventBatch, KvSnapshot};
 use pie_policy::cluster::ClusterIndex;
 
 use crate::metrics::ControllerMetrics;
-use crate::registry::{with_worker_key, Registry};
+use crate::registry::Registry;
+use crate::worker_client::with_worker_key;
 
 /// One message of the stream.
 #[derive(Clone, Debug, PartialEq)]

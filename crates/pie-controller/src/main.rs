@@ -2,21 +2,17 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use pie_controller::actors::{self, Actors};
-use pie_controller::config::{ClusterConfig, Config, WorkerEntry};
-use pie_controller::model::RoutingModel;
-use pie_controller::proxy::{router, Controller};
-use pie_controller::registry::{Registry, Worker};
-use pie_model::gguf::GgufFile;
-use pie_model::Tokenizer;
-use pie_policy::cluster::PriorityQueue;
-use pie_workload::TraceRecorder;
+use pie_controller::actor_loop;
+use pie_controller::actors::health_events;
+use pie_controller::api::router;
+use pie_controller::config::{Config, WorkerEntry};
+use pie_controller::controller::Controller;
+use pie_controller::registry::Worker;
 use tokio::task::JoinHandle;
 
 #[derive(Parser)]
@@ -74,48 +70,7 @@ fn main() -> Result<()> {
     if let Some(p) = args.policies {
         config.cluster.cluster_policies = p;
     }
-    let pipeline = config.cluster.pipeline().map_err(anyhow::Error::msg)?;
-    let runner = config.cluster.actors().map_err(anyhow::Error::msg)?;
-    let model = OnceLock::new();
-    match &config.model.path {
-        Some(path) => {
-            let gguf = GgufFile::open(path)?;
-            let _ = model.set(RoutingModel {
-                tokenizer: Tokenizer::from_gguf(&gguf)?,
-                fingerprint: gguf.fingerprint.0,
-            });
-        }
-        None => tracing::warn!(
-            "no --model: the tokenizer comes from the first worker that answers; no worker takes requests before (cache-aware, disaggregate, tokenize-once and trace_file all need the prompt's tokens)"
-        ),
-    }
-    let ctl = Arc::new(Controller {
-        registry: Registry::default(),
-        metrics: Default::default(),
-        pipeline: Mutex::new(pipeline),
-        queueing: AtomicBool::new(config.cluster.queueing()),
-        queue: Mutex::new(wait_queue(&config.cluster)),
-        clients_in_flight: Default::default(),
-        max_wait_ms: config.cluster.max_wait_ms.get().into(),
-        woken: Default::default(),
-        api_keys: RwLock::new(config.server.api_keys()?),
-        max_registered_workers: config.cluster.max_registered_workers,
-        trace: trace_recorder(&config)?,
-        model,
-        http: config.cluster.proxy_client()?,
-        kv_http: config.cluster.kv_client()?,
-        kv_idle_timeout: Duration::from_millis(config.cluster.kv_idle_timeout_ms.get()),
-        worker_key: config.cluster.worker_key.clone(),
-        actors: Actors::new(
-            runner,
-            config.cluster.actor_tick_ms,
-            config.cluster.scale_history(args_config.as_deref())?,
-        ),
-        streams: Default::default(),
-    });
-    ctl.registry
-        .set_anticipate_ms(config.cluster.cache_aware.anticipate_ms);
-    ctl.registry.track_heat(ctl.actors.wants_hot_prefixes());
+    let ctl = Controller::new(&config, args_config.as_deref())?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
@@ -134,7 +89,7 @@ fn main() -> Result<()> {
                 tracing::info!(pool, "following the shared pool's KV events");
                 ctl.follow_pool(pool.trim_end_matches('/').to_string());
             }
-            tokio::spawn(actors::run(ctl.clone()));
+            tokio::spawn(actor_loop::run(ctl.clone()));
             let every = Duration::from_millis(config.cluster.poll_ms.max(10));
             let ttl_ms = config.cluster.registration_ttl_ms.get();
             tokio::spawn(poll_workers(ctl.clone(), every, ttl_ms));
@@ -169,10 +124,10 @@ async fn poll_workers(ctl: Arc<Controller>, every: Duration, registration_ttl_ms
             }
             let (ctl, worker) = (ctl.clone(), name.clone());
             let poll = tokio::spawn(async move {
-                let key = ctl.worker_key.as_deref();
+                let client = &ctl.worker_client;
                 let model = ctl.learn_model(&url).await;
                 ctl.registry
-                    .poll(&ctl.http, key, &worker, &url, model)
+                    .poll(&client.http, client.key.as_deref(), &worker, &url, model)
                     .await;
 
                 // Capacity can also free up on the workers' side.
@@ -185,28 +140,15 @@ async fn poll_workers(ctl: Arc<Controller>, every: Duration, registration_ttl_ms
         before = ctl.actors.active().then(|| {
             let after = ctl.registry.snapshot();
             if let Some(before) = &before {
-                ctl.actors.notify(actors::health_events(before, &after));
+                ctl.actors.notify(health_events(before, &after));
             }
             after
         });
     }
 }
 
-/// The `[server] trace_file` recorder (it counts and hashes prompt tokens:
-/// the tokenizer is `--model`'s or the workers').
-fn trace_recorder(config: &Config) -> Result<Option<TraceRecorder>> {
-    let Some(path) = &config.server.trace_file else {
-        return Ok(None);
-    };
-    let recorder = TraceRecorder::open(path)
-        .with_context(|| format!("server.trace_file: cannot open {}", path.display()))?;
-    Ok(Some(recorder))
-}
-
-/// SIGHUP re-reads the config file: `cluster_policies` (and their sections) and
-/// the static workers, `max_queued` and `max_wait_ms` apply at once; actors are
-/// rebuilt (their state restarts); the HTTP timeouts need a restart; an invalid file changes nothing and is logged and counted. A `--policies`
-/// flag keeps overriding the file.
+/// SIGHUP re-reads the config file (see `Controller::reload`); a
+/// `--policies` flag keeps overriding the file.
 #[cfg(unix)]
 async fn reload_on_sighup(ctl: Arc<Controller>, path: PathBuf, cli_policies: Option<Vec<String>>) {
     use tokio::signal::unix::{signal, SignalKind};
@@ -214,45 +156,7 @@ async fn reload_on_sighup(ctl: Arc<Controller>, path: PathBuf, cli_policies: Opt
         return;
     };
     while hup.recv().await.is_some() {
-        let fresh = Config::load(&path).and_then(|mut c| {
-            if let Some(p) = &cli_policies {
-                c.cluster.cluster_policies = p.clone();
-            }
-            let pipeline = c.cluster.pipeline().map_err(anyhow::Error::msg)?;
-            let runner = c.cluster.actors().map_err(anyhow::Error::msg)?;
-            let keys = c.server.api_keys()?;
-            let history = c.cluster.scale_history(Some(&path))?;
-            Ok((c, pipeline, runner, keys, history))
-        });
-        match fresh {
-            Ok((config, pipeline, runner, keys, history)) => {
-                *ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner()) = pipeline;
-                ctl.registry
-                    .set_anticipate_ms(config.cluster.cache_aware.anticipate_ms);
-                ctl.actors
-                    .replace(runner, config.cluster.actor_tick_ms, history, &ctl.metrics);
-                ctl.registry.track_heat(ctl.actors.wants_hot_prefixes());
-                *ctl.api_keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
-                ctl.queueing
-                    .store(config.cluster.queueing(), Ordering::Relaxed);
-                {
-                    let mut queue = ctl.queue.lock().unwrap_or_else(|e| e.into_inner());
-                    queue.set_max_queued(config.cluster.max_queued);
-                    queue.set_order(config.cluster.queue_order);
-                }
-                ctl.max_wait_ms
-                    .store(config.cluster.max_wait_ms.get(), Ordering::Relaxed);
-                ctl.release_waiters();
-                for w in &config.cluster.workers {
-                    ctl.add_worker(&w.name, &w.url, w.group.clone());
-                }
-                tracing::info!(policies = ?config.cluster.cluster_policies, "cluster config reloaded");
-            }
-            Err(e) => {
-                ctl.metrics.reload_failures.inc();
-                tracing::error!("cluster config reload refused, keeping the running one: {e:#}");
-            }
-        }
+        ctl.reload(&path, cli_policies.as_deref());
     }
 }
 
@@ -262,11 +166,4 @@ async fn reload_on_sighup(
     _path: PathBuf,
     _cli_policies: Option<Vec<String>>,
 ) {
-}
-
-/// `cluster-priority`'s wait queue as `[cluster]` configures it.
-fn wait_queue<T>(cluster: &ClusterConfig) -> PriorityQueue<T> {
-    let mut queue = PriorityQueue::new(cluster.max_queued);
-    queue.set_order(cluster.queue_order);
-    queue
 }

@@ -27,23 +27,24 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
-use pie_core::wire::RESUME_FIELD;
+use pie_client::sse::SseBlocks;
+use pie_core::wire::{RESUME_FIELD, SESSION_TURNS_FIELD};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::Response;
 
-use crate::proxy::{describe, error, send, Acting, Controller};
-use crate::registry::with_worker_key;
-use crate::relay::{
-    channel_body, choose_worker, count_move_failure, next_block, post_to_worker, Move, Moved,
-    Placed, Reason, Whereabouts,
-};
+use crate::caller::Acting;
+use crate::controller::Controller;
+use crate::placed::{channel_body, count_move_failure, Moved, Placed};
+use crate::respond::error;
+use crate::streams::{Move, Reason, Whereabouts};
+use crate::worker_client::{describe, Upstream};
 
 /// Resumes of one process before it is given up.
 const MAX_RESUMES: usize = 8;
@@ -61,7 +62,7 @@ const MOVE_WAIT: Duration = Duration::from_secs(60);
 const OPEN_RETRY: Duration = Duration::from_millis(50);
 
 /// A native process just launched on `placed.worker` as `local`.
-pub(crate) struct NativeLaunch {
+pub struct NativeLaunch {
     pub placed: Placed,
     pub local: String,
     /// A chat resuming a session: the session's turns before this one.
@@ -97,7 +98,7 @@ impl NativeLaunch {
     /// Follow the process until it ends, moving it when asked or broken.
     pub fn follow(self) {
         let ctl = self.placed.ctl.clone();
-        let (id, moves) = ctl.streams.add(&self.placed, true);
+        let (id, moves) = ctl.streams.add(self.placed.placement(), true);
         ctl.streams.named(id, &self.local);
         tokio::spawn(async move {
             let mut follower = Follower {
@@ -177,8 +178,8 @@ impl Follower {
             &l.local,
             "/events?pie_stream_ids=true",
         );
-        let req = l.placed.acting.apply(l.placed.ctl.http.get(&url));
-        let resp = with_worker_key(req, l.placed.ctl.worker_key.as_deref())
+        let resp = (l.placed.ctl.worker_client)
+            .acting(&l.placed.acting, Method::GET, &url)
             .send()
             .await
             .map_err(|e| describe(&e))?;
@@ -193,16 +194,16 @@ impl Follower {
         mut events: BoxStream<'static, reqwest::Result<Bytes>>,
         moves: &mut mpsc::UnboundedReceiver<Move>,
     ) -> Ended {
-        let mut buf = Vec::new();
+        let mut blocks = SseBlocks::default();
         loop {
             tokio::select! {
                 chunk = events.next() => match chunk {
-                    Some(Ok(bytes)) => {
-                        buf.extend_from_slice(&bytes);
-                        if let Some(ended) = self.take_events(&mut buf) {
+                    Some(Ok(bytes)) => match blocks.push(&bytes) {
+                        Ok(events) => if let Some(ended) = self.take_events(events) {
                             return ended;
-                        }
-                    }
+                        },
+                        Err(e) => return Ended::Broke(e.to_string()),
+                    },
                     Some(Err(e)) => return Ended::Broke(describe(&e)),
                     None => return Ended::Broke("it ended early".into()),
                 },
@@ -211,8 +212,8 @@ impl Follower {
         }
     }
 
-    fn take_events(&mut self, buf: &mut Vec<u8>) -> Option<Ended> {
-        while let Some(block) = next_block(buf) {
+    fn take_events(&mut self, blocks: Vec<Vec<u8>>) -> Option<Ended> {
+        for block in blocks {
             match parse(&block) {
                 Some(Native::Token(_)) if self.replayed > 0 => self.replayed -= 1,
                 Some(Native::Token(t)) => self.generated.push(t),
@@ -234,8 +235,8 @@ impl Follower {
         let l = &self.launch;
         let url = process_url(&l.placed.url, "processes", &l.local, "");
         for _ in 0..KILL_TRIES {
-            let req = l.placed.acting.apply(l.placed.ctl.http.delete(url.clone()));
-            let sent = with_worker_key(req, l.placed.ctl.worker_key.as_deref())
+            let sent = (l.placed.ctl.worker_client)
+                .acting(&l.placed.acting, Method::DELETE, &url)
                 .timeout(KILL_TIMEOUT)
                 .send()
                 .await;
@@ -253,14 +254,7 @@ impl Follower {
             return;
         }
         let url = process_url(&l.placed.url, "internal/processes", &l.local, "/handoff");
-        match post_to_worker(
-            l.placed.ctl.clone(),
-            url,
-            l.placed.acting.clone(),
-            json!({}),
-        )
-        .await
-        {
+        match l.placed.post(url, json!({})).await {
             Ok((status, _)) if status.is_success() => self.asked = Some(m),
             // It ended meanwhile: its events end as they would have.
             Ok((status, _)) if status == reqwest::StatusCode::CONFLICT => {}
@@ -296,15 +290,9 @@ impl Follower {
         let mut tried = vec![old.clone()];
         let mut target = target.and_then(|name| ctl.registry.url_of(&name).map(|url| (name, url)));
         for _ in 0..MAX_TARGETS {
-            let next = target.take().or_else(|| {
-                choose_worker(
-                    &ctl,
-                    &tokens,
-                    &self.launch.placed.props,
-                    &self.launch.placed.acting,
-                    &tried,
-                )
-            });
+            let next = target
+                .take()
+                .or_else(|| self.launch.placed.resume_target(&tokens, &tried));
             let Some((name, url)) = next else { break };
             tried.push(name.clone());
             match self.launch_on(&url, &body).await {
@@ -325,13 +313,7 @@ impl Follower {
     async fn launch_on(&self, url: &str, body: &Value) -> Result<String, String> {
         let l = &self.launch;
         let url = format!("{url}/v1/processes");
-        let (status, answer) = post_to_worker(
-            l.placed.ctl.clone(),
-            url.clone(),
-            l.placed.acting.clone(),
-            body.clone(),
-        )
-        .await?;
+        let (status, answer) = l.placed.post(url.clone(), body.clone()).await?;
         match answer["id"].as_str() {
             Some(id) if status.is_success() => Ok(id.to_string()),
             _ => Err(format!("{url}: {status} {answer}")),
@@ -396,20 +378,10 @@ pub(crate) async fn events(
     resp
 }
 
-async fn open(
-    ctl: &Controller,
-    url: &str,
-    acting: &Acting,
-) -> Result<crate::proxy::Upstream, String> {
-    send(
-        ctl,
-        Method::GET,
-        url,
-        &HeaderMap::new(),
-        acting,
-        Bytes::new(),
-    )
-    .await
+async fn open(ctl: &Controller, url: &str, acting: &Acting) -> Result<Upstream, String> {
+    ctl.worker_client
+        .send(Method::GET, url, &HeaderMap::new(), acting, Bytes::new())
+        .await
 }
 
 /// One client's event stream of a native process across its workers.
@@ -452,10 +424,12 @@ impl Stitch {
         mut body: BoxStream<'static, reqwest::Result<Bytes>>,
     ) -> Option<bool> {
         let mut replayed = self.sent;
-        let mut buf = Vec::new();
+        let mut blocks = SseBlocks::default();
         while let Some(Ok(bytes)) = body.next().await {
-            buf.extend_from_slice(&bytes);
-            while let Some(block) = next_block(&mut buf) {
+            let Ok(events) = blocks.push(&bytes) else {
+                return Some(false);
+            };
+            for block in events {
                 let last = match parse(&block) {
                     Some(Native::Token(_) | Native::Text) if replayed > 0 => {
                         replayed -= 1;
@@ -550,6 +524,32 @@ fn parse(block: &[u8]) -> Option<Native> {
         "status" => Some(Native::Status(data["state"].as_str()?.to_string())),
         _ => None,
     }
+}
+
+/// `{"id": "proc-3"}` from worker w1 becomes `{"id": "w1~proc-3"}`; a
+/// `launch` the controller follows from then on (see `native`).
+pub async fn qualify_id(resp: Response, worker: &str, launch: Option<NativeLaunch>) -> Response {
+    let (mut parts, body) = resp.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, 1 << 20).await else {
+        return error(StatusCode::BAD_GATEWAY, "unreadable worker response");
+    };
+    let mut v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let turns = v
+        .as_object_mut()
+        .and_then(|o| o.remove(SESSION_TURNS_FIELD));
+    if let Some(id) = v["id"].as_str() {
+        let launch = launch.map(|launch| NativeLaunch {
+            local: id.to_string(),
+            turns,
+            ..launch
+        });
+        if let Some(launch) = launch.filter(NativeLaunch::movable) {
+            launch.follow();
+        }
+        v["id"] = json!(format!("{worker}~{id}"));
+    }
+    parts.headers.remove("content-length");
+    Response::from_parts(parts, Body::from(v.to_string()))
 }
 
 #[cfg(test)]

@@ -21,18 +21,12 @@ use pie_policy::cluster::{
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::proxy::now_ms;
+use pie_core::clock::now_ms;
+
+use crate::worker_client::with_worker_key;
 
 /// A poll unanswered this long marks the worker down.
 const POLL_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// `req` authenticated with the controller's `[cluster] worker_key`, if any.
-pub fn with_worker_key(req: reqwest::RequestBuilder, key: Option<&str>) -> reqwest::RequestBuilder {
-    match key {
-        Some(k) => req.bearer_auth(k),
-        None => req,
-    }
-}
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Worker {
@@ -165,6 +159,19 @@ pub struct Views {
     pub workers: Vec<WorkerView>,
     pub urls: Vec<String>,
     places: Vec<Place>,
+}
+
+impl Views {
+    /// Only the workers `keep` accepts.
+    pub fn retain(&mut self, keep: impl Fn(&WorkerView) -> bool) {
+        let all = std::mem::take(self);
+        let rows = all.workers.into_iter().zip(all.urls).zip(all.places);
+        for ((worker, url), place) in rows.filter(|((w, _), _)| keep(w)) {
+            self.workers.push(worker);
+            self.urls.push(url);
+            self.places.push(place);
+        }
+    }
 }
 
 /// Where a view's worker sits: its index slot, its kind among the prompt's

@@ -16,364 +16,28 @@
 //! it was; after a hand-off or a break the stream goes on elsewhere or ends
 //! with an error event, never silently.
 
-use std::collections::{HashMap, VecDeque};
-use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
-use axum::{Json, Router};
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 use futures_util::{FutureExt, StreamExt};
+use pie_client::sse::{SseBlocks, SseTooLarge};
 use pie_core::wire::{HANDOFF_COMMENT, PROCESS_COMMENT, RESUME_FIELD, TOKEN_IDS_KEY};
 use pie_core::Props;
-use pie_policy::cluster::{record, route, RouteRequest, Stage};
-use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 
-use crate::metrics::MoveLabels;
-use crate::proxy::{describe, error, now_ms, send, Acting, Controller, InFlight};
-use crate::registry::with_worker_key;
+use crate::placed::{channel_body, count_move_failure, Moved, Placed};
+use crate::respond::error_event;
+use crate::streams::{Move, Reason};
+use crate::worker_client::describe;
 
 /// Workers tried for one resume before the stream ends with an error.
 const MAX_TARGETS: usize = 4;
 /// Resumes of one stream (a stream moved this often is failing, not moving).
 const MAX_RESUMES: usize = 8;
-
-/// Why a stream moves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reason {
-    Drain,
-    Relocate,
-    Rebalance,
-    Crash,
-}
-
-impl Reason {
-    pub(crate) fn label(self) -> MoveLabels {
-        MoveLabels {
-            reason: match self {
-                Reason::Drain => "drain",
-                Reason::Relocate => "relocate",
-                Reason::Rebalance => "rebalance",
-                Reason::Crash => "crash",
-            },
-        }
-    }
-}
-
-/// A request to move one stream to worker `to`.
-#[derive(Clone, Debug)]
-pub struct Move {
-    pub to: String,
-    pub reason: Reason,
-}
-
-/// The movable streams and native processes in flight, by the
-/// controller's number for them, and where the ones that moved ended.
-#[derive(Default)]
-pub struct Streams {
-    next: AtomicU64,
-    live: Mutex<Table>,
-    ended: Mutex<Ended>,
-    /// Woken whenever a stream's whereabouts change (it named its process
-    /// on a worker, or ended), so a reader waiting for a move need not poll.
-    changed: Notify,
-}
-
-/// The streams in flight, and each one's number by the id its client holds.
-#[derive(Default)]
-struct Table {
-    live: HashMap<u64, Live>,
-    by_origin: HashMap<(String, String), u64>,
-}
-
-impl Table {
-    fn by_origin(&mut self, worker: &str, local: &str) -> Option<&mut Live> {
-        let id = self
-            .by_origin
-            .get(&(worker.to_string(), local.to_string()))?;
-        self.live.get_mut(id)
-    }
-}
-
-/// Where a process that moved ended up, by the id its client holds; the
-/// newest `ENDED_KEPT` (a client reads a finished process's record later).
-#[derive(Default)]
-struct Ended {
-    at: HashMap<(String, String), Whereabouts>,
-    order: VecDeque<(String, String)>,
-}
-
-/// Processes that moved whose whereabouts are kept after they end.
-const ENDED_KEPT: usize = 65_536;
-
-/// Where the process a client knows by its first worker and id is now.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Whereabouts {
-    At {
-        worker: String,
-        local: String,
-        /// A native process: its record on `worker` holds its whole output
-        /// (see `native`), so its events line up with the first worker's.
-        replays: bool,
-    },
-    /// It could not go on anywhere: why.
-    Lost(String),
-}
-
-struct Live {
-    worker: String,
-    session: Option<String>,
-    /// Its id in the actors' snapshot (`request-N`), when actors run.
-    process: Option<String>,
-    moves: mpsc::UnboundedSender<Move>,
-    /// The first worker and the process id it named: the id the client
-    /// holds (`WORKER~ID`, its chunks' `id`), valid across moves.
-    origin: Option<(String, String)>,
-    /// Its process id on `worker`.
-    local: Option<String>,
-    /// Its props as last changed through the controller (a PATCH): the
-    /// workers it moves to get these.
-    props: Option<Value>,
-    /// A native process (see [`Whereabouts::At`]).
-    replays: bool,
-}
-
-impl Streams {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.live.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Register a placed stream (or a native process: `replays`); its
-    /// moves arrive on the receiver.
-    pub(crate) fn add(
-        &self,
-        placed: &Placed,
-        replays: bool,
-    ) -> (u64, mpsc::UnboundedReceiver<Move>) {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let (moves, rx) = mpsc::unbounded_channel();
-        let live = Live {
-            worker: placed.worker.clone(),
-            session: placed.props.str("session").map(str::to_string),
-            process: placed.slot.demand.as_ref().map(|d| d.process_id()),
-            moves,
-            origin: None,
-            local: None,
-            props: None,
-            replays,
-        };
-        self.lock().live.insert(id, live);
-        (id, rx)
-    }
-
-    /// Stream `id` moved to `worker` (which names its process next).
-    pub(crate) fn now_on(&self, id: u64, worker: &str) {
-        if let Some(l) = self.lock().live.get_mut(&id) {
-            l.worker = worker.to_string();
-            l.local = None;
-        }
-    }
-
-    /// Stream `id` ended; `lost` says why when it could not go on. Where a
-    /// stream that moved (or was lost) ended is kept for its id.
-    pub(crate) fn remove(&self, id: u64, lost: Option<String>) {
-        let mut table = self.lock();
-        let Some(l) = table.live.remove(&id) else {
-            return;
-        };
-        let Some(origin) = l.origin else { return };
-        table.by_origin.remove(&origin);
-        drop(table);
-        let at = match (lost, l.local) {
-            (Some(why), _) => Whereabouts::Lost(why),
-            (None, Some(local)) if (&l.worker, &local) != (&origin.0, &origin.1) => {
-                Whereabouts::At {
-                    worker: l.worker,
-                    local,
-                    replays: l.replays,
-                }
-            }
-            _ => return,
-        };
-        let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
-        if ended.at.insert(origin.clone(), at).is_none() {
-            ended.order.push_back(origin);
-        }
-        if ended.order.len() > ENDED_KEPT {
-            if let Some(oldest) = ended.order.pop_front() {
-                ended.at.remove(&oldest);
-            }
-        }
-        drop(ended);
-        self.changed.notify_waiters();
-    }
-
-    /// Stream `id`'s worker named its process `local`.
-    pub(crate) fn named(&self, id: u64, local: &str) {
-        let mut table = self.lock();
-        let Some(l) = table.live.get_mut(&id) else {
-            return;
-        };
-        l.local = Some(local.to_string());
-        if l.origin.is_none() {
-            let origin = (l.worker.clone(), local.to_string());
-            l.origin = Some(origin.clone());
-            table.by_origin.insert(origin, id);
-        }
-        drop(table);
-        self.changed.notify_waiters();
-    }
-
-    /// Wait until `look` finds something (Some) or `limit` passes (None),
-    /// looking again whenever a stream's whereabouts change.
-    pub(crate) async fn wait_for<T>(
-        &self,
-        limit: Duration,
-        mut look: impl FnMut() -> Option<T>,
-    ) -> Option<T> {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            // Registered before looking, so a change in between still wakes it.
-            changed.as_mut().enable();
-            if let Some(found) = look() {
-                return Some(found);
-            }
-            if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                return None;
-            }
-        }
-    }
-
-    pub(crate) fn props_of(&self, id: u64) -> Option<Value> {
-        self.lock().live.get(&id).and_then(|l| l.props.clone())
-    }
-
-    /// Where the stream the client knows as `worker~local` runs now, or
-    /// ended after moving (None: neither, or between two workers).
-    pub fn current(&self, worker: &str, local: &str) -> Option<Whereabouts> {
-        if let Some(l) = self.lock().by_origin(worker, local) {
-            return Some(Whereabouts::At {
-                worker: l.worker.clone(),
-                local: l.local.clone()?,
-                replays: l.replays,
-            });
-        }
-        let ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
-        ended
-            .at
-            .get(&(worker.to_string(), local.to_string()))
-            .cloned()
-    }
-
-    /// The stream the client knows as `worker~local` has the props `props`
-    /// now (a PATCH): the workers it moves to get them, and when its `pin`
-    /// names a worker it is not on that `serves`, it moves there (a
-    /// relocation). Returns that worker.
-    pub fn patched(
-        &self,
-        worker: &str,
-        local: &str,
-        props: &Value,
-        serves: impl Fn(&str) -> bool,
-    ) -> Option<String> {
-        let mut table = self.lock();
-        let l = table.by_origin(worker, local)?;
-        l.props = Some(props.clone());
-        let pin = props["pin"]
-            .as_str()
-            .filter(|&pin| pin != l.worker && serves(pin))?;
-        let asked = Move {
-            to: pin.to_string(),
-            reason: Reason::Relocate,
-        };
-        l.moves.send(asked).ok().map(|()| pin.to_string())
-    }
-
-    /// Ask the streams of `session` to move to `to`; returns how many.
-    pub fn move_session(&self, session: &str, to: &str) -> usize {
-        self.ask(
-            |l| l.session.as_deref() == Some(session) && l.worker != to,
-            to,
-            Reason::Relocate,
-        )
-    }
-
-    /// Ask the stream of the actors' process `process` to move to `to`;
-    /// false if no such stream is in flight.
-    pub fn move_process(&self, process: &str, to: &str, reason: Reason) -> bool {
-        self.ask(
-            |l| l.process.as_deref() == Some(process) && l.worker != to,
-            to,
-            reason,
-        ) > 0
-    }
-
-    fn ask(&self, which: impl Fn(&Live) -> bool, to: &str, reason: Reason) -> usize {
-        self.lock()
-            .live
-            .values()
-            .filter(|l| which(l))
-            .filter(|l| {
-                l.moves
-                    .send(Move {
-                        to: to.to_string(),
-                        reason,
-                    })
-                    .is_ok()
-            })
-            .count()
-    }
-}
-
-/// A request the controller placed on a worker and may move: what every
-/// worker it goes to gets, and where it runs now. A relayed stream
-/// ([`Relay`]) and a followed native process (`native::NativeLaunch`) both
-/// start from one.
-pub(crate) struct Placed {
-    pub ctl: Arc<Controller>,
-    pub acting: Acting,
-    /// The body as the workers get it: with `pie_stream_ids` (and
-    /// `pie_prompt_tokens` where the worker key vouches), without
-    /// `pie_prefill_from`.
-    pub body: Value,
-    /// The prompt's ids as the workers see them (empty when unknown).
-    pub prompt: Vec<u32>,
-    pub props: Props,
-    pub worker: String,
-    pub url: String,
-    pub slot: InFlight,
-}
-
-impl Placed {
-    /// The URL of the worker move `m` goes to; None (the move counted
-    /// failed) when that is where it runs or a worker the registry lacks.
-    pub fn move_target(&self, m: &Move) -> Option<String> {
-        let target = (m.to != self.worker)
-            .then(|| self.ctl.registry.url_of(&m.to))
-            .flatten();
-        if target.is_none() {
-            tracing::warn!(
-                worker = self.worker,
-                to = m.to,
-                "no worker to move to; it stays"
-            );
-            count_move_failure(&self.ctl, m.reason);
-        }
-        target
-    }
-}
 
 /// A movable stream's request, as every worker gets it.
 pub(crate) struct Relay {
@@ -427,7 +91,7 @@ impl Relay {
     pub fn into_body(self, upstream: BoxStream<'static, reqwest::Result<Bytes>>) -> Body {
         let (tx, rx) = mpsc::channel::<Bytes>(64);
         let ctl = self.placed.ctl.clone();
-        let (id, moves) = ctl.streams.add(&self.placed, false);
+        let (id, moves) = ctl.streams.add(self.placed.placement(), false);
         tokio::spawn(async move {
             let mut run = Run {
                 relay: self,
@@ -444,14 +108,6 @@ impl Relay {
         });
         channel_body(rx)
     }
-}
-
-/// A response body of the bytes a task sends on `rx`, ending when it drops
-/// its sender.
-pub(crate) fn channel_body(rx: mpsc::Receiver<Bytes>) -> Body {
-    Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<Bytes, Infallible>(b), rx))
-    }))
 }
 
 struct Run {
@@ -476,7 +132,7 @@ impl Run {
         out: mpsc::Sender<Bytes>,
         mut moves: mpsc::UnboundedReceiver<Move>,
     ) {
-        let mut buf: Vec<u8> = Vec::new();
+        let mut blocks = SseBlocks::default();
         let mut migration: Option<Migration> = None;
         loop {
             let mut broke = None;
@@ -487,8 +143,7 @@ impl Run {
             };
             let resume = match step {
                 Step::Chunk(Some(Ok(bytes))) => {
-                    buf.extend_from_slice(&bytes);
-                    match self.forward_events(&mut buf, &out).await {
+                    match self.forward_events(blocks.push(&bytes), &out).await {
                         Flow::Go => {
                             if let Some(m) = &mut migration {
                                 if let Err(e) = self.on_token(m).await {
@@ -562,7 +217,7 @@ impl Run {
                     continue;
                 }
             };
-            buf.clear();
+            blocks = SseBlocks::default();
             let (reason, target, source) = resume;
             match self.resume(reason, target, source).await {
                 Ok(next) => upstream = next,
@@ -579,9 +234,23 @@ impl Run {
         }
     }
 
-    /// Forward the complete events in `buf`.
-    async fn forward_events(&mut self, buf: &mut Vec<u8>, out: &mpsc::Sender<Bytes>) -> Flow {
-        while let Some(block) = next_block(buf) {
+    /// Forward the events a chunk completed; an event over the cap ends the
+    /// stream with an error event.
+    async fn forward_events(
+        &mut self,
+        blocks: Result<Vec<Vec<u8>>, SseTooLarge>,
+        out: &mpsc::Sender<Bytes>,
+    ) -> Flow {
+        let blocks = match blocks {
+            Ok(blocks) => blocks,
+            Err(e) => {
+                let _ = out
+                    .send(error_event(&format!("the worker's stream broke: {e}")))
+                    .await;
+                return Flow::End;
+            }
+        };
+        for block in blocks {
             let bytes = match self.event(&block) {
                 Event::Skip => continue,
                 Event::HandedOff => return Flow::HandedOff,
@@ -698,14 +367,16 @@ impl Run {
     fn prefetch(&self, target_url: &str) -> BoxFuture<'static, Result<(), String>> {
         let mut tokens = self.relay.placed.prompt.clone();
         tokens.extend_from_slice(&self.generated);
-        post_json(
-            self.relay.placed.ctl.clone(),
-            format!("{target_url}/v1/internal/kv/prefetch"),
-            self.relay.placed.acting.clone(),
-            json!({"from": self.relay.placed.url, "tokens": tokens}),
-        )
-        .map(|r| r.map(|_| ()))
-        .boxed()
+        let url = format!("{target_url}/v1/internal/kv/prefetch");
+        let body = json!({"from": self.relay.placed.url, "tokens": tokens});
+        self.relay
+            .placed
+            .post(url.clone(), body)
+            .map(move |answer| match answer? {
+                (status, _) if status.is_success() => Ok(()),
+                (status, answer) => Err(format!("{url}: {status} {answer}")),
+            })
+            .boxed()
     }
 
     /// The source's page size (0: unknown).
@@ -752,13 +423,7 @@ impl Run {
             "{}/v1/internal/processes/{process}/handoff",
             self.relay.placed.url
         );
-        let (status, answer) = post_to_worker(
-            self.relay.placed.ctl.clone(),
-            url.clone(),
-            self.relay.placed.acting.clone(),
-            json!({}),
-        )
-        .await?;
+        let (status, answer) = self.relay.placed.post(url.clone(), json!({})).await?;
         if status.is_success() || status == StatusCode::CONFLICT {
             Ok(())
         } else {
@@ -800,7 +465,7 @@ impl Run {
                 let mut tokens = self.relay.placed.prompt.clone();
                 tokens.extend_from_slice(&self.generated);
                 let r = &self.relay.placed;
-                choose_worker(&ctl, &tokens, &r.props, &r.acting, &tried)
+                r.resume_target(&tokens, &tried)
             });
             let Some((name, url)) = next else { break };
             tried.push(name.clone());
@@ -828,15 +493,15 @@ impl Run {
         body: Bytes,
     ) -> Option<BoxStream<'static, reqwest::Result<Bytes>>> {
         let r = &self.relay;
-        let sent = send(
-            &r.placed.ctl,
-            Method::POST,
-            &format!("{url}{}", r.path),
-            &r.headers,
-            &r.placed.acting,
-            body,
-        )
-        .await;
+        let sent = (r.placed.ctl.worker_client)
+            .send(
+                Method::POST,
+                &format!("{url}{}", r.path),
+                &r.headers,
+                &r.placed.acting,
+                body,
+            )
+            .await;
         match sent {
             Ok(upstream) if upstream.status.is_success() => match upstream.first_bytes().await {
                 Ok(up) => Some(up.body),
@@ -881,59 +546,11 @@ impl Run {
     }
 }
 
-pub fn routes() -> Router<Arc<Controller>> {
-    Router::new().route("/v1/cluster/sessions/{session}/relocate", post(relocate))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RelocateBody {
-    worker: String,
-}
-
-/// `POST /v1/cluster/sessions/{session}/relocate {"worker": NAME}` (admin):
-/// the session's streams in flight move to that worker, live (prefetch,
-/// hand-off, pull). 202 with how many were asked to move; 404 when the worker
-/// does not serve or no stream of the session is in flight.
-async fn relocate(
-    State(ctl): State<Arc<Controller>>,
-    Path(session): Path<String>,
-    body: Result<Json<RelocateBody>, JsonRejection>,
-) -> Response {
-    let Json(RelocateBody { worker }) = match body {
-        Ok(b) => b,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
-    };
-    if !ctl.registry.serves(&worker) {
-        return error(
-            StatusCode::NOT_FOUND,
-            format!("worker `{worker}` is not a serving worker of this cluster"),
-        );
-    }
-    match ctl.streams.move_session(&session, &worker) {
-        0 => error(
-            StatusCode::NOT_FOUND,
-            format!("no stream of session `{session}` is in flight off `{worker}`"),
-        ),
-        moving => (
-            StatusCode::ACCEPTED,
-            Json(json!({"session": session, "worker": worker, "moving": moving})),
-        )
-            .into_response(),
-    }
-}
-
 /// Where the relay loop goes after a chunk.
 enum Flow {
     Go,
     End,
     HandedOff,
-}
-
-/// An SSE error event (the stream ends after it).
-fn error_event(message: &str) -> Bytes {
-    let event = pie_core::api_error::error_body(502, message, None);
-    Bytes::from(format!("data: {event}\n\n"))
 }
 
 /// The migration's pending stage, or never.
@@ -950,14 +567,6 @@ async fn stage(migration: &mut Option<Migration>) -> Result<(), String> {
     }
 }
 
-/// A move for `reason` that ended with the stream or process lost.
-pub(crate) fn count_move_failure(ctl: &Controller, reason: Reason) {
-    ctl.metrics
-        .move_failures
-        .get_or_create(&reason.label())
-        .inc();
-}
-
 /// A completion or chat chunk with no text and no finish: a token that made
 /// no character yet, sent only for its id.
 fn adds_nothing(chunk: &Value) -> bool {
@@ -969,135 +578,9 @@ fn adds_nothing(chunk: &Value) -> bool {
     text.is_empty() && choice["finish_reason"].is_null()
 }
 
-/// Take one complete SSE event (up to and including its blank line).
-pub(crate) fn next_block(buf: &mut Vec<u8>) -> Option<Vec<u8>> {
-    let end = buf.windows(2).position(|w| w == b"\n\n")? + 2;
-    let rest = buf.split_off(end);
-    Some(std::mem::replace(buf, rest))
-}
-
-/// A stream or native process `id` that went on from worker `from` on `to`.
-pub(crate) struct Moved<'a> {
-    pub id: u64,
-    pub from: &'a str,
-    pub to: &'a str,
-    pub reason: Reason,
-    pub props: &'a Props,
-    /// Prompt and generated tokens.
-    pub prompt: usize,
-    pub generated: usize,
-}
-
-impl Moved<'_> {
-    /// Count the move: metrics, the request's in-flight slot and demand, the
-    /// registry of streams, and the routing pipeline (session-affinity
-    /// follows the session).
-    pub fn count(&self, ctl: &Controller, slot: &mut InFlight) {
-        tracing::info!(from = self.from, to = self.to, tokens = self.generated, reason = ?self.reason, "moved");
-        ctl.metrics.moved.get_or_create(&self.reason.label()).inc();
-        slot.moved_to(self.to);
-        if let Some(demand) = &slot.demand {
-            demand.placed(self.to);
-        }
-        ctl.streams.now_on(self.id, self.to);
-        let req = RouteRequest {
-            props: self.props,
-            prompt_tokens: self.prompt + self.generated,
-        };
-        let mut pipeline = ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner());
-        record(&mut pipeline, now_ms(), &req, self.to);
-    }
-}
-
-/// A serving worker for a process of `tokens` (prompt and output so far),
-/// not one of `exclude`, by the routing pipeline (cache-aware finds the
-/// pages, session-affinity the session), else the least loaded.
-pub(crate) fn choose_worker(
-    ctl: &Controller,
-    tokens: &[u32],
-    props: &Props,
-    acting: &Acting,
-    exclude: &[String],
-) -> Option<(String, String)> {
-    let chains = ctl.registry.chains(tokens, acting.cache_salt.as_deref());
-    let views: Vec<_> = ctl
-        .registry
-        .views(&chains, false)
-        .into_iter()
-        .filter(|(v, _)| v.stage != Stage::Prefill && !exclude.contains(&v.name))
-        .collect();
-    let worker_views: Vec<_> = views.iter().map(|(v, _)| v.clone()).collect();
-    let req = RouteRequest {
-        props,
-        prompt_tokens: tokens.len(),
-    };
-    let mut pipeline = ctl.pipeline.lock().unwrap_or_else(|e| e.into_inner());
-    let chosen = route(&mut pipeline, now_ms(), &req, &worker_views)
-        .map(|(i, _)| i)
-        .ok()
-        .or_else(|| (0..views.len()).min_by_key(|&i| views[i].0.load))?;
-    let (view, url) = &views[chosen];
-    Some((view.name.clone(), url.clone()))
-}
-
-/// POST `body` to a worker's internal route under the worker key, acting for
-/// the stream's client (its cache salt).
-async fn post_json(
-    ctl: Arc<Controller>,
-    url: String,
-    acting: Acting,
-    body: Value,
-) -> Result<Value, String> {
-    match post_to_worker(ctl, url.clone(), acting, body).await? {
-        (status, answer) if status.is_success() => Ok(answer),
-        (status, answer) => Err(format!("{url}: {status} {answer}")),
-    }
-}
-
-/// `post_json`'s request: the status and JSON answer of any response.
-pub(crate) async fn post_to_worker(
-    ctl: Arc<Controller>,
-    url: String,
-    acting: Acting,
-    body: Value,
-) -> Result<(StatusCode, Value), String> {
-    let req = acting.apply(ctl.http.post(&url)).json(&body);
-    let resp = with_worker_key(req, ctl.worker_key.as_deref())
-        .send()
-        .await
-        .map_err(|e| format!("{url}: {e}"))?;
-    let status = resp.status();
-    Ok((status, resp.json().await.unwrap_or(Value::Null)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn blocks_split_at_blank_lines_whatever_the_chunking() {
-        let stream = b": pie-process p1\n\ndata: {\"a\":1}\n\ndata: [DONE]\n\n";
-        for cut in 0..stream.len() {
-            let mut buf = Vec::new();
-            let mut blocks = Vec::new();
-            for part in [&stream[..cut], &stream[cut..]] {
-                buf.extend_from_slice(part);
-                while let Some(b) = next_block(&mut buf) {
-                    blocks.push(b);
-                }
-            }
-            assert_eq!(
-                blocks,
-                vec![
-                    b": pie-process p1\n\n".to_vec(),
-                    b"data: {\"a\":1}\n\n".to_vec(),
-                    b"data: [DONE]\n\n".to_vec()
-                ],
-                "cut at {cut}"
-            );
-            assert!(buf.is_empty());
-        }
-    }
 
     #[test]
     fn only_textless_unfinished_chunks_add_nothing() {

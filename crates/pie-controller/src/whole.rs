@@ -15,8 +15,9 @@ use axum::response::Response;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use crate::proxy::error;
-use crate::relay::next_block;
+use pie_client::sse::SseBlocks;
+
+use crate::respond::error;
 
 /// The OpenAI answer a gathered stream becomes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,14 +74,17 @@ impl Answer {
         }
         let (mut parts, body) = resp.into_parts();
         let mut gathered = Gathered::default();
-        let mut buf = Vec::new();
+        let mut blocks = SseBlocks::default();
         let mut chunks = body.into_data_stream();
         while let Some(chunk) = chunks.next().await {
             let Ok(bytes) = chunk else {
                 return error(StatusCode::BAD_GATEWAY, "the relayed stream broke");
             };
-            buf.extend_from_slice(&bytes);
-            while let Some(block) = next_block(&mut buf) {
+            let events = match blocks.push(&bytes) {
+                Ok(events) => events,
+                Err(e) => return error(StatusCode::BAD_GATEWAY, e.to_string()),
+            };
+            for block in events {
                 if let Some(failed) = gathered.take(&block) {
                     return failed;
                 }

@@ -194,10 +194,7 @@ impl Cluster {
 
     /// The value of the controller's metric `name` (0 when absent).
     async fn metric(&self, name: &str) -> f64 {
-        let text = self.get_text("/metrics").await;
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or(0.0)
+        pie_testkit::metric_value(&self.get_text("/metrics").await, name)
     }
 
     /// GET a controller path; the body as text.
@@ -1752,9 +1749,7 @@ async fn cluster_up_stops_its_children_on_sigterm() {
 
 /// The value of a labelled controller metric line `name{labels}`, if present.
 async fn labelled_metric(c: &Cluster, series: &str) -> Option<f64> {
-    let text = c.get_text("/metrics").await;
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    pie_client::prom::sum(&c.get_text("/metrics").await, series)
 }
 
 /// Where `scale_cluster(dry_run)` writes its scale history.
@@ -2446,9 +2441,7 @@ async fn worker_metric(url: &str, name: &str) -> f64 {
         .text()
         .await
         .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
+    pie_testkit::metric_value(&text, name)
 }
 
 /// Tokenize once: through the controller the worker uses the controller's

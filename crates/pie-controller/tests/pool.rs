@@ -137,9 +137,7 @@ async fn metric(url: &str, name: &str) -> f64 {
         .text()
         .await
         .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
+    pie_testkit::metric_value(&text, name)
 }
 
 async fn pool_pages(p: &Proc) -> u64 {

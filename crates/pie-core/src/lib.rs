@@ -8,6 +8,7 @@
 pub mod api_error;
 pub mod auth;
 pub mod chat;
+pub mod clock;
 pub mod config_file;
 pub mod hash;
 pub mod ids;

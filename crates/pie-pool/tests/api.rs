@@ -3,43 +3,24 @@
 //! run; a page that does not match its hash is refused; keys and roles; a
 //! pool never prefills.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 
 use pie_core::{BlockHash, ModelFingerprint};
 use pie_kv::stream::{frame, FrameReader, StreamHeader, END_FRAME};
 use pie_kv::transfer::{export_page, PageFormat};
 use pie_kv::{KvLayout, KvPool};
+use pie_testkit::{spawn, Proc};
 use serde_json::{json, Value};
 
-/// The pool binary, killed on drop.
-struct Pool {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Pool {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn pool(args: &[&str]) -> Pool {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pie-pool"))
-        .args(["--port", "0"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("pie-pool starts");
-    let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
-    let first = lines.next().expect("a first line").expect("utf-8");
-    let url = first
-        .strip_prefix("pie-pool: listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line: {first}"))
-        .to_string();
-    Pool { child, url }
+/// The pool binary on a free port, killed on drop.
+fn pool(args: &[&str]) -> Proc {
+    let mut all = vec!["--port", "0"];
+    all.extend_from_slice(args);
+    spawn(
+        Path::new(env!("CARGO_BIN_EXE_pie-pool")),
+        &all,
+        "pie-pool: listening on ",
+    )
 }
 
 const LAYOUT: KvLayout = KvLayout {

@@ -62,7 +62,7 @@ async fn persist(s: &Server, tokens: &[u32]) -> (u16, Value) {
 
 async fn persist_events(s: &Server, event: &str) -> f64 {
     let text = s.metrics_text().await;
-    common::metric_value(
+    pie_testkit::metric_value(
         &text,
         &format!("pie_kv_persist_pages_total{{event=\"{event}\"}}"),
     )
@@ -107,7 +107,7 @@ async fn persisted_pages_survive_kill_9_with_the_same_output() {
     s.kill();
     let s = Server::start(&cfg, &[]).await;
     assert_eq!(
-        common::metric_value(&s.metrics_text().await, "pie_kv_persisted_pages"),
+        pie_testkit::metric_value(&s.metrics_text().await, "pie_kv_persisted_pages"),
         12.0
     );
     let (again, cached) = complete(&s, &p, json!({})).await;
@@ -284,7 +284,8 @@ async fn persisted_pages_are_deleted_by_prefix_by_age_and_by_ttl() {
         complete(&s, p, json!({})).await;
         assert_eq!(persist(&s, p).await.0, 200);
     }
-    let gauge = async || common::metric_value(&s.metrics_text().await, "pie_kv_persisted_pages");
+    let gauge =
+        async || pie_testkit::metric_value(&s.metrics_text().await, "pie_kv_persisted_pages");
     assert_eq!(gauge().await, 10.0);
     let (status, v) = s
         .post("/v1/admin/kv/persisted/delete", json!({"tokens": a}))
@@ -319,7 +320,7 @@ async fn persisted_pages_are_deleted_by_prefix_by_age_and_by_ttl() {
     })
     .await;
     assert_eq!(
-        common::metric_value(&s.metrics_text().await, "pie_kv_persisted_pages"),
+        pie_testkit::metric_value(&s.metrics_text().await, "pie_kv_persisted_pages"),
         0.0
     );
     std::fs::remove_dir_all(root).unwrap();

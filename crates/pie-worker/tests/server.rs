@@ -2,7 +2,8 @@
 
 mod common;
 
-use common::{sse_data, Server};
+use common::Server;
+use pie_testkit::sse_data;
 use serde_json::{json, Value};
 
 const LONG: usize = 100_000;
@@ -469,18 +470,21 @@ async fn concurrent_streams_all_complete_and_metrics_stay_consistent() {
         assert!(t.await.unwrap() >= 3);
     }
     let text = s.metrics_text().await;
-    for (name, value) in common::metric_samples(&text) {
+    for (name, value) in pie_client::prom::samples(&text) {
         assert!(value >= 0.0, "negative metric: {name} {value}");
     }
-    assert_eq!(common::metric_value(&text, "pie_requests_total"), 32.0);
+    assert_eq!(pie_testkit::metric_value(&text, "pie_requests_total"), 32.0);
     assert_eq!(
-        common::metric_value(&text, "pie_generated_tokens_total"),
+        pie_testkit::metric_value(&text, "pie_generated_tokens_total"),
         640.0
     );
-    assert_eq!(common::metric_value(&text, "pie_kv_pages_used"), 0.0);
-    assert_eq!(common::metric_value(&text, "pie_running_processes"), 0.0);
+    assert_eq!(pie_testkit::metric_value(&text, "pie_kv_pages_used"), 0.0);
     assert_eq!(
-        common::metric_value(&text, "pie_time_to_first_token_seconds_count"),
+        pie_testkit::metric_value(&text, "pie_running_processes"),
+        0.0
+    );
+    assert_eq!(
+        pie_testkit::metric_value(&text, "pie_time_to_first_token_seconds_count"),
         32.0
     );
 }

@@ -23,7 +23,7 @@ mod faults {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use common::sse_data;
+    use pie_testkit::sse_data;
     use serde_json::Value;
 
     /// Queued processes behind the streaming one (`--max-running 1`), so that

@@ -337,7 +337,7 @@ async fn a_chat_session_belongs_to_its_client() {
 async fn pretokenized(s: &Server) -> f64 {
     let (status, text) = call(s, Method::GET, "/metrics", "sk-ctl", None, &[]).await;
     assert_eq!(status, 200, "{text}");
-    common::metric_value(text.as_str().unwrap(), "pie_pretokenized_requests_total")
+    pie_testkit::metric_value(text.as_str().unwrap(), "pie_pretokenized_requests_total")
 }
 
 /// `pie_prompt_tokens` (a controller's prompt ids): only a worker key may send

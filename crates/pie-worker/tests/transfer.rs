@@ -45,7 +45,7 @@ async fn text_of(s: &Server, body: Value) -> (String, Value) {
 }
 
 fn refusals(text: &str, reason: &str) -> f64 {
-    common::metric_value(
+    pie_testkit::metric_value(
         text,
         &format!("pie_kv_transfer_refusals_total{{reason=\"{reason}\"}}"),
     )
@@ -340,7 +340,7 @@ mod faults {
         assert_eq!(got, expected);
         let metrics = decode.metrics_text().await;
         assert_eq!(refusals(&metrics, "timeout"), 1.0, "{metrics}");
-        let pulled = common::metric_value(&metrics, "pie_kv_transfer_pages_total");
+        let pulled = pie_testkit::metric_value(&metrics, "pie_kv_transfer_pages_total");
         assert!(
             (1.0..12.0).contains(&pulled),
             "the pages that arrived before the timeout were kept: {pulled}"

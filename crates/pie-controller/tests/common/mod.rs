@@ -4,91 +4,19 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Duration;
 
-use pie_model::synth::{write_test_model, SynthSpec};
-
-/// A child process killed on drop.
-pub struct Proc {
-    child: Child,
-    pub url: String,
-}
-
-impl Proc {
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Whether it has exited (reaped if so).
-    pub fn exited(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(Some(_)))
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A binary of the workspace, next to `pie-controller`.
-pub fn bin(name: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_BIN_EXE_pie-controller")).with_file_name(name);
-    assert!(
-        path.exists(),
-        "{} missing: run `cargo build --release --bin pie --bin pie-pool` first (or `cargo test --workspace`)",
-        path.display()
-    );
-    path
-}
-
-/// Start `program` and wait for its first line, `prefix` followed by its URL.
-pub fn spawn(program: &Path, args: &[&str], prefix: &str) -> Proc {
-    let mut child = Command::new(program)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = lines.next().expect("no output").unwrap();
-    let url = first
-        .strip_prefix(prefix)
-        .unwrap_or_else(|| panic!("unexpected line {first:?}"))
-        .to_string();
-    std::thread::spawn(move || for _ in lines {});
-    Proc { child, url }
-}
+pub use pie_testkit::{spawn, workspace_bin as bin, Proc};
 
 /// The synthesized test model, written once per test binary.
 pub fn model() -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("controller-test-model-{}.gguf", std::process::id()));
-    static WRITTEN: std::sync::Once = std::sync::Once::new();
-    WRITTEN.call_once(|| {
-        write_test_model(
-            &path,
-            &SynthSpec {
-                seed: 3,
-                ..SynthSpec::default()
-            },
-        )
-        .unwrap()
-    });
-    path
+    pie_testkit::test_model(3)
 }
 
 /// Poll until `f` holds (or panic after 30 s).
-pub async fn wait_for(what: &str, mut f: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !f().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+pub async fn wait_for(what: &str, f: impl AsyncFnMut() -> bool) {
+    pie_testkit::wait_for(what, Duration::from_secs(30), f).await
 }
 
 /// `GET url` as JSON.

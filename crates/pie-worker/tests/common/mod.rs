@@ -2,13 +2,12 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-use pie_model::synth::{write_test_model, SynthSpec};
+use pie_client::sse::SseBlocks;
+use pie_testkit::{spawn, Proc};
 use serde_json::Value;
 
 /// The cached default model's path; None, said on stderr, when it is not
@@ -33,37 +32,16 @@ pub fn cached_default_model() -> Option<PathBuf> {
 
 /// The synthesized test model, written once per test binary.
 pub fn test_model() -> PathBuf {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("server-test-model-{}.gguf", std::process::id()));
-        write_test_model(
-            &path,
-            &SynthSpec {
-                seed: 2,
-                ..SynthSpec::default()
-            },
-        )
-        .unwrap();
-        path
-    })
-    .clone()
+    pie_testkit::test_model(2)
 }
 
 /// A running `pie serve`, killed on drop.
 pub struct Server {
-    child: Child,
+    process: Proc,
     pub url: String,
     pub client: reqwest::Client,
     /// The config file it was started with (rewrite it, then `reload`).
     pub config_path: PathBuf,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Server {
@@ -80,26 +58,19 @@ impl Server {
             rand_suffix()
         ));
         std::fs::write(&cfg, config).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pie"))
-            .args(["serve", "--port", "0", "--model"])
-            .arg(model)
-            .arg("--config")
-            .arg(&cfg)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines.next().expect("server printed nothing").unwrap();
-        let url = first
-            .strip_prefix("pie: listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-            .to_string();
-        // Keep draining stdout so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        let mut argv = vec!["serve", "--port", "0", "--model"];
+        argv.push(model.to_str().expect("a UTF-8 model path"));
+        argv.push("--config");
+        argv.push(cfg.to_str().expect("a UTF-8 config path"));
+        argv.extend_from_slice(args);
+        let process = spawn(
+            Path::new(env!("CARGO_BIN_EXE_pie")),
+            &argv,
+            "pie: listening on ",
+        );
+        let url = process.url.clone();
         let server = Server {
-            child,
+            process,
             url,
             client: reqwest::Client::new(),
             config_path: cfg,
@@ -109,47 +80,33 @@ impl Server {
     }
 
     async fn wait_healthy(&self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok(r) = self.client.get(self.url("/health")).send().await {
-                if r.status() == 200 {
-                    return;
-                }
-            }
-            assert!(Instant::now() < deadline, "server never became healthy");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let health = self.url("/health");
+        pie_testkit::wait_for(
+            "the server to be healthy",
+            Duration::from_secs(60),
+            async || matches!(self.client.get(&health).send().await, Ok(r) if r.status() == 200),
+        )
+        .await
     }
 
     /// Send SIGHUP.
     pub fn hangup(&self) {
-        let ok = Command::new("kill")
-            .args(["-HUP", &self.child.id().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill -HUP failed");
+        self.process.signal("HUP");
     }
 
     /// Send SIGTERM (a drain).
     pub fn terminate(&self) {
-        let ok = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill -TERM failed");
+        self.process.signal("TERM");
     }
 
     /// Whether the server has exited (reaped if so).
     pub fn exited(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(Some(_)))
+        self.process.exited()
     }
 
     /// Stop the server now (as a crash would).
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.kill();
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -192,7 +149,7 @@ impl Server {
 
     /// One metric's value (summed over label sets) from /metrics.
     pub async fn metric(&self, name: &str) -> f64 {
-        metric_value(&self.metrics_text().await, name)
+        pie_testkit::metric_value(&self.metrics_text().await, name)
     }
 
     pub async fn metrics_text(&self) -> String {
@@ -207,55 +164,15 @@ impl Server {
     }
 
     /// Poll until `f` holds (or panic after 20 s).
-    pub async fn eventually<F: AsyncFnMut() -> bool>(&self, what: &str, mut f: F) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !f().await {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    pub async fn eventually<F: AsyncFnMut() -> bool>(&self, what: &str, f: F) {
+        pie_testkit::wait_for(what, Duration::from_secs(20), f).await
     }
 }
 
-/// Every sample of a Prometheus text body: (name with labels, value).
-pub fn metric_samples(text: &str) -> impl Iterator<Item = (&str, f64)> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.rsplit_once(' '))
-        .map(|(k, v)| (k, v.trim().parse::<f64>().unwrap()))
-}
-
-/// One metric's value, summed over its label sets.
-pub fn metric_value(text: &str, name: &str) -> f64 {
-    metric_samples(text)
-        .filter(|(k, _)| *k == name || k.starts_with(&format!("{name}{{")))
-        .map(|(_, v)| v)
-        .sum()
-}
-
+/// A number unique in this test process (config file names).
 fn rand_suffix() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
     N.fetch_add(1, Ordering::Relaxed)
-}
-
-/// Read an SSE body: the `data:` payloads, in order.
-pub async fn sse_data(resp: reqwest::Response) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut buf = String::new();
-    let mut resp = resp;
-    while let Some(chunk) = resp.chunk().await.unwrap() {
-        buf.push_str(&String::from_utf8_lossy(&chunk));
-        while let Some(end) = buf.find("\n\n") {
-            let event: String = buf.drain(..end + 2).collect();
-            out.extend(
-                event
-                    .lines()
-                    .filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
-                    .map(str::to_string),
-            );
-        }
-    }
-    out
 }
 
 /// A streamed completion asked with `pie_stream_ids`: (token id, text emitted
@@ -293,11 +210,10 @@ pub async fn read_stream(
         handed_off: false,
         process: None,
     };
-    let mut buf = String::new();
+    let mut blocks = SseBlocks::default();
     while let Some(chunk) = r.chunk().await.unwrap() {
-        buf.push_str(&String::from_utf8_lossy(&chunk));
-        while let Some(end) = buf.find("\n\n") {
-            let event: String = buf.drain(..end + 2).collect();
+        for block in blocks.push(&chunk).expect("events within the cap") {
+            let event = String::from_utf8_lossy(&block);
             for line in event.lines() {
                 if let Some(id) = line.strip_prefix(": pie-process ") {
                     s.process = Some(id.to_string());

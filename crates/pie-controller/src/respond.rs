@@ -1,0 +1,27 @@
+//! The controller's answers of its own (not a worker's): OpenAI-shaped JSON
+//! errors, refusals to retry later, and the SSE error event that ends a
+//! stream.
+
+use axum::body::Bytes;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    let body = pie_core::api_error::error_body(status.as_u16(), &message.into(), None);
+    (status, Json(body)).into_response()
+}
+
+/// A refusal the client should retry (429, 502, 503): with `Retry-After: 1`.
+pub fn retry_later(status: StatusCode, message: impl Into<String>) -> Response {
+    let mut resp = error(status, message);
+    resp.headers_mut()
+        .insert("retry-after", HeaderValue::from_static("1"));
+    resp
+}
+
+/// An SSE error event (the stream ends after it).
+pub fn error_event(message: &str) -> Bytes {
+    let event = pie_core::api_error::error_body(502, message, None);
+    Bytes::from(format!("data: {event}\n\n"))
+}
