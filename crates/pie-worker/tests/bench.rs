@@ -185,7 +185,7 @@ fn calibrate_writes_a_profile_for_the_simulator() {
         (16, 512, 64)
     );
     assert!(
-        profile.source.contains("server-test-model"),
+        profile.source.contains("test-model-"),
         "{}",
         profile.source
     );

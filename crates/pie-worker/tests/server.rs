@@ -38,7 +38,7 @@ async fn completion_reports_usage_and_obeys_max_tokens() {
         models["data"][0]["id"]
             .as_str()
             .unwrap()
-            .starts_with("server-test-model-"),
+            .starts_with("test-model-"),
         "{models}"
     );
 }
