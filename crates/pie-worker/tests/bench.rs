@@ -184,11 +184,7 @@ fn calibrate_writes_a_profile_for_the_simulator() {
         ),
         (16, 512, 64)
     );
-    assert!(
-        profile.source.contains("test-model-"),
-        "{}",
-        profile.source
-    );
+    assert!(profile.source.contains("test-model-"), "{}", profile.source);
 }
 
 #[tokio::test(flavor = "multi_thread")]

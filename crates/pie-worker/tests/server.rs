@@ -425,6 +425,12 @@ async fn overload_answers_429_with_retry_after() {
 #[tokio::test]
 async fn disconnect_mid_stream_kills_the_process_and_frees_pages() {
     let s = Server::start("", &[]).await;
+    // The pool's gauges are published by the engine loop, which may not have
+    // run yet when /health first answers (seen under load).
+    s.eventually("the pool's gauges", async || {
+        s.metric("pie_kv_pages_free").await > 0.0
+    })
+    .await;
     let baseline = s.metric("pie_kv_pages_free").await;
     let mut resp = s.client.post(s.url("/v1/completions")).json(&json!({"prompt": "x".repeat(50), "max_tokens": LONG, "ignore_eos": true, "stream": true})).send().await.unwrap();
     resp.chunk().await.unwrap().unwrap();
