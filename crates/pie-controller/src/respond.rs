@@ -25,3 +25,30 @@ pub fn error_event(message: &str) -> Bytes {
     let event = pie_core::api_error::error_body(502, message, None);
     Bytes::from(format!("data: {event}\n\n"))
 }
+
+/// A refusal decided before any worker was asked, answered as [`error`] or,
+/// when the client should try again, [`retry_later`].
+pub struct Refusal {
+    pub status: StatusCode,
+    pub message: String,
+    pub retry: bool,
+}
+
+impl Refusal {
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            retry: false,
+        }
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        match self.retry {
+            true => retry_later(self.status, self.message),
+            false => error(self.status, self.message),
+        }
+    }
+}

@@ -19,7 +19,7 @@ use std::time::Instant;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use pie_core::auth::Role;
 use pie_core::chat::parse_messages;
@@ -39,7 +39,7 @@ use crate::metrics::RouteLabels;
 use crate::native::{qualify_id, NativeLaunch};
 use crate::placed::Placed;
 use crate::relay::Relay;
-use crate::respond::{error, retry_later};
+use crate::respond::{retry_later, Refusal};
 use crate::routing::{decide, Ask, Decided};
 use crate::trace::TracedRequest;
 use crate::whole::Answer;
@@ -61,7 +61,7 @@ pub async fn generate(
     let parse_started = Instant::now();
     let request = match Prepared::of(&ctl, client.as_deref(), uri.path(), body) {
         Ok(request) => request,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     let tokenize_s = parse_started.elapsed().as_secs_f64();
     let arrival_ms = now_ms();
@@ -95,7 +95,7 @@ pub async fn generate(
         .observe_part("route", decided.routing.as_secs_f64());
     let plan = match Plan::of(&ctl, request, decided, arrival_ms) {
         Ok(plan) => plan,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     let mut attempt = Attempt {
         demand,
@@ -130,8 +130,8 @@ impl Prepared {
         client: Option<&ClientKey>,
         path: &str,
         body: Bytes,
-    ) -> Result<Self, Response> {
-        let bad = |message: String| error(StatusCode::BAD_REQUEST, message);
+    ) -> Result<Self, Refusal> {
+        let bad = Refusal::bad_request;
         let mut json: Value =
             serde_json::from_slice(&body).map_err(|e| bad(format!("body is not JSON: {e}")))?;
         refuse_controller_fields(&json).map_err(bad)?;
@@ -223,14 +223,14 @@ impl Plan {
         mut request: Prepared,
         decided: Decided,
         arrival_ms: u64,
-    ) -> Result<Self, Response> {
+    ) -> Result<Self, Refusal> {
         let Decided { views, choice, .. } = decided;
         let (chosen, reason, placement) = choice.map_err(|r| {
             let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-            if status == StatusCode::SERVICE_UNAVAILABLE {
-                retry_later(status, r.message)
-            } else {
-                error(status, r.message)
+            Refusal {
+                status,
+                message: r.message,
+                retry: status == StatusCode::SERVICE_UNAVAILABLE,
             }
         })?;
         let resume_body = request.movable.then(|| resume_body(ctl, &request));
@@ -240,7 +240,7 @@ impl Plan {
                 if let Some(w) = p.remote_worker() {
                     let (json, body) =
                         with_prefill_from(std::mem::take(&mut request.json), &views[w].1)
-                            .map_err(|message| error(StatusCode::BAD_REQUEST, message))?;
+                            .map_err(Refusal::bad_request)?;
                     request.json = json;
                     request.body = body;
                 }
