@@ -3,12 +3,20 @@
 //! see [`crate::supervisor`]) and the built-in inferlets that drive
 //! generation for each process.
 //!
-//! Layers, bottom to top: leaves (`command`: the protocol with the engine
-//! thread; `stop`, `rate`; `request`: what a launch asks for), then
-//! `kv_events` and `engine_thread` (the engine's side), then the `impl
-//! Runtime` blocks by job (`offload`, `transfer`, `persist`, `spill`,
-//! `launch`) and the built-in inferlets' driver (`builtin`). This file holds
-//! the handle itself.
+//! Its files in layers, bottom to top (imports point down only; the `impl
+//! Runtime` blocks call each other's methods as parts of one type):
+//! - leaves: `command` (the protocol with the engine thread), `request` (what
+//!   a launch asks for), `stop` (stop strings), `rate` (a sliding rate);
+//! - the engine's side: `kv_events` (the KV event publisher) and
+//!   `engine_thread` (the loop that owns the engine);
+//! - `impl Runtime` blocks by job: `transfer` (KV pages between workers),
+//!   `offload` (prefill across workers), `persist` (disk tier and pool),
+//!   `spill` (retained sessions evicted early);
+//! - `builtin` (the built-in inferlets' per-process driver), then `launch`
+//!   (admission checks and the start of a process's driver: where another
+//!   inferlet runtime starts its own, beside `builtin`);
+//! - this file: the [`Runtime`] handle (settings, process table, sessions,
+//!   policies, health and the watchdog's tick, drain).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;

@@ -21,6 +21,7 @@ use super::state::{persist_error, transfer_error, ApiError, ApiJson, AppState};
 use crate::process::ProcState;
 use crate::runtime::{PersistTo, PullRequest, Runtime};
 
+/// The worker policies in force, when they were loaded, and their state.
 pub(super) async fn policies(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let rt = state.runtime()?;
     let names = rt

@@ -32,6 +32,7 @@ use processes::{
 };
 use state::{ApiError, AppState};
 
+/// Every route, behind the auth middleware and the body limit.
 pub fn router(state: AppState, max_body_bytes: usize) -> Router {
     let router = Router::new()
         .route("/health", get(health))

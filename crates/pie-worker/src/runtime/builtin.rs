@@ -51,17 +51,7 @@ impl Driver {
         let mut persist_after_prefill = (req.props.bool("persist") == Some(true)).then_some(chain);
         let mut text = StopScanner::new(&self.stop);
         let mut decoder = IncrementalDecoder::default();
-        // What the source held back (a partial character, a possible stop
-        // string's start) is held here the same way; what it sent is not
-        // sent again, unless replayed: then as the same pieces, one a token.
-        for (i, &t) in self.generated_before.iter().enumerate() {
-            if let Ok(delta) = decoder.push(&self.rt.model.tokenizer, t) {
-                let (emit, _) = text.push(&delta);
-                if self.replay_before {
-                    self.process.push_text(emit, Some(t), i + 1);
-                }
-            }
-        }
+        self.resume_text(&mut text, &mut decoder);
         let mut tokens = self.generated_before.len();
         if req.max_tokens == 0 {
             self.process.push_text(text.flush(), None, tokens);
@@ -160,6 +150,21 @@ impl Driver {
         }
         // The engine dropped the sequence without a last word: it is gone.
         self.fail(self.rt.engine_stopped());
+    }
+
+    /// A resumed process's tokens from elsewhere, through the decoder and the
+    /// stop scanner: what the source held back (a partial character, a
+    /// possible stop string's start) is held here the same way; what it sent
+    /// is not sent again, unless replayed: then as the same pieces, one a token.
+    fn resume_text(&self, text: &mut StopScanner, decoder: &mut IncrementalDecoder) {
+        for (i, &t) in self.generated_before.iter().enumerate() {
+            if let Ok(delta) = decoder.push(&self.rt.model.tokenizer, t) {
+                let (emit, _) = text.push(&delta);
+                if self.replay_before {
+                    self.process.push_text(emit, Some(t), i + 1);
+                }
+            }
+        }
     }
 
     fn complete(&self, reason: &'static str) {
