@@ -9,9 +9,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-#[cfg(feature = "fault-injection")]
-use super::state::ApiJson;
-use super::state::{persist_error, ApiError, AppState};
+use super::state::{persist_error, ApiError, ApiJson, AppState};
 use crate::runtime::Forget;
 #[cfg(feature = "fault-injection")]
 use crate::supervisor::Fault;
