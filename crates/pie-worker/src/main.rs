@@ -306,12 +306,12 @@ fn main() -> Result<()> {
                 args.controller
                     .clone()
                     .zip(args.name.clone())
-                    .map(|(controller, name)| pie_worker::serve::Registration {
+                    .map(|(controller, name)| pie_worker::register::Registration {
                         controller,
                         name,
                         group: args.group.clone(),
                     });
-            let reloader: pie_worker::serve::Reloader = std::sync::Arc::new(move || args.config());
+            let reloader: pie_worker::reload::Reloader = std::sync::Arc::new(move || args.config());
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?

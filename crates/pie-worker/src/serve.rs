@@ -1,25 +1,24 @@
-//! `pie serve`: bind, load the model, start the runtime, serve the API, reload on
-//! SIGHUP.
+//! `pie serve`: bind, load the model, start the runtime, serve the API, reload
+//! on SIGHUP, register with a controller, drain on SIGTERM. The top of the
+//! worker: it wires the runtime, the API, reload and registration together.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use anyhow::{Context, Result};
 use pie_model::Model;
-use serde_json::{json, Value};
 
-use crate::api::{router, AppState};
+use crate::api::router;
+use crate::api::state::AppState;
 use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
 use crate::fetch;
 use crate::metrics::Metrics;
+use crate::register::{deregister, heartbeat, Registration};
+use crate::reload::{reload_on_sighup, Reloader};
 use crate::runtime::{Runtime, RuntimeSettings};
 use pie_policy::runtime::WorkerPolicies;
-
-/// Reads the configuration again (the file plus the command line's overrides).
-pub type Reloader = Arc<dyn Fn() -> Result<Config> + Send + Sync>;
 
 /// Serve until the process is stopped. Prints `pie: listening on http://ADDR`
 /// as soon as the port is bound (tests and scripts wait for that line), then
@@ -60,7 +59,10 @@ pub async fn serve(
     let runtime = loader.await.context("model loading panicked")??;
     let _ = state.runtime.set(runtime.clone());
     println!("pie: ready");
-    tokio::spawn(reload_on_sighup(state.clone()));
+    let reloaded = state.clone();
+    tokio::spawn(reload_on_sighup(move || {
+        let _ = reloaded.reload();
+    }));
     let leave = registration
         .as_ref()
         .map(|r| (r.controller.clone(), r.name.clone(), worker_key.clone()));
@@ -152,173 +154,6 @@ async fn next_signal(s: &mut Signal) {
 #[cfg(not(unix))]
 async fn next_signal(_: &mut Signal) {
     std::future::pending().await
-}
-
-/// `pie serve --controller URL --name NAME [--group GROUP]`.
-pub struct Registration {
-    pub controller: String,
-    pub name: String,
-    /// The worker's `group` label (`scale-by-prop` counts workers per group).
-    pub group: Option<String>,
-}
-
-/// Register with a controller and keep registering (a heartbeat), so a restarted
-/// controller learns about this worker again. A controller with API keys needs
-/// this worker's key (`[server] worker_key`) to have role `worker` there.
-async fn heartbeat(registration: Registration, url: String, key: Option<String>) {
-    let Registration {
-        controller,
-        name,
-        group,
-    } = registration;
-    let http = reqwest::Client::new();
-    let endpoint = format!("{}/v1/cluster/register", controller.trim_end_matches('/'));
-    let mut body = json!({"name": name, "url": url});
-    if let Some(group) = group {
-        body["group"] = json!(group);
-    }
-    loop {
-        let mut req = http
-            .post(&endpoint)
-            .json(&body)
-            .timeout(std::time::Duration::from_secs(2));
-        if let Some(k) = &key {
-            req = req.bearer_auth(k);
-        }
-        match req.send().await {
-            Ok(r) if r.status().is_success() => {}
-            Ok(r) => {
-                tracing::warn!(controller, status = %r.status(), "the controller refused registration")
-            }
-            Err(e) => tracing::warn!(controller, error = %e, "cannot register with the controller"),
-        }
-        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-    }
-}
-
-/// Tell the controller this worker leaves (after a drain); best effort: a
-/// controller that does not hear it expires the worker after its
-/// `registration_ttl_ms`.
-async fn deregister(controller: &str, name: &str, key: Option<&str>) {
-    let endpoint = format!("{}/v1/cluster/deregister", controller.trim_end_matches('/'));
-    let mut req = reqwest::Client::new()
-        .post(&endpoint)
-        .json(&json!({"name": name}))
-        .timeout(std::time::Duration::from_secs(2));
-    if let Some(k) = key {
-        req = req.bearer_auth(k);
-    }
-    match req.send().await {
-        Ok(r) if r.status().is_success() => tracing::info!(controller, "deregistered"),
-        Ok(r) => {
-            tracing::warn!(controller, status = %r.status(), "the controller refused deregistration")
-        }
-        Err(e) => tracing::warn!(controller, error = %e, "cannot deregister from the controller"),
-    }
-}
-
-#[cfg(unix)]
-async fn reload_on_sighup(state: AppState) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
-        tracing::warn!("cannot listen for SIGHUP; use POST /v1/admin/reload");
-        return;
-    };
-    while hup.recv().await.is_some() {
-        let _ = reload(&state);
-    }
-}
-
-#[cfg(not(unix))]
-async fn reload_on_sighup(_state: AppState) {}
-
-/// Apply a fresh configuration. Reloadable: `[runtime] worker_policy` and the
-/// policy sections, `[server] max_queued`, the API keys. Other changes are
-/// reported and need a restart. An invalid file keeps everything as it was.
-pub fn reload(state: &AppState) -> Result<Value, String> {
-    let Some(rt) = state.runtime.get() else {
-        return Err("the model is still loading".into());
-    };
-    let fresh =
-        (state.reloader)().and_then(|c| c.api_keys().map(|k| (c, k)).map_err(anyhow::Error::from));
-    let (config, keys) = match fresh {
-        Ok(v) => v,
-        Err(e) => {
-            rt.metrics.config_reload_failures.inc();
-            tracing::error!("config reload refused, keeping the running configuration: {e:#}");
-            return Err(format!("{e:#}"));
-        }
-    };
-    let policies = WorkerPolicies::build(&config.runtime).map_err(|e| e.to_string())?;
-    let old = state
-        .config
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    let restart_needed = restart_only_changes(&old, &config);
-    for key in &restart_needed {
-        tracing::warn!("config reload: `{key}` changed but needs a restart to apply");
-    }
-    rt.apply_policies(policies);
-    rt.settings
-        .max_queued
-        .store(config.server.max_queued, Ordering::Relaxed);
-    *state.api_keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
-    *state.config.write().unwrap_or_else(|e| e.into_inner()) = config.clone();
-    tracing::info!(policies = ?config.runtime.worker_policy.names(), "config reloaded");
-    Ok(
-        json!({"reloaded": true, "worker_policy": config.runtime.worker_policy.names(), "needs_restart": restart_needed}),
-    )
-}
-
-fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
-    let (o, n) = (&old.runtime, &new.runtime);
-    [
-        ("server.host", old.server.host != new.server.host),
-        ("server.port", old.server.port != new.server.port),
-        (
-            "server.max_body_bytes",
-            old.server.max_body_bytes != new.server.max_body_bytes,
-        ),
-        (
-            "server.stall_ms",
-            old.server.stall_ms != new.server.stall_ms,
-        ),
-        (
-            "server.max_sessions",
-            old.server.max_sessions != new.server.max_sessions,
-        ),
-        (
-            "server.max_finished_processes",
-            old.server.max_finished_processes != new.server.max_finished_processes,
-        ),
-        (
-            "server.finished_ttl_ms",
-            old.server.finished_ttl_ms != new.server.finished_ttl_ms,
-        ),
-        (
-            "server.trace_file",
-            old.server.trace_file != new.server.trace_file,
-        ),
-        (
-            "server.step_log",
-            old.server.step_log != new.server.step_log,
-        ),
-        ("model", old.model != new.model),
-        ("runtime.page_size", o.page_size != n.page_size),
-        (
-            "runtime.kv_pages",
-            o.kv_pages != n.kv_pages || o.kv_memory != n.kv_memory,
-        ),
-        (
-            "runtime.max_batch_tokens",
-            o.max_batch_tokens != n.max_batch_tokens,
-        ),
-        ("runtime.max_running", o.max_running != n.max_running),
-    ]
-    .into_iter()
-    .filter_map(|(k, changed)| changed.then_some(k))
-    .collect()
 }
 
 fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {

@@ -7,15 +7,16 @@
 //! while work was pending (until it makes progress again). `/health`,
 //! `/v1/internal/state` and `/metrics` report it, and launches are refused, so
 //! a controller stops routing to a worker that would only fail or hang.
+//!
+//! A leaf: it knows the engine thread only through [`Supervision`] and the
+//! runtime only through the closure its watchdog runs.
 
 use std::any::Any;
 use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Once, OnceLock, Weak};
+use std::sync::{Arc, Once, OnceLock};
 use std::time::{Duration, Instant};
-
-use crate::runtime::Runtime;
 
 /// The engine thread's liveness, written by the engine and read by everyone.
 pub struct Supervision {
@@ -185,16 +186,15 @@ pub fn run_supervised(
     })
 }
 
-/// The watchdog thread: every tick, lets the runtime act on the engine's health
-/// and bound its records; ends when the runtime is dropped.
-pub fn spawn_watchdog(runtime: Weak<Runtime>, supervision: &Supervision) {
+/// The watchdog thread: every tick, runs `watch` (the runtime acts on the
+/// engine's health and bounds its records); ends when `watch` returns false
+/// (the runtime was dropped).
+pub fn spawn_watchdog(supervision: &Supervision, mut watch: impl FnMut() -> bool + Send + 'static) {
     let tick = supervision.tick();
     let spawned = std::thread::Builder::new()
         .name("pie-watchdog".into())
         .spawn(move || {
-            while let Some(rt) = runtime.upgrade() {
-                rt.supervise();
-                drop(rt);
+            while watch() {
                 std::thread::sleep(tick);
             }
         });

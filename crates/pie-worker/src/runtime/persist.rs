@@ -24,7 +24,8 @@ use pie_kv::disk::{DiskError, DiskStore, Loaded, Opened};
 use pie_policy::runtime::PersistConfig;
 use serde::Serialize;
 
-use super::{Command, Runtime};
+use super::command::Command;
+use super::Runtime;
 
 /// A worker's disk tier.
 pub struct PersistStore {
@@ -141,7 +142,7 @@ impl Runtime {
         let Some(pool) = &self.settings.pool else {
             return;
         };
-        let pull = super::Pull {
+        let pull = super::transfer::Pull {
             peer: pool,
             tokens: &req.prompt,
             cache_salt: req.cache_salt.as_deref(),

@@ -23,8 +23,10 @@ use pie_core::BlockHash;
 use pie_kv::stream::PushHeader;
 use tokio::sync::{mpsc, Semaphore};
 
+use super::command::Command;
 use super::persist::{PersistError, PersistTo};
-use super::{Command, Runtime, Spill};
+use super::Runtime;
+use crate::engine::Spill;
 use crate::process::now_ms;
 
 /// Spills being kept at once, at most.

@@ -30,7 +30,8 @@ use pie_kv::stream::{
 pub use pie_kv::stream::{PullRequest, PushHeader};
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::{Command, Runtime};
+use super::command::Command;
+use super::Runtime;
 
 /// Pages imported per engine command while a stream arrives.
 const IMPORT_BATCH: usize = 32;

@@ -19,10 +19,12 @@ use pie_core::{PropValue, Props};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::api::{
-    cache_salt_of, client_of, props_of, trusted_prefill_from, trusted_prompt_tokens,
-    trusted_resume, trusted_stream_ids, ApiError, ApiJson, AppState, Authed, GenArgs, PromptArg,
+use super::args::{props_of, GenArgs, PromptArg};
+use super::auth::{
+    cache_salt_of, client_of, trusted_prefill_from, trusted_prompt_tokens, trusted_resume,
+    trusted_stream_ids, Authed,
 };
+use super::state::{ApiError, ApiJson, AppState};
 use crate::process::{now_ms, ProcEvent, ProcState, Process, Usage};
 use crate::runtime::{GenOptions, Inferlet, PromptTokens, Resume, Runtime};
 
@@ -56,13 +58,13 @@ struct Common {
     n: Option<usize>,
     props: Option<Value>,
     session: Option<String>,
-    /// A controller's token ids for the prompt (see `api::trusted_prompt_tokens`).
+    /// A controller's token ids for the prompt (see `auth::trusted_prompt_tokens`).
     pie_prompt_tokens: Option<PromptTokens>,
-    /// The prefill worker a controller chose (see `api::trusted_prefill_from`).
+    /// The prefill worker a controller chose (see `auth::trusted_prefill_from`).
     pie_prefill_from: Option<String>,
-    /// A controller resumes a process that ran elsewhere (see `api::trusted_resume`).
+    /// A controller resumes a process that ran elsewhere (see `auth::trusted_resume`).
     pie_resume: Option<Resume>,
-    /// A controller asks for each chunk's token id (see `api::trusted_stream_ids`).
+    /// A controller asks for each chunk's token id (see `auth::trusted_stream_ids`).
     pie_stream_ids: Option<bool>,
     #[serde(flatten)]
     gen: GenArgs,

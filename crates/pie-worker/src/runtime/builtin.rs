@@ -1,0 +1,226 @@
+//! The built-in inferlets' per-process driver (`text-completion`, `chat`):
+//! submits the process's sequence, turns its tokens into text, applies stop
+//! strings, and records the result (a chat session's turn included).
+//!
+//! Invariant: a process whose driver ends (finished, failed, or dropped by a
+//! panic) is in a final state and its sequence is freed.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use pie_model::{ChatMessage, IncrementalDecoder};
+use pie_workload::TraceInput;
+use tokio::sync::{mpsc, oneshot};
+
+use super::command::{Command, SeqEvent};
+use super::offload::PageSource;
+use super::stop::StopScanner;
+use super::Runtime;
+use crate::engine::{FinishReason, Request};
+use crate::process::{now_ms, ProcState, Process};
+
+/// A resumed chat session's id and the messages of this turn's prompt.
+pub(super) type SessionTurn = (String, Vec<ChatMessage>);
+
+/// Drives one process: submits its sequence, turns tokens into text, applies stop
+/// strings, and records the result.
+pub(super) struct Driver {
+    pub(super) rt: Arc<Runtime>,
+    pub(super) process: Arc<Process>,
+    pub(super) stop: Vec<String>,
+    /// For a resumed chat session: its id and the messages of this turn's prompt.
+    pub(super) session_messages: Option<SessionTurn>,
+    /// Set when the server records a trace.
+    pub(super) trace_input: Option<TraceInput>,
+    /// The worker to pull the prompt's pages from first.
+    pub(super) pages_from: Option<PageSource>,
+    /// Resumed: the tokens it generated elsewhere (the end of the request's
+    /// prompt).
+    pub(super) generated_before: Vec<u32>,
+    /// Output `generated_before` again (see [`Resume::replay`](super::Resume::replay)).
+    pub(super) replay_before: bool,
+}
+
+impl Driver {
+    pub(super) async fn run(self, req: Request) {
+        let max_tokens = req.max_tokens;
+        let chain = self.rt.chain(&req.prompt, req.cache_salt.as_deref());
+        self.rt.load_persisted(&chain).await;
+        self.rt.pull_from_pool(&req).await;
+        self.rt.remote_prefill(&req, self.pages_from.as_ref()).await;
+        let mut persist_after_prefill = (req.props.bool("persist") == Some(true)).then_some(chain);
+        let mut text = StopScanner::new(&self.stop);
+        let mut decoder = IncrementalDecoder::default();
+        self.resume_text(&mut text, &mut decoder);
+        let mut tokens = self.generated_before.len();
+        if req.max_tokens == 0 {
+            self.process.push_text(text.flush(), None, tokens);
+            self.complete("length");
+            return;
+        }
+        let (events_tx, mut events) = mpsc::unbounded_channel();
+        let (reply_tx, reply) = oneshot::channel();
+        self.rt.send(Command::Add {
+            req,
+            events: events_tx,
+            reply: reply_tx,
+        });
+        let Ok(seq) = reply.await else {
+            self.fail(self.rt.engine_stopped());
+            return;
+        };
+        self.process.set_seq(seq);
+        if self.process.state().is_final() {
+            self.rt.send(Command::Abort(seq));
+            return;
+        }
+        // A resumed process's first token here is no first token.
+        let mut last_token = (!self.generated_before.is_empty()).then(Instant::now);
+        while let Some(event) = events.recv().await {
+            match event {
+                SeqEvent::Started { cached_tokens } => {
+                    self.process.set_cached_tokens(cached_tokens);
+                    self.process.mark_running();
+                }
+                SeqEvent::Token(t) => {
+                    if let Some(chain) = persist_after_prefill.take() {
+                        self.rt.persist_in_background(chain);
+                    }
+                    let now = Instant::now();
+                    match last_token {
+                        None => self.rt.metrics.ttft.observe(
+                            (now_ms().saturating_sub(self.process.snapshot().created_ms)) as f64
+                                / 1000.0,
+                        ),
+                        Some(prev) => self
+                            .rt
+                            .metrics
+                            .inter_token
+                            .observe(now.duration_since(prev).as_secs_f64()),
+                    }
+                    last_token = Some(now);
+                    tokens += 1;
+                    let delta = match decoder.push(&self.rt.model.tokenizer, t) {
+                        Ok(delta) => delta,
+                        Err(e) => {
+                            // This process's output would be wrong; others are unaffected.
+                            self.rt.send(Command::Abort(seq));
+                            self.fail(format!("cannot detokenize token {t}: {e}"));
+                            return;
+                        }
+                    };
+                    let (emit, stopped) = text.push(&delta);
+                    self.process.push_text(emit, Some(t), tokens);
+                    if stopped {
+                        self.rt.send(Command::Abort(seq));
+                        self.complete("stop");
+                        return;
+                    }
+                }
+                SeqEvent::Finished(FinishReason::Expired, _) => {
+                    self.fail("the deadline passed (deadline-ms) and on_miss = \"abort\"".into());
+                    return;
+                }
+                SeqEvent::Finished(FinishReason::Length, info)
+                    if self.process.handing_off() && info.generated_tokens < max_tokens =>
+                {
+                    // Stopped early for a hand-off: what is held back is the
+                    // target's to send.
+                    self.rt.stop(&self.process, ProcState::Migrated);
+                    return;
+                }
+                SeqEvent::Finished(reason, info) => {
+                    self.process.push_text(
+                        text.flush(),
+                        None,
+                        self.generated_before.len() + info.generated_tokens,
+                    );
+                    self.complete(if reason == FinishReason::Stop {
+                        "stop"
+                    } else {
+                        "length"
+                    });
+                    return;
+                }
+                SeqEvent::Failed(e) => {
+                    self.fail(e);
+                    return;
+                }
+            }
+        }
+        // The engine dropped the sequence without a last word: it is gone.
+        self.fail(self.rt.engine_stopped());
+    }
+
+    /// A resumed process's tokens from elsewhere, through the decoder and the
+    /// stop scanner: what the source held back (a partial character, a
+    /// possible stop string's start) is held here the same way; what it sent
+    /// is not sent again, unless replayed: then as the same pieces, one a token.
+    fn resume_text(&self, text: &mut StopScanner, decoder: &mut IncrementalDecoder) {
+        for (i, &t) in self.generated_before.iter().enumerate() {
+            if let Ok(delta) = decoder.push(&self.rt.model.tokenizer, t) {
+                let (emit, _) = text.push(&delta);
+                if self.replay_before {
+                    self.process.push_text(emit, Some(t), i + 1);
+                }
+            }
+        }
+    }
+
+    fn complete(&self, reason: &'static str) {
+        if !self.process.finish(ProcState::Finished, Some(reason), None) {
+            return;
+        }
+        self.rt.metrics.count_request("finished");
+        self.count_deadline_miss();
+        if let (Some(trace), Some(input)) = (&self.rt.settings.trace, &self.trace_input) {
+            let p = self.process.snapshot();
+            if let Err(e) = trace.record(input.clone(), p.usage.completion_tokens, &p.props) {
+                tracing::warn!("server.trace_file: cannot write: {e}");
+            }
+        }
+        if let Some((session, mut messages)) = self.session_messages.clone() {
+            messages.push(ChatMessage {
+                role: "assistant".into(),
+                content: self.process.snapshot().output,
+            });
+            // The inferlet records which turn this was as its own prop.
+            let turns = messages.iter().filter(|m| m.role == "assistant").count() as i64;
+            self.rt.lock_sessions().insert(session, messages);
+            let _ = self
+                .process
+                .update_props(|p| p.set("turn", pie_core::PropValue::Int(turns)));
+        }
+    }
+
+    fn fail(&self, error: String) {
+        if self.process.finish(ProcState::Failed, None, Some(error)) {
+            self.rt.metrics.count_request("failed");
+            self.count_deadline_miss();
+        }
+    }
+
+    fn count_deadline_miss(&self) {
+        let d = self.process.snapshot();
+        if let (Some(deadline), Some(done)) = (d.props.int("deadline-ms"), d.finished_ms) {
+            if done > d.created_ms.saturating_add(deadline.max(0) as u64) {
+                self.rt.metrics.deadline_misses.inc();
+            }
+        }
+    }
+}
+
+/// A driver that ends before its process does (its task panicked or was
+/// dropped) fails the process and frees its sequence: a failure in one
+/// process's own code never leaves it running forever.
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if self.process.state().is_final() {
+            return;
+        }
+        self.fail("internal error: the process's driver stopped unexpectedly".into());
+        if let Some(seq) = self.process.seq() {
+            self.rt.send(Command::Abort(seq));
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! The engine thread: owns the [`Engine`], applies the runtime's commands
+//! between steps, steps it, reports each sequence's events to its driver,
+//! publishes load, metrics and KV events, and runs under supervision (see
+//! [`crate::supervisor`]).
+//!
+//! Invariant: the thread is the engine's only user; a panic in it fails
+//! every sequence it was serving (their drivers hear `Failed`) and leaves
+//! the worker unhealthy for good.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use pie_core::SeqId;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::command::{Command, SeqEvent};
+use super::kv_events::KvPublisher;
+use super::rate::RateWindow;
+use crate::engine::{Engine, EngineCounters, Spill};
+use crate::leases::Leases;
+use crate::metrics::Metrics;
+use crate::process::now_ms;
+use crate::step_log::StepLog;
+use crate::supervisor::{self, Supervision};
+
+/// Engine load published after every engine iteration, read by offload.
+#[derive(Default)]
+pub(super) struct Load {
+    pub(super) waiting_prefill_tokens: AtomicUsize,
+    pub(super) prefill_tokens_per_s: AtomicU64,
+}
+
+/// What the engine thread shares with the rest of the runtime.
+pub(super) struct EngineThread {
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) load: Arc<Load>,
+    pub(super) supervision: Arc<Supervision>,
+    /// Spilled sessions to the runtime, which keeps them (`spill.rs`).
+    pub(super) spills: mpsc::UnboundedSender<Spill>,
+}
+
+type Subscribers = HashMap<SeqId, mpsc::UnboundedSender<SeqEvent>>;
+
+impl EngineThread {
+    /// The engine loop under supervision: a panic fails every sequence it was
+    /// serving with the panic's message, and the worker reports it.
+    pub(super) fn run(
+        self,
+        engine: Engine,
+        commands: std_mpsc::Receiver<Command>,
+        kv: KvPublisher,
+        step_log: Option<StepLog>,
+    ) {
+        let mut subs = Subscribers::new();
+        let looped = supervisor::run_supervised(&self.supervision, || {
+            engine_loop(engine, &commands, kv, step_log, &mut subs, &self)
+        });
+        if let Err(reason) = looped {
+            for (_, tx) in subs.drain() {
+                let _ = tx.send(SeqEvent::Failed(reason.clone()));
+            }
+        }
+    }
+}
+
+fn engine_loop(
+    mut engine: Engine,
+    commands: &std_mpsc::Receiver<Command>,
+    mut kv: KvPublisher,
+    mut step_log: Option<StepLog>,
+    subs: &mut Subscribers,
+    shared: &EngineThread,
+) {
+    let (metrics, load, supervision) = (&*shared.metrics, &*shared.load, &*shared.supervision);
+    let mut rate = RateWindow::default();
+    let mut prefill_rate = RateWindow::default();
+    let mut reported = engine.counters();
+    let mut leases = Leases::default();
+    loop {
+        engine.unpin(&leases.expire(Instant::now()));
+        metrics.transfer_leased_pages.set(leases.pinned() as i64);
+        report(&engine, metrics, &mut reported, &mut rate);
+        load.waiting_prefill_tokens
+            .store(engine.waiting_prefill_tokens(), Ordering::Relaxed);
+        let prefill_per_s = prefill_rate.record(Instant::now(), engine.counters().prefill_tokens);
+        load.prefill_tokens_per_s
+            .store(prefill_per_s.to_bits(), Ordering::Relaxed);
+        if !engine.has_work() {
+            metrics.tokens_per_second.set(0.0);
+            supervision.idle();
+            // Idle, it still wakes to expire a lease.
+            let wait = leases
+                .next_expiry()
+                .map(|at| at.saturating_duration_since(Instant::now()));
+            let received = match wait {
+                None => commands
+                    .recv()
+                    .map_err(|_| std_mpsc::RecvTimeoutError::Disconnected),
+                Some(wait) => commands.recv_timeout(wait),
+            };
+            match received {
+                Ok(cmd) => {
+                    supervision.progress();
+                    apply(&mut engine, subs, &mut kv, &mut leases, cmd)
+                }
+                Err(std_mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        }
+        #[cfg(feature = "fault-injection")]
+        if supervision.stall_fault() && engine.has_work() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            continue;
+        }
+        supervision.progress();
+        while let Ok(cmd) = commands.try_recv() {
+            apply(&mut engine, subs, &mut kv, &mut leases, cmd);
+        }
+        if engine.has_work() {
+            #[cfg(feature = "fault-injection")]
+            std::thread::sleep(supervision.step_delay());
+            step(&mut engine, subs, step_log.as_mut());
+        }
+        for spill in engine.take_spills() {
+            let _ = shared.spills.send(spill);
+        }
+        kv.publish(&mut engine);
+    }
+}
+
+/// Bring the engine's counters and page gauges into the metrics.
+fn report(
+    engine: &Engine,
+    metrics: &Metrics,
+    reported: &mut EngineCounters,
+    rate: &mut RateWindow,
+) {
+    let c = engine.counters();
+    metrics
+        .prefix_hit_tokens
+        .inc_by(c.prefix_hit_tokens - reported.prefix_hit_tokens);
+    metrics
+        .prompt_tokens
+        .inc_by(c.prefill_tokens - reported.prefill_tokens);
+    metrics
+        .generated_tokens
+        .inc_by(c.generated_tokens - reported.generated_tokens);
+    metrics
+        .preemptions
+        .inc_by(c.preemptions - reported.preemptions);
+    *reported = c;
+    metrics
+        .tokens_per_second
+        .set(rate.record(Instant::now(), c.generated_tokens));
+    let stats = engine.pool_stats();
+    metrics.pages_used.set(stats.used as i64);
+    metrics.pages_cached.set(stats.cached as i64);
+    metrics.pages_free.set(stats.free as i64);
+    metrics.policy_clients.set(engine.policy_clients() as i64);
+}
+
+fn apply(
+    engine: &mut Engine,
+    subs: &mut Subscribers,
+    kv: &mut KvPublisher,
+    leases: &mut Leases,
+    cmd: Command,
+) {
+    match cmd {
+        Command::Add { req, events, reply } => match engine.add(req) {
+            Ok(id) => {
+                subs.insert(id, events);
+                if reply.send(id).is_err() {
+                    engine.abort(id);
+                    subs.remove(&id);
+                }
+            }
+            Err(e) => {
+                let _ = events.send(SeqEvent::Failed(e.to_string()));
+            }
+        },
+        Command::Abort(id) => {
+            engine.abort(id);
+            subs.remove(&id);
+        }
+        Command::StopAfterNext(id) => {
+            engine.stop_after_next(id);
+        }
+        Command::SetProps(id, props) => {
+            engine.set_props(id, props);
+        }
+        Command::SetPolicies {
+            ordering,
+            keep_session,
+        } => {
+            engine.set_policy(ordering);
+            engine.set_keep_session(keep_session);
+        }
+        Command::KvSnapshot(reply) => {
+            let _ = reply.send(kv.snapshot(engine));
+        }
+        Command::Summary(reply) => {
+            let retained: Vec<Value> = engine.retained_sessions().into_iter().map(|(session, pages, expires_ms)| json!({"session": session, "pages": pages, "expires_ms": expires_ms})).collect();
+            let _ = reply.send(json!({"ordering": engine.policy_name(), "sequences": engine.len(), "ordering_state": engine.policy_summary(), "retained_sessions": retained}));
+        }
+        Command::CachedPages { chain, reply } => {
+            let _ = reply.send(engine.cached_pages(&chain));
+        }
+        Command::PinPrefix { chain, ttl, reply } => {
+            let pages = engine.pin_prefix(&chain);
+            let n = pages.len();
+            let lease = leases.grant(pages, ttl, Instant::now());
+            if reply.send((lease, n)).is_err() {
+                engine.unpin(&leases.release(lease));
+            }
+        }
+        Command::ExportLeased {
+            lease,
+            from,
+            count,
+            reply,
+        } => {
+            let pages = leases
+                .renew(lease, from, count, Instant::now())
+                .map(|pages| engine.export_pages(pages));
+            let _ = reply.send(pages);
+        }
+        Command::ReleaseLease(lease) => engine.unpin(&leases.release(lease)),
+        Command::ImportPages {
+            chain,
+            pages,
+            reply,
+        } => {
+            let _ = reply.send(engine.import_pages(&chain, &pages));
+        }
+        Command::SetSpill(on) => engine.set_spill(on),
+        Command::DiskChanged { stored, removed } => kv.disk_changed(stored, removed),
+        #[cfg(feature = "fault-injection")]
+        Command::Panic => panic!("fault injected: engine panic"),
+    }
+}
+
+fn step(engine: &mut Engine, subs: &mut Subscribers, step_log: Option<&mut StepLog>) {
+    let started = Instant::now();
+    let out = match engine.step(now_ms()) {
+        Ok(out) => out,
+        Err(e) => {
+            // A failed forward leaves no sequence in a known state: fail them all.
+            for (id, tx) in subs.drain() {
+                let _ = tx.send(SeqEvent::Failed(format!("engine step failed: {e}")));
+                engine.abort(id);
+            }
+            return;
+        }
+    };
+    if let Some(log) = step_log {
+        log.record(started, &out.shape);
+    }
+    let mut gone = Vec::new();
+    for (id, cached_tokens) in out.started {
+        notify(subs, id, SeqEvent::Started { cached_tokens }, &mut gone);
+    }
+    for (id, token) in out.tokens {
+        notify(subs, id, SeqEvent::Token(token), &mut gone);
+    }
+    for (id, reason, info) in out.finished {
+        notify(subs, id, SeqEvent::Finished(reason, info), &mut gone);
+        subs.remove(&id);
+    }
+    for (id, error) in out.failed {
+        notify(subs, id, SeqEvent::Failed(error), &mut gone);
+        subs.remove(&id);
+    }
+    // A driver that went away (its process was killed) no longer needs its sequence.
+    for id in gone {
+        engine.abort(id);
+        subs.remove(&id);
+    }
+}
+
+fn notify(subs: &Subscribers, id: SeqId, event: SeqEvent, gone: &mut Vec<SeqId>) {
+    if let Some(tx) = subs.get(&id) {
+        if tx.send(event).is_err() {
+            gone.push(id);
+        }
+    }
+}

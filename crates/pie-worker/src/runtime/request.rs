@@ -1,0 +1,106 @@
+//! What a launch asks for: the built-in inferlets and their input, the
+//! generation options, the fields a controller forwards (`pie_prompt_tokens`,
+//! `pie_resume`), and why a launch is refused. Plain data, below the
+//! [`Runtime`](super::Runtime) that checks and runs it.
+
+use pie_model::{ChatMessage, SamplingParams};
+
+/// A prompt as text or as token ids.
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// `pie_prompt_tokens`: a prompt's token ids as a controller computed them
+/// (completions: the prompt; chat: the messages after the chat template),
+/// so the worker need not tokenize again. Trusted only from a `worker`-role
+/// key (see `api::auth::trusted_prompt_tokens`); checked here against this
+/// worker's model fingerprint and vocabulary, so a mismatch is a 400, never
+/// other tokens than the text names.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromptTokens {
+    pub fingerprint: u64,
+    pub ids: Vec<u32>,
+}
+
+/// `pie_resume`: a process that ran on another worker goes on here (a
+/// controller's migration, or its recovery from a dead worker). Trusted only
+/// from a `worker`-role key (see `api::auth::trusted_resume`).
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resume {
+    /// The ids the process generated so far, in order: the engine continues
+    /// after prompt + these, the sampler after as many samples, and the text
+    /// they made is not sent again.
+    pub tokens: Vec<u32>,
+    /// A live worker that holds their pages: pulled from it (never prefilled
+    /// there); None after a crash: computed here.
+    #[serde(default)]
+    pub from: Option<String>,
+    /// The tokens are output here too, first (a native process: its client
+    /// reads the whole output from the record and its events by index, so
+    /// the record here must hold what the source's held); an OpenAI stream's
+    /// client has them already.
+    #[serde(skip)]
+    pub replay: bool,
+    /// A native chat resuming a session: the session's turns before this
+    /// one, as its first worker had them; they replace this worker's own.
+    #[serde(default)]
+    pub turns: Option<Vec<ChatMessage>>,
+}
+
+/// A built-in inferlet and its input.
+#[derive(Clone, Debug)]
+pub enum Inferlet {
+    TextCompletion {
+        prompt: Prompt,
+    },
+    /// With a `session` prop and `resume_session`, the session's earlier turns are
+    /// prepended and this turn's messages and answer are appended to it.
+    Chat {
+        messages: Vec<ChatMessage>,
+        resume_session: bool,
+    },
+}
+
+impl Inferlet {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Inferlet::TextCompletion { .. } => "text-completion",
+            Inferlet::Chat { .. } => "chat",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct GenOptions {
+    /// None: as many as fit.
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    /// The tenant's cache salt: its KV is shared only with the same salt.
+    pub cache_salt: Option<String>,
+    /// A peer worker (URL) that prefills the prompt; this worker pulls its
+    /// pages (a controller's `disaggregate`, see `api::trusted_prefill_from`).
+    pub prefill_from: Option<String>,
+    /// The process ran elsewhere until now.
+    pub resume: Option<Resume>,
+}
+
+/// Why a launch was refused (mapped to HTTP statuses by the API).
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("too many queued processes ({0}); retry later")]
+    Overloaded(usize),
+    #[error("{0}")]
+    BadRequest(String),
+    /// The engine panicked or stalls (see `Runtime::health`).
+    #[error("the worker is unhealthy: {0}")]
+    Unhealthy(String),
+    /// Draining: it takes no new processes (see `Runtime::start_drain`).
+    #[error("the worker is draining: it takes no new processes")]
+    Draining,
+}
