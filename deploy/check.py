@@ -12,7 +12,7 @@
    The KEDA ScaledObject (a CRD) is NOT schema-validated; it gets structural
    checks (target exists, the query names the controller's gauge).
 3. Consistency with the code: probe paths are routes of the server in that
-   container (crates/pie-worker/src/api.rs, crates/pie-controller/src/proxy.rs);
+   container (crates/pie-worker/src/api/mod.rs, crates/pie-controller/src/api/mod.rs);
    container, probe and Service ports agree with the port in the ConfigMap's
    config.toml; terminationGracePeriodSeconds > preStop sleep + the declared
    shutdown time; worker self-registration (pod IP bind, register Service,
@@ -48,8 +48,8 @@ ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"
 K8S_VERSION = os.environ.get("PIE_K8S_VERSION", "1.30.0")
 SOURCES = {
-    "worker": ROOT / "crates/pie-worker/src/api.rs",
-    "controller": ROOT / "crates/pie-controller/src/proxy.rs",
+    "worker": ROOT / "crates/pie-worker/src/api/mod.rs",
+    "controller": ROOT / "crates/pie-controller/src/api/mod.rs",
 }
 SIGNAL_SOURCES = {
     "worker": [ROOT / "crates/pie-worker/src/serve.rs", ROOT / "crates/pie-worker/src/main.rs"],

@@ -10,8 +10,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ["crates/pie-worker/src/api.rs", "crates/pie-worker/src/serve.rs",
-           "crates/pie-worker/src/main.rs", "crates/pie-controller/src/proxy.rs",
+SOURCES = ["crates/pie-worker/src/api/mod.rs", "crates/pie-worker/src/serve.rs",
+           "crates/pie-worker/src/main.rs", "crates/pie-controller/src/api/mod.rs",
            "crates/pie-controller/src/main.rs", "crates/pie-controller/src/metrics.rs"]
 
 W = "deploy/k8s/base/worker.yaml"
