@@ -7,9 +7,9 @@
 //! process's `max_tokens`, so keeping all of it costs nothing a channel would
 //! save.
 
+use pie_core::clock::now_ms;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures_util::stream::{self, BoxStream, StreamExt};
 use pie_core::{Props, SeqId};
@@ -206,12 +206,6 @@ pub struct ProcView<'a> {
     pub client: &'a str,
     #[serde(flatten)]
     pub data: ProcData,
-}
-
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Process {

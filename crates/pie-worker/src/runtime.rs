@@ -36,11 +36,12 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::engine::Engine;
 use crate::metrics::Metrics;
-use crate::process::{now_ms, ProcEvent, ProcState, Process, StateCounts};
+use crate::process::{ProcEvent, ProcState, Process, StateCounts};
 use crate::records::{ProcessTable, RecordLimits};
 use crate::sessions::Sessions;
 use crate::step_log::StepLog;
 use crate::supervisor::{self, Supervision};
+use pie_core::clock::now_ms;
 
 mod builtin;
 mod command;

@@ -25,8 +25,9 @@ use super::auth::{
     trusted_stream_ids, Authed,
 };
 use super::state::{ApiError, ApiJson, AppState};
-use crate::process::{now_ms, ProcEvent, ProcState, Process, Usage};
+use crate::process::{ProcEvent, ProcState, Process, Usage};
 use crate::runtime::{GenOptions, Inferlet, PromptTokens, Resume, Runtime};
+use pie_core::clock::now_ms;
 
 /// Kills the process when the request that owns it goes away unfinished.
 struct KillOnDrop {

@@ -17,7 +17,8 @@ use super::offload::PageSource;
 use super::stop::StopScanner;
 use super::Runtime;
 use crate::engine::{FinishReason, Request};
-use crate::process::{now_ms, ProcState, Process};
+use crate::process::{ProcState, Process};
+use pie_core::clock::now_ms;
 
 /// A resumed chat session's id and the messages of this turn's prompt.
 pub(super) type SessionTurn = (String, Vec<ChatMessage>);

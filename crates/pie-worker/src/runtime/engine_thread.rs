@@ -23,9 +23,9 @@ use super::rate::RateWindow;
 use crate::engine::{Engine, EngineCounters, Spill};
 use crate::leases::Leases;
 use crate::metrics::Metrics;
-use crate::process::now_ms;
 use crate::step_log::StepLog;
 use crate::supervisor::{self, Supervision};
+use pie_core::clock::now_ms;
 
 /// Engine load published after every engine iteration, read by offload.
 #[derive(Default)]

@@ -19,7 +19,8 @@ use super::offload::PageSource;
 use super::request::{GenOptions, Inferlet, LaunchError, Prompt, PromptTokens};
 use super::{ProcEvents, Runtime, PROMPT_TOKENS_FIELD, RESUME_FIELD};
 use crate::engine::Request;
-use crate::process::{now_ms, ProcState, Process};
+use crate::process::{ProcState, Process};
+use pie_core::clock::now_ms;
 
 impl Runtime {
     /// Start a process; the stream has all its events from the start.

@@ -14,7 +14,7 @@ use super::command::{Command, SeqEvent};
 use super::transfer::Pull;
 use super::Runtime;
 use crate::engine::Request;
-use crate::process::now_ms;
+use pie_core::clock::now_ms;
 
 /// A peer worker this process's pages come from before its prefill.
 #[derive(Clone, Debug)]

@@ -27,7 +27,7 @@ use super::command::Command;
 use super::persist::{PersistError, PersistTo};
 use super::Runtime;
 use crate::engine::Spill;
-use crate::process::now_ms;
+use pie_core::clock::now_ms;
 
 /// Spills being kept at once, at most.
 const SPILLS_IN_FLIGHT: usize = 4;
