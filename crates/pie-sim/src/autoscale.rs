@@ -28,7 +28,7 @@
 
 use serde::Serialize;
 
-use crate::metrics::Record;
+use crate::records::Record;
 
 /// `--autoscale`'s settings.
 #[derive(Clone, Debug, PartialEq)]
