@@ -11,10 +11,15 @@
 //! executor cannot carry out stops the run with an error naming it, never
 //! silently. A `PersistPrefix` (`persist-prefix`) writes the prefix to the
 //! worker's disk and a `RetainSpill` to `disk` spills there (`disk.rs`: both
-//! need `--disk-pages`). Dry-run records are kept, not executed.
+//! need `--disk-pages`). Dry-run records are kept, not executed. Events
+//! reach the actors as they reach the controller's (`ActorRunner::event`):
+//! the fleet's (`health_events` whenever it changes: a worker serving,
+//! draining, stopped) and `ActionFailed` (a copy whose target stopped).
 
 use anyhow::{bail, Context, Result};
-use pie_policy::cluster::{ActionRecord, ActorConfigs, ActorRunner, ClusterSnapshot, Tier};
+use pie_policy::cluster::{
+    Action, ActionRecord, ActorConfigs, ActorRunner, ClusterEvent, ClusterSnapshot, Tier,
+};
 use serde::{de::DeserializeOwned, Serialize};
 
 /// The actors of a pipeline and when they look next.
@@ -24,6 +29,17 @@ pub struct SimActors {
     next_tick_us: u64,
     /// Every action recorded, in order (dry-run ones included).
     pub records: Vec<ActionRecord>,
+    /// Every action that failed, in order.
+    pub failures: Vec<FailedAction>,
+}
+
+/// An action the simulation carried out and that failed (the actors heard
+/// `ActionFailed`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FailedAction {
+    pub at_ms: u64,
+    pub action: Action,
+    pub error: String,
 }
 
 impl SimActors {
@@ -73,6 +89,7 @@ impl SimActors {
             tick_us: tick_ms * 1000,
             next_tick_us: 0,
             records: Vec::new(),
+            failures: Vec::new(),
         }))
     }
 
@@ -93,6 +110,26 @@ impl SimActors {
     pub fn tick(&mut self, at_us: u64, snapshot: &ClusterSnapshot) -> Vec<ActionRecord> {
         self.next_tick_us = at_us + self.tick_us;
         let records = self.runner.tick(at_us / 1000, snapshot);
+        self.keep(records)
+    }
+
+    /// The actors' reaction to `event` at `now_us` (the cluster as
+    /// `snapshot` shows it then): recorded, and those to carry out returned
+    /// in order, as for a tick. A failed action is kept in `failures`.
+    pub fn event(
+        &mut self,
+        now_us: u64,
+        event: &ClusterEvent,
+        snapshot: &ClusterSnapshot,
+    ) -> Vec<ActionRecord> {
+        if let ClusterEvent::ActionFailed { action, error } = event {
+            self.failures.push(FailedAction {
+                at_ms: now_us / 1000,
+                action: action.clone(),
+                error: error.clone(),
+            });
+        }
+        let records = self.runner.event(now_us / 1000, event, snapshot);
         self.keep(records)
     }
 

@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use pie_workload::Percentiles;
 
+use crate::actors::FailedAction;
 use crate::autoscale::FleetStats;
 use crate::config::SimConfig;
 use crate::copies::CopyCounters;
@@ -61,6 +62,9 @@ pub struct RunMetrics {
     /// The cluster actors' actions, in order (`--router ...,scale-by-prop`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub actions: Vec<ActionRecord>,
+    /// The actions that failed (a copy whose target stopped first), in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failed_actions: Vec<FailedAction>,
     pub policy: String,
     pub router: String,
     pub keep_session: bool,
@@ -351,6 +355,7 @@ impl RunMetrics {
         Self {
             workload: workload.to_string(),
             actions: outcome.actions.clone(),
+            failed_actions: outcome.failed_actions.clone(),
             policy: cfg.policy.label().to_string(),
             router: cfg.router.label(),
             keep_session: cfg.keep_session,

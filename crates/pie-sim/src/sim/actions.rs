@@ -1,10 +1,12 @@
-//! Executing the actors' actions: every tick due, over a snapshot of the
-//! simulated cluster as the controller builds it, each action handed to the
-//! feature that carries it out (`migrate.rs`, `copies.rs`, `pool.rs`,
-//! `disk.rs`, `autoscale.rs`); `RetainSpill` is set here.
+//! The actors in the simulation: every tick due, over a snapshot of the
+//! simulated cluster as the controller builds it, and every event (the
+//! fleet's changes, failed actions) as it happens; each action they return
+//! handed to the feature that carries it out (`migrate.rs`, `copies.rs`,
+//! `pool.rs`, `disk.rs`, `autoscale.rs`); `RetainSpill` is set here.
 
 use pie_policy::cluster::{
-    Action, ActionRecord, ClusterSnapshot, KvPages, ProcessState, Tier, WorkerState,
+    health_events, Action, ActionRecord, ClusterEvent, ClusterSnapshot, KvPages, ProcessState,
+    Tier, WorkerHealth, WorkerState,
 };
 
 use crate::autoscale::Life;
@@ -27,6 +29,35 @@ impl Sim<'_> {
             if self.cfg.autoscale.is_some() {
                 self.reconcile(at, now)?;
             }
+        }
+        Ok(())
+    }
+
+    /// The fleet changed at `now` since it was `before`: its events
+    /// (`health_events`) go to the actors, one by one.
+    pub(super) fn fleet_changed(
+        &mut self,
+        before: &[WorkerHealth],
+        now: u64,
+    ) -> anyhow::Result<()> {
+        for event in health_events(before, &self.fleet.health()) {
+            self.deliver(event, now)?;
+        }
+        Ok(())
+    }
+
+    /// `event` at `now` to the actors (if any), over the cluster as it
+    /// stands; their actions are carried out at once.
+    pub(super) fn deliver(&mut self, event: ClusterEvent, now: u64) -> anyhow::Result<()> {
+        if self.actors.is_none() {
+            return Ok(());
+        }
+        let snapshot = self.snapshot(now);
+        let Some(actors) = &mut self.actors else {
+            return Ok(());
+        };
+        for record in actors.event(now, &event, &snapshot) {
+            self.execute(record, now, now)?;
         }
         Ok(())
     }

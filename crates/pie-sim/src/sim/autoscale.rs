@@ -1,6 +1,9 @@
 //! Autoscaling in the simulation (`--autoscale`; the fleet's bookkeeping is
 //! `crate::autoscale`): scale hints set the fleet's target, workers start
 //! (booting, then serving) or drain (then stop when empty) to meet it.
+//! Every change of the fleet goes to the actors as the controller's events
+//! (`health_events`): a worker serving joined, one draining is draining, one
+//! stopped left.
 
 use crate::autoscale::Life;
 use crate::events::Event;
@@ -25,7 +28,7 @@ impl Sim<'_> {
             self.start_worker(now)?;
         }
         while self.fleet.active() > self.fleet.target {
-            self.scale_in(now);
+            self.scale_in(now)?;
         }
         Ok(())
     }
@@ -36,6 +39,7 @@ impl Sim<'_> {
         let auto = (self.cfg.autoscale.as_ref()).ok_or_else(|| anyhow::anyhow!("no autoscaler"))?;
         let up_us = now + auto.start_ms * 1000;
         let w = self.fleet.free_slot();
+        let before = self.fleet.health();
         let track = self.router.tracks_prefixes();
         let fresh = new_worker(self.cfg, self.policy, track);
         if w == self.workers.len() {
@@ -60,21 +64,27 @@ impl Sim<'_> {
         }
         self.fleet.set(w, Life::Booting { up_us }, now, "start");
         self.events.push(up_us, Event::WorkerUp(w as u32));
-        Ok(())
+        self.fleet_changed(&before, now)
     }
 
     /// Worker `w` is done booting at `now` (unless it was stopped, or
-    /// stopped and started again, meanwhile): it serves.
-    pub(super) fn worker_up(&mut self, w: usize, now: u64) {
-        if self.fleet.life[w] == (Life::Booting { up_us: now }) {
-            self.fleet.set(w, Life::Serving, now, "up");
-            self.router.set_serving(w, true);
+    /// stopped and started again, meanwhile): it serves, and the actors hear
+    /// it joined.
+    pub(super) fn worker_up(&mut self, w: usize, now: u64) -> anyhow::Result<()> {
+        if self.fleet.life[w] != (Life::Booting { up_us: now }) {
+            return Ok(());
         }
+        let before = self.fleet.health();
+        self.fleet.set(w, Life::Serving, now, "up");
+        self.router.set_serving(w, true);
+        self.fleet_changed(&before, now)
     }
 
     /// One worker fewer: the newest booting one stops at once, else the
-    /// least loaded serving one (ties: the highest slot) drains.
-    pub(super) fn scale_in(&mut self, now: u64) {
+    /// least loaded serving one (ties: the highest slot) drains (the actors
+    /// hear it, then it stops if it has nothing left).
+    pub(super) fn scale_in(&mut self, now: u64) -> anyhow::Result<()> {
+        let before = self.fleet.health();
         let life = &self.fleet.life;
         let booting = (0..life.len())
             .filter_map(|w| match life[w] {
@@ -85,36 +95,39 @@ impl Sim<'_> {
             .map(|(_, w)| w);
         if let Some(w) = booting {
             self.fleet.set(w, Life::Stopped, now, "cancel");
-            return;
+            return self.fleet_changed(&before, now);
         }
         let Some(w) = (0..life.len())
             .filter(|&w| life[w] == Life::Serving)
             .min_by_key(|&w| (self.router.load(w), std::cmp::Reverse(w)))
         else {
-            return;
+            return Ok(());
         };
         self.fleet.set(w, Life::Draining, now, "drain");
         self.router.set_serving(w, false);
-        self.stop_if_drained(w, now);
+        self.fleet_changed(&before, now)?;
+        self.stop_if_drained(w, now)
     }
 
     /// A draining worker with nothing left (no request routed to it, none
     /// queued or running, no step in flight) stops: its pages and retained
-    /// sessions go with it.
-    pub(super) fn stop_if_drained(&mut self, w: usize, now: u64) {
+    /// sessions go with it, and the actors hear it left.
+    pub(super) fn stop_if_drained(&mut self, w: usize, now: u64) -> anyhow::Result<()> {
         let worker = &self.workers[w];
         if self.fleet.life[w] != Life::Draining
             || self.router.load(w) > 0
             || !worker.scheduler.is_empty()
             || worker.step_end.is_some()
         {
-            return;
+            return Ok(());
         }
+        let before = self.fleet.health();
         self.fleet.set(w, Life::Stopped, now, "stop");
         let track = self.router.tracks_prefixes();
         let fresh = new_worker(self.cfg, self.policy, track);
         let old = std::mem::replace(&mut self.workers[w], fresh);
         self.counters.preemptions += old.scheduler.preemptions();
         self.router.forget(w);
+        self.fleet_changed(&before, now)
     }
 }

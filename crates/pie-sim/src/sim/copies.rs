@@ -3,6 +3,7 @@
 //! and hot-prefix reading are `crate::copies`).
 
 use pie_core::BlockHash;
+use pie_policy::cluster::{Action, ClusterEvent};
 
 use crate::copies::{leading_held, PrefixCopy};
 use crate::events::Event;
@@ -22,6 +23,11 @@ impl Sim<'_> {
     ) -> anyhow::Result<()> {
         let (f, t) = (self.worker_named(from)?, self.worker_named(to)?);
         anyhow::ensure!(f != t, "copy-prefix: from `{from}` to itself");
+        let action = Action::CopyPrefix {
+            blocks: blocks.clone(),
+            from: from.to_string(),
+            to: to.to_string(),
+        };
         let held = leading_held(&self.workers[f].pages.cache, &blocks);
         let mut blocks = blocks;
         blocks.truncate(held);
@@ -38,16 +44,34 @@ impl Sim<'_> {
         c.pages += pages;
         c.bytes += bytes;
         let id = u32::try_from(c.copies)?;
-        self.copies.insert(id, PrefixCopy { to: t, blocks });
+        let copy = PrefixCopy {
+            to: t,
+            incarnation: self.fleet.stops(t),
+            blocks,
+            action,
+        };
+        self.copies.insert(id, copy);
         self.events.push(arrive, Event::PrefixCopied(id));
         Ok(())
     }
 
-    /// Copy `c` reached its target: the blocks into its prefix cache (as many
-    /// as fit) and the router's index.
-    pub(super) fn prefix_copied(&mut self, c: u32) -> anyhow::Result<()> {
+    /// Copy `c` reached its target at `now`: the blocks into its prefix
+    /// cache (as many as fit) and the router's index; if the worker it was
+    /// sent to has stopped meanwhile, the copy failed (`ActionFailed`).
+    pub(super) fn prefix_copied(&mut self, c: u32, now: u64) -> anyhow::Result<()> {
         let copy = (self.copies.remove(&c))
             .ok_or_else(|| anyhow::anyhow!("prefix copy {c} arrived twice"))?;
+        if self.fleet.stops(copy.to) != copy.incarnation {
+            self.counters.copies.failed += 1;
+            let error = format!("w{} stopped before the copy arrived", copy.to);
+            return self.deliver(
+                ClusterEvent::ActionFailed {
+                    action: copy.action,
+                    error,
+                },
+                now,
+            );
+        }
         let received = self.workers[copy.to].pages.receive(&copy.blocks);
         self.counters.copies.received += received as u64;
         self.sync_index(copy.to);

@@ -64,7 +64,7 @@ use pie_core::{BlockHash, ModelFingerprint, SeqId};
 use pie_policy::cluster::{ActionRecord, PrefixHeat};
 use pie_policy::{KeepSession, Planned, Scheduler, StepLimits, WorkerPolicy};
 
-use crate::actors::SimActors;
+use crate::actors::{FailedAction, SimActors};
 use crate::autoscale::{Fleet, FleetStats};
 use crate::config::SimConfig;
 use crate::copies::{PrefixCopy, HEAT_CAPACITY};
@@ -179,8 +179,9 @@ pub struct Outcome {
     /// The clients' names by their dense ids.
     pub clients: Vec<String>,
     pub counters: Counters,
-    /// The actors' actions, in order.
+    /// The actors' actions, in order, and those that failed.
     pub actions: Vec<ActionRecord>,
+    pub failed_actions: Vec<FailedAction>,
     /// Started workers integrated over the run.
     pub worker_hours: f64,
     /// The autoscaled fleet's figures (`--autoscale`).
@@ -342,10 +343,10 @@ impl<'a> Sim<'a> {
                 Event::Transferred(r) => self.transferred(r, now)?,
                 Event::MigrationCopied(r) => self.migration_copied(r, now)?,
                 Event::Migrated(r) => self.migrated(r, now)?,
-                Event::PrefixCopied(c) => self.prefix_copied(c)?,
+                Event::PrefixCopied(c) => self.prefix_copied(c, now)?,
                 Event::Pulled(r) => self.pulled(r, now)?,
                 Event::PoolPushed(p) => self.pool_pushed(p, now)?,
-                Event::WorkerUp(w) => self.worker_up(w as usize, now),
+                Event::WorkerUp(w) => self.worker_up(w as usize, now)?,
                 Event::DiskWritten(d) => self.disk_written(d, now)?,
             }
         }
@@ -374,8 +375,13 @@ impl<'a> Sim<'a> {
             fleet.arrivals(&self.records, counters.end_us);
             fleet
         });
+        let (actions, failed_actions) = self
+            .actors
+            .map(|a| (a.records, a.failures))
+            .unwrap_or_default();
         Outcome {
-            actions: self.actors.map(|a| a.records).unwrap_or_default(),
+            actions,
+            failed_actions,
             records: self.records,
             clients,
             counters,

@@ -27,7 +27,7 @@ impl Sim<'_> {
             _ => {}
         }
         if !started {
-            self.stop_if_drained(w, now);
+            self.stop_if_drained(w, now)?;
         }
         Ok(())
     }
