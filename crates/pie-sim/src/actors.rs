@@ -3,7 +3,7 @@
 //! snapshot of the simulated workers. Actions are executed as the controller
 //! executes them: a scale hint is published (kept in the run's metrics; with
 //! `--autoscale` the fleet follows it, `autoscale.rs`); a
-//! `MigrateProcess` moves the process with its KV (`sim.rs`, costed as
+//! `MigrateProcess` moves the process with its KV (`sim/migrate.rs`, costed as
 //! `migrate.rs` says); a `CopyPrefix` sends the prefix's pages to the target
 //! (`copies.rs`); a `CopyPrefixToPool` (`pool-replicate`) pushes them to the
 //! pool and a `RetainSpill` (`retain-all`) makes the worker spill retained
@@ -11,11 +11,15 @@
 //! executor cannot carry out stops the run with an error naming it, never
 //! silently. A `PersistPrefix` (`persist-prefix`) writes the prefix to the
 //! worker's disk and a `RetainSpill` to `disk` spills there (`disk.rs`: both
-//! need `--disk-pages`). Dry-run records are kept, not executed.
+//! need `--disk-pages`). Dry-run records are kept, not executed. Events
+//! reach the actors as they reach the controller's (`ActorRunner::event`):
+//! the fleet's (`health_events` whenever it changes: a worker serving,
+//! draining, stopped) and `ActionFailed` (a copy whose target stopped).
 
 use anyhow::{bail, Context, Result};
-use pie_core::BlockHash;
-use pie_policy::cluster::{Action, ActionRecord, ActorConfigs, ActorRunner, ClusterSnapshot, Tier};
+use pie_policy::cluster::{
+    Action, ActionRecord, ActorConfigs, ActorRunner, ClusterEvent, ClusterSnapshot, Tier,
+};
 use serde::{de::DeserializeOwned, Serialize};
 
 /// The actors of a pipeline and when they look next.
@@ -25,38 +29,17 @@ pub struct SimActors {
     next_tick_us: u64,
     /// Every action recorded, in order (dry-run ones included).
     pub records: Vec<ActionRecord>,
+    /// Every action that failed, in order.
+    pub failures: Vec<FailedAction>,
 }
 
-/// An action for the simulation to carry out.
-pub enum ToExecute {
-    Migrate {
-        process: String,
-        from: String,
-        to: String,
-    },
-    CopyPrefix {
-        blocks: Vec<BlockHash>,
-        from: String,
-        to: String,
-    },
-    CopyToPool {
-        blocks: Vec<BlockHash>,
-        from: String,
-    },
-    RetainSpill {
-        worker: String,
-        to: Tier,
-    },
-    /// A `PersistPrefix`: `worker` writes `blocks` to its disk.
-    Persist {
-        blocks: Vec<BlockHash>,
-        worker: String,
-    },
-    /// A scale hint: `recommended` workers for `group`.
-    Scale {
-        group: String,
-        recommended: usize,
-    },
+/// An action the simulation carried out and that failed (the actors heard
+/// `ActionFailed`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FailedAction {
+    pub at_ms: u64,
+    pub action: Action,
+    pub error: String,
 }
 
 impl SimActors {
@@ -106,6 +89,7 @@ impl SimActors {
             tick_us: tick_ms * 1000,
             next_tick_us: 0,
             records: Vec::new(),
+            failures: Vec::new(),
         }))
     }
 
@@ -121,54 +105,39 @@ impl SimActors {
     }
 
     /// The actors look at `snapshot` (taken at `at_us`); their actions are
-    /// recorded, and those the simulation must carry out returned in order.
-    pub fn tick(&mut self, at_us: u64, snapshot: &ClusterSnapshot) -> Result<Vec<ToExecute>> {
+    /// recorded, and those the simulation must carry out (all but dry-run
+    /// ones) returned in order.
+    pub fn tick(&mut self, at_us: u64, snapshot: &ClusterSnapshot) -> Vec<ActionRecord> {
         self.next_tick_us = at_us + self.tick_us;
-        let mut out = Vec::new();
-        for record in self.runner.tick(at_us / 1000, snapshot) {
-            if !record.dry_run {
-                out.extend(execute(&record)?);
-            }
-            self.records.push(record);
-        }
-        Ok(out)
+        let records = self.runner.tick(at_us / 1000, snapshot);
+        self.keep(records)
     }
-}
 
-/// What executing an action means in the simulator.
-fn execute(record: &ActionRecord) -> Result<Option<ToExecute>> {
-    match &record.action {
-        Action::ScaleHint(h) => Ok(Some(ToExecute::Scale {
-            group: h.group.clone(),
-            recommended: h.recommended,
-        })),
-        Action::MigrateProcess { process, from, to } => Ok(Some(ToExecute::Migrate {
-            process: process.clone(),
-            from: from.clone(),
-            to: to.clone(),
-        })),
-        Action::CopyPrefix { blocks, from, to } => Ok(Some(ToExecute::CopyPrefix {
-            blocks: blocks.clone(),
-            from: from.clone(),
-            to: to.clone(),
-        })),
-        Action::CopyPrefixToPool { blocks, from } => Ok(Some(ToExecute::CopyToPool {
-            blocks: blocks.clone(),
-            from: from.clone(),
-        })),
-        Action::PersistPrefix { blocks, worker } => Ok(Some(ToExecute::Persist {
-            blocks: blocks.clone(),
-            worker: worker.clone(),
-        })),
-        Action::RetainSpill { worker, to } => Ok(Some(ToExecute::RetainSpill {
-            worker: worker.clone(),
-            to: *to,
-        })),
-        other => bail!(
-            "{}: the simulator cannot execute `{}` actions yet",
-            record.actor,
-            other.kind()
-        ),
+    /// The actors' reaction to `event` at `now_us` (the cluster as
+    /// `snapshot` shows it then): recorded, and those to carry out returned
+    /// in order, as for a tick. A failed action is kept in `failures`.
+    pub fn event(
+        &mut self,
+        now_us: u64,
+        event: &ClusterEvent,
+        snapshot: &ClusterSnapshot,
+    ) -> Vec<ActionRecord> {
+        if let ClusterEvent::ActionFailed { action, error } = event {
+            self.failures.push(FailedAction {
+                at_ms: now_us / 1000,
+                action: action.clone(),
+                error: error.clone(),
+            });
+        }
+        let records = self.runner.event(now_us / 1000, event, snapshot);
+        self.keep(records)
+    }
+
+    /// Record `records`; those to carry out, in order.
+    fn keep(&mut self, records: Vec<ActionRecord>) -> Vec<ActionRecord> {
+        let out = (records.iter()).filter(|r| !r.dry_run).cloned().collect();
+        self.records.extend(records);
+        out
     }
 }
 

@@ -26,9 +26,10 @@
 //! integrated over simulated time, for fixed fleets too (their size times
 //! the run's length).
 
+use pie_policy::cluster::WorkerHealth;
 use serde::Serialize;
 
-use crate::metrics::Record;
+use crate::records::Record;
 
 /// `--autoscale`'s settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -140,6 +141,9 @@ pub struct Fleet {
     /// Recommendations (clamped) by time, first the one in effect at the
     /// window's start.
     hints: std::collections::VecDeque<(u64, usize)>,
+    /// How many times each slot has stopped: which of its workers is
+    /// there (a copy started to one fails if it is gone when it arrives).
+    stops: Vec<u32>,
     pub stats: FleetStats,
 }
 
@@ -164,6 +168,7 @@ impl Fleet {
             since_us: 0,
             worker_us: 0.0,
             hints: [(0, workers)].into(),
+            stops: vec![0; workers],
             stats,
         }
     }
@@ -209,9 +214,13 @@ impl Fleet {
         self.since_us = self.since_us.max(now_us);
         if w == self.life.len() {
             self.life.push(Life::Stopped);
+            self.stops.push(0);
         }
         let old = self.life[w];
         self.life[w] = life;
+        if old.started() && !life.started() {
+            self.stops[w] += 1;
+        }
         self.started = self.started + usize::from(life.started()) - usize::from(old.started());
         self.serving =
             self.serving + usize::from(life == Life::Serving) - usize::from(old == Life::Serving);
@@ -233,6 +242,26 @@ impl Fleet {
             serving: self.serving,
             target: self.target,
         });
+    }
+
+    /// How many times slot `w` has stopped (its worker's incarnation).
+    pub fn stops(&self, w: usize) -> u32 {
+        self.stops[w]
+    }
+
+    /// The started workers as the fleet's events see them
+    /// (`pie_policy::cluster::health_events`), as the actors' snapshot
+    /// lists them: a booting one is not healthy, a draining one is
+    /// draining, a stopped one is gone.
+    pub fn health(&self) -> Vec<WorkerHealth> {
+        (self.life.iter().enumerate())
+            .filter(|(_, l)| l.started())
+            .map(|(w, &l)| WorkerHealth {
+                name: format!("w{w}"),
+                healthy: !matches!(l, Life::Booting { .. }),
+                draining: l == Life::Draining,
+            })
+            .collect()
     }
 
     /// The slot the next start takes: the lowest stopped one, else a new one.

@@ -10,10 +10,12 @@
 //! prefill's pages, KV bytes per token as `disaggregate::kv_bytes_per_token`);
 //! when they arrive they go into the target's prefix cache (as many as fit)
 //! and so into the router's index, which is what the controller's KV events
-//! do. Nothing is recomputed.
+//! do. Nothing is recomputed. A copy whose target stopped (autoscaling)
+//! before it arrived fails: its pages are dropped and the actors hear
+//! `ActionFailed`.
 
 use pie_core::BlockHash;
-use pie_policy::cluster::{HotPrefix, PrefixHeat};
+use pie_policy::cluster::{Action, HotPrefix, PrefixHeat};
 use serde::Serialize;
 
 use crate::cache::PrefixCache;
@@ -23,11 +25,14 @@ pub const HEAT_CAPACITY: usize = 1 << 16;
 /// Hot prefixes in an actors' snapshot, at most (as the controller).
 pub const HOT_PREFIXES: usize = 64;
 
-/// A copy on its way: the target and the blocks it gets.
+/// A copy on its way: the target (its incarnation, `Fleet::stops`, when
+/// the copy started), the blocks it gets, and the action it carries out.
 #[derive(Clone, Debug)]
 pub struct PrefixCopy {
     pub to: usize,
+    pub incarnation: u32,
     pub blocks: Vec<BlockHash>,
+    pub action: Action,
 }
 
 /// What a run's prefix copies did.
@@ -40,6 +45,14 @@ pub struct CopyCounters {
     pub bytes: u64,
     /// Pages the targets took into their caches when they arrived.
     pub received: u64,
+    /// Copies whose target stopped before they arrived (their pages
+    /// dropped; `ActionFailed` told to the actors).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub failed: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// How many of `blocks`, from the first, `cache` holds.

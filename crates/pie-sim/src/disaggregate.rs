@@ -1,15 +1,14 @@
 //! Disaggregated prefill in the simulator: what a KV transfer costs and what
 //! the run counts of them. The routing decision is `pie_policy`'s
-//! `disaggregate` (through `router.rs`); `sim.rs` runs the prefill on the
+//! `disaggregate` (through `router.rs`); `sim/disaggregate.rs` runs the prefill on the
 //! prefill-stage worker's scheduler like any sequence, then hands the prompt's
 //! full pages to the decode worker through a [`Links`] transfer.
 
+use pie_core::KvDtype;
+use pie_workload::Percentiles;
 use serde::Serialize;
 
-use pie_core::KvDtype;
-
 use crate::cost::CostProfile;
-use crate::metrics::Percentiles;
 
 /// KV bytes per token of the model a built-in profile models, from the model's
 /// config: 2 (K and V) x layers x KV heads x head dimension x bytes per value.

@@ -2,7 +2,7 @@
 //! token, hundreds of millions in the largest runs): counts in log-spaced
 //! buckets 1% wide, so a percentile is read to within 1% in constant memory.
 
-use crate::metrics::Percentiles;
+use pie_workload::{nearest_rank, Percentiles};
 
 /// Each bucket's upper edge is this factor above its lower one.
 const RATIO: f64 = 1.01;
@@ -43,14 +43,15 @@ impl LogHistogram {
         self.total == 0
     }
 
-    /// Nearest-rank percentiles in milliseconds, each the upper edge of its
-    /// bucket (at most 1% above the sample); the mean is exact.
+    /// Nearest-rank percentiles (`pie_workload::percentiles`' rule) in
+    /// milliseconds, each the upper edge of its bucket (at most 1% above the
+    /// sample); the mean is exact.
     pub fn percentiles_ms(&self) -> Percentiles {
         if self.total == 0 {
             return Percentiles::default();
         }
         let at = |p: f64| {
-            let rank = ((p / 100.0) * self.total as f64).ceil().max(1.0) as u64;
+            let rank = nearest_rank(p, self.total);
             let mut seen = 0;
             let bucket = self
                 .counts

@@ -1,11 +1,21 @@
 //! `pie-sim`: a discrete-event simulator of Pie workers behind a router. It runs
 //! the real `pie-policy` objects, unchanged, over a modelled page pool and prefix
 //! cache with step times from a cost model, fed by seeded workload generators.
+//!
+//! Layers, each using only those below it: leaves (`records`, `histogram`,
+//! `cache`, `pages`, `events`, `jitter`, `machine`, `router`, `actors`, and
+//! the features' cost models and counters: `disaggregate`, `migrate`,
+//! `copies`, `pool`, `disk`, `autoscale`); `counters`, `config` and
+//! `schedule`; the simulation itself (`sim`, with each feature's behaviour
+//! in `sim/<feature>.rs`); the report (`metrics`, `tables`, `plots`) and
+//! `run` on top.
 
 pub mod actors;
 pub mod autoscale;
 pub mod cache;
+pub mod config;
 pub mod copies;
+pub mod counters;
 pub mod disaggregate;
 pub mod disk;
 pub mod events;
@@ -18,16 +28,22 @@ pub mod pages;
 pub mod plots;
 pub mod pool;
 pub mod profile;
+pub mod records;
 pub mod requests;
 pub mod router;
+pub mod run;
+pub mod schedule;
 pub mod sim;
 pub mod svg;
+pub mod tables;
 pub mod worker_config;
 
+pub use config::{PolicyName, SimConfig};
 pub use metrics::RunMetrics;
-pub use pie_workload::{cost, workload, CostProfile};
+pub use pie_workload::{cost, workload, CostProfile, Percentiles};
+pub use records::Record;
 pub use router::RouterSpec;
-pub use sim::{
-    run, run_records, run_schedule, run_with, LoggedStep, PolicyName, Schedule, SimConfig,
-};
+pub use run::{run, run_records, run_with};
+pub use schedule::{LoggedStep, Schedule};
+pub use sim::run_schedule;
 pub use workload::{Request, Segment, WorkloadSpec};

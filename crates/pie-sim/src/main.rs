@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use pie_sim::autoscale::AutoscaleConfig;
-use pie_sim::metrics::{
+use pie_sim::requests::{self, Input};
+use pie_sim::tables::{
     class_table, copy_table, disk_table, fleet_table, markdown_table, migration_table, pool_table,
     transfer_table,
 };
-use pie_sim::requests::{self, Input};
 use pie_sim::worker_config::WorkerConfig;
 use pie_sim::{run, run_records, PolicyName, RouterSpec, RunMetrics, SimConfig};
 
@@ -112,7 +112,7 @@ struct Common {
     #[arg(long, default_value_t = 300_000)]
     scale_down_window_ms: u64,
     /// The TTFT objective (ms) of the metrics' SLO attainment.
-    #[arg(long, default_value_t = pie_sim::sim::DEFAULT_SLO_TTFT_MS)]
+    #[arg(long, default_value_t = pie_sim::config::DEFAULT_SLO_TTFT_MS)]
     slo_ttft_ms: f64,
     /// Workers that share one machine of the profile: their steps in flight at
     /// the same time split its speed (several `pie serve` processes on one host).
@@ -249,7 +249,7 @@ fn simulate(
                         None => run(&cfg, &workload, &reqs)?,
                         Some(path) => {
                             let (m, recs) = run_records(&cfg, &workload, &reqs)?;
-                            pie_sim::metrics::write_records(path, &recs)?;
+                            pie_sim::records::write_records(path, &recs)?;
                             m
                         }
                     };

@@ -1,6 +1,6 @@
 //! Live migration of a process between workers in the simulator (the
 //! `MigrateProcess` action, e.g. from `rebalance`): what it costs and what the
-//! run counts of it. `sim.rs` carries it out in stages, as Llumnix does:
+//! run counts of it. `sim/migrate.rs` carries it out in stages, as Llumnix does:
 //!
 //! 1. Copy: the process's computed pages (a running process's full pages; a
 //!    queued one's prefix cached on the source) that the target does not hold

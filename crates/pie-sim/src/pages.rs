@@ -12,7 +12,7 @@ use pie_policy::cluster::Tier;
 use pie_policy::{Candidate, KvAccounting};
 
 use crate::cache::{prefetch, PrefixCache};
-use crate::metrics::Record;
+use crate::records::Record;
 
 /// A `SeqId` is the sequence's arrival number (as the engine numbers them, so
 /// policies break ties in arrival order) above its slot in its worker's `seqs`.

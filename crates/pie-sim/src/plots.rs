@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::metrics::{fleet_label, RunMetrics};
+use crate::metrics::RunMetrics;
 use crate::svg::{bar_chart, line_chart, Chart, Series};
+use crate::tables::fleet_label;
 
 /// A run's name in legends: policy / router, and keep-session when on.
 pub fn run_label(r: &RunMetrics) -> String {

@@ -7,7 +7,7 @@
 //! spilled retained session (`retain-all`) is soft-pinned until its `keep-ms`
 //! expiry, after which its pages are ordinary LRU pages. Also the run's pool
 //! counters (`PoolCounters`). What moving pages costs, and when they arrive,
-//! is `sim.rs`'s (the profile's transfer cost over each worker's links).
+//! is `sim/pool.rs`'s (the profile's transfer cost over each worker's links).
 
 use std::collections::{BTreeMap, HashMap};
 

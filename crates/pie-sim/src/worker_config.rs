@@ -96,7 +96,7 @@ impl WorkerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::PolicyName;
+    use crate::config::PolicyName;
 
     fn parse(text: &str) -> Result<WorkerConfig, ConfigError> {
         WorkerConfig::parse(text, Path::new("worker.toml"))

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use pie_policy::cluster::Action;
 use pie_sim::autoscale::{AutoscaleConfig, FleetEvent};
-use pie_sim::metrics::Record;
+use pie_sim::Record;
 use pie_sim::{run, run_records, CostProfile, PolicyName, RunMetrics, SimConfig, WorkloadSpec};
 
 const PEAK_FLEET: usize = 4;

@@ -7,12 +7,14 @@
 //!
 //! Actors (`actions.rs`) share the same `cluster_policies` list: they are not
 //! asked per request but see a [`ClusterSnapshot`] on a tick and return actions,
-//! run by an [`ActorRunner`]. [`split_policies`] sorts a list into the two.
+//! run by an [`ActorRunner`], which also hands them [`ClusterEvent`]s (the
+//! fleet's from [`health_events`]). [`split_policies`] sorts a list into the two.
 
 mod actions;
 mod cache_aware;
 mod disaggregate;
 mod drain_migrate;
+mod events;
 #[cfg(test)]
 mod fixtures;
 mod heat;
@@ -41,6 +43,7 @@ pub use actions::{
 pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use disaggregate::{Disaggregate, DisaggregateConfig, PrefillPlacement};
 pub use drain_migrate::{DrainMigrate, DrainMigrateConfig};
+pub use events::{health_events, WorkerHealth};
 pub use heat::{HotChain, PrefixHeat};
 pub use index::{ClusterIndex, PrefixHolder};
 pub use least_loaded::LeastLoaded;
