@@ -398,34 +398,6 @@ impl Actors {
     }
 }
 
-/// Workers that became healthy or stopped being so between two polls; a
-/// healthy worker gone from the list (expired or deregistered) has left too.
-pub fn health_events(before: &[Worker], after: &[Worker]) -> Vec<ClusterEvent> {
-    let changed = after.iter().filter_map(|w| {
-        let was = before.iter().find(|b| b.name == w.name);
-        let (was_healthy, was_draining) = was.map_or((false, false), |b| (b.healthy, b.draining));
-        match (was_healthy, w.healthy) {
-            (false, true) => Some(ClusterEvent::WorkerJoined {
-                worker: w.name.clone(),
-            }),
-            (true, false) => Some(ClusterEvent::WorkerLeft {
-                worker: w.name.clone(),
-            }),
-            _ if w.draining && !was_draining => Some(ClusterEvent::WorkerDraining {
-                worker: w.name.clone(),
-            }),
-            _ => None,
-        }
-    });
-    let gone = before
-        .iter()
-        .filter(|b| b.healthy && !after.iter().any(|w| w.name == b.name))
-        .map(|b| ClusterEvent::WorkerLeft {
-            worker: b.name.clone(),
-        });
-    changed.chain(gone).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -513,30 +485,6 @@ mod tests {
                 action: copy,
                 error: "the worker answered 409".into(),
             }]
-        );
-    }
-
-    #[test]
-    fn a_healthy_worker_gone_from_the_list_has_left() {
-        let worker = |name: &str, healthy: bool| {
-            let mut w = Worker::new(0, name, "http://127.0.0.1:1", None);
-            w.healthy = healthy;
-            w
-        };
-        let before = [worker("w0", true), worker("w1", true), worker("w2", false)];
-        let after = [worker("w0", false), worker("w3", true)];
-        let events = health_events(&before, &after);
-        let left = |w: &str| ClusterEvent::WorkerLeft { worker: w.into() };
-        assert_eq!(
-            events,
-            vec![
-                left("w0"),
-                ClusterEvent::WorkerJoined {
-                    worker: "w3".into()
-                },
-                left("w1"),
-            ],
-            "w1 expired while healthy; w2 was not healthy: no event"
         );
     }
 

@@ -8,11 +8,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Parser;
 use pie_controller::actor_loop;
-use pie_controller::actors::health_events;
 use pie_controller::api::router;
 use pie_controller::config::{Config, WorkerEntry};
 use pie_controller::controller::Controller;
-use pie_controller::registry::Worker;
+use pie_policy::cluster::{health_events, WorkerHealth};
 use tokio::task::JoinHandle;
 
 #[derive(Parser)]
@@ -110,7 +109,7 @@ fn main() -> Result<()> {
 /// silent for `registration_ttl_ms` expire first.
 async fn poll_workers(ctl: Arc<Controller>, every: Duration, registration_ttl_ms: u64) {
     let mut polls: HashMap<String, JoinHandle<()>> = HashMap::new();
-    let mut before: Option<Vec<Worker>> = None;
+    let mut before: Option<Vec<WorkerHealth>> = None;
     loop {
         for name in ctl.registry.expire_silent(registration_ttl_ms) {
             tracing::warn!(
@@ -138,7 +137,8 @@ async fn poll_workers(ctl: Arc<Controller>, every: Duration, registration_ttl_ms
         tokio::time::sleep(every).await;
         // Health changes are events only for actors: no copies without them.
         before = ctl.actors.active().then(|| {
-            let after = ctl.registry.snapshot();
+            let after: Vec<WorkerHealth> =
+                ctl.registry.snapshot().iter().map(|w| w.health()).collect();
             if let Some(before) = &before {
                 ctl.actors.notify(health_events(before, &after));
             }

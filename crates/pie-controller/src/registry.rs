@@ -16,7 +16,8 @@ use pie_core::hash::chain_from;
 use pie_core::BlockHash;
 use pie_core::ModelFingerprint;
 use pie_policy::cluster::{
-    ClusterIndex, HotPrefix, PendingBlocks, PrefixHeat, Stage, Tier, WorkerView,
+    ClusterIndex, HotPrefix, PendingBlocks, PrefixHeat, Stage, Tier, WorkerHealth, WorkerView,
+    HEAT_CAPACITY, HOT_PREFIXES,
 };
 use serde::Serialize;
 use serde_json::Value;
@@ -78,6 +79,17 @@ pub struct Worker {
     /// brings it back in its slot.
     #[serde(skip)]
     pub expired: bool,
+}
+
+impl Worker {
+    /// What the cluster events are computed from (`health_events`).
+    pub fn health(&self) -> WorkerHealth {
+        WorkerHealth {
+            name: self.name.clone(),
+            healthy: self.healthy,
+            draining: self.draining,
+        }
+    }
 }
 
 impl Worker {
@@ -201,11 +213,6 @@ impl PromptChains {
         self.kind_of(w).map(|at| self.kinds[at].1.as_slice())
     }
 }
-
-/// Blocks tracked for hot prefixes; past it the least recently asked half goes.
-const HEAT_CAPACITY: usize = 1 << 16;
-/// Hot prefixes in an actors' snapshot, at most.
-const HOT_PREFIXES: usize = 64;
 
 impl Registry {
     /// Workers with their indexed block counts (expired ones left out).

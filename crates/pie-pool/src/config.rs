@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use pie_core::auth::ApiKey;
 use pie_core::config_file::ConfigError;
+use pie_core::pool::{HIGH_WATERMARK, LOW_WATERMARK};
 use pie_core::ByteSize;
 use serde::{Deserialize, Serialize};
 
@@ -56,8 +57,8 @@ impl Default for PoolConfig {
     fn default() -> Self {
         Self {
             capacity: ByteSize(4 << 30),
-            high_watermark: 0.9,
-            low_watermark: 0.8,
+            high_watermark: HIGH_WATERMARK,
+            low_watermark: LOW_WATERMARK,
             dir: None,
             disk_budget: ByteSize(64 << 30),
             ttl_ms: 0,

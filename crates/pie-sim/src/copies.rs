@@ -15,15 +15,10 @@
 //! `ActionFailed`.
 
 use pie_core::BlockHash;
-use pie_policy::cluster::{Action, HotPrefix, PrefixHeat};
+use pie_policy::cluster::{Action, HotPrefix, PrefixHeat, HOT_PREFIXES};
 use serde::Serialize;
 
 use crate::cache::PrefixCache;
-
-/// Blocks tracked for hot prefixes (as the controller).
-pub const HEAT_CAPACITY: usize = 1 << 16;
-/// Hot prefixes in an actors' snapshot, at most (as the controller).
-pub const HOT_PREFIXES: usize = 64;
 
 /// A copy on its way: the target (its incarnation, `Fleet::stops`, when
 /// the copy started), the blocks it gets, and the action it carries out.

@@ -11,17 +11,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use pie_core::pool::{HIGH_WATERMARK, LOW_WATERMARK};
 use pie_core::BlockHash;
 use serde::Serialize;
-
-/// Spills a worker keeps on their way at once, at most; one more is dropped
-/// (`pie-worker`'s `runtime/spill.rs`: a slow pool costs recomputes, never
-/// memory without bound).
-pub const SPILLS_IN_FLIGHT: usize = 4;
-
-/// `pie-pool`'s default watermarks (`[pool] high_watermark`, `low_watermark`).
-pub const HIGH_WATERMARK: f64 = 0.9;
-pub const LOW_WATERMARK: f64 = 0.8;
 
 #[derive(Clone, Copy, Debug)]
 struct Entry {

@@ -17,6 +17,12 @@ use std::collections::{HashMap, HashSet};
 
 use pie_core::BlockHash;
 
+/// Blocks the controller and the simulator track for hot prefixes; past it
+/// the least recently asked half goes.
+pub const HEAT_CAPACITY: usize = 1 << 16;
+/// Hot prefixes in an actors' snapshot, at most.
+pub const HOT_PREFIXES: usize = 64;
+
 /// A block's count and its place in the chain.
 #[derive(Clone, Copy, Debug)]
 struct Heat {

@@ -32,6 +32,11 @@ use super::actions::{
     Action, ClusterActor, ClusterEvent, ClusterSnapshot, Decision, Tier, WorkerState,
 };
 
+/// Spills a worker keeps on their way at once, at most; one more is dropped
+/// and counted (a slow pool costs recomputes, never memory without bound).
+/// The worker's runtime and the simulator both hold to it.
+pub const SPILLS_IN_FLIGHT: usize = 4;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetainAllConfig {

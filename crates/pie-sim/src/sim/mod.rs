@@ -67,7 +67,7 @@ use pie_policy::{KeepSession, Planned, Scheduler, StepLimits, WorkerPolicy};
 use crate::actors::{FailedAction, SimActors};
 use crate::autoscale::{Fleet, FleetStats};
 use crate::config::SimConfig;
-use crate::copies::{PrefixCopy, HEAT_CAPACITY};
+use crate::copies::PrefixCopy;
 use crate::counters::Counters;
 use crate::disaggregate::Links;
 use crate::disk::Disks;
@@ -81,6 +81,7 @@ use crate::records::Record;
 use crate::router::Router;
 use crate::schedule::Schedule;
 use crate::workload::Request;
+use pie_policy::cluster::HEAT_CAPACITY;
 
 use self::disk::DiskWrite;
 use self::pool::{PoolPush, Pull};

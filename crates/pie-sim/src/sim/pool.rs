@@ -11,7 +11,7 @@ use crate::copies::leading_held;
 use crate::disk::read_us;
 use crate::events::Event;
 use crate::pages::Seq;
-use crate::pool::SPILLS_IN_FLIGHT;
+use pie_policy::cluster::SPILLS_IN_FLIGHT;
 
 use super::Sim;
 

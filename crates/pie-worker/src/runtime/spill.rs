@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use pie_core::BlockHash;
 use pie_kv::stream::PushHeader;
+use pie_policy::cluster::SPILLS_IN_FLIGHT;
 use tokio::sync::{mpsc, Semaphore};
 
 use super::command::Command;
@@ -28,9 +29,6 @@ use super::persist::{PersistError, PersistTo};
 use super::Runtime;
 use crate::engine::Spill;
 use pie_core::clock::now_ms;
-
-/// Spills being kept at once, at most.
-const SPILLS_IN_FLIGHT: usize = 4;
 
 pub(super) struct SpillState {
     /// The tier asked for; None: spilling is off.
