@@ -21,13 +21,5 @@ mod table;
 pub mod transfer;
 
 pub use pie_core::KvDtype;
-pub use pool::{IndexChange, KvLayout, KvPool, PageId, PageKv, PoolStats};
+pub use pool::{IndexChange, KvLayout, KvPool, OutOfPages, PageId, PageKv, PoolStats};
 pub use table::PageTable;
-
-/// Not enough free or evictable pages for a request.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("out of KV pages: need {needed}, {available} available")]
-pub struct OutOfPages {
-    pub needed: usize,
-    pub available: usize,
-}

@@ -7,7 +7,13 @@ use pie_core::{BlockHash, KvDtype, ModelFingerprint};
 
 use serde::{Deserialize, Serialize};
 
-use crate::OutOfPages;
+/// Not enough free or evictable pages for a request.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("out of KV pages: need {needed}, {available} available")]
+pub struct OutOfPages {
+    pub needed: usize,
+    pub available: usize,
+}
 
 /// Shape of one page: `page_size` tokens of K and V for each of `layers` layers,
 /// each token `kv_dim` (= kv heads x head dim) floats.

@@ -19,7 +19,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{CacheAware, ClusterPolicy, Reject, RouteRequest, Stage, WorkerView};
+use super::{CacheAware, ClusterPolicy, PrefillPlacement, Reject, RouteRequest, Stage, WorkerView};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -36,30 +36,6 @@ impl Default for DisaggregateConfig {
         Self {
             min_remote_prefill_tokens: 512,
             max_prefill_load: 0,
-        }
-    }
-}
-
-/// Where a request's prefill runs, and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PrefillPlacement {
-    /// On the decode worker itself.
-    Local(String),
-    /// On `worker` (an index into the views); the decode worker pulls its pages.
-    Remote { worker: usize, reason: String },
-}
-
-impl PrefillPlacement {
-    pub fn reason(&self) -> &str {
-        match self {
-            Self::Local(reason) | Self::Remote { reason, .. } => reason,
-        }
-    }
-
-    pub fn remote_worker(&self) -> Option<usize> {
-        match self {
-            Self::Local(_) => None,
-            Self::Remote { worker, .. } => Some(*worker),
         }
     }
 }
