@@ -12,6 +12,7 @@
 //! admitted sequence finishes.
 
 mod kv;
+mod state;
 mod transfer;
 
 use std::collections::HashMap;
@@ -19,37 +20,16 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use pie_core::{Props, SeqId};
-use pie_kv::{KvDtype, KvPool, PageTable, PoolStats};
+use pie_kv::{KvPool, PageTable, PoolStats};
 use pie_model::{Model, Sampler, SamplingParams, SeqInput};
 use pie_policy::{
     scheduler::prefill_share, Candidate, KeepSession, Planned, Scheduler, StepLimits, WorkerPolicy,
 };
 use pie_workload::StepShape;
 
-pub use kv::Spill;
 use kv::{EngineKv, Sequence};
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct EngineConfig {
-    pub page_size: usize,
-    pub kv_pages: usize,
-    /// The pages' element type (`[runtime] kv_dtype`).
-    pub kv_dtype: KvDtype,
-    pub max_batch_tokens: usize,
-    pub max_running: usize,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        Self {
-            page_size: 16,
-            kv_pages: 2048,
-            kv_dtype: KvDtype::default(),
-            max_batch_tokens: 512,
-            max_running: 64,
-        }
-    }
-}
+pub use kv::{SeqInfo, Spill};
+pub use state::{Engine, EngineConfig, EngineCounters};
 
 /// What to generate.
 #[derive(Clone, Debug)]
@@ -131,37 +111,6 @@ pub struct StepOutput {
     /// Sequences stopped by an error of their own, with it (their pages are
     /// released); the rest of the batch ran.
     pub failed: Vec<(SeqId, String)>,
-}
-
-/// Counters since start.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct EngineCounters {
-    pub steps: u64,
-    pub prefill_tokens: u64,
-    /// Tokens whose KV was computed after the prompt (recomputes included).
-    pub decode_tokens: u64,
-    /// Tokens sampled and returned.
-    pub generated_tokens: u64,
-    pub prefix_hit_tokens: u64,
-    pub preemptions: u64,
-}
-
-/// Per-sequence facts a caller may report (e.g. OpenAI `usage`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SeqInfo {
-    pub prompt_tokens: usize,
-    pub generated_tokens: usize,
-    /// Prompt tokens served from the prefix cache at first admission.
-    pub cached_tokens: usize,
-}
-
-pub struct Engine {
-    model: Arc<Model>,
-    config: EngineConfig,
-    kv: EngineKv,
-    scheduler: Scheduler,
-    next_id: u64,
-    counters: EngineCounters,
 }
 
 impl Engine {

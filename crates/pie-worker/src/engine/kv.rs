@@ -11,7 +11,14 @@ use pie_kv::{KvPool, PageTable};
 use pie_model::Sampler;
 use pie_policy::KvAccounting;
 
-use super::SeqInfo;
+/// Per-sequence facts a caller may report (e.g. OpenAI `usage`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqInfo {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    /// Prompt tokens served from the prefix cache at first admission.
+    pub cached_tokens: usize,
+}
 
 pub(super) struct Sequence {
     pub tokens: Vec<u32>,

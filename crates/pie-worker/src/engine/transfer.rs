@@ -6,7 +6,7 @@ use pie_core::BlockHash;
 use pie_kv::transfer::{export_page, import_page, PageFormat};
 use pie_kv::{KvPool, PageId};
 
-use super::Engine;
+use super::state::Engine;
 
 impl Engine {
     /// The format a page must have to be used here (the transfer handshake).
