@@ -13,7 +13,7 @@ use pie_core::BlockHash;
 use pie_policy::cluster::Action;
 use serde_json::{json, Value};
 
-use crate::actors::{LoggedAction, Outcome};
+use crate::actors::Outcome;
 use crate::controller::Controller;
 
 /// The request that carries out `action` on a worker, for the actions
@@ -106,24 +106,8 @@ pub async fn run(ctl: Arc<Controller>) {
 /// Queued events, then (when `tick`) a tick; every record executed and logged.
 fn step(ctl: &Arc<Controller>, tick: bool) {
     let actors = &ctl.actors;
-    let events = std::mem::take(&mut *actors.events.lock().unwrap_or_else(|e| e.into_inner()));
-    if events.is_empty() && !tick {
-        return;
-    }
-    let snapshot = actors.snapshot(ctl.registry.snapshot(), ctl.registry.hot_prefixes());
-    let now = now_ms();
-    let records = {
-        let mut runner = actors.runner.lock().unwrap_or_else(|e| e.into_inner());
-        let mut records = Vec::new();
-        for e in &events {
-            records.extend(runner.event(now, e, &snapshot));
-        }
-        if tick {
-            records.extend(runner.tick(now, &snapshot));
-        }
-        records
-    };
-    for record in records {
+    let cluster = || (ctl.registry.snapshot(), ctl.registry.hot_prefixes());
+    for record in actors.decide(tick, cluster, now_ms()) {
         let ask = match record.dry_run {
             true => None,
             false => worker_ask(ctl, &record.action),
@@ -135,21 +119,14 @@ fn step(ctl: &Arc<Controller>, tick: bool) {
             },
             None => actors.execute(&ctl.metrics, &ctl.streams, &record),
         };
-        let kind = record.action.kind();
-        if let Outcome::Failed { error } = &outcome {
-            tracing::error!(actor = record.actor, kind, "{error}");
-        }
-        let action = record.action.clone();
-        let id = actors.log_action(&ctl.metrics, LoggedAction::new(record, outcome.clone()));
-        match ask {
-            Some(Ok(req)) => {
-                let ctl = ctl.clone();
-                tokio::spawn(async move {
-                    let outcome = answer_of(req, kind).await;
-                    ctl.actors.settle(id, action, outcome);
-                });
-            }
-            _ => actors.failed_back(action, &outcome),
+        let (kind, action) = (record.action.kind(), record.action.clone());
+        let id = actors.record(&ctl.metrics, record, outcome);
+        if let Some(Ok(req)) = ask {
+            let ctl = ctl.clone();
+            tokio::spawn(async move {
+                let outcome = answer_of(req, kind).await;
+                ctl.actors.settle(id, action, outcome);
+            });
         }
     }
 }

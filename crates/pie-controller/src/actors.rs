@@ -70,7 +70,7 @@ pub struct LoggedAction {
 }
 
 impl LoggedAction {
-    pub(crate) fn new(record: ActionRecord, outcome: Outcome) -> Self {
+    fn new(record: ActionRecord, outcome: Outcome) -> Self {
         Self {
             id: 0,
             kind: record.action.kind(),
@@ -130,14 +130,14 @@ impl Drop for DemandGuard {
 }
 
 pub struct Actors {
-    pub(crate) runner: Mutex<ActorRunner>,
+    runner: Mutex<ActorRunner>,
     /// Actors are configured: requests are tracked with their props.
     tracking: AtomicBool,
     pub(crate) tick_ms: AtomicU64,
     demand: Arc<Mutex<Demand>>,
-    pub(crate) events: Mutex<Vec<ClusterEvent>>,
+    events: Mutex<Vec<ClusterEvent>>,
     pub(crate) wake: tokio::sync::Notify,
-    pub(crate) log: Mutex<VecDeque<LoggedAction>>,
+    log: Mutex<VecDeque<LoggedAction>>,
     logged: AtomicU64,
     scale: Mutex<BTreeMap<String, Published>>,
     /// `[cluster] scale_history_file`: every hint published, a line each.
@@ -240,11 +240,50 @@ impl Actors {
             .reads_hot_prefixes()
     }
 
-    pub(crate) fn snapshot(
+    /// Queued events, then (when `tick`) a tick, over the cluster `cluster`
+    /// reads (workers and hot prefixes; read only when there is work): the
+    /// actors' records.
+    pub fn decide(
         &self,
-        workers: Vec<Worker>,
-        hot_prefixes: Vec<HotPrefix>,
-    ) -> ClusterSnapshot {
+        tick: bool,
+        cluster: impl FnOnce() -> (Vec<Worker>, Vec<HotPrefix>),
+        now: u64,
+    ) -> Vec<ActionRecord> {
+        let events = std::mem::take(&mut *self.events.lock().unwrap_or_else(|e| e.into_inner()));
+        if events.is_empty() && !tick {
+            return Vec::new();
+        }
+        let (workers, hot_prefixes) = cluster();
+        let snapshot = self.snapshot(workers, hot_prefixes);
+        let mut runner = self.runner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut records = Vec::new();
+        for e in &events {
+            records.extend(runner.event(now, e, &snapshot));
+        }
+        if tick {
+            records.extend(runner.tick(now, &snapshot));
+        }
+        records
+    }
+
+    /// Log `record` with its outcome (counted); a failure goes back to the
+    /// actors. Its number in the log, for the worker's answer to settle.
+    pub fn record(
+        &self,
+        metrics: &ControllerMetrics,
+        record: ActionRecord,
+        outcome: Outcome,
+    ) -> u64 {
+        if let Outcome::Failed { error } = &outcome {
+            tracing::error!(actor = record.actor, kind = record.action.kind(), "{error}");
+        }
+        let action = record.action.clone();
+        let id = self.log_action(metrics, LoggedAction::new(record, outcome.clone()));
+        self.failed_back(action, &outcome);
+        id
+    }
+
+    fn snapshot(&self, workers: Vec<Worker>, hot_prefixes: Vec<HotPrefix>) -> ClusterSnapshot {
         let processes: Vec<ProcessState> = self
             .demand
             .lock()
@@ -285,7 +324,7 @@ impl Actors {
 
     /// A failed action is an `ActionFailed` event for the actors (replicate
     /// then frees the copy's place and avoids its target).
-    pub(crate) fn failed_back(&self, action: Action, outcome: &Outcome) {
+    fn failed_back(&self, action: Action, outcome: &Outcome) {
         if let Outcome::Failed { error } = outcome {
             self.notify(vec![ClusterEvent::ActionFailed {
                 action,
@@ -362,7 +401,7 @@ impl Actors {
     }
 
     /// Count and keep `logged`; its id.
-    pub(crate) fn log_action(&self, metrics: &ControllerMetrics, mut logged: LoggedAction) -> u64 {
+    fn log_action(&self, metrics: &ControllerMetrics, mut logged: LoggedAction) -> u64 {
         logged.id = self.logged.fetch_add(1, Ordering::Relaxed) + 1;
         let id = logged.id;
         metrics

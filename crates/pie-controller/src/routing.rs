@@ -55,7 +55,9 @@ pub fn decide(registry: &Registry, pipeline: &Pipeline, ask: &Ask) -> Decided {
     let chains = registry.chains(ask.tokens, ask.salt);
     let route_started = Instant::now();
     let mut views = registry.held_views(&chains, ask.with_free_slot);
-    views.retain(|w| !ask.exclude.contains(&w.name));
+    if !ask.exclude.is_empty() {
+        views.retain(|w| !ask.exclude.contains(&w.name));
+    }
     let choice = {
         let mut policies = pipeline.lock().unwrap_or_else(|e| e.into_inner());
         registry.add_pending(&chains, &mut views);

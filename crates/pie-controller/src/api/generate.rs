@@ -351,16 +351,17 @@ struct Attempt {
 
 impl Attempt {
     async fn run(&mut self, ctl: &Arc<Controller>, mut plan: Plan) -> Response {
-        let candidates = plan.order.len();
-        for (attempt, i) in plan.order.clone().into_iter().enumerate() {
-            let (view, url) = plan.views[i].clone();
+        let order = std::mem::take(&mut plan.order);
+        let candidates = order.len();
+        for (attempt, i) in order.into_iter().enumerate() {
+            let (name, url) = (plan.views[i].0.name.clone(), plan.views[i].1.clone());
             let client = plan.request.props.str("client").unwrap_or("anonymous");
-            let slot = InFlight::begin(ctl, &view.name, client);
+            let slot = InFlight::begin(ctl, &name, client);
             drop(self.ticket.take());
             if let Some(d) = &self.demand {
-                d.placed(&view.name);
+                d.placed(&name);
             }
-            let body = plan.body_for(ctl, &view.name);
+            let body = plan.body_for(ctl, &name);
             self.clock.pause();
             let sent = (ctl.worker_client)
                 .send(
@@ -386,34 +387,27 @@ impl Attempt {
                         StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
                     ) && attempt + 1 < candidates =>
                 {
-                    tracing::debug!(worker = view.name, status = %upstream.status, "worker refused; trying the next");
+                    tracing::debug!(worker = name, status = %upstream.status, "worker refused; trying the next");
                 }
                 Ok(upstream) => {
                     let why = if attempt == 0 {
                         plan.reason.clone()
                     } else {
                         ctl.metrics.retries.inc();
-                        format!("retry after a failed or silent worker: {}", view.name)
+                        format!("retry after a failed or silent worker: {name}")
                     };
-                    let placed = Placed {
-                        ctl: ctl.clone(),
-                        acting: plan.request.acting.clone(),
-                        body: Value::Null,
-                        prompt: plan.request.tokens.clone(),
-                        props: plan.request.props.clone(),
-                        worker: view.name.clone(),
-                        url,
-                        slot,
-                    };
-                    return self.answered(ctl, &mut plan, upstream, placed, &why).await;
+                    let to = (name, url);
+                    return self
+                        .answered(ctl, &mut plan, upstream, slot, to, &why)
+                        .await;
                 }
                 Err(e) => {
                     tracing::warn!(
-                        worker = view.name,
+                        worker = name,
                         error = e,
                         "worker failed before responding; trying the next"
                     );
-                    ctl.registry.mark_down(&view.name);
+                    ctl.registry.mark_down(&name);
                 }
             }
         }
@@ -423,41 +417,51 @@ impl Attempt {
         )
     }
 
-    /// The worker `placed` names answered: relay its answer (movable, a
+    /// Worker `to` (name, URL) answered: relay its answer (movable, a
     /// followed native process, or plain), count and record the routing.
     async fn answered(
         &mut self,
         ctl: &Arc<Controller>,
         plan: &mut Plan,
         upstream: Upstream,
-        mut placed: Placed,
+        mut slot: InFlight,
+        (worker, url): (String, String),
         why: &str,
     ) -> Response {
-        placed.slot.traced = plan.traced.take();
-        placed.slot.demand = self.demand.take();
-        let worker = placed.worker.clone();
+        slot.traced = plan.traced.take();
+        slot.demand = self.demand.take();
         let ok = upstream.status.is_success();
+        let bodies = (plan.resume_body.take(), plan.native_body.take());
+        let request = &plan.request;
+        let placed = |body, slot| Placed {
+            ctl: ctl.clone(),
+            acting: request.acting.clone(),
+            body,
+            prompt: request.tokens.clone(),
+            props: request.props.clone(),
+            worker: worker.clone(),
+            url: url.clone(),
+            slot,
+        };
         let mut native = None;
-        let mut resp = match (plan.resume_body.take(), plan.native_body.take()) {
+        let mut resp = match bodies {
             (Some(body), _) if ok => {
-                placed.body = body;
                 let relay = Relay {
-                    placed,
-                    path: plan.request.path.clone(),
+                    placed: placed(body, slot),
+                    path: request.path.clone(),
                     headers: self.headers.clone(),
                 };
                 upstream.relay_with(|body| relay.into_body(body))
             }
             (None, Some(body)) if ok => {
-                placed.body = body;
                 native = Some(NativeLaunch {
-                    placed,
+                    placed: placed(body, slot),
                     local: String::new(),
                     turns: None,
                 });
                 upstream.into_response()
             }
-            _ => hold_until_streamed(upstream.into_response(), placed.slot),
+            _ => hold_until_streamed(upstream.into_response(), slot),
         };
         count_routed(ctl, &worker, why, &plan.request.route_request());
         let h = resp.headers_mut();
