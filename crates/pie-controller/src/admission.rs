@@ -3,7 +3,9 @@
 //! (priority, then `queue_order`), at most `max_wait_ms` (then 503 with
 //! `Retry-After`); at most `max_queued` wait (then 429). A woken request holds
 //! a [`SlotTicket`] until it takes its slot, so one free slot is never
-//! promised twice.
+//! promised twice. Under `queue_order = "fair"` the queue orders clients by
+//! their weighted service ([`ServiceCounters`], `[cluster.fair]`), which
+//! every relayed answer charges as it streams.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,7 +14,8 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use axum::response::Response;
 use pie_core::Props;
-use pie_policy::cluster::PriorityQueue;
+use pie_policy::cluster::{PriorityQueue, QueueOrder};
+use pie_policy::ServiceCounters;
 use tokio::sync::oneshot;
 
 use crate::clients::ClientsInFlight;
@@ -30,6 +33,9 @@ pub struct Admission {
     pub max_wait_ms: AtomicU64,
     /// Requests in flight per client (`queue_order = "fair"` reads them).
     pub clients_in_flight: ClientsInFlight,
+    /// Weighted service per client, charged while `queue_order = "fair"`.
+    service: Mutex<ServiceCounters>,
+    charging: AtomicBool,
     /// Requests woken from the queue that have not yet claimed their slot.
     pub woken: Arc<AtomicUsize>,
 }
@@ -43,8 +49,37 @@ impl Admission {
             queue: Mutex::new(queue),
             max_wait_ms: cluster.max_wait_ms.get().into(),
             clients_in_flight: ClientsInFlight::default(),
+            service: Mutex::new(ServiceCounters::new(cluster.fair.clone())),
+            charging: AtomicBool::new(cluster.queue_order == QueueOrder::Fair),
             woken: Arc::default(),
         }
+    }
+
+    fn lock_service(&self) -> std::sync::MutexGuard<'_, ServiceCounters> {
+        self.service.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `client` received service (see [`ServiceCounters::charge`]); counted
+    /// only while the queue orders by it.
+    pub fn charge(&self, client: &str, weight: f64, input_tokens: usize, output_tokens: usize) {
+        if self.charging.load(Ordering::Relaxed) {
+            (self.lock_service()).charge(client, weight, input_tokens, output_tokens);
+        }
+    }
+
+    /// A request about to be sent, whose prompt the controller counted
+    /// `prompt_tokens` (0 without a tokenizer): charged once, before its
+    /// answer (a non-streamed one arrives whole at the end), so a long prompt
+    /// counts at once; the answer's `usage` corrects it upward.
+    pub fn charge_prompt(&self, props: &Props, prompt_tokens: usize) -> usize {
+        let (client, weight) = client_and_weight(props);
+        self.charge(client, weight, prompt_tokens, 0);
+        prompt_tokens
+    }
+
+    /// The clients' weighted service, for `GET /v1/cluster`.
+    pub fn service_summary(&self) -> serde_json::Value {
+        self.lock_service().summary()
     }
 
     /// A reloaded `[cluster]`: queueing, `max_queued`, `queue_order` and
@@ -56,6 +91,8 @@ impl Admission {
             queue.set_max_queued(cluster.max_queued);
             queue.set_order(cluster.queue_order);
         }
+        self.lock_service().set_config(cluster.fair.clone());
+        (self.charging).store(cluster.queue_order == QueueOrder::Fair, Ordering::Relaxed);
         self.max_wait_ms
             .store(cluster.max_wait_ms.get(), Ordering::Relaxed);
     }
@@ -81,8 +118,18 @@ impl Admission {
         } else {
             usize::MAX
         };
+        let mut service = self.lock_service();
+        if queue.order() == QueueOrder::Fair && !queue.is_empty() {
+            let in_flight = self.clients_in_flight.names();
+            let present = in_flight
+                .iter()
+                .map(String::as_str)
+                .chain(queue.waiting_clients())
+                .collect();
+            service.track(&present);
+        }
         while free > 0 {
-            let Some(tx) = queue.pop(|client| self.clients_in_flight.count(client)) else {
+            let Some(tx) = queue.pop(|client| service.counter(client)) else {
                 break;
             };
             // A ticket refused by a waiter that left is dropped, and un-counts itself.
@@ -137,6 +184,13 @@ impl Admission {
             }
         }
     }
+}
+
+/// Whose request it is (the `client` prop, set from its key) and its
+/// `weight` (default 1).
+pub fn client_and_weight(props: &Props) -> (&str, f64) {
+    let client = props.str("client").unwrap_or("anonymous");
+    (client, props.float("weight").unwrap_or(1.0))
 }
 
 /// A woken request's claim on a free slot, counted in `Controller::woken`

@@ -1,6 +1,7 @@
-//! Requests in flight per client across the whole cluster: what
-//! `queue_order = "fair"` orders the wait queue by. A client's entry exists
-//! only while it has requests in flight, so the map is bounded by them.
+//! Requests in flight per client across the whole cluster: with the waiting
+//! ones, the clients that have work (`queue_order = "fair"` lifts a client
+//! that gets work to the others' service). A client's entry exists only
+//! while it has requests in flight, so the map is bounded by them.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -35,6 +36,11 @@ impl ClientsInFlight {
     pub fn clients(&self) -> usize {
         self.lock().len()
     }
+
+    /// Who has requests in flight.
+    pub fn names(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
 }
 
 #[cfg(test)]
@@ -51,6 +57,7 @@ mod tests {
         c.finished("a");
         c.finished("b");
         assert_eq!((c.count("a"), c.count("b"), c.clients()), (1, 0, 1));
+        assert_eq!(c.names(), ["a"]);
         c.finished("a");
         assert_eq!(c.clients(), 0);
     }

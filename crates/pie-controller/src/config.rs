@@ -13,6 +13,7 @@ use pie_policy::cluster::{
     QueueOrder, RebalanceConfig, ReplicateConfig, RetainAllConfig, RoutingConfigs,
     ScaleByPropConfig, SessionAffinityConfig, DEFAULT_MAX_QUEUED,
 };
+use pie_policy::FairConfig;
 use pie_workload::JsonLines;
 use serde::{Deserialize, Serialize};
 
@@ -86,9 +87,12 @@ pub struct ClusterConfig {
     /// With `cluster-priority`: requests waiting in the controller before 429.
     pub max_queued: usize,
     /// With `cluster-priority`: how one priority level of the wait queue is
-    /// ordered: "priority" (FCFS) or "fair" (the client with the fewest
-    /// requests in flight cluster-wide first).
+    /// ordered: "priority" (FCFS) or "fair" (the client with the least
+    /// weighted service cluster-wide first, charged as `[cluster.fair]` says).
     pub queue_order: QueueOrder,
+    /// What a client's service costs under `queue_order = "fair"`:
+    /// `input_weight` per prompt token, `output_weight` per generated token.
+    pub fair: FairConfig,
     /// The longest a request waits for a running slot (in the cluster-priority
     /// queue, or for any worker to come back) before 503 with `Retry-After`.
     pub max_wait_ms: NonZeroU64,
@@ -149,6 +153,7 @@ impl Default for ClusterConfig {
             poll_ms: 250,
             max_queued: DEFAULT_MAX_QUEUED,
             queue_order: QueueOrder::Priority,
+            fair: FairConfig::default(),
             max_wait_ms: ms(30_000),
             connect_timeout_ms: ms(2_000),
             read_timeout_ms: ms(120_000),

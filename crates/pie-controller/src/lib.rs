@@ -37,5 +37,6 @@ pub mod respond;
 pub mod routing;
 pub mod streams;
 pub mod trace;
+pub mod usage;
 pub mod whole;
 pub mod worker_client;

@@ -216,12 +216,18 @@ impl Follower {
         for block in blocks {
             match parse(&block) {
                 Some(Native::Token(_)) if self.replayed > 0 => self.replayed -= 1,
-                Some(Native::Token(t)) => self.generated.push(t),
+                Some(Native::Token(t)) => {
+                    self.generated.push(t);
+                    self.launch.placed.slot.generated(1);
+                }
                 Some(Native::Text) | None => {}
                 Some(Native::Status(state)) if state == "migrated" => {
                     return Some(Ended::HandedOff)
                 }
-                Some(Native::Status(_)) => return Some(Ended::Final),
+                Some(Native::Status(_)) => {
+                    self.launch.placed.slot.observe(&block);
+                    return Some(Ended::Final);
+                }
             }
         }
         None

@@ -10,6 +10,7 @@ pub mod offload;
 pub mod priority;
 pub mod runtime;
 pub mod scheduler;
+pub mod service;
 pub mod worker;
 
 pub use deadline::{Deadline, DeadlineConfig, OnMiss};
@@ -19,4 +20,5 @@ pub use keep_session::{KeepSession, KeepSessionConfig, Retention};
 pub use offload::{Offload, OffloadConfig};
 pub use priority::{Priority, PriorityConfig};
 pub use scheduler::{KvAccounting, Planned, Scheduler, StepLimits};
+pub use service::ServiceCounters;
 pub use worker::{Candidate, WorkerPolicy};

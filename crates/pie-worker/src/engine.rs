@@ -52,6 +52,11 @@ pub struct Request {
     /// Tokens at the end of `prompt` this process sampled before, elsewhere
     /// (a resumed process): its sampler continues after them.
     pub sampled_before: usize,
+    /// The worker's disk tier holds the prompt's pages: preempted and
+    /// missing some of them when it could run again, the sequence waits
+    /// until the runtime loaded them ([`StepOutput::to_reload`],
+    /// [`Engine::reloaded`]) instead of recomputing them.
+    pub reload_after_preemption: bool,
 }
 
 impl Request {
@@ -69,6 +74,7 @@ impl Request {
             props: Props::new(),
             cache_salt: None,
             sampled_before: 0,
+            reload_after_preemption: false,
         }
     }
 }
@@ -111,6 +117,9 @@ pub struct StepOutput {
     /// Sequences stopped by an error of their own, with it (their pages are
     /// released); the rest of the batch ran.
     pub failed: Vec<(SeqId, String)>,
+    /// Preempted sequences held back in this step for their pages from disk
+    /// (`Request::reload_after_preemption`) until [`Engine::reloaded`].
+    pub to_reload: Vec<SeqId>,
 }
 
 impl Engine {
@@ -133,6 +142,8 @@ impl Engine {
                 retained: HashMap::new(),
                 prefix_hit_tokens: 0,
                 started: Vec::new(),
+                reloading: Default::default(),
+                to_reload: Vec::new(),
                 spill: false,
                 spilled: Vec::new(),
             },
@@ -206,8 +217,10 @@ impl Engine {
         self.scheduler.policy().summary()
     }
 
+    /// Some sequence may run: not every one waits for pages from disk (the
+    /// engine thread then sleeps until `Engine::reloaded` or a new command).
     pub fn has_work(&self) -> bool {
-        !self.scheduler.is_empty()
+        self.scheduler.len() > self.kv.reloading.len()
     }
 
     pub fn len(&self) -> usize {
@@ -259,6 +272,8 @@ impl Engine {
             table: PageTable::with_root(chain_root),
             chain_root,
             cached_tokens: None,
+            reload_after_preemption: req.reload_after_preemption,
+            reload_pending: false,
         };
         Ok(self.insert(seq, req.arrival_ms, req.client, req.props))
     }
@@ -304,6 +319,8 @@ impl Engine {
             table,
             chain_root: p.chain_root,
             cached_tokens: Some(0),
+            reload_after_preemption: false,
+            reload_pending: false,
         };
         Ok(self.insert(seq, arrival_ms, client, props))
     }
@@ -315,7 +332,14 @@ impl Engine {
         };
         self.scheduler.finish(&mut self.kv, &[index], false);
         self.kv.seqs.remove(&id);
+        self.kv.reloading.remove(&id);
         true
+    }
+
+    /// The runtime loaded what it could of a preempted sequence's pages from
+    /// disk (or gave up): it may be admitted again.
+    pub fn reloaded(&mut self, id: SeqId) {
+        self.kv.reloading.remove(&id);
     }
 
     /// Let a sequence generate one more token, then finish (`Length`): a
@@ -346,6 +370,7 @@ impl Engine {
         let mut plan = Vec::new();
         self.scheduler.plan(&mut self.kv, now_ms, &mut plan);
         out.started = std::mem::take(&mut self.kv.started);
+        out.to_reload = std::mem::take(&mut self.kv.to_reload);
         let rejected = self.reject_invalid(&mut plan);
         if plan.is_empty() {
             self.fail(rejected, &mut out);

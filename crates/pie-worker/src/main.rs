@@ -467,6 +467,7 @@ fn run(
         props: Default::default(),
         cache_salt: None,
         sampled_before: 0,
+        reload_after_preemption: false,
     })?;
     let mut decoder = IncrementalDecoder::default();
     let mut stdout = std::io::stdout();

@@ -33,6 +33,7 @@ fn greedy(model: &Arc<Model>, text: &str, max_tokens: usize) -> String {
             props: Default::default(),
             cache_salt: None,
             sampled_before: 0,
+            reload_after_preemption: false,
         })
         .unwrap();
     let mut out: HashMap<_, Vec<u32>> = HashMap::new();

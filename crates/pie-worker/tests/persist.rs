@@ -345,3 +345,59 @@ async fn first_event(mut resp: reqwest::Response) -> Value {
         }
     }
 }
+
+/// A sequence whose prompt's pages came from disk, preempted by a
+/// higher-priority one whose pages evict them, loads them from disk again
+/// before it runs on: the disk-read counter rises a second time, and the
+/// prompt tokens computed are the other sequence's (A's last partial page at
+/// most), not A's prompt again.
+#[tokio::test]
+async fn a_sequence_preempted_after_a_disk_load_loads_its_pages_again() {
+    let root = scratch("preempted");
+    let cfg = config(&root, "");
+    let p = prompt(128, 2);
+    let mut s = Server::start(&cfg, &[]).await;
+    complete(&s, &p, json!({"persist": true})).await;
+    s.eventually("the prompt's pages written", async || {
+        persist_events(&s, "written").await >= 7.0
+    })
+    .await;
+    s.kill();
+    let s = Server::start(&cfg, &["--worker-policy", "priority", "--kv-pages", "16"]).await;
+    let slow = json!({"fault": "slow-steps", "delay_ms": 20});
+    let (status, v) = s.post("/v1/admin/fault", slow).await;
+    assert_eq!(status, 200, "{v}");
+    let body = json!({"prompt": p, "max_tokens": 40, "temperature": 0, "ignore_eos": true,
+        "stream": true, "pie_stream_ids": true});
+    let a = s
+        .client
+        .post(s.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let (first, a) = common::read_stream(a, Some(1)).await;
+    let loaded = persist_events(&s, "loaded").await;
+    assert!(loaded >= 7.0, "the prompt's pages came from disk: {loaded}");
+    let computed = s.metric("pie_prompt_tokens_total").await;
+    // 200 tokens need 13 of the 16 pages: A (9 pages) is preempted and its
+    // cached prompt pages are evicted.
+    let urgent = json!({"prompt": prompt(200, 9), "max_tokens": 2, "ignore_eos": true,
+        "props": {"priority": 10}});
+    let (status, v) = s.post("/v1/completions", urgent).await;
+    assert_eq!(status, 200, "{v}");
+    let (rest, _) = common::read_stream(a, None).await;
+    assert_eq!(first.tokens.len() + rest.tokens.len(), 40);
+    assert!(s.metric("pie_preemptions_total").await >= 1.0);
+    let reloaded = persist_events(&s, "loaded").await - loaded;
+    assert!(
+        reloaded >= 1.0,
+        "A's evicted pages loaded again: {reloaded}"
+    );
+    let recomputed = s.metric("pie_prompt_tokens_total").await - computed - 200.0;
+    assert!(
+        recomputed <= PAGE as f64,
+        "{recomputed} of A's prompt tokens computed again"
+    );
+    std::fs::remove_dir_all(root).unwrap();
+}

@@ -53,6 +53,7 @@ async fn cluster(
         "sessions": sessions,
         "queued": queued,
         "clients_in_flight": ctl.admission.clients_in_flight.clients(),
+        "client_service": ctl.admission.service_summary(),
         "index_entries": index_entries,
         "pending_blocks": ctl.registry.pending_blocks(),
         "pool_blocks": ctl.registry.pool_blocks(),

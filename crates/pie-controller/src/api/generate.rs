@@ -248,11 +248,9 @@ impl Plan {
             }
         };
         // Native processes have no response to read an output length from.
-        let traced = (ctl.trace.is_some() && !request.launches_native()).then(|| {
-            TracedRequest::new(
-                TraceInput::of(&request.tokens, arrival_ms),
-                request.props.clone(),
-            )
+        let traced = (ctl.trace.is_some() && !request.launches_native()).then(|| TracedRequest {
+            input: TraceInput::of(&request.tokens, arrival_ms),
+            props: request.props.clone(),
         });
         let native_body = request.launches_native().then(|| request.json.clone());
         // The prompt's ids for workers of our model, when a worker key vouches
@@ -353,10 +351,11 @@ impl Attempt {
     async fn run(&mut self, ctl: &Arc<Controller>, mut plan: Plan) -> Response {
         let order = std::mem::take(&mut plan.order);
         let candidates = order.len();
+        let charged_prompt =
+            (ctl.admission).charge_prompt(&plan.request.props, plan.request.tokens.len());
         for (attempt, i) in order.into_iter().enumerate() {
             let (name, url) = (plan.views[i].0.name.clone(), plan.views[i].1.clone());
-            let client = plan.request.props.str("client").unwrap_or("anonymous");
-            let slot = InFlight::begin(ctl, &name, client);
+            let slot = InFlight::begin(ctl, &name, &plan.request.props, charged_prompt);
             drop(self.ticket.take());
             if let Some(d) = &self.demand {
                 d.placed(&name);

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use crate::common::wait_for;
 use crate::harness::{
-    call_as, held_through_controller, timed_completion, worker_entry, Cluster, FakeWorker, Spec,
+    call_as, held_through_controller, slow_steps, timed_completion, worker_entry, Cluster,
+    FakeWorker, Spec,
 };
 use serde_json::json;
 
@@ -72,8 +73,13 @@ async fn cluster_priority_admits_high_priority_first_and_bounds_the_queue() {
     assert_eq!(c.metric("pie_controller_queue_full_total").await, 1.0);
 }
 
+/// Under `queue_order = "fair"` the queue goes by weighted service, not by
+/// requests in flight: alice, idle now, already had a long answer; bob holds
+/// both slots. When one frees, bob's waiting request goes before alice's,
+/// although bob has a request in flight and alice none (the old rule, fewest
+/// in flight first, would pick alice).
 #[tokio::test]
-async fn a_fair_queue_serves_the_client_with_fewer_requests_in_flight_first() {
+async fn a_fair_queue_serves_the_client_with_less_service_first() {
     let c = Cluster::start_with(Spec {
         workers: 1,
         worker_args: &["--kv-pages", "512", "--max-running", "2"],
@@ -84,23 +90,28 @@ async fn a_fair_queue_serves_the_client_with_fewer_requests_in_flight_first() {
         ..Spec::new("cluster-priority,least-loaded")
     })
     .await;
-    let queued = async || {
+    let cluster = async || {
         call_as(&c, reqwest::Method::GET, "/v1/cluster", "sk-root", None)
             .await
-            .1["queued"]
-            .clone()
+            .1
     };
-    // Alice holds both slots, then queues two more; bob queues one after her.
-    let mut holds = held_through_controller(&c, 2, json!({})).await;
+    let long = json!({"prompt": "alice's long answer", "max_tokens": 1000, "ignore_eos": true});
+    let (status, _, _, body) = c.complete(long).await;
+    assert_eq!(status, 200, "{body}");
+    let alice = cluster().await["client_service"]["counters"]["alice"].clone();
+    assert!(
+        alice.as_f64() >= Some(2_000.0),
+        "1,000 tokens at output_weight 2 and the prompt: {alice}"
+    );
+    let mut holds = Vec::new();
+    for _ in 0..2 {
+        holds.extend(held_as(&c, "sk-bob").await);
+    }
     let done = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    for (i, (name, key)) in [
-        ("alice-1", "sk-alice"),
-        ("alice-2", "sk-alice"),
-        ("bob-1", "sk-bob"),
-    ]
-    .into_iter()
-    .enumerate()
+    for (i, (name, key)) in [("alice-1", "sk-alice"), ("bob-1", "sk-bob")]
+        .into_iter()
+        .enumerate()
     {
         let (http, url, done) = (c.http.clone(), c.controller.url.clone(), done.clone());
         tasks.push(tokio::spawn(async move {
@@ -114,14 +125,18 @@ async fn a_fair_queue_serves_the_client_with_fewer_requests_in_flight_first() {
             assert_eq!(r.status(), 200, "{name}");
             done.lock().unwrap().push(name);
         }));
-        wait_for("queued", async || queued().await == i + 1).await;
+        wait_for("queued", async || cluster().await["queued"] == i + 1).await;
     }
-    // One slot frees while alice still has a request in flight: bob goes first.
     holds.pop();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    assert_eq!(*done.lock().unwrap(), ["bob-1", "alice-1", "alice-2"]);
+    tasks.remove(1).await.unwrap();
+    assert_eq!(*done.lock().unwrap(), ["bob-1"], "bob's first, by service");
+    holds.clear();
+    tasks.remove(0).await.unwrap();
+    let counters = cluster().await["client_service"]["counters"].clone();
+    assert!(
+        counters["bob"].as_f64() < counters["alice"].as_f64(),
+        "{counters}"
+    );
 }
 
 #[tokio::test]
@@ -188,4 +203,22 @@ async fn a_workers_full_queue_sends_the_request_on_and_its_retry_after_reaches_t
         "7",
         "the worker's Retry-After is relayed"
     );
+}
+
+/// One stream held open through the controller as the client of `key` (the
+/// workers' steps slowed so it runs for seconds).
+async fn held_as(c: &Cluster, key: &str) -> Option<reqwest::Response> {
+    slow_steps(c, 20).await;
+    let r = c
+        .http
+        .post(format!("{}/v1/completions", c.controller.url))
+        .bearer_auth(key)
+        .json(&json!({"prompt": "hold", "max_tokens": 1000, "ignore_eos": true, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut r = r;
+    r.chunk().await.unwrap().expect("first chunk");
+    Some(r)
 }

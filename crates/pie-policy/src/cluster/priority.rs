@@ -5,14 +5,17 @@
 //! already waiting, a new request waits in the controller; when a slot frees, the
 //! waiting request with the highest `priority` goes first, FCFS within a level;
 //! with `[cluster] queue_order = "fair"`, within a level the request of the
-//! client with the fewest requests in flight across the whole cluster goes
-//! first (then FCFS), so a client cannot multiply its share by spreading
-//! requests over workers: slots go max-min fairly by client, cluster-wide.
+//! client with the least weighted service across the whole cluster goes first
+//! (then FCFS): the virtual token counters of `crate::service`, charged by
+//! the controller from the `usage` of every answer it relays (`[cluster.fair]`
+//! `input_weight`, `output_weight`; the `weight` prop divides), so a client
+//! cannot multiply its share by spreading requests over workers, sending long
+//! prompts or asking for long answers.
 //! At most `[cluster] max_queued` requests wait; one more is refused with 429.
 //! Props read: `priority` (int, default 0), `client` (set by the controller
 //! from the client's key). Config keys: `[cluster] max_queued` (default 1024),
 //! `queue_order` ("priority" or "fair"). Invariant (tested): pops come out by
-//! priority, then arrival (then, under "fair", fewest in flight before
+//! priority, then arrival (then, under "fair", least service before
 //! arrival), and the queue never holds more than `max_queued`.
 //!
 //! The queue is generic over what waits (the controller stores a wake-up handle),
@@ -33,7 +36,7 @@ pub enum QueueOrder {
     /// First come, first served.
     #[default]
     Priority,
-    /// The client with the fewest requests in flight cluster-wide first.
+    /// The client with the least weighted service cluster-wide first.
     Fair,
 }
 
@@ -121,20 +124,28 @@ impl<T> PriorityQueue<T> {
         Ok(())
     }
 
-    /// The next request to admit; `in_flight` says how many requests a
-    /// client has running across the cluster (read only under "fair").
-    pub fn pop(&mut self, in_flight: impl Fn(&str) -> usize) -> Option<T> {
+    pub fn order(&self) -> QueueOrder {
+        self.order
+    }
+
+    /// The clients with requests waiting.
+    pub fn waiting_clients(&self) -> impl Iterator<Item = &str> {
+        self.heap.iter().map(|w| w.client.as_str())
+    }
+
+    /// The next request to admit; `service` says how much weighted service
+    /// a client received across the cluster (read only under "fair").
+    pub fn pop(&mut self, service: impl Fn(&str) -> f64) -> Option<T> {
         if self.order == QueueOrder::Priority {
             return self.heap.pop().map(|w| w.item);
         }
         let mut waiting = std::mem::take(&mut self.heap).into_vec();
-        let next = (0..waiting.len()).min_by_key(|&i| {
-            let w = &waiting[i];
-            (
-                std::cmp::Reverse(w.priority),
-                in_flight(&w.client),
-                w.arrival,
-            )
+        let next = (0..waiting.len()).min_by(|&a, &b| {
+            let (a, b) = (&waiting[a], &waiting[b]);
+            b.priority
+                .cmp(&a.priority)
+                .then(service(&a.client).total_cmp(&service(&b.client)))
+                .then(a.arrival.cmp(&b.arrival))
         })?;
         let chosen = waiting.swap_remove(next);
         self.heap = waiting.into();
@@ -179,7 +190,7 @@ mod tests {
     }
 
     #[test]
-    fn fair_order_serves_the_client_with_least_in_flight_first() {
+    fn fair_order_serves_the_client_with_least_service_first() {
         let mut q = PriorityQueue::new(usize::MAX);
         q.set_order(QueueOrder::Fair);
         let as_client = |client: &str, priority: i64| {
@@ -191,14 +202,15 @@ mod tests {
             q.push(&as_client(client, 0), i).unwrap();
         }
         q.push(&as_client("flood", 1), 9).unwrap();
-        let in_flight = |client: &str| if client == "flood" { 5 } else { 1 };
-        assert_eq!(q.pop(in_flight), Some(9), "priority still comes first");
+        let service = |client: &str| if client == "flood" { 500.0 } else { 10.0 };
+        assert_eq!(q.pop(service), Some(9), "priority still comes first");
         assert_eq!(
-            q.pop(in_flight),
+            q.pop(service),
             Some(3),
             "then the light client, despite arriving last"
         );
-        assert_eq!(q.pop(in_flight), Some(0), "then FCFS");
+        assert_eq!(q.pop(service), Some(0), "then FCFS");
+        assert_eq!(q.waiting_clients().collect::<Vec<_>>(), ["flood", "flood"]);
         assert_eq!(q.len(), 2);
     }
 
@@ -209,7 +221,7 @@ mod tests {
             for (i, p) in prios.iter().enumerate() {
                 q.push(&with_priority(*p), i).expect("unbounded");
             }
-            let order: Vec<usize> = std::iter::from_fn(|| q.pop(|_| 0)).collect();
+            let order: Vec<usize> = std::iter::from_fn(|| q.pop(|_| 0.0)).collect();
             let mut want: Vec<usize> = (0..prios.len()).collect();
             want.sort_by_key(|&i| (std::cmp::Reverse(prios[i]), i));
             prop_assert_eq!(order, want);

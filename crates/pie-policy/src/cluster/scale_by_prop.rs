@@ -17,6 +17,10 @@
 //! that times out while its worker boots is followed by another (the
 //! simulator's autoscaler showed the fleet flapping so).
 //!
+//! Reason codes: `load-above-target` (a step up, or a new group's first
+//! recommendation above its workers), `below-min-workers` (that, but only
+//! `min_workers` wants it), `load-below-target`, `load-within-hysteresis`,
+//! `previous-step-pending`, `at-target`.
 //! A hint is emitted when a group's (current, recommended, reason code) changes,
 //! so the action log holds changes, not a line per tick. At most `max_groups`
 //! groups are tracked: a prop value is client input, and every group is a
@@ -99,6 +103,8 @@ const UP: &str = "load-above-target";
 const DOWN: &str = "load-below-target";
 const HOLD: &str = "at-target";
 const BAND: &str = "load-within-hysteresis";
+/// A group's first recommendation is above its workers only for `min_workers`.
+const MIN: &str = "below-min-workers";
 const PENDING: &str = "previous-step-pending";
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -149,14 +155,23 @@ impl ScaleByProp {
         }
     }
 
-    /// The next recommendation for one group, and its reason code.
-    fn step(&self, now_ms: u64, g: &Group, wanted: usize) -> (usize, &'static str) {
+    /// The next recommendation for one group, and its reason code, when
+    /// its load wants `by_load` workers (`wanted` once clamped).
+    fn step(&self, now_ms: u64, g: &Group, by_load: usize, wanted: usize) -> (usize, &'static str) {
         let c = &self.config;
         let pending = g.stepped_at_ms.is_some_and(|at| {
             g.current != g.recommended && now_ms.saturating_sub(at) < c.pending_timeout_ms
         });
         if wanted == g.recommended {
-            return (g.recommended, HOLD);
+            // A new group starts at its workers clamped to the bounds: above
+            // them, its first hint scales up.
+            let first_up = g.stepped_at_ms.is_none() && g.current < g.recommended;
+            let code = match () {
+                _ if !first_up => HOLD,
+                _ if by_load < wanted => MIN,
+                _ => UP,
+            };
+            return (g.recommended, code);
         }
         if pending {
             return (g.recommended, PENDING);
@@ -212,8 +227,8 @@ impl ClusterActor for ScaleByProp {
         let mut out = Vec::new();
         for (name, d) in demand {
             let now_current = current.get(&name).copied().unwrap_or(0);
-            let wanted =
-                ((d as f64 / self.config.target_load_per_worker).ceil() as usize).clamp(min, max);
+            let by_load = (d as f64 / self.config.target_load_per_worker).ceil() as usize;
+            let wanted = by_load.clamp(min, max);
             let prev = self.groups.get(&name).cloned().unwrap_or(Group {
                 recommended: now_current.clamp(min, max),
                 current: now_current,
@@ -226,7 +241,7 @@ impl ClusterActor for ScaleByProp {
                 demand: d,
                 ..prev.clone()
             };
-            let (recommended, code) = self.step(now_ms, &seen, wanted);
+            let (recommended, code) = self.step(now_ms, &seen, by_load, wanted);
             let next = Group {
                 recommended,
                 code,
@@ -346,6 +361,27 @@ mod tests {
         assert_eq!(rec(&a, "gold"), 3);
         a.on_tick(1200, &snap(&[("gold", 2)], &[(Some("gold"), 9)]));
         assert_eq!(rec(&a, "gold"), 4);
+    }
+
+    /// A group without workers that wants one says it scales up (it once
+    /// said `at-target`, as its first recommendation starts at `min_workers`).
+    #[test]
+    fn a_group_going_from_no_worker_to_one_says_it_scales_up() {
+        let mut a = ScaleByProp::new(config());
+        let d = a.on_tick(0, &snap(&[], &[(Some("gold"), 2)]));
+        let h = hint(&d, "gold").expect("a hint");
+        assert_eq!((h.current, h.recommended), (0, 1));
+        assert!(d[0].reason.starts_with(UP), "{}", d[0].reason);
+        let mut a = ScaleByProp::new(ScaleByPropConfig {
+            min_workers: 2,
+            ..config()
+        });
+        let d = a.on_tick(0, &snap(&[], &[(Some("gold"), 2)]));
+        assert_eq!(hint(&d, "gold").map(|h| h.recommended), Some(2));
+        assert!(d[0].reason.starts_with(MIN), "{}", d[0].reason);
+        // Once the workers came, the group is at its target.
+        let d = a.on_tick(10, &snap(&[("gold", 2)], &[(Some("gold"), 2)]));
+        assert!(d[0].reason.starts_with(HOLD), "{}", d[0].reason);
     }
 
     #[test]

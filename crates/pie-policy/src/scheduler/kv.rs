@@ -36,12 +36,23 @@ pub trait KvAccounting {
     /// `attach_prefix`.
     fn prefix_in_flight(&self, seq: SeqId) -> bool;
 
+    /// The sequence is about to be admitted (again): true holds it back
+    /// while pages it lacks are on their way (the engine has the runtime
+    /// load them from its disk tier after a preemption). Never by default.
+    fn hold_for_pages(&mut self, _seq: SeqId) -> bool {
+        false
+    }
+
     /// Hold pages for the next `tokens` tokens (at most `room`), evicting
     /// unreferenced cached pages as needed.
     fn reserve(&mut self, seq: SeqId, tokens: usize);
 
     /// Free the sequence's pages; full pages stay in the prefix cache.
     fn release(&mut self, seq: SeqId);
+
+    /// The scheduler preempted the sequence (after releasing its pages): it
+    /// will be admitted again later. Nothing by default.
+    fn preempted(&mut self, _seq: SeqId) {}
 
     /// The sequence was admitted with `cached_tokens` from the prefix cache
     /// (called again after every preemption; the first call is its cache hit).

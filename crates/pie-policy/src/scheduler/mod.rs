@@ -195,7 +195,7 @@ impl Scheduler {
                 // one system prompt arriving together) costs the prefill and
                 // the pages of a copy; a step later it is a cache hit.
                 // Checked before a preemption, which it would waste.
-                if kv.prefix_in_flight(seq) {
+                if kv.prefix_in_flight(seq) || kv.hold_for_pages(seq) {
                     continue;
                 }
                 if slots_full {
@@ -327,7 +327,9 @@ impl Scheduler {
         else {
             return false;
         };
-        kv.release(self.cands[victim].seq);
+        let seq = self.cands[victim].seq;
+        kv.release(seq);
+        kv.preempted(seq);
         refresh(kv, &mut self.cands[victim]);
         self.preemptions += 1;
         true

@@ -2,7 +2,7 @@
 //! [`KvAccounting`] answered by `pie-kv`. The only code that changes a
 //! sequence's pages (besides fork, abort and the step's commit in `engine.rs`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use pie_core::hash::chain_from;
 use pie_core::{BlockHash, SeqId};
@@ -31,6 +31,10 @@ pub(super) struct Sequence {
     pub chain_root: BlockHash,
     /// Prompt tokens found cached at its first admission.
     pub cached_tokens: Option<usize>,
+    /// Preempted, it waits for its prompt's pages from the disk tier ...
+    pub reload_after_preemption: bool,
+    /// ... once, before its next admission.
+    pub reload_pending: bool,
 }
 
 impl Sequence {
@@ -56,6 +60,11 @@ pub(super) struct EngineKv {
     pub prefix_hit_tokens: u64,
     /// Sequences admitted for the first time since the last take.
     pub started: Vec<(SeqId, usize)>,
+    /// Preempted sequences that wait for the runtime to load their pages
+    /// from disk (`Engine::reloaded` lets them in).
+    pub reloading: HashSet<SeqId>,
+    /// Those of them held back since the last take.
+    pub to_reload: Vec<SeqId>,
     /// Retained sessions evicted early are spilled (`retain-all`) ...
     pub spill: bool,
     /// ... into here, until the runtime takes them.
@@ -137,6 +146,36 @@ impl KvAccounting for EngineKv {
                 && other.chain_root == s.chain_root
                 && chain_from(other.chain_root, &other.tokens[..end], ps).last() == Some(&next)
         })
+    }
+
+    fn preempted(&mut self, seq: SeqId) {
+        let s = self.seq_mut(seq);
+        s.reload_pending = s.reload_after_preemption;
+    }
+
+    /// A preempted sequence whose prompt's pages are on disk: held back,
+    /// once, when it could be admitted but the cache lost some of them, while
+    /// the runtime loads them (into the room it would have taken).
+    fn hold_for_pages(&mut self, seq: SeqId) -> bool {
+        if self.reloading.contains(&seq) {
+            return true;
+        }
+        let s = self.seq(seq);
+        if !s.reload_pending {
+            return false;
+        }
+        let chain = chain_from(s.chain_root, &s.tokens[..s.prompt_len], self.page_size);
+        let missing = chain.len() - self.pool.longest_prefix(&chain).len();
+        let pages_needed = s.tokens.len().div_ceil(self.page_size);
+        if missing == 0 || self.pool.available() < pages_needed {
+            // Nothing to load, or no room yet for it to run: later.
+            self.seq_mut(seq).reload_pending = missing > 0;
+            return false;
+        }
+        self.seq_mut(seq).reload_pending = false;
+        self.reloading.insert(seq);
+        self.to_reload.push(seq);
+        true
     }
 
     fn reserve(&mut self, seq: SeqId, tokens: usize) {

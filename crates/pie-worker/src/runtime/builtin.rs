@@ -20,6 +20,9 @@ use crate::engine::{FinishReason, Request};
 use crate::process::{ProcState, Process};
 use pie_core::clock::now_ms;
 
+/// The longest a preempted sequence waits for its pages from disk.
+const RELOAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A resumed chat session's id and the messages of this turn's prompt.
 pub(super) type SessionTurn = (String, Vec<ChatMessage>);
 
@@ -43,13 +46,15 @@ pub(super) struct Driver {
 }
 
 impl Driver {
-    pub(super) async fn run(self, req: Request) {
+    pub(super) async fn run(self, mut req: Request) {
         let max_tokens = req.max_tokens;
         let chain = self.rt.chain(&req.prompt, req.cache_salt.as_deref());
         self.rt.load_persisted(&chain).await;
         self.rt.pull_from_pool(&req).await;
         self.rt.remote_prefill(&req, self.pages_from.as_ref()).await;
-        let mut persist_after_prefill = (req.props.bool("persist") == Some(true)).then_some(chain);
+        req.reload_after_preemption = self.rt.on_disk(&chain);
+        let mut persist_after_prefill =
+            (req.props.bool("persist") == Some(true)).then(|| chain.clone());
         let mut text = StopScanner::new(&self.stop);
         let mut decoder = IncrementalDecoder::default();
         self.resume_text(&mut text, &mut decoder);
@@ -82,6 +87,12 @@ impl Driver {
                 SeqEvent::Started { cached_tokens } => {
                     self.process.set_cached_tokens(cached_tokens);
                     self.process.mark_running();
+                }
+                SeqEvent::Reload => {
+                    // Bounded: a stuck disk delays the sequence, never stalls it.
+                    let load = self.rt.load_persisted(&chain);
+                    let _ = tokio::time::timeout(RELOAD_TIMEOUT, load).await;
+                    self.rt.send(Command::Reloaded(seq));
                 }
                 SeqEvent::Token(t) => {
                     if let Some(chain) = persist_after_prefill.take() {

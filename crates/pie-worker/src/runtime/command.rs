@@ -19,7 +19,12 @@ use crate::engine::{FinishReason, Request, SeqInfo};
 /// What the engine thread reports to one sequence's driver.
 #[derive(Debug)]
 pub(super) enum SeqEvent {
-    Started { cached_tokens: usize },
+    Started {
+        cached_tokens: usize,
+    },
+    /// Preempted earlier, it waits for its prompt's pages from disk until
+    /// `Command::Reloaded`.
+    Reload,
     Token(u32),
     Finished(FinishReason, SeqInfo),
     Failed(String),
@@ -33,6 +38,8 @@ pub(super) enum Command {
         reply: oneshot::Sender<SeqId>,
     },
     Abort(SeqId),
+    /// A preempted sequence's pages are loaded from disk again (or given up on).
+    Reloaded(SeqId),
     /// Finish the sequence after its next token (a hand-off).
     StopAfterNext(SeqId),
     SetProps(SeqId, Props),

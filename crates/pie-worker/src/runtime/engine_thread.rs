@@ -187,6 +187,7 @@ fn apply(
             engine.abort(id);
             subs.remove(&id);
         }
+        Command::Reloaded(id) => engine.reloaded(id),
         Command::StopAfterNext(id) => {
             engine.stop_after_next(id);
         }
@@ -263,6 +264,9 @@ fn step(engine: &mut Engine, subs: &mut Subscribers, step_log: Option<&mut StepL
     let mut gone = Vec::new();
     for (id, cached_tokens) in out.started {
         notify(subs, id, SeqEvent::Started { cached_tokens }, &mut gone);
+    }
+    for id in out.to_reload {
+        notify(subs, id, SeqEvent::Reload, &mut gone);
     }
     for (id, token) in out.tokens {
         notify(subs, id, SeqEvent::Token(token), &mut gone);

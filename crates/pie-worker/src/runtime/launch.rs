@@ -91,6 +91,7 @@ impl Runtime {
             arrival_ms: now_ms(),
             props,
             sampled_before: resume.tokens.len(),
+            reload_after_preemption: false,
         };
         let trace_input = self
             .settings

@@ -44,6 +44,7 @@ impl Runtime {
             props: Props::new(),
             cache_salt,
             sampled_before: 0,
+            reload_after_preemption: false,
         };
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let (reply_tx, reply) = oneshot::channel();

@@ -153,6 +153,14 @@ impl Runtime {
         let _ = self.pull_pages(pull).await;
     }
 
+    /// Whether the disk tier holds the first page of `chain`.
+    pub(crate) fn on_disk(&self, chain: &[BlockHash]) -> bool {
+        let (Some(store), Some(&first)) = (&self.settings.persist, chain.first()) else {
+            return false;
+        };
+        store.lock().contains(first)
+    }
+
     /// Before a prefill: load from disk the pages of `chain` after the ones
     /// the pool holds, up to the first one missing or refused. Returns the
     /// leading pages the pool holds afterwards.
