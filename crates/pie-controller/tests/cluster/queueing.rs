@@ -74,8 +74,9 @@ async fn cluster_priority_admits_high_priority_first_and_bounds_the_queue() {
 }
 
 /// Under `queue_order = "fair"` the queue goes by weighted service, not by
-/// requests in flight: alice, idle now, already had a long answer; bob holds
-/// both slots. When one frees, bob's waiting request goes before alice's,
+/// requests in flight, charged from non-streamed answers, streams and native
+/// processes alike: alice, idle now, already had a long answer; bob had a
+/// shorter native process and holds both slots. When one frees, bob's waiting request goes before alice's,
 /// although bob has a request in flight and alice none (the old rule, fewest
 /// in flight first, would pick alice).
 #[tokio::test]
@@ -103,6 +104,25 @@ async fn a_fair_queue_serves_the_client_with_less_service_first() {
         alice.as_f64() >= Some(2_000.0),
         "1,000 tokens at output_weight 2 and the prompt: {alice}"
     );
+    // A native process counts too: its tokens and its final status's usage.
+    let launch = json!({"inferlet": "text-completion",
+        "args": {"prompt": "bob's process", "max_tokens": 200, "ignore_eos": true}});
+    let (status, v) = call_as(
+        &c,
+        reqwest::Method::POST,
+        "/v1/processes",
+        "sk-bob",
+        Some(launch),
+    )
+    .await;
+    assert_eq!(status, 201, "{v}");
+    let process = format!("/v1/processes/{}", v["id"].as_str().unwrap());
+    wait_for("bob's process charged", async || {
+        let (_, p) = call_as(&c, reqwest::Method::GET, &process, "sk-bob", None).await;
+        let bob = cluster().await["client_service"]["counters"]["bob"].as_f64();
+        p["state"] == "finished" && bob >= Some(400.0)
+    })
+    .await;
     let mut holds = Vec::new();
     for _ in 0..2 {
         holds.extend(held_as(&c, "sk-bob").await);
