@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check the crates' source against the code map in ARCHITECTURE.md.
 
-usage: check-architecture.py [--repo DIR] [--map FILE] [--report] [--allow-ancestor-edges]
+usage: check-architecture.py [--repo DIR] [--map FILE] [--report] [--draft]
 
 The map: one `## crate-name` section per crate (the crate's directory under crates/), holding a
 markdown table whose header has the columns `layer` and `files` (and usually `owns`):
@@ -32,8 +32,8 @@ declared under `#[cfg(test)] mod x;`, tests/, benches/) has no edges and no limi
 string literals are not code. A module's path follows the `mod` declarations from lib.rs,
 main.rs and bin/*.rs (each its own crate root); a path to an item resolves to the longest module prefix that is
 a file, then through that module's `use` declarations (re-exports: `crate::Model` to `model.rs`).
-An edge to an ancestor module (`super::Item` from `dir/x.rs` to `dir/mod.rs`) counts like any other
-(--allow-ancestor-edges: not at all, so a directory's files may use what its mod.rs defines).
+An edge to an ancestor module (`super::Item` from `dir/x.rs` to `dir/mod.rs`) counts like any other:
+a directory's files that add `impl` blocks to what its mod.rs defines sit above it in the map.
 
 --report prints per crate: modules, edges, cycles, the largest file and the longest function.
 --draft prints a map drafted from the code as it is (a starting point for the layers and owns).
@@ -246,7 +246,7 @@ def expand_use(body):
 
 
 class Graph:
-    def __init__(self, crate, ancestor_edges=True):
+    def __init__(self, crate):
         self.crate = crate
         self.uses = {}  # File -> {name: (root, absolute segments)}
         self.refs = {}  # File -> [(absolute segments, line, text)]
@@ -258,8 +258,7 @@ class Graph:
                 g = self.resolve(f.root, segs, 0)
                 if g is None or g is f or g in self.edges[f]:
                     continue
-                if ancestor_edges or g.module != f.module[: len(g.module)]:
-                    self.edges[f][g] = (line, text)
+                self.edges[f][g] = (line, text)
 
     def absolute(self, f, segs, inner=()):
         """Segments of a path written in f (inside its inline modules `inner`), made absolute in
@@ -520,7 +519,7 @@ def layers_of(crate, rows, map_path):
 # ---------------------------------------------------------------- the check
 
 
-def check(repo, map_path, report=None, ancestor_edges=True):
+def check(repo, map_path, report=None):
     """Problem lines (sorted). With `report` a list, per-crate summary lines are appended to it."""
     crates_dir = os.path.join(repo, "crates")
     names = sorted(d for d in os.listdir(crates_dir) if os.path.isdir(os.path.join(crates_dir, d, "src")))
@@ -529,7 +528,7 @@ def check(repo, map_path, report=None, ancestor_edges=True):
     problems = [p.replace(map_path, mp, 1) for p in problems]
     for name in names:
         crate = Crate(repo, name)
-        graph = Graph(crate, ancestor_edges)
+        graph = Graph(crate)
         src = f"crates/{name}/src/"
         if name not in sections:
             problems.append(f"crates/{name}: map: no `## {name}` section with a layer table in {mp}")
@@ -579,14 +578,14 @@ def check(repo, map_path, report=None, ancestor_edges=True):
     return sorted(set(problems))
 
 
-def draft(repo, ancestor_edges=True):
+def draft(repo):
     """A map from the code as it is: each file at the lowest layer above everything it imports
     (a cycle's files share one layer), `owns` from the first line of its `//!` doc."""
     out = ["<!-- drafted by check-architecture.py --draft: check each layer and owns -->"]
     crates_dir = os.path.join(repo, "crates")
     for name in sorted(d for d in os.listdir(crates_dir) if os.path.isdir(os.path.join(crates_dir, d, "src"))):
         crate = Crate(repo, name)
-        graph = Graph(crate, ancestor_edges)
+        graph = Graph(crate)
         comp_of = {f: (f,) for f in crate.files.values()}
         for comp in cycles(list(crate.files.values()), graph.edges):
             for f in comp:
@@ -619,22 +618,17 @@ def main(argv=None):
     ap.add_argument("--repo", default=os.path.dirname(here), help="the workspace root (default: this script's ..)")
     ap.add_argument("--map", help="the code map (default: REPO/ARCHITECTURE.md)")
     ap.add_argument("--report", action="store_true", help="print per crate: cycles, largest file, longest function")
-    ap.add_argument(
-        "--allow-ancestor-edges",
-        action="store_true",
-        help="do not count imports from a module to its ancestors (`super::Item` into dir/mod.rs or lib.rs)",
-    )
     ap.add_argument("--draft", action="store_true", help="print a map drafted from the code as it is, and exit")
     args = ap.parse_args(argv)
     if args.draft:
-        print("\n".join(draft(args.repo, not args.allow_ancestor_edges)))
+        print("\n".join(draft(args.repo)))
         return 0
     map_path = args.map or os.path.join(args.repo, "ARCHITECTURE.md")
     if not os.path.isfile(map_path) or not os.path.isdir(os.path.join(args.repo, "crates")):
         print(f"check-architecture: no map at {map_path} or no crates/ under {args.repo}", file=sys.stderr)
         return 2
     report = [] if args.report else None
-    problems = check(args.repo, map_path, report, not args.allow_ancestor_edges)
+    problems = check(args.repo, map_path, report)
     for line in report or []:
         print(line)
     for p in problems:

@@ -45,6 +45,7 @@ use pie_core::clock::now_ms;
 
 mod builtin;
 mod command;
+mod disk_tier;
 mod engine_thread;
 mod kv_events;
 mod launch;
@@ -53,15 +54,18 @@ mod persist;
 mod rate;
 mod request;
 mod spill;
+mod spill_state;
 mod stop;
 mod transfer;
+mod transfer_errors;
 
 use command::Command;
+pub use disk_tier::{Forget, PersistError, PersistStore, PersistTo, Persisted};
 use engine_thread::{EngineThread, Load};
 use kv_events::KvPublisher;
-pub use persist::{Forget, PersistError, PersistStore, PersistTo, Persisted};
+pub use pie_kv::stream::PullRequest;
 pub use request::{GenOptions, Inferlet, LaunchError, Prompt, PromptTokens, Resume};
-pub use transfer::{PullError, PullRequest, ServeError};
+pub use transfer_errors::{PullError, ServeError};
 
 pub use pie_core::wire::{PROMPT_TOKENS_FIELD, RESUME_FIELD, STREAM_IDS_FIELD};
 
@@ -143,7 +147,7 @@ pub struct Runtime {
     #[cfg(feature = "fault-injection")]
     transfer_delay_ms: AtomicU64,
     /// Where retained sessions evicted early go (`retain-all`).
-    spill: spill::SpillState,
+    spill: spill_state::SpillState,
 }
 
 /// The engine's health as the watchdog saw it.
@@ -223,7 +227,7 @@ impl Runtime {
             drain_start: tokio::sync::Notify::new(),
             #[cfg(feature = "fault-injection")]
             transfer_delay_ms: AtomicU64::new(0),
-            spill: spill::SpillState::new(spilled),
+            spill: spill_state::SpillState::new(spilled),
         });
         let watched = Arc::downgrade(&rt);
         supervisor::spawn_watchdog(&rt.supervision, move || match watched.upgrade() {

@@ -84,18 +84,20 @@ impl PrefixHeat {
         }
     }
 
-    /// Keep the half most recently asked for.
+    /// Keep the half most recently asked for; among blocks last asked for at
+    /// the same time, the larger hashes stay (not the map's order: runs repeat).
     fn forget_coldest(&mut self) {
-        let mut recency: Vec<u64> = self.blocks.values().map(|h| h.last_ms).collect();
         let keep = self.capacity / 2;
-        let cut = recency.len() - keep;
-        let (_, &mut cutoff, _) = recency.select_nth_unstable(cut);
-        let mut over = self.blocks.len();
-        self.blocks.retain(|_, h| {
-            let drop = over > keep && h.last_ms <= cutoff;
-            over -= usize::from(drop);
-            !drop
-        });
+        let mut by_age: Vec<(u64, BlockHash)> =
+            self.blocks.iter().map(|(b, h)| (h.last_ms, *b)).collect();
+        let cut = by_age.len().saturating_sub(keep);
+        if cut == 0 {
+            return;
+        }
+        by_age.select_nth_unstable(cut - 1);
+        for (_, block) in &by_age[..cut] {
+            self.blocks.remove(block);
+        }
     }
 
     /// The hot chains, at most `limit`: the one whose last block is asked
@@ -195,6 +197,21 @@ mod tests {
                 (chain(&[1, 2, 3]), vec![4, 4, 2])
             ]
         );
+    }
+
+    /// Which of the blocks tied at the cut go does not depend on the map's
+    /// (per-instance, random) order.
+    #[test]
+    fn forgetting_ties_is_reproducible() {
+        for _ in 0..10 {
+            let mut heat = PrefixHeat::new(8);
+            for b in 1..=9 {
+                heat.record(&chain(&[b]), 0);
+            }
+            let mut kept: Vec<u64> = heat.blocks.keys().map(|b| b.0).collect();
+            kept.sort_unstable();
+            assert_eq!(kept, [6, 7, 8, 9]);
+        }
     }
 
     #[test]

@@ -8,14 +8,8 @@ use crate::copies::leading_held;
 use crate::disk::write_us;
 use crate::events::Event;
 
+use super::in_transit::DiskWrite;
 use super::Sim;
-
-/// Pages on their way to worker `w`'s disk; `spill`: a retained session's.
-pub(super) struct DiskWrite {
-    w: usize,
-    blocks: Vec<BlockHash>,
-    spill: bool,
-}
 
 impl Sim<'_> {
     /// Carry out a `PersistPrefix` (`persist-prefix`): the blocks worker

@@ -54,6 +54,7 @@ mod autoscale;
 mod copies;
 mod disaggregate;
 mod disk;
+mod in_transit;
 mod migrate;
 mod pool;
 mod step;
@@ -83,8 +84,7 @@ use crate::schedule::Schedule;
 use crate::workload::Request;
 use pie_policy::cluster::HEAT_CAPACITY;
 
-use self::disk::DiskWrite;
-use self::pool::{PoolPush, Pull};
+use self::in_transit::{DiskWrite, PoolPush, Pull};
 
 struct Worker {
     scheduler: Scheduler,

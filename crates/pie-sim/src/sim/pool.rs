@@ -13,26 +13,8 @@ use crate::events::Event;
 use crate::pages::Seq;
 use pie_policy::cluster::SPILLS_IN_FLIGHT;
 
+use super::in_transit::{PoolPush, Pull};
 use super::Sim;
-
-/// A pull from the pool: request `seq` waits for its pages `from..to` to
-/// reach worker `w`.
-pub(super) struct Pull {
-    w: usize,
-    seq: Seq,
-    from: usize,
-    /// Pages `from..disk_to` come from its disk, the rest from the pool.
-    disk_to: usize,
-    to: usize,
-}
-
-/// Pages on their way to the pool, soft-pinned there until `pinned_until_ms`
-/// (0: not pinned); `spilled_by`: a spill of that worker's.
-pub(super) struct PoolPush {
-    blocks: Vec<BlockHash>,
-    pinned_until_ms: u64,
-    spilled_by: Option<usize>,
-}
 
 impl Sim<'_> {
     /// Carry out a `CopyPrefixToPool` (`pool-replicate`): the blocks `from`

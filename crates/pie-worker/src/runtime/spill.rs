@@ -21,32 +21,12 @@ use std::sync::{Arc, Mutex};
 
 use pie_core::BlockHash;
 use pie_kv::stream::PushHeader;
-use pie_policy::cluster::SPILLS_IN_FLIGHT;
-use tokio::sync::{mpsc, Semaphore};
 
 use super::command::Command;
-use super::persist::{PersistError, PersistTo};
+use super::disk_tier::{PersistError, PersistTo};
 use super::Runtime;
 use crate::engine::Spill;
 use pie_core::clock::now_ms;
-
-pub(super) struct SpillState {
-    /// The tier asked for; None: spilling is off.
-    to: Mutex<Option<PersistTo>>,
-    /// The engine's spills, until `start_spills` takes them.
-    spilled: Mutex<Option<mpsc::UnboundedReceiver<Spill>>>,
-    in_flight: Arc<Semaphore>,
-}
-
-impl SpillState {
-    pub fn new(spilled: mpsc::UnboundedReceiver<Spill>) -> Self {
-        Self {
-            to: Mutex::new(None),
-            spilled: Mutex::new(Some(spilled)),
-            in_flight: Arc::new(Semaphore::new(SPILLS_IN_FLIGHT)),
-        }
-    }
-}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())

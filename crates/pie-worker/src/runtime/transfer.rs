@@ -31,6 +31,7 @@ pub use pie_kv::stream::{PullRequest, PushHeader};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::command::Command;
+use super::transfer_errors::{PullError, ServeError};
 use super::Runtime;
 
 /// Pages imported per engine command while a stream arrives.
@@ -43,31 +44,6 @@ pub(super) const SEND_QUEUE: usize = 2 * EXPORT_BATCH;
 
 /// Where a page stream's frames go, one chunk at a time.
 pub(super) type FrameSender = tokio::sync::mpsc::Sender<std::io::Result<Vec<u8>>>;
-
-/// Why a pull brought fewer pages than the prompt has.
-#[derive(Debug, thiserror::Error)]
-pub enum PullError {
-    #[error("peer failed: {0}")]
-    Peer(String),
-    #[error(transparent)]
-    Refused(#[from] StreamError),
-    #[error("over the {0}-byte bound of one transfer")]
-    Bytes(u64),
-    #[error("not done within {0} ms")]
-    Timeout(u64),
-}
-
-impl PullError {
-    /// The `reason` label of `pie_kv_transfer_refusals_total`.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Self::Peer(_) => "peer",
-            Self::Refused(e) => e.reason(),
-            Self::Bytes(_) => "bytes",
-            Self::Timeout(_) => "timeout",
-        }
-    }
-}
 
 /// One pull: from whom, for which prompt.
 pub struct Pull<'a> {
@@ -451,19 +427,6 @@ impl Runtime {
 
     #[cfg(not(feature = "fault-injection"))]
     async fn slow_transfer_fault(&self) {}
-}
-
-/// Why a pull was not served or a push not taken (mapped to HTTP by the API).
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    #[error("{0}")]
-    Handshake(String),
-    #[error("{0}")]
-    BadTokens(String),
-    #[error("prefill for the peer failed: {0}")]
-    Prefill(String),
-    #[error("push refused after {pages} pages: {error}")]
-    Refused { pages: usize, error: PullError },
 }
 
 /// `work`, or a timeout after `timeout_ms`.
