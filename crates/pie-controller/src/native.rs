@@ -41,15 +41,11 @@ use axum::response::Response;
 
 use crate::caller::Acting;
 use crate::controller::Controller;
-use crate::placed::{channel_body, count_move_failure, Moved, Placed};
+use crate::placed::{channel_body, count_move_failure, Moved, Placed, MAX_RESUMES};
 use crate::respond::error;
 use crate::streams::{Move, Reason, Whereabouts};
 use crate::worker_client::{describe, Upstream};
 
-/// Resumes of one process before it is given up.
-const MAX_RESUMES: usize = 8;
-/// Workers tried for one resume.
-const MAX_TARGETS: usize = 4;
 /// How long a kill of a process on a worker that broke may take, per try.
 const KILL_TIMEOUT: Duration = Duration::from_secs(2);
 /// Tries of that kill that fail before reaching the worker.
@@ -283,24 +279,15 @@ impl Follower {
         target: Option<String>,
         source: Option<String>,
     ) -> Result<(), String> {
-        let ctl = self.launch.placed.ctl.clone();
+        self.launch.placed.refresh_props(self.id);
         let mut body = self.launch.placed.body.clone();
-        if let Some(props) = ctl.streams.props_of(self.id) {
-            body["props"] = props;
-        }
         body[RESUME_FIELD] =
             json!({"tokens": self.generated, "from": source, "turns": self.launch.turns});
         let mut tokens = self.launch.placed.prompt.clone();
         tokens.extend_from_slice(&self.generated);
         let old = self.launch.placed.worker.clone();
-        let mut tried = vec![old.clone()];
-        let mut target = target.and_then(|name| ctl.registry.url_of(&name).map(|url| (name, url)));
-        for _ in 0..MAX_TARGETS {
-            let next = target
-                .take()
-                .or_else(|| self.launch.placed.resume_target(&tokens, &tried));
-            let Some((name, url)) = next else { break };
-            tried.push(name.clone());
+        let mut targets = self.launch.placed.resume_targets(target);
+        while let Some((name, url)) = targets.next(&self.launch.placed, &tokens) {
             match self.launch_on(&url, &body).await {
                 Ok(local) => {
                     self.switch_to(reason, name, url, local);

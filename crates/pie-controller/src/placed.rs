@@ -21,6 +21,32 @@ use crate::in_flight::InFlight;
 use crate::routing::resume_target;
 use crate::streams::{Move, Placement, Reason};
 
+/// The most workers one move tries before the stream or process is lost.
+pub const MAX_TARGETS: usize = 4;
+/// The most moves of one stream or process (a loop of failures ends).
+pub const MAX_RESUMES: usize = 8;
+
+/// Where a stream or process resumes, one worker (name, URL) at a time:
+/// `target` (a move's named worker) first, then what routing chooses, never
+/// a worker tried (nor the one it ran on), at most [`MAX_TARGETS`]. The one
+/// order of relayed streams and followed native processes alike.
+pub struct ResumeTargets {
+    tried: Vec<String>,
+    target: Option<(String, String)>,
+}
+
+impl ResumeTargets {
+    /// The next worker to try after `tokens` (prompt and output so far).
+    pub fn next(&mut self, placed: &Placed, tokens: &[u32]) -> Option<(String, String)> {
+        if self.tried.len() > MAX_TARGETS {
+            return None;
+        }
+        let next = (self.target.take()).or_else(|| placed.resume_target(tokens, &self.tried))?;
+        self.tried.push(next.0.clone());
+        Some(next)
+    }
+}
+
 /// A request the controller placed on a worker and may move: what every
 /// worker it goes to gets, and where it runs now. A relayed stream
 /// ([`Relay`]) and a followed native process (`native::NativeLaunch`) both
@@ -115,6 +141,25 @@ impl Placed {
             worker: self.worker.clone(),
             session: self.props.str("session").map(str::to_string),
             process: self.slot.demand.as_ref().map(|d| d.process_id()),
+        }
+    }
+
+    /// Take the props the stream table holds for it (a PATCH may have
+    /// changed them since it was placed): routing and the next worker see them.
+    pub fn refresh_props(&mut self, id: u64) {
+        if let Some(props) = self.ctl.streams.props_of(id) {
+            if let Ok(parsed) = Props::from_json(&props) {
+                self.props = parsed;
+            }
+            self.body["props"] = props;
+        }
+    }
+
+    /// The workers to resume on, in order (see [`ResumeTargets`]).
+    pub fn resume_targets(&self, target: Option<String>) -> ResumeTargets {
+        ResumeTargets {
+            tried: vec![self.worker.clone()],
+            target: target.and_then(|name| self.ctl.registry.url_of(&name).map(|url| (name, url))),
         }
     }
 

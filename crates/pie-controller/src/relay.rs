@@ -25,19 +25,13 @@ use futures_util::stream::BoxStream;
 use futures_util::{FutureExt, StreamExt};
 use pie_client::sse::{SseBlocks, SseTooLarge};
 use pie_core::wire::{HANDOFF_COMMENT, PROCESS_COMMENT, RESUME_FIELD, TOKEN_IDS_KEY};
-use pie_core::Props;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::placed::{channel_body, count_move_failure, Moved, Placed};
+use crate::placed::{channel_body, count_move_failure, Moved, Placed, MAX_RESUMES};
 use crate::respond::error_event;
 use crate::streams::{Move, Reason};
 use crate::worker_client::describe;
-
-/// Workers tried for one resume before the stream ends with an error.
-const MAX_TARGETS: usize = 4;
-/// Resumes of one stream (a stream moved this often is failing, not moving).
-const MAX_RESUMES: usize = 8;
 
 /// A movable stream's request, as every worker gets it.
 pub(crate) struct Relay {
@@ -445,28 +439,15 @@ impl Run {
                 "the stream was moved {MAX_RESUMES} times; giving up"
             ));
         }
-        let ctl = self.relay.placed.ctl.clone();
-        if let Some(props) = ctl.streams.props_of(self.stream_id) {
-            if let Ok(parsed) = Props::from_json(&props) {
-                self.relay.placed.props = parsed;
-            }
-            self.relay.placed.body["props"] = props;
-        }
+        self.relay.placed.refresh_props(self.stream_id);
         let old = self.relay.placed.worker.clone();
-        let mut tried = vec![old.clone()];
-        let mut target = target.and_then(|name| ctl.registry.url_of(&name).map(|url| (name, url)));
         let mut body = self.relay.placed.body.clone();
         body[RESUME_FIELD] = json!({"tokens": self.generated, "from": source});
         let body = Bytes::from(body.to_string());
-        for _ in 0..MAX_TARGETS {
-            let next = target.take().or_else(|| {
-                let mut tokens = self.relay.placed.prompt.clone();
-                tokens.extend_from_slice(&self.generated);
-                let r = &self.relay.placed;
-                r.resume_target(&tokens, &tried)
-            });
-            let Some((name, url)) = next else { break };
-            tried.push(name.clone());
+        let mut tokens = self.relay.placed.prompt.clone();
+        tokens.extend_from_slice(&self.generated);
+        let mut targets = self.relay.placed.resume_targets(target);
+        while let Some((name, url)) = targets.next(&self.relay.placed, &tokens) {
             if let Some(upstream) = self.try_worker(&name, &url, body.clone()).await {
                 self.switch_to(reason, &name, &url);
                 return Ok(upstream);

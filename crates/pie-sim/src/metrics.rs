@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use pie_policy::cluster::ActionRecord;
 use serde::Serialize;
 
-use pie_workload::Percentiles;
+use pie_workload::{nearest_rank, Percentiles};
 
 use crate::actors::FailedAction;
 use crate::autoscale::FleetStats;
@@ -150,7 +150,8 @@ fn missed(req: &Request, rec: &Record) -> Option<bool> {
     Some(rec.expired || rec.finish_us.is_none_or(|f| f > deadline_us))
 }
 
-/// TTFT (ms) at percentiles 0, 1, ..., 100 (empty when nothing was served).
+/// TTFT (ms) at percentiles 0, 1, ..., 100 by the workspace's one rule,
+/// nearest rank (empty when nothing was served).
 fn ttft_cdf(served: &[(&Request, &Record)]) -> Vec<f64> {
     let mut v: Vec<f64> = served
         .iter()
@@ -160,8 +161,9 @@ fn ttft_cdf(served: &[(&Request, &Record)]) -> Vec<f64> {
         return v;
     }
     v.sort_by(f64::total_cmp);
+    let n = v.len();
     (0..=100)
-        .map(|p| v[(p * (v.len() - 1)).div_ceil(100)])
+        .map(|p| v[(nearest_rank(f64::from(p), n as u64) as usize).min(n) - 1])
         .collect()
 }
 
@@ -446,7 +448,7 @@ mod tests {
         let cdf = ttft_cdf(&served);
         assert_eq!(
             (cdf.len(), cdf[0], cdf[50], cdf[100]),
-            (101, 1.0, 6.0, 10.0)
+            (101, 1.0, 5.0, 10.0)
         );
         let clients = BTreeMap::from([(
             "a".to_string(),
