@@ -32,6 +32,8 @@ pub struct Refusal {
     pub status: StatusCode,
     pub message: String,
     pub retry: bool,
+    /// The request field at fault (the error's `param`).
+    pub param: Option<String>,
 }
 
 impl Refusal {
@@ -40,15 +42,32 @@ impl Refusal {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
             retry: false,
+            param: None,
+        }
+    }
+
+    /// A request field refused by the rule worker and controller share.
+    pub fn field(e: pie_core::openai_fields::FieldError) -> Self {
+        Self {
+            param: Some(e.param),
+            ..Self::bad_request(e.message)
         }
     }
 }
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
-        match self.retry {
-            true => retry_later(self.status, self.message),
-            false => error(self.status, self.message),
+        match (self.retry, self.param) {
+            (true, _) => retry_later(self.status, self.message),
+            (false, None) => error(self.status, self.message),
+            (false, Some(param)) => {
+                let body = pie_core::api_error::error_body(
+                    self.status.as_u16(),
+                    &self.message,
+                    Some(&param),
+                );
+                (self.status, Json(body)).into_response()
+            }
         }
     }
 }

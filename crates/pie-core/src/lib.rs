@@ -14,6 +14,7 @@ pub mod hash;
 pub mod ids;
 pub mod kv_dtype;
 pub mod kv_events;
+pub mod openai_fields;
 pub mod pool;
 pub mod props;
 pub mod size;

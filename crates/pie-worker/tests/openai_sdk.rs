@@ -65,3 +65,53 @@ async fn openai_python_sdk_works_unmodified() {
     assert_eq!(process["props"]["session"], "sdk-1");
     assert_eq!(process["output"], seen["props_answer"]);
 }
+
+/// Every field of the installed SDK's request types has a rule: served, or
+/// refused by name (and accepted with the value that changes nothing); a
+/// misspelt field is refused by name (`openai_fields.py`).
+#[tokio::test]
+async fn every_sdk_field_is_served_or_refused_by_name() {
+    if !sdk_available() {
+        return;
+    }
+    let s = Server::start("", &[]).await;
+    let report = walk_sdk_fields(&s.url).await;
+    for route in ["completions", "chat"] {
+        let r = &report[route];
+        assert_eq!(r["undecided"], serde_json::json!([]), "{route}: {r}");
+        assert_eq!(r["wrong"], serde_json::json!([]), "{route}: {r}");
+        assert_eq!(r["typo"]["status"], 400, "{route}: {r}");
+        assert_eq!(r["typo"]["param"], "temprature", "{route}: {r}");
+        let refused = r["refused"].as_array().unwrap();
+        assert!(
+            refused.contains(&"frequency_penalty".into()),
+            "{route}: {r}"
+        );
+        assert!(refused.contains(&"n".into()), "{route}: {r}");
+        assert!(
+            r["served"].as_array().unwrap().contains(&"seed".into()),
+            "{route}: {r}"
+        );
+    }
+}
+
+/// `openai_fields.py`'s report on the server at `url`.
+async fn walk_sdk_fields(url: &str) -> Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_fields.py");
+    let url = url.to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .arg(script)
+            .arg(url)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "fields script failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}

@@ -291,6 +291,12 @@ async fn bad_requests_get_json_errors_that_name_the_problem() {
     )
     .await;
     assert_eq!((status, msg.contains("n = 1")), (400, true), "{msg}");
+    // A native process's args: an unknown key is refused by name.
+    let launch = json!({"inferlet": "text-completion", "args": {"prompt": "x", "temprature": 0.5}});
+    let r = post("/v1/processes", launch).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["param"], "args.temprature", "{body}");
     let (status, msg) = error_of(
         post("/v1/completions", json!({"prompt": "x", "temperature": 9}))
             .await
@@ -299,12 +305,19 @@ async fn bad_requests_get_json_errors_that_name_the_problem() {
     .await;
     assert_eq!((status, msg.contains("temperature")), (400, true), "{msg}");
     let (status, msg) = error_of(
-        post("/v1/completions", json!({"no_prompt": 1}))
+        post("/v1/completions", json!({"max_tokens": 1}))
             .await
             .unwrap(),
     )
     .await;
     assert_eq!((status, msg.contains("prompt")), (422, true), "{msg}");
+    let (status, msg) = error_of(
+        post("/v1/completions", json!({"prompt": "x", "no_prompt": 1}))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((status, msg.contains("no_prompt")), (400, true), "{msg}");
     let (status, msg) = error_of(
         post("/v1/processes", json!({"inferlet": "nope"}))
             .await

@@ -24,6 +24,7 @@ use axum::Extension;
 use pie_core::auth::Role;
 use pie_core::chat::parse_messages;
 use pie_core::clock::now_ms;
+use pie_core::openai_fields::{self, Endpoint};
 use pie_core::wire::{PREFILL_FROM_FIELD, PROMPT_TOKENS_FIELD, RESUME_FIELD, STREAM_IDS_FIELD};
 use pie_core::{PropValue, Props};
 use pie_policy::cluster::{record, RouteRequest, Stage, WorkerView};
@@ -135,6 +136,7 @@ impl Prepared {
         let mut json: Value =
             serde_json::from_slice(&body).map_err(|e| bad(format!("body is not JSON: {e}")))?;
         refuse_controller_fields(&json).map_err(bad)?;
+        check_openai_fields(path, &json)?;
         let RouteInputs {
             tokens,
             mut props,
@@ -181,6 +183,20 @@ impl Prepared {
     fn launches_native(&self) -> bool {
         self.path == "/v1/processes"
     }
+}
+
+/// An OpenAI route's fields, by the rule the workers apply too
+/// ([`pie_core::openai_fields`]): refused here before any worker is asked.
+fn check_openai_fields(path: &str, json: &Value) -> Result<(), Refusal> {
+    let endpoint = match path {
+        "/v1/completions" => Endpoint::Completions,
+        "/v1/chat/completions" => Endpoint::Chat,
+        _ => return Ok(()),
+    };
+    let fields = json
+        .as_object()
+        .ok_or_else(|| Refusal::bad_request("the request body must be a JSON object"))?;
+    openai_fields::check(endpoint, fields).map_err(Refusal::field)
 }
 
 /// Only the controller speaks for a prompt's ids, where its prefill runs,
@@ -231,6 +247,7 @@ impl Plan {
                 status,
                 message: r.message,
                 retry: status == StatusCode::SERVICE_UNAVAILABLE,
+                param: None,
             }
         })?;
         let resume_body = request.movable.then(|| resume_body(ctl, &request));

@@ -12,6 +12,7 @@ mod kv_events;
 mod lifecycle;
 mod moves;
 mod native_moves;
+mod openai;
 mod queueing;
 mod registration;
 mod routing;

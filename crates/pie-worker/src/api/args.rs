@@ -8,6 +8,18 @@ use serde_json::Value;
 use super::state::ApiError;
 use crate::runtime::{GenOptions, Prompt};
 
+/// The fields [`GenArgs`] reads: with its input (`prompt` or `messages`),
+/// all a native process's `args` may hold.
+pub const GEN_FIELDS: &[&str] = &[
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "ignore_eos",
+];
+
 /// Sampling and length arguments shared by every way of starting generation.
 #[derive(Debug, Default, Deserialize)]
 pub struct GenArgs {
@@ -100,5 +112,22 @@ pub fn props_of(value: Option<&Value>) -> Result<Props, ApiError> {
     match value {
         None | Some(Value::Null) => Ok(Props::new()),
         Some(v) => Ok(Props::from_json(v)?),
+    }
+}
+
+#[cfg(test)]
+mod gen_fields_tests {
+    use super::*;
+
+    /// `GEN_FIELDS` names what `GenArgs` reads: each one, set, is read.
+    #[test]
+    fn gen_fields_are_what_gen_args_reads() {
+        let all = serde_json::json!({"max_tokens": 3, "temperature": 0.5, "top_p": 0.9,
+            "top_k": 4, "seed": 1, "stop": "x", "ignore_eos": true});
+        assert_eq!(all.as_object().unwrap().len(), GEN_FIELDS.len());
+        assert!(GEN_FIELDS.iter().all(|f| all.get(f).is_some()));
+        let a: GenArgs = serde_json::from_value(all).unwrap();
+        assert!(a.max_tokens.is_some() && a.temperature.is_some() && a.top_p.is_some());
+        assert!(a.top_k.is_some() && a.seed.is_some() && a.stop.is_some() && a.ignore_eos);
     }
 }

@@ -1,7 +1,9 @@
 //! OpenAI-compatible routes: `/v1/completions`, `/v1/chat/completions`,
 //! `/v1/models` (with the model's `vocab_size`, so token-id clients such as
-//! `pie bench` can stay inside the vocabulary). Extra body fields: `props`
-//! (object) and `session` (string).
+//! `pie bench` can stay inside the vocabulary). Every body field passes
+//! `pie_core::openai_fields` first (a typo or an unserved value is a 400
+//! naming it); Pie's extras: `props` (object), `session` (string), `top_k`,
+//! `ignore_eos`.
 //! A client that disconnects kills its process (its pages are released).
 
 use std::convert::Infallible;
@@ -14,8 +16,10 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::stream::{self, Stream, StreamExt};
 use pie_core::chat::OpenAiMessage;
+use pie_core::openai_fields::{self, Endpoint};
 use pie_core::wire::{HANDOFF_COMMENT, PROCESS_COMMENT, TOKEN_IDS_KEY};
 use pie_core::{PropValue, Props};
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -56,7 +60,6 @@ struct Common {
     #[serde(default)]
     stream: bool,
     stream_options: Option<StreamOptions>,
-    n: Option<usize>,
     props: Option<Value>,
     session: Option<String>,
     /// A controller's token ids for the prompt (see `auth::trusted_prompt_tokens`).
@@ -127,6 +130,25 @@ impl Kind {
     }
 }
 
+/// An OpenAI request's body, its fields checked by the rule both binaries
+/// share ([`pie_core::openai_fields`]) before it is read.
+fn checked_body<T: DeserializeOwned>(endpoint: Endpoint, body: Value) -> Result<T, ApiError> {
+    let Some(fields) = body.as_object() else {
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        ));
+    };
+    openai_fields::check(endpoint, fields)
+        .map_err(|e| ApiError::bad_request(e.message).param(&e.param))?;
+    // As axum's JSON extractor answers a body of the wrong shape.
+    serde_json::from_value(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("invalid request: {e}"),
+        )
+    })
+}
+
 pub async fn models(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let rt = state.runtime()?;
     Ok(Json(
@@ -137,8 +159,9 @@ pub async fn models(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
 pub async fn completions(
     State(state): State<AppState>,
     auth: Option<Extension<Authed>>,
-    ApiJson(req): ApiJson<CompletionRequest>,
+    ApiJson(body): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
+    let req: CompletionRequest = checked_body(Endpoint::Completions, body)?;
     let prompt = req.prompt.into_prompt()?;
     let mut common = req.common;
     common.gen.max_tokens = common.gen.max_tokens.or(Some(16));
@@ -155,8 +178,9 @@ pub async fn completions(
 pub async fn chat_completions(
     State(state): State<AppState>,
     auth: Option<Extension<Authed>>,
-    ApiJson(req): ApiJson<ChatRequest>,
+    ApiJson(body): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
+    let req: ChatRequest = checked_body(Endpoint::Chat, body)?;
     if req.messages.is_empty() {
         return Err(ApiError::bad_request("messages must not be empty").param("messages"));
     }
@@ -201,9 +225,6 @@ async fn serve(
             )
             .param("model"));
         }
-    }
-    if common.n.unwrap_or(1) != 1 {
-        return Err(ApiError::bad_request("only n = 1 is supported").param("n"));
     }
     let mut props = request_props(&common)?;
     let opts = GenOptions {

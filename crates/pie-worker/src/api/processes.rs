@@ -14,7 +14,7 @@ use futures_util::stream::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::args::{props_of, GenArgs, PromptArg};
+use super::args::{props_of, GenArgs, PromptArg, GEN_FIELDS};
 use super::auth::{
     cache_salt_of, caller_of, client_of, trusted_prefill_from, trusted_prompt_tokens,
     trusted_resume, trusted_stream_ids, Authed,
@@ -63,7 +63,24 @@ struct ChatArgs {
     gen: GenArgs,
 }
 
-fn parse_args<T: serde::de::DeserializeOwned>(inferlet: &str, args: Value) -> Result<T, ApiError> {
+/// `args` of `inferlet`, whose input is the field `input`: any other key
+/// than it and the sampling fields is refused by name.
+fn parse_args<T: serde::de::DeserializeOwned>(
+    inferlet: &str,
+    input: &str,
+    args: Value,
+) -> Result<T, ApiError> {
+    let unknown = args.as_object().and_then(|a| {
+        a.keys()
+            .find(|k| *k != input && !GEN_FIELDS.contains(&k.as_str()))
+    });
+    if let Some(key) = unknown {
+        return Err(ApiError::bad_request(format!(
+            "args of `{inferlet}`: unknown field `{key}` (it takes `{input}` and {})",
+            GEN_FIELDS.join(", ")
+        ))
+        .param(&format!("args.{key}")));
+    }
     serde_json::from_value(args)
         .map_err(|e| ApiError::bad_request(format!("args of `{inferlet}`: {e}")).param("args"))
 }
@@ -77,7 +94,7 @@ pub(super) async fn launch_process(
     let mut props = props_of(body.props.as_ref())?;
     let (inferlet, opts) = match body.inferlet.as_str() {
         "text-completion" => {
-            let a: TextArgs = parse_args(&body.inferlet, body.args)?;
+            let a: TextArgs = parse_args(&body.inferlet, "prompt", body.args)?;
             (
                 Inferlet::TextCompletion {
                     prompt: a.prompt.into_prompt()?,
@@ -86,7 +103,7 @@ pub(super) async fn launch_process(
             )
         }
         "chat" => {
-            let a: ChatArgs = parse_args(&body.inferlet, body.args)?;
+            let a: ChatArgs = parse_args(&body.inferlet, "messages", body.args)?;
             (
                 Inferlet::Chat {
                     messages: a.messages,
