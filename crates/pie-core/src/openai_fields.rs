@@ -95,9 +95,9 @@ const SHARED: &[(&str, Rule)] = &[
     ("stream_options", Served),
     ("n", UnlessInert(at_most_one, "1")),
     ("user", Metadata),
-    ("frequency_penalty", UnlessInert(zero, "0")),
-    ("presence_penalty", UnlessInert(zero, "0")),
-    ("logit_bias", UnlessInert(empty, "empty")),
+    ("frequency_penalty", Served),
+    ("presence_penalty", Served),
+    ("logit_bias", Served),
 ];
 
 const COMPLETIONS: &[(&str, Rule)] = &[
@@ -151,6 +151,8 @@ const EXTRAS: &[&str] = &[
     "props",
     "session",
     "top_k",
+    "min_p",
+    "repetition_penalty",
     "ignore_eos",
     "pie_prompt_tokens",
     "pie_prefill_from",
@@ -217,8 +219,6 @@ mod tests {
     #[test]
     fn an_unserved_field_passes_only_when_inert() {
         for (endpoint, field, inert, live) in [
-            (Endpoint::Chat, "frequency_penalty", json!(0), json!(1.5)),
-            (Endpoint::Chat, "logit_bias", json!({}), json!({"42": -100})),
             (Endpoint::Chat, "logprobs", json!(false), json!(true)),
             (
                 Endpoint::Chat,

@@ -1,8 +1,19 @@
-//! Next-token sampling: greedy, temperature, top-k and top-p, reproducible by seed.
+//! Next-token sampling: greedy, temperature, top-k, top-p and min-p,
+//! reproducible by seed, after the penalties and biases that reshape the
+//! logits: `logit_bias` (OpenAI: added, clamped to +-100), `frequency_penalty`
+//! and `presence_penalty` (OpenAI: minus count x frequency + presence for
+//! each token generated so far), `repetition_penalty` (vLLM, as in CTRL: a
+//! token of the prompt or the output has a positive logit divided by it, a
+//! negative one multiplied), all applied before greedy too.
+
+use std::collections::HashMap;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
+
+/// The largest `logit_bias` magnitude (OpenAI's).
+pub const MAX_LOGIT_BIAS: f32 = 100.0;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -13,7 +24,18 @@ pub struct SamplingParams {
     pub top_k: usize,
     /// Keep the smallest set of tokens whose probability reaches top_p (1 = off).
     pub top_p: f32,
+    /// Drop tokens less likely than min_p x the most likely one's (0 = off).
+    pub min_p: f32,
     pub seed: Option<u64>,
+    /// Subtracted per earlier occurrence of a token in the output.
+    pub frequency_penalty: f32,
+    /// Subtracted once from every token already in the output.
+    pub presence_penalty: f32,
+    /// Divides (or, when negative, multiplies) the logit of every token of
+    /// the prompt and the output (1 = off).
+    pub repetition_penalty: f32,
+    /// Added to these tokens' logits (clamped to +-`MAX_LOGIT_BIAS`).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -22,38 +44,135 @@ impl Default for SamplingParams {
             temperature: 0.0,
             top_k: 0,
             top_p: 1.0,
+            min_p: 0.0,
             seed: None,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            repetition_penalty: 1.0,
+            logit_bias: Vec::new(),
         }
+    }
+}
+
+impl SamplingParams {
+    /// Whether anything reshapes the logits before sampling.
+    fn reshapes(&self) -> bool {
+        self.frequency_penalty != 0.0
+            || self.presence_penalty != 0.0
+            || self.repetition_penalty != 1.0
+            || !self.logit_bias.is_empty()
     }
 }
 
 pub struct Sampler {
     params: SamplingParams,
     rng: StdRng,
+    /// Each token's count in the output so far (kept only when a penalty
+    /// reads it).
+    output_counts: HashMap<u32, u32>,
+    /// The prompt's distinct tokens (for `repetition_penalty` only).
+    prompt_tokens: Vec<u32>,
+    /// Scratch for the reshaped logits.
+    reshaped: Vec<f32>,
 }
 
 impl Sampler {
-    pub fn new(params: SamplingParams) -> Self {
-        Self::resumed(params, 0)
+    /// A sampler for a sequence whose prompt is `prompt`.
+    pub fn new(params: SamplingParams, prompt: &[u32]) -> Self {
+        Self::resumed(params, prompt, &[])
     }
 
-    /// A sampler that has already sampled `sampled` tokens: a seeded one is
-    /// where the same seed would be after them (each non-greedy sample draws
-    /// once), so a process resumed on another worker goes on as it would have.
-    pub fn resumed(params: SamplingParams, sampled: usize) -> Self {
+    /// A sampler that has already sampled `sampled` (the tokens it generated
+    /// elsewhere, after `prompt`): a seeded one is where the same seed would
+    /// be after them (each non-greedy sample draws once) and its penalties
+    /// count them, so a process resumed on another worker goes on as it
+    /// would have.
+    pub fn resumed(params: SamplingParams, prompt: &[u32], sampled: &[u32]) -> Self {
         let mut rng = match params.seed {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => StdRng::from_entropy(),
         };
         if params.temperature > 0.0 {
-            for _ in 0..sampled {
+            for _ in sampled {
                 rng.gen::<f32>();
             }
         }
-        Self { params, rng }
+        let mut prompt_tokens = Vec::new();
+        if params.repetition_penalty != 1.0 {
+            prompt_tokens = prompt.to_vec();
+            prompt_tokens.sort_unstable();
+            prompt_tokens.dedup();
+        }
+        let mut sampler = Self {
+            params,
+            rng,
+            output_counts: HashMap::new(),
+            prompt_tokens,
+            reshaped: Vec::new(),
+        };
+        for &t in sampled {
+            sampler.count(t);
+        }
+        sampler
+    }
+
+    fn count(&mut self, token: u32) {
+        if self.params.reshapes() {
+            *self.output_counts.entry(token).or_default() += 1;
+        }
     }
 
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let token = if self.params.reshapes() {
+            let mut reshaped = std::mem::take(&mut self.reshaped);
+            reshaped.clear();
+            reshaped.extend_from_slice(logits);
+            self.reshape(&mut reshaped);
+            let token = self.draw(&reshaped);
+            self.reshaped = reshaped;
+            token
+        } else {
+            self.draw(logits)
+        };
+        self.count(token);
+        token
+    }
+
+    /// Apply the penalties and biases to `logits`.
+    fn reshape(&self, logits: &mut [f32]) {
+        let p = &self.params;
+        let repeat = |t: u32, logits: &mut [f32]| {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = if *l > 0.0 {
+                    *l / p.repetition_penalty
+                } else {
+                    *l * p.repetition_penalty
+                };
+            }
+        };
+        if p.repetition_penalty != 1.0 {
+            for &t in &self.prompt_tokens {
+                repeat(t, logits);
+            }
+            for &t in self.output_counts.keys() {
+                if self.prompt_tokens.binary_search(&t).is_err() {
+                    repeat(t, logits);
+                }
+            }
+        }
+        for (&t, &n) in &self.output_counts {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l -= n as f32 * p.frequency_penalty + p.presence_penalty;
+            }
+        }
+        for &(t, bias) in &p.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += bias.clamp(-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS);
+            }
+        }
+    }
+
+    fn draw(&mut self, logits: &[f32]) -> u32 {
         if self.params.temperature <= 0.0 {
             return argmax(logits);
         }
@@ -71,6 +190,12 @@ impl Sampler {
         for c in cands.iter_mut() {
             c.1 = (c.1 - max).exp();
             total += c.1;
+        }
+        if self.params.min_p > 0.0 {
+            // The first candidate's weight is exp(0) = 1: the most likely's.
+            let keep = cands.partition_point(|c| c.1 >= self.params.min_p);
+            cands.truncate(keep.max(1));
+            total = cands.iter().map(|c| c.1).sum();
         }
         if self.params.top_p < 1.0 {
             let mut mass = 0.0;
@@ -135,12 +260,16 @@ mod tests {
     use super::*;
 
     fn sampler(temperature: f32, top_k: usize, top_p: f32, seed: u64) -> Sampler {
-        Sampler::new(SamplingParams {
-            temperature,
-            top_k,
-            top_p,
-            seed: Some(seed),
-        })
+        Sampler::new(
+            SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                seed: Some(seed),
+                ..SamplingParams::default()
+            },
+            &[],
+        )
     }
 
     #[test]
@@ -195,15 +324,16 @@ mod tests {
     #[test]
     fn a_resumed_sampler_goes_on_as_the_original() {
         let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
-        let mut whole = sampler(1.0, 0, 0.9, 5);
-        let all: Vec<u32> = (0..30).map(|_| whole.sample(&logits)).collect();
         let params = SamplingParams {
             temperature: 1.0,
-            top_k: 0,
             top_p: 0.9,
             seed: Some(5),
+            frequency_penalty: 0.5,
+            ..SamplingParams::default()
         };
-        let mut resumed = Sampler::resumed(params, 12);
+        let mut whole = Sampler::new(params.clone(), &[]);
+        let all: Vec<u32> = (0..30).map(|_| whole.sample(&logits)).collect();
+        let mut resumed = Sampler::resumed(params, &[], &all[..12]);
         let rest: Vec<u32> = (0..18).map(|_| resumed.sample(&logits)).collect();
         assert_eq!(rest, all[12..]);
     }
@@ -216,5 +346,88 @@ mod tests {
         // The first two tokens hold ~99% of the mass.
         let mut s = sampler(1.0, 0, 0.9, 4);
         assert!((0..200).all(|_| s.sample(&logits) < 2));
+    }
+
+    fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+        let mut p = SamplingParams {
+            seed: Some(11),
+            ..SamplingParams::default()
+        };
+        f(&mut p);
+        p
+    }
+
+    #[test]
+    fn a_token_biased_to_minus_100_never_comes() {
+        let logits = [3.0, 2.9, 0.5, 0.1];
+        for temperature in [0.0, 1.0] {
+            let mut s = Sampler::new(
+                params(|p| {
+                    p.temperature = temperature;
+                    p.logit_bias = vec![(0, -1e6), (1, -100.0)];
+                }),
+                &[],
+            );
+            assert!(
+                (0..300).all(|_| s.sample(&logits) >= 2),
+                "temperature {temperature}"
+            );
+        }
+        // Clamped: +1e6 counts as +100, still enough to win here.
+        let mut s = Sampler::new(params(|p| p.logit_bias = vec![(3, 1e6)]), &[]);
+        assert_eq!(s.sample(&logits), 3);
+    }
+
+    /// Greedy on logits that always favour token 0 repeats it; a frequency
+    /// penalty of 2 takes away 2 per earlier 0, so the runner-up comes in
+    /// turn; a presence penalty takes a fixed amount once.
+    #[test]
+    fn frequency_and_presence_penalties_lower_repeats() {
+        let logits = [5.0, 4.0, 0.0];
+        let repeats = |p: SamplingParams| {
+            let mut s = Sampler::new(p, &[]);
+            let out: Vec<u32> = (0..12).map(|_| s.sample(&logits)).collect();
+            out.iter().filter(|&&t| t == 0).count()
+        };
+        assert_eq!(repeats(params(|_| {})), 12);
+        let with_frequency = repeats(params(|p| p.frequency_penalty = 2.0));
+        assert!(with_frequency <= 6, "{with_frequency} of 12");
+        // Presence: 0 once, then 1 (5 - 1.5 < 4), then both penalised alike.
+        let mut s = Sampler::new(params(|p| p.presence_penalty = 1.5), &[]);
+        let out: Vec<u32> = (0..4).map(|_| s.sample(&logits)).collect();
+        assert_eq!(out, [0, 1, 0, 0]);
+    }
+
+    /// A prompt token's positive logit is divided by the penalty, a
+    /// negative one multiplied: greedy moves off the prompt's token.
+    #[test]
+    fn repetition_penalty_divides_the_prompts_tokens() {
+        let logits = [4.0, 3.0, -1.0];
+        let p = params(|p| p.repetition_penalty = 2.0);
+        let mut s = Sampler::new(p.clone(), &[0, 2]);
+        assert_eq!(s.sample(&logits), 1, "4 / 2 = 2 < 3");
+        let mut reshaped = logits.to_vec();
+        Sampler::new(p, &[0, 2]).reshape(&mut reshaped);
+        assert_eq!(reshaped, [2.0, 3.0, -2.0]);
+    }
+
+    /// min_p drops every token less likely than min_p x the most likely one.
+    #[test]
+    fn min_p_keeps_only_tokens_near_the_top() {
+        // Probabilities about 0.47, 0.47, 0.06: min_p 0.5 drops the last.
+        let logits = [2.0, 2.0, 0.0];
+        let mut s = Sampler::new(
+            params(|p| {
+                p.temperature = 1.0;
+                p.min_p = 0.5
+            }),
+            &[],
+        );
+        assert!((0..500).all(|_| s.sample(&logits) < 2));
+        let mut s = Sampler::new(params(|p| p.temperature = 1.0), &[]);
+        assert!(
+            (0..500).any(|_| s.sample(&logits) == 2),
+            "without it the third comes"
+        );
     }
 }

@@ -263,12 +263,16 @@ impl Engine {
         if !req.ignore_eos {
             stop_tokens.extend_from_slice(self.model.tokenizer.stop_tokens());
         }
+        let (prompt, sampled) = req
+            .prompt
+            .split_at(req.prompt.len().saturating_sub(req.sampled_before));
+        let sampler = Sampler::resumed(req.sampling, prompt, sampled);
         let seq = Sequence {
             prompt_len: req.prompt.len(),
             max_tokens: req.max_tokens.min(limit - req.prompt.len()),
             tokens: req.prompt,
             stop_tokens,
-            sampler: Sampler::resumed(req.sampling, req.sampled_before),
+            sampler,
             table: PageTable::with_root(chain_root),
             chain_root,
             cached_tokens: None,
@@ -315,7 +319,7 @@ impl Engine {
             prompt_len: p.tokens.len(),
             max_tokens: max_tokens.min(limit.saturating_sub(p.tokens.len())),
             stop_tokens: p.stop_tokens.clone(),
-            sampler: Sampler::new(sampling),
+            sampler: Sampler::new(sampling, &p.tokens),
             table,
             chain_root: p.chain_root,
             cached_tokens: Some(0),

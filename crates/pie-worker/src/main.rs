@@ -288,6 +288,7 @@ impl SamplingArgs {
             top_k: self.top_k,
             top_p: self.top_p,
             seed: self.seed,
+            ..SamplingParams::default()
         }
     }
 }

@@ -351,6 +351,7 @@ fn seeded_sampling_is_reproducible() {
             top_k: 50,
             top_p: 0.95,
             seed: Some(seed),
+            ..SamplingParams::default()
         };
         let id = e
             .add(Request {
@@ -432,4 +433,52 @@ fn a_sequence_with_a_bad_token_fails_alone_and_the_batch_goes_on() {
     tokens.extend(rest.get(&ok).cloned().unwrap_or_default());
     assert_eq!(tokens, expected);
     assert_eq!(e.pool_stats().used, 0, "no page leaked");
+}
+
+/// Greedy output of `prompt` for 200 tokens under `shape` (penalties, biases).
+fn greedy_with(shape: impl FnOnce(&mut SamplingParams)) -> Vec<u32> {
+    let mut sampling = SamplingParams::default();
+    shape(&mut sampling);
+    let mut e = engine(64, 512);
+    run_one(
+        &mut e,
+        Request {
+            sampling,
+            ..request(&prompt(3, 8), 200)
+        },
+    )
+    .0
+}
+
+fn repeats(tokens: &[u32]) -> usize {
+    let distinct: std::collections::HashSet<&u32> = tokens.iter().collect();
+    tokens.len() - distinct.len()
+}
+
+/// The sampling step's penalties and biases, on the model: a token biased
+/// to -100 never comes; a frequency penalty of 2 lowers the repeats of a
+/// repetitive greedy continuation; a repetition penalty keeps the prompt's
+/// tokens out where they would come.
+#[test]
+fn penalties_and_biases_shape_the_greedy_output() {
+    let plain = greedy_with(|_| {});
+    let most = *plain
+        .iter()
+        .max_by_key(|t| plain.iter().filter(|u| u == t).count())
+        .unwrap();
+    let biased = greedy_with(|s| s.logit_bias = vec![(most, -100.0)]);
+    assert!(!biased.contains(&most), "{most} in {biased:?}");
+    let penalised = greedy_with(|s| s.frequency_penalty = 2.0);
+    assert!(
+        2 * repeats(&penalised) < repeats(&plain),
+        "repeats {} with the penalty, {} without: {penalised:?} / {plain:?}",
+        repeats(&penalised),
+        repeats(&plain)
+    );
+    let from_prompt = |out: &[u32]| out.iter().filter(|t| prompt(3, 8).contains(t)).count();
+    let kept_out = greedy_with(|s| s.repetition_penalty = 10.0);
+    assert!(
+        from_prompt(&kept_out) < from_prompt(&plain),
+        "{kept_out:?} / {plain:?}"
+    );
 }

@@ -291,6 +291,24 @@ async fn bad_requests_get_json_errors_that_name_the_problem() {
     )
     .await;
     assert_eq!((status, msg.contains("n = 1")), (400, true), "{msg}");
+    for (body, field) in [
+        (
+            json!({"prompt": "x", "logit_bias": {"99999999": 1}}),
+            "logit_bias",
+        ),
+        (
+            json!({"prompt": "x", "logit_bias": {"one": 1}}),
+            "logit_bias",
+        ),
+        (
+            json!({"prompt": "x", "frequency_penalty": 3}),
+            "frequency_penalty",
+        ),
+        (json!({"prompt": "x", "min_p": 1.5}), "min_p"),
+    ] {
+        let (status, msg) = error_of(post("/v1/completions", body).await.unwrap()).await;
+        assert_eq!((status, msg.contains(field)), (400, true), "{msg}");
+    }
     // A native process's args: an unknown key is refused by name.
     let launch = json!({"inferlet": "text-completion", "args": {"prompt": "x", "temprature": 0.5}});
     let r = post("/v1/processes", launch).await.unwrap();

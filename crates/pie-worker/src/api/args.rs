@@ -1,6 +1,8 @@
 //! Request arguments shared by the native and the OpenAI routes: sampling
 //! and length (checked into [`GenOptions`]), the prompt's shapes, and props.
 
+use std::collections::BTreeMap;
+
 use pie_core::Props;
 use serde::Deserialize;
 use serde_json::Value;
@@ -15,9 +17,14 @@ pub const GEN_FIELDS: &[&str] = &[
     "temperature",
     "top_p",
     "top_k",
+    "min_p",
     "seed",
     "stop",
     "ignore_eos",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "logit_bias",
 ];
 
 /// Sampling and length arguments shared by every way of starting generation.
@@ -31,6 +38,12 @@ pub struct GenArgs {
     pub stop: Option<StopArg>,
     #[serde(default)]
     pub ignore_eos: bool,
+    pub min_p: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    /// Token id (as a string, as OpenAI sends it) to a bias.
+    pub logit_bias: Option<BTreeMap<String, f32>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -75,12 +88,66 @@ impl GenArgs {
                 top_k: self.top_k.unwrap_or(0),
                 top_p,
                 seed: self.seed,
+                ..self.shaping()?
             },
             stop,
             ignore_eos: self.ignore_eos,
             prefill_from: None,
             cache_salt: None,
             resume: None,
+        })
+    }
+
+    /// The penalties, biases and min-p, checked (OpenAI's ranges for its
+    /// penalties; vLLM's meaning for `repetition_penalty` and `min_p`).
+    fn shaping(&self) -> Result<pie_model::SamplingParams, ApiError> {
+        let within = |field: &str, v: Option<f32>, ok: fn(f32) -> bool, range: &str| match v {
+            Some(v) if !ok(v) => {
+                Err(ApiError::bad_request(format!("{field} must be {range}, got {v}")).param(field))
+            }
+            _ => Ok(v),
+        };
+        let penalty = |v: f32| (-2.0..=2.0).contains(&v);
+        let frequency_penalty = within(
+            "frequency_penalty",
+            self.frequency_penalty,
+            penalty,
+            "in [-2, 2]",
+        )?;
+        let presence_penalty = within(
+            "presence_penalty",
+            self.presence_penalty,
+            penalty,
+            "in [-2, 2]",
+        )?;
+        let repetition_penalty = within(
+            "repetition_penalty",
+            self.repetition_penalty,
+            |v| v > 0.0 && v.is_finite(),
+            "positive",
+        )?;
+        let min_p = within(
+            "min_p",
+            self.min_p,
+            |v| (0.0..=1.0).contains(&v),
+            "in [0, 1]",
+        )?;
+        let logit_bias = (self.logit_bias.iter().flatten())
+            .map(|(token, bias)| match token.parse::<u32>() {
+                Ok(t) if bias.is_finite() => Ok((t, *bias)),
+                _ => Err(ApiError::bad_request(format!(
+                    "logit_bias maps token ids to numbers; got {token:?}: {bias}"
+                ))
+                .param("logit_bias")),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(pie_model::SamplingParams {
+            frequency_penalty: frequency_penalty.unwrap_or(0.0),
+            presence_penalty: presence_penalty.unwrap_or(0.0),
+            repetition_penalty: repetition_penalty.unwrap_or(1.0),
+            min_p: min_p.unwrap_or(0.0),
+            logit_bias,
+            ..pie_model::SamplingParams::default()
         })
     }
 }
@@ -123,11 +190,15 @@ mod gen_fields_tests {
     #[test]
     fn gen_fields_are_what_gen_args_reads() {
         let all = serde_json::json!({"max_tokens": 3, "temperature": 0.5, "top_p": 0.9,
-            "top_k": 4, "seed": 1, "stop": "x", "ignore_eos": true});
+            "top_k": 4, "min_p": 0.1, "seed": 1, "stop": "x", "ignore_eos": true,
+            "frequency_penalty": 1, "presence_penalty": 1, "repetition_penalty": 1.1,
+            "logit_bias": {"5": -100}});
         assert_eq!(all.as_object().unwrap().len(), GEN_FIELDS.len());
         assert!(GEN_FIELDS.iter().all(|f| all.get(f).is_some()));
         let a: GenArgs = serde_json::from_value(all).unwrap();
         assert!(a.max_tokens.is_some() && a.temperature.is_some() && a.top_p.is_some());
         assert!(a.top_k.is_some() && a.seed.is_some() && a.stop.is_some() && a.ignore_eos);
+        assert!(a.min_p.is_some() && a.frequency_penalty.is_some() && a.presence_penalty.is_some());
+        assert!(a.repetition_penalty.is_some() && a.logit_bias.is_some());
     }
 }

@@ -54,6 +54,8 @@ impl Runtime {
         }
         let prompt_len = prompt.len();
         self.check_vocab(&format!("{RESUME_FIELD}.tokens"), &resume.tokens)?;
+        let biased: Vec<u32> = opts.sampling.logit_bias.iter().map(|b| b.0).collect();
+        self.check_vocab("logit_bias", &biased)?;
         prompt.extend_from_slice(&resume.tokens);
         if prompt.len() >= self.max_seq_tokens {
             return Err(LaunchError::BadRequest(format!(
