@@ -1,9 +1,10 @@
 //! Support for the workspace's integration tests, one copy for every crate:
 //! the workspace's binaries run as child processes that die with their
 //! handle ([`Proc`]), the synthesized test model ([`test_model`]), polling
-//! with a deadline ([`wait_for`]), and readers of SSE bodies and Prometheus
+//! with a deadline ([`wait_for`]), readers of SSE bodies and Prometheus
 //! text built on the production parsers (`pie_client::sse`,
-//! `pie_client::prom`), so a test reads a stream as a client does.
+//! `pie_client::prom`), so a test reads a stream as a client does, and the
+//! OpenAI Python SDK's scripts ([`python_report`]).
 //!
 //! Finding binaries: cargo sets `CARGO_BIN_EXE_<name>` only for the package
 //! under test, so [`workspace_bin`] looks beside the running test executable
@@ -12,8 +13,10 @@
 
 mod model;
 mod process;
+mod python;
 mod read;
 
 pub use model::test_model;
 pub use process::{spawn, workspace_bin, Proc};
+pub use python::{openai_sdk_available, python_report};
 pub use read::{metric_value, sse_data, wait_for};

@@ -22,18 +22,6 @@ fn request(prompt: &[u32], seeded: bool, max_tokens: usize) -> Value {
     body
 }
 
-async fn stream(s: &Server, body: Value) -> reqwest::Response {
-    let r = s
-        .client
-        .post(s.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    r
-}
-
 fn prompt(len: usize) -> Vec<u32> {
     (0..len as u32).map(|i| (i * 13) % 250 + 1).collect()
 }
@@ -43,14 +31,14 @@ async fn a_process_resumed_from_its_tokens_goes_on_as_it_would_have() {
     let s = Server::start("", &[]).await;
     let p = prompt(40);
     for seeded in [false, true] {
-        let (whole, _) = read_stream(stream(&s, request(&p, seeded, 60)).await, None).await;
+        let (whole, _) = read_stream(s.stream(request(&p, seeded, 60)).await, None).await;
         assert_eq!(whole.tokens.len(), 60);
         assert!(whole.process.is_some(), "the stream names its process");
         for k in [1, 17, 59] {
             let mut body = request(&p, seeded, 60);
             body["pie_resume"] = json!({"tokens": whole.ids()[..k]});
             body["stream_options"] = json!({"include_usage": true});
-            let (rest, _) = read_stream(stream(&s, body).await, None).await;
+            let (rest, _) = read_stream(s.stream(body).await, None).await;
             assert_eq!(rest.ids(), whole.ids()[k..], "seeded {seeded}, k {k}");
             let sent: String = whole.tokens[..k].iter().map(|(_, t)| t.as_str()).collect();
             assert_eq!(
@@ -135,8 +123,8 @@ async fn a_handed_off_process_goes_on_on_a_peer_that_pulled_its_pages() {
     let p = prompt(70);
     for seeded in [false, true] {
         // Undisturbed on the source: the target holds none of these pages.
-        let (undisturbed, _) = read_stream(stream(&a, request(&p, seeded, 120)).await, None).await;
-        let (first, r) = read_stream(stream(&a, request(&p, seeded, 120)).await, Some(40)).await;
+        let (undisturbed, _) = read_stream(a.stream(request(&p, seeded, 120)).await, None).await;
+        let (first, r) = read_stream(a.stream(request(&p, seeded, 120)).await, Some(40)).await;
         let id = first.process.clone().unwrap();
         // Stage 1: the peer copies what `a` holds while it keeps decoding.
         let mut so_far = p.clone();
@@ -177,7 +165,7 @@ async fn a_handed_off_process_goes_on_on_a_peer_that_pulled_its_pages() {
         // Stage 2: the peer resumes it, pulling the pages it lacks.
         let mut body = request(&p, seeded, 120);
         body["pie_resume"] = json!({"tokens": ids, "from": a.url});
-        let (rest, _) = read_stream(stream(&b, body).await, None).await;
+        let (rest, _) = read_stream(b.stream(body).await, None).await;
         let sent: String = generated.iter().map(|(_, t)| t.as_str()).collect();
         assert_eq!(sent + &rest.text(), undisturbed.text(), "seeded {seeded}");
         assert_eq!([ids, rest.ids()].concat(), undisturbed.ids());
@@ -194,7 +182,7 @@ async fn a_handed_off_process_goes_on_on_a_peer_that_pulled_its_pages() {
 async fn a_drain_refuses_new_work_stays_live_and_exits_when_empty() {
     for by_signal in [false, true] {
         let mut s = Server::start("", &[]).await;
-        let r = stream(&s, request(&prompt(30), false, 400)).await;
+        let r = s.stream(request(&prompt(30), false, 400)).await;
         if by_signal {
             s.terminate();
         } else {
@@ -248,7 +236,7 @@ async fn a_drain_refuses_new_work_stays_live_and_exits_when_empty() {
 #[tokio::test]
 async fn a_drain_that_outlasts_its_timeout_fails_what_is_left_and_exits() {
     let mut s = Server::start("[server]\ndrain_timeout_ms = 0\n", &[]).await;
-    let r = stream(&s, request(&prompt(30), false, 1_000_000)).await;
+    let r = s.stream(request(&prompt(30), false, 1_000_000)).await;
     let started = Instant::now();
     s.terminate();
     let body = r.text().await.unwrap_or_default();

@@ -6,46 +6,15 @@
 mod common;
 
 use common::Server;
-use serde_json::Value;
-
-fn sdk_available() -> bool {
-    let ok = std::process::Command::new("python3")
-        .args(["-c", "import openai"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("PIE_REQUIRE_OPENAI").is_none(),
-            "python3 -m pip install openai"
-        );
-        eprintln!("skipping: the openai Python package is not installed");
-    }
-    ok
-}
 
 #[tokio::test]
 async fn openai_python_sdk_works_unmodified() {
-    if !sdk_available() {
+    if !pie_testkit::openai_sdk_available() {
         return;
     }
     let s = Server::start("", &[]).await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_sdk.py");
-    let url = s.url.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3")
-            .arg(script)
-            .arg(url)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "sdk script failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let seen = pie_testkit::python_report(script, &s.url).await;
     assert_eq!(seen["completion_tokens"], 5);
     assert!(!seen["completion_text"].as_str().unwrap().is_empty());
     // Role chunk, content chunks, finish chunk, usage chunk.
@@ -71,11 +40,12 @@ async fn openai_python_sdk_works_unmodified() {
 /// misspelt field is refused by name (`openai_fields.py`).
 #[tokio::test]
 async fn every_sdk_field_is_served_or_refused_by_name() {
-    if !sdk_available() {
+    if !pie_testkit::openai_sdk_available() {
         return;
     }
     let s = Server::start("", &[]).await;
-    let report = walk_sdk_fields(&s.url).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_fields.py");
+    let report = pie_testkit::python_report(script, &s.url).await;
     for route in ["completions", "chat"] {
         let r = &report[route];
         assert_eq!(r["undecided"], serde_json::json!([]), "{route}: {r}");
@@ -94,25 +64,4 @@ async fn every_sdk_field_is_served_or_refused_by_name() {
             assert!(served.contains(&field.into()), "{route}: {field}: {r}");
         }
     }
-}
-
-/// `openai_fields.py`'s report on the server at `url`.
-async fn walk_sdk_fields(url: &str) -> Value {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_fields.py");
-    let url = url.to_string();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3")
-            .arg(script)
-            .arg(url)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "fields script failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
 }

@@ -369,14 +369,7 @@ async fn a_sequence_preempted_after_a_disk_load_loads_its_pages_again() {
     assert_eq!(status, 200, "{v}");
     let body = json!({"prompt": p, "max_tokens": 40, "temperature": 0, "ignore_eos": true,
         "stream": true, "pie_stream_ids": true});
-    let a = s
-        .client
-        .post(s.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let (first, a) = common::read_stream(a, Some(1)).await;
+    let (first, a) = common::read_stream(s.stream(body).await, Some(1)).await;
     let loaded = persist_events(&s, "loaded").await;
     assert!(loaded >= 7.0, "the prompt's pages came from disk: {loaded}");
     let computed = s.metric("pie_prompt_tokens_total").await;

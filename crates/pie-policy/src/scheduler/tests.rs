@@ -21,6 +21,16 @@ struct ToySeq {
 }
 
 impl ToySeq {
+    fn new(prompt: usize, max_tokens: usize) -> Self {
+        Self {
+            prompt,
+            max_tokens,
+            generated: 0,
+            len: 0,
+            pages: 0,
+        }
+    }
+
     fn tokens(&self) -> usize {
         self.prompt + self.generated
     }
@@ -151,7 +161,7 @@ proptest! {
                 // Admission caps a sequence to the pool, as the engine does.
                 let prompt = prompt.min(capacity - 1);
                 let seq = SeqId(i as u64);
-                kv.seqs.insert(seq, ToySeq { prompt, max_tokens: output.min(capacity - prompt), generated: 0, len: 0, pages: 0 });
+                kv.seqs.insert(seq, ToySeq::new(prompt, output.min(capacity - prompt)));
                 let mut props = Props::new();
                 props.set("priority", PropValue::Int(priority)).unwrap();
                 props.set("session", PropValue::Str(format!("s{}", i % 3))).unwrap();
@@ -220,16 +230,7 @@ fn light_and_flooder_tokens(policy: Box<dyn WorkerPolicy>) -> (usize, usize) {
         for client in due {
             let seq = SeqId(next);
             next += 1;
-            kv.seqs.insert(
-                seq,
-                ToySeq {
-                    prompt: 8,
-                    max_tokens: 48,
-                    generated: 0,
-                    len: 0,
-                    pages: 0,
-                },
-            );
+            kv.seqs.insert(seq, ToySeq::new(8, 48));
             scheduler.add(
                 &kv,
                 Candidate {
@@ -293,13 +294,7 @@ fn a_retained_session_needed_early_is_evicted_with_its_expiry() {
     };
     let add = |kv: &mut ToyKv, scheduler: &mut Scheduler, id: u64, prompt: usize, session: &str| {
         let seq = SeqId(id);
-        let toy = ToySeq {
-            prompt,
-            max_tokens: 2,
-            generated: 0,
-            len: 0,
-            pages: 0,
-        };
+        let toy = ToySeq::new(prompt, 2);
         kv.seqs.insert(seq, toy);
         let mut props = Props::new();
         props
@@ -433,13 +428,7 @@ fn run_fair(run: &FairRun) -> FairOutcome {
         drawn += 1;
         let seq = SeqId(next);
         next += 1;
-        let toy = ToySeq {
-            prompt,
-            max_tokens,
-            generated: 0,
-            len: 0,
-            pages: 0,
-        };
+        let toy = ToySeq::new(prompt, max_tokens);
         kv.seqs.insert(seq, toy);
         let mut props = Props::new();
         props

@@ -124,6 +124,19 @@ impl Server {
         (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
     }
 
+    /// A streamed completion that started (200): its response, to read.
+    pub async fn stream(&self, body: Value) -> reqwest::Response {
+        let r = self
+            .client
+            .post(self.url("/v1/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r
+    }
+
     /// Launch a native process; returns its id.
     pub async fn launch(&self, body: Value) -> String {
         let (status, resp) = self.post("/v1/processes", body).await;
