@@ -26,6 +26,15 @@ const RELOAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// A resumed chat session's id and the messages of this turn's prompt.
 pub(super) type SessionTurn = (String, Vec<ChatMessage>);
 
+/// A process's output as it is made: text through the decoder and the stop
+/// scanner, the tokens so far, when the last came.
+struct Output<'a> {
+    text: StopScanner<'a>,
+    decoder: IncrementalDecoder,
+    tokens: usize,
+    last_token: Option<Instant>,
+}
+
 /// Drives one process: submits its sequence, turns tokens into text, applies stop
 /// strings, and records the result.
 pub(super) struct Driver {
@@ -48,19 +57,19 @@ pub(super) struct Driver {
 impl Driver {
     pub(super) async fn run(self, mut req: Request) {
         let max_tokens = req.max_tokens;
-        let chain = self.rt.chain(&req.prompt, req.cache_salt.as_deref());
-        self.rt.load_persisted(&chain).await;
-        self.rt.pull_from_pool(&req).await;
-        self.rt.remote_prefill(&req, self.pages_from.as_ref()).await;
-        req.reload_after_preemption = self.rt.on_disk(&chain);
+        let chain = self.gather_pages(&mut req).await;
         let mut persist_after_prefill =
             (req.props.bool("persist") == Some(true)).then(|| chain.clone());
-        let mut text = StopScanner::new(&self.stop);
-        let mut decoder = IncrementalDecoder::default();
-        self.resume_text(&mut text, &mut decoder);
-        let mut tokens = self.generated_before.len();
+        let mut out = Output {
+            text: StopScanner::new(&self.stop),
+            decoder: IncrementalDecoder::default(),
+            tokens: self.generated_before.len(),
+            // A resumed process's first token here is no first token.
+            last_token: (!self.generated_before.is_empty()).then(Instant::now),
+        };
+        self.resume_text(&mut out.text, &mut out.decoder);
         if req.max_tokens == 0 {
-            self.process.push_text(text.flush(), None, tokens);
+            self.process.push_text(out.text.flush(), None, out.tokens);
             self.complete("length");
             return;
         }
@@ -80,8 +89,6 @@ impl Driver {
             self.rt.send(Command::Abort(seq));
             return;
         }
-        // A resumed process's first token here is no first token.
-        let mut last_token = (!self.generated_before.is_empty()).then(Instant::now);
         while let Some(event) = events.recv().await {
             match event {
                 SeqEvent::Started { cached_tokens } => {
@@ -98,34 +105,14 @@ impl Driver {
                     if let Some(chain) = persist_after_prefill.take() {
                         self.rt.persist_in_background(chain);
                     }
-                    let now = Instant::now();
-                    match last_token {
-                        None => self.rt.metrics.ttft.observe(
-                            (now_ms().saturating_sub(self.process.snapshot().created_ms)) as f64
-                                / 1000.0,
-                        ),
-                        Some(prev) => self
-                            .rt
-                            .metrics
-                            .inter_token
-                            .observe(now.duration_since(prev).as_secs_f64()),
-                    }
-                    last_token = Some(now);
-                    tokens += 1;
-                    let delta = match decoder.push(&self.rt.model.tokenizer, t) {
-                        Ok(delta) => delta,
-                        Err(e) => {
-                            // This process's output would be wrong; others are unaffected.
-                            self.rt.send(Command::Abort(seq));
-                            self.fail(format!("cannot detokenize token {t}: {e}"));
-                            return;
-                        }
-                    };
-                    let (emit, stopped) = text.push(&delta);
-                    self.process.push_text(emit, Some(t), tokens);
-                    if stopped {
+                    let stopped = self.on_token(&mut out, t);
+                    if stopped != Ok(false) {
                         self.rt.send(Command::Abort(seq));
-                        self.complete("stop");
+                        // A token that cannot be decoded fails this process only.
+                        match stopped {
+                            Err(why) => self.fail(why),
+                            _ => self.complete("stop"),
+                        }
                         return;
                     }
                 }
@@ -143,7 +130,7 @@ impl Driver {
                 }
                 SeqEvent::Finished(reason, info) => {
                     self.process.push_text(
-                        text.flush(),
+                        out.text.flush(),
                         None,
                         self.generated_before.len() + info.generated_tokens,
                     );
@@ -162,6 +149,39 @@ impl Driver {
         }
         // The engine dropped the sequence without a last word: it is gone.
         self.fail(self.rt.engine_stopped());
+    }
+
+    /// Before the sequence is added: the prompt's pages from disk, the pool
+    /// or a prefill worker, what is there; returns the prompt's block chain.
+    async fn gather_pages(&self, req: &mut Request) -> Vec<pie_core::BlockHash> {
+        let chain = self.rt.chain(&req.prompt, req.cache_salt.as_deref());
+        self.rt.load_persisted(&chain).await;
+        self.rt.pull_from_pool(req).await;
+        self.rt.remote_prefill(req, self.pages_from.as_ref()).await;
+        req.reload_after_preemption = self.rt.on_disk(&chain);
+        chain
+    }
+
+    /// Token `t` came: timed, decoded, scanned for stop strings and
+    /// recorded. Ok(true) when a stop string ended the output; Err when the
+    /// token cannot be decoded.
+    fn on_token(&self, out: &mut Output<'_>, t: u32) -> Result<bool, String> {
+        let now = Instant::now();
+        match out.last_token {
+            None => self.rt.metrics.ttft.observe(
+                (now_ms().saturating_sub(self.process.snapshot().created_ms)) as f64 / 1000.0,
+            ),
+            Some(prev) => {
+                (self.rt.metrics.inter_token).observe(now.duration_since(prev).as_secs_f64())
+            }
+        }
+        out.last_token = Some(now);
+        out.tokens += 1;
+        let delta = (out.decoder.push(&self.rt.model.tokenizer, t))
+            .map_err(|e| format!("cannot detokenize token {t}: {e}"))?;
+        let (emit, stopped) = out.text.push(&delta);
+        self.process.push_text(emit, Some(t), out.tokens);
+        Ok(stopped)
     }
 
     /// A resumed process's tokens from elsewhere, through the decoder and the
