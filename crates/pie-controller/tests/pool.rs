@@ -10,7 +10,9 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{bin, get_json, hold_streams, model, settled, spawn, wait_for, Proc};
+use common::{
+    bin, get_json, hold_streams, model, settled, settled_at_least, spawn, wait_for, Proc,
+};
 use serde_json::{json, Value};
 
 fn scratch(name: &str) -> PathBuf {
@@ -381,7 +383,8 @@ async fn retain_all_spills_a_session_evicted_early_to_the_pool_and_turn_two_pull
         &[&spills, &nothing],
     )
     .await;
-    let asked = settled(&ctl.url, "retain-spill").await;
+    // One per worker: w0 spills, w1 refuses.
+    let asked = settled_at_least(&ctl.url, "retain-spill", 2).await;
     let outcome = |w: &str| {
         asked
             .iter()

@@ -40,9 +40,15 @@ pub async fn actions(controller: &str, kind: &str) -> Vec<serde_json::Value> {
 /// The actions of `kind` once there is one and the workers have answered
 /// every one (none is `sent` any more).
 pub async fn settled(controller: &str, kind: &str) -> Vec<serde_json::Value> {
-    wait_for(&format!("`{kind}` actions answered"), async || {
+    settled_at_least(controller, kind, 1).await
+}
+
+/// The `kind` actions once at least `n` were logged and each was answered
+/// (the actors may decide them in different ticks).
+pub async fn settled_at_least(controller: &str, kind: &str, n: usize) -> Vec<serde_json::Value> {
+    wait_for(&format!("{n} `{kind}` actions answered"), async || {
         let all = actions(controller, kind).await;
-        !all.is_empty() && all.iter().all(|a| a["outcome"] != "sent")
+        all.len() >= n && all.iter().all(|a| a["outcome"] != "sent")
     })
     .await;
     actions(controller, kind).await
