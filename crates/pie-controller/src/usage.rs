@@ -31,11 +31,6 @@ impl UsageMeter {
         choices
     }
 
-    /// Chunks with choices seen so far.
-    pub fn choice_chunks(&self) -> usize {
-        self.choice_chunks
-    }
-
     /// Tokens generated, by the best evidence the response gave.
     pub fn output_length(&self) -> usize {
         self.last_number(COMPLETION_TOKENS)

@@ -57,10 +57,6 @@ impl ServiceCounters {
         }
     }
 
-    pub fn config(&self) -> &FairConfig {
-        &self.config
-    }
-
     /// New weights apply to what is charged from now on; counters stay.
     pub fn set_config(&mut self, config: FairConfig) {
         self.config = config;

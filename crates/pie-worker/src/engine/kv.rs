@@ -161,15 +161,13 @@ impl KvAccounting for EngineKv {
             return true;
         }
         let s = self.seq(seq);
-        if !s.reload_pending {
+        // No room yet for it to run: ask again later, before hashing its prompt.
+        if !s.reload_pending || self.pool.available() < s.tokens.len().div_ceil(self.page_size) {
             return false;
         }
         let chain = chain_from(s.chain_root, &s.tokens[..s.prompt_len], self.page_size);
-        let missing = chain.len() - self.pool.longest_prefix(&chain).len();
-        let pages_needed = s.tokens.len().div_ceil(self.page_size);
-        if missing == 0 || self.pool.available() < pages_needed {
-            // Nothing to load, or no room yet for it to run: later.
-            self.seq_mut(seq).reload_pending = missing > 0;
+        if self.pool.longest_prefix(&chain).len() == chain.len() {
+            self.seq_mut(seq).reload_pending = false;
             return false;
         }
         self.seq_mut(seq).reload_pending = false;
