@@ -83,6 +83,8 @@ pub struct KeyLimits {
     pub pin: bool,
     /// May the key ask for its prefixes to be persisted (`persist` prop).
     pub persist: bool,
+    /// May the key upload and delete inferlets (`admin` keys always may).
+    pub upload_inferlets: bool,
     /// Prefix-cache isolation: prompts of keys with the same salt share cached
     /// KV; with different salts (or none) they never do, so `cached_tokens`
     /// and timing cannot tell one tenant what another sent.
@@ -98,6 +100,7 @@ impl Default for KeyLimits {
             min_deadline_ms: None,
             pin: true,
             persist: false,
+            upload_inferlets: false,
             cache_salt: None,
         }
     }

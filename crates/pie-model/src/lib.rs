@@ -20,5 +20,5 @@ pub mod tokenizer;
 
 pub use gguf::LlamaConfig;
 pub use model::{Model, SeqInput};
-pub use sampling::{Sampler, SamplingParams};
+pub use sampling::{logprobs, Sampler, SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS};
 pub use tokenizer::{ChatMessage, IncrementalDecoder, Tokenizer, TokenizerSpec};

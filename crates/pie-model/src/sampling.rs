@@ -220,6 +220,46 @@ impl Sampler {
     }
 }
 
+/// The most alternatives [`logprobs`] reports per token.
+pub const MAX_TOP_LOGPROBS: usize = 64;
+
+/// A sampled token's log-probability under the model (the logits before any
+/// penalty, bias or temperature), and the `top` most likely tokens with theirs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    /// Most likely first; ties by lower id.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// `token`'s log-probability and the `top` most likely tokens' (at most
+/// [`MAX_TOP_LOGPROBS`]), by a log-softmax over `logits`.
+pub fn logprobs(logits: &[f32], token: u32, top: usize) -> TokenLogprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_sum = max + logits.iter().map(|l| (l - max).exp()).sum::<f32>().ln();
+    let of = |t: u32| {
+        logits
+            .get(t as usize)
+            .map_or(f32::NEG_INFINITY, |l| l - log_sum)
+    };
+    let k = top.min(MAX_TOP_LOGPROBS).min(logits.len());
+    let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
+    let by_logit = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
+    if k > 0 && k < ids.len() {
+        ids.select_nth_unstable_by(k - 1, by_logit);
+    }
+    ids.truncate(k);
+    ids.sort_unstable_by(by_logit);
+    TokenLogprobs {
+        logprob: of(token),
+        top: ids.into_iter().map(|t| (t, of(t))).collect(),
+    }
+}
+
 pub fn argmax(logits: &[f32]) -> u32 {
     // Two passes in lanes the compiler vectorises (the largest value, then the
     // first chunk holding it) instead of one loop carrying an index: at 32
@@ -412,6 +452,22 @@ mod tests {
     }
 
     /// min_p drops every token less likely than min_p x the most likely one.
+    #[test]
+    fn logprobs_are_a_log_softmax_with_the_top_in_order() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0, -1.0];
+        let lp = logprobs(&logits, 2, 3);
+        let total: f32 = logits.iter().map(|l| l.exp()).sum();
+        assert!((lp.logprob - (2.0f32.exp() / total).ln()).abs() < 1e-5);
+        let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, vec![1, 3, 2]);
+        let probs: f32 = logprobs(&logits, 0, 99).top.iter().map(|t| t.1.exp()).sum();
+        assert!(
+            (probs - 1.0).abs() < 1e-5,
+            "every token's probability sums to 1"
+        );
+        assert!(logprobs(&vec![0.0; 1000], 0, 1000).top.len() == MAX_TOP_LOGPROBS);
+    }
+
     #[test]
     fn min_p_keeps_only_tokens_near_the_top() {
         // Probabilities about 0.47, 0.47, 0.06: min_p 0.5 drops the last.

@@ -41,6 +41,47 @@ pub struct RuntimeConfig {
     /// A `pie-pool` (URL): prompts' missing prefix pages are pulled from it
     /// before a prefill, and persisted prefixes are pushed to it.
     pub pool: Option<String>,
+    pub inferlets: InferletsConfig,
+}
+
+/// `[runtime.inferlets]`: uploaded WebAssembly inferlets, where they are
+/// kept and what one process of them may use.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InferletsConfig {
+    /// Uploaded components and their compiled code (content-addressed).
+    /// Unset: `~/.cache/pie/inferlets`.
+    pub dir: Option<std::path::PathBuf>,
+    /// The guest's own execution time a process may use (not time spent
+    /// waiting for the host or a message).
+    pub max_cpu_ms: u64,
+    /// Linear memory one instance may grow to.
+    pub max_memory: ByteSize,
+    /// Live instances; launches beyond wait in the queue (`max_queued`).
+    pub max_instances: usize,
+    /// Text and events one process may emit.
+    pub max_output_bytes: ByteSize,
+    /// Messages waiting for a process; beyond, the sender gets 429.
+    pub max_pending_messages: usize,
+    /// The largest component an upload may send.
+    pub max_upload: ByteSize,
+    /// Threads that run guest code (host calls and generation run elsewhere).
+    pub threads: usize,
+}
+
+impl Default for InferletsConfig {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            max_cpu_ms: 30_000,
+            max_memory: ByteSize(256 << 20),
+            max_instances: 64,
+            max_output_bytes: ByteSize(16 << 20),
+            max_pending_messages: 64,
+            max_upload: ByteSize(32 << 20),
+            threads: 1,
+        }
+    }
 }
 
 /// `[runtime.persist]`: the disk tier `persist-prefix` writes (see
@@ -109,6 +150,7 @@ impl Default for RuntimeConfig {
             transfer: TransferConfig::default(),
             persist: PersistConfig::default(),
             pool: None,
+            inferlets: InferletsConfig::default(),
         }
     }
 }
@@ -154,6 +196,23 @@ impl RuntimeConfig {
                 self.transfer.max_bytes.0 as usize,
             ),
             ("runtime.transfer.lease_ms", self.transfer.lease_ms as usize),
+            (
+                "runtime.inferlets.max_cpu_ms",
+                self.inferlets.max_cpu_ms as usize,
+            ),
+            (
+                "runtime.inferlets.max_memory",
+                self.inferlets.max_memory.0 as usize,
+            ),
+            (
+                "runtime.inferlets.max_instances",
+                self.inferlets.max_instances,
+            ),
+            (
+                "runtime.inferlets.max_upload",
+                self.inferlets.max_upload.0 as usize,
+            ),
+            ("runtime.inferlets.threads", self.inferlets.threads),
         ] {
             if value == 0 {
                 return Err((key.into(), "must be at least 1".into()));

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use pie_core::{Props, SeqId};
 use pie_kv::{KvPool, PageTable, PoolStats};
-use pie_model::{Model, Sampler, SamplingParams, SeqInput};
+use pie_model::{Model, Sampler, SamplingParams, SeqInput, TokenLogprobs};
 use pie_policy::{
     scheduler::prefill_share, Candidate, KeepSession, Planned, Scheduler, StepLimits, WorkerPolicy,
 };
@@ -57,6 +57,9 @@ pub struct Request {
     /// until the runtime loaded them ([`StepOutput::to_reload`],
     /// [`Engine::reloaded`]) instead of recomputing them.
     pub reload_after_preemption: bool,
+    /// Report each sampled token's log-probability and the this many most
+    /// likely alternatives ([`StepOutput::logprobs`]); None: no logprobs.
+    pub logprobs: Option<usize>,
 }
 
 impl Request {
@@ -75,6 +78,7 @@ impl Request {
             cache_salt: None,
             sampled_before: 0,
             reload_after_preemption: false,
+            logprobs: None,
         }
     }
 }
@@ -120,6 +124,9 @@ pub struct StepOutput {
     /// Preempted sequences held back in this step for their pages from disk
     /// (`Request::reload_after_preemption`) until [`Engine::reloaded`].
     pub to_reload: Vec<SeqId>,
+    /// For sequences that asked ([`Request::logprobs`]): each sample's
+    /// log-probabilities, a stop token's included, before its token.
+    pub logprobs: Vec<(SeqId, TokenLogprobs)>,
 }
 
 impl Engine {
@@ -278,6 +285,7 @@ impl Engine {
             cached_tokens: None,
             reload_after_preemption: req.reload_after_preemption,
             reload_pending: false,
+            logprobs: req.logprobs,
         };
         Ok(self.insert(seq, req.arrival_ms, req.client, req.props))
     }
@@ -325,6 +333,7 @@ impl Engine {
             cached_tokens: Some(0),
             reload_after_preemption: false,
             reload_pending: false,
+            logprobs: p.logprobs,
         };
         Ok(self.insert(seq, arrival_ms, client, props))
     }
@@ -338,6 +347,11 @@ impl Engine {
         self.kv.seqs.remove(&id);
         self.kv.reloading.remove(&id);
         true
+    }
+
+    /// Free the pages retained for `session` now (its owner is gone).
+    pub fn release_session(&mut self, session: &str) {
+        self.scheduler.release_session(&mut self.kv, session);
     }
 
     /// The runtime loaded what it could of a preempted sequence's pages from
@@ -398,9 +412,12 @@ impl Engine {
             seq.table.commit(&mut self.kv.pool, &seq.tokens, new_len);
             let mut generated = 0;
             if new_len == seq.tokens.len() {
-                let token = seq
-                    .sampler
-                    .sample(&logits.next().expect("logits for every finished chunk"));
+                let row = logits.next().expect("logits for every finished chunk");
+                let token = seq.sampler.sample(&row);
+                if let Some(top) = seq.logprobs {
+                    out.logprobs
+                        .push((p.seq, pie_model::logprobs(&row, token, top)));
+                }
                 let finish = if seq.stop_tokens.contains(&token) {
                     Some(FinishReason::Stop)
                 } else {

@@ -469,6 +469,7 @@ fn run(
         cache_salt: None,
         sampled_before: 0,
         reload_after_preemption: false,
+        logprobs: None,
     })?;
     let mut decoder = IncrementalDecoder::default();
     let mut stdout = std::io::stdout();

@@ -95,6 +95,10 @@ pub enum ProcEvent {
     /// New output text (possibly empty when a token completes no character)
     /// and the token that produced it (None for text flushed at the end).
     Text { text: String, token: Option<u32> },
+    /// A JSON event an inferlet emitted.
+    Json(serde_json::Value),
+    /// The process's props after an inferlet changed its own.
+    Props(Props),
     /// The final state; no event follows.
     Done {
         state: ProcState,
@@ -122,9 +126,17 @@ pub struct ProcData {
     /// pieces by index.
     #[serde(skip)]
     piece_ends: Vec<usize>,
-    /// The token of each piece.
+    /// What each piece is besides its text (JSON and props events have none).
     #[serde(skip)]
-    piece_tokens: Vec<Option<u32>>,
+    pieces: Vec<Piece>,
+}
+
+/// One event of the stored sequence besides its share of `output`.
+#[derive(Clone, Debug)]
+enum Piece {
+    Text { token: Option<u32> },
+    Json(serde_json::Value),
+    Props(Props),
 }
 
 impl ProcData {
@@ -133,9 +145,13 @@ impl ProcData {
     fn event_at(&self, index: usize) -> Option<ProcEvent> {
         if let Some(&end) = self.piece_ends.get(index) {
             let start = index.checked_sub(1).map_or(0, |i| self.piece_ends[i]);
-            return Some(ProcEvent::Text {
-                text: self.output[start..end].to_string(),
-                token: self.piece_tokens[index],
+            return Some(match &self.pieces[index] {
+                Piece::Text { token } => ProcEvent::Text {
+                    text: self.output[start..end].to_string(),
+                    token: *token,
+                },
+                Piece::Json(value) => ProcEvent::Json(value.clone()),
+                Piece::Props(props) => ProcEvent::Props(props.clone()),
             });
         }
         (index == self.piece_ends.len() && self.state.is_final()).then(|| ProcEvent::Done {
@@ -190,7 +206,11 @@ pub struct Process {
     data: Mutex<ProcData>,
     /// Bumped after every change of `data` that adds an event; wakes watchers.
     changes: watch::Sender<u64>,
-    seq: OnceLock<SeqId>,
+    /// Its engine sequences now (a built-in's one; an inferlet's
+    /// generations in flight, each with its context's retention key).
+    seqs: Mutex<Vec<(SeqId, Option<String>)>>,
+    /// Messages from the client, for an inferlet that takes them.
+    inbox: OnceLock<tokio::sync::mpsc::Sender<String>>,
     /// A controller asked to move it: it stops after its next token.
     handing_off: AtomicBool,
     /// A chat resuming a session: the session's turns before this one (what
@@ -230,7 +250,7 @@ impl Process {
             output_tokens: Vec::new(),
             error: None,
             piece_ends: Vec::new(),
-            piece_tokens: Vec::new(),
+            pieces: Vec::new(),
         };
         Self {
             id,
@@ -239,7 +259,8 @@ impl Process {
             counts,
             data: Mutex::new(data),
             changes: watch::channel(0).0,
-            seq: OnceLock::new(),
+            seqs: Mutex::new(Vec::new()),
+            inbox: OnceLock::new(),
             handing_off: AtomicBool::new(false),
             earlier_turns: OnceLock::new(),
         }
@@ -286,13 +307,42 @@ impl Process {
         self.handing_off.load(Ordering::Relaxed)
     }
 
-    /// The engine sequence, once the engine admitted it.
+    fn lock_seqs(&self) -> std::sync::MutexGuard<'_, Vec<(SeqId, Option<String>)>> {
+        self.seqs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Its first engine sequence, once the engine admitted it.
     pub fn seq(&self) -> Option<SeqId> {
-        self.seq.get().copied()
+        self.lock_seqs().first().map(|s| s.0)
+    }
+
+    /// Every engine sequence it has now, with the `session` its props carry
+    /// there instead of the process's (an inferlet context's retention key).
+    pub fn seqs(&self) -> Vec<(SeqId, Option<String>)> {
+        self.lock_seqs().clone()
     }
 
     pub fn set_seq(&self, seq: SeqId) {
-        let _ = self.seq.set(seq);
+        self.lock_seqs().push((seq, None));
+    }
+
+    /// An inferlet's sequence, retained as `session` when it ends.
+    pub fn add_context_seq(&self, seq: SeqId, session: String) {
+        self.lock_seqs().push((seq, Some(session)));
+    }
+
+    /// The sequence ended (an inferlet's generation).
+    pub fn remove_seq(&self, seq: SeqId) {
+        self.lock_seqs().retain(|s| s.0 != seq);
+    }
+
+    /// Where the client's messages go (an inferlet that takes them).
+    pub fn set_inbox(&self, inbox: tokio::sync::mpsc::Sender<String>) {
+        let _ = self.inbox.set(inbox);
+    }
+
+    pub fn inbox(&self) -> Option<&tokio::sync::mpsc::Sender<String>> {
+        self.inbox.get()
     }
 
     pub fn state(&self) -> ProcState {
@@ -332,6 +382,16 @@ impl Process {
         .boxed()
     }
 
+    /// Returns once the process is in a final state.
+    pub async fn ended(&self) {
+        let mut changes = self.changes.subscribe();
+        while !self.state().is_final() {
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     pub fn mark_running(&self) {
         let mut d = self.lock();
         if d.state == ProcState::Queued {
@@ -342,23 +402,86 @@ impl Process {
 
     /// Append output and count the tokens generated so far.
     pub fn push_text(&self, text: String, token: Option<u32>, completion_tokens: usize) {
+        self.push_text_counted(text, token, |_| completion_tokens);
+    }
+
+    /// An inferlet's generated text (a token counted when it came with one).
+    pub fn push_generated(&self, text: String, token: Option<u32>) {
+        if token.is_some() || !text.is_empty() {
+            self.push_text_counted(text, token, |n| n + usize::from(token.is_some()));
+        }
+    }
+
+    /// A token generated without output (an inferlet's unstreamed generation).
+    pub fn count_generated(&self) {
+        let mut d = self.lock();
+        if !d.state.is_final() {
+            let u = d.usage;
+            d.usage = Usage::new(
+                u.prompt_tokens,
+                u.completion_tokens + 1,
+                u.prompt_tokens_details.cached_tokens,
+            );
+        }
+    }
+
+    /// Text an inferlet emitted itself (no token).
+    pub fn push_emitted(&self, text: String) {
+        self.push_text_counted(text, None, |n| n);
+    }
+
+    /// Append output, the completion tokens counted from the old count.
+    fn push_text_counted(
+        &self,
+        text: String,
+        token: Option<u32>,
+        completion_tokens: impl FnOnce(usize) -> usize,
+    ) {
         let mut d = self.lock();
         if d.state.is_final() {
             return;
         }
+        let completion_tokens = completion_tokens(d.usage.completion_tokens);
         if d.first_token_ms.is_none() {
             d.first_token_ms = Some(now_ms());
         }
         d.output.push_str(&text);
         let end = d.output.len();
         d.piece_ends.push(end);
-        d.piece_tokens.push(token);
+        d.pieces.push(Piece::Text { token });
         d.output_tokens.extend(token);
         d.usage = Usage::new(
             d.usage.prompt_tokens,
             completion_tokens,
             d.usage.prompt_tokens_details.cached_tokens,
         );
+        drop(d);
+        self.changed();
+    }
+
+    /// A JSON event to the watchers (no output text).
+    pub fn push_json(&self, value: serde_json::Value) {
+        self.push_piece(Piece::Json(value));
+    }
+
+    /// Change props under the lock with `f`, and tell the watchers the result.
+    pub fn update_props_announced<E>(
+        &self,
+        f: impl FnOnce(&mut Props) -> Result<(), E>,
+    ) -> Result<Props, E> {
+        let props = self.update_props(f)?;
+        self.push_piece(Piece::Props(props.clone()));
+        Ok(props)
+    }
+
+    fn push_piece(&self, piece: Piece) {
+        let mut d = self.lock();
+        if d.state.is_final() {
+            return;
+        }
+        let end = d.output.len();
+        d.piece_ends.push(end);
+        d.pieces.push(piece);
         drop(d);
         self.changed();
     }
@@ -415,7 +538,7 @@ mod tests {
             .iter()
             .filter_map(|e| match e {
                 ProcEvent::Text { text, .. } => Some(text.as_str()),
-                ProcEvent::Done { .. } => None,
+                _ => None,
             })
             .collect()
     }

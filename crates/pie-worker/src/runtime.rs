@@ -47,6 +47,7 @@ mod builtin;
 mod command;
 mod disk_tier;
 mod engine_thread;
+mod generation;
 mod kv_events;
 mod launch;
 mod offload;
@@ -64,7 +65,9 @@ pub use disk_tier::{Forget, PersistError, PersistStore, PersistTo, Persisted};
 use engine_thread::{EngineThread, Load};
 use kv_events::KvPublisher;
 pub use pie_kv::stream::PullRequest;
-pub use request::{GenOptions, Inferlet, LaunchError, Prompt, PromptTokens, Resume};
+pub use request::{
+    GenOptions, Generate, Generated, Inferlet, LaunchError, Prompt, PromptTokens, Resume,
+};
 pub use transfer_errors::{PullError, ServeError};
 
 pub use pie_core::wire::{PROMPT_TOKENS_FIELD, RESUME_FIELD, STREAM_IDS_FIELD};
@@ -289,9 +292,7 @@ impl Runtime {
         for p in &live {
             if p.finish(ProcState::Failed, None, Some(reason.to_string())) {
                 self.metrics.count_request("failed");
-                if let Some(seq) = p.seq() {
-                    self.send(Command::Abort(seq));
-                }
+                self.abort_all(p);
             }
         }
         live.len()
@@ -420,10 +421,15 @@ impl Runtime {
             return false;
         }
         self.metrics.count_request(state.as_str());
-        if let Some(seq) = process.seq() {
+        self.abort_all(process);
+        true
+    }
+
+    /// Stop every engine sequence of the process.
+    fn abort_all(&self, process: &Process) {
+        for (seq, _) in process.seqs() {
             self.send(Command::Abort(seq));
         }
-        true
     }
 
     /// Take no new processes from now on (`/health` answers 503 "draining");
@@ -458,9 +464,19 @@ impl Runtime {
         patch: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<Props, pie_core::PropError> {
         let props = process.update_props(|p| p.merge_json(patch))?;
-        if let Some(seq) = process.seq() {
-            self.send(Command::SetProps(seq, props.clone()));
-        }
+        self.props_changed(process, &props);
         Ok(props)
+    }
+
+    /// The process's sequences take `props` from the next engine step.
+    pub(crate) fn props_changed(&self, process: &Process, props: &Props) {
+        for (seq, session) in process.seqs() {
+            let mut props = props.clone();
+            if let Some(session) = session {
+                // A context's retention key, which the process cannot change.
+                let _ = props.set("session", pie_core::PropValue::Str(session));
+            }
+            self.send(Command::SetProps(seq, props));
+        }
     }
 }

@@ -14,6 +14,7 @@ use crate::api::state::AppState;
 use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
 use crate::fetch;
+use crate::inferlets::Inferlets;
 use crate::metrics::Metrics;
 use crate::register::{deregister, heartbeat, Registration};
 use crate::reload::{reload_on_sighup, Reloader};
@@ -30,6 +31,7 @@ pub async fn serve(
 ) -> Result<()> {
     let api_keys = config.api_keys()?;
     let worker_key = config.worker_key()?;
+    let inferlets = Inferlets::new(&config.runtime.inferlets)?;
     let addr = format!("{}:{}", config.server.host, config.server.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
@@ -41,6 +43,7 @@ pub async fn serve(
         api_keys: Arc::new(RwLock::new(api_keys)),
         reloader,
         config: Arc::new(RwLock::new(config.clone())),
+        inferlets,
     };
     let app = router(state.clone(), config.server.max_body_bytes);
     let loader = tokio::task::spawn_blocking(move || start_runtime(&config));

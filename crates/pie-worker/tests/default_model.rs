@@ -34,6 +34,7 @@ fn greedy(model: &Arc<Model>, text: &str, max_tokens: usize) -> String {
             cache_salt: None,
             sampled_before: 0,
             reload_after_preemption: false,
+            logprobs: None,
         })
         .unwrap();
     let mut out: HashMap<_, Vec<u32>> = HashMap::new();

@@ -151,6 +151,13 @@ impl Scheduler {
         }
     }
 
+    /// End `session`'s retention now: its pages fall back to the LRU cache.
+    pub fn release_session(&mut self, kv: &mut impl KvAccounting, session: &str) {
+        if self.retained.remove(session) {
+            kv.drop_retained(session);
+        }
+    }
+
     /// Drop retention that expired by `now_ms` (its pages fall back to the LRU
     /// cache). Call before [`Self::expired`] and [`Self::plan`].
     pub fn expire_retained(&mut self, kv: &mut impl KvAccounting, now_ms: u64) {

@@ -18,17 +18,20 @@ pub mod state;
 
 mod admin;
 mod health;
+mod inferlets;
 mod internal;
 mod processes;
 
 use admin::{admin_drain, admin_reload, kv_forget_persisted};
 use health::{health, livez, metrics};
+use inferlets::{delete_inferlet, list_inferlets, upload_inferlet};
 use internal::{
     hand_off, kv_events, kv_persist, kv_prefetch, kv_pull, kv_push, policies, retain_spill,
     worker_state, worker_tokenizer,
 };
 use processes::{
     get_process, kill_process, launch_process, list_processes, patch_process, process_events,
+    send_message,
 };
 use state::{ApiError, AppState};
 
@@ -50,6 +53,20 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
             get(get_process).patch(patch_process).delete(kill_process),
         )
         .route("/v1/processes/{id}/events", get(process_events))
+        .route(
+            "/v1/processes/{id}/messages",
+            axum::routing::post(send_message),
+        )
+        .route(
+            "/v1/inferlets",
+            get(list_inferlets)
+                .post(upload_inferlet)
+                .layer(DefaultBodyLimit::max(state.inferlets.max_upload_bytes())),
+        )
+        .route(
+            "/v1/inferlets/{reference}",
+            axum::routing::delete(delete_inferlet),
+        )
         .route("/v1/policies", get(policies))
         .route("/v1/admin/reload", axum::routing::post(admin_reload))
         .route("/v1/admin/drain", axum::routing::post(admin_drain))

@@ -322,6 +322,8 @@ async fn whole_response(
     while let Some(e) = events.next().await {
         match e {
             ProcEvent::Text { text: t, .. } => text.push_str(&t),
+            // Only built-ins answer here: they emit neither.
+            ProcEvent::Json(_) | ProcEvent::Props(_) => {}
             ProcEvent::Done {
                 state: ProcState::Finished,
                 finish_reason,
@@ -370,6 +372,7 @@ fn stream_response(
                 vec![data(chunk)]
             }
             ProcEvent::Text { text, .. } if text.is_empty() => Vec::new(),
+            ProcEvent::Json(_) | ProcEvent::Props(_) => Vec::new(),
             ProcEvent::Text { text, .. } => vec![data(meta.body(
                 true,
                 json!([meta.kind.choice(&text, None, true)]),

@@ -20,6 +20,7 @@ use super::auth::{
     trusted_resume, trusted_stream_ids, Authed,
 };
 use super::state::{ApiError, ApiJson, AppState};
+use crate::inferlets::InferletLaunch;
 use crate::process::{ProcEvent, ProcState, Process};
 use crate::runtime::{GenOptions, Inferlet, PromptTokens, Resume, Runtime};
 use pie_core::wire::SESSION_TURNS_FIELD;
@@ -112,12 +113,7 @@ pub(super) async fn launch_process(
                 a.gen.options(0.0)?,
             )
         }
-        other => {
-            return Err(ApiError::bad_request(format!(
-                "unknown inferlet `{other}` (built in: text-completion, chat)"
-            ))
-            .param("inferlet"))
-        }
+        _ => return launch_installed(&state, &rt, auth, body, props),
     };
     let pretokenized = trusted_prompt_tokens(&auth, body.pie_prompt_tokens)?;
     let client = client_of(&auth, &mut props)?;
@@ -134,6 +130,99 @@ pub(super) async fn launch_process(
         answer[SESSION_TURNS_FIELD] = json!(turns);
     }
     Ok((StatusCode::CREATED, Json(answer)).into_response())
+}
+
+/// A process of an installed (uploaded) inferlet: its `args` go to the
+/// guest as they are; the fields only a built-in takes are refused.
+fn launch_installed(
+    state: &AppState,
+    rt: &Arc<Runtime>,
+    auth: Option<Extension<Authed>>,
+    body: LaunchBody,
+    mut props: pie_core::Props,
+) -> Result<Response, ApiError> {
+    let built_in_only = [
+        ("pie_prompt_tokens", body.pie_prompt_tokens.is_some()),
+        ("pie_prefill_from", body.pie_prefill_from.is_some()),
+        ("pie_resume", body.pie_resume.is_some()),
+    ];
+    if let Some((field, _)) = built_in_only.iter().find(|(_, set)| *set) {
+        return Err(ApiError::bad_request(format!(
+            "{field} applies to the built-in inferlets only"
+        ))
+        .param(field));
+    }
+    let reference = body.inferlet.clone();
+    let unknown = |_| {
+        ApiError::bad_request(format!(
+            "unknown inferlet `{reference}` (built in: text-completion, chat; installed: see GET /v1/inferlets)"
+        ))
+        .param("inferlet")
+    };
+    state
+        .inferlets
+        .registry
+        .find(&body.inferlet)
+        .map_err(unknown)?;
+    let client = client_of(&auth, &mut props)?;
+    let key = auth
+        .as_ref()
+        .filter(|a| a.role == pie_core::auth::Role::Client)
+        .map(|a| (a.name.clone(), a.limits.clone()));
+    let launch = InferletLaunch {
+        reference: body.inferlet,
+        args: body.args,
+        props,
+        client,
+        key,
+        cache_salt: cache_salt_of(&auth),
+    };
+    let process = state.inferlets.launch(rt, launch)?;
+    Ok((StatusCode::CREATED, Json(json!({"id": process.id}))).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MessageBody {
+    message: String,
+}
+
+/// `POST /v1/processes/{id}/messages`: a message to an inferlet process
+/// (its owner only); 429 with `Retry-After` while too many wait for it.
+pub(super) async fn send_message(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    auth: Option<Extension<Authed>>,
+    ApiJson(body): ApiJson<MessageBody>,
+) -> Result<Json<Value>, ApiError> {
+    let rt = state.runtime()?;
+    let p = find(&rt, &id, &auth)?;
+    let Some(inbox) = p.inbox().filter(|_| !p.state().is_final()) else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "process {id} takes no messages ({}, {})",
+                p.inferlet,
+                p.state().as_str()
+            ),
+        ));
+    };
+    match inbox.try_send(body.message) {
+        Ok(()) => Ok(Json(json!({"id": p.id, "queued": true}))),
+        Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => Err(ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "process {id} has [runtime.inferlets] max_pending_messages messages waiting"
+                ),
+            )
+        }),
+        Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("process {id} has ended"),
+        )),
+    }
 }
 
 /// The process `id` if the caller may see it: another client's process is as
@@ -291,6 +380,10 @@ fn native_event(e: ProcEvent, ids: bool) -> Result<Event, Infallible> {
             }
             Event::default().event("text").data(data.to_string())
         }
+        ProcEvent::Json(value) => Event::default().event("json").data(value.to_string()),
+        ProcEvent::Props(props) => Event::default()
+            .event("props")
+            .data(json!({ "props": props }).to_string()),
         ProcEvent::Done {
             state,
             finish_reason,

@@ -15,6 +15,7 @@ use pie_core::PropError;
 use serde_json::Value;
 
 use crate::config::{ApiKey, Config};
+use crate::inferlets::{InferletError, Inferlets, RegistryError};
 use crate::reload::{self, Reloader};
 use crate::runtime::{LaunchError, PersistError, Runtime, ServeError};
 
@@ -26,6 +27,8 @@ pub struct AppState {
     pub reloader: Reloader,
     /// The configuration in force (updated by reloads).
     pub config: Arc<RwLock<Config>>,
+    /// Installed WebAssembly inferlets and the instances running them.
+    pub inferlets: Arc<Inferlets>,
 }
 
 impl AppState {
@@ -111,6 +114,26 @@ impl From<LaunchError> for ApiError {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
             }
         }
+    }
+}
+
+impl From<InferletError> for ApiError {
+    fn from(e: InferletError) -> Self {
+        match e {
+            InferletError::Launch(e) => e.into(),
+            InferletError::Registry(e) => e.into(),
+        }
+    }
+}
+
+impl From<RegistryError> for ApiError {
+    fn from(e: RegistryError) -> Self {
+        let status = match e {
+            RegistryError::Invalid(_) => StatusCode::BAD_REQUEST,
+            RegistryError::NotFound(_) => StatusCode::NOT_FOUND,
+            RegistryError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError::new(status, e.to_string())
     }
 }
 

@@ -35,6 +35,8 @@ pub(super) struct Sequence {
     pub reload_after_preemption: bool,
     /// ... once, before its next admission.
     pub reload_pending: bool,
+    /// See [`crate::engine::Request::logprobs`].
+    pub logprobs: Option<usize>,
 }
 
 impl Sequence {

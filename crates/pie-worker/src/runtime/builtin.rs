@@ -76,7 +76,7 @@ impl Driver {
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let (reply_tx, reply) = oneshot::channel();
         self.rt.send(Command::Add {
-            req,
+            req: Box::new(req),
             events: events_tx,
             reply: reply_tx,
         });
@@ -101,6 +101,7 @@ impl Driver {
                     let _ = tokio::time::timeout(RELOAD_TIMEOUT, load).await;
                     self.rt.send(Command::Reloaded(seq));
                 }
+                SeqEvent::Logprobs(_) => {}
                 SeqEvent::Token(t) => {
                     if let Some(chain) = persist_after_prefill.take() {
                         self.rt.persist_in_background(chain);

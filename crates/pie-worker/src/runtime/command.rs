@@ -25,6 +25,9 @@ pub(super) enum SeqEvent {
     /// Preempted earlier, it waits for its prompt's pages from disk until
     /// `Command::Reloaded`.
     Reload,
+    /// The log-probabilities of the sample that follows (a `Token`, or the
+    /// stop token that ends it); only for a request that asked.
+    Logprobs(pie_model::TokenLogprobs),
     Token(u32),
     Finished(FinishReason, SeqInfo),
     Failed(String),
@@ -33,11 +36,13 @@ pub(super) enum SeqEvent {
 /// What the runtime asks of the engine thread.
 pub(super) enum Command {
     Add {
-        req: Request,
+        req: Box<Request>,
         events: mpsc::UnboundedSender<SeqEvent>,
         reply: oneshot::Sender<SeqId>,
     },
     Abort(SeqId),
+    /// End a retained session's retention (its owner, a context, is gone).
+    ReleaseSession(String),
     /// A preempted sequence's pages are loaded from disk again (or given up on).
     Reloaded(SeqId),
     /// Finish the sequence after its next token (a hand-off).

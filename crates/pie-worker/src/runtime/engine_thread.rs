@@ -171,7 +171,7 @@ fn apply(
     cmd: Command,
 ) {
     match cmd {
-        Command::Add { req, events, reply } => match engine.add(req) {
+        Command::Add { req, events, reply } => match engine.add(*req) {
             Ok(id) => {
                 subs.insert(id, events);
                 if reply.send(id).is_err() {
@@ -187,6 +187,7 @@ fn apply(
             engine.abort(id);
             subs.remove(&id);
         }
+        Command::ReleaseSession(session) => engine.release_session(&session),
         Command::Reloaded(id) => engine.reloaded(id),
         Command::StopAfterNext(id) => {
             engine.stop_after_next(id);
@@ -267,6 +268,9 @@ fn step(engine: &mut Engine, subs: &mut Subscribers, step_log: Option<&mut StepL
     }
     for id in out.to_reload {
         notify(subs, id, SeqEvent::Reload, &mut gone);
+    }
+    for (id, logprobs) in out.logprobs {
+        notify(subs, id, SeqEvent::Logprobs(logprobs), &mut gone);
     }
     for (id, token) in out.tokens {
         notify(subs, id, SeqEvent::Token(token), &mut gone);

@@ -32,15 +32,7 @@ impl Runtime {
         client: String,
         pretokenized: Option<PromptTokens>,
     ) -> Result<(Arc<Process>, ProcEvents), LaunchError> {
-        self.health().map_err(LaunchError::Unhealthy)?;
-        if self.draining() {
-            return Err(LaunchError::Draining);
-        }
-        let queued = self.count_in(ProcState::Queued);
-        if queued >= self.settings.max_queued.load(Ordering::Relaxed) {
-            self.metrics.count_request("rejected_overload");
-            return Err(LaunchError::Overloaded(queued));
-        }
+        self.admit()?;
         let mut resume = opts.resume.unwrap_or_default();
         let (mut prompt, session_messages) = self.prompt_tokens(
             &inferlet,
@@ -64,21 +56,12 @@ impl Runtime {
                 self.max_seq_tokens
             )));
         }
-        let id = process_id(self.next_id.fetch_add(1, Ordering::Relaxed));
-        let process = Arc::new(Process::new(
-            id,
-            inferlet.name(),
-            client,
-            props.clone(),
-            prompt_len,
-            self.state_counts.clone(),
-        ));
+        let process = self.register_process(inferlet.name(), client, props.clone(), prompt_len);
         if let (Inferlet::Chat { messages, .. }, Some((_, all))) = (&inferlet, &session_messages) {
             let earlier = all.len().saturating_sub(messages.len());
             process.set_earlier_turns(all[..earlier].to_vec());
         }
         let events = process.events();
-        self.lock_processes().insert(process.clone());
         let req = Request {
             client: process.client.clone(),
             prompt,
@@ -94,6 +77,7 @@ impl Runtime {
             props,
             sampled_before: resume.tokens.len(),
             reload_after_preemption: false,
+            logprobs: None,
         };
         let trace_input = self
             .settings
@@ -119,6 +103,41 @@ impl Runtime {
         };
         tokio::spawn(driver.run(req));
         Ok((process, events))
+    }
+
+    /// The checks every launch passes first: health, drain, the queue limit.
+    pub fn admit(&self) -> Result<(), LaunchError> {
+        self.health().map_err(LaunchError::Unhealthy)?;
+        if self.draining() {
+            return Err(LaunchError::Draining);
+        }
+        let queued = self.count_in(ProcState::Queued);
+        if queued >= self.settings.max_queued.load(Ordering::Relaxed) {
+            self.metrics.count_request("rejected_overload");
+            return Err(LaunchError::Overloaded(queued));
+        }
+        Ok(())
+    }
+
+    /// A new process on record (queued), running `inferlet`.
+    pub fn register_process(
+        &self,
+        inferlet: &str,
+        client: String,
+        props: Props,
+        prompt_tokens: usize,
+    ) -> Arc<Process> {
+        let id = process_id(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let process = Arc::new(Process::new(
+            id,
+            inferlet,
+            client,
+            props,
+            prompt_tokens,
+            self.state_counts.clone(),
+        ));
+        self.lock_processes().insert(process.clone());
+        process
     }
 
     /// The prompt's tokens and, for a resumed chat session, the messages to record.

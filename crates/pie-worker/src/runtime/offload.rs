@@ -45,11 +45,12 @@ impl Runtime {
             cache_salt,
             sampled_before: 0,
             reload_after_preemption: false,
+            logprobs: None,
         };
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let (reply_tx, reply) = oneshot::channel();
         self.send(Command::Add {
-            req,
+            req: Box::new(req),
             events: events_tx,
             reply: reply_tx,
         });

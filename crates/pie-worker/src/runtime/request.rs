@@ -1,5 +1,5 @@
 //! What a launch asks for: the built-in inferlets and their input, the
-//! generation options, the fields a controller forwards (`pie_prompt_tokens`,
+//! generation options, one generation of an inferlet's context, the fields a controller forwards (`pie_prompt_tokens`,
 //! `pie_resume`), and why a launch is refused. Plain data, below the
 //! [`Runtime`](super::Runtime) that checks and runs it.
 
@@ -103,4 +103,34 @@ pub enum LaunchError {
     /// Draining: it takes no new processes (see `Runtime::start_drain`).
     #[error("the worker is draining: it takes no new processes")]
     Draining,
+}
+
+/// What one generation asks for.
+pub struct Generate {
+    /// The context's tokens: the prompt of this sequence.
+    pub tokens: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    /// Alternatives reported with the first sample (`forward`).
+    pub top_logprobs: usize,
+    /// The key its pages are retained under when it ends (keep-session).
+    pub retain_as: String,
+    pub cache_salt: Option<String>,
+    /// Its text goes to the process's output as it comes.
+    pub stream: bool,
+}
+
+/// What a generation made.
+#[derive(Debug, Default)]
+pub struct Generated {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    /// Each token's log-probability, in order.
+    pub logprobs: Vec<f32>,
+    /// The first sample's most likely tokens (as many as asked).
+    pub first_top: Vec<(u32, f32)>,
+    /// An end-of-turn token or a stop string ended it (else its length).
+    pub stopped: bool,
 }

@@ -1,0 +1,109 @@
+//! A process's contexts: the token sequences its handles name. A context's
+//! KV lives in the engine: each generation over it is a sequence whose
+//! prompt is the context's tokens; when the sequence ends, its pages are
+//! retained under the context's key (keep-session, for the process's
+//! `keep-ms`) or fall to the prefix cache, where the next generation, or a
+//! fork's, finds the full ones again. So a fork copies tokens, never pages.
+//!
+//! Invariant: a handle names one context until it is dropped; handles are
+//! never reused within a process, so a stale one is an error, not another
+//! context.
+
+use std::collections::HashMap;
+
+use super::limits::MAX_CONTEXTS;
+
+pub struct Context {
+    pub tokens: Vec<u32>,
+    /// Its pages' retention key in the engine (unique per process and handle).
+    pub retain_as: String,
+}
+
+pub struct Contexts {
+    owner: String,
+    next: u32,
+    live: HashMap<u32, Context>,
+}
+
+impl Contexts {
+    /// The contexts of process `owner`.
+    pub fn new(owner: &str) -> Self {
+        Self {
+            owner: owner.to_string(),
+            next: 1,
+            live: HashMap::new(),
+        }
+    }
+
+    pub fn create(&mut self, tokens: Vec<u32>) -> Result<u32, String> {
+        if self.live.len() >= MAX_CONTEXTS {
+            return Err(format!(
+                "a process may hold at most {MAX_CONTEXTS} contexts; drop some first"
+            ));
+        }
+        let handle = self.next;
+        self.next += 1;
+        let retain_as = format!("{}/context-{handle}", self.owner);
+        self.live.insert(handle, Context { tokens, retain_as });
+        Ok(handle)
+    }
+
+    pub fn fork(&mut self, handle: u32) -> Result<u32, String> {
+        let tokens = self.get(handle)?.tokens.clone();
+        self.create(tokens)
+    }
+
+    /// Forget the context; returns its retention key, to release its pages.
+    pub fn remove(&mut self, handle: u32) -> Result<String, String> {
+        self.live
+            .remove(&handle)
+            .map(|c| c.retain_as)
+            .ok_or_else(|| no_context(handle))
+    }
+
+    pub fn get(&self, handle: u32) -> Result<&Context, String> {
+        self.live.get(&handle).ok_or_else(|| no_context(handle))
+    }
+
+    pub fn get_mut(&mut self, handle: u32) -> Result<&mut Context, String> {
+        self.live.get_mut(&handle).ok_or_else(|| no_context(handle))
+    }
+
+    /// Every live context's retention key (to release them all at the end).
+    pub fn drain(&mut self) -> Vec<String> {
+        self.live.drain().map(|(_, c)| c.retain_as).collect()
+    }
+}
+
+fn no_context(handle: u32) -> String {
+    format!("no context {handle} in this process (never created, or dropped)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_are_never_reused_and_forks_copy_tokens() {
+        let mut c = Contexts::new("p");
+        let a = c.create(vec![1, 2]).unwrap();
+        let b = c.fork(a).unwrap();
+        assert_eq!(c.get(b).unwrap().tokens, vec![1, 2]);
+        assert_ne!(c.get(a).unwrap().retain_as, c.get(b).unwrap().retain_as);
+        c.remove(a).unwrap();
+        assert!(c.get(a).is_err());
+        assert!(c.remove(a).is_err());
+        let d = c.create(Vec::new()).unwrap();
+        assert!(d != a && d != b);
+        assert_eq!(c.drain().len(), 2);
+    }
+
+    #[test]
+    fn a_process_holds_a_bounded_number_of_contexts() {
+        let mut c = Contexts::new("p");
+        for _ in 0..MAX_CONTEXTS {
+            c.create(Vec::new()).unwrap();
+        }
+        assert!(c.create(Vec::new()).unwrap_err().contains("at most"));
+    }
+}

@@ -1,0 +1,480 @@
+//! The host side of `pie:inferlet@0.1.0`: what each import does for the
+//! calling process, with every argument checked (a bad handle, an id
+//! outside the vocabulary, an oversized string, a prop beyond the key's
+//! limits: an `err` naming it, never a trap), and the linker that offers
+//! exactly these imports and the WASI ones of [`ALLOWED_IMPORTS`].
+//!
+//! Invariant: a host call touches only its own process (its contexts,
+//! props, messages and output); generation goes through the runtime's one
+//! scheduler like any sequence.
+//!
+//! [`ALLOWED_IMPORTS`]: super::world::ALLOWED_IMPORTS
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pie_core::auth::KeyLimits;
+use pie_model::{SamplingParams, MAX_TOP_LOGPROBS};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use wasmtime::component::{HasData, HasSelf, Linker, ResourceTable};
+use wasmtime_wasi::p2::bindings::{cli, clocks, random};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::contexts::Contexts;
+use super::limits::{bounded, MemoryCap, MAX_ARG_BYTES, MAX_PARALLEL};
+use super::world::inference::{FinishReason, GenerateOptions, Generation, Sampling, TokenLogprob};
+use super::world::{inference, model, process, Inferlet};
+use crate::process::Process;
+use crate::runtime::{Generate, Generated, Runtime};
+use pie_core::clock::now_ms;
+
+/// The longest one `sleep` waits.
+const MAX_SLEEP: Duration = Duration::from_secs(24 * 3600);
+
+/// The most stop strings one generation takes.
+const MAX_STOP_STRINGS: usize = 16;
+
+/// What one instance's store holds.
+pub struct GuestState {
+    pub wasi: WasiCtx,
+    pub table: ResourceTable,
+    pub memory: MemoryCap,
+    pub host: ProcessHost,
+}
+
+/// The process an instance serves, and what its imports reach.
+pub struct ProcessHost {
+    pub rt: Arc<Runtime>,
+    pub process: Arc<Process>,
+    pub contexts: Contexts,
+    /// The launch's `args`, as JSON text.
+    pub args: String,
+    /// The launching key's name and limits (props it sets are bounded by them).
+    pub key: Option<(String, KeyLimits)>,
+    pub cache_salt: Option<String>,
+    pub inbox: mpsc::Receiver<String>,
+    pub output_bytes: usize,
+    pub max_output_bytes: usize,
+}
+
+impl WasiView for GuestState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+struct HasTable;
+
+impl HasData for HasTable {
+    type Data<'a> = &'a mut ResourceTable;
+}
+
+/// The linker every instance is made with: the world's imports, and the
+/// allowed WASI ones (served with no files, variables or sockets).
+pub fn linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker<GuestState>> {
+    use wasmtime_wasi::cli::{WasiCli, WasiCliView};
+    use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView};
+    use wasmtime_wasi::random::{WasiRandom, WasiRandomView};
+    use wasmtime_wasi_io::bindings::wasi::io;
+    let mut l = Linker::new(engine);
+    Inferlet::add_to_linker::<_, HasSelf<GuestState>>(&mut l, |s| s)?;
+    io::error::add_to_linker::<_, HasTable>(&mut l, |s| &mut s.table)?;
+    io::poll::add_to_linker::<_, HasTable>(&mut l, |s| &mut s.table)?;
+    io::streams::add_to_linker::<_, HasTable>(&mut l, |s| &mut s.table)?;
+    clocks::wall_clock::add_to_linker::<_, WasiClocks>(&mut l, GuestState::clocks)?;
+    clocks::monotonic_clock::add_to_linker::<_, WasiClocks>(&mut l, GuestState::clocks)?;
+    random::random::add_to_linker::<_, WasiRandom>(&mut l, GuestState::random)?;
+    random::insecure::add_to_linker::<_, WasiRandom>(&mut l, GuestState::random)?;
+    random::insecure_seed::add_to_linker::<_, WasiRandom>(&mut l, GuestState::random)?;
+    cli::exit::add_to_linker::<_, WasiCli>(&mut l, GuestState::cli)?;
+    cli::environment::add_to_linker::<_, WasiCli>(&mut l, GuestState::cli)?;
+    cli::stdin::add_to_linker::<_, WasiCli>(&mut l, GuestState::cli)?;
+    cli::stdout::add_to_linker::<_, WasiCli>(&mut l, GuestState::cli)?;
+    cli::stderr::add_to_linker::<_, WasiCli>(&mut l, GuestState::cli)?;
+    cli::terminal_input::add_to_linker::<_, WasiCli>(&mut l, GuestState::cli)?;
+    cli::terminal_output::add_to_linker::<_, WasiCli>(&mut l, GuestState::cli)?;
+    cli::terminal_stdin::add_to_linker::<_, WasiCli>(&mut l, GuestState::cli)?;
+    cli::terminal_stdout::add_to_linker::<_, WasiCli>(&mut l, GuestState::cli)?;
+    cli::terminal_stderr::add_to_linker::<_, WasiCli>(&mut l, GuestState::cli)?;
+    Ok(l)
+}
+
+impl model::Host for GuestState {
+    fn name(&mut self) -> String {
+        self.host.rt.settings.model_name.clone()
+    }
+
+    fn vocab_size(&mut self) -> u32 {
+        self.host.rt.model.config.vocab as u32
+    }
+
+    fn encode(&mut self, text: String) -> Result<Vec<u32>, String> {
+        let text = bounded("the text", &text)?;
+        self.host
+            .rt
+            .model
+            .tokenizer
+            .encode(text)
+            .map_err(|e| e.to_string())
+    }
+
+    fn decode(&mut self, tokens: Vec<u32>) -> Result<String, String> {
+        self.host.check_tokens("decode", &tokens)?;
+        (self.host.rt.model.tokenizer.decode(&tokens)).map_err(|e| e.to_string())
+    }
+
+    fn apply_chat_template(&mut self, messages: Vec<model::Message>) -> Result<String, String> {
+        let size: usize = messages
+            .iter()
+            .map(|m| m.role.len() + m.content.len())
+            .sum();
+        if size > MAX_ARG_BYTES {
+            return Err(format!(
+                "the messages have {size} bytes; a host call takes at most {MAX_ARG_BYTES}"
+            ));
+        }
+        let messages: Vec<pie_model::ChatMessage> = messages
+            .into_iter()
+            .map(|m| pie_model::ChatMessage {
+                role: m.role,
+                content: m.content,
+            })
+            .collect();
+        (self.host.rt.model.tokenizer.apply_chat_template(&messages)).map_err(|e| e.to_string())
+    }
+
+    fn stop_tokens(&mut self) -> Vec<u32> {
+        self.host.rt.model.tokenizer.stop_tokens().to_vec()
+    }
+}
+
+impl inference::Host for GuestState {
+    async fn create(&mut self) -> Result<u32, String> {
+        self.host.contexts.create(Vec::new())
+    }
+
+    async fn fork(&mut self, ctx: u32) -> Result<u32, String> {
+        self.host.contexts.fork(ctx)
+    }
+
+    async fn drop_context(&mut self, ctx: u32) -> Result<(), String> {
+        let key = self.host.contexts.remove(ctx)?;
+        self.host.rt.release_retained(key);
+        Ok(())
+    }
+
+    async fn append_tokens(&mut self, ctx: u32, tokens: Vec<u32>) -> Result<(), String> {
+        self.host.check_tokens("append-tokens", &tokens)?;
+        self.host.append(ctx, &tokens)
+    }
+
+    async fn append_text(&mut self, ctx: u32, text: String) -> Result<u32, String> {
+        let text = bounded("the text", &text)?;
+        self.host.contexts.get(ctx)?;
+        let tokens = (self.host.rt.model.tokenizer.encode(text)).map_err(|e| e.to_string())?;
+        self.host.append(ctx, &tokens)?;
+        Ok(tokens.len() as u32)
+    }
+
+    async fn tokens(&mut self, ctx: u32) -> Result<Vec<u32>, String> {
+        Ok(self.host.contexts.get(ctx)?.tokens.clone())
+    }
+
+    async fn prefill(&mut self, ctx: u32) -> Result<(), String> {
+        let call = self.host.probe(ctx, 0)?;
+        self.host
+            .rt
+            .clone()
+            .generate(&self.host.process, call)
+            .await?;
+        Ok(())
+    }
+
+    async fn generate(&mut self, ctx: u32, options: GenerateOptions) -> Result<Generation, String> {
+        let call = self.host.generation(ctx, &options)?;
+        let done = self
+            .host
+            .rt
+            .clone()
+            .generate(&self.host.process, call)
+            .await?;
+        self.host.finish_generation(ctx, done)
+    }
+
+    async fn generate_all(
+        &mut self,
+        ctxs: Vec<u32>,
+        options: GenerateOptions,
+    ) -> Vec<Result<Generation, String>> {
+        if ctxs.len() > MAX_PARALLEL {
+            let why = format!("generate-all takes at most {MAX_PARALLEL} contexts");
+            return ctxs.iter().map(|_| Err(why.clone())).collect();
+        }
+        let calls: Vec<Result<Generate, String>> = ctxs
+            .iter()
+            .enumerate()
+            .map(|(i, &ctx)| {
+                if ctxs.iter().filter(|&&c| c == ctx).count() > 1 {
+                    return Err(format!("context {ctx} is listed more than once"));
+                }
+                let mut call = self.host.generation(ctx, &options)?;
+                // Each context its own draws: seed + its position.
+                call.sampling.seed = options.sampling.seed.map(|s| s.wrapping_add(i as u64));
+                Ok(call)
+            })
+            .collect();
+        let rt = self.host.rt.clone();
+        let process = self.host.process.clone();
+        let runs = calls.into_iter().map(|call| {
+            let (rt, process) = (rt.clone(), process.clone());
+            async move { rt.generate(&process, call?).await }
+        });
+        let results = futures_util::future::join_all(runs).await;
+        ctxs.iter()
+            .zip(results)
+            .map(|(&ctx, done)| self.host.finish_generation(ctx, done?))
+            .collect()
+    }
+
+    async fn forward(&mut self, ctx: u32, k: u32) -> Result<Vec<TokenLogprob>, String> {
+        if k == 0 || k as usize > MAX_TOP_LOGPROBS {
+            return Err(format!("k must be 1 to {MAX_TOP_LOGPROBS}, got {k}"));
+        }
+        let call = self.host.probe(ctx, k as usize)?;
+        let done = self
+            .host
+            .rt
+            .clone()
+            .generate(&self.host.process, call)
+            .await?;
+        Ok(done
+            .first_top
+            .into_iter()
+            .map(|(token, logprob)| TokenLogprob { token, logprob })
+            .collect())
+    }
+}
+
+impl process::Host for GuestState {
+    fn id(&mut self) -> String {
+        self.host.process.id.clone()
+    }
+
+    fn args(&mut self) -> String {
+        self.host.args.clone()
+    }
+
+    fn props(&mut self) -> String {
+        serde_json::to_string(&self.host.process.props()).unwrap_or_else(|_| "{}".into())
+    }
+
+    fn set_prop(&mut self, name: String, value: String) -> Result<(), String> {
+        let value: Value = serde_json::from_str(bounded("the value", &value)?)
+            .map_err(|e| format!("the value of `{name}` is not JSON: {e}"))?;
+        if value.is_null() {
+            return Err(format!(
+                "remove `{name}` with remove-prop, not a null value"
+            ));
+        }
+        self.host.patch_props(name, value)
+    }
+
+    fn remove_prop(&mut self, name: String) -> Result<(), String> {
+        self.host.patch_props(name, Value::Null)
+    }
+
+    fn emit(&mut self, text: String) -> Result<(), String> {
+        bounded("the text", &text)?;
+        self.host.spend_output(text.len())?;
+        self.host.process.push_emitted(text);
+        Ok(())
+    }
+
+    fn emit_json(&mut self, json: String) -> Result<(), String> {
+        bounded("the event", &json)?;
+        self.host.spend_output(json.len())?;
+        let value: Value =
+            serde_json::from_str(&json).map_err(|e| format!("emit-json: not JSON: {e}"))?;
+        self.host.process.push_json(value);
+        Ok(())
+    }
+
+    async fn receive(&mut self) -> String {
+        match self.host.inbox.recv().await {
+            Some(message) => message,
+            // The inbox lives as long as the process: never reached.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn try_receive(&mut self) -> Option<String> {
+        self.host.inbox.try_recv().ok()
+    }
+
+    fn log(&mut self, level: process::Level, message: String) {
+        let message: String = message.chars().take(4096).collect();
+        let id = &self.host.process.id;
+        match level {
+            process::Level::Debug => tracing::debug!(process = %id, "inferlet: {message}"),
+            process::Level::Info => tracing::info!(process = %id, "inferlet: {message}"),
+            process::Level::Warn => tracing::warn!(process = %id, "inferlet: {message}"),
+            process::Level::Error => tracing::error!(process = %id, "inferlet: {message}"),
+        }
+    }
+
+    fn now_ms(&mut self) -> u64 {
+        now_ms()
+    }
+
+    async fn sleep(&mut self, ms: u64) {
+        tokio::time::sleep(Duration::from_millis(ms).min(MAX_SLEEP)).await;
+    }
+}
+
+impl ProcessHost {
+    /// Every id below the vocabulary size.
+    fn check_tokens(&self, what: &str, tokens: &[u32]) -> Result<(), String> {
+        let vocab = self.rt.model.config.vocab;
+        match tokens.iter().find(|&&t| t as usize >= vocab) {
+            Some(t) => Err(format!(
+                "{what}: token id {t} is outside the vocabulary ({vocab} tokens)"
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Append to a context, keeping it within what one sequence holds.
+    fn append(&mut self, ctx: u32, tokens: &[u32]) -> Result<(), String> {
+        let limit = self.rt.max_seq_tokens;
+        let context = self.contexts.get_mut(ctx)?;
+        if context.tokens.len() + tokens.len() >= limit {
+            return Err(format!(
+                "context {ctx} would hold {} tokens; a sequence holds at most {}",
+                context.tokens.len() + tokens.len(),
+                limit - 1
+            ));
+        }
+        context.tokens.extend_from_slice(tokens);
+        Ok(())
+    }
+
+    /// A one-token greedy step over the context that reports the `k` most
+    /// likely next tokens; its sample is not kept (`prefill`, `forward`).
+    fn probe(&self, ctx: u32, k: usize) -> Result<Generate, String> {
+        let context = self.contexts.get(ctx)?;
+        Ok(Generate {
+            tokens: context.tokens.clone(),
+            max_tokens: 1,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            ignore_eos: true,
+            top_logprobs: k,
+            retain_as: context.retain_as.clone(),
+            cache_salt: self.cache_salt.clone(),
+            stream: false,
+        })
+    }
+
+    fn generation(&self, ctx: u32, options: &GenerateOptions) -> Result<Generate, String> {
+        let context = self.contexts.get(ctx)?;
+        if options.max_tokens == 0 {
+            return Err("max-tokens must be at least 1".into());
+        }
+        if options.stop.len() > MAX_STOP_STRINGS {
+            return Err(format!(
+                "at most {MAX_STOP_STRINGS} stop strings, got {}",
+                options.stop.len()
+            ));
+        }
+        for s in &options.stop {
+            bounded("a stop string", s)?;
+        }
+        Ok(Generate {
+            tokens: context.tokens.clone(),
+            max_tokens: options.max_tokens as usize,
+            sampling: sampling(&options.sampling, self.rt.model.config.vocab)?,
+            stop: options.stop.clone(),
+            ignore_eos: options.ignore_eos,
+            top_logprobs: 0,
+            retain_as: context.retain_as.clone(),
+            cache_salt: self.cache_salt.clone(),
+            stream: options.stream,
+        })
+    }
+
+    /// A generation's tokens join its context (if the guest has not
+    /// dropped it meanwhile), and come back as the WIT's record.
+    fn finish_generation(&mut self, ctx: u32, done: Generated) -> Result<Generation, String> {
+        if let Ok(context) = self.contexts.get_mut(ctx) {
+            context.tokens.extend_from_slice(&done.tokens);
+        }
+        Ok(Generation {
+            tokens: done.tokens,
+            text: done.text,
+            logprobs: done.logprobs,
+            finish_reason: if done.stopped {
+                FinishReason::Stop
+            } else {
+                FinishReason::Length
+            },
+        })
+    }
+
+    /// Set (or, with null, remove) one of the process's own props: checked
+    /// as a client's, bounded by the launching key's limits; the change
+    /// reaches its sequences from the next step and its watchers as an event.
+    fn patch_props(&mut self, name: String, value: Value) -> Result<(), String> {
+        bounded("the prop's name", &name)?;
+        let mut patch = serde_json::Map::new();
+        patch.insert(name, value);
+        let key = self.key.clone();
+        let props = self.process.update_props_announced(|props| {
+            let mut next = props.clone();
+            next.merge_json(&patch).map_err(|e| e.to_string())?;
+            if let Some((who, limits)) = &key {
+                limits.apply(who, &mut next).map_err(|e| e.to_string())?;
+            }
+            *props = next;
+            Ok::<(), String>(())
+        })?;
+        self.rt.props_changed(&self.process, &props);
+        Ok(())
+    }
+
+    /// Count `bytes` of output against `max_output_bytes`.
+    fn spend_output(&mut self, bytes: usize) -> Result<(), String> {
+        if self.output_bytes + bytes > self.max_output_bytes {
+            return Err(format!(
+                "the process's output would pass [runtime.inferlets] max_output_bytes = {}",
+                self.max_output_bytes
+            ));
+        }
+        self.output_bytes += bytes;
+        Ok(())
+    }
+}
+
+/// The engine's sampling parameters, checked as the API checks a client's.
+fn sampling(s: &Sampling, vocab: usize) -> Result<SamplingParams, String> {
+    if !(0.0..=2.0).contains(&s.temperature) {
+        return Err(format!("temperature must be 0 to 2, got {}", s.temperature));
+    }
+    if !(s.top_p > 0.0 && s.top_p <= 1.0) {
+        return Err(format!("top-p must be in (0, 1], got {}", s.top_p));
+    }
+    if !(0.0..=1.0).contains(&s.min_p) {
+        return Err(format!("min-p must be 0 to 1, got {}", s.min_p));
+    }
+    Ok(SamplingParams {
+        temperature: s.temperature,
+        top_k: (s.top_k as usize).min(vocab),
+        top_p: s.top_p,
+        min_p: s.min_p,
+        seed: s.seed,
+        ..SamplingParams::default()
+    })
+}

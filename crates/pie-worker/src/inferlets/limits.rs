@@ -1,0 +1,175 @@
+//! What one inferlet instance may use, enforced: its own execution time
+//! (a meter around every poll of the guest, checked at each epoch tick),
+//! its linear memory (a limiter that names the cap), and the size of what a
+//! host call accepts. A leaf: no other module of `inferlets` below it.
+//!
+//! Invariant: a guest that computes without calling the host gives its
+//! thread back at every epoch tick ([`EPOCH_TICK`]), and fails once its
+//! metered time passes `max_cpu_ms`; time it spends awaiting the host (a
+//! generation, a message, a sleep) is not metered.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+/// How often the epoch advances: a spinning guest yields this often.
+pub const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+/// The most bytes one string argument of a host call may have.
+pub const MAX_ARG_BYTES: usize = 1 << 20;
+
+/// The most contexts one process may hold at once.
+pub const MAX_CONTEXTS: usize = 1024;
+
+/// The most contexts one `generate-all` may take.
+pub const MAX_PARALLEL: usize = 64;
+
+/// A guest's execution time: the sum of its polls, plus the one in progress.
+#[derive(Default)]
+pub struct CpuMeter {
+    used_ns: AtomicU64,
+    polling_since: Mutex<Option<Instant>>,
+}
+
+impl CpuMeter {
+    /// Execution time so far, the poll in progress included.
+    pub fn used(&self) -> Duration {
+        let running = self
+            .polling_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map_or(Duration::ZERO, |since| since.elapsed());
+        Duration::from_nanos(self.used_ns.load(Ordering::Relaxed)) + running
+    }
+
+    fn enter(&self) {
+        *self.polling_since.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    fn leave(&self) {
+        let since = self
+            .polling_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(since) = since {
+            self.used_ns
+                .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A future whose polls are metered: the guest runs only inside them.
+pub struct Metered<F> {
+    inner: Pin<Box<F>>,
+    meter: Arc<CpuMeter>,
+}
+
+impl<F> Metered<F> {
+    pub fn new(inner: F, meter: Arc<CpuMeter>) -> Self {
+        Self {
+            inner: Box::pin(inner),
+            meter,
+        }
+    }
+}
+
+impl<F: Future> Future for Metered<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        self.meter.enter();
+        let out = self.inner.as_mut().poll(cx);
+        self.meter.leave();
+        out
+    }
+}
+
+/// Caps an instance's linear memories and tables; a refused growth traps
+/// with the cap named (the guest would otherwise abort with a bare trap).
+pub struct MemoryCap {
+    pub max_bytes: usize,
+    /// Why the last growth was refused, for the process's failure.
+    pub refused: Option<String>,
+}
+
+/// The most table elements an instance may have.
+const MAX_TABLE_ELEMENTS: usize = 100_000;
+
+impl wasmtime::ResourceLimiter for MemoryCap {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired <= self.max_bytes {
+            return Ok(true);
+        }
+        let why = format!(
+            "the inferlet asked for {} MiB of memory, past [runtime.inferlets] max_memory = {} MiB",
+            desired.div_ceil(1 << 20),
+            self.max_bytes >> 20
+        );
+        self.refused = Some(why.clone());
+        Err(wasmtime::format_err!("{why}"))
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+}
+
+/// A string argument within [`MAX_ARG_BYTES`], or the error naming it.
+pub fn bounded<'a>(what: &str, text: &'a str) -> Result<&'a str, String> {
+    if text.len() > MAX_ARG_BYTES {
+        return Err(format!(
+            "{what} has {} bytes; a host call takes at most {MAX_ARG_BYTES}",
+            text.len()
+        ));
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Time between polls (awaiting) is not metered; time inside is.
+    #[tokio::test]
+    async fn only_time_inside_polls_is_metered() {
+        let meter = Arc::new(CpuMeter::default());
+        let busy_then_wait = async {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_millis(30) {
+                std::hint::spin_loop();
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        Metered::new(busy_then_wait, meter.clone()).await;
+        let used = meter.used();
+        assert!(used >= Duration::from_millis(30), "{used:?}");
+        assert!(used < Duration::from_millis(150), "{used:?}");
+    }
+
+    #[test]
+    fn growth_past_the_cap_is_refused_with_the_cap_named() {
+        use wasmtime::ResourceLimiter;
+        let mut cap = MemoryCap {
+            max_bytes: 64 << 20,
+            refused: None,
+        };
+        assert!(cap.memory_growing(0, 32 << 20, None).unwrap());
+        let err = cap.memory_growing(32 << 20, 128 << 20, None).unwrap_err();
+        assert!(err.to_string().contains("max_memory = 64 MiB"), "{err}");
+        assert!(cap.refused.is_some());
+    }
+}

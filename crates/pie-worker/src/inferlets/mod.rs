@@ -1,0 +1,287 @@
+//! User inferlets: WebAssembly components (`pie:inferlet@0.1.0`) run as
+//! processes, beside the built-in ones, on the same runtime and scheduler.
+//!
+//! Layers, bottom to top: `limits` (CPU meter, memory cap, argument bounds)
+//! and `world` (the WIT bindings, the allowed imports) are leaves;
+//! `registry` (installed components on disk, compiled once) and `contexts`
+//! (a process's token sequences) sit on them; `host` implements the world's
+//! imports for one process; this file is the [`Inferlets`] handle: the
+//! wasmtime engine and its epoch clock, the guests' own threads, the cap on
+//! live instances, and the task that runs one process to its end.
+//!
+//! Invariant: a process of an inferlet ends in a final state whatever its
+//! guest does (returns, errs, traps, spins past `max_cpu_ms`, grows past
+//! its memory cap, or is killed), and its end releases every context's pages
+//! and its instance slot.
+
+pub mod contexts;
+pub mod host;
+pub mod limits;
+pub mod registry;
+pub mod world;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use pie_core::auth::KeyLimits;
+use pie_core::Props;
+use pie_policy::runtime::InferletsConfig;
+use tokio::sync::{mpsc, Semaphore};
+use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::{Engine, Store, UpdateDeadline};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::WasiCtxBuilder;
+
+use crate::process::{ProcState, Process};
+use crate::runtime::{LaunchError, Runtime};
+use contexts::Contexts;
+use host::{GuestState, ProcessHost};
+use limits::{CpuMeter, MemoryCap, Metered, EPOCH_TICK};
+pub use registry::RegistryError;
+use registry::{Installed, Registry};
+use world::Inferlet;
+
+/// The end of a guest's stderr kept for its failure message (a panic's).
+const STDERR_TAIL: usize = 4096;
+
+/// What a launch of an installed inferlet needs besides its name.
+pub struct InferletLaunch {
+    /// `NAME` or `NAME@VERSION`.
+    pub reference: String,
+    /// The launch's `args`, handed to the guest as JSON.
+    pub args: serde_json::Value,
+    pub props: Props,
+    pub client: String,
+    /// The launching key's name and limits (a client key's).
+    pub key: Option<(String, KeyLimits)>,
+    pub cache_salt: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InferletError {
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+}
+
+pub struct Inferlets {
+    engine: Engine,
+    linker: Linker<GuestState>,
+    pub registry: Registry,
+    config: InferletsConfig,
+    /// Permits for live instances; launches beyond wait (queued).
+    instances: Arc<Semaphore>,
+    live: Arc<AtomicUsize>,
+    /// Where guest code runs: its own threads, so a guest between two epoch
+    /// ticks never holds up the API or the engine.
+    guests: tokio::runtime::Handle,
+}
+
+impl Inferlets {
+    pub fn new(config: &InferletsConfig) -> anyhow::Result<Arc<Self>> {
+        let mut wasm = wasmtime::Config::new();
+        wasm.epoch_interruption(true);
+        let engine = Engine::new(&wasm).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let linker = host::linker(&engine).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let dir = config
+            .dir
+            .clone()
+            .unwrap_or_else(|| crate::fetch::pie_home().join("inferlets"));
+        let registry = Registry::open(engine.clone(), dir.clone())
+            .map_err(|e| anyhow::anyhow!("[runtime.inferlets] dir {}: {e}", dir.display()))?;
+        let guests = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(config.threads)
+            .thread_name("pie-inferlet")
+            .enable_all()
+            .build()?;
+        let handle = guests.handle().clone();
+        // Lives as long as the server; dropping it inside async code would panic.
+        std::mem::forget(guests);
+        spawn_epoch_clock(&engine)?;
+        tracing::info!(
+            "inferlets: {} installed in {}",
+            registry.list().len(),
+            dir.display()
+        );
+        Ok(Arc::new(Self {
+            engine,
+            linker,
+            registry,
+            config: config.clone(),
+            instances: Arc::new(Semaphore::new(config.max_instances)),
+            live: Arc::default(),
+            guests: handle,
+        }))
+    }
+
+    /// Instances running now.
+    pub fn live_instances(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// The largest component an upload may send.
+    pub fn max_upload_bytes(&self) -> usize {
+        self.config.max_upload.0 as usize
+    }
+
+    /// Start a process of an installed inferlet; it waits in the queue for
+    /// an instance slot like any queued process.
+    pub fn launch(
+        self: &Arc<Self>,
+        rt: &Arc<Runtime>,
+        launch: InferletLaunch,
+    ) -> Result<Arc<Process>, InferletError> {
+        let installed = self.registry.find(&launch.reference)?;
+        rt.admit()?;
+        let label = format!("{}@{}", installed.name, installed.version);
+        let process = rt.register_process(&label, launch.client.clone(), launch.props.clone(), 0);
+        let (inbox_tx, inbox) = mpsc::channel(self.config.max_pending_messages.max(1));
+        process.set_inbox(inbox_tx);
+        let host = ProcessHost {
+            rt: rt.clone(),
+            process: process.clone(),
+            contexts: Contexts::new(&process.id),
+            args: launch.args.to_string(),
+            key: launch.key,
+            cache_salt: launch.cache_salt,
+            inbox,
+            output_bytes: 0,
+            max_output_bytes: self.config.max_output_bytes.0 as usize,
+        };
+        self.guests.spawn(self.clone().run(installed, host));
+        Ok(process)
+    }
+
+    /// Run one process to its end (see the module's invariant).
+    async fn run(self: Arc<Self>, installed: Installed, host: ProcessHost) {
+        let (rt, process) = (host.rt.clone(), host.process.clone());
+        let Ok(_slot) = self.instances.clone().acquire_owned().await else {
+            return;
+        };
+        if process.state().is_final() {
+            return;
+        }
+        let this = self.clone();
+        let loaded = tokio::task::spawn_blocking(move || this.registry.load(&installed)).await;
+        let component = match loaded {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return fail(&rt, &process, format!("cannot load the inferlet: {e}")),
+            Err(e) => return fail(&rt, &process, format!("cannot load the inferlet: {e}")),
+        };
+        self.live.fetch_add(1, Ordering::Relaxed);
+        let stderr = MemoryOutputPipe::new(STDERR_TAIL);
+        let mut store = self.store(host, stderr.clone());
+        let meter = Arc::new(CpuMeter::default());
+        let max_cpu = Duration::from_millis(self.config.max_cpu_ms);
+        let m = meter.clone();
+        store.epoch_deadline_callback(move |_| {
+            if m.used() > max_cpu {
+                return Err(wasmtime::format_err!(
+                    "the inferlet computed for more than [runtime.inferlets] max_cpu_ms = {} ms",
+                    max_cpu.as_millis()
+                ));
+            }
+            Ok(UpdateDeadline::Yield(1))
+        });
+        store.set_epoch_deadline(1);
+        process.mark_running();
+        let outcome = {
+            let run = run_guest(&mut store, &component, &self.linker);
+            tokio::select! {
+                outcome = Metered::new(run, meter) => Some(outcome),
+                _ = process.ended() => None,
+            }
+        };
+        match outcome {
+            None => {}
+            Some(Ok(Ok(()))) => complete(&rt, &process),
+            Some(Ok(Err(message))) => fail(&rt, &process, message),
+            Some(Err(trap)) => {
+                let why = describe_trap(&trap, store.data().memory.refused.as_deref(), &stderr);
+                fail(&rt, &process, why)
+            }
+        }
+        for key in store.data_mut().host.contexts.drain() {
+            rt.release_retained(key);
+        }
+        self.live.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn store(&self, host: ProcessHost, stderr: MemoryOutputPipe) -> Store<GuestState> {
+        let state = GuestState {
+            wasi: WasiCtxBuilder::new().stderr(stderr).build(),
+            table: ResourceTable::new(),
+            memory: MemoryCap {
+                max_bytes: self.config.max_memory.0 as usize,
+                refused: None,
+            },
+            host,
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.memory);
+        store
+    }
+}
+
+/// Instantiate the component and call its `run`.
+async fn run_guest(
+    store: &mut Store<GuestState>,
+    component: &Component,
+    linker: &Linker<GuestState>,
+) -> wasmtime::Result<Result<(), String>> {
+    let instance = Inferlet::instantiate_async(&mut *store, component, linker).await?;
+    instance.call_run(&mut *store).await
+}
+
+/// Why a guest trapped: the cap it hit, or the trap with what it printed
+/// to stderr last (a Rust panic's message).
+fn describe_trap(
+    trap: &wasmtime::Error,
+    refused: Option<&str>,
+    stderr: &MemoryOutputPipe,
+) -> String {
+    if let Some(why) = refused {
+        return why.to_string();
+    }
+    let printed = String::from_utf8_lossy(&stderr.contents())
+        .trim()
+        .to_string();
+    // The root is the trap itself (or the CPU limit's error); the chain
+    // above it is a wasm backtrace, of no use without the guest's symbols.
+    let root = trap.root_cause().to_string();
+    if printed.is_empty() {
+        format!("the inferlet trapped: {root}")
+    } else {
+        format!("the inferlet trapped: {root}: {printed}")
+    }
+}
+
+fn complete(rt: &Runtime, process: &Process) {
+    if process.finish(ProcState::Finished, Some("stop"), None) {
+        rt.metrics.count_request("finished");
+    }
+}
+
+fn fail(rt: &Runtime, process: &Process, why: String) {
+    if process.finish(ProcState::Failed, None, Some(why)) {
+        rt.metrics.count_request("failed");
+    }
+}
+
+/// Advance the engine's epoch every [`EPOCH_TICK`] while it exists
+/// (without it no guest could be interrupted: an error, not a fallback).
+fn spawn_epoch_clock(engine: &Engine) -> std::io::Result<()> {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("pie-epoch".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(EPOCH_TICK);
+            }
+        })?;
+    Ok(())
+}

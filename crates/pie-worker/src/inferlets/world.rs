@@ -1,0 +1,72 @@
+//! The `pie:inferlet@0.1.0` world (`wit/0.1.0/inferlet.wit`) as host
+//! bindings, and what else a component may import: the WASI interfaces a
+//! Rust `std` guest links (stdio, clocks, random, exit, environment), served
+//! with nothing behind them (no directory, no variable, no socket). A leaf.
+//!
+//! Invariant: a component importing anything outside [`ALLOWED_IMPORTS`] is
+//! refused at upload, by name, before it is stored.
+
+use wasmtime::component::Component;
+use wasmtime::Engine;
+
+wasmtime::component::bindgen!({
+    path: "../../wit/0.1.0",
+    world: "inferlet",
+    imports: {
+        "pie:inferlet/inference": async,
+        "pie:inferlet/process.receive": async,
+        "pie:inferlet/process.sleep": async,
+    },
+    exports: { default: async },
+});
+
+pub use pie::inferlet::{inference, model, process};
+
+/// Interfaces a component may import: this world's, and WASI's harmless
+/// ones (matched without their `@version`).
+pub const ALLOWED_IMPORTS: &[&str] = &[
+    "pie:inferlet/model",
+    "pie:inferlet/inference",
+    "pie:inferlet/process",
+    "wasi:io/error",
+    "wasi:io/poll",
+    "wasi:io/streams",
+    "wasi:clocks/wall-clock",
+    "wasi:clocks/monotonic-clock",
+    "wasi:random/random",
+    "wasi:random/insecure",
+    "wasi:random/insecure-seed",
+    "wasi:cli/exit",
+    "wasi:cli/environment",
+    "wasi:cli/stdin",
+    "wasi:cli/stdout",
+    "wasi:cli/stderr",
+    "wasi:cli/terminal-input",
+    "wasi:cli/terminal-output",
+    "wasi:cli/terminal-stdin",
+    "wasi:cli/terminal-stdout",
+    "wasi:cli/terminal-stderr",
+];
+
+/// The first import outside [`ALLOWED_IMPORTS`], if any; then whether the
+/// component exports `run`.
+pub fn check_component(engine: &Engine, component: &Component) -> Result<(), String> {
+    let ty = component.component_type();
+    for (name, _) in ty.imports(engine) {
+        let unversioned = name.split('@').next().unwrap_or(name);
+        if !ALLOWED_IMPORTS.contains(&unversioned) {
+            return Err(format!(
+                "the component imports `{name}`, which inferlets may not use (they may import \
+                 pie:inferlet/{{model,inference,process}} and WASI's io, clocks, random and cli)"
+            ));
+        }
+    }
+    if !ty.exports(engine).any(|(name, _)| name == "run") {
+        return Err(
+            "the component exports no `run` function: it is not a pie:inferlet@0.1.0 \
+                    component (build it with the pie-inferlet SDK)"
+                .into(),
+        );
+    }
+    Ok(())
+}
