@@ -4,18 +4,21 @@
 //! with a deadline ([`wait_for`]), readers of SSE bodies and Prometheus
 //! text built on the production parsers (`pie_client::sse`,
 //! `pie_client::prom`), so a test reads a stream as a client does, and the
-//! OpenAI Python SDK's scripts ([`python_report`]).
+//! OpenAI Python SDK's scripts ([`python_report`]), and the guest
+//! inferlets built for WebAssembly ([`inferlet_wasm`]).
 //!
 //! Finding binaries: cargo sets `CARGO_BIN_EXE_<name>` only for the package
 //! under test, so [`workspace_bin`] looks beside the running test executable
 //! instead (`target/<profile>/deps/..`), where `cargo test --workspace` (or
 //! `cargo build --bins`) puts every package's binaries.
 
+mod inferlets;
 mod model;
 mod process;
 mod python;
 mod read;
 
+pub use inferlets::inferlet_wasm;
 pub use model::test_model;
 pub use process::{spawn, workspace_bin, Proc};
 pub use python::{openai_sdk_available, python_report};

@@ -4,7 +4,7 @@
 //!
 //! Args (any other key is an error): `{"prompt": string, "n"?: int (default
 //! 8, 1 to 64), "max_tokens"?: int (default 256), "temperature"?: number
-//! (default 1.0), "top_p"?: number (1), "seed"?: int}`.
+//! (default 1.0), "top_p"?: number (1), "seed"?: int, "ignore_eos"?: bool}`.
 //!
 //! Output: the best candidate's text, then a JSON event
 //! `{"best": index, "candidates": [{"text", "mean_logprob", "tokens"}]}`.
@@ -26,6 +26,7 @@ struct Args {
     temperature: Option<f32>,
     top_p: Option<f32>,
     seed: Option<u64>,
+    ignore_eos: Option<bool>,
 }
 
 fn run() -> Result<(), String> {
@@ -38,7 +39,8 @@ fn run() -> Result<(), String> {
         .max_tokens(args.max_tokens.unwrap_or(256))
         .temperature(args.temperature.unwrap_or(1.0))
         .top_p(args.top_p.unwrap_or(1.0))
-        .seed(args.seed);
+        .seed(args.seed)
+        .ignore_eos(args.ignore_eos.unwrap_or(false));
 
     let base = Context::new()?;
     base.append_text(&args.prompt)?;

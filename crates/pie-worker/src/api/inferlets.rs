@@ -4,6 +4,7 @@
 //! client key with `upload_inferlets` may change them.
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -44,9 +45,19 @@ pub(super) async fn upload_inferlet(
     State(state): State<AppState>,
     Query(query): Query<UploadQuery>,
     auth: Option<Extension<Authed>>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     check_may_install(&auth)?;
+    let body = body.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+            e.status(),
+            format!(
+                "the component is larger than [runtime.inferlets] max_upload ({} bytes)",
+                state.inferlets.max_upload_bytes()
+            ),
+        ),
+        status => ApiError::new(status, e.body_text()),
+    })?;
     let inferlets = state.inferlets.clone();
     let installed = tokio::task::spawn_blocking(move || {
         inferlets

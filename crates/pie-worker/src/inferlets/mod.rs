@@ -203,7 +203,10 @@ impl Inferlets {
                 fail(&rt, &process, why)
             }
         }
-        for key in store.data_mut().host.contexts.drain() {
+        let contexts = store.data_mut().host.contexts.drain();
+        // The instance's memory goes before it stops counting as live.
+        drop(store);
+        for key in contexts {
             rt.release_retained(key);
         }
         self.live.fetch_sub(1, Ordering::Relaxed);

@@ -89,6 +89,10 @@ impl Server {
         .await
     }
 
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
     /// Send SIGHUP.
     pub fn hangup(&self) {
         self.process.signal("HUP");

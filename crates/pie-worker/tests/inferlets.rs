@@ -1,0 +1,689 @@
+//! WebAssembly inferlets on one worker (the tiny test model): uploads and
+//! what is refused, the reference components against the built-ins, forks
+//! over shared pages, the one scheduler's slots and charges, the limits
+//! (CPU, memory, output, messages), untrusted calls, kills at random points,
+//! and a restart that compiles nothing.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Server;
+use pie_testkit::inferlet_wasm;
+use serde_json::{json, Value};
+
+/// A fresh directory for one server's installed inferlets.
+fn store_dir() -> String {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "inferlets-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    dir.display().to_string()
+}
+
+/// A config with the inferlets stored in `dir`, and `extra` TOML after.
+fn config(dir: &str, runtime: &str, inferlets: &str) -> String {
+    format!("[runtime]\n{runtime}\n[runtime.inferlets]\ndir = {dir:?}\n{inferlets}\n")
+}
+
+async fn upload_as(s: &Server, key: Option<&str>, name: &str, guest: &str) -> (u16, Value) {
+    let wasm = std::fs::read(inferlet_wasm(guest)).unwrap();
+    let mut req = s
+        .client
+        .post(s.url(&format!("/v1/inferlets?name={name}")))
+        .body(wasm);
+    if let Some(key) = key {
+        req = req.bearer_auth(key);
+    }
+    let r = req.send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+async fn upload(s: &Server, name: &str, guest: &str) {
+    let (status, body) = upload_as(s, None, name, guest).await;
+    assert_eq!(status, 201, "{body}");
+}
+
+async fn launch(s: &Server, inferlet: &str, args: Value, props: Value) -> String {
+    s.launch(json!({"inferlet": inferlet, "args": args, "props": props}))
+        .await
+}
+
+/// Launch and wait for the end; returns the record.
+async fn run(s: &Server, inferlet: &str, args: Value) -> Value {
+    let id = launch(s, inferlet, args, json!({})).await;
+    s.wait_done(&id).await
+}
+
+/// The process's JSON events, until its end.
+async fn json_events(s: &Server, id: &str) -> Vec<Value> {
+    let r = s
+        .client
+        .get(s.url(&format!("/v1/processes/{id}/events")))
+        .send()
+        .await
+        .unwrap();
+    let mut events = Vec::new();
+    let mut blocks = pie_client::sse::SseBlocks::default();
+    let mut r = r;
+    while let Some(chunk) = r.chunk().await.unwrap() {
+        for block in blocks.push(&chunk).unwrap() {
+            let block = String::from_utf8_lossy(&block).to_string();
+            if block.contains("event: json") {
+                let data = block
+                    .lines()
+                    .find_map(|l| l.strip_prefix("data: "))
+                    .unwrap();
+                events.push(serde_json::from_str(data).unwrap());
+            }
+        }
+    }
+    events
+}
+
+/// The `step` of each JSON event the process emits, as it comes.
+fn step_events(s: &Server, id: &str) -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let request = s.client.get(s.url(&format!("/v1/processes/{id}/events")));
+    tokio::spawn(async move {
+        let mut r = request.send().await.unwrap();
+        let mut blocks = pie_client::sse::SseBlocks::default();
+        while let Ok(Some(chunk)) = r.chunk().await {
+            for block in blocks.push(&chunk).unwrap() {
+                let block = String::from_utf8_lossy(&block).to_string();
+                let Some(data) = block.lines().find_map(|l| l.strip_prefix("data: ")) else {
+                    continue;
+                };
+                if let Some(step) = serde_json::from_str::<Value>(data)
+                    .ok()
+                    .and_then(|v| v["step"].as_str().map(str::to_string))
+                {
+                    let _ = tx.send(step);
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// `fault-injection`: each engine step waits `ms` first, so that the tiny
+/// model's steps, not the test's polling, bound what clients get.
+async fn slow_steps(s: &Server, key: Option<&str>, ms: u64) {
+    let mut req = s
+        .client
+        .post(s.url("/v1/admin/fault"))
+        .json(&json!({"fault": "slow-steps", "delay_ms": ms}));
+    if let Some(key) = key {
+        req = req.bearer_auth(key);
+    }
+    assert_eq!(req.send().await.unwrap().status(), 200);
+}
+
+async fn message(s: &Server, id: &str, text: &str) -> (u16, Value) {
+    s.post(
+        &format!("/v1/processes/{id}/messages"),
+        json!({ "message": text }),
+    )
+    .await
+}
+
+fn error_of(record: &Value) -> &str {
+    record["error"].as_str().unwrap_or("")
+}
+
+#[tokio::test]
+async fn reference_components_give_the_built_ins_greedy_output_token_for_token() {
+    let s = Server::start(&config(&store_dir(), "", ""), &[]).await;
+    upload(&s, "text-completion-wasm", "text-completion").await;
+    upload(&s, "chat-wasm", "chat").await;
+    upload(&s, "custom-sampler", "custom-sampler").await;
+    for prompt in ["The capital of France is", "1, 2, 3,", "Once upon a time"] {
+        let args = json!({"prompt": prompt, "max_tokens": 24});
+        let native = run(&s, "text-completion", args.clone()).await;
+        let wasm = run(&s, "text-completion-wasm", args.clone()).await;
+        assert_eq!(wasm["state"], "finished", "{wasm}");
+        assert_eq!(wasm["output_tokens"], native["output_tokens"], "{prompt}");
+        assert_eq!(wasm["output"], native["output"]);
+        let sampler = run(&s, "custom-sampler", args).await;
+        assert_eq!(sampler["state"], "finished", "{sampler}");
+        assert_eq!(
+            sampler["output"], native["output"],
+            "custom-sampler, {prompt}"
+        );
+    }
+    let chat =
+        json!({"messages": [{"role": "user", "content": "Name a color."}], "max_tokens": 24});
+    let native = run(&s, "chat", chat.clone()).await;
+    let wasm = run(&s, "chat-wasm", chat).await;
+    assert_eq!(wasm["output_tokens"], native["output_tokens"]);
+    assert_eq!(wasm["output"], native["output"]);
+}
+
+/// Forking a 1,000-token context takes no page; the forks' generations
+/// share its full pages (each computes at most its partial last page) and
+/// decode in the same engine steps; dropping everything returns the pool.
+#[tokio::test]
+async fn forks_share_the_prompts_pages_and_decode_in_the_same_steps() {
+    let steps = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("fork-steps-{}.jsonl", rand::random::<u32>()));
+    let server = format!("[server]\nstep_log = {:?}\n", steps.display().to_string());
+    let runtime = "worker_policy = [\"fcfs\", \"keep-session\"]\nmax_running = 16";
+    let s = Server::start(&(server + &config(&store_dir(), runtime, "")), &[]).await;
+    upload(&s, "forker", "forker").await;
+    let baseline = s.metric("pie_kv_pages_used").await;
+    let id = launch(
+        &s,
+        "forker",
+        json!({"tokens": 1000, "forks": 8, "max_tokens": 12}),
+        json!({"keep-ms": 60000}),
+    )
+    .await;
+    let mut steps_seen = step_events(&s, &id);
+    let mut at_step = async |name: &str| {
+        let step = tokio::time::timeout(Duration::from_secs(30), steps_seen.recv()).await;
+        assert_eq!(step.ok().flatten().as_deref(), Some(name));
+        // The gauges follow the engine thread's next turn.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    at_step("prefilled").await;
+    let prefilled_pages = s.metric("pie_kv_pages_used").await;
+    let prefilled_tokens = s.metric("pie_prompt_tokens_total").await;
+    assert!(
+        prefilled_pages - baseline >= 62.0,
+        "the context's pages are retained"
+    );
+    message(&s, &id, "fork").await;
+    at_step("forked").await;
+    assert_eq!(
+        s.metric("pie_kv_pages_used").await,
+        prefilled_pages,
+        "a fork takes no page"
+    );
+    message(&s, &id, "generate").await;
+    at_step("generated").await;
+    let generated_pages = s.metric("pie_kv_pages_used").await - prefilled_pages;
+    assert!(
+        generated_pages <= 8.0 * 2.0,
+        "8 forks took {generated_pages} pages beyond the prompt's"
+    );
+    let recomputed = s.metric("pie_prompt_tokens_total").await - prefilled_tokens;
+    assert!(
+        recomputed <= 8.0 * 16.0,
+        "the forks prefilled {recomputed} tokens"
+    );
+    message(&s, &id, "drop").await;
+    at_step("dropped").await;
+    message(&s, &id, "quit").await;
+    let record = s.wait_done(&id).await;
+    assert_eq!(record["state"], "finished", "{record}");
+    s.eventually("pages back to where they were", async || {
+        s.metric("pie_kv_pages_used").await == baseline
+    })
+    .await;
+    let log = std::fs::read_to_string(&steps).unwrap();
+    let together = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|r| r["sequences"] == 8 && r["batch_tokens"] == 8)
+        .count();
+    // 12 tokens: a first step that also computes each fork's partial page,
+    // then 11 decode steps; one may split where a fork joined a step late.
+    assert!(together >= 10, "decode steps with all 8 forks: {together}");
+}
+
+/// With `fair` and 4 slots, a client running `best-of-n` (8 forks a
+/// process) and one running 8 plain streams, both backlogged, get
+/// generated-token shares within 10% of each other: the forks take the
+/// scheduler's slots and are charged like any sequence.
+#[tokio::test]
+async fn forks_get_no_more_than_their_clients_fair_share() {
+    let runtime = "worker_policy = \"fair\"\nmax_running = 4";
+    let s = Server::start(&config(&store_dir(), runtime, ""), &[]).await;
+    upload(&s, "best-of-n", "best-of-n").await;
+    slow_steps(&s, None, 2).await;
+    let window = Duration::from_secs(12);
+    let deadline = Instant::now() + window;
+    let launched = std::sync::Mutex::new(Vec::new());
+    let lp = |client: &'static str, inferlet: &'static str, args: Value| {
+        let (s, launched) = (&s, &launched);
+        async move {
+            while Instant::now() < deadline {
+                let id = launch(s, inferlet, args.clone(), json!({ "client": client })).await;
+                launched.lock().unwrap().push((client, id.clone()));
+                s.wait_done(&id).await;
+            }
+        }
+    };
+    let forks = json!({"prompt": "Once upon a time", "n": 8, "max_tokens": 64, "ignore_eos": true});
+    let stream = json!({"prompt": "Once upon a time", "max_tokens": 64, "ignore_eos": true});
+    let loops = (0..2)
+        .map(|_| lp("forks", "best-of-n", forks.clone()))
+        .chain((0..8).map(|_| lp("streams", "text-completion", stream.clone())));
+    let snapshot = async {
+        tokio::time::sleep(window).await;
+        let ids = launched.lock().unwrap().clone();
+        let (mut a, mut b) = (0.0, 0.0);
+        for (client, id) in ids {
+            let n = s.get(&format!("/v1/processes/{id}")).await.1["usage"]["completion_tokens"]
+                .as_f64()
+                .unwrap();
+            *if client == "forks" { &mut a } else { &mut b } += n;
+        }
+        (a, b)
+    };
+    let (_, (a, b)) = tokio::join!(futures_util::future::join_all(loops), snapshot);
+    assert!(a > 0.0 && b > 0.0);
+    let gap = (a - b).abs() / a.max(b);
+    assert!(gap <= 0.10, "forks {a} tokens, streams {b}: {gap:.3} apart");
+}
+
+#[tokio::test]
+async fn a_spinning_guest_is_stopped_past_max_cpu_ms_and_others_go_on() {
+    let s = Server::start(&config(&store_dir(), "", "max_cpu_ms = 1000"), &[]).await;
+    upload(&s, "spin", "spin").await;
+    upload(&s, "text-completion-wasm", "text-completion").await;
+    let started = Instant::now();
+    let spin = launch(&s, "spin", json!({}), json!({})).await;
+    let other = run(
+        &s,
+        "text-completion-wasm",
+        json!({"prompt": "hi", "max_tokens": 16}),
+    )
+    .await;
+    assert_eq!(other["state"], "finished", "{other}");
+    let record = s.wait_done(&spin).await;
+    assert_eq!(record["state"], "failed");
+    assert!(error_of(&record).contains("max_cpu_ms = 1000"), "{record}");
+    assert!(started.elapsed() < Duration::from_secs(15));
+}
+
+#[tokio::test]
+async fn guests_past_their_memory_cap_fail_naming_it_and_memory_comes_back() {
+    let s = Server::start(&config(&store_dir(), "", "max_memory = \"64MiB\""), &[]).await;
+    upload(&s, "hog", "hog").await;
+    let rss = || {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", s.pid())).unwrap();
+        let kb: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap();
+        kb / 1024.0
+    };
+    let first = run(&s, "hog", json!({})).await;
+    assert_eq!(first["state"], "failed");
+    assert!(error_of(&first).contains("max_memory = 64 MiB"), "{first}");
+    let batch = async || {
+        let ids: Vec<String> = futures_util::future::join_all(
+            (0..10).map(|_| launch(&s, "hog", json!({}), json!({}))),
+        )
+        .await;
+        for id in ids {
+            assert_eq!(s.wait_done(&id).await["state"], "failed");
+        }
+    };
+    let settled_rss = async || {
+        s.eventually("no live instance", async || {
+            s.get("/v1/inferlets").await.1["live_instances"] == 0
+        })
+        .await;
+        rss()
+    };
+    // The first batch warms the threads' allocators up.
+    batch().await;
+    let before = settled_rss().await;
+    for _ in 0..10 {
+        batch().await;
+    }
+    let after = settled_rss().await;
+    assert!(
+        after - before < 16.0,
+        "RSS {before:.0} MiB -> {after:.0} MiB after 100 hogs"
+    );
+}
+
+#[tokio::test]
+async fn a_trapping_guest_fails_alone_with_its_panic_message() {
+    let s = Server::start(&config(&store_dir(), "", ""), &[]).await;
+    upload(&s, "trap", "trap").await;
+    upload(&s, "text-completion-wasm", "text-completion").await;
+    let trap = launch(&s, "trap", json!({}), json!({})).await;
+    let other = run(
+        &s,
+        "text-completion-wasm",
+        json!({"prompt": "hi", "max_tokens": 8}),
+    )
+    .await;
+    let record = s.wait_done(&trap).await;
+    assert_eq!(record["state"], "failed");
+    assert!(
+        error_of(&record).contains("deliberate panic from the trap inferlet"),
+        "{record}"
+    );
+    assert_eq!(other["state"], "finished");
+}
+
+#[tokio::test]
+async fn every_bad_host_call_gets_an_error_and_the_worker_keeps_serving() {
+    let s = Server::start(&config(&store_dir(), "", ""), &[]).await;
+    upload(&s, "fuzz", "fuzz").await;
+    let id = launch(&s, "fuzz", json!({}), json!({})).await;
+    let events = json_events(&s, &id).await;
+    let record = s.wait_done(&id).await;
+    assert_eq!(record["state"], "finished", "{record}");
+    let calls = events[0]["calls"].as_array().expect("the fuzzer's report");
+    assert!(calls.len() >= 30, "{} calls", calls.len());
+    for call in calls {
+        let result = call["result"].as_str().unwrap();
+        assert!(!result.contains("UNEXPECTED OK"), "{call}");
+    }
+    let after = run(
+        &s,
+        "text-completion",
+        json!({"prompt": "hi", "max_tokens": 4}),
+    )
+    .await;
+    assert_eq!(after["state"], "finished");
+}
+
+/// Every launch killed at a random point (queued, instantiating, mid
+/// generation, waiting for a message): pages and instances back to zero.
+#[tokio::test]
+async fn launches_killed_at_random_points_leave_no_pages_or_instances() {
+    let s = Server::start(&config(&store_dir(), "max_running = 8", ""), &[]).await;
+    upload(&s, "text-completion-wasm", "text-completion").await;
+    upload(&s, "echo", "echo").await;
+    upload(&s, "best-of-n", "best-of-n").await;
+    let kinds = [
+        (
+            "text-completion-wasm",
+            json!({"prompt": "Once upon a time", "max_tokens": 64}),
+        ),
+        (
+            "best-of-n",
+            json!({"prompt": "Once upon a time", "n": 4, "max_tokens": 32}),
+        ),
+        ("echo", json!({})),
+    ];
+    let one = async |i: usize| {
+        let (name, args) = &kinds[i % kinds.len()];
+        let id = launch(&s, name, args.clone(), json!({})).await;
+        tokio::time::sleep(Duration::from_millis(rand::random::<u64>() % 40)).await;
+        let r = s
+            .client
+            .delete(s.url(&format!("/v1/processes/{id}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    };
+    for batch in 0..50 {
+        futures_util::future::join_all((0..20).map(|i| one(batch * 20 + i))).await;
+    }
+    s.eventually("no live instance", async || {
+        s.get("/v1/inferlets").await.1["live_instances"] == 0
+    })
+    .await;
+    s.eventually("no page in use", async || {
+        s.metric("pie_kv_pages_used").await == 0.0
+    })
+    .await;
+    let after = run(
+        &s,
+        "text-completion-wasm",
+        json!({"prompt": "hi", "max_tokens": 4}),
+    )
+    .await;
+    assert_eq!(after["state"], "finished");
+}
+
+#[tokio::test]
+async fn an_inferlet_raising_its_priority_overtakes_queued_work() {
+    let keys = r#"[server]
+api_keys = [
+  { name = "bob", key = "sk-bob", limits = { max_priority = 20, upload_inferlets = true } },
+  { name = "root", key = "sk-root", role = "admin" },
+]
+"#;
+    let runtime = "worker_policy = \"priority\"\nmax_running = 1";
+    let s = Server::start(
+        &(keys.to_string() + &config(&store_dir(), runtime, "")),
+        &[],
+    )
+    .await;
+    let (status, body) = upload_as(&s, Some("sk-bob"), "priority", "priority").await;
+    assert_eq!(status, 201, "{body}");
+    slow_steps(&s, Some("sk-root"), 5).await;
+    let post = async |body: Value| {
+        let r = s
+            .client
+            .post(s.url("/v1/processes"))
+            .bearer_auth("sk-bob")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let v: Value = r.json().await.unwrap();
+        v["id"].as_str().unwrap().to_string()
+    };
+    let get = async |id: &str| {
+        let r = s
+            .client
+            .get(s.url(&format!("/v1/processes/{id}")))
+            .bearer_auth("sk-bob")
+            .send()
+            .await
+            .unwrap();
+        r.json::<Value>().await.unwrap()
+    };
+    let plain = |tokens: u32| {
+        json!({"inferlet": "text-completion",
+            "args": {"prompt": "Once upon a time", "max_tokens": tokens, "ignore_eos": true},
+            "props": {"priority": 1}})
+    };
+    let _holder = post(plain(200)).await;
+    let queued: Vec<String> = futures_util::future::join_all((0..4).map(|_| post(plain(40)))).await;
+    let raised = post(json!({"inferlet": "priority",
+        "args": {"priority": 10, "bad_priority": 50, "prompt": "hi", "max_tokens": 8},
+        "props": {"priority": 1}}))
+    .await;
+    let done = loop {
+        let r = get(&raised).await;
+        if r["state"] != "queued" && r["state"] != "running" {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(done["state"], "finished", "{done}");
+    assert_eq!(done["props"]["priority"], 10);
+    let finished_at = done["finished_ms"].as_u64().unwrap();
+    for id in &queued {
+        let q = get(id).await;
+        let first = q["first_token_ms"].as_u64().unwrap_or(u64::MAX);
+        assert!(
+            first > finished_at,
+            "queued {q} started before the raised one ended: {done}"
+        );
+    }
+    let r = s
+        .client
+        .get(s.url(&format!("/v1/processes/{raised}/events")))
+        .bearer_auth("sk-bob")
+        .send()
+        .await
+        .unwrap();
+    let text = r.text().await.unwrap();
+    assert!(text.contains("above key `bob`'s limit of 20"), "{text}");
+    assert!(
+        text.contains("event: props"),
+        "the raise is an event: {text}"
+    );
+}
+
+#[tokio::test]
+async fn uploads_are_checked_and_deleting_a_running_inferlet_is_refused() {
+    let keys = r#"[server]
+api_keys = [{ name = "alice", key = "sk-alice" }, { name = "root", key = "sk-root", role = "admin" }]
+"#;
+    let limits = "max_upload = \"300KiB\"";
+    let s = Server::start(&(keys.to_string() + &config(&store_dir(), "", limits)), &[]).await;
+    let (status, body) = upload_as(&s, Some("sk-alice"), "echo", "echo").await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = upload_as(&s, Some("sk-root"), "chat", "echo").await;
+    assert_eq!(status, 400);
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("built-in"));
+    let (status, body) = upload_as(&s, Some("sk-root"), "fs", "fs").await;
+    assert_eq!(status, 400);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("wasi:filesystem"),
+        "{body}"
+    );
+    let r = s
+        .client
+        .post(s.url("/v1/inferlets?name=junk"))
+        .bearer_auth("sk-root")
+        .body(vec![0u8; 1000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let r = s
+        .client
+        .post(s.url("/v1/inferlets?name=big"))
+        .bearer_auth("sk-root")
+        .body(vec![0u8; 400 << 10])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    let body: Value = r.json().await.unwrap();
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("max_upload"));
+    let (status, _) = upload_as(&s, Some("sk-root"), "echo", "echo").await;
+    assert_eq!(status, 201);
+    let r = s
+        .client
+        .get(s.url("/v1/inferlets"))
+        .bearer_auth("sk-alice")
+        .send()
+        .await
+        .unwrap();
+    let list: Value = r.json().await.unwrap();
+    assert_eq!(list["inferlets"].as_array().unwrap().len(), 1);
+    let r = s
+        .client
+        .post(s.url("/v1/processes"))
+        .bearer_auth("sk-alice")
+        .json(&json!({"inferlet": "echo"}))
+        .send()
+        .await
+        .unwrap();
+    let id = r.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let delete = async || {
+        s.client
+            .delete(s.url("/v1/inferlets/echo"))
+            .bearer_auth("sk-root")
+            .send()
+            .await
+            .unwrap()
+            .status()
+    };
+    assert_eq!(delete().await, 409);
+    let r = s
+        .client
+        .post(s.url(&format!("/v1/processes/{id}/messages")))
+        .bearer_auth("sk-alice")
+        .json(&json!({"message": "quit"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    s.eventually("echo ended", async || delete().await == 200)
+        .await;
+    let r = s
+        .client
+        .post(s.url("/v1/processes"))
+        .bearer_auth("sk-alice")
+        .json(&json!({"inferlet": "echo"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400, "a deleted inferlet is unknown");
+}
+
+#[tokio::test]
+async fn messages_reach_their_process_and_are_bounded() {
+    let s = Server::start(&config(&store_dir(), "", "max_pending_messages = 2"), &[]).await;
+    upload(&s, "echo", "echo").await;
+    upload(&s, "sleeper", "sleeper").await;
+    let echo = launch(&s, "echo", json!({}), json!({})).await;
+    for m in ["a", "b"] {
+        assert_eq!(message(&s, &echo, m).await.0, 200);
+    }
+    s.eventually("both echoed", async || {
+        s.get(&format!("/v1/processes/{echo}")).await.1["output"] == "echo: a\necho: b\n"
+    })
+    .await;
+    message(&s, &echo, "quit").await;
+    assert_eq!(s.wait_done(&echo).await["state"], "finished");
+    assert_eq!(message(&s, &echo, "late").await.0, 409);
+    let sleeper = launch(&s, "sleeper", json!({"ms": 60000}), json!({})).await;
+    assert_eq!(message(&s, &sleeper, "1").await.0, 200);
+    assert_eq!(message(&s, &sleeper, "2").await.0, 200);
+    let (status, body) = message(&s, &sleeper, "3").await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("max_pending_messages"));
+    let native = launch(
+        &s,
+        "text-completion",
+        json!({"prompt": "hi", "max_tokens": 200}),
+        json!({}),
+    )
+    .await;
+    assert_eq!(message(&s, &native, "x").await.0, 409);
+    s.client
+        .delete(s.url(&format!("/v1/processes/{sleeper}")))
+        .send()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_restarted_worker_launches_an_uploaded_inferlet_without_compiling() {
+    let dir = store_dir();
+    let s = Server::start(&config(&dir, "", ""), &[]).await;
+    upload(&s, "text-completion-wasm", "text-completion").await;
+    let before = run(
+        &s,
+        "text-completion-wasm",
+        json!({"prompt": "hi", "max_tokens": 8}),
+    )
+    .await;
+    drop(s);
+    let s = Server::start(&config(&dir, "", ""), &[]).await;
+    let after = run(
+        &s,
+        "text-completion-wasm",
+        json!({"prompt": "hi", "max_tokens": 8}),
+    )
+    .await;
+    assert_eq!(after["output"], before["output"]);
+    let counts = s.get("/v1/inferlets").await.1;
+    assert_eq!(counts["compiles"], 0, "{counts}");
+    assert_eq!(counts["cache_loads"], 1, "{counts}");
+}
