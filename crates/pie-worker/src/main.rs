@@ -12,7 +12,7 @@ use pie_policy::cluster::Stage;
 use pie_policy::Fcfs;
 use pie_worker::config::{Config, PolicyList, DEFAULT_CONFIG};
 use pie_worker::engine::{Engine, EngineConfig, Request};
-use pie_worker::fetch;
+use pie_worker::{fetch, inferlet_cli};
 
 mod engine_bench;
 
@@ -36,18 +36,31 @@ enum Cmd {
         #[command(subcommand)]
         command: ConfigCmd,
     },
-    /// Run one inferlet to completion and print its output.
+    /// Run one inferlet to completion and print its output: a built-in
+    /// (`text-completion`, `chat`, with `--prompt`), an installed one by name
+    /// or a component file (`.wasm`), with `--args`.
     Run {
-        /// `text-completion` or `chat`.
         inferlet: String,
+        /// The built-ins' prompt.
         #[arg(long)]
-        prompt: String,
+        prompt: Option<String>,
         #[arg(long, default_value_t = 64)]
         max_tokens: usize,
+        /// A WebAssembly inferlet's args (JSON).
+        #[arg(long, default_value = "{}")]
+        args: String,
+        /// Its config file (`[runtime]`, `[runtime.inferlets] dir`).
+        #[arg(long)]
+        config: Option<PathBuf>,
         #[command(flatten)]
         model: ModelArgs,
         #[command(flatten)]
         sampling: SamplingArgs,
+    },
+    /// WebAssembly inferlets: start a crate, build it, upload it.
+    Inferlet {
+        #[command(subcommand)]
+        command: InferletCmd,
     },
     /// A local cluster on loopback.
     Cluster {
@@ -201,6 +214,28 @@ impl ServeArgs {
             std::path::Path::new("<command line>"),
         )?)
     }
+}
+
+#[derive(Subcommand)]
+enum InferletCmd {
+    /// A new inferlet crate in ./NAME, with the guest SDK written beside it.
+    New { name: String },
+    /// Build a crate for wasm32-wasip2; prints the component's path.
+    Build {
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Upload a component to a worker (key: PIE_API_KEY).
+    Upload {
+        file: PathBuf,
+        #[arg(long)]
+        url: String,
+        /// Default: the file's stem.
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long)]
+        version: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -363,9 +398,14 @@ fn main() -> Result<()> {
             inferlet,
             prompt,
             max_tokens,
+            args,
+            config,
             model,
             sampling,
-        } => run(&inferlet, &prompt, max_tokens, &model, &sampling),
+        } => run_any(
+            &inferlet, prompt, max_tokens, &args, config, model, &sampling,
+        ),
+        Cmd::Inferlet { command } => inferlet(command),
         Cmd::Model {
             command: ModelCmd::Synth { out, seed },
         } => {
@@ -437,6 +477,47 @@ fn bench(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
+fn inferlet(command: InferletCmd) -> Result<()> {
+    match command {
+        InferletCmd::New { name } => inferlet_cli::new_crate(&name),
+        InferletCmd::Build { dir } => inferlet_cli::build(&dir),
+        InferletCmd::Upload {
+            file,
+            url,
+            name,
+            version,
+        } => inferlet_cli::upload(&file, &url, name.as_deref(), version.as_deref()),
+    }
+}
+
+/// `pie run`: a built-in with its prompt, else a WebAssembly inferlet.
+fn run_any(
+    inferlet: &str,
+    prompt: Option<String>,
+    max_tokens: usize,
+    args: &str,
+    config: Option<PathBuf>,
+    model: ModelArgs,
+    sampling: &SamplingArgs,
+) -> Result<()> {
+    match (inferlet, prompt) {
+        ("text-completion" | "chat", Some(prompt)) => {
+            run(inferlet, &prompt, max_tokens, &model, sampling)
+        }
+        ("text-completion" | "chat", None) => anyhow::bail!("{inferlet} needs --prompt"),
+        _ => {
+            let mut config = match config {
+                Some(file) => Config::load(&file)?,
+                None => Config::default(),
+            };
+            if model.model.is_some() {
+                config.model.path = model.model;
+            }
+            inferlet_cli::run(inferlet, args, config)
+        }
+    }
+}
+
 fn run(
     inferlet: &str,
     prompt: &str,
@@ -451,9 +532,7 @@ fn run(
             role: "user".into(),
             content: prompt.into(),
         }])?,
-        other => anyhow::bail!(
-            "unknown inferlet `{other}`: the built-in ones are text-completion and chat"
-        ),
+        other => anyhow::bail!("`{other}` is not a built-in inferlet"),
     };
     let prompt_ids = model.tokenizer.encode(&text)?;
     let mut engine = Engine::new(model.clone(), EngineConfig::default(), Box::new(Fcfs));

@@ -159,7 +159,8 @@ async fn next_signal(_: &mut Signal) {
     std::future::pending().await
 }
 
-fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
+/// Load the model and start the runtime over it (`pie serve`, `pie run`).
+pub fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
     let path: PathBuf = match &config.model.path {
         Some(p) => p.clone(),
         None => fetch::default_model()?,

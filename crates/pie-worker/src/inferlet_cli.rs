@@ -1,0 +1,278 @@
+//! `pie inferlet new | build | upload` and `pie run` of a WebAssembly
+//! inferlet: a new crate anywhere (the guest SDK and the WIT travel inside
+//! this binary and are written beside it, so it builds outside this
+//! repository), its build for `wasm32-wasip2`, its upload to a worker, and
+//! a run in this process on a runtime of its own.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use futures_util::StreamExt;
+
+use crate::config::Config;
+use crate::inferlets::{InferletLaunch, Inferlets};
+use crate::process::{ProcEvent, ProcState};
+
+/// The guest SDK's source and the world it binds, as this binary was built.
+const SDK_LIB: &str = include_str!("../../../inferlets/sdk/src/lib.rs");
+const WIT: &str = include_str!("../../../wit/0.1.0/inferlet.wit");
+
+const SDK_MANIFEST: &str = r#"[package]
+name = "pie-inferlet"
+description = "Guest SDK for Pie inferlets (written by `pie inferlet new`)."
+version = "0.1.0"
+edition = "2024"
+publish = false
+
+[dependencies]
+serde = { version = "1", features = ["derive"] }
+serde_json = "1"
+wit-bindgen = { version = "0.63", default-features = false, features = ["macros", "realloc", "std"] }
+"#;
+
+const CRATE_MANIFEST: &str = r#"[package]
+name = "NAME"
+version = "0.1.0"
+edition = "2024"
+publish = false
+
+[lib]
+crate-type = ["cdylib"]
+
+[dependencies]
+pie-inferlet = { path = "pie-inferlet" }
+serde = { version = "1", features = ["derive"] }
+
+# Its own workspace, wherever it is put.
+[workspace]
+
+[profile.release]
+opt-level = "s"
+lto = true
+codegen-units = 1
+strip = true
+panic = "abort"
+"#;
+
+const CRATE_LIB: &str = r#"//! NAME: a Pie inferlet. Args: `{"prompt": string, "max_tokens"?: int}`.
+
+use pie_inferlet::{Context, GenerateOptions};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Args {
+    prompt: String,
+    max_tokens: Option<u32>,
+}
+
+fn run() -> Result<(), String> {
+    let args: Args = pie_inferlet::args()?;
+    let ctx = Context::new()?;
+    ctx.append_text(&args.prompt)?;
+    let options = GenerateOptions::new()
+        .max_tokens(args.max_tokens.unwrap_or(64))
+        .stream(true);
+    ctx.generate(&options)?;
+    Ok(())
+}
+
+pie_inferlet::main!(run);
+"#;
+
+const TOOLCHAIN: &str = "[toolchain]\nchannel = \"stable\"\ntargets = [\"wasm32-wasip2\"]\n";
+const CARGO_CONFIG: &str = "[build]\ntarget = \"wasm32-wasip2\"\n";
+
+/// `pie inferlet new NAME`: a crate in `./NAME` with the SDK vendored.
+pub fn new_crate(name: &str) -> Result<()> {
+    let valid = !name.is_empty()
+        && name.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+    if !valid {
+        bail!("`{name}`: a crate name of a-z, 0-9, '-', '_', starting with a letter");
+    }
+    let dir = PathBuf::from(name);
+    if dir.exists() {
+        bail!("{} exists", dir.display());
+    }
+    let files = [
+        ("Cargo.toml", CRATE_MANIFEST.replace("NAME", name)),
+        ("src/lib.rs", CRATE_LIB.replace("NAME", name)),
+        ("rust-toolchain.toml", TOOLCHAIN.to_string()),
+        (".cargo/config.toml", CARGO_CONFIG.to_string()),
+        ("pie-inferlet/Cargo.toml", SDK_MANIFEST.to_string()),
+        ("pie-inferlet/src/lib.rs", SDK_LIB.to_string()),
+        ("pie-inferlet/wit/inferlet.wit", WIT.to_string()),
+    ];
+    for (path, text) in files {
+        let path = dir.join(path);
+        std::fs::create_dir_all(path.parent().unwrap_or(&dir))?;
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!(
+        "created {name}/ (the SDK is in {name}/pie-inferlet); build it with `pie inferlet build {name}`"
+    );
+    Ok(())
+}
+
+/// `pie inferlet build [DIR]`: `cargo build --release` for `wasm32-wasip2`;
+/// prints each component's path.
+pub fn build(dir: &Path) -> Result<()> {
+    let output = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .args([
+            "build",
+            "--release",
+            "--target",
+            "wasm32-wasip2",
+            "--message-format",
+            "json-render-diagnostics",
+        ])
+        .current_dir(dir)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running cargo in {}", dir.display()))?;
+    if !output.status.success() {
+        bail!("cargo build failed in {}", dir.display());
+    }
+    let mut built = 0;
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let files = message["filenames"].as_array().into_iter().flatten();
+        for file in files
+            .filter_map(|f| f.as_str())
+            .filter(|f| f.ends_with(".wasm"))
+        {
+            println!("{file}");
+            built += 1;
+        }
+    }
+    if built == 0 {
+        bail!(
+            "no component was built in {} (crate-type = [\"cdylib\"]?)",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// `pie inferlet upload FILE --url URL`: install it on a worker (key:
+/// `PIE_API_KEY`); the name defaults to the file's stem.
+pub fn upload(file: &Path, url: &str, name: Option<&str>, version: Option<&str>) -> Result<()> {
+    let wasm = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    let name = match name {
+        Some(n) => n.to_string(),
+        None => default_name(file)?,
+    };
+    let mut query = vec![("name", name)];
+    if let Some(v) = version {
+        query.push(("version", v.to_string()));
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let answer = runtime.block_on(async {
+        let mut req = reqwest::Client::new()
+            .post(format!("{}/v1/inferlets", url.trim_end_matches('/')))
+            .query(&query)
+            .body(wasm);
+        if let Ok(key) = std::env::var("PIE_API_KEY") {
+            req = req.bearer_auth(key);
+        }
+        let r = req.send().await?;
+        Ok::<_, reqwest::Error>((r.status(), r.text().await?))
+    })?;
+    match answer {
+        (status, body) if status.is_success() => {
+            println!("{body}");
+            Ok(())
+        }
+        (status, body) => bail!("{url} answered {status}: {body}"),
+    }
+}
+
+fn default_name(file: &Path) -> Result<String> {
+    let stem = file.file_stem().and_then(|s| s.to_str());
+    stem.map(|s| s.replace('_', "-"))
+        .with_context(|| format!("{}: pass --name", file.display()))
+}
+
+/// `pie run NAME|FILE.wasm`: run an installed inferlet (in `[runtime.inferlets]
+/// dir`) or a component file, in this process, printing its output; JSON
+/// events go to stderr.
+pub fn run(reference: &str, args: &str, mut config: Config) -> Result<()> {
+    let args: serde_json::Value = serde_json::from_str(args).context("--args is not JSON")?;
+    let local = Path::new(reference);
+    let scratch = std::env::temp_dir().join(format!("pie-run-{}", std::process::id()));
+    let reference = if local.extension().is_some_and(|e| e == "wasm") {
+        config.runtime.inferlets.dir = Some(scratch.clone());
+        "local".to_string()
+    } else {
+        reference.to_string()
+    };
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let result = tokio.block_on(async {
+        let inferlets = Inferlets::new(&config.runtime.inferlets)?;
+        if reference == "local" {
+            let wasm = std::fs::read(local)?;
+            inferlets.registry.install("local", None, &wasm)?;
+        }
+        let rt =
+            tokio::task::spawn_blocking(move || crate::serve::start_runtime(&config)).await??;
+        run_to_end(&inferlets, &rt, reference, args).await
+    });
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}
+
+async fn run_to_end(
+    inferlets: &Arc<Inferlets>,
+    rt: &Arc<crate::runtime::Runtime>,
+    reference: String,
+    args: serde_json::Value,
+) -> Result<()> {
+    use std::io::Write;
+    let launch = InferletLaunch {
+        reference,
+        args,
+        props: Default::default(),
+        client: "cli".into(),
+        key: None,
+        cache_salt: None,
+    };
+    let process = inferlets.launch(rt, launch)?;
+    let mut events = process.events();
+    let mut stdout = std::io::stdout();
+    while let Some(event) = events.next().await {
+        match event {
+            ProcEvent::Text { text, .. } => {
+                write!(stdout, "{text}")?;
+                stdout.flush()?;
+            }
+            ProcEvent::Json(value) => eprintln!("event: {value}"),
+            ProcEvent::Props(props) => eprintln!("props: {}", serde_json::json!(props)),
+            ProcEvent::Done {
+                state: ProcState::Finished,
+                ..
+            } => {
+                writeln!(stdout)?;
+                return Ok(());
+            }
+            ProcEvent::Done { state, error, .. } => {
+                bail!(
+                    "the inferlet {}: {}",
+                    state.as_str(),
+                    error.unwrap_or_default()
+                )
+            }
+        }
+    }
+    bail!("the process ended without a final state")
+}
