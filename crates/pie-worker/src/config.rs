@@ -162,7 +162,8 @@ port = 8080
 # role: "client" (default: its own processes only), "worker" (internal
 # routes; what a controller or peer presents), "admin" (everything).
 # limits (client keys): weight (default 1), max_priority, max_keep_ms,
-# min_deadline_ms, pin (default true), persist (default false), cache_salt.
+# min_deadline_ms, pin (default true), persist (default false), cache_salt,
+# upload_inferlets (default false: only admin keys install inferlets).
 # api_keys = [{ name = "alice", key = "sk-alice-secret" },
 #             { name = "ctl", key = "sk-ctl", role = "worker" },
 #             { name = "bob", key = "sk-bob", limits = { max_priority = 5 } }]
@@ -224,6 +225,16 @@ lease_ms = 10000                   # pages sent to a peer stay pinned this long 
 # dir = "/var/lib/pie/kv"         # unset: this worker cannot persist pages
 budget = "10GiB"                   # the most page bytes on disk; beyond: least recently used go
 ttl_ms = 0                         # a page unused this long is deleted; 0: kept until evicted
+
+[runtime.inferlets]                # uploaded WebAssembly inferlets (POST /v1/inferlets)
+# dir = "/var/lib/pie/inferlets"  # unset: ~/.cache/pie/inferlets (components and their compiled code)
+max_cpu_ms = 30000                 # a process's own guest execution time; past it, it fails
+max_memory = "256MiB"              # linear memory per instance; past it, it fails
+max_instances = 64                 # live instances; more launches wait queued
+max_output_bytes = "16MiB"         # text and events one process may emit
+max_pending_messages = 64          # messages waiting for a process; beyond: 429
+max_upload = "32MiB"               # the largest component an upload may send
+threads = 1                        # threads guest code runs on
 "#;
 
 #[cfg(test)]
