@@ -97,9 +97,8 @@ def inter_token_gaps(url, tokens=128):
     c.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
     r = c.getresponse()
     stamps = []
-    for line in r:
-        if line.startswith(b"data: {"):
-            stamps.append(time.monotonic())
+    while data := r.read1(65536):  # as each chunk comes, not line-buffered
+        stamps += [time.monotonic()] * data.count(b"data: {")
     c.close()
     return [(b - a) * 1000 for a, b in zip(stamps, stamps[1:])]
 

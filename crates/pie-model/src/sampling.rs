@@ -12,6 +12,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
+use crate::attention::sum_exp;
+
 /// The largest `logit_bias` magnitude (OpenAI's).
 pub const MAX_LOGIT_BIAS: f32 = 100.0;
 
@@ -235,29 +237,56 @@ pub struct TokenLogprobs {
 /// `token`'s log-probability and the `top` most likely tokens' (at most
 /// [`MAX_TOP_LOGPROBS`]), by a log-softmax over `logits`.
 pub fn logprobs(logits: &[f32], token: u32, top: usize) -> TokenLogprobs {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let log_sum = max + logits.iter().map(|l| (l - max).exp()).sum::<f32>().ln();
+    let max = max_logit(logits);
+    let log_sum = max + sum_exp(logits, max).ln();
     let of = |t: u32| {
         logits
             .get(t as usize)
             .map_or(f32::NEG_INFINITY, |l| l - log_sum)
     };
-    let k = top.min(MAX_TOP_LOGPROBS).min(logits.len());
-    let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
+    TokenLogprobs {
+        logprob: of(token),
+        top: most_likely(logits, top.min(MAX_TOP_LOGPROBS))
+            .into_iter()
+            .map(|t| (t, of(t)))
+            .collect(),
+    }
+}
+
+/// The largest logit, in 16 lanes: a reduction in one accumulator cannot
+/// be reordered, so it would not vectorize.
+fn max_logit(logits: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let (chunks, rest) = logits.as_chunks::<LANES>();
+    for chunk in chunks {
+        for j in 0..LANES {
+            acc[j] = if chunk[j] > acc[j] { chunk[j] } else { acc[j] };
+        }
+    }
+    acc.iter()
+        .chain(rest)
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// The `k` largest logits' ids, largest first (ties: lower id first).
+fn most_likely(logits: &[f32], k: usize) -> Vec<u32> {
+    if k == 0 {
+        return Vec::new();
+    }
     let by_logit = |a: &u32, b: &u32| {
         logits[*b as usize]
             .total_cmp(&logits[*a as usize])
             .then(a.cmp(b))
     };
-    if k > 0 && k < ids.len() {
+    let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
+    if k < ids.len() {
         ids.select_nth_unstable_by(k - 1, by_logit);
+        ids.truncate(k);
     }
-    ids.truncate(k);
     ids.sort_unstable_by(by_logit);
-    TokenLogprobs {
-        logprob: of(token),
-        top: ids.into_iter().map(|t| (t, of(t))).collect(),
-    }
+    ids
 }
 
 pub fn argmax(logits: &[f32]) -> u32 {

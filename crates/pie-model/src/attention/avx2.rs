@@ -119,6 +119,18 @@ unsafe fn accumulate<const N: usize>(
     }
 }
 
+/// The sum of `exp(x - max)` over `xs`, eight lanes at a time.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn sum_exp(xs: &[f32], max: f32) -> f32 {
+    let mv = _mm256_set1_ps(max);
+    let mut acc = _mm256_setzero_ps();
+    let (chunks, rest) = xs.as_chunks::<8>();
+    for c in chunks {
+        acc = _mm256_add_ps(acc, exp8(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), mv)));
+    }
+    hsum(acc) + rest.iter().map(|x| (x - max).exp()).sum::<f32>()
+}
+
 /// The scores `s[..n]` to `exp(s - m)` in place, `m` the new running maximum;
 /// updates `st` and returns the factor the accumulator is rescaled by.
 #[target_feature(enable = "avx2,fma")]

@@ -19,6 +19,17 @@ pub(crate) enum Kernel {
     Portable,
 }
 
+/// The sum of `exp(x - max)` over `xs` (a log-softmax's denominator), with
+/// the vector `exp` where the CPU has AVX2.
+pub(crate) fn sum_exp(xs: &[f32], max: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if Kernel::Avx2.available(8) {
+        // SAFETY: `available` checked AVX2 and FMA.
+        return unsafe { avx2::sum_exp(xs, max) };
+    }
+    xs.iter().map(|x| (x - max).exp()).sum()
+}
+
 impl Kernel {
     pub(crate) fn detect(head_dim: usize) -> Self {
         #[cfg(target_arch = "x86_64")]

@@ -43,6 +43,7 @@
 use pie_kv::{KvDtype, KvPool, PageKv, PageTable};
 use rayon::prelude::*;
 
+pub(crate) use kernel::sum_exp;
 use kernel::Kernel;
 use softmax::{merge, Stat, EMPTY};
 
