@@ -91,11 +91,14 @@ def launch_time(url, inferlet):
 
 
 def inter_token_gaps(url, tokens=128):
-    body = {"model": "x", "prompt": PROMPT, "max_tokens": tokens, "ignore_eos": True,
+    model = pielib.get_json(url, "/v1/models")["data"][0]["id"]
+    body = {"model": model, "prompt": PROMPT, "max_tokens": tokens, "ignore_eos": True,
             "temperature": 0, "stream": True}
     c = pielib.connect(url)
     c.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
     r = c.getresponse()
+    if r.status != 200:
+        pielib.fail(f"/v1/completions: {r.status} {r.read()[:200]!r}")
     stamps = []
     while data := r.read1(65536):  # as each chunk comes, not line-buffered
         stamps += [time.monotonic()] * data.count(b"data: {")

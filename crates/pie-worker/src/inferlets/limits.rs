@@ -1,5 +1,5 @@
 //! What one inferlet instance may use, enforced: its own execution time
-//! (a meter around every poll of the guest, checked at each epoch tick),
+//! (the CPU time of every poll of the guest, checked at each epoch tick),
 //! its linear memory (a limiter that names the cap), and the size of what a
 //! host call accepts. A leaf: no other module of `inferlets` below it.
 //!
@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How often the epoch advances: a spinning guest yields this often.
 pub const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -27,39 +27,57 @@ pub const MAX_CONTEXTS: usize = 1024;
 /// The most contexts one `generate-all` may take.
 pub const MAX_PARALLEL: usize = 64;
 
-/// A guest's execution time: the sum of its polls, plus the one in progress.
+/// A guest's execution time: the CPU time of the thread that polls it,
+/// summed over its polls, plus the poll in progress (read from inside it:
+/// the epoch callback runs on that thread).
 #[derive(Default)]
 pub struct CpuMeter {
     used_ns: AtomicU64,
-    polling_since: Mutex<Option<Instant>>,
+    poll_started_ns: Mutex<Option<u64>>,
 }
 
 impl CpuMeter {
-    /// Execution time so far, the poll in progress included.
+    /// Execution time so far, the poll in progress included (call from
+    /// the polling thread).
     pub fn used(&self) -> Duration {
         let running = self
-            .polling_since
+            .poll_started_ns
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .map_or(Duration::ZERO, |since| since.elapsed());
-        Duration::from_nanos(self.used_ns.load(Ordering::Relaxed)) + running
+            .map_or(0, |start| thread_cpu_ns().saturating_sub(start));
+        Duration::from_nanos(self.used_ns.load(Ordering::Relaxed) + running)
     }
 
     fn enter(&self) {
-        *self.polling_since.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        *self
+            .poll_started_ns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(thread_cpu_ns());
     }
 
     fn leave(&self) {
-        let since = self
-            .polling_since
+        let start = self
+            .poll_started_ns
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        if let Some(since) = since {
+        if let Some(start) = start {
             self.used_ns
-                .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                .fetch_add(thread_cpu_ns().saturating_sub(start), Ordering::Relaxed);
         }
     }
+}
+
+/// The calling thread's CPU time (ns): time it ran, not time it waited for
+/// a core (guest threads run below the engine's priority).
+fn thread_cpu_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 /// A future whose polls are metered: the guest runs only inside them.
@@ -146,6 +164,7 @@ mod tests {
     /// Time between polls (awaiting) is not metered; time inside is.
     #[tokio::test]
     async fn only_time_inside_polls_is_metered() {
+        use std::time::Instant;
         let meter = Arc::new(CpuMeter::default());
         let busy_then_wait = async {
             let start = Instant::now();
