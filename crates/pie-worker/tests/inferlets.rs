@@ -168,59 +168,8 @@ async fn forks_share_the_prompts_pages_and_decode_in_the_same_steps() {
     let steps = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("fork-steps-{}.jsonl", rand::random::<u32>()));
     let server = format!("[server]\nstep_log = {:?}\n", steps.display().to_string());
-    let runtime = "worker_policy = [\"fcfs\", \"keep-session\"]\nmax_running = 16";
-    let s = Server::start(&(server + &config(&store_dir(), runtime, "")), &[]).await;
-    upload(&s, "forker", "forker").await;
-    let baseline = s.metric("pie_kv_pages_used").await;
-    let id = launch(
-        &s,
-        "forker",
-        json!({"tokens": 1000, "forks": 8, "max_tokens": 12}),
-        json!({"keep-ms": 60000}),
-    )
-    .await;
-    let mut steps_seen = step_events(&s, &id);
-    let mut at_step = async |name: &str| {
-        let step = tokio::time::timeout(Duration::from_secs(30), steps_seen.recv()).await;
-        assert_eq!(step.ok().flatten().as_deref(), Some(name));
-        // The gauges follow the engine thread's next turn.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    at_step("prefilled").await;
-    let prefilled_pages = s.metric("pie_kv_pages_used").await;
-    let prefilled_tokens = s.metric("pie_prompt_tokens_total").await;
-    assert!(
-        prefilled_pages - baseline >= 62.0,
-        "the context's pages are retained"
-    );
-    message(&s, &id, "fork").await;
-    at_step("forked").await;
-    assert_eq!(
-        s.metric("pie_kv_pages_used").await,
-        prefilled_pages,
-        "a fork takes no page"
-    );
-    message(&s, &id, "generate").await;
-    at_step("generated").await;
-    let generated_pages = s.metric("pie_kv_pages_used").await - prefilled_pages;
-    assert!(
-        generated_pages <= 8.0 * 2.0,
-        "8 forks took {generated_pages} pages beyond the prompt's"
-    );
-    let recomputed = s.metric("pie_prompt_tokens_total").await - prefilled_tokens;
-    assert!(
-        recomputed <= 8.0 * 16.0,
-        "the forks prefilled {recomputed} tokens"
-    );
-    message(&s, &id, "drop").await;
-    at_step("dropped").await;
-    message(&s, &id, "quit").await;
-    let record = s.wait_done(&id).await;
-    assert_eq!(record["state"], "finished", "{record}");
-    s.eventually("pages back to where they were", async || {
-        s.metric("pie_kv_pages_used").await == baseline
-    })
-    .await;
+    let s = Server::start(&(server + &fork_config()), &[]).await;
+    check_forks(&s, 1000, 12).await;
     let log = std::fs::read_to_string(&steps).unwrap();
     let together = log
         .lines()
@@ -230,6 +179,84 @@ async fn forks_share_the_prompts_pages_and_decode_in_the_same_steps() {
     // 12 tokens: a first step that also computes each fork's partial page,
     // then 11 decode steps; one may split where a fork joined a step late.
     assert!(together >= 10, "decode steps with all 8 forks: {together}");
+}
+
+/// End to end on the real default model: the reference components give the
+/// built-ins' greedy tokens, and 8 forks of a 2,000-token context share it.
+#[tokio::test]
+async fn on_the_default_model_components_match_the_built_ins_and_forks_share_pages() {
+    let Some(model) = common::cached_default_model() else {
+        return;
+    };
+    let s = Server::start_model(&model, &fork_config(), &[]).await;
+    upload(&s, "text-completion-wasm", "text-completion").await;
+    upload(&s, "custom-sampler", "custom-sampler").await;
+    let args = json!({"prompt": "The capital of France is", "max_tokens": 24});
+    let native = run(&s, "text-completion", args.clone()).await;
+    let wasm = run(&s, "text-completion-wasm", args.clone()).await;
+    assert_eq!(wasm["output_tokens"], native["output_tokens"]);
+    assert_eq!(wasm["output"], native["output"]);
+    let sampler = run(&s, "custom-sampler", args).await;
+    assert_eq!(sampler["output"], native["output"]);
+    check_forks(&s, 2000, 4).await;
+}
+
+/// `keep-session`, so a context's pages stay between its calls.
+fn fork_config() -> String {
+    let runtime = "worker_policy = [\"fcfs\", \"keep-session\"]\nmax_running = 16";
+    config(&store_dir(), runtime, "")
+}
+
+/// Run `forker` over a context of `tokens` with 8 forks, reading the pool
+/// between its steps.
+async fn check_forks(s: &Server, tokens: usize, max_tokens: usize) {
+    upload(s, "forker", "forker").await;
+    let baseline = s.metric("pie_kv_pages_used").await;
+    let args = json!({"tokens": tokens, "forks": 8, "max_tokens": max_tokens});
+    let id = launch(s, "forker", args, json!({"keep-ms": 60000})).await;
+    let mut steps_seen = step_events(s, &id);
+    let mut at_step = async |name: &str| {
+        let step = tokio::time::timeout(Duration::from_secs(60), steps_seen.recv()).await;
+        assert_eq!(step.ok().flatten().as_deref(), Some(name));
+        // The gauges follow the engine thread's next turn.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    at_step("prefilled").await;
+    let prefilled_pages = s.metric("pie_kv_pages_used").await;
+    let prefilled_tokens = s.metric("pie_prompt_tokens_total").await;
+    let full_pages = (tokens / 16) as f64;
+    assert!(
+        prefilled_pages - baseline >= full_pages,
+        "the context's pages are retained"
+    );
+    message(s, &id, "fork").await;
+    at_step("forked").await;
+    assert_eq!(
+        s.metric("pie_kv_pages_used").await,
+        prefilled_pages,
+        "a fork takes no page"
+    );
+    message(s, &id, "generate").await;
+    at_step("generated").await;
+    let generated_pages = s.metric("pie_kv_pages_used").await - prefilled_pages;
+    assert!(
+        generated_pages <= 8.0 * 2.0,
+        "8 forks took {generated_pages} pages beyond the prompt's {full_pages} full ones"
+    );
+    let recomputed = s.metric("pie_prompt_tokens_total").await - prefilled_tokens;
+    assert!(
+        recomputed <= 8.0 * 16.0,
+        "the forks prefilled {recomputed} tokens"
+    );
+    message(s, &id, "drop").await;
+    at_step("dropped").await;
+    message(s, &id, "quit").await;
+    let record = s.wait_done(&id).await;
+    assert_eq!(record["state"], "finished", "{record}");
+    s.eventually("pages back to where they were", async || {
+        s.metric("pie_kv_pages_used").await == baseline
+    })
+    .await;
 }
 
 /// With `fair` and 4 slots, a client running `best-of-n` (8 forks a
@@ -482,8 +509,15 @@ api_keys = [
             "args": {"prompt": "Once upon a time", "max_tokens": tokens, "ignore_eos": true},
             "props": {"priority": 1}})
     };
-    let _holder = post(plain(200)).await;
+    let holder = post(plain(200)).await;
+    s.eventually("the holder runs", async || {
+        get(&holder).await["first_token_ms"].is_u64()
+    })
+    .await;
     let queued: Vec<String> = futures_util::future::join_all((0..4).map(|_| post(plain(40)))).await;
+    for id in &queued {
+        assert_eq!(get(id).await["state"], "queued", "behind the holder");
+    }
     let raised = post(json!({"inferlet": "priority",
         "args": {"priority": 10, "bad_priority": 50, "prompt": "hi", "max_tokens": 8},
         "props": {"priority": 1}}))
