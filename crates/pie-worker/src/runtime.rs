@@ -316,6 +316,23 @@ impl Runtime {
         self.processes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Add a sequence to the engine: its id and the receiver of its
+    /// events, or why it could not be added (the engine is gone).
+    async fn add_sequence(
+        &self,
+        req: crate::engine::Request,
+    ) -> Result<(pie_core::SeqId, mpsc::UnboundedReceiver<command::SeqEvent>), String> {
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let (reply_tx, reply) = oneshot::channel();
+        self.send(Command::Add {
+            req: Box::new(req),
+            events: events_tx,
+            reply: reply_tx,
+        });
+        let seq = reply.await.map_err(|_| self.engine_stopped())?;
+        Ok((seq, events))
+    }
+
     fn send(&self, cmd: Command) {
         // The engine thread lives as long as the process; a send can only fail at exit.
         let _ = self.commands.send(cmd);

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::Server;
 use pie_testkit::inferlet_wasm;
+use reqwest::Method;
 use serde_json::{json, Value};
 
 /// A fresh directory for one server's installed inferlets.
@@ -126,6 +127,12 @@ async fn message(s: &Server, id: &str, text: &str) -> (u16, Value) {
         json!({ "message": text }),
     )
     .await
+}
+
+/// The worker still runs a process of `inferlet` to its end.
+async fn assert_serves(s: &Server, inferlet: &str) {
+    let after = run(s, inferlet, json!({"prompt": "hi", "max_tokens": 4})).await;
+    assert_eq!(after["state"], "finished", "{after}");
 }
 
 fn error_of(record: &Value) -> &str {
@@ -405,13 +412,7 @@ async fn every_bad_host_call_gets_an_error_and_the_worker_keeps_serving() {
         let result = call["result"].as_str().unwrap();
         assert!(!result.contains("UNEXPECTED OK"), "{call}");
     }
-    let after = run(
-        &s,
-        "text-completion",
-        json!({"prompt": "hi", "max_tokens": 4}),
-    )
-    .await;
-    assert_eq!(after["state"], "finished");
+    assert_serves(&s, "text-completion").await;
 }
 
 /// Every launch killed at a random point (queued, instantiating, mid
@@ -456,13 +457,7 @@ async fn launches_killed_at_random_points_leave_no_pages_or_instances() {
         s.metric("pie_kv_pages_used").await == 0.0
     })
     .await;
-    let after = run(
-        &s,
-        "text-completion-wasm",
-        json!({"prompt": "hi", "max_tokens": 4}),
-    )
-    .await;
-    assert_eq!(after["state"], "finished");
+    assert_serves(&s, "text-completion-wasm").await;
 }
 
 #[tokio::test]
@@ -483,26 +478,15 @@ api_keys = [
     assert_eq!(status, 201, "{body}");
     slow_steps(&s, Some("sk-root"), 5).await;
     let post = async |body: Value| {
-        let r = s
-            .client
-            .post(s.url("/v1/processes"))
-            .bearer_auth("sk-bob")
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        let v: Value = r.json().await.unwrap();
+        let (status, v) = s
+            .call(Method::POST, "/v1/processes", "sk-bob", Some(body))
+            .await;
+        assert_eq!(status, 201, "{v}");
         v["id"].as_str().unwrap().to_string()
     };
     let get = async |id: &str| {
-        let r = s
-            .client
-            .get(s.url(&format!("/v1/processes/{id}")))
-            .bearer_auth("sk-bob")
-            .send()
-            .await
-            .unwrap();
-        r.json::<Value>().await.unwrap()
+        let path = format!("/v1/processes/{id}");
+        s.call(Method::GET, &path, "sk-bob", None).await.1
     };
     let plain = |tokens: u32| {
         json!({"inferlet": "text-completion",
@@ -540,14 +524,9 @@ api_keys = [
             "queued {q} started before the raised one ended: {done}"
         );
     }
-    let r = s
-        .client
-        .get(s.url(&format!("/v1/processes/{raised}/events")))
-        .bearer_auth("sk-bob")
-        .send()
-        .await
-        .unwrap();
-    let text = r.text().await.unwrap();
+    let events = format!("/v1/processes/{raised}/events");
+    let text = s.call(Method::GET, &events, "sk-bob", None).await.1;
+    let text = text.as_str().unwrap();
     assert!(text.contains("above key `bob`'s limit of 20"), "{text}");
     assert!(
         text.contains("event: props"),
@@ -604,57 +583,34 @@ api_keys = [{ name = "alice", key = "sk-alice" }, { name = "root", key = "sk-roo
         .contains("max_upload"));
     let (status, _) = upload_as(&s, Some("sk-root"), "echo", "echo").await;
     assert_eq!(status, 201);
-    let r = s
-        .client
-        .get(s.url("/v1/inferlets"))
-        .bearer_auth("sk-alice")
-        .send()
+    let list = s
+        .call(Method::GET, "/v1/inferlets", "sk-alice", None)
         .await
-        .unwrap();
-    let list: Value = r.json().await.unwrap();
+        .1;
     assert_eq!(list["inferlets"].as_array().unwrap().len(), 1);
-    let r = s
-        .client
-        .post(s.url("/v1/processes"))
-        .bearer_auth("sk-alice")
-        .json(&json!({"inferlet": "echo"}))
-        .send()
-        .await
-        .unwrap();
-    let id = r.json::<Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let echo = Some(json!({"inferlet": "echo"}));
+    let (_, launched) = s
+        .call(Method::POST, "/v1/processes", "sk-alice", echo.clone())
+        .await;
+    let id = launched["id"].as_str().unwrap().to_string();
     let delete = async || {
-        s.client
-            .delete(s.url("/v1/inferlets/echo"))
-            .bearer_auth("sk-root")
-            .send()
+        s.call(Method::DELETE, "/v1/inferlets/echo", "sk-root", None)
             .await
-            .unwrap()
-            .status()
+            .0
     };
     assert_eq!(delete().await, 409);
-    let r = s
-        .client
-        .post(s.url(&format!("/v1/processes/{id}/messages")))
-        .bearer_auth("sk-alice")
-        .json(&json!({"message": "quit"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    let quit = Some(json!({"message": "quit"}));
+    let messages = format!("/v1/processes/{id}/messages");
+    assert_eq!(
+        s.call(Method::POST, &messages, "sk-alice", quit).await.0,
+        200
+    );
     s.eventually("echo ended", async || delete().await == 200)
         .await;
-    let r = s
-        .client
-        .post(s.url("/v1/processes"))
-        .bearer_auth("sk-alice")
-        .json(&json!({"inferlet": "echo"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400, "a deleted inferlet is unknown");
+    let (status, _) = s
+        .call(Method::POST, "/v1/processes", "sk-alice", echo)
+        .await;
+    assert_eq!(status, 400, "a deleted inferlet is unknown");
 }
 
 #[tokio::test]

@@ -7,68 +7,25 @@
 //! "min_p"?: number (0), "seed"?: int, "stop"?: string or [string],
 //! "ignore_eos"?: bool (false)}`.
 
-use pie_inferlet::{Context, GenerateOptions, Message, model};
-use serde::Deserialize;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Args {
-    messages: Vec<Turn>,
-    max_tokens: Option<u32>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<u32>,
-    min_p: Option<f32>,
-    seed: Option<u64>,
-    stop: Option<Stop>,
-    #[serde(default)]
-    ignore_eos: bool,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Turn {
-    role: String,
-    content: String,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Stop {
-    One(String),
-    Many(Vec<String>),
-}
+use pie_inferlet::{Context, GenArgs, Message, model};
 
 fn run() -> Result<(), String> {
-    let args: Args = pie_inferlet::args()?;
-    if args.messages.is_empty() {
+    let args: GenArgs = pie_inferlet::args()?;
+    if args.prompt.is_some() {
+        return Err("chat takes `messages`, not `prompt`".into());
+    }
+    let turns = args.messages.as_deref().ok_or("missing field `messages`")?;
+    if turns.is_empty() {
         return Err("messages must not be empty".into());
     }
-    let stop = match args.stop {
-        None => Vec::new(),
-        Some(Stop::One(s)) => vec![s],
-        Some(Stop::Many(v)) => v,
-    };
-    let options = GenerateOptions::new()
-        .max_tokens(args.max_tokens.unwrap_or(256))
-        .temperature(args.temperature.unwrap_or(0.0))
-        .top_p(args.top_p.unwrap_or(1.0))
-        .top_k(args.top_k.unwrap_or(0))
-        .min_p(args.min_p.unwrap_or(0.0))
-        .seed(args.seed)
-        .stop(stop)
-        .ignore_eos(args.ignore_eos)
-        .stream(true);
-
-    let messages: Vec<Message> = args
-        .messages
-        .into_iter()
-        .map(|t| Message::new(t.role, t.content))
+    let messages: Vec<Message> = turns
+        .iter()
+        .map(|t| Message::new(t.role.as_str(), t.content.as_str()))
         .collect();
     let prompt = model::apply_chat_template(&messages)?;
     let ctx = Context::new()?;
     ctx.append_text(&prompt)?;
-    ctx.generate(&options)?;
+    ctx.generate(&args.options(256).stream(true))?;
     Ok(())
 }
 

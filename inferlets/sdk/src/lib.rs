@@ -249,6 +249,60 @@ impl Generation {
     }
 }
 
+/// The built-in inferlets' args: their input (`prompt` or `messages`) and
+/// the sampling fields, under the same names; any other key is an error.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenArgs {
+    pub prompt: Option<String>,
+    pub messages: Option<Vec<Turn>>,
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Option<Stop>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+}
+
+/// One chat message in args.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Turn {
+    pub role: String,
+    pub content: String,
+}
+
+/// `stop`: one string or a list.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl GenArgs {
+    /// Their generation options (defaults: greedy, `default_max_tokens`).
+    pub fn options(&self, default_max_tokens: u32) -> GenerateOptions {
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        GenerateOptions::new()
+            .max_tokens(self.max_tokens.unwrap_or(default_max_tokens))
+            .temperature(self.temperature.unwrap_or(0.0))
+            .top_p(self.top_p.unwrap_or(1.0))
+            .top_k(self.top_k.unwrap_or(0))
+            .min_p(self.min_p.unwrap_or(0.0))
+            .seed(self.seed)
+            .stop(stop)
+            .ignore_eos(self.ignore_eos)
+    }
+}
+
 impl Message {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
         Message {

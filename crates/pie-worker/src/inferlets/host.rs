@@ -186,22 +186,13 @@ impl inference::Host for GuestState {
 
     async fn prefill(&mut self, ctx: u32) -> Result<(), String> {
         let call = self.host.probe(ctx, 0)?;
-        self.host
-            .rt
-            .clone()
-            .generate(&self.host.process, call)
-            .await?;
+        self.host.run(call).await?;
         Ok(())
     }
 
     async fn generate(&mut self, ctx: u32, options: GenerateOptions) -> Result<Generation, String> {
         let call = self.host.generation(ctx, &options)?;
-        let done = self
-            .host
-            .rt
-            .clone()
-            .generate(&self.host.process, call)
-            .await?;
+        let done = self.host.run(call).await?;
         self.host.finish_generation(ctx, done)
     }
 
@@ -245,12 +236,7 @@ impl inference::Host for GuestState {
             return Err(format!("k must be 1 to {MAX_TOP_LOGPROBS}, got {k}"));
         }
         let call = self.host.probe(ctx, k as usize)?;
-        let done = self
-            .host
-            .rt
-            .clone()
-            .generate(&self.host.process, call)
-            .await?;
+        let done = self.host.run(call).await?;
         Ok(done
             .first_top
             .into_iter()
@@ -336,6 +322,11 @@ impl process::Host for GuestState {
 }
 
 impl ProcessHost {
+    /// One generation of this process (see [`Runtime::generate`]).
+    async fn run(&self, call: Generate) -> Result<Generated, String> {
+        self.rt.clone().generate(&self.process, call).await
+    }
+
     /// Every id below the vocabulary size.
     fn check_tokens(&self, what: &str, tokens: &[u32]) -> Result<(), String> {
         let vocab = self.rt.model.config.vocab;

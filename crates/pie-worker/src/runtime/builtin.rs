@@ -10,7 +10,6 @@ use std::time::Instant;
 
 use pie_model::{ChatMessage, IncrementalDecoder};
 use pie_workload::TraceInput;
-use tokio::sync::{mpsc, oneshot};
 
 use super::command::{Command, SeqEvent};
 use super::offload::PageSource;
@@ -73,16 +72,9 @@ impl Driver {
             self.complete("length");
             return;
         }
-        let (events_tx, mut events) = mpsc::unbounded_channel();
-        let (reply_tx, reply) = oneshot::channel();
-        self.rt.send(Command::Add {
-            req: Box::new(req),
-            events: events_tx,
-            reply: reply_tx,
-        });
-        let Ok(seq) = reply.await else {
-            self.fail(self.rt.engine_stopped());
-            return;
+        let (seq, mut events) = match self.rt.add_sequence(req).await {
+            Ok(added) => added,
+            Err(why) => return self.fail(why),
         };
         self.process.set_seq(seq);
         if self.process.state().is_final() {

@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use pie_core::{PropValue, SeqId};
 use pie_model::IncrementalDecoder;
-use tokio::sync::{mpsc, oneshot};
 
 use super::command::{Command, SeqEvent};
 use super::request::{Generate, Generated};
@@ -61,14 +60,7 @@ impl Runtime {
             reload_after_preemption: false,
             logprobs: Some(call.top_logprobs),
         };
-        let (events_tx, mut events) = mpsc::unbounded_channel();
-        let (reply_tx, reply) = oneshot::channel();
-        self.send(Command::Add {
-            req: Box::new(req),
-            events: events_tx,
-            reply: reply_tx,
-        });
-        let seq = reply.await.map_err(|_| self.engine_stopped())?;
+        let (seq, mut events) = self.add_sequence(req).await?;
         process.add_context_seq(seq, call.retain_as);
         let _guard = SeqGuard {
             rt: self,

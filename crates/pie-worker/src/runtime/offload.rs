@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use pie_core::{Props, SeqId};
 use pie_model::SamplingParams;
-use tokio::sync::{mpsc, oneshot};
 
 use super::command::{Command, SeqEvent};
 use super::transfer::Pull;
@@ -47,14 +46,7 @@ impl Runtime {
             reload_after_preemption: false,
             logprobs: None,
         };
-        let (events_tx, mut events) = mpsc::unbounded_channel();
-        let (reply_tx, reply) = oneshot::channel();
-        self.send(Command::Add {
-            req: Box::new(req),
-            events: events_tx,
-            reply: reply_tx,
-        });
-        let seq = reply.await.map_err(|_| self.engine_stopped())?;
+        let (seq, mut events) = self.add_sequence(req).await?;
         // A puller that gave up (timeout, gone) drops this future: the
         // prefill stops instead of computing for no one.
         let abandoned = AbortOnDrop {

@@ -128,6 +128,28 @@ impl Server {
         (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
     }
 
+    /// `method` `path` with API key `key` and an optional JSON body:
+    /// (status, body as JSON, or as a JSON string when it is not JSON).
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut req = self.client.request(method, self.url(path)).bearer_auth(key);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
     /// A streamed completion that started (200): its response, to read.
     pub async fn stream(&self, body: Value) -> reqwest::Response {
         let r = self
