@@ -677,3 +677,31 @@ async fn a_restarted_worker_launches_an_uploaded_inferlet_without_compiling() {
     assert_eq!(counts["compiles"], 0, "{counts}");
     assert_eq!(counts["cache_loads"], 1, "{counts}");
 }
+
+/// Past `max_instances` live instances a launch waits queued (and counts
+/// against `max_queued`), and runs once an instance ends.
+#[tokio::test]
+async fn launches_past_max_instances_wait_for_an_instance() {
+    let s = Server::start(&config(&store_dir(), "", "max_instances = 1"), &[]).await;
+    upload(&s, "sleeper", "sleeper").await;
+    let first = launch(&s, "sleeper", json!({"ms": 60000}), json!({})).await;
+    let second = launch(&s, "sleeper", json!({"ms": 1}), json!({})).await;
+    s.eventually("the first runs", async || {
+        s.get(&format!("/v1/processes/{first}")).await.1["state"] == "running"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiting = s.get(&format!("/v1/processes/{second}")).await.1;
+    assert_eq!(waiting["state"], "queued", "{waiting}");
+    assert_eq!(s.get("/v1/inferlets").await.1["live_instances"], 1);
+    let r = s
+        .client
+        .delete(s.url(&format!("/v1/processes/{first}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let done = s.wait_done(&second).await;
+    assert_eq!(done["state"], "finished", "{done}");
+    assert_eq!(done["output"], "woke");
+}
