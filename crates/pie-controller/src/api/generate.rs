@@ -146,7 +146,7 @@ impl Prepared {
         if let Some(key) = client {
             apply_client_key(&mut props, &mut json, key).map_err(bad)?;
         }
-        let whole = Answer::of(path, &json).filter(|_| !tokens.is_empty());
+        let whole = Answer::of(path, &json).filter(|_| !tokens.is_empty() && one_choice(&json));
         if whole.is_some() {
             Answer::stream_instead(&mut json);
         }
@@ -608,13 +608,19 @@ fn route_inputs(ctl: &Controller, path: &str, body: &Value) -> Result<RouteInput
     })
 }
 
-/// A streamed OpenAI generation whose prompt tokens the controller knows
-/// (a non-streamed one is streamed to the workers: `whole`): the controller
-/// can resume it elsewhere (see `relay`).
+/// A streamed OpenAI generation of one choice whose prompt tokens the
+/// controller knows (a non-streamed one is streamed to the workers:
+/// `whole`): the controller can resume it elsewhere (see `relay`). Several
+/// choices (`n`) are several processes: they stay where they start.
 fn movable(path: &str, json: &Value, tokens: &[u32]) -> bool {
     matches!(path, "/v1/completions" | "/v1/chat/completions")
         && json["stream"].as_bool() == Some(true)
         && !tokens.is_empty()
+        && one_choice(json)
+}
+
+fn one_choice(json: &Value) -> bool {
+    json["n"].as_u64().unwrap_or(1) <= 1
 }
 
 /// `json` with the controller's prompt ids for a worker of model

@@ -70,6 +70,8 @@ struct Common {
     pie_resume: Option<Resume>,
     /// A controller asks for each chunk's token id (see `auth::trusted_stream_ids`).
     pie_stream_ids: Option<bool>,
+    /// Choices: one process each, over the one prompt.
+    n: Option<usize>,
     #[serde(flatten)]
     gen: GenArgs,
 }
@@ -112,19 +114,19 @@ impl Kind {
         }
     }
 
-    fn choice(self, text: &str, finish_reason: Option<&str>, chunk: bool) -> Value {
+    fn choice(self, index: usize, text: &str, finish_reason: Option<&str>, chunk: bool) -> Value {
         match (self, chunk) {
             (Kind::Completion, _) => {
-                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason})
+                json!({"index": index, "text": text, "logprobs": null, "finish_reason": finish_reason})
             }
             (Kind::Chat, false) => {
-                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish_reason})
+                json!({"index": index, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish_reason})
             }
             (Kind::Chat, true) if finish_reason.is_some() => {
-                json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_reason})
+                json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": finish_reason})
             }
             (Kind::Chat, true) => {
-                json!({"index": 0, "delta": {"content": text}, "logprobs": null, "finish_reason": null})
+                json!({"index": index, "delta": {"content": text}, "logprobs": null, "finish_reason": null})
             }
         }
     }
@@ -237,24 +239,75 @@ async fn serve(
         token_ids: trusted_stream_ids(&auth, common.pie_stream_ids.take())?,
         resumed: opts.resume.is_some(),
     };
+    let choices = checked_choices(common.n, relay, &opts)?;
     let pretokenized = trusted_prompt_tokens(&auth, common.pie_prompt_tokens.take())?;
     let client = client_of(&auth, &mut props)?;
-    let (process, events) = rt.launch(inferlet, opts, props, client, pretokenized)?;
-    let guard = KillOnDrop {
-        rt: rt.clone(),
-        process: process.clone(),
-    };
+    let mut launched = Vec::with_capacity(choices);
+    for index in 0..choices {
+        let mut opts = opts.clone();
+        // Each choice its own draws: seed + its index.
+        opts.sampling.seed = opts.sampling.seed.map(|s| s.wrapping_add(index as u64));
+        let (process, events) = rt.launch(
+            inferlet.clone(),
+            opts,
+            props.clone(),
+            client.clone(),
+            pretokenized.clone(),
+        )?;
+        let guard = KillOnDrop {
+            rt: rt.clone(),
+            process,
+        };
+        launched.push((guard, events));
+    }
     let meta = Meta {
-        id: kind.id(&process.id),
+        id: kind.id(&launched[0].0.process.id),
         model: rt.settings.model_name.clone(),
         created: now_ms() / 1000,
         kind,
     };
     if common.stream {
         let include_usage = common.stream_options.unwrap_or_default().include_usage;
-        Ok(stream_response(meta, events, include_usage, relay, guard).into_response())
+        Ok(stream_response(meta, launched, include_usage, relay).into_response())
     } else {
-        whole_response(meta, events, guard).await
+        whole_response(meta, launched).await
+    }
+}
+
+/// The most choices one request may ask for (`n`).
+const MAX_CHOICES: usize = 16;
+
+/// `n`, checked: 1 to [`MAX_CHOICES`]; more than one only for a request a
+/// controller neither follows nor resumes (it moves one stream at a time).
+fn checked_choices(n: Option<usize>, relay: Relay, opts: &GenOptions) -> Result<usize, ApiError> {
+    let n = n.unwrap_or(1);
+    if !(1..=MAX_CHOICES).contains(&n) {
+        return Err(
+            ApiError::bad_request(format!("n must be 1 to {MAX_CHOICES}, got {n}")).param("n"),
+        );
+    }
+    if n > 1 && (relay.token_ids || opts.resume.is_some()) {
+        return Err(ApiError::bad_request(
+            "n above 1 is not relayed or resumed by a controller (it moves one stream)",
+        )
+        .param("n"));
+    }
+    Ok(n)
+}
+
+/// The processes of one request's choices, in order, each killed when the
+/// request goes away unfinished.
+type Launched = Vec<(KillOnDrop, crate::runtime::ProcEvents)>;
+
+/// One request's usage: the prompt once, every choice's completion.
+fn with_choice(total: Option<Usage>, choice: Usage) -> Usage {
+    match total {
+        None => choice,
+        Some(t) => Usage::new(
+            t.prompt_tokens,
+            t.completion_tokens + choice.completion_tokens,
+            t.prompt_tokens_details.cached_tokens,
+        ),
     }
 }
 
@@ -312,11 +365,30 @@ fn failure(state: ProcState, error: Option<String>) -> ApiError {
     }
 }
 
-async fn whole_response(
-    meta: Meta,
+async fn whole_response(meta: Meta, launched: Launched) -> Result<Response, ApiError> {
+    let answers = launched.into_iter().map(|(guard, events)| async move {
+        let answer = gather(events).await;
+        drop(guard);
+        answer
+    });
+    let mut choices = Vec::new();
+    let mut usage = None;
+    for (index, answer) in futures_util::future::join_all(answers)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        let (text, finish_reason, choice_usage) = answer?;
+        choices.push(meta.kind.choice(index, &text, finish_reason, false));
+        usage = Some(with_choice(usage, choice_usage));
+    }
+    Ok(Json(meta.body(false, json!(choices), usage)).into_response())
+}
+
+/// One choice's whole text, finish reason and usage.
+async fn gather(
     events: impl Stream<Item = ProcEvent>,
-    _guard: KillOnDrop,
-) -> Result<Response, ApiError> {
+) -> Result<(String, Option<&'static str>, Usage), ApiError> {
     let mut text = String::new();
     let mut events = std::pin::pin!(events);
     while let Some(e) = events.next().await {
@@ -329,14 +401,7 @@ async fn whole_response(
                 finish_reason,
                 usage,
                 ..
-            } => {
-                return Ok(Json(meta.body(
-                    false,
-                    json!([meta.kind.choice(&text, finish_reason, false)]),
-                    Some(usage),
-                ))
-                .into_response());
-            }
+            } => return Ok((text, finish_reason, usage)),
             ProcEvent::Done { state, error, .. } => return Err(failure(state, error)),
         }
     }
@@ -348,73 +413,114 @@ async fn whole_response(
 
 fn stream_response(
     meta: Meta,
-    events: impl Stream<Item = ProcEvent> + Send + 'static,
+    launched: Launched,
     include_usage: bool,
     relay: Relay,
-    guard: KillOnDrop,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let data = |v: Value| Event::default().data(v.to_string());
+    let (guards, events): (Vec<KillOnDrop>, Vec<_>) = launched.into_iter().unzip();
     let mut opening = Vec::new();
     if relay.token_ids {
-        opening.push(Event::default().comment(format!("{PROCESS_COMMENT} {}", guard.process.id)));
+        opening
+            .push(Event::default().comment(format!("{PROCESS_COMMENT} {}", guards[0].process.id)));
     }
     if matches!(meta.kind, Kind::Chat) && !relay.resumed {
-        opening.push(data(meta.body(true, json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]), None)));
+        for index in 0..guards.len() {
+            opening.push(data(meta.body(true, json!([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]), None)));
+        }
     }
-    let body = events.flat_map(move |e| {
-        let out: Vec<Event> = match e {
-            ProcEvent::Text {
-                text,
-                token: Some(t),
-            } if relay.token_ids => {
-                let mut chunk = meta.body(true, json!([meta.kind.choice(&text, None, true)]), None);
-                chunk[TOKEN_IDS_KEY] = json!([t]);
-                vec![data(chunk)]
-            }
-            ProcEvent::Text { text, .. } if text.is_empty() => Vec::new(),
-            ProcEvent::Json(_) | ProcEvent::Props(_) => Vec::new(),
-            ProcEvent::Text { text, .. } => vec![data(meta.body(
-                true,
-                json!([meta.kind.choice(&text, None, true)]),
-                None,
-            ))],
-            ProcEvent::Done {
-                state: ProcState::Migrated,
-                ..
-            } if relay.token_ids => vec![Event::default().comment(HANDOFF_COMMENT)],
-            ProcEvent::Done {
-                state: ProcState::Finished,
-                finish_reason,
-                usage,
-                ..
-            } => {
-                let mut v = vec![data(meta.body(
-                    true,
-                    json!([meta.kind.choice("", finish_reason, true)]),
-                    None,
-                ))];
-                if include_usage {
-                    v.push(data(meta.body(true, json!([]), Some(usage))));
-                } else {
-                    // SSE clients skip comments; a controller reads the count from it.
-                    v.push(Event::default().comment(format!("pie-usage {}", json!(usage))));
-                }
-                v
-            }
-            ProcEvent::Done { state, error, .. } => {
-                let e = failure(state, error);
-                vec![data(pie_core::api_error::error_body(
-                    e.status.as_u16(),
-                    &e.message,
-                    None,
-                ))]
-            }
-        };
-        stream::iter(out)
+    let mut tally = Tally {
+        left: guards.len(),
+        usage: None,
+    };
+    let merged = stream::select_all(
+        events
+            .into_iter()
+            .enumerate()
+            .map(|(index, events)| events.map(move |e| (index, e)).boxed()),
+    );
+    let body = merged.flat_map(move |(index, e)| {
+        stream::iter(chunk_events(
+            &meta,
+            &mut tally,
+            index,
+            e,
+            include_usage,
+            relay,
+        ))
     });
     let done = stream::once(async move {
-        drop(guard);
+        drop(guards);
         Event::default().data("[DONE]")
     });
     Sse::new(stream::iter(opening).chain(body).chain(done).map(Ok)).keep_alive(KeepAlive::default())
+}
+
+fn data(v: Value) -> Event {
+    Event::default().data(v.to_string())
+}
+
+/// Choices still going, and the usage of those done.
+struct Tally {
+    left: usize,
+    usage: Option<Usage>,
+}
+
+/// What choice `index`'s event `e` sends: its text chunk, its finish (and,
+/// after the last choice's, the request's usage), or an error event.
+fn chunk_events(
+    meta: &Meta,
+    tally: &mut Tally,
+    index: usize,
+    e: ProcEvent,
+    include_usage: bool,
+    relay: Relay,
+) -> Vec<Event> {
+    let choice =
+        |text: &str, finish: Option<&str>| json!([meta.kind.choice(index, text, finish, true)]);
+    match e {
+        ProcEvent::Text {
+            text,
+            token: Some(t),
+        } if relay.token_ids => {
+            let mut chunk = meta.body(true, choice(&text, None), None);
+            chunk[TOKEN_IDS_KEY] = json!([t]);
+            vec![data(chunk)]
+        }
+        ProcEvent::Text { text, .. } if text.is_empty() => Vec::new(),
+        ProcEvent::Json(_) | ProcEvent::Props(_) => Vec::new(),
+        ProcEvent::Text { text, .. } => vec![data(meta.body(true, choice(&text, None), None))],
+        ProcEvent::Done {
+            state: ProcState::Migrated,
+            ..
+        } if relay.token_ids => vec![Event::default().comment(HANDOFF_COMMENT)],
+        ProcEvent::Done {
+            state: ProcState::Finished,
+            finish_reason,
+            usage,
+            ..
+        } => {
+            let mut v = vec![data(meta.body(true, choice("", finish_reason), None))];
+            tally.left -= 1;
+            tally.usage = Some(with_choice(tally.usage, usage));
+            match tally.usage.filter(|_| tally.left == 0) {
+                Some(usage) if include_usage => {
+                    v.push(data(meta.body(true, json!([]), Some(usage))))
+                }
+                // SSE clients skip comments; a controller reads the count from it.
+                Some(usage) => {
+                    v.push(Event::default().comment(format!("pie-usage {}", json!(usage))))
+                }
+                None => {}
+            }
+            v
+        }
+        ProcEvent::Done { state, error, .. } => {
+            let e = failure(state, error);
+            vec![data(pie_core::api_error::error_body(
+                e.status.as_u16(),
+                &e.message,
+                None,
+            ))]
+        }
+    }
 }

@@ -133,7 +133,9 @@ pub(super) async fn launch_process(
 }
 
 /// A process of an installed (uploaded) inferlet: its `args` go to the
-/// guest as they are; the fields only a built-in takes are refused.
+/// guest as they are. A controller's hints for a built-in's prompt
+/// (`pie_prompt_tokens`, `pie_prefill_from`) do not apply and are ignored;
+/// a resume cannot be honoured (a guest's state lives here) and is refused.
 fn launch_installed(
     state: &AppState,
     rt: &Arc<Runtime>,
@@ -141,16 +143,11 @@ fn launch_installed(
     body: LaunchBody,
     mut props: pie_core::Props,
 ) -> Result<Response, ApiError> {
-    let built_in_only = [
-        ("pie_prompt_tokens", body.pie_prompt_tokens.is_some()),
-        ("pie_prefill_from", body.pie_prefill_from.is_some()),
-        ("pie_resume", body.pie_resume.is_some()),
-    ];
-    if let Some((field, _)) = built_in_only.iter().find(|(_, set)| *set) {
-        return Err(ApiError::bad_request(format!(
-            "{field} applies to the built-in inferlets only"
-        ))
-        .param(field));
+    if body.pie_resume.is_some() {
+        return Err(ApiError::bad_request(
+            "pie_resume: a WebAssembly inferlet's process cannot resume on another worker",
+        )
+        .param("pie_resume"));
     }
     let reference = body.inferlet.clone();
     let unknown = |_| {
