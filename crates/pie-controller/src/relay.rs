@@ -554,7 +554,7 @@ fn adds_nothing(chunk: &Value) -> bool {
         .as_str()
         .or_else(|| choice["delta"]["content"].as_str())
         .unwrap_or_default();
-    text.is_empty() && choice["finish_reason"].is_null()
+    text.is_empty() && choice["finish_reason"].is_null() && choice["logprobs"].is_null()
 }
 
 #[cfg(test)]

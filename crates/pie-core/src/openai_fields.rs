@@ -8,8 +8,8 @@
 //!   `store`, ...): accepted and not used;
 //! - **refused unless inert**: it would change what the model computes or
 //!   returns and Pie does not implement it yet: accepted only with a value
-//!   that changes nothing (`frequency_penalty: 0`, `logprobs: false`, an
-//!   empty `tools`, ...), else a 400 naming it;
+//!   that changes nothing (`echo: false`, an empty `tools`, ...), else a
+//!   400 naming it;
 //! - anything else (a typo such as `temprature`) is a 400 naming it, as
 //!   OpenAI answers `Unrecognized request argument supplied`.
 //!
@@ -47,10 +47,6 @@ use Rule::{Metadata, Served, UnlessInert};
 
 fn null(v: &Value) -> bool {
     v.is_null()
-}
-
-fn zero(v: &Value) -> bool {
-    v.is_null() || v.as_f64() == Some(0.0)
 }
 
 fn at_most_one(v: &Value) -> bool {
@@ -105,7 +101,7 @@ const COMPLETIONS: &[(&str, Rule)] = &[
     ("best_of", UnlessInert(at_most_one, "1")),
     ("echo", UnlessInert(false_or_null, "false")),
     ("suffix", UnlessInert(empty, "empty")),
-    ("logprobs", UnlessInert(zero, "0")),
+    ("logprobs", Served),
 ];
 
 const CHAT: &[(&str, Rule)] = &[
@@ -119,8 +115,8 @@ const CHAT: &[(&str, Rule)] = &[
     ("prompt_cache_options", Metadata),
     ("service_tier", Metadata),
     ("moderation", Metadata),
-    ("logprobs", UnlessInert(false_or_null, "false")),
-    ("top_logprobs", UnlessInert(zero, "0")),
+    ("logprobs", Served),
+    ("top_logprobs", Served),
     (
         "response_format",
         UnlessInert(text_format, "{\"type\": \"text\"}"),
@@ -219,7 +215,6 @@ mod tests {
     #[test]
     fn an_unserved_field_passes_only_when_inert() {
         for (endpoint, field, inert, live) in [
-            (Endpoint::Chat, "logprobs", json!(false), json!(true)),
             (
                 Endpoint::Chat,
                 "response_format",
@@ -240,7 +235,6 @@ mod tests {
             ),
             (Endpoint::Completions, "echo", json!(false), json!(true)),
             (Endpoint::Completions, "best_of", json!(1), json!(3)),
-            (Endpoint::Completions, "logprobs", json!(0), json!(5)),
         ] {
             assert_eq!(
                 checked(endpoint, json!({ field: inert })),

@@ -101,14 +101,28 @@ fn string_array(f: &GgufFile, key: &str) -> Result<Vec<String>> {
 
 /// GPT-2's reversible map from bytes to printable characters (the byte-level vocabulary).
 pub fn byte_level_char(byte: u8) -> char {
-    let printable = |b: u8| {
-        (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
-    };
     if printable(byte) {
         return byte as char;
     }
     let shifted = (0..byte).filter(|&b| !printable(b)).count() as u32;
     char::from_u32(256 + shifted).expect("valid code point")
+}
+
+/// The byte `c` stands for in the byte-level vocabulary (the inverse of
+/// [`byte_level_char`]), if it is one of its characters.
+fn level_char_byte(c: char) -> Option<u8> {
+    let code = c as u32;
+    match u8::try_from(code) {
+        Ok(b) if printable(b) => Some(b),
+        _ => (0..=255u8)
+            .filter(|&b| !printable(b))
+            .nth(code.checked_sub(256)? as usize),
+    }
+}
+
+/// Bytes GPT-2's alphabet keeps as their own character.
+fn printable(b: u8) -> bool {
+    (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
 }
 
 impl Tokenizer {
@@ -200,6 +214,14 @@ impl Tokenizer {
             .map_err(|e| anyhow!("detokenizing: {e}"))
     }
 
+    /// The bytes token `id` stands for: its vocabulary string mapped back
+    /// through the byte-level alphabet, or a special token's own text.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        let piece = self.inner.id_to_token(id)?;
+        let bytes: Option<Vec<u8>> = piece.chars().map(level_char_byte).collect();
+        Some(bytes.unwrap_or_else(|| piece.into_bytes()))
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
@@ -282,6 +304,14 @@ impl IncrementalDecoder {
 mod tests {
     use super::*;
     use crate::synth::{write_test_model, SynthSpec};
+
+    #[test]
+    fn the_byte_level_alphabet_maps_back_to_its_bytes() {
+        for b in 0..=255u8 {
+            assert_eq!(level_char_byte(byte_level_char(b)), Some(b));
+        }
+        assert_eq!(level_char_byte('\u{3000}'), None);
+    }
 
     #[test]
     fn a_spec_sent_as_json_builds_the_same_tokenizer() {

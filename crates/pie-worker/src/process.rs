@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use futures_util::stream::{self, BoxStream, StreamExt};
 use pie_core::{Props, SeqId};
-use pie_model::ChatMessage;
+use pie_model::{ChatMessage, TokenLogprobs};
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -94,7 +94,12 @@ impl Usage {
 pub enum ProcEvent {
     /// New output text (possibly empty when a token completes no character)
     /// and the token that produced it (None for text flushed at the end).
-    Text { text: String, token: Option<u32> },
+    /// With the token's log-probabilities when the request asked for them.
+    Text {
+        text: String,
+        token: Option<u32>,
+        logprobs: Option<Arc<TokenLogprobs>>,
+    },
     /// A JSON event an inferlet emitted.
     Json(serde_json::Value),
     /// The process's props after an inferlet changed its own.
@@ -134,7 +139,10 @@ pub struct ProcData {
 /// One event of the stored sequence besides its share of `output`.
 #[derive(Clone, Debug)]
 enum Piece {
-    Text { token: Option<u32> },
+    Text {
+        token: Option<u32>,
+        logprobs: Option<Arc<TokenLogprobs>>,
+    },
     Json(serde_json::Value),
     Props(Props),
 }
@@ -146,9 +154,10 @@ impl ProcData {
         if let Some(&end) = self.piece_ends.get(index) {
             let start = index.checked_sub(1).map_or(0, |i| self.piece_ends[i]);
             return Some(match &self.pieces[index] {
-                Piece::Text { token } => ProcEvent::Text {
+                Piece::Text { token, logprobs } => ProcEvent::Text {
                     text: self.output[start..end].to_string(),
                     token: *token,
+                    logprobs: logprobs.clone(),
                 },
                 Piece::Json(value) => ProcEvent::Json(value.clone()),
                 Piece::Props(props) => ProcEvent::Props(props.clone()),
@@ -402,13 +411,26 @@ impl Process {
 
     /// Append output and count the tokens generated so far.
     pub fn push_text(&self, text: String, token: Option<u32>, completion_tokens: usize) {
-        self.push_text_counted(text, token, |_| completion_tokens);
+        self.push_text_counted(text, token, None, |_| completion_tokens);
+    }
+
+    /// [`Self::push_text`] of a token with its log-probabilities.
+    pub fn push_scored(
+        &self,
+        text: String,
+        token: u32,
+        logprobs: TokenLogprobs,
+        completion_tokens: usize,
+    ) {
+        self.push_text_counted(text, Some(token), Some(Arc::new(logprobs)), |_| {
+            completion_tokens
+        });
     }
 
     /// An inferlet's generated text (a token counted when it came with one).
     pub fn push_generated(&self, text: String, token: Option<u32>) {
         if token.is_some() || !text.is_empty() {
-            self.push_text_counted(text, token, |n| n + usize::from(token.is_some()));
+            self.push_text_counted(text, token, None, |n| n + usize::from(token.is_some()));
         }
     }
 
@@ -427,7 +449,7 @@ impl Process {
 
     /// Text an inferlet emitted itself (no token).
     pub fn push_emitted(&self, text: String) {
-        self.push_text_counted(text, None, |n| n);
+        self.push_text_counted(text, None, None, |n| n);
     }
 
     /// Append output, the completion tokens counted from the old count.
@@ -435,6 +457,7 @@ impl Process {
         &self,
         text: String,
         token: Option<u32>,
+        logprobs: Option<Arc<TokenLogprobs>>,
         completion_tokens: impl FnOnce(usize) -> usize,
     ) {
         let mut d = self.lock();
@@ -448,7 +471,7 @@ impl Process {
         d.output.push_str(&text);
         let end = d.output.len();
         d.piece_ends.push(end);
-        d.pieces.push(Piece::Text { token });
+        d.pieces.push(Piece::Text { token, logprobs });
         d.output_tokens.extend(token);
         d.usage = Usage::new(
             d.usage.prompt_tokens,
@@ -559,7 +582,8 @@ mod tests {
             all[4096],
             ProcEvent::Text {
                 text: "4096,".into(),
-                token: Some(4096)
+                token: Some(4096),
+                logprobs: None,
             }
         );
         assert_eq!(text_of(&all), p.snapshot().output);

@@ -329,7 +329,7 @@ async fn a_spinning_guest_is_stopped_past_max_cpu_ms_and_others_go_on() {
     let record = s.wait_done(&spin).await;
     assert_eq!(record["state"], "failed");
     assert!(error_of(&record).contains("max_cpu_ms = 1000"), "{record}");
-    assert!(started.elapsed() < Duration::from_secs(15));
+    assert!(started.elapsed() < Duration::from_secs(60));
 }
 
 #[tokio::test]

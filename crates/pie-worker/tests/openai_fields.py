@@ -59,6 +59,8 @@ SAMPLES = {
     "verbosity": ("low", None),
 }
 LOGPROBS = {"completions": (2, 0), "chat": (True, False)}
+# Fields that mean something only beside another (OpenAI's own rule).
+COMPANIONS = {"top_logprobs": {"logprobs": True}}
 
 
 def post(url, path, body):
@@ -80,7 +82,7 @@ def walk(url, route, path, fields, base):
         live, inert = LOGPROBS[route] if field == "logprobs" else SAMPLES[field]
         if field in base:
             continue
-        status, answer = post(url, path, {**base, field: live})
+        status, answer = post(url, path, {**base, **COMPANIONS.get(field, {}), field: live})
         error = (answer or {}).get("error") or {}
         if status == 200:
             report["served"].append(field)

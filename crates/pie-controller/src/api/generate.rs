@@ -146,7 +146,7 @@ impl Prepared {
         if let Some(key) = client {
             apply_client_key(&mut props, &mut json, key).map_err(bad)?;
         }
-        let whole = Answer::of(path, &json).filter(|_| !tokens.is_empty() && one_choice(&json));
+        let whole = Answer::of(path, &json).filter(|_| !tokens.is_empty() && gatherable(&json));
         if whole.is_some() {
             Answer::stream_instead(&mut json);
         }
@@ -621,6 +621,11 @@ fn movable(path: &str, json: &Value, tokens: &[u32]) -> bool {
 
 fn one_choice(json: &Value) -> bool {
     json["n"].as_u64().unwrap_or(1) <= 1
+}
+
+/// What `whole` gathers from a stream: one choice's text, without logprobs.
+fn gatherable(json: &Value) -> bool {
+    one_choice(json) && matches!(json["logprobs"], Value::Null | Value::Bool(false))
 }
 
 /// `json` with the controller's prompt ids for a worker of model

@@ -95,6 +95,7 @@ impl GenArgs {
             prefill_from: None,
             cache_salt: None,
             resume: None,
+            logprobs: None,
         })
     }
 

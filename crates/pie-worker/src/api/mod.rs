@@ -13,6 +13,7 @@ use axum::Router;
 
 pub mod args;
 pub mod auth;
+mod logprobs;
 pub mod openai;
 pub mod state;
 

@@ -28,6 +28,7 @@ use super::auth::{
     cache_salt_of, client_of, trusted_prefill_from, trusted_prompt_tokens, trusted_resume,
     trusted_stream_ids, Authed,
 };
+use super::logprobs::{self, Scored};
 use super::state::{ApiError, ApiJson, AppState};
 use crate::process::{ProcEvent, ProcState, Process, Usage};
 use crate::runtime::{GenOptions, Inferlet, PromptTokens, Resume, Runtime};
@@ -79,6 +80,8 @@ struct Common {
 #[derive(Deserialize)]
 pub struct CompletionRequest {
     prompt: PromptArg,
+    /// Each token's logprob and this many alternatives'.
+    logprobs: Option<usize>,
     #[serde(flatten)]
     common: Common,
 }
@@ -87,6 +90,8 @@ pub struct CompletionRequest {
 pub struct ChatRequest {
     messages: Vec<OpenAiMessage>,
     max_completion_tokens: Option<usize>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<usize>,
     #[serde(flatten)]
     common: Common,
 }
@@ -114,19 +119,26 @@ impl Kind {
         }
     }
 
-    fn choice(self, index: usize, text: &str, finish_reason: Option<&str>, chunk: bool) -> Value {
+    fn choice(
+        self,
+        index: usize,
+        text: &str,
+        finish_reason: Option<&str>,
+        chunk: bool,
+        logprobs: Value,
+    ) -> Value {
         match (self, chunk) {
             (Kind::Completion, _) => {
-                json!({"index": index, "text": text, "logprobs": null, "finish_reason": finish_reason})
+                json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason})
             }
             (Kind::Chat, false) => {
-                json!({"index": index, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish_reason})
+                json!({"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish_reason})
             }
             (Kind::Chat, true) if finish_reason.is_some() => {
-                json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": finish_reason})
+                json!({"index": index, "delta": {}, "logprobs": logprobs, "finish_reason": finish_reason})
             }
             (Kind::Chat, true) => {
-                json!({"index": index, "delta": {"content": text}, "logprobs": null, "finish_reason": null})
+                json!({"index": index, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": null})
             }
         }
     }
@@ -167,12 +179,16 @@ pub async fn completions(
     let prompt = req.prompt.into_prompt()?;
     let mut common = req.common;
     common.gen.max_tokens = common.gen.max_tokens.or(Some(16));
+    let scores = req
+        .logprobs
+        .map(|k| checked_top("logprobs", k))
+        .transpose()?;
     serve(
         state,
         auth,
         Inferlet::TextCompletion { prompt },
         common,
-        Kind::Completion,
+        (Kind::Completion, scores),
     )
     .await
 }
@@ -194,6 +210,15 @@ pub async fn chat_completions(
         .map_err(|e| ApiError::bad_request(e).param("messages"))?;
     let mut common = req.common;
     common.gen.max_tokens = common.gen.max_tokens.or(req.max_completion_tokens);
+    let scores = match (req.logprobs, req.top_logprobs) {
+        (Some(true), top) => Some(checked_top("top_logprobs", top.unwrap_or(0))?),
+        (_, Some(k)) if k > 0 => {
+            return Err(
+                ApiError::bad_request("top_logprobs needs logprobs: true").param("top_logprobs")
+            )
+        }
+        _ => None,
+    };
     // OpenAI clients send the whole conversation each turn: no server-side history.
     serve(
         state,
@@ -203,17 +228,33 @@ pub async fn chat_completions(
             resume_session: false,
         },
         common,
-        Kind::Chat,
+        (Kind::Chat, scores),
     )
     .await
 }
 
+/// The most alternatives a token's logprobs may list (`logprobs`,
+/// `top_logprobs`; OpenAI's chat limit).
+const MAX_TOP_LOGPROBS: usize = 20;
+
+fn checked_top(field: &str, k: usize) -> Result<usize, ApiError> {
+    if k > MAX_TOP_LOGPROBS {
+        return Err(ApiError::bad_request(format!(
+            "{field} must be 0 to {MAX_TOP_LOGPROBS}, got {k}"
+        ))
+        .param(field));
+    }
+    Ok(k)
+}
+
+/// `(kind, scores)`: the response's shape, and how many alternatives each
+/// token's logprobs list (None: no logprobs).
 async fn serve(
     state: AppState,
     auth: Option<Extension<Authed>>,
     inferlet: Inferlet,
     mut common: Common,
-    kind: Kind,
+    (kind, scores): (Kind, Option<usize>),
 ) -> Result<Response, ApiError> {
     let rt = state.runtime()?;
     if let Some(model) = &common.model {
@@ -233,6 +274,7 @@ async fn serve(
         cache_salt: cache_salt_of(&auth),
         prefill_from: trusted_prefill_from(&auth, common.pie_prefill_from.take())?,
         resume: trusted_resume(&auth, common.pie_resume.take())?,
+        logprobs: scores,
         ..common.gen.options(1.0)?
     };
     let relay = Relay {
@@ -265,6 +307,7 @@ async fn serve(
         model: rt.settings.model_name.clone(),
         created: now_ms() / 1000,
         kind,
+        scored_by: scores.map(|_| rt.model.clone()),
     };
     if common.stream {
         let include_usage = common.stream_options.unwrap_or_default().include_usage;
@@ -337,6 +380,8 @@ struct Meta {
     model: String,
     created: u64,
     kind: Kind,
+    /// The model whose tokenizer spells the tokens, when logprobs were asked.
+    scored_by: Option<Arc<pie_model::Model>>,
 }
 
 impl Meta {
@@ -346,6 +391,15 @@ impl Meta {
             v["usage"] = json!(u);
         }
         v
+    }
+
+    /// A choice's `logprobs`: null unless asked for.
+    fn logprobs(&self, scored: &[Scored]) -> Value {
+        match (&self.scored_by, self.kind) {
+            (None, _) => Value::Null,
+            (Some(m), Kind::Chat) => logprobs::chat(&m.tokenizer, scored),
+            (Some(m), Kind::Completion) => logprobs::completion(&m.tokenizer, scored),
+        }
     }
 }
 
@@ -378,22 +432,47 @@ async fn whole_response(meta: Meta, launched: Launched) -> Result<Response, ApiE
         .into_iter()
         .enumerate()
     {
-        let (text, finish_reason, choice_usage) = answer?;
-        choices.push(meta.kind.choice(index, &text, finish_reason, false));
-        usage = Some(with_choice(usage, choice_usage));
+        let g = answer?;
+        let logprobs = meta.logprobs(&g.scored);
+        choices.push(
+            meta.kind
+                .choice(index, &g.text, g.finish_reason, false, logprobs),
+        );
+        usage = Some(with_choice(usage, g.usage));
     }
     Ok(Json(meta.body(false, json!(choices), usage)).into_response())
 }
 
-/// One choice's whole text, finish reason and usage.
-async fn gather(
-    events: impl Stream<Item = ProcEvent>,
-) -> Result<(String, Option<&'static str>, Usage), ApiError> {
+/// One choice, whole.
+struct Gathered {
+    text: String,
+    finish_reason: Option<&'static str>,
+    usage: Usage,
+    scored: Vec<Scored>,
+}
+
+/// One choice's whole text, finish reason, usage and scored tokens.
+async fn gather(events: impl Stream<Item = ProcEvent>) -> Result<Gathered, ApiError> {
     let mut text = String::new();
+    let mut scored = Vec::new();
     let mut events = std::pin::pin!(events);
     while let Some(e) = events.next().await {
         match e {
-            ProcEvent::Text { text: t, .. } => text.push_str(&t),
+            ProcEvent::Text {
+                text: t,
+                token,
+                logprobs,
+            } => {
+                if let (Some(token), Some(logprobs)) = (token, logprobs) {
+                    let offset = text.len();
+                    scored.push(Scored {
+                        token,
+                        logprobs,
+                        offset,
+                    });
+                }
+                text.push_str(&t);
+            }
             // Only built-ins answer here: they emit neither.
             ProcEvent::Json(_) | ProcEvent::Props(_) => {}
             ProcEvent::Done {
@@ -401,7 +480,14 @@ async fn gather(
                 finish_reason,
                 usage,
                 ..
-            } => return Ok((text, finish_reason, usage)),
+            } => {
+                return Ok(Gathered {
+                    text,
+                    finish_reason,
+                    usage,
+                    scored,
+                })
+            }
             ProcEvent::Done { state, error, .. } => return Err(failure(state, error)),
         }
     }
@@ -431,6 +517,7 @@ fn stream_response(
     let mut tally = Tally {
         left: guards.len(),
         usage: None,
+        text_lens: vec![0; guards.len()],
     };
     let merged = stream::select_all(
         events
@@ -459,10 +546,12 @@ fn data(v: Value) -> Event {
     Event::default().data(v.to_string())
 }
 
-/// Choices still going, and the usage of those done.
+/// Choices still going, the usage of those done, and the length of each
+/// choice's text so far (its next token's `text_offset`).
 struct Tally {
     left: usize,
     usage: Option<Usage>,
+    text_lens: Vec<usize>,
 }
 
 /// What choice `index`'s event `e` sends: its text chunk, its finish (and,
@@ -475,20 +564,38 @@ fn chunk_events(
     include_usage: bool,
     relay: Relay,
 ) -> Vec<Event> {
-    let choice =
-        |text: &str, finish: Option<&str>| json!([meta.kind.choice(index, text, finish, true)]);
+    let choice = |text: &str, finish: Option<&str>, logprobs: Value| {
+        json!([meta.kind.choice(index, text, finish, true, logprobs)])
+    };
     match e {
         ProcEvent::Text {
             text,
-            token: Some(t),
-        } if relay.token_ids => {
-            let mut chunk = meta.body(true, choice(&text, None), None);
-            chunk[TOKEN_IDS_KEY] = json!([t]);
-            vec![data(chunk)]
+            token,
+            logprobs,
+        } => {
+            let offset = tally.text_lens[index];
+            tally.text_lens[index] += text.len();
+            let scored = token.zip(logprobs).map(|(token, logprobs)| Scored {
+                token,
+                logprobs,
+                offset,
+            });
+            let logprobs = match &scored {
+                Some(s) => meta.logprobs(std::slice::from_ref(s)),
+                None => Value::Null,
+            };
+            match token {
+                Some(t) if relay.token_ids => {
+                    let mut chunk = meta.body(true, choice(&text, None, logprobs), None);
+                    chunk[TOKEN_IDS_KEY] = json!([t]);
+                    vec![data(chunk)]
+                }
+                // A token's logprobs go out even when it made no text yet.
+                _ if text.is_empty() && logprobs.is_null() => Vec::new(),
+                _ => vec![data(meta.body(true, choice(&text, None, logprobs), None))],
+            }
         }
-        ProcEvent::Text { text, .. } if text.is_empty() => Vec::new(),
         ProcEvent::Json(_) | ProcEvent::Props(_) => Vec::new(),
-        ProcEvent::Text { text, .. } => vec![data(meta.body(true, choice(&text, None), None))],
         ProcEvent::Done {
             state: ProcState::Migrated,
             ..
@@ -499,7 +606,11 @@ fn chunk_events(
             usage,
             ..
         } => {
-            let mut v = vec![data(meta.body(true, choice("", finish_reason), None))];
+            let mut v = vec![data(meta.body(
+                true,
+                choice("", finish_reason, Value::Null),
+                None,
+            ))];
             tally.left -= 1;
             tally.usage = Some(with_choice(tally.usage, usage));
             match tally.usage.filter(|_| tally.left == 0) {

@@ -370,7 +370,7 @@ pub(super) async fn process_events(
 
 fn native_event(e: ProcEvent, ids: bool) -> Result<Event, Infallible> {
     Ok(match e {
-        ProcEvent::Text { text, token } => {
+        ProcEvent::Text { text, token, .. } => {
             let mut data = json!({"text": text});
             if ids {
                 data["token"] = json!(token);

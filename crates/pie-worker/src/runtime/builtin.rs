@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use pie_model::{ChatMessage, IncrementalDecoder};
+use pie_model::{ChatMessage, IncrementalDecoder, TokenLogprobs};
 use pie_workload::TraceInput;
 
 use super::command::{Command, SeqEvent};
@@ -32,6 +32,8 @@ struct Output<'a> {
     decoder: IncrementalDecoder,
     tokens: usize,
     last_token: Option<Instant>,
+    /// The next token's log-probabilities (sent just before it).
+    logprobs: Option<TokenLogprobs>,
 }
 
 /// Drives one process: submits its sequence, turns tokens into text, applies stop
@@ -65,6 +67,7 @@ impl Driver {
             tokens: self.generated_before.len(),
             // A resumed process's first token here is no first token.
             last_token: (!self.generated_before.is_empty()).then(Instant::now),
+            logprobs: None,
         };
         self.resume_text(&mut out.text, &mut out.decoder);
         if req.max_tokens == 0 {
@@ -93,7 +96,7 @@ impl Driver {
                     let _ = tokio::time::timeout(RELOAD_TIMEOUT, load).await;
                     self.rt.send(Command::Reloaded(seq));
                 }
-                SeqEvent::Logprobs(_) => {}
+                SeqEvent::Logprobs(lp) => out.logprobs = Some(lp),
                 SeqEvent::Token(t) => {
                     if let Some(chain) = persist_after_prefill.take() {
                         self.rt.persist_in_background(chain);
@@ -173,7 +176,10 @@ impl Driver {
         let delta = (out.decoder.push(&self.rt.model.tokenizer, t))
             .map_err(|e| format!("cannot detokenize token {t}: {e}"))?;
         let (emit, stopped) = out.text.push(&delta);
-        self.process.push_text(emit, Some(t), out.tokens);
+        match out.logprobs.take() {
+            Some(lp) => self.process.push_scored(emit, t, lp, out.tokens),
+            None => self.process.push_text(emit, Some(t), out.tokens),
+        }
         Ok(stopped)
     }
 

@@ -77,7 +77,7 @@ impl Runtime {
             props,
             sampled_before: resume.tokens.len(),
             reload_after_preemption: false,
-            logprobs: None,
+            logprobs: opts.logprobs,
         };
         let trace_input = self
             .settings

@@ -88,6 +88,9 @@ pub struct GenOptions {
     pub prefill_from: Option<String>,
     /// The process ran elsewhere until now.
     pub resume: Option<Resume>,
+    /// Each token's log-probability and this many alternatives' go with
+    /// its text (None: none).
+    pub logprobs: Option<usize>,
 }
 
 /// Why a launch was refused (mapped to HTTP statuses by the API).
