@@ -285,12 +285,16 @@ async fn bad_requests_get_json_errors_that_name_the_problem() {
         "sizes named: {msg}"
     );
     let (status, msg) = error_of(
-        post("/v1/completions", json!({"prompt": "x", "n": 2}))
+        post("/v1/completions", json!({"prompt": "x", "n": 17}))
             .await
             .unwrap(),
     )
     .await;
-    assert_eq!((status, msg.contains("n = 1")), (400, true), "{msg}");
+    assert_eq!(
+        (status, msg.contains("n must be 1 to 16")),
+        (400, true),
+        "{msg}"
+    );
     for (body, field) in [
         (
             json!({"prompt": "x", "logit_bias": {"99999999": 1}}),

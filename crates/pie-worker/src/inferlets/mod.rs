@@ -42,6 +42,9 @@ pub use registry::RegistryError;
 use registry::{Installed, Registry};
 use world::Inferlet;
 
+/// How a guest stopped past `max_cpu_ms` fails.
+const CPU_LIMIT: &str = "the inferlet computed for more than [runtime.inferlets] max_cpu_ms";
+
 /// The end of a guest's stderr kept for its failure message (a panic's).
 const STDERR_TAIL: usize = 4096;
 
@@ -158,8 +161,13 @@ impl Inferlets {
     /// Run one process to its end (see the module's invariant).
     async fn run(self: Arc<Self>, installed: Installed, host: ProcessHost) {
         let (rt, process) = (host.rt.clone(), host.process.clone());
-        let Ok(_slot) = self.instances.clone().acquire_owned().await else {
-            return;
+        // Killed while it waits for a slot: it never takes one.
+        let _slot = tokio::select! {
+            slot = self.instances.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => return,
+            },
+            _ = process.ended() => return,
         };
         if process.state().is_final() {
             return;
@@ -180,7 +188,7 @@ impl Inferlets {
         store.epoch_deadline_callback(move |_| {
             if m.used() > max_cpu {
                 return Err(wasmtime::format_err!(
-                    "the inferlet computed for more than [runtime.inferlets] max_cpu_ms = {} ms",
+                    "{CPU_LIMIT} = {} ms",
                     max_cpu.as_millis()
                 ));
             }
@@ -255,6 +263,9 @@ fn describe_trap(
     // The root is the trap itself (or the CPU limit's error); the chain
     // above it is a wasm backtrace, of no use without the guest's symbols.
     let root = trap.root_cause().to_string();
+    if root.starts_with(CPU_LIMIT) {
+        return root;
+    }
     if printed.is_empty() {
         format!("the inferlet trapped: {root}")
     } else {
