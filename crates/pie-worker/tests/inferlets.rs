@@ -479,14 +479,14 @@ api_keys = [
     slow_steps(&s, Some("sk-root"), 5).await;
     let post = async |body: Value| {
         let (status, v) = s
-            .call(Method::POST, "/v1/processes", "sk-bob", Some(body))
+            .call(Method::POST, "/v1/processes", "sk-bob", Some(body), &[])
             .await;
         assert_eq!(status, 201, "{v}");
         v["id"].as_str().unwrap().to_string()
     };
     let get = async |id: &str| {
         let path = format!("/v1/processes/{id}");
-        s.call(Method::GET, &path, "sk-bob", None).await.1
+        s.call(Method::GET, &path, "sk-bob", None, &[]).await.1
     };
     let plain = |tokens: u32| {
         json!({"inferlet": "text-completion",
@@ -525,7 +525,7 @@ api_keys = [
         );
     }
     let events = format!("/v1/processes/{raised}/events");
-    let text = s.call(Method::GET, &events, "sk-bob", None).await.1;
+    let text = s.call(Method::GET, &events, "sk-bob", None, &[]).await.1;
     let text = text.as_str().unwrap();
     assert!(text.contains("above key `bob`'s limit of 20"), "{text}");
     assert!(
@@ -584,17 +584,17 @@ api_keys = [{ name = "alice", key = "sk-alice" }, { name = "root", key = "sk-roo
     let (status, _) = upload_as(&s, Some("sk-root"), "echo", "echo").await;
     assert_eq!(status, 201);
     let list = s
-        .call(Method::GET, "/v1/inferlets", "sk-alice", None)
+        .call(Method::GET, "/v1/inferlets", "sk-alice", None, &[])
         .await
         .1;
     assert_eq!(list["inferlets"].as_array().unwrap().len(), 1);
     let echo = Some(json!({"inferlet": "echo"}));
     let (_, launched) = s
-        .call(Method::POST, "/v1/processes", "sk-alice", echo.clone())
+        .call(Method::POST, "/v1/processes", "sk-alice", echo.clone(), &[])
         .await;
     let id = launched["id"].as_str().unwrap().to_string();
     let delete = async || {
-        s.call(Method::DELETE, "/v1/inferlets/echo", "sk-root", None)
+        s.call(Method::DELETE, "/v1/inferlets/echo", "sk-root", None, &[])
             .await
             .0
     };
@@ -602,13 +602,15 @@ api_keys = [{ name = "alice", key = "sk-alice" }, { name = "root", key = "sk-roo
     let quit = Some(json!({"message": "quit"}));
     let messages = format!("/v1/processes/{id}/messages");
     assert_eq!(
-        s.call(Method::POST, &messages, "sk-alice", quit).await.0,
+        s.call(Method::POST, &messages, "sk-alice", quit, &[])
+            .await
+            .0,
         200
     );
     s.eventually("echo ended", async || delete().await == 200)
         .await;
     let (status, _) = s
-        .call(Method::POST, "/v1/processes", "sk-alice", echo)
+        .call(Method::POST, "/v1/processes", "sk-alice", echo, &[])
         .await;
     assert_eq!(status, 400, "a deleted inferlet is unknown");
 }

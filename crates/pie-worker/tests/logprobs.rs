@@ -121,33 +121,30 @@ async fn logprobs_requests_are_checked() {
             .extend(extra.as_object().unwrap().clone());
         b
     };
-    let (status, r) = s
-        .post("/v1/chat/completions", chat(json!({"top_logprobs": 2})))
-        .await;
-    assert_eq!(
-        (status, r["error"]["param"].as_str()),
-        (400, Some("top_logprobs"))
-    );
-    let (status, r) = s
-        .post(
+    for (path, body, param) in [
+        (
+            "/v1/chat/completions",
+            chat(json!({"top_logprobs": 2})),
+            "top_logprobs",
+        ),
+        (
             "/v1/chat/completions",
             chat(json!({"logprobs": true, "top_logprobs": 21})),
-        )
-        .await;
-    assert_eq!(
-        (status, r["error"]["param"].as_str()),
-        (400, Some("top_logprobs"))
-    );
-    let (status, r) = s
-        .post(
+            "top_logprobs",
+        ),
+        (
             "/v1/completions",
             json!({"prompt": "hi", "max_tokens": 2, "logprobs": 99}),
-        )
-        .await;
-    assert_eq!(
-        (status, r["error"]["param"].as_str()),
-        (400, Some("logprobs"))
-    );
+            "logprobs",
+        ),
+    ] {
+        let (status, r) = s.post(path, body).await;
+        assert_eq!(
+            (status, r["error"]["param"].as_str()),
+            (400, Some(param)),
+            "{r}"
+        );
+    }
     let (status, r) = s
         .post("/v1/chat/completions", chat(json!({"logprobs": false})))
         .await;

@@ -16,35 +16,11 @@ api_keys = [
 ]
 "#;
 
-/// (status, body) of a request with `key`, and optional extra headers.
-async fn call(
-    s: &Server,
-    method: Method,
-    path: &str,
-    key: &str,
-    body: Option<Value>,
-    headers: &[(&str, &str)],
-) -> (u16, Value) {
-    let mut req = s.client.request(method, s.url(path)).bearer_auth(key);
-    for (name, value) in headers {
-        req = req.header(*name, *value);
-    }
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let r = req.send().await.unwrap();
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
 async fn launch_as(s: &Server, key: &str, props: Value) -> (u16, Value) {
     let body = json!({"inferlet": "text-completion",
         "args": {"prompt": "hello", "max_tokens": 2}, "props": props});
-    call(s, Method::POST, "/v1/processes", key, Some(body), &[]).await
+    s.call(Method::POST, "/v1/processes", key, Some(body), &[])
+        .await
 }
 
 fn message(body: &Value) -> &str {
@@ -65,62 +41,66 @@ async fn a_client_sees_only_its_own_processes() {
         (Method::PATCH, "", Some(json!({"props": {"x": 1}}))),
         (Method::DELETE, "", None),
     ] {
-        let (status, body) = call(
-            &s,
-            method.clone(),
-            &format!("{path}{suffix}"),
-            "sk-bob",
-            body,
-            &[],
-        )
-        .await;
+        let (status, body) = s
+            .call(
+                method.clone(),
+                &format!("{path}{suffix}"),
+                "sk-bob",
+                body,
+                &[],
+            )
+            .await;
         assert_eq!(status, 404, "bob {method} {suffix}: {body}");
         assert!(message(&body).contains("no process"), "{body}");
     }
     // A client key cannot claim to act for alice: only worker keys may.
-    let (status, _) = call(
-        &s,
-        Method::GET,
-        &path,
-        "sk-bob",
-        None,
-        &[("x-pie-client", "alice")],
-    )
-    .await;
+    let (status, _) = s
+        .call(
+            Method::GET,
+            &path,
+            "sk-bob",
+            None,
+            &[("x-pie-client", "alice")],
+        )
+        .await;
     assert_eq!(status, 404);
 
-    let (_, list) = call(&s, Method::GET, "/v1/processes", "sk-bob", None, &[]).await;
+    let (_, list) = s
+        .call(Method::GET, "/v1/processes", "sk-bob", None, &[])
+        .await;
     assert_eq!(list["data"].as_array().unwrap().len(), 0, "{list}");
-    let (_, list) = call(&s, Method::GET, "/v1/processes", "sk-alice", None, &[]).await;
+    let (_, list) = s
+        .call(Method::GET, "/v1/processes", "sk-alice", None, &[])
+        .await;
     assert_eq!(list["data"][0]["id"], id.as_str());
 
     // The admin sees everyone's; a controller's worker key sees what the
     // client it acts for may see.
-    let (status, _) = call(&s, Method::GET, &path, "sk-root", None, &[]).await;
+    let (status, _) = s.call(Method::GET, &path, "sk-root", None, &[]).await;
     assert_eq!(status, 200);
-    let (status, _) = call(
-        &s,
-        Method::GET,
-        &path,
-        "sk-ctl",
-        None,
-        &[("x-pie-client", "bob")],
-    )
-    .await;
+    let (status, _) = s
+        .call(
+            Method::GET,
+            &path,
+            "sk-ctl",
+            None,
+            &[("x-pie-client", "bob")],
+        )
+        .await;
     assert_eq!(status, 404);
-    let (status, p) = call(
-        &s,
-        Method::GET,
-        &path,
-        "sk-ctl",
-        None,
-        &[("x-pie-client", "alice")],
-    )
-    .await;
+    let (status, p) = s
+        .call(
+            Method::GET,
+            &path,
+            "sk-ctl",
+            None,
+            &[("x-pie-client", "alice")],
+        )
+        .await;
     assert_eq!((status, p["client"].as_str()), (200, Some("alice")));
 
     // Alice's process survived bob's DELETE.
-    let (_, p) = call(&s, Method::GET, &path, "sk-alice", None, &[]).await;
+    let (_, p) = s.call(Method::GET, &path, "sk-alice", None, &[]).await;
     assert_ne!(p["state"], "killed", "{p}");
 }
 
@@ -140,28 +120,30 @@ async fn client_keys_cannot_call_internal_or_admin_routes() {
         (Method::GET, "/v1/policies", None, 200),
     ];
     for (method, path, body, worker_status) in &internal {
-        let (status, r) = call(&s, method.clone(), path, "sk-alice", body.clone(), &[]).await;
+        let (status, r) = s
+            .call(method.clone(), path, "sk-alice", body.clone(), &[])
+            .await;
         assert_eq!(status, 403, "{path}: {r}");
         assert!(message(&r).contains("role `worker`"), "{r}");
-        let (status, r) = call(&s, method.clone(), path, "sk-ctl", body.clone(), &[]).await;
+        let (status, r) = s
+            .call(method.clone(), path, "sk-ctl", body.clone(), &[])
+            .await;
         assert_eq!(status, *worker_status, "a worker key may call {path}: {r}");
     }
-    let (status, r) = call(
-        &s,
-        Method::GET,
-        "/v1/internal/kv-events",
-        "sk-alice",
-        None,
-        &[],
-    )
-    .await;
+    let (status, r) = s
+        .call(Method::GET, "/v1/internal/kv-events", "sk-alice", None, &[])
+        .await;
     assert_eq!(status, 403, "{r}");
     for key in ["sk-alice", "sk-ctl"] {
-        let (status, r) = call(&s, Method::POST, "/v1/admin/reload", key, None, &[]).await;
+        let (status, r) = s
+            .call(Method::POST, "/v1/admin/reload", key, None, &[])
+            .await;
         assert_eq!(status, 403, "{key}: {r}");
         assert!(message(&r).contains("role `admin`"), "{r}");
     }
-    let (status, r) = call(&s, Method::POST, "/v1/admin/reload", "sk-root", None, &[]).await;
+    let (status, r) = s
+        .call(Method::POST, "/v1/admin/reload", "sk-root", None, &[])
+        .await;
     assert_eq!(status, 200, "{r}");
 }
 
@@ -181,15 +163,15 @@ async fn props_beyond_a_keys_limits_are_refused_naming_the_prop_and_limit() {
     let (status, r) = launch_as(&s, "sk-bob", json!({"priority": 5})).await;
     assert_eq!(status, 201, "within the limit: {r}");
     let id = r["id"].as_str().unwrap();
-    let (_, p) = call(
-        &s,
-        Method::GET,
-        &format!("/v1/processes/{id}"),
-        "sk-bob",
-        None,
-        &[],
-    )
-    .await;
+    let (_, p) = s
+        .call(
+            Method::GET,
+            &format!("/v1/processes/{id}"),
+            "sk-bob",
+            None,
+            &[],
+        )
+        .await;
     assert_eq!(
         p["props"]["weight"], 1.0,
         "the key's weight is filled in: {p}"
@@ -197,15 +179,9 @@ async fn props_beyond_a_keys_limits_are_refused_naming_the_prop_and_limit() {
     assert_eq!(p["props"]["client"], "bob", "{p}");
     // The OpenAI route checks the same limits.
     let body = json!({"prompt": "hi", "max_tokens": 1, "props": {"priority": 6}});
-    let (status, r) = call(
-        &s,
-        Method::POST,
-        "/v1/completions",
-        "sk-bob",
-        Some(body),
-        &[],
-    )
-    .await;
+    let (status, r) = s
+        .call(Method::POST, "/v1/completions", "sk-bob", Some(body), &[])
+        .await;
     assert_eq!(
         (status, r["error"]["param"].as_str()),
         (400, Some("props.priority")),
@@ -233,7 +209,7 @@ async fn process_ids_are_unguessable_and_lists_come_in_pages() {
     let mut seen = Vec::new();
     let mut path = "/v1/processes?limit=2".to_string();
     loop {
-        let (status, page) = call(&s, Method::GET, &path, "sk-alice", None, &[]).await;
+        let (status, page) = s.call(Method::GET, &path, "sk-alice", None, &[]).await;
         assert_eq!(status, 200, "{page}");
         let data = page["data"].as_array().unwrap();
         assert!(data.len() <= 2);
@@ -247,15 +223,9 @@ async fn process_ids_are_unguessable_and_lists_come_in_pages() {
         );
     }
     assert_eq!(seen, ids, "every process once, in launch order");
-    let (status, r) = call(
-        &s,
-        Method::GET,
-        "/v1/processes?limit=0",
-        "sk-alice",
-        None,
-        &[],
-    )
-    .await;
+    let (status, r) = s
+        .call(Method::GET, "/v1/processes?limit=0", "sk-alice", None, &[])
+        .await;
     assert_eq!(
         (status, r["error"]["param"].as_str()),
         (400, Some("limit")),
@@ -277,7 +247,9 @@ api_keys = [
     let prompt: Vec<u32> = (0..64).map(|i| 40 + i % 50).collect();
     let cached = async |key: &str| {
         let body = json!({"prompt": prompt, "max_tokens": 1});
-        let (status, r) = call(&s, Method::POST, "/v1/completions", key, Some(body), &[]).await;
+        let (status, r) = s
+            .call(Method::POST, "/v1/completions", key, Some(body), &[])
+            .await;
         assert_eq!(status, 200, "{r}");
         r["usage"]["prompt_tokens_details"]["cached_tokens"]
             .as_u64()
@@ -301,22 +273,16 @@ async fn a_chat_session_belongs_to_its_client() {
     let s = Server::start(KEYS, &[]).await;
     let turn = |content: &str| json!({"inferlet": "chat", "args": {"messages": [{"role": "user", "content": content}], "max_tokens": 4, "ignore_eos": true}, "props": {"session": "conv-1"}});
     let prompt_tokens = async |key: &str, content: &str| {
-        let (status, r) = call(
-            &s,
-            Method::POST,
-            "/v1/processes",
-            key,
-            Some(turn(content)),
-            &[],
-        )
-        .await;
+        let (status, r) = s
+            .call(Method::POST, "/v1/processes", key, Some(turn(content)), &[])
+            .await;
         assert_eq!(status, 201, "{r}");
         let path = format!("/v1/processes/{}", r["id"].as_str().unwrap());
         s.eventually("turn finished", async || {
-            call(&s, Method::GET, &path, key, None, &[]).await.1["state"] == "finished"
+            s.call(Method::GET, &path, key, None, &[]).await.1["state"] == "finished"
         })
         .await;
-        call(&s, Method::GET, &path, key, None, &[]).await.1["usage"]["prompt_tokens"]
+        s.call(Method::GET, &path, key, None, &[]).await.1["usage"]["prompt_tokens"]
             .as_u64()
             .unwrap()
     };
@@ -335,7 +301,7 @@ async fn a_chat_session_belongs_to_its_client() {
 
 /// `pie_pretokenized_requests_total`, read with the worker key.
 async fn pretokenized(s: &Server) -> f64 {
-    let (status, text) = call(s, Method::GET, "/metrics", "sk-ctl", None, &[]).await;
+    let (status, text) = s.call(Method::GET, "/metrics", "sk-ctl", None, &[]).await;
     assert_eq!(status, 200, "{text}");
     pie_testkit::metric_value(text.as_str().unwrap(), "pie_pretokenized_requests_total")
 }
@@ -347,23 +313,25 @@ async fn pretokenized(s: &Server) -> f64 {
 #[tokio::test]
 async fn forwarded_prompt_tokens_only_from_a_worker_key_and_checked() {
     let s = Server::start(KEYS, &[]).await;
-    let (status, state) = call(&s, Method::GET, "/v1/internal/state", "sk-ctl", None, &[]).await;
+    let (status, state) = s
+        .call(Method::GET, "/v1/internal/state", "sk-ctl", None, &[])
+        .await;
     assert_eq!(status, 200, "{state}");
     let fingerprint = state["fingerprint"].as_u64().unwrap();
-    let (status, models) = call(&s, Method::GET, "/v1/models", "sk-ctl", None, &[]).await;
+    let (status, models) = s.call(Method::GET, "/v1/models", "sk-ctl", None, &[]).await;
     assert_eq!(status, 200, "{models}");
     let vocab = models["data"][0]["vocab_size"].as_u64().unwrap();
     // The ids of "hello" as the worker tokenizes it: a text request's usage.
     let text = json!({"prompt": "hello", "max_tokens": 6, "temperature": 0, "ignore_eos": true});
-    let (status, by_text) = call(
-        &s,
-        Method::POST,
-        "/v1/completions",
-        "sk-ctl",
-        Some(text.clone()),
-        &[],
-    )
-    .await;
+    let (status, by_text) = s
+        .call(
+            Method::POST,
+            "/v1/completions",
+            "sk-ctl",
+            Some(text.clone()),
+            &[],
+        )
+        .await;
     assert_eq!(status, 200, "{by_text}");
     let n = by_text["usage"]["prompt_tokens"].as_u64().unwrap();
     assert!(n >= 1, "{by_text}");
@@ -383,7 +351,8 @@ async fn forwarded_prompt_tokens_only_from_a_worker_key_and_checked() {
     assert_eq!(pretokenized(&s).await, 0.0);
 
     let complete = async |key: &str, body: Value| {
-        call(&s, Method::POST, "/v1/completions", key, Some(body), &[]).await
+        s.call(Method::POST, "/v1/completions", key, Some(body), &[])
+            .await
     };
     // A client key: refused, naming the field.
     let (status, r) = complete("sk-alice", with(json!(ids), json!(fingerprint))).await;
@@ -393,15 +362,9 @@ async fn forwarded_prompt_tokens_only_from_a_worker_key_and_checked() {
     // Also on the native route.
     let native = json!({"inferlet": "text-completion", "args": {"prompt": "hello", "max_tokens": 2},
         "pie_prompt_tokens": {"fingerprint": fingerprint, "ids": ids}});
-    let (status, r) = call(
-        &s,
-        Method::POST,
-        "/v1/processes",
-        "sk-alice",
-        Some(native),
-        &[],
-    )
-    .await;
+    let (status, r) = s
+        .call(Method::POST, "/v1/processes", "sk-alice", Some(native), &[])
+        .await;
     assert_eq!(status, 400, "{r}");
     assert!(message(&r).contains("pie_prompt_tokens"), "{r}");
 

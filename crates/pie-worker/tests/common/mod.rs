@@ -128,16 +128,20 @@ impl Server {
         (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
     }
 
-    /// `method` `path` with API key `key` and an optional JSON body:
-    /// (status, body as JSON, or as a JSON string when it is not JSON).
+    /// `method` `path` with API key `key`, extra headers and an optional
+    /// JSON body: (status, body as JSON, or as a JSON string when it is not).
     pub async fn call(
         &self,
         method: reqwest::Method,
         path: &str,
         key: &str,
         body: Option<Value>,
+        headers: &[(&str, &str)],
     ) -> (u16, Value) {
         let mut req = self.client.request(method, self.url(path)).bearer_auth(key);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
         if let Some(b) = body {
             req = req.json(&b);
         }
