@@ -20,7 +20,7 @@ use super::auth::{
     trusted_resume, trusted_stream_ids, Authed,
 };
 use super::state::{ApiError, ApiJson, AppState};
-use crate::inferlets::InferletLaunch;
+use crate::inferlets::{InferletError, InferletLaunch, RegistryError};
 use crate::process::{ProcEvent, ProcState, Process};
 use crate::runtime::{GenOptions, Inferlet, PromptTokens, Resume, Runtime};
 use pie_core::wire::SESSION_TURNS_FIELD;
@@ -149,18 +149,6 @@ fn launch_installed(
         )
         .param("pie_resume"));
     }
-    let reference = body.inferlet.clone();
-    let unknown = |_| {
-        ApiError::bad_request(format!(
-            "unknown inferlet `{reference}` (built in: text-completion, chat; installed: see GET /v1/inferlets)"
-        ))
-        .param("inferlet")
-    };
-    state
-        .inferlets
-        .registry
-        .find(&body.inferlet)
-        .map_err(unknown)?;
     let client = client_of(&auth, &mut props)?;
     let key = auth
         .as_ref()
@@ -174,7 +162,13 @@ fn launch_installed(
         key,
         cache_salt: cache_salt_of(&auth),
     };
-    let process = state.inferlets.launch(rt, launch)?;
+    let process = state.inferlets.launch(rt, launch).map_err(|e| match e {
+        InferletError::Registry(RegistryError::NotFound(name)) => ApiError::bad_request(format!(
+            "unknown inferlet `{name}` (built in: text-completion, chat; installed: see GET /v1/inferlets)"
+        ))
+        .param("inferlet"),
+        e => e.into(),
+    })?;
     Ok((StatusCode::CREATED, Json(json!({"id": process.id}))).into_response())
 }
 
