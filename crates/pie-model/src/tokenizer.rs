@@ -195,16 +195,21 @@ impl Tokenizer {
         })
     }
 
-    /// Token ids of `text`; special tokens written in the text are recognised.
+    /// Token ids of `text` as a prompt (the model's BOS first, where it
+    /// adds one); special tokens written in the text are recognised.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids: Vec<u32> = self.bos.into_iter().collect();
+        ids.extend(self.encode_continuation(text)?);
+        Ok(ids)
+    }
+
+    /// Token ids of `text` where it continues other tokens: no BOS.
+    pub fn encode_continuation(&self, text: &str) -> Result<Vec<u32>> {
         let enc = self
             .inner
             .encode_fast(text, false)
             .map_err(|e| anyhow!("tokenizing: {e}"))?;
-        let mut ids = Vec::with_capacity(enc.len() + 1);
-        ids.extend(self.bos);
-        ids.extend_from_slice(enc.get_ids());
-        Ok(ids)
+        Ok(enc.get_ids().to_vec())
     }
 
     /// Text of `ids`, special tokens left out.
@@ -304,6 +309,21 @@ impl IncrementalDecoder {
 mod tests {
     use super::*;
     use crate::synth::{write_test_model, SynthSpec};
+
+    #[test]
+    fn a_continuation_has_no_bos() {
+        let path = std::env::temp_dir().join(format!("pie-bos-{}.gguf", std::process::id()));
+        write_test_model(&path, &SynthSpec::default()).expect("writes");
+        let gguf = GgufFile::open(&path).expect("opens");
+        let mut spec = TokenizerSpec::from_gguf(&gguf).expect("reads");
+        let _ = std::fs::remove_file(&path);
+        spec.bos = Some(256);
+        spec.add_bos = true;
+        let tk = Tokenizer::from_spec(spec).expect("builds");
+        let prompt = tk.encode("hi there").unwrap();
+        assert_eq!(prompt[0], 256);
+        assert_eq!(tk.encode_continuation("hi there").unwrap(), prompt[1..]);
+    }
 
     #[test]
     fn the_byte_level_alphabet_maps_back_to_its_bytes() {

@@ -114,11 +114,9 @@ impl model::Host for GuestState {
 
     fn encode(&mut self, text: String) -> Result<Vec<u32>, String> {
         let text = bounded("the text", &text)?;
-        self.host
-            .rt
-            .model
-            .tokenizer
-            .encode(text)
+        let tokenizer = &self.host.rt.model.tokenizer;
+        tokenizer
+            .encode_continuation(text)
             .map_err(|e| e.to_string())
     }
 
@@ -174,8 +172,14 @@ impl inference::Host for GuestState {
 
     async fn append_text(&mut self, ctx: u32, text: String) -> Result<u32, String> {
         let text = bounded("the text", &text)?;
-        self.host.contexts.get(ctx)?;
-        let tokens = (self.host.rt.model.tokenizer.encode(text)).map_err(|e| e.to_string())?;
+        let tokenizer = &self.host.rt.model.tokenizer;
+        // The model's BOS begins a context, never the middle of one.
+        let tokens = if self.host.contexts.get(ctx)?.tokens.is_empty() {
+            tokenizer.encode(text)
+        } else {
+            tokenizer.encode_continuation(text)
+        }
+        .map_err(|e| e.to_string())?;
         self.host.append(ctx, &tokens)?;
         Ok(tokens.len() as u32)
     }
