@@ -6,8 +6,7 @@
 mod common;
 
 use common::Server;
-use pie_testkit::sse_data;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// A prompt of several full pages (the tiny model: one token a byte).
 const PROMPT: &str = "In the quiet harbour town the lighthouse keeper kept a log of every ship.";
@@ -51,19 +50,7 @@ async fn four_choices_prefill_the_prompt_once_and_come_back_indexed() {
 
     let chat = json!({"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8,
         "n": 3, "stream": true, "stream_options": {"include_usage": true}, "temperature": 0});
-    let resp = s
-        .client
-        .post(s.url("/v1/chat/completions"))
-        .json(&chat)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let chunks: Vec<Value> = sse_data(resp)
-        .await
-        .into_iter()
-        .filter_map(|d| serde_json::from_str(&d).ok())
-        .collect();
+    let chunks = s.stream_chunks("/v1/chat/completions", chat).await;
     let mut texts = vec![String::new(); 3];
     let mut finished = 0;
     for c in &chunks {

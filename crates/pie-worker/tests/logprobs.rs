@@ -5,7 +5,6 @@
 mod common;
 
 use common::Server;
-use pie_testkit::sse_data;
 use serde_json::{json, Value};
 
 #[tokio::test]
@@ -69,21 +68,10 @@ async fn chat_streams_logprobs_with_each_token() {
     let s = Server::start("", &[]).await;
     let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
         "temperature": 0, "ignore_eos": true, "logprobs": true, "top_logprobs": 2, "stream": true});
-    let resp = s
-        .client
-        .post(s.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    let chunks = s.stream_chunks("/v1/chat/completions", body).await;
     let mut entries = Vec::new();
     let mut text = String::new();
-    for chunk in sse_data(resp)
-        .await
-        .iter()
-        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-    {
+    for chunk in &chunks {
         let choice = &chunk["choices"][0];
         text += choice["delta"]["content"].as_str().unwrap_or("");
         if let Some(content) = choice["logprobs"]["content"].as_array() {

@@ -156,15 +156,28 @@ impl Server {
 
     /// A streamed completion that started (200): its response, to read.
     pub async fn stream(&self, body: Value) -> reqwest::Response {
+        self.stream_at("/v1/completions", body).await
+    }
+
+    /// A stream from `path` that started (200): its response, to read.
+    pub async fn stream_at(&self, path: &str, body: Value) -> reqwest::Response {
         let r = self
             .client
-            .post(self.url("/v1/completions"))
+            .post(self.url(path))
             .json(&body)
             .send()
             .await
             .unwrap();
         assert_eq!(r.status(), 200);
         r
+    }
+
+    /// Every JSON chunk of a stream from `path`, to its end.
+    pub async fn stream_chunks(&self, path: &str, body: Value) -> Vec<Value> {
+        let data = pie_testkit::sse_data(self.stream_at(path, body).await).await;
+        data.iter()
+            .filter_map(|d| serde_json::from_str(d).ok())
+            .collect()
     }
 
     /// Launch a native process; returns its id.
