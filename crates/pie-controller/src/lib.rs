@@ -27,6 +27,7 @@ pub mod config;
 pub mod controller;
 pub mod in_flight;
 pub mod kv_sync;
+pub mod live_move;
 pub mod metrics;
 pub mod model;
 pub mod native;

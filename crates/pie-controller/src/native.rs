@@ -13,8 +13,9 @@
 //! client's event stream through the controller is continued from the
 //! target where the source's ended, every piece once (see `to_owner`).
 //!
-//! Moves are one stage (hand-off, then the pull of every page): a native
-//! process has no live reader waiting on each token. A native chat resuming
+//! Moves are one stage (hand-off, then the pull of every page): the move
+//! plan starts there for a process whose tokens as its worker sees them the
+//! controller does not know. A native chat resuming
 //! a session takes the session's earlier turns along: its first worker names
 //! them in the launch answer (`pie_session_turns`, to the controller only)
 //! and the target uses them instead of its own, so its prompt and the
@@ -41,6 +42,7 @@ use axum::response::Response;
 
 use crate::caller::Acting;
 use crate::controller::Controller;
+use crate::live_move::{LiveMove, Next};
 use crate::placed::{channel_body, count_move_failure, Moved, Placed, MAX_RESUMES};
 use crate::respond::error;
 use crate::streams::{Move, Reason, Whereabouts};
@@ -249,25 +251,23 @@ impl Follower {
         }
     }
 
-    /// Ask the current worker to hand the process off for move `m`.
+    /// Move `m`: a native process's tokens as its worker sees them (session
+    /// turns, an inferlet's own prompt) are the worker's, so its move plan
+    /// starts at the hand-off, asked of the current worker here.
     async fn hand_off(&mut self, m: Move) {
         let l = &self.launch;
-        if l.placed.move_target(&m).is_none() {
+        let Some((live, Next::HandOff)) = LiveMove::begin(&l.placed, m.clone(), None) else {
             return;
-        }
+        };
         let url = process_url(&l.placed.url, "internal/processes", &l.local, "/handoff");
         match l.placed.post(url, json!({})).await {
             Ok((status, _)) if status.is_success() => self.asked = Some(m),
             // It ended meanwhile: its events end as they would have.
             Ok((status, _)) if status == reqwest::StatusCode::CONFLICT => {}
             Ok((status, answer)) => {
-                tracing::warn!(process = l.local, %status, %answer, "hand-off refused; it stays");
-                count_move_failure(&l.placed.ctl, m.reason);
+                live.abandon(&l.placed, &format!("hand-off refused: {status} {answer}"))
             }
-            Err(e) => {
-                tracing::warn!(process = l.local, e, "hand-off failed; it stays");
-                count_move_failure(&l.placed.ctl, m.reason);
-            }
+            Err(e) => live.abandon(&l.placed, &format!("hand-off failed: {e}")),
         }
     }
 

@@ -5,11 +5,12 @@
 //! the request goes to another worker with `pie_resume` (the tokens sent so
 //! far): greedy and seeded sampling continue as they would have and the
 //! client sees every token once, with no error. A live move (a draining
-//! worker, a relocation, a rebalance) copies the pages in two stages: the
-//! target prefetches what the source holds while the source keeps decoding;
-//! then, one token short of a page boundary, the source is asked to hand the
-//! process off, stops after that token, and the target pulls only the pages
-//! that came after (see [`Phase`]).
+//! worker, a relocation, a rebalance) follows the move plan (`live_move`):
+//! the target prefetches what the source holds while the source keeps
+//! decoding, again while more than a page came meanwhile; then, one token
+//! short of a page boundary, the source is asked to hand the process off,
+//! stops after that token with its KV ending at the boundary, and the target
+//! pulls only the pages that came after.
 //!
 //! Invariants: the client's chunks keep the first worker's `id` and
 //! `created`; a move that fails before the hand-off leaves the process where
@@ -20,14 +21,14 @@ use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Method, StatusCode};
-use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
-use futures_util::{FutureExt, StreamExt};
+use futures_util::StreamExt;
 use pie_client::sse::{SseBlocks, SseTooLarge};
 use pie_core::wire::{HANDOFF_COMMENT, PROCESS_COMMENT, RESUME_FIELD, TOKEN_IDS_KEY};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use crate::live_move::{LiveMove, Next};
 use crate::placed::{channel_body, count_move_failure, Moved, Placed, MAX_RESUMES};
 use crate::respond::error_event;
 use crate::streams::{Move, Reason};
@@ -45,30 +46,6 @@ enum Event {
     Forward(Bytes),
     Skip,
     Done(Bytes),
-    HandedOff,
-}
-
-/// A live move under way.
-struct Migration {
-    reason: Reason,
-    target: String,
-    /// The prefetch under way, if one is.
-    stage: Option<BoxFuture<'static, Result<(), String>>>,
-    phase: Phase,
-}
-
-/// Where a live move stops the source. The bulk of the pages is copied
-/// while the source decodes; then the hand-off is asked for when the source
-/// is one token short of filling a page, and the source stops after that
-/// token, between two steps: its KV then ends exactly at a page boundary,
-/// the target pulls the pages since the bulk and computes one token (about
-/// one decode step) before the client sees the next.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    Bulk,
-    /// Bulk copied; waiting for the source to near a page boundary.
-    AwaitPage,
-    /// Asked; waiting for the source's stream to end with the hand-off.
     HandedOff,
 }
 
@@ -127,24 +104,19 @@ impl Run {
         mut moves: mpsc::UnboundedReceiver<Move>,
     ) {
         let mut blocks = SseBlocks::default();
-        let mut migration: Option<Migration> = None;
+        let mut migration: Option<LiveMove> = None;
         loop {
             let mut broke = None;
             let step = tokio::select! {
                 chunk = upstream.next() => Step::Chunk(chunk),
                 m = moves.recv() => Step::Move(m),
-                staged = stage(&mut migration) => Step::Staged(staged),
+                staged = LiveMove::staged(&mut migration) => Step::Staged(staged),
             };
             let resume = match step {
                 Step::Chunk(Some(Ok(bytes))) => {
                     match self.forward_events(blocks.push(&bytes), &out).await {
                         Flow::Go => {
-                            if let Some(m) = &mut migration {
-                                if let Err(e) = self.on_token(m).await {
-                                    self.abandon(m, &e);
-                                    migration = None;
-                                }
-                            }
+                            self.advance(&mut migration).await;
                             continue;
                         }
                         Flow::End => return,
@@ -187,26 +159,17 @@ impl Run {
                 Step::Move(None) => continue,
                 Step::Move(Some(m)) => {
                     if migration.is_none() {
-                        migration = self.begin_move(m);
+                        migration = self.begin_move(m).await;
                     }
                     continue;
                 }
-                Step::Staged(result) => {
-                    let Some(m) = &mut migration else { continue };
-                    let handed = match result {
-                        Ok(()) if self.page_size() > 0 => {
-                            m.phase = Phase::AwaitPage;
-                            Ok(())
-                        }
-                        Ok(()) => {
-                            m.phase = Phase::HandedOff;
-                            self.hand_off().await
-                        }
-                        Err(e) => Err(e),
-                    };
-                    if let Err(e) = handed {
-                        self.abandon(m, &e);
-                        migration = None;
+                Step::Staged(Ok(())) => {
+                    self.advance(&mut migration).await;
+                    continue;
+                }
+                Step::Staged(Err(e)) => {
+                    if let Some(m) = migration.take() {
+                        m.abandon(&self.relay.placed, &e);
                     }
                     continue;
                 }
@@ -344,63 +307,37 @@ impl Run {
         }
     }
 
-    /// Choose where a move goes and start its first stage (the prefetch).
-    fn begin_move(&self, m: Move) -> Option<Migration> {
-        let target_url = self.relay.placed.move_target(&m)?;
-        Some(Migration {
-            reason: m.reason,
-            stage: Some(self.prefetch(&target_url)),
-            target: m.to,
-            phase: Phase::Bulk,
-        })
-    }
-
-    /// The target pulls the pages the source holds of the tokens so far.
-    fn prefetch(&self, target_url: &str) -> BoxFuture<'static, Result<(), String>> {
+    /// The prompt and every token the client has: what the source's KV
+    /// holds once its current step ends.
+    fn tokens(&self) -> Vec<u32> {
         let mut tokens = self.relay.placed.prompt.clone();
         tokens.extend_from_slice(&self.generated);
-        let url = format!("{target_url}/v1/internal/kv/prefetch");
-        let body = json!({"from": self.relay.placed.url, "tokens": tokens});
-        self.relay
-            .placed
-            .post(url.clone(), body)
-            .map(move |answer| match answer? {
-                (status, _) if status.is_success() => Ok(()),
-                (status, answer) => Err(format!("{url}: {status} {answer}")),
-            })
-            .boxed()
+        tokens
     }
 
-    /// The source's page size (0: unknown).
-    fn page_size(&self) -> usize {
-        self.relay
-            .placed
-            .ctl
-            .registry
-            .page_size_of(&self.relay.placed.worker)
+    /// Start move `m` (its first stage, the prefetch); None when it cannot.
+    async fn begin_move(&self, m: Move) -> Option<LiveMove> {
+        let (live, next) = LiveMove::begin(&self.relay.placed, m, Some(&self.tokens()))?;
+        self.act(live, next).await
     }
 
-    /// After tokens arrived: ask for the hand-off when the next token
-    /// completes the source's KV up to a page boundary (prompt + tokens, one
-    /// more, is one past a multiple of the page size).
-    async fn on_token(&self, m: &mut Migration) -> Result<(), String> {
-        let page = self.page_size();
-        let tokens = self.relay.placed.prompt.len() + self.generated.len();
-        if m.phase == Phase::AwaitPage && tokens.is_multiple_of(page) {
-            m.phase = Phase::HandedOff;
-            return self.hand_off().await;
+    /// After a stage ended or a token arrived: the move plan's next step.
+    async fn advance(&self, migration: &mut Option<LiveMove>) {
+        if let Some(mut live) = migration.take() {
+            let next = live.advance(&self.relay.placed, &self.tokens());
+            *migration = self.act(live, next).await;
         }
-        Ok(())
     }
 
-    fn abandon(&self, m: &Migration, error: &str) {
-        tracing::warn!(
-            worker = self.relay.placed.worker,
-            target = m.target,
-            error,
-            "move abandoned; the process goes on where it is"
-        );
-        self.count_failure(m.reason);
+    /// Ask for the hand-off if `next` says so; the move, unless it failed.
+    async fn act(&self, live: LiveMove, next: Next) -> Option<LiveMove> {
+        if next == Next::HandOff {
+            if let Err(e) = self.hand_off().await {
+                live.abandon(&self.relay.placed, &e);
+                return None;
+            }
+        }
+        Some(live)
     }
 
     /// Ask the current worker to hand the process off.
@@ -444,8 +381,7 @@ impl Run {
         let mut body = self.relay.placed.body.clone();
         body[RESUME_FIELD] = json!({"tokens": self.generated, "from": source});
         let body = Bytes::from(body.to_string());
-        let mut tokens = self.relay.placed.prompt.clone();
-        tokens.extend_from_slice(&self.generated);
+        let tokens = self.tokens();
         let mut targets = self.relay.placed.resume_targets(target);
         while let Some((name, url)) = targets.next(&self.relay.placed, &tokens) {
             if let Some(upstream) = self.try_worker(&name, &url, body.clone()).await {
@@ -530,20 +466,6 @@ enum Flow {
     Go,
     End,
     HandedOff,
-}
-
-/// The migration's pending stage, or never.
-async fn stage(migration: &mut Option<Migration>) -> Result<(), String> {
-    match migration.as_mut().and_then(|m| m.stage.as_mut()) {
-        Some(f) => {
-            let result = f.await;
-            if let Some(m) = migration.as_mut() {
-                m.stage = None;
-            }
-            result
-        }
-        None => std::future::pending().await,
-    }
 }
 
 /// A completion or chat chunk with no text and no finish: a token that made

@@ -2,27 +2,29 @@
 //! `MigrateProcess` action, e.g. from `rebalance`): what it costs and what the
 //! run counts of it. `sim/migrate.rs` carries it out in stages, as Llumnix does:
 //!
+//! The stages are `pie_policy::cluster::MovePlan`'s, the controller's own:
+//!
 //! 1. Copy: the process's computed pages (a running process's full pages; a
 //!    queued one's prefix cached on the source) that the target does not hold
 //!    go over the target's receiving link (`disaggregate::Links`, KV bytes per
 //!    token as `disaggregate::kv_bytes_per_token`), while the process keeps
 //!    running on the source.
-//! 2. At the source's next step boundary after a copy ends, if more than one
-//!    full page was computed meanwhile, those pages are copied again (another
-//!    stage); otherwise the process leaves the source (its pages released
-//!    there) and pauses: the rest (at most one full page and the last partial
-//!    page) crosses the link, then [`PAUSE_US`] more. It produces no token
-//!    while paused.
+//! 2. At the source's step boundaries after a copy ends: another stage if
+//!    more than one full page was computed meanwhile; otherwise, once its KV
+//!    ends at a page boundary (at once for a queued process), the process
+//!    leaves the source (its pages released there) and pauses: the pages
+//!    computed since the last stage cross the link, then [`PAUSE_US`] more.
+//!    It produces no token while paused.
 //! 3. Resume: its pages go into the target's prefix cache (as a transferred
 //!    prefill's do) and it joins the target's queue with its arrival time and
 //!    the tokens it generated, so no token is lost or produced twice; its
-//!    session is routed to the target from then on. The last partial page is
-//!    recomputed there in its first step (fewer than a page of tokens).
+//!    session is routed to the target from then on.
 //!
 //! A process that finishes or is aborted on the source before it leaves is
 //! not moved (counted as abandoned), as a real migration is abandoned, never
 //! half done.
 
+use pie_policy::cluster::MovePlan;
 use serde::Serialize;
 
 /// The fixed part of a migration's pause (us), beyond the transfer of its last
@@ -37,8 +39,8 @@ pub const PAUSE_US: u64 = 20_000;
 pub struct Migration {
     pub from: usize,
     pub to: usize,
-    /// Leading pages of the process already copied (or held by the target).
-    pub copied_pages: usize,
+    /// The stages so far and what comes next (the controller's plan).
+    pub plan: MovePlan,
 }
 
 /// What a run's migrations did (simulator-wide counts).

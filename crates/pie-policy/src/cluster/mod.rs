@@ -22,6 +22,7 @@ mod heat;
 mod index;
 mod least_loaded;
 mod masks;
+mod move_plan;
 mod pending;
 mod persist_prefix;
 mod pin;
@@ -53,6 +54,7 @@ pub use factory::{
 pub use heat::{HotChain, PrefixHeat, HEAT_CAPACITY, HOT_PREFIXES};
 pub use index::{ClusterIndex, PrefixHolder};
 pub use least_loaded::LeastLoaded;
+pub use move_plan::{MovePlan, MoveStep, Progress, RESTAGE_PAGES};
 pub use pending::PendingBlocks;
 pub use persist_prefix::{PersistPrefix, PersistPrefixConfig};
 pub use pin::{Pin, PinConfig};

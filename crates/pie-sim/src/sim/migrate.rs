@@ -3,8 +3,10 @@
 //! then it leaves its source at a step boundary, pauses while its last pages
 //! cross the link, and joins the target's queue.
 
+use std::ops::Range;
+
 use pie_core::SeqId;
-use pie_policy::cluster::Stage;
+use pie_policy::cluster::{MovePlan, MoveStep, Progress, Stage};
 
 use crate::events::Event;
 use crate::migrate::{Migration, PAUSE_US};
@@ -48,17 +50,17 @@ impl Sim<'_> {
             self.workers[f].pages.seq(slot(seq)).handoff.is_none(),
             "migrate: `{process}` is a remote prefill on `{from}`"
         );
-        self.migrations.insert(
-            r,
-            Migration {
-                from: f,
-                to: t,
-                copied_pages: 0,
-            },
-        );
+        let mut plan = MovePlan::new(self.cfg.profile.page_size);
+        let progress = self.progress(f, self.workers[f].pages.seq(slot(seq)));
+        let first = plan.start(Some(progress));
+        let migration = Migration {
+            from: f,
+            to: t,
+            plan,
+        };
+        self.migrations.insert(r, migration);
         self.counters.migrations.started += 1;
-        self.copy_stage(r, seq, now);
-        Ok(())
+        self.take_move_step(r, seq, first, now)
     }
 
     /// Request `r`'s sequence on worker `w`, if it is there.
@@ -84,23 +86,52 @@ impl Sim<'_> {
             .count()
     }
 
-    /// A copy stage of request `r`'s migration: the pages computed since the
-    /// last stage that the target lacks go over its link while the process
-    /// runs on; with none to copy, it is looked at at the next step boundary.
-    pub(super) fn copy_stage(&mut self, r: u32, seq: SeqId, now: u64) {
+    /// Where `s` stands on worker `w`, as the move plan reads it: a
+    /// sequence holding pages runs on (its computed tokens); a queued one
+    /// has its cached prefix and leaves at once.
+    fn progress(&self, w: usize, s: &Seq) -> Progress {
+        match s.pages > 0 {
+            true => Progress {
+                kv_tokens: s.len as usize,
+                running: true,
+            },
+            false => Progress {
+                kv_tokens: self.computed_pages(w, s) * self.cfg.profile.page_size,
+                running: false,
+            },
+        }
+    }
+
+    /// Carry out the plan's `step` for request `r`'s migration.
+    fn take_move_step(
+        &mut self,
+        r: u32,
+        seq: SeqId,
+        step: MoveStep,
+        now: u64,
+    ) -> anyhow::Result<()> {
         let Some(m) = self.migrations.get(&r).copied() else {
-            return;
+            return Ok(());
         };
+        match step {
+            MoveStep::Copy(pages) => self.copy_stage(r, m, seq, pages, now),
+            MoveStep::Await => self.awaiting[m.from].push(r),
+            MoveStep::HandOff => self.leave_source(r, m, seq, now)?,
+        }
+        Ok(())
+    }
+
+    /// A copy stage of request `r`'s migration: the pages of `stage` that
+    /// the target lacks go over its link while the process runs on; with
+    /// none to copy, it is looked at at the next step boundary.
+    fn copy_stage(&mut self, r: u32, m: Migration, seq: SeqId, stage: Range<usize>, now: u64) {
         let s = self.workers[m.from].pages.seq(slot(seq));
-        let upto = self.computed_pages(m.from, s);
+        let held = s.hashes.len();
         let target = &self.workers[m.to].pages.cache;
-        let pages = s.hashes[m.copied_pages.min(upto)..upto]
+        let pages = s.hashes[stage.start.min(held)..stage.end.min(held)]
             .iter()
             .filter(|h| !target.contains(h))
             .count() as u64;
-        if let Some(m) = self.migrations.get_mut(&r) {
-            m.copied_pages = upto;
-        }
         if pages == 0 {
             self.awaiting[m.from].push(r);
             return;
@@ -127,54 +158,53 @@ impl Sim<'_> {
         Ok(())
     }
 
-    /// At a step boundary of worker `w`, each migration whose copy stage ended:
-    /// another stage if more than one full page was computed meanwhile, else
-    /// the process leaves `w` and pauses while its last pages cross the link.
+    /// At a step boundary of worker `w`, each migration awaiting one takes
+    /// its plan's next step.
     pub(super) fn migration_boundary(&mut self, w: usize, now: u64) -> anyhow::Result<()> {
-        if self.awaiting[w].is_empty() {
-            return Ok(());
-        }
-        let ps = self.cfg.profile.page_size;
         for r in std::mem::take(&mut self.awaiting[w]) {
-            let Some(m) = self.migrations.get(&r).copied() else {
-                continue;
-            };
             let Some(seq) = self.find_seq(w, r) else {
                 continue;
             };
-            let s = self.workers[w].pages.seq(slot(seq));
-            let upto = self.computed_pages(w, s);
-            let uncopied = upto.saturating_sub(m.copied_pages);
-            if uncopied > 1 {
-                self.copy_stage(r, seq, now);
+            let progress = self.progress(w, self.workers[w].pages.seq(slot(seq)));
+            let Some(m) = self.migrations.get_mut(&r) else {
                 continue;
-            }
-            let partial = usize::from(s.pages > 0 && !(s.len as usize).is_multiple_of(ps));
-            let index = (self.workers[w].scheduler.position(seq))
-                .ok_or_else(|| anyhow::anyhow!("request {r} is not among its worker's"))?;
-            let (scheduler, mut kv, _) = self.split(w);
-            scheduler.finish(&mut kv, &[index], false);
-            let s = self.workers[w].pages.remove(slot(seq));
-            self.sync_index(w);
-            self.router.set_load(w, self.router.load(w) - 1);
-            self.router.set_load(m.to, self.router.load(m.to) + 1);
-            let pages = (uncopied + partial) as u64;
-            let bytes = pages * ps as u64 * self.cfg.kv_bytes_per_token;
-            let copied = match bytes {
-                0 => now,
-                _ => self.links.book(&self.cfg.profile, m.to, now, bytes).1,
             };
-            let resume = copied + PAUSE_US;
-            let c = &mut self.counters.migrations;
-            c.stages += u64::from(bytes > 0);
-            c.pages += pages;
-            c.bytes += bytes;
-            c.pause_us += resume - now;
-            c.max_pause_us = c.max_pause_us.max(resume - now);
-            self.records[r as usize].worker = m.to as u32;
-            self.paused.insert(r, (s, upto));
-            self.events.push(resume, Event::Migrated(r));
+            let step = m.plan.next(progress);
+            self.take_move_step(r, seq, step, now)?;
         }
+        Ok(())
+    }
+
+    /// Request `r` leaves worker `m.from` and pauses while the pages computed
+    /// since its last stage cross the link.
+    fn leave_source(&mut self, r: u32, m: Migration, seq: SeqId, now: u64) -> anyhow::Result<()> {
+        let w = m.from;
+        let s = self.workers[w].pages.seq(slot(seq));
+        let upto = self.computed_pages(w, s);
+        let pages = m.plan.pause_pages(self.progress(w, s)).len() as u64;
+        let index = (self.workers[w].scheduler.position(seq))
+            .ok_or_else(|| anyhow::anyhow!("request {r} is not among its worker's"))?;
+        let (scheduler, mut kv, _) = self.split(w);
+        scheduler.finish(&mut kv, &[index], false);
+        let s = self.workers[w].pages.remove(slot(seq));
+        self.sync_index(w);
+        self.router.set_load(w, self.router.load(w) - 1);
+        self.router.set_load(m.to, self.router.load(m.to) + 1);
+        let bytes = pages * self.cfg.profile.page_size as u64 * self.cfg.kv_bytes_per_token;
+        let copied = match bytes {
+            0 => now,
+            _ => self.links.book(&self.cfg.profile, m.to, now, bytes).1,
+        };
+        let resume = copied + PAUSE_US;
+        let c = &mut self.counters.migrations;
+        c.stages += u64::from(bytes > 0);
+        c.pages += pages;
+        c.bytes += bytes;
+        c.pause_us += resume - now;
+        c.max_pause_us = c.max_pause_us.max(resume - now);
+        self.records[r as usize].worker = m.to as u32;
+        self.paused.insert(r, (s, upto));
+        self.events.push(resume, Event::Migrated(r));
         Ok(())
     }
 
