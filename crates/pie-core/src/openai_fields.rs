@@ -67,10 +67,6 @@ fn empty(v: &Value) -> bool {
     }
 }
 
-fn text_format(v: &Value) -> bool {
-    v.is_null() || v["type"] == "text"
-}
-
 fn no_tool_call(v: &Value) -> bool {
     v.is_null() || v == "none" || v == "auto"
 }
@@ -102,6 +98,8 @@ const COMPLETIONS: &[(&str, Rule)] = &[
     ("echo", UnlessInert(false_or_null, "false")),
     ("suffix", UnlessInert(empty, "empty")),
     ("logprobs", Served),
+    // Not in the SDK's completion type; served as vLLM serves it.
+    ("response_format", Served),
 ];
 
 const CHAT: &[(&str, Rule)] = &[
@@ -117,10 +115,7 @@ const CHAT: &[(&str, Rule)] = &[
     ("moderation", Metadata),
     ("logprobs", Served),
     ("top_logprobs", Served),
-    (
-        "response_format",
-        UnlessInert(text_format, "{\"type\": \"text\"}"),
-    ),
+    ("response_format", Served),
     ("tools", UnlessInert(empty, "empty")),
     (
         "tool_choice",
@@ -215,12 +210,6 @@ mod tests {
     #[test]
     fn an_unserved_field_passes_only_when_inert() {
         for (endpoint, field, inert, live) in [
-            (
-                Endpoint::Chat,
-                "response_format",
-                json!({"type": "text"}),
-                json!({"type": "json_object"}),
-            ),
             (
                 Endpoint::Chat,
                 "tools",

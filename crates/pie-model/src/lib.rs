@@ -6,10 +6,12 @@
 //! - `attention`: causal attention over the pages (blocked, online softmax, SIMD).
 //! - `matmul`: quantised linear layers (4- and 8-bit blocks, AVX2 kernel).
 //! - [`tokenizer`]: the GGUF's byte-level BPE tokenizer and chat template.
+//! - [`constraint`]: constrained generation (JSON schema, regex, grammar) via llguidance.
 //! - [`sampling`]: greedy, temperature, top-k and top-p sampling with a seed.
 //! - [`synth`]: a tiny random-weights Llama written as GGUF, for tests.
 
 mod attention;
+pub mod constraint;
 pub mod gguf;
 mod matmul;
 pub mod model;
@@ -18,6 +20,7 @@ pub mod sampling;
 pub mod synth;
 pub mod tokenizer;
 
+pub use constraint::{Constraint, Grammar, GrammarSpec, Grammars};
 pub use gguf::LlamaConfig;
 pub use model::{Model, SeqInput};
 pub use sampling::{logprobs, Sampler, SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS};

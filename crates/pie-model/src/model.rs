@@ -11,6 +11,7 @@ use pie_core::ModelFingerprint;
 use pie_kv::{KvLayout, KvPool, PageTable};
 
 use crate::attention::{self, Heads, SeqRows};
+use crate::constraint::Grammars;
 use crate::gguf::{GgufFile, LlamaConfig};
 use crate::matmul::{Kernel, QWeight};
 use crate::ops::{rms_norm, silu, Rope};
@@ -42,6 +43,8 @@ pub struct Model {
     /// Linear layers in f32 without activation quantisation (see
     /// [`Model::with_float_activations`]).
     float_activations: bool,
+    /// Built on the first constrained request (see [`Model::grammars`]).
+    grammars: std::sync::OnceLock<Result<Grammars, String>>,
 }
 
 /// One sequence's part of a step: its new tokens, starting at position `start`
@@ -109,6 +112,7 @@ impl Model {
             rope,
             matmul,
             float_activations: false,
+            grammars: std::sync::OnceLock::new(),
         })
     }
 
@@ -119,6 +123,15 @@ impl Model {
     pub fn with_float_activations(mut self) -> Self {
         self.float_activations = true;
         self
+    }
+
+    /// The grammar machinery over this model's vocabulary, built once on
+    /// first use (its token slices take a moment on a large vocabulary).
+    pub fn grammars(&self) -> Result<&Grammars, String> {
+        self.grammars
+            .get_or_init(|| Grammars::new(&self.tokenizer, self.config.vocab))
+            .as_ref()
+            .map_err(|e| format!("constrained generation is unavailable for this model: {e}"))
     }
 
     /// One linear layer over `rows` rows of `x`.

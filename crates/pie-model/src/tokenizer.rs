@@ -227,6 +227,14 @@ impl Tokenizer {
         Some(bytes.unwrap_or_else(|| piece.into_bytes()))
     }
 
+    /// The ids of special tokens (control and user-defined: never text).
+    pub fn special_tokens(&self) -> std::collections::HashSet<u32> {
+        (self.inner.get_added_tokens_decoder().iter())
+            .filter(|(_, t)| t.special)
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }

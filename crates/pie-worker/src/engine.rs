@@ -11,6 +11,7 @@
 //! and the sequence ordered first can always preempt the others, so every
 //! admitted sequence finishes.
 
+mod constrained;
 mod kv;
 mod state;
 mod transfer;
@@ -21,7 +22,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use pie_core::{Props, SeqId};
 use pie_kv::{KvPool, PageTable, PoolStats};
-use pie_model::{Model, Sampler, SamplingParams, SeqInput, TokenLogprobs};
+use pie_model::{Grammar, Model, Sampler, SamplingParams, SeqInput, TokenLogprobs};
 use pie_policy::{
     scheduler::prefill_share, Candidate, KeepSession, Planned, Scheduler, StepLimits, WorkerPolicy,
 };
@@ -60,6 +61,9 @@ pub struct Request {
     /// Report each sampled token's log-probability and the this many most
     /// likely alternatives ([`StepOutput::logprobs`]); None: no logprobs.
     pub logprobs: Option<usize>,
+    /// Constrain the output to this grammar (a resumed process's earlier
+    /// tokens, `sampled_before`, are advanced over first).
+    pub grammar: Option<Grammar>,
 }
 
 impl Request {
@@ -79,6 +83,7 @@ impl Request {
             sampled_before: 0,
             reload_after_preemption: false,
             logprobs: None,
+            grammar: None,
         }
     }
 }
@@ -97,6 +102,8 @@ pub enum FinishReason {
 pub enum AdmitError {
     #[error("the prompt is empty")]
     EmptyPrompt,
+    #[error("the tokens to resume from break the output's constraint: {0}")]
+    Constraint(String),
     #[error("prompt of {prompt} tokens leaves no room to generate: the limit is {limit} tokens ({what})")]
     TooLong {
         prompt: usize,
@@ -127,6 +134,8 @@ pub struct StepOutput {
     /// For sequences that asked ([`Request::logprobs`]): each sample's
     /// log-probabilities, a stop token's included, before its token.
     pub logprobs: Vec<(SeqId, TokenLogprobs)>,
+    /// How long each constrained sequence's mask took this step.
+    pub mask_times: Vec<std::time::Duration>,
 }
 
 impl Engine {
@@ -274,6 +283,16 @@ impl Engine {
             .prompt
             .split_at(req.prompt.len().saturating_sub(req.sampled_before));
         let sampler = Sampler::resumed(req.sampling, prompt, sampled);
+        let constraint = match &req.grammar {
+            Some(grammar) => {
+                let mut constraint = grammar.start();
+                constraint
+                    .advance(sampled)
+                    .map_err(AdmitError::Constraint)?;
+                Some(Box::new(constraint))
+            }
+            None => None,
+        };
         let seq = Sequence {
             prompt_len: req.prompt.len(),
             max_tokens: req.max_tokens.min(limit - req.prompt.len()),
@@ -286,6 +305,7 @@ impl Engine {
             reload_after_preemption: req.reload_after_preemption,
             reload_pending: false,
             logprobs: req.logprobs,
+            constraint,
         };
         Ok(self.insert(seq, req.arrival_ms, req.client, req.props))
     }
@@ -334,6 +354,7 @@ impl Engine {
             reload_after_preemption: false,
             reload_pending: false,
             logprobs: p.logprobs,
+            constraint: None,
         };
         Ok(self.insert(seq, arrival_ms, client, props))
     }
@@ -389,12 +410,15 @@ impl Engine {
         self.scheduler.plan(&mut self.kv, now_ms, &mut plan);
         out.started = std::mem::take(&mut self.kv.started);
         out.to_reload = std::mem::take(&mut self.kv.to_reload);
-        let rejected = self.reject_invalid(&mut plan);
+        let mut rejected = self.reject_invalid(&mut plan);
         if plan.is_empty() {
             self.fail(rejected, &mut out);
             return Ok(out);
         }
-        let mut logits = self.forward(&plan)?.into_iter();
+        let taken = self.take_constraints(&plan);
+        let (logits, masked) = constrained::overlapped(taken, || self.forward(&plan));
+        let mut logits = logits?.into_iter();
+        let mut mask_failed = self.return_constraints(masked, &mut out);
         self.counters.steps += 1;
         let mut done = Vec::new();
         for p in plan {
@@ -413,22 +437,19 @@ impl Engine {
             let mut generated = 0;
             if new_len == seq.tokens.len() {
                 let row = logits.next().expect("logits for every finished chunk");
-                let token = seq.sampler.sample(&row);
-                if let Some(top) = seq.logprobs {
-                    out.logprobs
-                        .push((p.seq, pie_model::logprobs(&row, token, top)));
-                }
-                let finish = if seq.stop_tokens.contains(&token) {
-                    Some(FinishReason::Stop)
-                } else {
-                    seq.tokens.push(token);
-                    out.tokens.push((p.seq, token));
-                    generated = 1;
-                    (seq.generated() >= seq.max_tokens).then_some(FinishReason::Length)
+                let sampled = match mask_failed.remove(&p.seq) {
+                    Some(e) => Err(e),
+                    None => sample_next(seq, p.seq, &row, &mut out),
                 };
-                if let Some(reason) = finish {
-                    out.finished.push((p.seq, reason, seq.info()));
-                    done.push(p.index);
+                match sampled {
+                    Ok((n, finish)) => {
+                        generated = n;
+                        if let Some(reason) = finish {
+                            out.finished.push((p.seq, reason, seq.info()));
+                            done.push(p.index);
+                        }
+                    }
+                    Err(e) => rejected.push((p.seq, e)),
                 }
             }
             self.counters.generated_tokens += generated as u64;
@@ -439,6 +460,38 @@ impl Engine {
         }
         self.fail(rejected, &mut out);
         Ok(out)
+    }
+
+    /// The constraints of the planned sequences that sample this step,
+    /// taken out for their masks.
+    fn take_constraints(&mut self, plan: &[Planned]) -> constrained::Taken {
+        let mut taken = Vec::new();
+        for p in plan {
+            let Some(s) = self.kv.seqs.get_mut(&p.seq) else {
+                continue;
+            };
+            if s.table.len() + p.tokens == s.tokens.len() {
+                if let Some(c) = s.constraint.take() {
+                    taken.push((p.seq, c));
+                }
+            }
+        }
+        taken
+    }
+
+    /// Put the masked constraints back; the sequences whose constraint failed.
+    fn return_constraints(
+        &mut self,
+        masked: constrained::Masked,
+        out: &mut StepOutput,
+    ) -> HashMap<SeqId, String> {
+        out.mask_times = masked.times;
+        for (id, c) in masked.ready {
+            if let Some(seq) = self.kv.seqs.get_mut(&id) {
+                seq.constraint = Some(c);
+            }
+        }
+        masked.failed
     }
 
     /// Take out of `plan` the chunks that would fail the whole batched forward
@@ -540,4 +593,45 @@ impl Engine {
             .map(|s| s.prompt_len.saturating_sub(s.table.len()))
             .sum()
     }
+}
+
+/// Sample `seq`'s next token from `row` (under its constraint's mask):
+/// the tokens it generated (0 for a stop token) and why it finishes, or why
+/// it fails.
+fn sample_next(
+    seq: &mut Sequence,
+    id: SeqId,
+    row: &[f32],
+    out: &mut StepOutput,
+) -> std::result::Result<(usize, Option<FinishReason>), String> {
+    let token = match &seq.constraint {
+        Some(c) => {
+            let mut masked = row.to_vec();
+            c.apply(&mut masked);
+            seq.sampler.sample(&masked)
+        }
+        None => seq.sampler.sample(row),
+    };
+    if let Some(top) = seq.logprobs {
+        out.logprobs
+            .push((id, pie_model::logprobs(row, token, top)));
+    }
+    if seq.stop_tokens.contains(&token) {
+        return Ok((0, Some(FinishReason::Stop)));
+    }
+    let complete = match &mut seq.constraint {
+        Some(c) => {
+            c.advance(&[token])
+                .map_err(|e| format!("constrained generation: {e}"))?;
+            c.is_stopped()
+        }
+        None => false,
+    };
+    seq.tokens.push(token);
+    out.tokens.push((id, token));
+    let finish = match complete {
+        true => Some(FinishReason::Stop),
+        false => (seq.generated() >= seq.max_tokens).then_some(FinishReason::Length),
+    };
+    Ok((1, finish))
 }

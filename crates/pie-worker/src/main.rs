@@ -549,6 +549,7 @@ fn run(
         sampled_before: 0,
         reload_after_preemption: false,
         logprobs: None,
+        grammar: None,
     })?;
     let mut decoder = IncrementalDecoder::default();
     let mut stdout = std::io::stdout();

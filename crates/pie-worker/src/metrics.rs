@@ -60,6 +60,8 @@ pub struct Metrics {
     /// Pulls that ended incomplete: the rest of the prompt was prefilled here.
     pub transfer_fallbacks: Counter,
     pub transfer_seconds: Histogram,
+    /// One constrained sequence's token mask (computed beside the forward).
+    pub constraint_mask_seconds: Histogram,
     /// Pages pinned by leases of transfers to peers.
     pub transfer_leased_pages: Gauge,
     /// `[runtime.persist]` pages by what happened to them.
@@ -110,6 +112,7 @@ impl Metrics {
             transfer_refusals: Family::default(),
             transfer_fallbacks: Counter::default(),
             transfer_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            constraint_mask_seconds: Histogram::new(exponential_buckets(0.000_01, 2.0, 18)),
             transfer_leased_pages: Gauge::default(),
             persist_pages: Family::default(),
             persisted_pages: Gauge::default(),
@@ -236,6 +239,11 @@ impl Metrics {
             "kv_transfer_seconds",
             "Time of one KV pull, the peer's prefill included",
             m.transfer_seconds.clone(),
+        );
+        m.registry.register(
+            "constraint_mask_seconds",
+            "Time to compute one constrained sequence's token mask (response_format)",
+            m.constraint_mask_seconds.clone(),
         );
         m.registry.register(
             "kv_leased_pages",

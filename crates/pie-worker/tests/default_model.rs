@@ -35,6 +35,7 @@ fn greedy(model: &Arc<Model>, text: &str, max_tokens: usize) -> String {
             sampled_before: 0,
             reload_after_preemption: false,
             logprobs: None,
+            grammar: None,
         })
         .unwrap();
     let mut out: HashMap<_, Vec<u32>> = HashMap::new();

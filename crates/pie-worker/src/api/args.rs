@@ -25,6 +25,7 @@ pub const GEN_FIELDS: &[&str] = &[
     "presence_penalty",
     "repetition_penalty",
     "logit_bias",
+    "response_format",
 ];
 
 /// Sampling and length arguments shared by every way of starting generation.
@@ -44,6 +45,8 @@ pub struct GenArgs {
     pub repetition_penalty: Option<f32>,
     /// Token id (as a string, as OpenAI sends it) to a bias.
     pub logit_bias: Option<BTreeMap<String, f32>>,
+    /// Constrained output (see `api::response_format`).
+    pub response_format: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -96,6 +99,7 @@ impl GenArgs {
             cache_salt: None,
             resume: None,
             logprobs: None,
+            grammar: None,
         })
     }
 
@@ -193,7 +197,7 @@ mod gen_fields_tests {
         let all = serde_json::json!({"max_tokens": 3, "temperature": 0.5, "top_p": 0.9,
             "top_k": 4, "min_p": 0.1, "seed": 1, "stop": "x", "ignore_eos": true,
             "frequency_penalty": 1, "presence_penalty": 1, "repetition_penalty": 1.1,
-            "logit_bias": {"5": -100}});
+            "logit_bias": {"5": -100}, "response_format": {"type": "text"}});
         assert_eq!(all.as_object().unwrap().len(), GEN_FIELDS.len());
         assert!(GEN_FIELDS.iter().all(|f| all.get(f).is_some()));
         let a: GenArgs = serde_json::from_value(all).unwrap();
@@ -201,5 +205,6 @@ mod gen_fields_tests {
         assert!(a.top_k.is_some() && a.seed.is_some() && a.stop.is_some() && a.ignore_eos);
         assert!(a.min_p.is_some() && a.frequency_penalty.is_some() && a.presence_penalty.is_some());
         assert!(a.repetition_penalty.is_some() && a.logit_bias.is_some());
+        assert!(a.response_format.is_some());
     }
 }

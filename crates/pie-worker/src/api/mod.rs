@@ -22,6 +22,7 @@ mod health;
 mod inferlets;
 mod internal;
 mod processes;
+mod response_format;
 
 use admin::{admin_drain, admin_reload, kv_forget_persisted};
 use health::{health, livez, metrics};

@@ -29,6 +29,7 @@ use super::auth::{
     trusted_stream_ids, Authed,
 };
 use super::logprobs::{self, Scored};
+use super::response_format::checked_options;
 use super::state::{ApiError, ApiJson, AppState};
 use crate::process::{ProcEvent, ProcState, Process, Usage};
 use crate::runtime::{GenOptions, Inferlet, PromptTokens, Resume, Runtime};
@@ -275,7 +276,7 @@ async fn serve(
         prefill_from: trusted_prefill_from(&auth, common.pie_prefill_from.take())?,
         resume: trusted_resume(&auth, common.pie_resume.take())?,
         logprobs: scores,
-        ..common.gen.options(1.0)?
+        ..checked_options(&rt, &common.gen, 1.0).await?
     };
     let relay = Relay {
         token_ids: trusted_stream_ids(&auth, common.pie_stream_ids.take())?,

@@ -19,6 +19,7 @@ use super::auth::{
     cache_salt_of, caller_of, client_of, trusted_prefill_from, trusted_prompt_tokens,
     trusted_resume, trusted_stream_ids, Authed,
 };
+use super::response_format::checked_options;
 use super::state::{ApiError, ApiJson, AppState};
 use crate::inferlets::{InferletError, InferletLaunch, RegistryError};
 use crate::process::{ProcEvent, ProcState, Process};
@@ -100,7 +101,7 @@ pub(super) async fn launch_process(
                 Inferlet::TextCompletion {
                     prompt: a.prompt.into_prompt()?,
                 },
-                a.gen.options(0.0)?,
+                checked_options(&rt, &a.gen, 0.0).await?,
             )
         }
         "chat" => {
@@ -110,7 +111,7 @@ pub(super) async fn launch_process(
                     messages: a.messages,
                     resume_session: true,
                 },
-                a.gen.options(0.0)?,
+                checked_options(&rt, &a.gen, 0.0).await?,
             )
         }
         _ => return launch_installed(&state, &rt, auth, body, props),

@@ -8,7 +8,7 @@ use pie_core::hash::chain_from;
 use pie_core::{BlockHash, SeqId};
 use pie_kv::transfer::export_page;
 use pie_kv::{KvPool, PageTable};
-use pie_model::Sampler;
+use pie_model::{Constraint, Sampler};
 use pie_policy::KvAccounting;
 
 /// Per-sequence facts a caller may report (e.g. OpenAI `usage`).
@@ -37,6 +37,8 @@ pub(super) struct Sequence {
     pub reload_pending: bool,
     /// See [`crate::engine::Request::logprobs`].
     pub logprobs: Option<usize>,
+    /// Its grammar's state (see [`crate::engine::Request::grammar`]).
+    pub constraint: Option<Box<Constraint>>,
 }
 
 impl Sequence {

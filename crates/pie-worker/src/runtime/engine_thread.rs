@@ -123,7 +123,7 @@ fn engine_loop(
         if engine.has_work() {
             #[cfg(feature = "fault-injection")]
             std::thread::sleep(supervision.step_delay());
-            step(&mut engine, subs, step_log.as_mut());
+            step(&mut engine, subs, step_log.as_mut(), metrics);
         }
         for spill in engine.take_spills() {
             let _ = shared.spills.send(spill);
@@ -246,7 +246,12 @@ fn apply(
     }
 }
 
-fn step(engine: &mut Engine, subs: &mut Subscribers, step_log: Option<&mut StepLog>) {
+fn step(
+    engine: &mut Engine,
+    subs: &mut Subscribers,
+    step_log: Option<&mut StepLog>,
+    metrics: &Metrics,
+) {
     let started = Instant::now();
     let out = match engine.step(now_ms()) {
         Ok(out) => out,
@@ -261,6 +266,9 @@ fn step(engine: &mut Engine, subs: &mut Subscribers, step_log: Option<&mut StepL
     };
     if let Some(log) = step_log {
         log.record(started, &out.shape);
+    }
+    for took in &out.mask_times {
+        metrics.constraint_mask_seconds.observe(took.as_secs_f64());
     }
     let mut gone = Vec::new();
     for (id, cached_tokens) in out.started {

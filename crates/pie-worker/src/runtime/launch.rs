@@ -48,6 +48,13 @@ impl Runtime {
         self.check_vocab(&format!("{RESUME_FIELD}.tokens"), &resume.tokens)?;
         let biased: Vec<u32> = opts.sampling.logit_bias.iter().map(|b| b.0).collect();
         self.check_vocab("logit_bias", &biased)?;
+        if let Some(grammar) = &opts.grammar {
+            grammar.start().advance(&resume.tokens).map_err(|e| {
+                LaunchError::BadRequest(format!(
+                    "{RESUME_FIELD}.tokens break the response_format constraint: {e}"
+                ))
+            })?;
+        }
         prompt.extend_from_slice(&resume.tokens);
         if prompt.len() >= self.max_seq_tokens {
             return Err(LaunchError::BadRequest(format!(
@@ -78,6 +85,7 @@ impl Runtime {
             sampled_before: resume.tokens.len(),
             reload_after_preemption: false,
             logprobs: opts.logprobs,
+            grammar: opts.grammar.clone(),
         };
         let trace_input = self
             .settings

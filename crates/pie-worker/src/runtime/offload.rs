@@ -45,6 +45,7 @@ impl Runtime {
             sampled_before: 0,
             reload_after_preemption: false,
             logprobs: None,
+            grammar: None,
         };
         let (seq, mut events) = self.add_sequence(req).await?;
         // A puller that gave up (timeout, gone) drops this future: the

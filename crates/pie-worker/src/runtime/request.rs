@@ -91,6 +91,8 @@ pub struct GenOptions {
     /// Each token's log-probability and this many alternatives' go with
     /// its text (None: none).
     pub logprobs: Option<usize>,
+    /// The output's constraint (`response_format`), compiled.
+    pub grammar: Option<pie_model::Grammar>,
 }
 
 /// Why a launch was refused (mapped to HTTP statuses by the API).

@@ -1,0 +1,293 @@
+//! Constrained generation: the tokens a sequence may sample next, so that its
+//! output matches a JSON schema, any JSON object, a regular expression or a
+//! Lark grammar. The grammars are `llguidance`'s (what llama.cpp, vLLM and
+//! SGLang embed: an Earley parser over a lazily built lexer, with masks
+//! computed against a token trie in well under a millisecond on a 50k
+//! vocabulary). The trie is built here from the model's own tokenizer bytes
+//! (special tokens marked, so text never spells them), so any vocabulary the
+//! tokenizer reads works.
+//!
+//! [`Grammars`] is one per model: the trie and the parser factory (its token
+//! slices are the costly part, built once). [`Grammar`] is a compiled
+//! request (compiling is where a bad schema fails, before anything is
+//! accepted); each sequence runs its own [`Constraint`] from it.
+//!
+//! JSON output is compact (no free whitespace, as OpenAI's is): free
+//! whitespace lets a model pad forever, which a length stop then cuts.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{ApproximateTokEnv, SimpleVob, TokRxInfo, TokTrie, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory, TokenParser};
+use serde_json::{json, Value};
+
+use crate::tokenizer::Tokenizer;
+
+/// What a request constrains its output to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GrammarSpec {
+    /// A value valid under this JSON schema.
+    JsonSchema(Value),
+    /// Any JSON object (OpenAI's `json_object`).
+    JsonObject,
+    /// Text matching this regular expression.
+    Regex(String),
+    /// Text in this Lark grammar (llguidance's dialect).
+    Lark(String),
+}
+
+/// The grammar machinery for one model's vocabulary.
+pub struct Grammars {
+    factory: ParserFactory,
+}
+
+impl Grammars {
+    /// For `tokenizer`, with `vocab` logits a step (ids past the tokenizer's
+    /// are never allowed); `stop_tokens` end a generation the grammar
+    /// accepts.
+    pub fn new(tokenizer: &Tokenizer, vocab: usize) -> Result<Self, String> {
+        let special = tokenizer.special_tokens();
+        let words: Vec<Vec<u8>> = (0..vocab as u32)
+            .map(|id| match tokenizer.token_bytes(id) {
+                Some(bytes) if special.contains(&id) => {
+                    let mut marked = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+                    marked.extend(bytes);
+                    marked
+                }
+                Some(bytes) => bytes,
+                None => Vec::new(),
+            })
+            .collect();
+        let stop = tokenizer.stop_tokens();
+        let eos = *stop
+            .first()
+            .ok_or("the tokenizer names no end-of-sequence token")?;
+        let trie = TokTrie::from(&TokRxInfo::new(vocab as u32, eos), &words).with_eos_tokens(stop);
+        let env: Arc<dyn TokenizerEnv + Sync> = Arc::new(ApproximateTokEnv::new(trie));
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
+        factory.quiet();
+        Ok(Self { factory })
+    }
+
+    /// Compile `spec`; the error names what the library could not use.
+    pub fn compile(&self, spec: &GrammarSpec) -> Result<Grammar, String> {
+        let grammar = match spec {
+            GrammarSpec::JsonSchema(schema) => {
+                TopLevelGrammar::from_json_schema(compact(schema.clone())?)
+            }
+            GrammarSpec::JsonObject => {
+                TopLevelGrammar::from_json_schema(compact(json!({"type": "object"}))?)
+            }
+            GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            GrammarSpec::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
+        };
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| e.to_string())?;
+        Ok(Grammar { parser })
+    }
+}
+
+/// `schema` with llguidance's option for compact JSON, unless it sets its own.
+fn compact(mut schema: Value) -> Result<Value, String> {
+    let object = schema
+        .as_object_mut()
+        .ok_or("a JSON schema must be an object")?;
+    object
+        .entry("x-guidance")
+        .or_insert_with(|| json!({"whitespace_flexible": false}));
+    Ok(schema)
+}
+
+/// A compiled grammar, ready to constrain any number of sequences.
+pub struct Grammar {
+    parser: TokenParser,
+}
+
+impl Clone for Grammar {
+    fn clone(&self) -> Self {
+        Self {
+            parser: self.parser.deep_clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Grammar")
+    }
+}
+
+impl Grammar {
+    /// A fresh constraint at the start of the output.
+    pub fn start(&self) -> Constraint {
+        Constraint {
+            matcher: Matcher::new(Ok(self.parser.deep_clone())),
+            mask: None,
+        }
+    }
+}
+
+/// One sequence's position in its grammar.
+pub struct Constraint {
+    matcher: Matcher,
+    /// The mask for the next token, once computed.
+    mask: Option<SimpleVob>,
+}
+
+impl Constraint {
+    /// Advance over tokens the sequence produced (a resumed one's included).
+    pub fn advance(&mut self, tokens: &[u32]) -> Result<(), String> {
+        self.mask = None;
+        self.matcher
+            .consume_tokens(tokens)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Compute the next token's mask (off the engine thread: the caller
+    /// overlaps it with the forward pass); how long it took.
+    pub fn compute_mask(&mut self) -> Result<Duration, String> {
+        let started = Instant::now();
+        let mask = self.matcher.compute_mask().map_err(|e| e.to_string())?;
+        if mask.is_zero() {
+            return Err("the grammar allows no next token".into());
+        }
+        self.mask = Some(mask);
+        Ok(started.elapsed())
+    }
+
+    /// Forbid in `logits` every token the mask does not allow (all of them
+    /// when no mask was computed: a constrained sequence never samples
+    /// unchecked).
+    pub fn apply(&self, logits: &mut [f32]) {
+        for (id, l) in logits.iter_mut().enumerate() {
+            let allowed = self.mask.as_ref().is_some_and(|m| m.is_allowed(id as u32));
+            if !allowed {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+
+    /// Whether the grammar is complete and allows nothing more.
+    pub fn is_stopped(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{write_test_model, SynthSpec};
+
+    fn grammars() -> (crate::Model, Grammars) {
+        let path = std::env::temp_dir().join(format!(
+            "pie-constraint-{}-{:?}.gguf",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        write_test_model(&path, &SynthSpec::default()).unwrap();
+        let model = crate::Model::load(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let grammars = Grammars::new(&model.tokenizer, model.config.vocab).unwrap();
+        (model, grammars)
+    }
+
+    /// Sample greedily from `logits` under `constraint` until it stops:
+    /// whatever the logits favour, the text matches.
+    fn drive(tokenizer: &Tokenizer, constraint: &mut Constraint, vocab: usize) -> String {
+        let mut out = Vec::new();
+        for step in 0..200 {
+            if constraint.is_stopped() {
+                break;
+            }
+            constraint.compute_mask().unwrap();
+            // Logits that favour a different token every step.
+            let mut logits: Vec<f32> = (0..vocab)
+                .map(|i| ((i * 7919 + step * 104_729) % 1000) as f32)
+                .collect();
+            constraint.apply(&mut logits);
+            let token = crate::sampling::argmax(&logits);
+            if tokenizer.stop_tokens().contains(&token) {
+                break;
+            }
+            out.push(token);
+            constraint.advance(&[token]).unwrap();
+        }
+        tokenizer.decode(&out).unwrap()
+    }
+
+    #[test]
+    fn any_logits_under_a_schema_give_a_valid_value() {
+        let (model, grammars) = grammars();
+        let tokenizer = &model.tokenizer;
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "kind": {"enum": ["cat", "dog"]},
+                "age": {"type": "integer", "minimum": 1, "maximum": 20}
+            },
+            "required": ["kind", "age"],
+            "additionalProperties": false
+        });
+        let grammar = grammars.compile(&GrammarSpec::JsonSchema(schema)).unwrap();
+        let text = drive(tokenizer, &mut grammar.start(), grammars_vocab(&grammars));
+        let value: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        assert!(
+            ["cat", "dog"].contains(&value["kind"].as_str().unwrap()),
+            "{text}"
+        );
+        let age = value["age"].as_i64().unwrap();
+        assert!((1..=20).contains(&age), "{text}");
+        assert_eq!(value.as_object().unwrap().len(), 2, "{text}");
+    }
+
+    #[test]
+    fn a_regex_constrains_and_a_resumed_constraint_continues() {
+        let (model, grammars) = grammars();
+        let tokenizer = &model.tokenizer;
+        let grammar = grammars
+            .compile(&GrammarSpec::Regex("(yes|no), [0-9]{3}".into()))
+            .unwrap();
+        let text = drive(tokenizer, &mut grammar.start(), grammars_vocab(&grammars));
+        let (word, digits) = text.split_once(", ").unwrap_or_else(|| panic!("{text}"));
+        assert!(["yes", "no"].contains(&word), "{text}");
+        assert!(
+            digits.len() == 3 && digits.bytes().all(|b| b.is_ascii_digit()),
+            "{text}"
+        );
+        let yes = tokenizer.encode_continuation("yes").unwrap();
+        let mut resumed = grammar.start();
+        resumed.advance(&yes).unwrap();
+        let rest = drive(tokenizer, &mut resumed, grammars_vocab(&grammars));
+        assert!(rest.starts_with(", ") && rest.len() == 5, "{rest}");
+        let mut wrong = grammar.start();
+        let maybe = tokenizer.encode_continuation("maybe").unwrap();
+        assert!(
+            wrong.advance(&maybe).is_err(),
+            "a token outside the grammar is refused"
+        );
+    }
+
+    #[test]
+    fn a_schema_the_library_cannot_use_is_an_error_naming_it() {
+        let (_, grammars) = grammars();
+        let bad = json!({"type": "object", "properties": {"a": {"type": "no-such-type"}}});
+        let e = grammars.compile(&GrammarSpec::JsonSchema(bad)).unwrap_err();
+        assert!(e.contains("no-such-type"), "{e}");
+        let e = grammars
+            .compile(&GrammarSpec::JsonSchema(json!([1])))
+            .unwrap_err();
+        assert!(e.contains("must be an object"), "{e}");
+        let e = grammars
+            .compile(&GrammarSpec::Regex("(".into()))
+            .unwrap_err();
+        assert!(!e.is_empty());
+    }
+
+    fn grammars_vocab(g: &Grammars) -> usize {
+        g.factory.tok_env().tok_trie().vocab_size()
+    }
+}
