@@ -1,7 +1,7 @@
 //! Moving requests between workers: streams and non-streamed requests on a
 //! crash and on a drain (transcripts identical), a relocation by a PATCHed
 //! pin and by session, a move whose target fails, and a broken stream that
-//! no worker can resume.
+//! no worker can resume; a constrained stream keeps its constraint.
 
 use std::process::Command;
 use std::time::Duration;
@@ -188,6 +188,54 @@ async fn a_non_streamed_request_moves_on_drain_and_on_crash_with_the_same_answer
         assert!(clean, "crash: {crash}: {raw}");
         assert_eq!(text, expected, "crash: {crash}");
         assert_eq!(worker, running, "x-pie-worker names the first worker");
+    }
+    moved_on_drain_and_crash(&c).await;
+}
+
+/// A constrained stream (`response_format`) goes on under its constraint
+/// where it moves: on a drain and on a crash its text is the undisturbed
+/// one, and it matches the grammar (the target re-advanced it over the
+/// tokens so far).
+#[tokio::test]
+async fn a_constrained_stream_keeps_its_constraint_on_drain_and_on_crash() {
+    let mut c = Cluster::start_with(Spec {
+        worker_args: &["--kv-pages", "512"],
+        ..Spec::new("least-loaded,drain-migrate")
+    })
+    .await;
+    let body = json!({"prompt": "spell it:", "max_tokens": 1000, "temperature": 0,
+        "stream": true, "response_format": {"type": "regex", "regex": "[a-z]{600}"}});
+    let survivor = c.workers[2].as_ref().unwrap().url.clone();
+    let direct = c
+        .http
+        .post(format!("{survivor}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let (expected, clean, raw) = stream_text(direct).await;
+    assert!(clean, "{raw}");
+    assert!(
+        expected.len() == 600 && expected.bytes().all(|b| b.is_ascii_lowercase()),
+        "{expected:?}"
+    );
+    slow_steps(&c, MOVE_STEP_MS).await;
+    for crash in [false, true] {
+        let (http, url, body) = (c.http.clone(), c.controller.url.clone(), body.clone());
+        let task = tokio::spawn(async move {
+            let r = http
+                .post(format!("{url}/v1/completions"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            stream_text(r).await
+        });
+        let running = serving_worker(&c).await;
+        drain_or_kill(&mut c, &running, crash).await;
+        let (text, clean, raw) = task.await.unwrap();
+        assert!(clean, "crash: {crash}: {raw}");
+        assert_eq!(text, expected, "crash: {crash}");
     }
     moved_on_drain_and_crash(&c).await;
 }
