@@ -112,7 +112,7 @@ impl Metrics {
             transfer_refusals: Family::default(),
             transfer_fallbacks: Counter::default(),
             transfer_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
-            constraint_mask_seconds: Histogram::new(exponential_buckets(0.000_01, 2.0, 18)),
+            constraint_mask_seconds: Histogram::new(exponential_buckets(0.000_01, 1.5, 30)),
             transfer_leased_pages: Gauge::default(),
             persist_pages: Family::default(),
             persisted_pages: Gauge::default(),
