@@ -15,9 +15,11 @@ use crate::config::Config;
 use crate::inferlets::{InferletLaunch, Inferlets};
 use crate::process::{ProcEvent, ProcState};
 
-/// The guest SDK's source and the world it binds, as this binary was built.
+/// The guest SDK's source and the world it binds (0.2.0, over 0.1.0's
+/// interfaces), as this binary was built.
 const SDK_LIB: &str = include_str!("../../../inferlets/sdk/src/lib.rs");
-const WIT: &str = include_str!("../../../wit/0.1.0/inferlet.wit");
+const WIT: &str = include_str!("../../../wit/0.2.0/inferlet.wit");
+const WIT_0_1_0: &str = include_str!("../../../wit/0.1.0/inferlet.wit");
 
 const SDK_MANIFEST: &str = r#"[package]
 name = "pie-inferlet"
@@ -107,6 +109,10 @@ pub fn new_crate(name: &str) -> Result<()> {
         ("pie-inferlet/Cargo.toml", SDK_MANIFEST.to_string()),
         ("pie-inferlet/src/lib.rs", SDK_LIB.to_string()),
         ("pie-inferlet/wit/inferlet.wit", WIT.to_string()),
+        (
+            "pie-inferlet/wit/deps/inferlet-0.1.0/inferlet.wit",
+            WIT_0_1_0.to_string(),
+        ),
     ];
     for (path, text) in files {
         let path = dir.join(path);

@@ -707,3 +707,56 @@ async fn launches_past_max_instances_wait_for_an_instance() {
     assert_eq!(done["state"], "finished", "{done}");
     assert_eq!(done["output"], "woke");
 }
+
+/// `pie:inferlet@0.2.0`: a component's constrained generation matches its
+/// format (a schema, a regex), an unusable format is an `err` naming it,
+/// and a component that imports only 0.1.0 (`echo`) still loads and runs.
+#[tokio::test]
+async fn a_constrained_generate_matches_its_format_and_0_1_0_components_still_load() {
+    let s = Server::start(&config(&store_dir(), "", ""), &[]).await;
+    upload(&s, "structured", "structured").await;
+    let schema = json!({"type": "object", "additionalProperties": false,
+        "required": ["kind", "n"],
+        "properties": {"kind": {"enum": ["cat", "dog"]}, "n": {"type": "integer", "minimum": 0, "maximum": 9}}});
+    let cases = [
+        (json!({"json-schema": schema}), "schema"),
+        (json!({"regex": "(yes|no)-[0-9]{3}"}), "regex"),
+        (json!({"json-schema": {"type": "no-such-type"}}), "bad"),
+    ];
+    for (format, what) in cases {
+        let args = json!({"prompt": "go", "max_tokens": 60, "format": format});
+        let id = launch(&s, "structured", args, json!({})).await;
+        let events = json_events(&s, &id).await;
+        let event = &events[0];
+        if what == "bad" {
+            let error = event["error"].as_str().unwrap_or_default();
+            assert!(error.contains("no-such-type"), "{event}");
+            continue;
+        }
+        assert_eq!(event["finish"], "stop", "{what}: {event}");
+        let text = event["text"].as_str().unwrap();
+        if what == "schema" {
+            let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert!(
+                ["cat", "dog"].contains(&v["kind"].as_str().unwrap_or("")),
+                "{text}"
+            );
+            assert!((0..=9).contains(&v["n"].as_i64().unwrap_or(-1)), "{text}");
+        } else {
+            let (word, digits) = text.split_once('-').unwrap_or_else(|| panic!("{text}"));
+            assert!(["yes", "no"].contains(&word) && digits.len() == 3, "{text}");
+        }
+    }
+    let imports = |guest: &str| std::fs::read(inferlet_wasm(guest)).unwrap();
+    let has = |wasm: &[u8], name: &[u8]| wasm.windows(name.len()).any(|w| w == name);
+    let echo = imports("echo");
+    assert!(has(&echo, b"pie:inferlet/process@0.1.0"));
+    assert!(
+        !has(&echo, b"pie:inferlet/structured"),
+        "echo is a 0.1.0 component"
+    );
+    upload(&s, "echo", "echo").await;
+    let id = launch(&s, "echo", json!({}), json!({})).await;
+    assert_eq!(message(&s, &id, "quit").await.0, 200);
+    assert_eq!(s.wait_done(&id).await["state"], "finished");
+}

@@ -1,5 +1,6 @@
 //! Guest SDK for Pie inferlets: programs the worker runs as processes, built
-//! as WebAssembly components for the `pie:inferlet@0.1.0` world (`wit/`).
+//! as WebAssembly components for the `pie:inferlet@0.2.0` world (`wit/`: the
+//! 0.1.0 interfaces and `structured`).
 //!
 //! ```ignore
 //! use pie_inferlet::{Context, GenerateOptions};
@@ -29,18 +30,20 @@ pub mod bindings {
     wit_bindgen::generate!({
         path: "wit",
         world: "inferlet",
+        generate_all,
         pub_export_macro: true,
         default_bindings_module: "pie_inferlet::bindings",
     });
 }
 
-use bindings::pie::inferlet::{inference, process};
+use bindings::pie::inferlet0_1_0::{inference, process};
 
-pub use bindings::pie::inferlet::inference::{
+pub use bindings::pie::inferlet0_1_0::inference::{
     FinishReason, GenerateOptions, Generation, Sampling, TokenLogprob,
 };
-pub use bindings::pie::inferlet::model::Message;
-pub use bindings::pie::inferlet::process::Level;
+pub use bindings::pie::inferlet0_1_0::model::Message;
+pub use bindings::pie::inferlet0_1_0::process::Level;
+pub use bindings::pie::inferlet0_2_0::structured::OutputFormat;
 pub use serde;
 pub use serde_json;
 
@@ -126,6 +129,19 @@ impl Context {
     /// Generates in the engine; the tokens made are appended to the context.
     pub fn generate(&self, options: &GenerateOptions) -> Result<Generation, String> {
         inference::generate(self.handle, options)
+    }
+
+    /// [`generate`](Self::generate) whose output matches `format` (a JSON
+    /// schema, any JSON object, a regular expression or a Lark grammar); it
+    /// stops when the grammar is complete. Needs a worker serving
+    /// `pie:inferlet@0.2.0`; a component that never calls it imports only
+    /// 0.1.0 and loads on any worker.
+    pub fn generate_constrained(
+        &self,
+        options: &GenerateOptions,
+        format: &OutputFormat,
+    ) -> Result<Generation, String> {
+        bindings::pie::inferlet0_2_0::structured::generate_constrained(self.handle, options, format)
     }
 
     /// The `k` (at most 64) most likely next tokens with their
@@ -326,7 +342,7 @@ impl Message {
 /// The model this worker serves: tokenizer and chat template.
 pub mod model {
     use super::Message;
-    use super::bindings::pie::inferlet::model as raw;
+    use super::bindings::pie::inferlet0_1_0::model as raw;
 
     /// The model's name as the worker serves it.
     pub fn name() -> String {

@@ -1,4 +1,4 @@
-//! The host side of `pie:inferlet@0.1.0`: what each import does for the
+//! The host side of `pie:inferlet@0.2.0` (and so of 0.1.0): what each import does for the
 //! calling process, with every argument checked (a bad handle, an id
 //! outside the vocabulary, an oversized string, a prop beyond the key's
 //! limits: an `err` naming it, never a trap), and the linker that offers
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pie_core::auth::KeyLimits;
-use pie_model::{SamplingParams, MAX_TOP_LOGPROBS};
+use pie_model::{Grammar, GrammarSpec, SamplingParams, MAX_TOP_LOGPROBS};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use wasmtime::component::{HasData, HasSelf, Linker, ResourceTable};
@@ -24,7 +24,8 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use super::contexts::Contexts;
 use super::limits::{bounded, MemoryCap, MAX_ARG_BYTES, MAX_PARALLEL};
 use super::world::inference::{FinishReason, GenerateOptions, Generation, Sampling, TokenLogprob};
-use super::world::{inference, model, process, Inferlet};
+use super::world::structured::OutputFormat;
+use super::world::{inference, model, process, structured, Inferlet};
 use crate::process::Process;
 use crate::runtime::{Generate, Generated, Runtime};
 use pie_core::clock::now_ms;
@@ -249,6 +250,20 @@ impl inference::Host for GuestState {
     }
 }
 
+impl structured::Host for GuestState {
+    async fn generate_constrained(
+        &mut self,
+        ctx: u32,
+        options: GenerateOptions,
+        format: OutputFormat,
+    ) -> Result<Generation, String> {
+        let mut call = self.host.generation(ctx, &options)?;
+        call.grammar = Some(self.host.compile(format)?);
+        let done = self.host.run(call).await?;
+        self.host.finish_generation(ctx, done)
+    }
+}
+
 impl process::Host for GuestState {
     fn id(&mut self) -> String {
         self.host.process.id.clone()
@@ -331,6 +346,25 @@ impl ProcessHost {
         self.rt.clone().generate(&self.process, call).await
     }
 
+    /// `format` compiled for the model; an `err` names what the library
+    /// could not use.
+    fn compile(&self, format: OutputFormat) -> Result<Grammar, String> {
+        let spec = match format {
+            OutputFormat::JsonSchema(text) => {
+                bounded("a JSON schema", &text)?;
+                let schema = serde_json::from_str(&text)
+                    .map_err(|e| format!("the JSON schema is not JSON: {e}"))?;
+                GrammarSpec::JsonSchema(schema)
+            }
+            OutputFormat::JsonObject => GrammarSpec::JsonObject,
+            OutputFormat::Regex(rx) => GrammarSpec::Regex(bounded("a regex", &rx)?.to_string()),
+            OutputFormat::Grammar(lark) => {
+                GrammarSpec::Lark(bounded("a grammar", &lark)?.to_string())
+            }
+        };
+        self.rt.model.grammars()?.compile(&spec)
+    }
+
     /// Every id below the vocabulary size.
     fn check_tokens(&self, what: &str, tokens: &[u32]) -> Result<(), String> {
         let vocab = self.rt.model.config.vocab;
@@ -371,6 +405,7 @@ impl ProcessHost {
             retain_as: context.retain_as.clone(),
             cache_salt: self.cache_salt.clone(),
             stream: false,
+            grammar: None,
         })
     }
 
@@ -398,6 +433,7 @@ impl ProcessHost {
             retain_as: context.retain_as.clone(),
             cache_salt: self.cache_salt.clone(),
             stream: options.stream,
+            grammar: None,
         })
     }
 

@@ -1,4 +1,4 @@
-//! User inferlets: WebAssembly components (`pie:inferlet@0.1.0`) run as
+//! User inferlets: WebAssembly components (`pie:inferlet@0.2.0`, which keeps 0.1.0) run as
 //! processes, beside the built-in ones, on the same runtime and scheduler.
 //!
 //! Layers, bottom to top: `limits` (CPU meter, memory cap, argument bounds)

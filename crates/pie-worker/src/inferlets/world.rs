@@ -1,5 +1,6 @@
-//! The `pie:inferlet@0.1.0` world (`wit/0.1.0/inferlet.wit`) as host
-//! bindings, and what else a component may import: the WASI interfaces a
+//! The `pie:inferlet@0.2.0` world (`wit/0.2.0/inferlet.wit`: the 0.1.0
+//! interfaces unchanged, and `structured`) as host bindings, so components
+//! built for either version load, and what else a component may import: the WASI interfaces a
 //! Rust `std` guest links (stdio, clocks, random, exit, environment), served
 //! with nothing behind them (no directory, no variable, no socket). A leaf.
 //!
@@ -10,17 +11,19 @@ use wasmtime::component::Component;
 use wasmtime::Engine;
 
 wasmtime::component::bindgen!({
-    path: "../../wit/0.1.0",
+    path: "../../wit/0.2.0",
     world: "inferlet",
     imports: {
         "pie:inferlet/inference": async,
+        "pie:inferlet/structured": async,
         "pie:inferlet/process.receive": async,
         "pie:inferlet/process.sleep": async,
     },
     exports: { default: async },
 });
 
-pub use pie::inferlet::{inference, model, process};
+pub use pie::inferlet0_1_0::{inference, model, process};
+pub use pie::inferlet0_2_0::structured;
 
 /// Interfaces a component may import: this world's, and WASI's harmless
 /// ones (matched without their `@version`).
@@ -28,6 +31,7 @@ pub const ALLOWED_IMPORTS: &[&str] = &[
     "pie:inferlet/model",
     "pie:inferlet/inference",
     "pie:inferlet/process",
+    "pie:inferlet/structured",
     "wasi:io/error",
     "wasi:io/poll",
     "wasi:io/streams",
@@ -57,14 +61,14 @@ pub fn check_component(engine: &Engine, component: &Component) -> Result<(), Str
         if !ALLOWED_IMPORTS.contains(&unversioned) {
             return Err(format!(
                 "the component imports `{name}`, which inferlets may not use (they may import \
-                 pie:inferlet/{{model,inference,process}} and WASI's io, clocks, random and cli)"
+                 pie:inferlet/{{model,inference,process,structured}} and WASI's io, clocks, random and cli)"
             ));
         }
     }
     if !ty.exports(engine).any(|(name, _)| name == "run") {
         return Err(
-            "the component exports no `run` function: it is not a pie:inferlet@0.1.0 \
-                    component (build it with the pie-inferlet SDK)"
+            "the component exports no `run` function: it is not a pie:inferlet component \
+                    (build it with the pie-inferlet SDK)"
                 .into(),
         );
     }

@@ -59,7 +59,7 @@ impl Runtime {
             sampled_before: 0,
             reload_after_preemption: false,
             logprobs: Some(call.top_logprobs),
-            grammar: None,
+            grammar: call.grammar,
         };
         let (seq, mut events) = self.add_sequence(req).await?;
         process.add_context_seq(seq, call.retain_as);

@@ -125,6 +125,8 @@ pub struct Generate {
     pub cache_salt: Option<String>,
     /// Its text goes to the process's output as it comes.
     pub stream: bool,
+    /// The output's constraint (`structured.generate-constrained`).
+    pub grammar: Option<pie_model::Grammar>,
 }
 
 /// What a generation made.

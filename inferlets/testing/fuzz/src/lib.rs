@@ -13,7 +13,7 @@
 //! `try-receive`, `log`, `now-ms`, `sleep`) are called once each with
 //! whatever input they take, to show they do not trap.
 
-use pie_inferlet::bindings::pie::inferlet::{inference as inf, model, process};
+use pie_inferlet::bindings::pie::inferlet0_1_0::{inference as inf, model, process};
 use pie_inferlet::serde_json::{Value, json};
 
 const BOGUS: u32 = 0xDEAD_BEEF;
