@@ -113,6 +113,15 @@ impl DemandGuard {
         request_id(self.id)
     }
 
+    /// The request's props changed (its process set them): the actors see
+    /// these from their next tick.
+    pub fn set_props(&self, props: Props) {
+        let mut d = self.demand.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = d.requests.get_mut(&self.id) {
+            p.props = props;
+        }
+    }
+
     /// The request is being sent to `worker`.
     pub fn placed(&self, worker: &str) {
         let mut d = self.demand.lock().unwrap_or_else(|e| e.into_inner());

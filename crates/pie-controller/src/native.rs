@@ -34,6 +34,7 @@ use futures_util::StreamExt;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use pie_client::sse::SseBlocks;
 use pie_core::wire::{RESUME_FIELD, SESSION_TURNS_FIELD};
+use pie_core::Props;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -82,6 +83,8 @@ enum Native {
     Token(u32),
     Text,
     Status(String),
+    /// The process's props, as it set them.
+    Props(Value),
 }
 
 impl NativeLaunch {
@@ -219,6 +222,7 @@ impl Follower {
                     self.launch.placed.slot.generated(1);
                 }
                 Some(Native::Text) | None => {}
+                Some(Native::Props(props)) => self.props_changed(&props),
                 Some(Native::Status(state)) if state == "migrated" => {
                     return Some(Ended::HandedOff)
                 }
@@ -229,6 +233,21 @@ impl Follower {
             }
         }
         None
+    }
+
+    /// The process set its props (an inferlet's `set-prop`, a PATCH to its
+    /// worker): the actors' snapshot has them from the next tick, and the
+    /// workers it moves to get them.
+    fn props_changed(&mut self, props: &Value) {
+        let placed = &mut self.launch.placed;
+        let Ok(parsed) = Props::from_json(props) else {
+            return;
+        };
+        if let Some(demand) = &placed.slot.demand {
+            demand.set_props(parsed.clone());
+        }
+        placed.props = parsed;
+        placed.ctl.streams.set_props(self.id, props);
     }
 
     /// Kill the process on its current worker, if that still answers. A try
@@ -434,7 +453,7 @@ impl Stitch {
                     }
                     Some(Native::Status(state)) if state == "migrated" => return Some(false),
                     Some(Native::Status(_)) => true,
-                    None => false,
+                    Some(Native::Props(_)) | None => false,
                 };
                 self.out.send(Bytes::from(block)).await.ok()?;
                 if last {
@@ -515,6 +534,7 @@ fn parse(block: &[u8]) -> Option<Native> {
             None => Native::Text,
         }),
         "status" => Some(Native::Status(data["state"].as_str()?.to_string())),
+        "props" => Some(Native::Props(data["props"].clone())),
         _ => None,
     }
 }

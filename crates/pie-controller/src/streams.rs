@@ -115,8 +115,8 @@ struct Live {
     origin: Option<(String, String)>,
     /// Its process id on `worker`.
     local: Option<String>,
-    /// Its props as last changed through the controller (a PATCH): the
-    /// workers it moves to get these.
+    /// Its props as last changed (a PATCH through the controller, or the
+    /// process's own props event): the workers it moves to get these.
     props: Option<Value>,
     /// A native process (see [`Whereabouts::At`]).
     replays: bool,
@@ -223,6 +223,14 @@ impl Streams {
             if tokio::time::timeout_at(deadline, changed).await.is_err() {
                 return None;
             }
+        }
+    }
+
+    /// Stream `id`'s process set its own props (an inferlet's `set-prop`, a
+    /// PATCH to its worker): the workers it moves to get these.
+    pub fn set_props(&self, id: u64, props: &Value) {
+        if let Some(l) = self.lock().live.get_mut(&id) {
+            l.props = Some(props.clone());
         }
     }
 

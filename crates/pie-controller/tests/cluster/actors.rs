@@ -1,4 +1,5 @@
-//! Cluster actors: scale-by-prop hints (published, and in dry run),
+//! Cluster actors: scale-by-prop hints (published, in dry run, and from a
+//! prop an inferlet raises on itself),
 //! persist-prefix, replicate and pool-replicate, and bad actor configs
 //! refused naming the file and key.
 
@@ -8,8 +9,8 @@ use std::time::Duration;
 
 use crate::common::{self, bin, wait_for};
 use crate::harness::{
-    held_through_controller, labelled_metric, post_json, timed_completion, worker_metric, Cluster,
-    Spec,
+    held_through_controller, labelled_metric, post_json, slow_worker_steps, timed_completion,
+    worker_metric, Cluster, Spec, MOVE_STEP_MS,
 };
 use serde_json::{json, Value};
 
@@ -58,6 +59,41 @@ async fn newest_hint(c: &Cluster, group: &str) -> Option<Value> {
 /// Six gold requests held open.
 async fn gold_load(c: &Cluster) -> Vec<reqwest::Response> {
     held_through_controller(c, 6, json!({"tier": "gold"})).await
+}
+
+/// A prop an inferlet sets on itself reaches the cluster plane: the
+/// controller follows its process's props events, so `scale-by-prop` counts
+/// it in the group it names (its launch named none) from the next tick.
+#[tokio::test]
+async fn a_prop_an_inferlet_raises_on_itself_is_seen_by_scale_by_prop() {
+    let c = Cluster::start_with(Spec {
+        workers: 1,
+        cluster_config: "actor_tick_ms = 10\n[cluster.scale-by-prop]\nprop = \"priority\"\n\
+                         target_load_per_worker = 1\nmax_workers = 8\n",
+        ..Spec::new("least-loaded,scale-by-prop")
+    })
+    .await;
+    let w0 = c.workers[0].as_ref().unwrap().url.clone();
+    let wasm = std::fs::read(pie_testkit::inferlet_wasm("priority")).unwrap();
+    let uploaded = (c.http.post(format!("{w0}/v1/inferlets?name=raiser")))
+        .body(wasm)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(uploaded.status(), 201);
+    slow_worker_steps(&w0, MOVE_STEP_MS).await;
+    let launch = json!({"inferlet": "raiser", "args": {"priority": 7,
+        "prompt": "count to a thousand", "max_tokens": 2000}});
+    let (status, v) = post_json(&c.controller.url, "/v1/processes", None, &launch).await;
+    assert_eq!(status, 201, "{v}");
+    let group = "pie_cluster_scale_recommended{group=\"7\"}";
+    wait_for("the raised prop's group", async || {
+        labelled_metric(&c, group).await.is_some()
+    })
+    .await;
+    let id = v["id"].as_str().unwrap();
+    let record = c.get_text(&format!("/v1/processes/{id}")).await;
+    assert!(record.contains("\"priority\":7"), "{record}");
 }
 
 #[tokio::test]
