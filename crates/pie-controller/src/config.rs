@@ -112,6 +112,10 @@ pub struct ClusterConfig {
     /// Every scale hint published (`scale-by-prop`), appended as a JSON line:
     /// the history an operator or an autoscaler's tuning reads back.
     pub scale_history_file: Option<PathBuf>,
+    /// Where inferlets installed through the controller are kept (a
+    /// manifest and the components), so a restart keeps the set; unset:
+    /// `$PIE_HOME/controller-inferlets` (`~/.cache/pie/...`).
+    pub inferlets_dir: Option<PathBuf>,
     /// Workers that may join by registration (`POST /v1/cluster/register`,
     /// a worker-role key); beyond: 403.
     pub max_registered_workers: usize,
@@ -160,6 +164,7 @@ impl Default for ClusterConfig {
             kv_idle_timeout_ms: ms(45_000),
             actor_tick_ms: 1000,
             scale_history_file: None,
+            inferlets_dir: None,
             max_registered_workers: 64,
             registration_ttl_ms: ms(10_000),
             cache_aware: CacheAwareConfig::default(),

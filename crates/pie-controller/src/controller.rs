@@ -17,6 +17,7 @@ use pie_workload::TraceRecorder;
 use crate::actors::Actors;
 use crate::admission::Admission;
 use crate::config::Config;
+use crate::installs::Installs;
 use crate::kv_sync;
 use crate::metrics::ControllerMetrics;
 use crate::model::{read_routing_model, RoutingModel};
@@ -51,6 +52,8 @@ pub struct Controller {
     pub actors: Actors,
     /// Streams in flight that can move to another worker.
     pub streams: Streams,
+    /// Inferlets installed through the controller, and who holds them.
+    pub installs: Installs,
 }
 
 impl Controller {
@@ -59,28 +62,33 @@ impl Controller {
     /// name the key.
     pub fn new(config: &Config, config_file: Option<&Path>) -> Result<Arc<Self>> {
         let cluster = &config.cluster;
-        let ctl = Arc::new(Controller {
-            registry: Registry::default(),
-            metrics: ControllerMetrics::default(),
-            pipeline: Mutex::new(cluster.pipeline().map_err(anyhow::Error::msg)?),
-            admission: Admission::new(cluster),
-            model: routing_model_of(config)?,
-            worker_client: WorkerClient {
-                http: cluster.proxy_client()?,
-                key: cluster.worker_key.clone(),
-            },
-            kv_http: cluster.kv_client()?,
-            kv_idle_timeout: Duration::from_millis(cluster.kv_idle_timeout_ms.get()),
-            api_keys: RwLock::new(config.server.api_keys()?),
-            max_registered_workers: cluster.max_registered_workers,
-            trace: trace_recorder(config)?,
-            actors: Actors::new(
-                cluster.actors().map_err(anyhow::Error::msg)?,
-                cluster.actor_tick_ms,
-                cluster.scale_history(config_file)?,
-            ),
-            streams: Streams::default(),
-        });
+        let ctl =
+            Arc::new(Controller {
+                registry: Registry::default(),
+                metrics: ControllerMetrics::default(),
+                pipeline: Mutex::new(cluster.pipeline().map_err(anyhow::Error::msg)?),
+                admission: Admission::new(cluster),
+                model: routing_model_of(config)?,
+                worker_client: WorkerClient {
+                    http: cluster.proxy_client()?,
+                    key: cluster.worker_key.clone(),
+                },
+                kv_http: cluster.kv_client()?,
+                kv_idle_timeout: Duration::from_millis(cluster.kv_idle_timeout_ms.get()),
+                api_keys: RwLock::new(config.server.api_keys()?),
+                max_registered_workers: cluster.max_registered_workers,
+                trace: trace_recorder(config)?,
+                actors: Actors::new(
+                    cluster.actors().map_err(anyhow::Error::msg)?,
+                    cluster.actor_tick_ms,
+                    cluster.scale_history(config_file)?,
+                ),
+                streams: Streams::default(),
+                installs: Installs::open(cluster.inferlets_dir.clone().unwrap_or_else(|| {
+                    pie_core::config_file::pie_home().join("controller-inferlets")
+                }))
+                .map_err(|e| anyhow::anyhow!("key `cluster.inferlets_dir`: {e}"))?,
+            });
         ctl.registry
             .set_anticipate_ms(cluster.cache_aware.anticipate_ms);
         ctl.registry.track_heat(ctl.actors.wants_hot_prefixes());

@@ -26,6 +26,8 @@ pub mod clients;
 pub mod config;
 pub mod controller;
 pub mod in_flight;
+pub mod install_sync;
+pub mod installs;
 pub mod kv_sync;
 pub mod live_move;
 pub mod metrics;

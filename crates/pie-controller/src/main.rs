@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use pie_controller::actor_loop;
 use pie_controller::api::router;
 use pie_controller::config::{Config, WorkerEntry};
 use pie_controller::controller::Controller;
+use pie_controller::{actor_loop, install_sync};
 use pie_policy::cluster::{health_events, WorkerHealth};
 use tokio::task::JoinHandle;
 
@@ -128,6 +128,7 @@ async fn poll_workers(ctl: Arc<Controller>, every: Duration, registration_ttl_ms
                 ctl.registry
                     .poll(&client.http, client.key.as_deref(), &worker, &url, model)
                     .await;
+                install_sync::after_poll(&ctl, &worker, &url).await;
 
                 // Capacity can also free up on the workers' side.
                 ctl.release_waiters();

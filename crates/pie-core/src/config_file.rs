@@ -60,6 +60,16 @@ pub fn load_toml<T: DeserializeOwned>(file: &Path) -> Result<T, ConfigError> {
     parse_toml(&read(file)?, file)
 }
 
+/// Where Pie keeps what it fetches and installs: `$PIE_HOME`, else
+/// `~/.cache/pie`.
+pub fn pie_home() -> std::path::PathBuf {
+    if let Some(home) = std::env::var_os("PIE_HOME") {
+        return home.into();
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| ".".into(), std::path::PathBuf::from);
+    home.join(".cache").join("pie")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

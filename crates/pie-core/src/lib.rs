@@ -12,6 +12,7 @@ pub mod clock;
 pub mod config_file;
 pub mod hash;
 pub mod ids;
+pub mod inferlet_ref;
 pub mod kv_dtype;
 pub mod kv_events;
 pub mod openai_fields;

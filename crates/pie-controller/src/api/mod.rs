@@ -6,6 +6,7 @@
 
 mod cluster;
 mod generate;
+mod inferlets;
 mod processes;
 
 use std::sync::Arc;
@@ -80,6 +81,7 @@ pub fn router(ctl: Arc<Controller>) -> Router {
         .route("/v1/chat/completions", post(generate))
         .route("/v1/processes", post(generate))
         .merge(cluster::routes())
+        .merge(inferlets::routes())
         .merge(processes::routes())
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
         .layer(middleware::from_fn_with_state(ctl.clone(), auth))

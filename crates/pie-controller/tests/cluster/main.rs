@@ -8,6 +8,7 @@ mod harness;
 
 mod actors;
 mod disaggregate;
+mod inferlets;
 mod kv_events;
 mod lifecycle;
 mod moves;

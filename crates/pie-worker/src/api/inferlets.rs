@@ -9,7 +9,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use pie_core::auth::Role;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -27,12 +26,13 @@ pub(super) struct UploadQuery {
 fn check_may_install(auth: &Option<Extension<Authed>>) -> Result<(), ApiError> {
     match auth {
         None => Ok(()),
-        Some(Extension(a)) if a.role == Role::Admin || a.limits.upload_inferlets => Ok(()),
+        // A controller (a worker-role key) hands on what it installed.
+        Some(Extension(a)) if a.role.is_internal() || a.limits.upload_inferlets => Ok(()),
         Some(Extension(a)) => Err(ApiError::new(
             StatusCode::FORBIDDEN,
             format!(
-                "key `{}` may not install or delete inferlets: it needs role `admin` or the \
-                 limit `upload_inferlets = true`",
+                "key `{}` may not install or delete inferlets: it needs role `admin` (or \
+                 `worker`, a controller's) or the limit `upload_inferlets = true`",
                 a.name
             ),
         )),

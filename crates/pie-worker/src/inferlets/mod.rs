@@ -91,7 +91,7 @@ impl Inferlets {
         let dir = config
             .dir
             .clone()
-            .unwrap_or_else(|| crate::fetch::pie_home().join("inferlets"));
+            .unwrap_or_else(|| pie_core::config_file::pie_home().join("inferlets"));
         let registry = Registry::open(engine.clone(), dir.clone())
             .map_err(|e| anyhow::anyhow!("[runtime.inferlets] dir {}: {e}", dir.display()))?;
         let guests = tokio::runtime::Builder::new_multi_thread()

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use pie_core::inferlet_ref;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
@@ -122,10 +123,7 @@ impl Registry {
 
     /// `NAME` (its latest upload) or `NAME@VERSION`.
     pub fn find(&self, reference: &str) -> Result<Installed, RegistryError> {
-        let (name, version) = match reference.split_once('@') {
-            Some((n, v)) => (n, Some(v)),
-            None => (reference, None),
-        };
+        let (name, version) = inferlet_ref::split(reference);
         self.list()
             .into_iter()
             .rfind(|i| i.name == name && version.is_none_or(|v| i.version == v))
@@ -217,22 +215,7 @@ impl Registry {
 /// Names and versions: 1-64 of `a-z A-Z 0-9 . _ -`, starting with a letter
 /// or digit (they become file names).
 fn check_name(what: &str, value: &str) -> Result<(), RegistryError> {
-    let ok = !value.is_empty()
-        && value.len() <= 64
-        && value
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphanumeric())
-        && value
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(RegistryError::Invalid(format!(
-            "{what} `{value}`: 1 to 64 of a-z, A-Z, 0-9, '.', '_', '-', starting with a letter or digit"
-        )))
-    }
+    inferlet_ref::check_part(what, value).map_err(RegistryError::Invalid)
 }
 
 fn hex(bytes: &[u8]) -> String {
