@@ -378,20 +378,15 @@ impl Actors {
                     .insert(h.group.clone(), published);
                 Outcome::Executed
             }
-            // Only streams the controller relays can move (see `relay`).
+            // Only streams and native processes the controller follows move.
             Action::MigrateProcess { process, to, .. } => {
                 let reason = match record.actor.as_str() {
                     "drain-migrate" => Reason::Drain,
                     _ => Reason::Rebalance,
                 };
-                if streams.move_process(process, to, reason) {
-                    Outcome::Executed
-                } else {
-                    Outcome::Failed {
-                        error: format!(
-                            "`{process}` is not a movable stream in flight (only streamed OpenAI requests move)"
-                        ),
-                    }
+                match streams.move_process(process, to, reason) {
+                    Ok(()) => Outcome::Executed,
+                    Err(error) => Outcome::Failed { error },
                 }
             }
             other => Outcome::Failed {

@@ -33,6 +33,7 @@ use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use pie_client::sse::SseBlocks;
+use pie_core::inferlet_ref::{self, BUILT_IN};
 use pie_core::wire::{RESUME_FIELD, SESSION_TURNS_FIELD};
 use pie_core::Props;
 use serde_json::{json, Value};
@@ -48,6 +49,10 @@ use crate::placed::{channel_body, count_move_failure, Moved, Placed, MAX_RESUMES
 use crate::respond::error;
 use crate::streams::{Move, Reason, Whereabouts};
 use crate::worker_client::{describe, Upstream};
+
+/// Why a WebAssembly inferlet's process does not move.
+const COMPONENT_STAYS: &str =
+    "it is a WebAssembly inferlet's process, whose state lives in its guest's memory";
 
 /// How long a kill of a process on a worker that broke may take, per try.
 const KILL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -88,6 +93,12 @@ enum Native {
 }
 
 impl NativeLaunch {
+    /// A WebAssembly inferlet's process (not a built-in's).
+    fn component(&self) -> bool {
+        let name = self.placed.body["inferlet"].as_str().unwrap_or_default();
+        !BUILT_IN.contains(&inferlet_ref::split(name).0)
+    }
+
     /// Whether the process can move: a chat resuming a session only with
     /// its earlier turns (a worker that does not name them keeps it).
     pub fn movable(&self) -> bool {
@@ -101,6 +112,9 @@ impl NativeLaunch {
         let ctl = self.placed.ctl.clone();
         let (id, moves) = ctl.streams.add(self.placed.placement(), true);
         ctl.streams.named(id, &self.local);
+        if self.component() {
+            ctl.streams.stays(id, COMPONENT_STAYS);
+        }
         tokio::spawn(async move {
             let mut follower = Follower {
                 launch: self,
@@ -155,6 +169,12 @@ impl Follower {
                         .mark_down(&self.launch.placed.worker);
                     // A worker that lost only our connection must not run it twice.
                     self.kill().await;
+                    if self.launch.component() {
+                        let worker = &self.launch.placed.worker;
+                        return Err(format!(
+                            "its worker `{worker}` failed ({cause}); {COMPONENT_STAYS}, so it cannot go on elsewhere"
+                        ));
+                    }
                     (Reason::Crash, None, None)
                 }
             };

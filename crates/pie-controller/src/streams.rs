@@ -120,6 +120,9 @@ struct Live {
     props: Option<Value>,
     /// A native process (see [`Whereabouts::At`]).
     replays: bool,
+    /// Why it does not move, if it does not (a WebAssembly inferlet's
+    /// process: its state is in its guest's memory).
+    stays: Option<String>,
 }
 
 impl Streams {
@@ -141,9 +144,17 @@ impl Streams {
             local: None,
             props: None,
             replays,
+            stays: None,
         };
         self.lock().live.insert(id, live);
         (id, rx)
+    }
+
+    /// Stream `id` does not move, for `why` (moves asked of it fail, naming it).
+    pub fn stays(&self, id: u64, why: &str) {
+        if let Some(l) = self.lock().live.get_mut(&id) {
+            l.stays = Some(why.to_string());
+        }
     }
 
     /// Stream `id` moved to `worker` (which names its process next).
@@ -289,20 +300,33 @@ impl Streams {
     }
 
     /// Ask the stream of the actors' process `process` to move to `to`;
-    /// false if no such stream is in flight.
-    pub fn move_process(&self, process: &str, to: &str, reason: Reason) -> bool {
-        self.ask(
+    /// why not, when no such stream is in flight or it does not move.
+    pub fn move_process(&self, process: &str, to: &str, reason: Reason) -> Result<(), String> {
+        let stays = (self.lock().live.values())
+            .find(|l| l.process.as_deref() == Some(process))
+            .and_then(|l| l.stays.clone());
+        if let Some(why) = stays {
+            return Err(format!("`{process}` stays where it is: {why}"));
+        }
+        let asked = self.ask(
             |l| l.process.as_deref() == Some(process) && l.worker != to,
             to,
             reason,
-        ) > 0
+        );
+        match asked {
+            0 => Err(format!(
+                "`{process}` is not a movable stream in flight (only streamed OpenAI requests and \
+                 native processes move)"
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn ask(&self, which: impl Fn(&Live) -> bool, to: &str, reason: Reason) -> usize {
         self.lock()
             .live
             .values()
-            .filter(|l| which(l))
+            .filter(|l| l.stays.is_none() && which(l))
             .filter(|l| {
                 l.moves
                     .send(Move {

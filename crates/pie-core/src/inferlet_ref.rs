@@ -2,6 +2,9 @@
 //! them: `NAME` (its latest upload) or `NAME@VERSION`, each part 1-64 of
 //! `a-z A-Z 0-9 . _ -`, starting with a letter or digit.
 
+/// The built-in inferlets' names (reserved: no upload takes them).
+pub const BUILT_IN: &[&str] = &["text-completion", "chat"];
+
 /// `reference` as its name and version (None: the latest).
 pub fn split(reference: &str) -> (&str, Option<&str>) {
     match reference.split_once('@') {

@@ -1,5 +1,6 @@
-//! The `WORKER~ID` process routes: a native process's record, props, kill and
-//! events, forwarded to the worker it runs on now (it may have moved).
+//! The `WORKER~ID` process routes: a native process's record, props, kill,
+//! events and messages (to an inferlet's process), forwarded to the worker
+//! it runs on now (it may have moved).
 
 use std::sync::Arc;
 
@@ -25,6 +26,30 @@ pub fn routes() -> Router<Arc<Controller>> {
             get(on_process).patch(on_process).delete(on_process),
         )
         .route("/v1/processes/{id}/events", get(on_process_events))
+        .route(
+            "/v1/processes/{id}/messages",
+            axum::routing::post(on_process_messages),
+        )
+}
+
+async fn on_process_messages(
+    State(ctl): State<Arc<Controller>>,
+    key: Option<Extension<ClientKey>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let acting = acting_as(key.as_deref());
+    to_owner(
+        &ctl,
+        Method::POST,
+        &id,
+        "/messages",
+        &headers,
+        &acting,
+        body,
+    )
+    .await
 }
 
 async fn on_process(
@@ -63,7 +88,8 @@ async fn on_process_events(
 /// percent-encoded into the upstream path, so it can only name a process.
 /// A process this controller moved is found where it runs now (the id the
 /// client holds stays valid, and answers name it); a native one's events go
-/// on from its new worker (`native::events`); one lost while moving answers
+/// on from its new worker (`native::events`); one lost (moving, or with its
+/// worker) answers
 /// 502 with why. A PATCH of its props reaches the workers it moves to, and
 /// one whose `pin` names another serving worker moves it there
 /// (`x-pie-relocating` names it). `x-pie-worker` names the worker that
@@ -87,7 +113,7 @@ async fn to_owner(
         Some(Whereabouts::Lost(why)) => {
             return error(
                 StatusCode::BAD_GATEWAY,
-                format!("process `{id}` was lost while moving: {why}"),
+                format!("process `{id}` was lost: {why}"),
             )
         }
         Some(Whereabouts::At {

@@ -2,12 +2,15 @@
 //! so does a worker that registers later; a controller restart keeps the
 //! set (and uploads nothing again); a worker that was down gets them when it
 //! is back, and no launch goes to it before; a component every worker
-//! refuses is a 400 and is not kept.
+//! refuses is a 400 and is not kept; a launched inferlet's messages and
+//! events go through the controller; an inferlet's process does not move (a
+//! drain waits for it, the action log names why) and fails naming its worker
+//! when that dies.
 
 use std::path::PathBuf;
 
-use crate::common::{bin, model, spawn, wait_for};
-use crate::harness::{post_json, Cluster, Spec};
+use crate::common::{actions, bin, model, spawn, wait_for};
+use crate::harness::{drain_or_kill, post_json, slow_steps, Cluster, Spec, MOVE_STEP_MS};
 use serde_json::{json, Value};
 
 /// A fresh directory for one controller's installed set.
@@ -188,5 +191,115 @@ async fn a_worker_that_was_down_gets_the_install_when_back_and_no_launch_before(
         state_on(&c, "not-wasm", "w0").await,
         Value::Null,
         "not kept"
+    );
+}
+
+/// `echo` installed through the controller, launched through it: messages
+/// sent to its `WORKER~ID` reach it and its events come back the same way.
+#[tokio::test]
+async fn messages_and_events_of_an_installed_inferlet_go_through_the_controller() {
+    let dir = controller_dir("echo");
+    let _ = std::fs::remove_dir_all(&dir);
+    let cluster_config = format!("inferlets_dir = {:?}\n", dir.display().to_string());
+    let c = Cluster::start_with(Spec {
+        workers: 2,
+        cluster_config: &cluster_config,
+        ..Spec::new("least-loaded")
+    })
+    .await;
+    let (status, v) = upload(&c, "echo-ctl", guest("echo")).await;
+    assert_eq!(status, 201, "{v}");
+    let launch = json!({"inferlet": "echo-ctl", "args": {}});
+    let (status, v) = post_json(&c.controller.url, "/v1/processes", None, &launch).await;
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    for message in ["one", "two", "quit"] {
+        let path = format!("/v1/processes/{id}/messages");
+        let (status, v) =
+            post_json(&c.controller.url, &path, None, &json!({"message": message})).await;
+        assert_eq!(status, 200, "{v}");
+    }
+    let events = c.get_text(&format!("/v1/processes/{id}/events")).await;
+    assert!(
+        events.contains("echo: one") && events.contains("echo: two"),
+        "{events}"
+    );
+    assert!(events.contains("finished"), "{events}");
+}
+
+/// Launch a long `tc-stay` process through the controller: its `WORKER~ID`
+/// and its worker's name.
+async fn launch_long(c: &Cluster) -> (String, String) {
+    let launch = json!({"inferlet": "tc-stay",
+        "args": {"prompt": "a long story", "max_tokens": 400, "ignore_eos": true}});
+    let (status, v) = post_json(&c.controller.url, "/v1/processes", None, &launch).await;
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    let worker = id.split('~').next().unwrap().to_string();
+    (id, worker)
+}
+
+/// An inferlet's state lives in its guest's memory: on a drain
+/// `drain-migrate` does not move it (the action log says why) and the drain
+/// waits for it to finish where it is; when its worker is killed it fails
+/// with a reason naming the worker.
+#[tokio::test]
+async fn an_inferlets_process_stays_on_a_drain_and_fails_naming_its_dead_worker() {
+    let dir = controller_dir("stay");
+    let _ = std::fs::remove_dir_all(&dir);
+    let cluster_config = format!(
+        "inferlets_dir = {:?}\nactor_tick_ms = 20\n",
+        dir.display().to_string()
+    );
+    let mut c = Cluster::start_with(Spec {
+        cluster_config: &cluster_config,
+        ..Spec::new("least-loaded,drain-migrate")
+    })
+    .await;
+    let (status, v) = upload(&c, "tc-stay", guest("text_completion")).await;
+    assert_eq!(status, 201, "{v}");
+    slow_steps(&c, MOVE_STEP_MS).await;
+    let (id, worker) = launch_long(&c).await;
+    let events = c
+        .http
+        .get(format!("{}/v1/processes/{id}/events", c.controller.url))
+        .send();
+    let events = tokio::spawn(async move { events.await.unwrap().text().await.unwrap() });
+    drain_or_kill(&mut c, &worker, false).await;
+    wait_for("drain-migrate's refusal logged", async || {
+        let logged = actions(&c.controller.url, "migrate-process").await;
+        logged.iter().any(|a| {
+            let error = a["outcome"]["failed"]["error"].as_str().unwrap_or_default();
+            error.contains("stays where it is") && error.contains("WebAssembly inferlet")
+        })
+    })
+    .await;
+    let events = events.await.unwrap();
+    assert!(
+        events.contains("\"finished\""),
+        "it finished where it was: {events}"
+    );
+
+    let (id, worker) = launch_long(&c).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    drain_or_kill(&mut c, &worker, true).await;
+    let mut answer = Value::Null;
+    wait_for("the process is lost, naming its worker", async || {
+        let r = c
+            .http
+            .get(format!("{}/v1/processes/{id}", c.controller.url))
+            .send()
+            .await
+            .unwrap();
+        answer = r.json().await.unwrap_or(Value::Null);
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("cannot go on elsewhere"))
+    })
+    .await;
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("its worker `{worker}` failed")),
+        "{message}"
     );
 }

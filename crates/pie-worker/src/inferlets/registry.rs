@@ -26,7 +26,7 @@ use super::world::check_component;
 use pie_core::clock::now_ms;
 
 /// The built-in inferlets' names, which no upload may take.
-pub const BUILT_IN: &[&str] = &["text-completion", "chat"];
+pub use pie_core::inferlet_ref::BUILT_IN;
 
 /// One installed version of an inferlet.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
