@@ -760,3 +760,25 @@ async fn a_constrained_generate_matches_its_format_and_0_1_0_components_still_lo
     assert_eq!(message(&s, &id, "quit").await.0, 200);
     assert_eq!(s.wait_done(&id).await["state"], "finished");
 }
+
+/// A WebAssembly inferlet's process does not move: its hand-off is a 422
+/// naming why, and it keeps running.
+#[tokio::test]
+async fn an_inferlets_process_refuses_a_hand_off_and_keeps_running() {
+    let s = Server::start(&config(&store_dir(), "", ""), &[]).await;
+    upload(&s, "echo", "echo").await;
+    let id = launch(&s, "echo", json!({}), json!({})).await;
+    let (status, v) = s
+        .post(&format!("/v1/internal/processes/{id}/handoff"), json!({}))
+        .await;
+    assert_eq!(status, 422, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not move"),
+        "{v}"
+    );
+    assert_eq!(message(&s, &id, "quit").await.0, 200);
+    assert_eq!(s.wait_done(&id).await["state"], "finished");
+}

@@ -126,6 +126,16 @@ pub(super) async fn hand_off(
     let p = rt
         .process(&id)
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("no process `{id}`")))?;
+    if !pie_core::inferlet_ref::BUILT_IN.contains(&p.inferlet.as_str()) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!(
+                "process `{id}` runs the WebAssembly inferlet `{}`, whose state lives in its \
+                 guest's memory: it does not move",
+                p.inferlet
+            ),
+        ));
+    }
     if !rt.hand_off(&p) {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
