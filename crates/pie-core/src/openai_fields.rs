@@ -49,14 +49,6 @@ fn null(v: &Value) -> bool {
     v.is_null()
 }
 
-fn at_most_one(v: &Value) -> bool {
-    v.is_null() || v.as_u64() == Some(1)
-}
-
-fn false_or_null(v: &Value) -> bool {
-    v.is_null() || v == &Value::Bool(false)
-}
-
 fn empty(v: &Value) -> bool {
     match v {
         Value::Null => true,
@@ -94,8 +86,8 @@ const SHARED: &[(&str, Rule)] = &[
 
 const COMPLETIONS: &[(&str, Rule)] = &[
     ("prompt", Served),
-    ("best_of", UnlessInert(at_most_one, "1")),
-    ("echo", UnlessInert(false_or_null, "false")),
+    ("best_of", Served),
+    ("echo", Served),
     ("suffix", UnlessInert(empty, "empty")),
     ("logprobs", Served),
     // Not in the SDK's completion type; served as vLLM serves it.
@@ -222,8 +214,7 @@ mod tests {
                 json!("auto"),
                 json!("required"),
             ),
-            (Endpoint::Completions, "echo", json!(false), json!(true)),
-            (Endpoint::Completions, "best_of", json!(1), json!(3)),
+            (Endpoint::Completions, "suffix", json!(""), json!("end")),
         ] {
             assert_eq!(
                 checked(endpoint, json!({ field: inert })),

@@ -83,3 +83,78 @@ async fn choices_are_bounded() {
         assert_eq!(r["error"]["param"], "n");
     }
 }
+
+/// `best_of` 4, `n` 2: the two candidates with the highest log-probability
+/// per token, of the four that seeds 5 to 8 draw, in that order; every
+/// candidate's tokens are in `usage`; streaming above `n` is a 400.
+#[tokio::test]
+async fn best_of_returns_the_likeliest_per_token_of_its_candidates() {
+    let s = Server::start("[runtime]\nmax_running = 16\n", &[]).await;
+    let base = json!({"prompt": PROMPT, "max_tokens": 10, "temperature": 1.0, "seed": 5});
+    let mut body = base.clone();
+    body["n"] = json!(4);
+    body["logprobs"] = json!(0);
+    let (status, all) = s.post("/v1/completions", body).await;
+    assert_eq!(status, 200, "{all}");
+    let mean = |c: &serde_json::Value| {
+        let lps = c["logprobs"]["token_logprobs"].as_array().unwrap();
+        lps.iter().map(|l| l.as_f64().unwrap()).sum::<f64>() / lps.len() as f64
+    };
+    let mut candidates: Vec<(f64, String)> = (all["choices"].as_array().unwrap().iter())
+        .map(|c| (mean(c), c["text"].as_str().unwrap().to_string()))
+        .collect();
+    candidates.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut body = base.clone();
+    body["n"] = json!(2);
+    body["best_of"] = json!(4);
+    let (status, best) = s.post("/v1/completions", body).await;
+    assert_eq!(status, 200, "{best}");
+    let texts: Vec<&str> = (best["choices"].as_array().unwrap().iter())
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts, [&candidates[0].1, &candidates[1].1]);
+    assert!(best["choices"][0]["logprobs"].is_null(), "not asked for");
+    assert_eq!(
+        best["usage"]["completion_tokens"],
+        all["usage"]["completion_tokens"]
+    );
+    let mut body = base.clone();
+    body["best_of"] = json!(3);
+    body["stream"] = json!(true);
+    let (status, r) = s.post("/v1/completions", body).await;
+    assert_eq!(
+        (status, r["error"]["param"].clone()),
+        (400, json!("best_of")),
+        "{r}"
+    );
+}
+
+/// `echo` puts the prompt before the completion, whole and as a stream's
+/// first chunk; with `logprobs` it is a 400 naming it.
+#[tokio::test]
+async fn echo_puts_the_prompt_first() {
+    let s = Server::start("", &[]).await;
+    let body = json!({"prompt": PROMPT, "max_tokens": 6, "temperature": 0});
+    let (_, plain) = s.post("/v1/completions", body.clone()).await;
+    let mut echoed = body.clone();
+    echoed["echo"] = json!(true);
+    let (status, r) = s.post("/v1/completions", echoed.clone()).await;
+    assert_eq!(status, 200, "{r}");
+    let completion = plain["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(r["choices"][0]["text"], format!("{PROMPT}{completion}"));
+    echoed["stream"] = json!(true);
+    let chunks = s.stream_chunks("/v1/completions", echoed.clone()).await;
+    assert_eq!(chunks[0]["choices"][0]["text"], PROMPT);
+    let streamed: String = (chunks.iter())
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(streamed, format!("{PROMPT}{completion}"));
+    echoed["stream"] = json!(false);
+    echoed["logprobs"] = json!(1);
+    let (status, r) = s.post("/v1/completions", echoed).await;
+    assert_eq!(
+        (status, r["error"]["param"].clone()),
+        (400, json!("echo")),
+        "{r}"
+    );
+}

@@ -645,8 +645,10 @@ fn movable(path: &str, json: &Value, tokens: &[u32]) -> bool {
         && one_choice(json)
 }
 
+/// One choice of one candidate (`best_of` above 1 picks among several at
+/// the end, so it is neither streamed to the workers nor moved).
 fn one_choice(json: &Value) -> bool {
-    json["n"].as_u64().unwrap_or(1) <= 1
+    json["n"].as_u64().unwrap_or(1) <= 1 && json["best_of"].as_u64().unwrap_or(1) <= 1
 }
 
 /// What `whole` gathers from a stream: one choice's text, without logprobs.

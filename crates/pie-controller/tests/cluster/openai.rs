@@ -30,7 +30,7 @@ async fn every_sdk_field_is_served_or_refused_by_name_through_the_controller() {
             "{route}: {r}"
         );
         let refused = r["refused"].as_array().unwrap();
-        let refused_here = if route == "chat" { "tools" } else { "echo" };
+        let refused_here = if route == "chat" { "tools" } else { "suffix" };
         assert!(refused.contains(&refused_here.into()), "{route}: {r}");
         for served in ["n", "logprobs"] {
             let served_here = r["served"].as_array().unwrap();

@@ -18,6 +18,7 @@ pub mod openai;
 pub mod state;
 
 mod admin;
+mod best_of;
 mod health;
 mod inferlets;
 mod internal;

@@ -28,6 +28,7 @@ use super::auth::{
     cache_salt_of, client_of, trusted_prefill_from, trusted_prompt_tokens, trusted_resume,
     trusted_stream_ids, Authed,
 };
+use super::best_of::{self, echo_text, CompletionExtras};
 use super::logprobs::{self, Scored};
 use super::response_format::checked_options;
 use super::state::{ApiError, ApiJson, AppState};
@@ -83,6 +84,8 @@ pub struct CompletionRequest {
     prompt: PromptArg,
     /// Each token's logprob and this many alternatives'.
     logprobs: Option<usize>,
+    best_of: Option<usize>,
+    echo: Option<bool>,
     #[serde(flatten)]
     common: Common,
 }
@@ -184,12 +187,16 @@ pub async fn completions(
         .logprobs
         .map(|k| checked_top("logprobs", k))
         .transpose()?;
+    let extras = CompletionExtras {
+        best_of: req.best_of,
+        echo: req.echo.unwrap_or(false),
+    };
     serve(
         state,
         auth,
         Inferlet::TextCompletion { prompt },
         common,
-        (Kind::Completion, scores),
+        (Kind::Completion, scores, extras),
     )
     .await
 }
@@ -229,7 +236,7 @@ pub async fn chat_completions(
             resume_session: false,
         },
         common,
-        (Kind::Chat, scores),
+        (Kind::Chat, scores, CompletionExtras::default()),
     )
     .await
 }
@@ -248,14 +255,14 @@ fn checked_top(field: &str, k: usize) -> Result<usize, ApiError> {
     Ok(k)
 }
 
-/// `(kind, scores)`: the response's shape, and how many alternatives each
-/// token's logprobs list (None: no logprobs).
+/// `(kind, scores, extras)`: the response's shape, how many alternatives
+/// each token's logprobs list (None: no logprobs), `best_of` and `echo`.
 async fn serve(
     state: AppState,
     auth: Option<Extension<Authed>>,
     inferlet: Inferlet,
     mut common: Common,
-    (kind, scores): (Kind, Option<usize>),
+    (kind, scores, extras): (Kind, Option<usize>, CompletionExtras),
 ) -> Result<Response, ApiError> {
     let rt = state.runtime()?;
     if let Some(model) = &common.model {
@@ -283,10 +290,17 @@ async fn serve(
         resumed: opts.resume.is_some(),
     };
     let choices = checked_choices(common.n, relay, &opts)?;
+    let candidates = best_of::candidates(extras.best_of, choices, common.stream, MAX_CHOICES)?;
+    let echo = echo_text(&rt.model, &inferlet, extras, scores)?;
+    let opts = GenOptions {
+        // The best are the likeliest per token: every candidate is scored.
+        logprobs: opts.logprobs.or((candidates > choices).then_some(0)),
+        ..opts
+    };
     let pretokenized = trusted_prompt_tokens(&auth, common.pie_prompt_tokens.take())?;
     let client = client_of(&auth, &mut props)?;
-    let mut launched = Vec::with_capacity(choices);
-    for index in 0..choices {
+    let mut launched = Vec::with_capacity(candidates);
+    for index in 0..candidates {
         let mut opts = opts.clone();
         // Each choice its own draws: seed + its index.
         opts.sampling.seed = opts.sampling.seed.map(|s| s.wrapping_add(index as u64));
@@ -309,6 +323,8 @@ async fn serve(
         created: now_ms() / 1000,
         kind,
         scored_by: scores.map(|_| rt.model.clone()),
+        echo: echo.filter(|_| !relay.resumed),
+        choices,
     };
     if common.stream {
         let include_usage = common.stream_options.unwrap_or_default().include_usage;
@@ -383,6 +399,10 @@ struct Meta {
     kind: Kind,
     /// The model whose tokenizer spells the tokens, when logprobs were asked.
     scored_by: Option<Arc<pie_model::Model>>,
+    /// The prompt's text before each choice's (`echo`).
+    echo: Option<String>,
+    /// How many choices the answer has (of more candidates, `best_of`).
+    choices: usize,
 }
 
 impl Meta {
@@ -426,21 +446,26 @@ async fn whole_response(meta: Meta, launched: Launched) -> Result<Response, ApiE
         drop(guard);
         answer
     });
-    let mut choices = Vec::new();
-    let mut usage = None;
-    for (index, answer) in futures_util::future::join_all(answers)
-        .await
+    let gathered: Vec<Gathered> = (futures_util::future::join_all(answers).await)
         .into_iter()
-        .enumerate()
-    {
-        let g = answer?;
-        let logprobs = meta.logprobs(&g.scored);
-        choices.push(
-            meta.kind
-                .choice(index, &g.text, g.finish_reason, false, logprobs),
-        );
-        usage = Some(with_choice(usage, g.usage));
-    }
+        .collect::<Result<_, _>>()?;
+    let usage = (gathered.iter()).fold(None, |total, g| Some(with_choice(total, g.usage)));
+    let scores: Vec<Vec<f32>> = (gathered.iter())
+        .map(|g| g.scored.iter().map(|s| s.logprobs.logprob).collect())
+        .collect();
+    let order = match gathered.len() > meta.choices {
+        true => best_of::best(&scores, meta.choices),
+        false => (0..gathered.len()).collect(),
+    };
+    let echo = meta.echo.as_deref().unwrap_or_default();
+    let choices: Vec<Value> = (order.iter().enumerate())
+        .map(|(index, &i)| {
+            let g = &gathered[i];
+            let text = format!("{echo}{}", g.text);
+            let logprobs = meta.logprobs(&g.scored);
+            (meta.kind).choice(index, &text, g.finish_reason, false, logprobs)
+        })
+        .collect();
     Ok(Json(meta.body(false, json!(choices), usage)).into_response())
 }
 
@@ -513,6 +538,12 @@ fn stream_response(
     if matches!(meta.kind, Kind::Chat) && !relay.resumed {
         for index in 0..guards.len() {
             opening.push(data(meta.body(true, json!([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]), None)));
+        }
+    }
+    if let Some(echo) = &meta.echo {
+        for index in 0..guards.len() {
+            let choice = meta.kind.choice(index, echo, None, true, Value::Null);
+            opening.push(data(meta.body(true, json!([choice]), None)));
         }
     }
     let mut tally = Tally {
