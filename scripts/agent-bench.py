@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""Agents three ways on one `pie serve`, in one run (issue 34).
+
+Usage: scripts/agent-bench.py [--pie target/release/pie] [--model PATH]
+           [--agents 8,32,64] [--max-steps 6] [--latency-ms 100,2000]
+           [--seed 1] [--variants inferlet,session,plain]
+
+One ReAct agent protocol (the `agent` inferlet's: a system prompt, each
+step constrained to `Thought: ...` then `Action: TOOL[INPUT]` or
+`Final Answer: ...`, the last step to an answer, the tool's result sent
+back as the user turn `Observation: ...`), run by N agents at once in
+three ways against the same worker (`[runtime] worker_policy = ["fair",
+"keep-session"]`):
+
+- inferlet: the `agent` inferlet; its context stays live while the tool
+  runs; the tool's result is a message to its process;
+- session: a client loop over `/v1/chat/completions` with a `session` and
+  `keep-ms` (keep-session holds the conversation's pages between calls);
+- plain: the same loop without a session (each step re-sends the history, as
+  a vLLM user's loop does).
+
+The tool answers after a latency drawn per agent and step (seeded, uniform
+in --latency-ms) with a text that depends only on the call, so every way
+gets the same results. The KV pool holds at most half of the agents'
+contexts at their longest (--kv-pages is printed). Per variant: agents per
+minute, per-step latency (p50, p99: from the request, or the tool's result,
+to the next step's end), prompt tokens computed and found cached, and
+preemptions; then how many agents made the same calls and answer in every
+way (temperature 0).
+"""
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pielib  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+AGENT_WASM = os.path.join(ROOT, "inferlets", "target", "wasm32-wasip2", "release", "agent.wasm")
+
+# The `agent` inferlet's protocol (inferlets/agent/src/lib.rs), verbatim.
+SYSTEM = ("You are an agent that answers questions with tools. Each turn, write "
+          "one line `Thought: ...`, then either `Action: search[QUERY]` or `Action: calculate[EXPRESSION]` "
+          "to use a tool, or `Final Answer: ...` when you know the answer. Tool results come back as "
+          "`Observation: ...`.")
+STEP = r"Thought: [ -~]{1,100}\n(Action: (search|calculate)\[[a-zA-Z0-9 +*/.-]{1,40}\]|Final Answer: [ -~]{1,100})"
+FINAL = r"Thought: [ -~]{1,100}\nFinal Answer: [ -~]{1,100}"
+# A context at its longest, in pages of 16 (measured: system and question
+# about 110 tokens, a step and its observation up to about 90).
+LONGEST_PAGES = 40
+
+QUESTIONS = [
+    "How tall is the Eiffel Tower in meters?", "What is 17 times 23?",
+    "Which river flows through Cairo?", "How many days are in a leap year?",
+    "Who wrote the novel Moby Dick?", "What is the boiling point of water in Fahrenheit?",
+    "What is the capital of Australia?", "How many legs does a spider have?",
+]
+
+
+def tool(name, argument):
+    """The tool's result: a function of the call only."""
+    h = sum(ord(c) * (i + 7) for i, c in enumerate(name + argument)) % 1000
+    return f"{name} result {h} for {argument.strip()[:30]}"
+
+
+def latency(seed, agent, step, bounds):
+    rng = random.Random(f"{seed}-{agent}-{step}")
+    return rng.uniform(*bounds) / 1000
+
+
+def serve(procs, a, pages, store):
+    config = os.path.join(store, "config.toml")
+    with open(config, "w") as f:
+        f.write('[runtime]\nworker_policy = ["fair", "keep-session"]\n'
+                f"max_running = 64\n[runtime.inferlets]\ndir = {json.dumps(store)}\n")
+    args = [a.pie, "serve", "--port", "0", "--config", config, "--kv-pages", str(pages),
+            "--page-size", "16"]
+    if a.model:
+        args += ["--model", a.model]
+    proc, url = procs.spawn(args, prefix="pie: listening on ")
+    pielib.wait_healthy(url, 600, proc=proc)
+    with open(AGENT_WASM, "rb") as f:
+        c = pielib.connect(url)
+        c.request("POST", "/v1/inferlets?name=agent", f.read())
+        r = c.getresponse()
+        if r.status != 201:
+            pielib.fail(f"upload agent: {r.status} {r.read()[:200]!r}")
+    return url
+
+
+def parse(text):
+    _, decision = text.split("\n", 1)
+    if decision.startswith("Final Answer: "):
+        return None, decision[len("Final Answer: "):]
+    call = decision[len("Action: "):-1]
+    name, argument = call.split("[", 1)
+    return (name, argument), None
+
+
+def run_inferlet(url, i, a, out):
+    body = {"inferlet": "agent", "args": {"question": QUESTIONS[i % len(QUESTIONS)],
+                                          "max_steps": a.max_steps}}
+    r = pielib.request(url, "POST", "/v1/processes", body)
+    pid = r.json()["id"]
+    c = pielib.connect(url)
+    c.request("GET", f"/v1/processes/{pid}/events")
+    resp = c.getresponse()
+    calls, steps, answer, buf, kind = [], [], None, b"", None
+    started = time.monotonic()
+    while answer is None and (data := resp.read1(65536)):
+        buf += data
+        while b"\n\n" in buf:
+            block, buf = buf.split(b"\n\n", 1)
+            lines = block.decode(errors="replace").split("\n")
+            kind = next((ln[7:] for ln in lines if ln.startswith("event: ")), None)
+            payload = next((ln[6:] for ln in lines if ln.startswith("data: ")), None)
+            if kind == "status" and payload and json.loads(payload)["state"] != "running":
+                answer = answer or f"FAILED: {payload}"
+            if kind != "json" or payload is None:
+                continue
+            event = json.loads(payload)
+            steps.append(time.monotonic() - started)
+            if event["type"] == "final":
+                answer = event["answer"]
+                break
+            calls.append((event["tool"], event["input"]))
+            time.sleep(latency(a.seed, i, len(calls), a.bounds))
+            started = time.monotonic()
+            pielib.request(url, "POST", f"/v1/processes/{pid}/messages",
+                           {"message": tool(event["tool"], event["input"])})
+    c.close()
+    out[i] = (calls, answer, steps)
+
+
+def run_loop(url, i, a, out, session):
+    model = pielib.get_json(url, "/v1/models")["data"][0]["id"]
+    messages = [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
+    calls, steps, answer = [], [], None
+    for step in range(a.max_steps):
+        body = {"model": model, "messages": messages, "max_tokens": 256, "temperature": 0,
+                "response_format": {"type": "regex",
+                                    "regex": FINAL if step + 1 == a.max_steps else STEP}}
+        if session:
+            body["session"] = f"agent-{a.run}-{i}"
+            body["props"] = {"keep-ms": 30000}
+        started = time.monotonic()
+        r = pielib.request(url, "POST", "/v1/chat/completions", body)
+        if r.status != 200:
+            answer = f"FAILED: {r}"
+            break
+        text = r.json()["choices"][0]["message"]["content"]
+        steps.append(time.monotonic() - started)
+        messages.append({"role": "assistant", "content": text})
+        call, answer = parse(text)
+        if answer is not None:
+            break
+        calls.append(call)
+        time.sleep(latency(a.seed, i, len(calls), a.bounds))
+        messages.append({"role": "user", "content": f"Observation: {tool(*call)}"})
+    out[i] = (calls, answer, steps)
+
+
+def variant(url, name, n, a):
+    out = [None] * n
+    target = {"inferlet": run_inferlet,
+              "session": lambda u, i, a, o: run_loop(u, i, a, o, True),
+              "plain": lambda u, i, a, o: run_loop(u, i, a, o, False)}[name]
+    before = pielib.scrape(url)
+    start = time.monotonic()
+    threads = [threading.Thread(target=target, args=(url, i, a, out)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - start
+    after = pielib.scrape(url)
+    delta = lambda m: pielib.prom_delta(before, after, m)
+    steps = [s for _, _, ss in out for s in ss]
+    failed = sum(1 for _, ans, _ in out if ans is None or str(ans).startswith("FAILED"))
+    return {"agents_per_min": n / wall * 60, "wall_s": wall, "failed": failed,
+            "step_p50_ms": pielib.percentile(steps, 50) * 1000,
+            "step_p99_ms": pielib.percentile(steps, 99) * 1000,
+            "computed": delta("pie_prompt_tokens_total"),
+            "cached": delta("pie_prefix_cache_hit_tokens_total"),
+            "preemptions": delta("pie_preemptions_total"), "out": out}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pie", default=os.path.join(ROOT, "target", "release", "pie"))
+    ap.add_argument("--model")
+    ap.add_argument("--agents", default="8,32,64")
+    ap.add_argument("--max-steps", type=int, default=6)
+    ap.add_argument("--latency-ms", default="100,2000")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--variants", default="inferlet,session,plain")
+    a = ap.parse_args()
+    a.bounds = tuple(float(x) for x in a.latency_ms.split(","))
+    subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=os.path.join(ROOT, "inferlets"),
+                   check=True)
+    print("| agents | kv_pages | variant | agents/min | ratio to plain | step p50 / p99 ms "
+          "| prompt tokens computed / cached | preemptions | failed |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n in [int(x) for x in a.agents.split(",")]:
+        pages = max(64, n * LONGEST_PAGES // 2)
+        results = {}
+        for name in a.variants.split(","):
+            store = tempfile.mkdtemp(prefix="pie-agent-bench-")
+            with pielib.Procs() as procs:
+                url = serve(procs, a, pages, store)
+                a.run = f"{n}-{name}"
+                results[name] = variant(url, name, n, a)
+        plain = results.get("plain", {}).get("agents_per_min")
+        for name, r in results.items():
+            ratio = f"{r['agents_per_min'] / plain:.2f}" if plain else "-"
+            print(f"| {n} | {pages} | {name} | {r['agents_per_min']:.1f} | {ratio} | "
+                  f"{r['step_p50_ms']:.0f} / {r['step_p99_ms']:.0f} | "
+                  f"{r['computed']:.0f} / {r['cached']:.0f} | {r['preemptions']:.0f} | {r['failed']} |")
+        outs = [r["out"] for r in results.values()]
+        same = sum(1 for i in range(n) if all(o[i][:2] == outs[0][i][:2] for o in outs))
+        calls = sum(len(c) for c, _, _ in outs[0])
+        print(f"|  |  | same calls and answer in every way: {same}/{n} agents ({calls} tool calls) | | | | | | |")
+
+
+if __name__ == "__main__":
+    main()
