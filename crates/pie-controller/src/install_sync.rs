@@ -17,8 +17,7 @@ use crate::worker_client::describe;
 
 /// After a poll of `worker`: hand it what it lacks, or forget it if down.
 pub async fn after_poll(ctl: &Controller, worker: &str, url: &str) {
-    let healthy = (ctl.registry.snapshot().iter()).any(|w| w.name == worker && w.healthy);
-    if !healthy {
+    if !ctl.registry.healthy(worker) {
         ctl.installs.forget(worker);
         return;
     }

@@ -104,11 +104,20 @@ impl Installs {
         Ok(entry)
     }
 
-    /// Take `entry` back out (every worker refused it).
+    /// Take `entry` back out (every worker refused it), its bytes too
+    /// unless another entry has the same.
     pub fn remove(&self, entry: &Entry) -> Result<(), String> {
         let mut state = self.lock();
         state.entries.retain(|e| e != entry);
+        if !state.entries.iter().any(|e| e.sha256 == entry.sha256) {
+            let _ = std::fs::remove_file(self.component(&entry.sha256));
+        }
         self.save(&state.entries)
+    }
+
+    /// Whether `reference` names an inferlet installed here.
+    pub fn knows(&self, reference: &str) -> bool {
+        find(&self.lock().entries, reference).is_some()
     }
 
     /// The component's bytes.

@@ -334,6 +334,12 @@ impl Registry {
         self.read_worker(|w| w.name == name, |w| w.url.clone())
     }
 
+    /// Whether worker `name` serves (false for an unknown one).
+    pub fn healthy(&self, name: &str) -> bool {
+        self.read_worker(|w| w.name == name, |w| w.healthy)
+            .unwrap_or(false)
+    }
+
     /// The model fingerprint worker `name` last reported (0 before its first poll).
     pub fn fingerprint_of(&self, name: &str) -> Option<u64> {
         self.read_worker(|w| w.name == name, |w| w.fingerprint)

@@ -42,20 +42,7 @@ async fn worker_with(tag: &str, pool_url: &str, runtime: &str) -> Proc {
         url => format!("pool = {url:?}\n"),
     };
     std::fs::write(&cfg, format!("[runtime]\n{pool}{runtime}")).unwrap();
-    let m = model();
-    let w = spawn(
-        &bin("pie"),
-        &[
-            "serve",
-            "--port",
-            "0",
-            "--model",
-            m.to_str().unwrap(),
-            "--config",
-            cfg.to_str().unwrap(),
-        ],
-        "pie: listening on ",
-    );
+    let w = common::worker(&["--config", cfg.to_str().unwrap()]);
     wait_for("the worker healthy", async || {
         reqwest::get(format!("{}/health", w.url))
             .await

@@ -196,8 +196,11 @@ impl Prepared {
 /// The workers that do not hold `reference`, an inferlet installed through
 /// the controller (none for any other); a 503 when no worker holds it yet.
 fn lacking_workers(ctl: &Controller, reference: &str) -> Result<Vec<String>, Refusal> {
-    let workers: Vec<String> = (ctl.registry.snapshot().into_iter())
-        .map(|w| w.name)
+    if !ctl.installs.knows(reference) {
+        return Ok(Vec::new());
+    }
+    let workers: Vec<String> = (ctl.registry.endpoints().into_iter())
+        .map(|(name, _)| name)
         .collect();
     let lacking = ctl.installs.lacking(reference, &workers);
     if !lacking.is_empty() && lacking.len() == workers.len() {

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -51,8 +52,16 @@ async fn upload(
     State(ctl): State<Arc<Controller>>,
     key: Option<Extension<ClientKey>>,
     Query(query): Query<UploadQuery>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            let why = format!("the component is larger than {MAX_UPLOAD_BYTES} bytes");
+            return error(StatusCode::PAYLOAD_TOO_LARGE, why);
+        }
+        Err(e) => return error(e.status(), e.body_text()),
+    };
     if let Some(Extension(k)) = &key {
         if k.role != Role::Admin {
             let why = format!(

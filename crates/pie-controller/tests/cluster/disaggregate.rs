@@ -2,18 +2,13 @@
 //! decoded on another with one worker's output; the threshold; a client
 //! cannot name a prefill worker; the threshold reloaded on SIGHUP.
 
-use crate::common::{bin, model, spawn, wait_for};
+use crate::common::{wait_for, worker};
 use crate::harness::{Cluster, Spec};
 use serde_json::{json, Value};
 
 /// The greedy completion of `prompt` by one worker alone.
 async fn alone(prompt: &[u32]) -> String {
-    let model = model();
-    let w = spawn(
-        &bin("pie"),
-        &["serve", "--port", "0", "--model", model.to_str().unwrap()],
-        "pie: listening on ",
-    );
+    let w = worker(&[]);
     let http = reqwest::Client::new();
     wait_for("the worker loaded", async || {
         let health = http.get(format!("{}/health", w.url)).send().await;

@@ -169,27 +169,48 @@ async fn a_non_streamed_request_moves_on_drain_and_on_crash_with_the_same_answer
         .await
         .unwrap();
     let expected = direct["choices"][0]["text"].as_str().unwrap().to_string();
-    slow_steps(&c, MOVE_STEP_MS).await;
-    for crash in [false, true] {
-        let (http, url, body) = (c.http.clone(), c.controller.url.clone(), body.clone());
-        let task = tokio::spawn(async move {
-            let r = http
-                .post(format!("{url}/v1/completions"))
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            let worker = r.headers()["x-pie-worker"].to_str().unwrap().to_string();
-            (worker, whole_text(r, 900).await)
-        });
-        let running = serving_worker(&c).await;
-        drain_or_kill(&mut c, &running, crash).await;
-        let (worker, (text, clean, raw)) = task.await.unwrap();
+    let answers = across_drain_and_crash(&mut c, &body, |r| async move {
+        let worker = r.headers()["x-pie-worker"].to_str().unwrap().to_string();
+        (worker, whole_text(r, 900).await)
+    })
+    .await;
+    for (crash, running, (worker, (text, clean, raw))) in answers {
         assert!(clean, "crash: {crash}: {raw}");
         assert_eq!(text, expected, "crash: {crash}");
         assert_eq!(worker, running, "x-pie-worker names the first worker");
     }
-    moved_on_drain_and_crash(&c).await;
+}
+
+/// `body` through the controller twice on slowed workers, the worker serving
+/// it drained the first time and killed the second: each time (crash, that
+/// worker, what `read` made of the answer); both moves counted.
+async fn across_drain_and_crash<T, Fut>(
+    c: &mut Cluster,
+    body: &Value,
+    read: impl Fn(reqwest::Response) -> Fut + Clone + Send + 'static,
+) -> Vec<(bool, String, T)>
+where
+    T: Send + 'static,
+    Fut: std::future::Future<Output = T> + Send,
+{
+    slow_steps(c, MOVE_STEP_MS).await;
+    let mut answers = Vec::new();
+    for crash in [false, true] {
+        let (http, url, body) = (c.http.clone(), c.controller.url.clone(), body.clone());
+        let read = read.clone();
+        let task = tokio::spawn(async move {
+            let r = (http.post(format!("{url}/v1/completions")).json(&body))
+                .send()
+                .await
+                .unwrap();
+            read(r).await
+        });
+        let running = serving_worker(c).await;
+        drain_or_kill(c, &running, crash).await;
+        answers.push((crash, running, task.await.unwrap()));
+    }
+    moved_on_drain_and_crash(c).await;
+    answers
 }
 
 /// A constrained stream (`response_format`) goes on under its constraint
@@ -219,25 +240,11 @@ async fn a_constrained_stream_keeps_its_constraint_on_drain_and_on_crash() {
         expected.len() == 600 && expected.bytes().all(|b| b.is_ascii_lowercase()),
         "{expected:?}"
     );
-    slow_steps(&c, MOVE_STEP_MS).await;
-    for crash in [false, true] {
-        let (http, url, body) = (c.http.clone(), c.controller.url.clone(), body.clone());
-        let task = tokio::spawn(async move {
-            let r = http
-                .post(format!("{url}/v1/completions"))
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            stream_text(r).await
-        });
-        let running = serving_worker(&c).await;
-        drain_or_kill(&mut c, &running, crash).await;
-        let (text, clean, raw) = task.await.unwrap();
+    let answers = across_drain_and_crash(&mut c, &body, stream_text).await;
+    for (crash, _, (text, clean, raw)) in answers {
         assert!(clean, "crash: {crash}: {raw}");
         assert_eq!(text, expected, "crash: {crash}");
     }
-    moved_on_drain_and_crash(&c).await;
 }
 
 #[tokio::test]

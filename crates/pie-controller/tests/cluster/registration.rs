@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::common::{bin, model, spawn, wait_for};
+use crate::common::{wait_for, worker};
 use crate::harness::{post_json, Cluster, Spec};
 use serde_json::{json, Value};
 
@@ -20,24 +20,7 @@ async fn a_drained_worker_deregisters_and_a_silent_one_expires() {
         ..Spec::new("least-loaded")
     })
     .await;
-    let m = model();
-    let join = |name: &'static str| {
-        spawn(
-            &bin("pie"),
-            &[
-                "serve",
-                "--port",
-                "0",
-                "--model",
-                m.to_str().unwrap(),
-                "--controller",
-                &c.controller.url,
-                "--name",
-                name,
-            ],
-            "pie: listening on ",
-        )
-    };
+    let join = |name: &'static str| worker(&["--controller", &c.controller.url, "--name", name]);
     let listed = async |name: &str| {
         c.cluster().await["workers"]
             .as_array()
@@ -95,24 +78,14 @@ async fn a_drained_worker_deregisters_and_a_silent_one_expires() {
 #[tokio::test]
 async fn workers_register_themselves_and_native_ids_route_back() {
     let c = Cluster::start("least-loaded", "256").await;
-    let m = model();
-    let _extra = spawn(
-        &bin("pie"),
-        &[
-            "serve",
-            "--port",
-            "0",
-            "--model",
-            m.to_str().unwrap(),
-            "--controller",
-            &c.controller.url,
-            "--name",
-            "late",
-            "--group",
-            "gold",
-        ],
-        "pie: listening on ",
-    );
+    let _extra = worker(&[
+        "--controller",
+        &c.controller.url,
+        "--name",
+        "late",
+        "--group",
+        "gold",
+    ]);
     wait_for("registration", async || {
         c.cluster().await["workers"]
             .as_array()
@@ -168,21 +141,14 @@ async fn a_worker_of_another_model_is_not_admitted_and_both_fingerprints_are_nam
         },
     )
     .unwrap();
-    let stranger = spawn(
-        &bin("pie"),
-        &[
-            "serve",
-            "--port",
-            "0",
-            "--model",
-            other.to_str().unwrap(),
-            "--controller",
-            &c.controller.url,
-            "--name",
-            "stranger",
-        ],
-        "pie: listening on ",
-    );
+    let stranger = worker(&[
+        "--model",
+        other.to_str().unwrap(),
+        "--controller",
+        &c.controller.url,
+        "--name",
+        "stranger",
+    ]);
     wait_for("the stranger refused", async || {
         let cluster = c.cluster().await;
         let refused = cluster["workers"]

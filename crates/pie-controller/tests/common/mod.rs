@@ -14,6 +14,18 @@ pub fn model() -> PathBuf {
     pie_testkit::test_model(3)
 }
 
+/// A `pie serve` on a free port, with the test model unless `extra` names
+/// another with `--model`, and `extra`'s flags.
+pub fn worker(extra: &[&str]) -> Proc {
+    let m = model();
+    let mut args = vec!["serve", "--port", "0"];
+    if !extra.contains(&"--model") {
+        args.extend(["--model", m.to_str().unwrap()]);
+    }
+    args.extend(extra);
+    spawn(&bin("pie"), &args, "pie: listening on ")
+}
+
 /// Poll until `f` holds (or panic after 30 s).
 pub async fn wait_for(what: &str, f: impl AsyncFnMut() -> bool) {
     pie_testkit::wait_for(what, Duration::from_secs(30), f).await

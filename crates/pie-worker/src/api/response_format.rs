@@ -66,7 +66,12 @@ async fn compile(rt: &Runtime, spec: GrammarSpec) -> Result<Grammar, ApiError> {
     let model = rt.model.clone();
     let compiled = tokio::task::spawn_blocking(move || model.grammars()?.compile(&spec))
         .await
-        .map_err(|e| ApiError::bad_request(format!("{PARAM}: {e}")))?;
+        .map_err(|e| {
+            ApiError::new(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                format!("{PARAM}: the compilation stopped: {e}"),
+            )
+        })?;
     compiled.map_err(|e| bad(format!("{PARAM} cannot be used: {e}")))
 }
 
