@@ -30,8 +30,9 @@ fn config(dir: &str, runtime: &str, inferlets: &str) -> String {
 
 async fn upload_as(s: &Server, key: Option<&str>, name: &str, guest: &str) -> (u16, Value) {
     let wasm = std::fs::read(inferlet_wasm(guest)).unwrap();
-    let mut req = s
-        .client
+    // A fresh connection: a pooled one the server just closed fails the
+    // body's write (a broken pipe, seen once in CI).
+    let mut req = reqwest::Client::new()
         .post(s.url(&format!("/v1/inferlets?name={name}")))
         .body(wasm);
     if let Some(key) = key {
