@@ -559,7 +559,9 @@ async fn trace_file_records_lengths_block_ids_and_props_but_no_tokens() {
         .collect();
     assert_eq!(lines.len(), 2, "{text}");
     for l in &lines {
-        let keys: Vec<&str> = l.as_object().unwrap().keys().map(String::as_str).collect();
+        // serde_json keeps insertion order (llguidance needs `preserve_order`).
+        let mut keys: Vec<&str> = l.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
         assert_eq!(
             keys,
             [

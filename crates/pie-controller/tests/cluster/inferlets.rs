@@ -36,14 +36,16 @@ async fn installing_cluster(tag: &str, spec: Spec<'_>) -> Cluster {
     .await
 }
 
+/// Upload `wasm` as `name` to the controller, on a fresh connection (a
+/// pooled one the server closed would fail the body's write).
 async fn upload(c: &Cluster, name: &str, wasm: Vec<u8>) -> (u16, Value) {
-    let r = (c
-        .http
-        .post(format!("{}/v1/inferlets?name={name}", c.controller.url)))
-    .body(wasm)
-    .send()
-    .await
-    .unwrap();
+    let url = format!("{}/v1/inferlets?name={name}", c.controller.url);
+    let r = reqwest::Client::new()
+        .post(url)
+        .body(wasm)
+        .send()
+        .await
+        .unwrap();
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
 
