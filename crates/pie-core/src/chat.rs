@@ -2,7 +2,9 @@
 //! template renders) and [`OpenAiMessage`], every shape an OpenAI client sends
 //! (`content` as a string, an array of text parts, or `null`). The worker and
 //! the controller parse messages here and nowhere else, so a request one
-//! accepts the other accepts too.
+//! accepts the other accepts too. An assistant's `tool_calls` (their
+//! `arguments` read as JSON, as templates render them) and a tool result's
+//! `tool_call_id` reach the template.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -11,6 +13,23 @@ use serde_json::Value;
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant's calls: `{"id", "type", "function": {"name", "arguments"}}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
+    /// A `tool` message: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl ChatMessage {
+    pub fn text(role: &str, content: String) -> Self {
+        Self {
+            role: role.into(),
+            content,
+            tool_calls: None,
+            tool_call_id: None,
+        }
+    }
 }
 
 /// One message of an OpenAI chat request.
@@ -19,6 +38,10 @@ pub struct OpenAiMessage {
     role: String,
     #[serde(default)]
     content: Option<Content>,
+    #[serde(default)]
+    tool_calls: Option<Vec<Value>>,
+    #[serde(default)]
+    tool_call_id: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -44,11 +67,27 @@ impl OpenAiMessage {
             Some(Content::Text(text)) => text,
             Some(Content::Parts(parts)) => joined_text(parts)?,
         };
+        let tool_calls = self
+            .tool_calls
+            .map(|calls| calls.into_iter().map(arguments_as_json).collect());
         Ok(ChatMessage {
             role: self.role,
             content,
+            tool_calls,
+            tool_call_id: self.tool_call_id,
         })
     }
+}
+
+/// A call with its `arguments` string read as the JSON it holds (templates
+/// render them with `tojson`); kept as text when it is not JSON.
+fn arguments_as_json(mut call: Value) -> Value {
+    let parsed = (call["function"]["arguments"].as_str())
+        .and_then(|a| serde_json::from_str::<Value>(a).ok());
+    if let Some(arguments) = parsed {
+        call["function"]["arguments"] = arguments;
+    }
+    call
 }
 
 fn joined_text(parts: Vec<ContentPart>) -> Result<String, String> {
@@ -93,6 +132,20 @@ mod tests {
         let contents: Vec<&str> = parsed.iter().map(|m| m.content.as_str()).collect();
         assert_eq!(contents, ["Be brief.", "Say hi", "", ""]);
         assert_eq!(parsed[1].role, "user");
+    }
+
+    #[test]
+    fn calls_and_results_reach_the_template_with_json_arguments() {
+        let messages = json!([
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "cold"}
+        ]);
+        let parsed = parse_messages(&messages).expect("valid messages");
+        let calls = parsed[0].tool_calls.as_ref().expect("calls");
+        assert_eq!(calls[0]["function"]["arguments"]["city"], "Oslo");
+        assert_eq!(parsed[1].tool_call_id.as_deref(), Some("c1"));
+        assert_eq!(parsed[1].content, "cold");
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod openai_fields;
 pub mod pool;
 pub mod props;
 pub mod size;
+pub mod tools;
 pub mod wire;
 
 pub use hash::{block_hash, block_hashes, BlockHash, ModelFingerprint};

@@ -108,12 +108,10 @@ const CHAT: &[(&str, Rule)] = &[
     ("logprobs", Served),
     ("top_logprobs", Served),
     ("response_format", Served),
-    ("tools", UnlessInert(empty, "empty")),
-    (
-        "tool_choice",
-        UnlessInert(no_tool_call, "\"none\" or \"auto\""),
-    ),
-    ("parallel_tool_calls", Metadata),
+    ("tools", Served),
+    ("tool_choice", Served),
+    ("parallel_tool_calls", Served),
+    // The deprecated forms of `tools` and `tool_choice`.
     ("functions", UnlessInert(empty, "empty")),
     (
         "function_call",
@@ -204,15 +202,15 @@ mod tests {
         for (endpoint, field, inert, live) in [
             (
                 Endpoint::Chat,
-                "tools",
+                "functions",
                 json!([]),
-                json!([{"type": "function"}]),
+                json!([{"name": "f"}]),
             ),
             (
                 Endpoint::Chat,
-                "tool_choice",
+                "function_call",
                 json!("auto"),
-                json!("required"),
+                json!({"name": "f"}),
             ),
             (Endpoint::Completions, "suffix", json!(""), json!("end")),
         ] {

@@ -287,6 +287,64 @@ mod tests {
         assert!(!e.is_empty());
     }
 
+    /// Whatever the logits, a required call in either tool format reads
+    /// back as calls of offered tools with arguments valid under their
+    /// schemas (at most the parallel limit of them).
+    #[test]
+    fn any_logits_under_a_tool_constraint_give_calls_that_parse() {
+        use pie_core::tools::{ToolConstraint, ToolFormat, ToolOutput, ToolRequest};
+        let (model, grammars) = grammars();
+        let tool = |name: &str| {
+            json!({"type": "function", "function": {"name": name, "parameters": {
+            "type": "object", "properties": {"unit": {"enum": ["c", "f"]}},
+            "required": ["unit"], "additionalProperties": false}}})
+        };
+        for format in [ToolFormat::Hermes, ToolFormat::Generic] {
+            for parallel in [false, true] {
+                let request = ToolRequest::from_fields(
+                    &json!([tool("weather"), tool("clock")]),
+                    &json!("required"),
+                    &json!(parallel),
+                )
+                .unwrap()
+                .unwrap();
+                let spec = match format
+                    .constraint(&request)
+                    .expect("required is constrained")
+                {
+                    ToolConstraint::JsonSchema(s) => GrammarSpec::JsonSchema(s),
+                    ToolConstraint::Lark(g) => GrammarSpec::Lark(g),
+                };
+                let grammar = grammars
+                    .compile(&spec)
+                    .unwrap_or_else(|e| panic!("{format:?}: {e}"));
+                let text = drive(
+                    &model.tokenizer,
+                    &mut grammar.start(),
+                    grammars_vocab(&grammars),
+                );
+                let mut output = ToolOutput::new(format);
+                let streamed = output.push(&text);
+                let (rest, calls) = output.finish();
+                assert_eq!(format!("{streamed}{rest}"), "", "{format:?}: {text}");
+                let most = if parallel {
+                    pie_core::tools::MAX_PARALLEL_CALLS
+                } else {
+                    1
+                };
+                assert!((1..=most).contains(&calls.len()), "{format:?}: {text}");
+                for call in calls {
+                    assert!(["weather", "clock"].contains(&call.name.as_str()), "{text}");
+                    let args: Value = serde_json::from_str(&call.arguments).unwrap();
+                    assert!(
+                        ["c", "f"].contains(&args["unit"].as_str().unwrap()),
+                        "{text}"
+                    );
+                }
+            }
+        }
+    }
+
     fn grammars_vocab(g: &Grammars) -> usize {
         g.factory.tok_env().tok_trie().vocab_size()
     }

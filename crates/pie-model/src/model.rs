@@ -125,6 +125,18 @@ impl Model {
         self
     }
 
+    /// This model with `template` as its chat template in place of the
+    /// file's (`--chat-template`); the tokenizer a worker hands a controller
+    /// carries it too. A template that does not compile is an error.
+    pub fn with_chat_template(mut self, template: String) -> Result<Self> {
+        self.tokenizer_spec.chat_template = Some(template);
+        self.tokenizer = Tokenizer::from_spec(self.tokenizer_spec.clone())?;
+        match self.tokenizer.chat_template_error() {
+            Some(e) => bail!("the chat template does not compile: {e}"),
+            None => Ok(self),
+        }
+    }
+
     /// The grammar machinery over this model's vocabulary, built once on
     /// first use (its token slices take a moment on a large vocabulary).
     pub fn grammars(&self) -> Result<&Grammars, String> {

@@ -8,6 +8,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::quantized::gguf_file::Value;
 pub use pie_core::chat::ChatMessage;
+use pie_core::tools::{ToolFormat, ToolRequest};
 use serde::{Deserialize, Serialize};
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
@@ -32,6 +33,7 @@ pub struct Tokenizer {
     /// The chat template compiled once (compiling it took about as long as
     /// tokenizing 1,000 tokens, per request); Err: its syntax error.
     chat_template: Option<Result<minijinja::Environment<'static>, String>>,
+    tool_format: ToolFormat,
     bos_text: String,
     eos_text: String,
 }
@@ -191,6 +193,7 @@ impl Tokenizer {
             inner,
             bos: spec.bos.filter(|_| spec.add_bos),
             stop_tokens,
+            tool_format: ToolFormat::of_template(spec.chat_template.as_deref()),
             chat_template: spec.chat_template.map(chat_environment),
         })
     }
@@ -248,16 +251,38 @@ impl Tokenizer {
         self.chat_template.is_some()
     }
 
-    /// The prompt text for `messages` from the GGUF's chat template, ending with the
-    /// assistant's generation prompt.
-    pub fn apply_chat_template(&self, messages: &[ChatMessage]) -> Result<String> {
+    /// Why the chat template does not compile, if it does not.
+    pub fn chat_template_error(&self) -> Option<&str> {
+        match &self.chat_template {
+            Some(Err(e)) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// How the chat template asks for and writes tool calls.
+    pub fn tool_format(&self) -> ToolFormat {
+        self.tool_format
+    }
+
+    /// The prompt text for `messages` (and the `tools` offered) from the
+    /// chat template, ending with the assistant's generation prompt.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&ToolRequest>,
+    ) -> Result<String> {
         let env = match &self.chat_template {
             None => bail!("this model has no chat template (tokenizer.chat_template)"),
             Some(Err(e)) => bail!("chat template: {e}"),
             Some(Ok(env)) => env,
         };
+        let messages = self.tool_format.template_messages(messages, tools);
+        let tools = tools
+            .filter(|_| self.tool_format == ToolFormat::Hermes)
+            .map(ToolRequest::openai_tools);
         let ctx = minijinja::context! {
             messages => messages,
+            tools => tools,
             add_generation_prompt => true,
             bos_token => self.bos_text,
             eos_token => self.eos_text,
@@ -272,6 +297,8 @@ impl Tokenizer {
 /// `raise_exception` templates call), or its syntax error.
 fn chat_environment(template: String) -> Result<minijinja::Environment<'static>, String> {
     let mut env = minijinja::Environment::new();
+    // Templates written for Python's Jinja call str methods (`strip`, `startswith`, ...).
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function(
         "raise_exception",
         |msg: String| -> Result<String, minijinja::Error> {

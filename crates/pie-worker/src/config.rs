@@ -80,6 +80,9 @@ pub struct ModelConfig {
     pub path: Option<PathBuf>,
     /// The name clients use in `model`; default: the file's stem.
     pub name: Option<String>,
+    /// A Jinja chat template file used in place of the model's own
+    /// (`--chat-template`; its tool-call format is read from it too).
+    pub chat_template: Option<PathBuf>,
 }
 
 pub use pie_core::config_file::ConfigError;
@@ -182,6 +185,7 @@ drain_timeout_ms = 120000          # a drain (SIGTERM, POST /v1/admin/drain) exi
 [model]
 # path = "/models/model.gguf"     # unset: SmolLM2-135M-Instruct, fetched on first use
 # name = "SmolLM2-135M-Instruct"  # what clients pass as `model`
+# chat_template = "/models/chat.jinja"  # in place of the file's (and its tool-call format)
 
 [runtime]
 worker_policy = "fcfs"             # or a list, e.g. ["fcfs"]

@@ -152,6 +152,9 @@ struct ServeArgs {
     port: Option<u16>,
     #[arg(long)]
     model: Option<PathBuf>,
+    /// `[model] chat_template`: a Jinja chat template file used in place of the model's.
+    #[arg(long)]
+    chat_template: Option<PathBuf>,
     /// Comma-separated, e.g. `fcfs`.
     #[arg(long, value_delimiter = ',')]
     worker_policy: Option<Vec<String>>,
@@ -195,6 +198,7 @@ impl ServeArgs {
         s.port = me.port.unwrap_or(s.port);
         s.max_queued = me.max_queued.unwrap_or(s.max_queued);
         c.model.path = me.model.or(c.model.path.take());
+        c.model.chat_template = me.chat_template.or(c.model.chat_template.take());
         s.step_log = me.step_log.or(s.step_log.take());
         if let Some(names) = me.worker_policy {
             rt.worker_policy = PolicyList::Many(names);
@@ -528,10 +532,9 @@ fn run(
     let model = model.load()?;
     let text = match inferlet {
         "text-completion" => prompt.to_string(),
-        "chat" => model.tokenizer.apply_chat_template(&[ChatMessage {
-            role: "user".into(),
-            content: prompt.into(),
-        }])?,
+        "chat" => model
+            .tokenizer
+            .apply_chat_template(&[ChatMessage::text("user", prompt.into())], None)?,
         other => anyhow::bail!("`{other}` is not a built-in inferlet"),
     };
     let prompt_ids = model.tokenizer.encode(&text)?;

@@ -159,14 +159,31 @@ async fn next_signal(_: &mut Signal) {
     std::future::pending().await
 }
 
+/// `model` with the template in `[model] chat_template`, when set.
+fn with_chat_template(model: Model, file: Option<&std::path::Path>) -> Result<Model> {
+    let Some(file) = file else { return Ok(model) };
+    let template = std::fs::read_to_string(file)
+        .with_context(|| format!("model.chat_template: cannot read {}", file.display()))?;
+    model
+        .with_chat_template(template)
+        .with_context(|| format!("model.chat_template {}", file.display()))
+}
+
 /// Load the model and start the runtime over it (`pie serve`, `pie run`).
 pub fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
     let path: PathBuf = match &config.model.path {
         Some(p) => p.clone(),
         None => fetch::default_model()?,
     };
-    let model =
-        Arc::new(Model::load(&path).with_context(|| format!("loading {}", path.display()))?);
+    let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let model = Arc::new(with_chat_template(
+        model,
+        config.model.chat_template.as_deref(),
+    )?);
+    tracing::info!(
+        "tool calls: {} format",
+        model.tokenizer.tool_format().name()
+    );
     let rt = &config.runtime;
     let page_bytes = model.kv_layout(rt.page_size).page_bytes(rt.kv_dtype);
     let engine_config = EngineConfig {

@@ -75,10 +75,7 @@ mod tests {
     use super::*;
 
     fn said(text: &str) -> Vec<ChatMessage> {
-        vec![ChatMessage {
-            role: "user".into(),
-            content: text.into(),
-        }]
+        vec![ChatMessage::text("user", text.into())]
     }
 
     #[test]

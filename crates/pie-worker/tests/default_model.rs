@@ -79,16 +79,13 @@ fn chat_template_answers_paris() {
     let Some(model) = default_model() else { return };
     let prompt = model
         .tokenizer
-        .apply_chat_template(&[
-            ChatMessage {
-                role: "system".into(),
-                content: "You are a helpful assistant.".into(),
-            },
-            ChatMessage {
-                role: "user".into(),
-                content: "What is the capital of France?".into(),
-            },
-        ])
+        .apply_chat_template(
+            &[
+                ChatMessage::text("system", "You are a helpful assistant.".into()),
+                ChatMessage::text("user", "What is the capital of France?".into()),
+            ],
+            None,
+        )
         .unwrap();
     assert!(prompt.starts_with("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"));
     assert!(prompt.ends_with("<|im_start|>assistant\n"));

@@ -147,11 +147,8 @@ fn f16_kv_moves_the_default_models_logits_no_more_than_f32_rounding_does() {
     let mut prompts: Vec<Vec<u32>> = texts
         .iter()
         .map(|t| {
-            let chat = [pie_model::ChatMessage {
-                role: "user".into(),
-                content: (*t).into(),
-            }];
-            let text = model.tokenizer.apply_chat_template(&chat).unwrap();
+            let chat = [pie_model::ChatMessage::text("user", (*t).into())];
+            let text = model.tokenizer.apply_chat_template(&chat, None).unwrap();
             model.tokenizer.encode(&text).unwrap()
         })
         .collect();

@@ -60,7 +60,9 @@ SAMPLES = {
 }
 LOGPROBS = {"completions": (2, 0), "chat": (True, False)}
 # Fields that mean something only beside another (OpenAI's own rule).
-COMPANIONS = {"top_logprobs": {"logprobs": True}}
+TOOLS = SAMPLES["tools"][0]
+COMPANIONS = {"top_logprobs": {"logprobs": True}, "tool_choice": {"tools": TOOLS},
+              "parallel_tool_calls": {"tools": TOOLS}}
 
 
 def post(url, path, body):

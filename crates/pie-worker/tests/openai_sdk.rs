@@ -53,7 +53,11 @@ async fn every_sdk_field_is_served_or_refused_by_name() {
         assert_eq!(r["typo"]["status"], 400, "{route}: {r}");
         assert_eq!(r["typo"]["param"], "temprature", "{route}: {r}");
         let refused = r["refused"].as_array().unwrap();
-        let refused_here = if route == "chat" { "tools" } else { "suffix" };
+        let refused_here = if route == "chat" {
+            "functions"
+        } else {
+            "suffix"
+        };
         assert!(refused.contains(&refused_here.into()), "{route}: {r}");
         let served = r["served"].as_array().unwrap();
         for field in [

@@ -25,6 +25,7 @@ use pie_core::auth::Role;
 use pie_core::chat::parse_messages;
 use pie_core::clock::now_ms;
 use pie_core::openai_fields::{self, Endpoint};
+use pie_core::tools::ToolRequest;
 use pie_core::wire::{PREFILL_FROM_FIELD, PROMPT_TOKENS_FIELD, RESUME_FIELD, STREAM_IDS_FIELD};
 use pie_core::{PropValue, Props};
 use pie_policy::cluster::{record, RouteRequest, Stage, WorkerView};
@@ -610,8 +611,13 @@ fn route_inputs(ctl: &Controller, path: &str, body: &Value) -> Result<RouteInput
     };
     let (tokens, forwardable) = if let Some(messages) = args.get("messages") {
         let messages = parse_messages(messages)?;
+        // Offered tools are in the prompt the worker renders.
+        let tools = match args.as_object() {
+            Some(fields) if !native => ToolRequest::from_body(fields).map_err(|e| e.message)?,
+            _ => None,
+        };
         let tokens = tk
-            .apply_chat_template(&messages)
+            .apply_chat_template(&messages, tools.as_ref())
             .and_then(|t| tk.encode(&t))
             .unwrap_or_default();
         // The native chat inferlet prepends a session's earlier turns.
@@ -649,9 +655,17 @@ fn movable(path: &str, json: &Value, tokens: &[u32]) -> bool {
 }
 
 /// One choice of one candidate (`best_of` above 1 picks among several at
-/// the end, so it is neither streamed to the workers nor moved).
+/// the end, so it is neither streamed to the workers nor moved), read as
+/// text: a worker reads tool calls from a whole answer, so a chat offering
+/// tools stays where it starts and is answered as its worker answers.
 fn one_choice(json: &Value) -> bool {
-    json["n"].as_u64().unwrap_or(1) <= 1 && json["best_of"].as_u64().unwrap_or(1) <= 1
+    json["n"].as_u64().unwrap_or(1) <= 1
+        && json["best_of"].as_u64().unwrap_or(1) <= 1
+        && !offers_tools(json)
+}
+
+fn offers_tools(json: &Value) -> bool {
+    json["tools"].as_array().is_some_and(|t| !t.is_empty()) && json["tool_choice"] != "none"
 }
 
 /// What `whole` gathers from a stream: one choice's text, without logprobs.

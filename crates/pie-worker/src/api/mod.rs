@@ -24,6 +24,7 @@ mod inferlets;
 mod internal;
 mod processes;
 mod response_format;
+mod tools;
 
 use admin::{admin_drain, admin_reload, kv_forget_persisted};
 use health::{health, livez, metrics};

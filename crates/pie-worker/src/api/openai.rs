@@ -17,6 +17,7 @@ use axum::{Extension, Json};
 use futures_util::stream::{self, Stream, StreamExt};
 use pie_core::chat::OpenAiMessage;
 use pie_core::openai_fields::{self, Endpoint};
+use pie_core::tools::{ToolFormat, ToolOutput, ToolRequest};
 use pie_core::wire::{HANDOFF_COMMENT, PROCESS_COMMENT, TOKEN_IDS_KEY};
 use pie_core::{PropValue, Props};
 use serde::de::DeserializeOwned;
@@ -32,6 +33,7 @@ use super::best_of::{self, echo_text, CompletionExtras};
 use super::logprobs::{self, Scored};
 use super::response_format::checked_options;
 use super::state::{ApiError, ApiJson, AppState};
+use super::tools;
 use crate::process::{ProcEvent, ProcState, Process, Usage};
 use crate::runtime::{GenOptions, Inferlet, PromptTokens, Resume, Runtime};
 use pie_core::clock::now_ms;
@@ -96,6 +98,12 @@ pub struct ChatRequest {
     max_completion_tokens: Option<usize>,
     logprobs: Option<bool>,
     top_logprobs: Option<usize>,
+    #[serde(default)]
+    tools: Value,
+    #[serde(default)]
+    tool_choice: Value,
+    #[serde(default)]
+    parallel_tool_calls: Value,
     #[serde(flatten)]
     common: Common,
 }
@@ -197,6 +205,7 @@ pub async fn completions(
         Inferlet::TextCompletion { prompt },
         common,
         (Kind::Completion, scores, extras),
+        None,
     )
     .await
 }
@@ -207,6 +216,7 @@ pub async fn chat_completions(
     ApiJson(body): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
     let req: ChatRequest = checked_body(Endpoint::Chat, body)?;
+    let tools = tools::tool_request(&req.tools, &req.tool_choice, &req.parallel_tool_calls)?;
     if req.messages.is_empty() {
         return Err(ApiError::bad_request("messages must not be empty").param("messages"));
     }
@@ -234,9 +244,11 @@ pub async fn chat_completions(
         Inferlet::Chat {
             messages,
             resume_session: false,
+            tools: tools.clone(),
         },
         common,
         (Kind::Chat, scores, CompletionExtras::default()),
+        tools,
     )
     .await
 }
@@ -256,13 +268,15 @@ fn checked_top(field: &str, k: usize) -> Result<usize, ApiError> {
 }
 
 /// `(kind, scores, extras)`: the response's shape, how many alternatives
-/// each token's logprobs list (None: no logprobs), `best_of` and `echo`.
+/// each token's logprobs list (None: no logprobs), `best_of` and `echo`;
+/// `tools`: the tools a chat offers.
 async fn serve(
     state: AppState,
     auth: Option<Extension<Authed>>,
     inferlet: Inferlet,
     mut common: Common,
     (kind, scores, extras): (Kind, Option<usize>, CompletionExtras),
+    tools: Option<ToolRequest>,
 ) -> Result<Response, ApiError> {
     let rt = state.runtime()?;
     if let Some(model) = &common.model {
@@ -288,6 +302,16 @@ async fn serve(
     let relay = Relay {
         token_ids: trusted_stream_ids(&auth, common.pie_stream_ids.take())?,
         resumed: opts.resume.is_some(),
+    };
+    let opts = match &tools {
+        Some(_) if relay.token_ids || opts.resume.is_some() => {
+            return Err(ApiError::bad_request(
+                "tools are not relayed or resumed by a controller (the calls are read from the whole answer)",
+            )
+            .param("tools"))
+        }
+        Some(request) => tools::constrained(&rt, request, opts).await?,
+        None => opts,
     };
     let choices = checked_choices(common.n, relay, &opts)?;
     let candidates = best_of::candidates(extras.best_of, choices, common.stream, MAX_CHOICES)?;
@@ -325,6 +349,7 @@ async fn serve(
         scored_by: scores.map(|_| rt.model.clone()),
         echo: echo.filter(|_| !relay.resumed),
         choices,
+        tools: tools.map(|_| tools::format_of(&rt)),
     };
     if common.stream {
         let include_usage = common.stream_options.unwrap_or_default().include_usage;
@@ -403,6 +428,8 @@ struct Meta {
     echo: Option<String>,
     /// How many choices the answer has (of more candidates, `best_of`).
     choices: usize,
+    /// The format the answer's tool calls are read in, when tools were offered.
+    tools: Option<ToolFormat>,
 }
 
 impl Meta {
@@ -463,10 +490,34 @@ async fn whole_response(meta: Meta, launched: Launched) -> Result<Response, ApiE
             let g = &gathered[i];
             let text = format!("{echo}{}", g.text);
             let logprobs = meta.logprobs(&g.scored);
-            (meta.kind).choice(index, &text, g.finish_reason, false, logprobs)
+            let choice = (meta.kind).choice(index, &text, g.finish_reason, false, logprobs);
+            match meta.tools {
+                Some(format) => with_tool_calls(&meta.id, choice, format, &text),
+                None => choice,
+            }
         })
         .collect();
     Ok(Json(meta.body(false, json!(choices), usage)).into_response())
+}
+
+/// A whole chat `choice` whose `text` is read in `format`: its calls in
+/// `message.tool_calls` (the text outside them the content, null when
+/// blank) and `finish_reason: "tool_calls"`.
+fn with_tool_calls(id: &str, mut choice: Value, format: ToolFormat, text: &str) -> Value {
+    let mut output = ToolOutput::new(format);
+    let streamed = output.push(text);
+    let (rest, calls) = output.finish();
+    let content = format!("{streamed}{rest}");
+    if calls.is_empty() {
+        choice["message"]["content"] = json!(content);
+        return choice;
+    }
+    let index = choice["index"].as_u64().unwrap_or(0) as usize;
+    let blank = content.trim().is_empty();
+    choice["message"]["content"] = if blank { Value::Null } else { json!(content) };
+    choice["message"]["tool_calls"] = tools::calls_json(id, index, &calls, false);
+    choice["finish_reason"] = json!("tool_calls");
+    choice
 }
 
 /// One choice, whole.
@@ -550,6 +601,9 @@ fn stream_response(
         left: guards.len(),
         usage: None,
         text_lens: vec![0; guards.len()],
+        outputs: (0..guards.len())
+            .map(|_| meta.tools.map(ToolOutput::new))
+            .collect(),
     };
     let merged = stream::select_all(
         events
@@ -574,16 +628,41 @@ fn stream_response(
     Sse::new(stream::iter(opening).chain(body).chain(done).map(Ok)).keep_alive(KeepAlive::default())
 }
 
+/// The end of a streamed choice read for tool calls: the text held back,
+/// then the calls, each in full; the finish reason, `tool_calls` if any.
+fn tool_chunks(
+    meta: &Meta,
+    index: usize,
+    output: ToolOutput,
+    finish_reason: Option<&'static str>,
+) -> (Vec<Event>, Option<&'static str>) {
+    let (rest, calls) = output.finish();
+    let mut chunks = Vec::new();
+    if !rest.is_empty() {
+        let choice = meta.kind.choice(index, &rest, None, true, Value::Null);
+        chunks.push(data(meta.body(true, json!([choice]), None)));
+    }
+    if calls.is_empty() {
+        return (chunks, finish_reason);
+    }
+    let delta = json!({"tool_calls": tools::calls_json(&meta.id, index, &calls, true)});
+    let choice = json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null});
+    chunks.push(data(meta.body(true, json!([choice]), None)));
+    (chunks, Some("tool_calls"))
+}
+
 fn data(v: Value) -> Event {
     Event::default().data(v.to_string())
 }
 
-/// Choices still going, the usage of those done, and the length of each
-/// choice's text so far (its next token's `text_offset`).
+/// Choices still going, the usage of those done, the length of each
+/// choice's text so far (its next token's `text_offset`), and each one's
+/// answer read for tool calls (when tools were offered).
 struct Tally {
     left: usize,
     usage: Option<Usage>,
     text_lens: Vec<usize>,
+    outputs: Vec<Option<ToolOutput>>,
 }
 
 /// What choice `index`'s event `e` sends: its text chunk, its finish (and,
@@ -607,6 +686,10 @@ fn chunk_events(
         } => {
             let offset = tally.text_lens[index];
             tally.text_lens[index] += text.len();
+            let text = match &mut tally.outputs[index] {
+                Some(output) => output.push(&text),
+                None => text,
+            };
             let scored = token.zip(logprobs).map(|(token, logprobs)| Scored {
                 token,
                 logprobs,
@@ -638,11 +721,15 @@ fn chunk_events(
             usage,
             ..
         } => {
-            let mut v = vec![data(meta.body(
+            let (mut v, finish_reason) = match tally.outputs[index].take() {
+                Some(output) => tool_chunks(meta, index, output, finish_reason),
+                None => (Vec::new(), finish_reason),
+            };
+            v.push(data(meta.body(
                 true,
                 choice("", finish_reason, Value::Null),
                 None,
-            ))];
+            )));
             tally.left -= 1;
             tally.usage = Some(with_choice(tally.usage, usage));
             match tally.usage.filter(|_| tally.left == 0) {

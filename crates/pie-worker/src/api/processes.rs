@@ -110,6 +110,7 @@ pub(super) async fn launch_process(
                 Inferlet::Chat {
                     messages: a.messages,
                     resume_session: true,
+                    tools: None,
                 },
                 checked_options(&rt, &a.gen, 0.0).await?,
             )

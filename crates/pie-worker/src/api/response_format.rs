@@ -55,24 +55,29 @@ pub(super) async fn checked_options(
 ) -> Result<GenOptions, ApiError> {
     let mut opts = gen.options(default_temperature)?;
     if let Some(spec) = grammar_spec(gen.response_format.as_ref())? {
-        opts.grammar = Some(compile(rt, spec).await?);
+        opts.grammar = Some(compile(rt, spec, PARAM).await?);
     }
     Ok(opts)
 }
 
 /// `spec` compiled for the worker's model (off the async threads: the first
-/// one builds the vocabulary's token trie).
-async fn compile(rt: &Runtime, spec: GrammarSpec) -> Result<Grammar, ApiError> {
+/// one builds the vocabulary's token trie); errors name `param`.
+pub(super) async fn compile(
+    rt: &Runtime,
+    spec: GrammarSpec,
+    param: &str,
+) -> Result<Grammar, ApiError> {
     let model = rt.model.clone();
     let compiled = tokio::task::spawn_blocking(move || model.grammars()?.compile(&spec))
         .await
         .map_err(|e| {
             ApiError::new(
                 axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                format!("{PARAM}: the compilation stopped: {e}"),
+                format!("{param}: the compilation stopped: {e}"),
             )
+            .param(param)
         })?;
-    compiled.map_err(|e| bad(format!("{PARAM} cannot be used: {e}")))
+    compiled.map_err(|e| ApiError::bad_request(format!("{param} cannot be used: {e}")).param(param))
 }
 
 fn bad(message: String) -> ApiError {

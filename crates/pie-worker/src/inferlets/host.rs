@@ -138,12 +138,15 @@ impl model::Host for GuestState {
         }
         let messages: Vec<pie_model::ChatMessage> = messages
             .into_iter()
-            .map(|m| pie_model::ChatMessage {
-                role: m.role,
-                content: m.content,
-            })
+            .map(|m| pie_model::ChatMessage::text(&m.role, m.content))
             .collect();
-        (self.host.rt.model.tokenizer.apply_chat_template(&messages)).map_err(|e| e.to_string())
+        (self
+            .host
+            .rt
+            .model
+            .tokenizer
+            .apply_chat_template(&messages, None))
+        .map_err(|e| e.to_string())
     }
 
     fn stop_tokens(&mut self) -> Vec<u32> {

@@ -211,10 +211,10 @@ impl Driver {
             }
         }
         if let Some((session, mut messages)) = self.session_messages.clone() {
-            messages.push(ChatMessage {
-                role: "assistant".into(),
-                content: self.process.snapshot().output,
-            });
+            messages.push(ChatMessage::text(
+                "assistant",
+                self.process.snapshot().output,
+            ));
             // The inferlet records which turn this was as its own prop.
             let turns = messages.iter().filter(|m| m.role == "assistant").count() as i64;
             self.rt.lock_sessions().insert(session, messages);

@@ -187,6 +187,7 @@ impl Runtime {
             Inferlet::Chat {
                 messages,
                 resume_session,
+                tools,
             } => {
                 let session = props
                     .str("session")
@@ -206,7 +207,7 @@ impl Runtime {
                     let text = self
                         .model
                         .tokenizer
-                        .apply_chat_template(&all)
+                        .apply_chat_template(&all, tools.as_ref())
                         .map_err(bad)?;
                     self.model.tokenizer.encode(&text).map_err(bad)
                 };

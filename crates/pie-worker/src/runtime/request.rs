@@ -3,6 +3,7 @@
 //! `pie_resume`), and why a launch is refused. Plain data, below the
 //! [`Runtime`](super::Runtime) that checks and runs it.
 
+use pie_core::tools::ToolRequest;
 use pie_model::{ChatMessage, SamplingParams};
 
 /// A prompt as text or as token ids.
@@ -62,6 +63,8 @@ pub enum Inferlet {
     Chat {
         messages: Vec<ChatMessage>,
         resume_session: bool,
+        /// The tools the template offers (an OpenAI chat's `tools`).
+        tools: Option<ToolRequest>,
     },
 }
 
