@@ -299,7 +299,11 @@ mod tests {
             "type": "object", "properties": {"unit": {"enum": ["c", "f"]}},
             "required": ["unit"], "additionalProperties": false}}})
         };
-        for format in [ToolFormat::Hermes, ToolFormat::Generic] {
+        for format in [
+            ToolFormat::Hermes,
+            ToolFormat::Llama3Json,
+            ToolFormat::Generic,
+        ] {
             for parallel in [false, true] {
                 let request = ToolRequest::from_fields(
                     &json!([tool("weather"), tool("clock")]),

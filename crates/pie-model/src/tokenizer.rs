@@ -278,7 +278,7 @@ impl Tokenizer {
         };
         let messages = self.tool_format.template_messages(messages, tools);
         let tools = tools
-            .filter(|_| self.tool_format == ToolFormat::Hermes)
+            .filter(|_| self.tool_format != ToolFormat::Generic)
             .map(ToolRequest::openai_tools);
         let ctx = minijinja::context! {
             messages => messages,

@@ -2,7 +2,8 @@
 //! unmodified OpenAI SDK (`tools_sdk.py`), on the default model (its
 //! template has no tool support: the generic format) and on a tiny model
 //! given a Hermes-style template with `--chat-template`; the prompt carries
-//! the tools and the results; refusals name the field.
+//! the tools and the results; refusals name the field. The tiny model is
+//! also given a Llama 3-style template.
 
 mod common;
 
@@ -13,6 +14,7 @@ use pie_model::synth::{write_test_model, SynthSpec};
 use serde_json::{json, Value};
 
 const HERMES_TEMPLATE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/templates/hermes.jinja");
+const LLAMA3_TEMPLATE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/templates/llama3.jinja");
 
 /// The tiny model with room for a prompt that describes tools byte by byte.
 fn roomy_model() -> PathBuf {
@@ -26,8 +28,9 @@ fn roomy_model() -> PathBuf {
     path
 }
 
-async fn hermes_server() -> Server {
-    Server::start_model(&roomy_model(), "", &["--chat-template", HERMES_TEMPLATE]).await
+/// The roomy tiny model speaking `template`.
+async fn templated_server(template: &str) -> Server {
+    Server::start_model(&roomy_model(), "", &["--chat-template", template]).await
 }
 
 fn weather() -> Value {
@@ -80,14 +83,18 @@ async fn tool_calls_through_the_openai_sdk_on_the_default_model() {
     check_sdk_report(&pie_testkit::python_report(script, &s.url).await);
 }
 
+/// Templates with their own tool format: Hermes-style tags and Llama 3's
+/// JSON, each named at start-up.
 #[tokio::test]
-async fn tool_calls_through_the_openai_sdk_with_a_hermes_template() {
+async fn tool_calls_through_the_openai_sdk_with_hermes_and_llama3_templates() {
     if !pie_testkit::openai_sdk_available() {
         return;
     }
-    let s = hermes_server().await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tools_sdk.py");
-    check_sdk_report(&pie_testkit::python_report(script, &s.url).await);
+    for template in [HERMES_TEMPLATE, LLAMA3_TEMPLATE] {
+        let s = templated_server(template).await;
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tools_sdk.py");
+        check_sdk_report(&pie_testkit::python_report(script, &s.url).await);
+    }
 }
 
 /// The tiny model's vocabulary is bytes: a prompt's token count is its length.
@@ -99,11 +106,12 @@ async fn prompt_tokens(s: &Server, body: Value) -> u64 {
 
 #[tokio::test]
 async fn the_prompt_carries_the_tools_and_the_results_in_either_format() {
-    let hermes = hermes_server().await;
+    let hermes = templated_server(HERMES_TEMPLATE).await;
+    let llama3 = templated_server(LLAMA3_TEMPLATE).await;
     let generic = Server::start_model(&roomy_model(), "", &[]).await;
     let call = json!({"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"unit\": \"celsius\"}"}});
     let result = "a long answer from the weather service, cold and clear";
-    for s in [&hermes, &generic] {
+    for s in [&hermes, &llama3, &generic] {
         let plain = prompt_tokens(
             s,
             json!({"messages": [{"role": "user", "content": "Weather in Oslo?"}], "max_tokens": 1}),

@@ -1,24 +1,29 @@
 //! How a model is asked for tool calls and how it writes them: the format
-//! its chat template speaks. [`ToolFormat::Hermes`] when the template
-//! writes `<tool_call>` tags (Qwen 2.5 and 3, Hermes, many fine-tunes): the
-//! template renders the tools itself and calls come as
-//! `<tool_call>{"name": ..., "arguments": ...}</tool_call>`.
-//! [`ToolFormat::Generic`] for any other template (SmolLM2's has no tool
-//! support), as llama.cpp's server does: the tools described in the system
-//! message, and the answer one JSON object, `{"tool_call": CALL}` (or
-//! `{"tool_calls": [CALL, ...]}` when calls may be parallel) or
-//! `{"response": TEXT}`.
+//! its chat template speaks.
+//!
+//! - [`ToolFormat::Hermes`] when the template writes `<tool_call>` tags
+//!   (Qwen 2.5 and 3, Hermes, many fine-tunes): the template renders the
+//!   tools, calls come as `<tool_call>{"name", "arguments"}</tool_call>`.
+//! - [`ToolFormat::Llama3Json`] when it is Llama 3.1's or later (it writes
+//!   `<|python_tag|>`): the template renders the tools, a call is the whole
+//!   answer, `{"name", "parameters"}`; one call per answer, as the
+//!   template renders only one.
+//! - [`ToolFormat::Generic`] for any other template (SmolLM2's has no tool
+//!   support): see [`super::generic`].
 
 use std::borrow::Cow;
 
 use serde_json::{json, Value};
 
+use super::generic;
 use super::request::{ToolChoice, ToolRequest, MAX_PARALLEL_CALLS};
 use crate::chat::ChatMessage;
 
 /// The tag that opens a Hermes-style call.
 pub(super) const HERMES_OPEN: &str = "<tool_call>";
 pub(super) const HERMES_CLOSE: &str = "</tool_call>";
+/// What Llama 3.1+ templates write before a built-in tool's call.
+pub(super) const LLAMA_PYTHON_TAG: &str = "<|python_tag|>";
 /// How a generic text answer begins (compact JSON, as it is constrained).
 pub(super) const GENERIC_RESPONSE_OPENING: &str = "{\"response\":\"";
 
@@ -26,6 +31,7 @@ pub(super) const GENERIC_RESPONSE_OPENING: &str = "{\"response\":\"";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToolFormat {
     Hermes,
+    Llama3Json,
     Generic,
 }
 
@@ -45,6 +51,7 @@ impl ToolFormat {
     pub fn of_template(template: Option<&str>) -> Self {
         match template {
             Some(t) if t.contains(HERMES_OPEN) => ToolFormat::Hermes,
+            Some(t) if t.contains(LLAMA_PYTHON_TAG) => ToolFormat::Llama3Json,
             _ => ToolFormat::Generic,
         }
     }
@@ -52,34 +59,42 @@ impl ToolFormat {
     pub fn name(self) -> &'static str {
         match self {
             ToolFormat::Hermes => "hermes (<tool_call> tags, from the chat template)",
+            ToolFormat::Llama3Json => {
+                "llama3-json (a JSON call as the answer, from the chat template)"
+            }
             ToolFormat::Generic => "generic (JSON answers, tools described in the system message)",
         }
     }
 
     /// What the output is held to; None: free text, parsed afterwards (a
-    /// Hermes template's `auto`, as vLLM serves it).
+    /// template's own format under `auto`, as vLLM serves it).
     pub fn constraint(self, request: &ToolRequest) -> Option<ToolConstraint> {
-        let call = compact(request.call_schema());
-        match self {
-            ToolFormat::Hermes if request.choice == ToolChoice::Auto => None,
-            ToolFormat::Hermes => Some(ToolConstraint::Lark(hermes_grammar(
-                &call,
-                request.parallel,
-            ))),
+        let templated = matches!(self, ToolFormat::Hermes | ToolFormat::Llama3Json);
+        if templated && request.choice == ToolChoice::Auto {
+            return None;
+        }
+        Some(match self {
+            ToolFormat::Hermes => {
+                let call = compact(request.call_schema("arguments"));
+                ToolConstraint::Lark(hermes_grammar(&call, request.parallel))
+            }
+            ToolFormat::Llama3Json => {
+                ToolConstraint::JsonSchema(compact(request.call_schema("parameters")))
+            }
             ToolFormat::Generic => {
-                let calls = generic_calls_schema(call, request.parallel);
+                let calls =
+                    generic::calls_schema(request.call_schema("arguments"), request.parallel);
                 let answer = match request.choice {
-                    ToolChoice::Auto => json!({"anyOf": [calls, generic_response_schema()]}),
+                    ToolChoice::Auto => json!({"anyOf": [calls, generic::response_schema()]}),
                     _ => calls,
                 };
-                Some(ToolConstraint::JsonSchema(compact(answer)))
+                ToolConstraint::JsonSchema(compact(answer))
             }
-        }
+        })
     }
 
-    /// The messages the template renders: as sent (Hermes), or with the
-    /// tools described in the system message and earlier calls and results
-    /// written as this format's text (Generic).
+    /// The messages the template renders: as sent where the template knows
+    /// tools, else written as generic text.
     pub fn template_messages<'a>(
         self,
         messages: &'a [ChatMessage],
@@ -87,11 +102,11 @@ impl ToolFormat {
     ) -> Cow<'a, [ChatMessage]> {
         let uses_tools = |m: &ChatMessage| m.tool_calls.is_some() || m.role == "tool";
         match self {
-            ToolFormat::Hermes => Cow::Borrowed(messages),
+            ToolFormat::Hermes | ToolFormat::Llama3Json => Cow::Borrowed(messages),
             ToolFormat::Generic if request.is_none() && !messages.iter().any(uses_tools) => {
                 Cow::Borrowed(messages)
             }
-            ToolFormat::Generic => Cow::Owned(generic_messages(messages, request)),
+            ToolFormat::Generic => Cow::Owned(generic::messages(messages, request)),
         }
     }
 }
@@ -111,89 +126,6 @@ fn hermes_grammar(call: &Value, parallel: bool) -> String {
     format!(
         "start: {start}\ncall: \"{HERMES_OPEN}\\n\" arguments \"\\n{HERMES_CLOSE}\"\narguments: %json {call}\n"
     )
-}
-
-fn generic_calls_schema(call: Value, parallel: bool) -> Value {
-    let (key, value) = match parallel {
-        true => (
-            "tool_calls",
-            json!({"type": "array", "items": call, "minItems": 1, "maxItems": MAX_PARALLEL_CALLS}),
-        ),
-        false => ("tool_call", call),
-    };
-    json!({"type": "object", "properties": {key: value}, "required": [key], "additionalProperties": false})
-}
-
-fn generic_response_schema() -> Value {
-    json!({"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"], "additionalProperties": false})
-}
-
-fn generic_instructions(request: &ToolRequest) -> String {
-    let call = r#"{"name": "<tool name>", "arguments": {<its arguments>}}"#;
-    let calls = match request.parallel {
-        true => format!(r#"{{"tool_calls": [{call}, ...]}}"#),
-        false => format!(r#"{{"tool_call": {call}}}"#),
-    };
-    let answer = match request.choice {
-        ToolChoice::Auto => format!(
-            "Answer with one JSON object: {calls} to call tools, or {{\"response\": \"<your answer>\"}} to answer the user."
-        ),
-        _ => format!("Answer with one JSON object that calls tools: {calls}."),
-    };
-    format!(
-        "You can call these tools (each one's arguments follow its JSON schema):\n{}\n\n{answer}",
-        request.described()
-    )
-}
-
-/// Generic messages: the tools in the first system message (one added when
-/// there is none), an assistant's calls as the JSON it would have written,
-/// and a tool's result as a user message naming the tool (templates without
-/// tool support may refuse a `tool` role; llama.cpp writes results alike).
-fn generic_messages(messages: &[ChatMessage], request: Option<&ToolRequest>) -> Vec<ChatMessage> {
-    let called = |id: &Option<String>| {
-        (messages.iter())
-            .flat_map(|m| m.tool_calls.iter().flatten())
-            .find(|c| id.as_deref().is_some_and(|id| c["id"] == id))
-            .map(|c| c["function"]["name"].clone())
-    };
-    let mut out: Vec<ChatMessage> = (messages.iter())
-        .map(|m| generic_message(m, called(&m.tool_call_id)))
-        .collect();
-    if let Some(request) = request {
-        let instructions = generic_instructions(request);
-        match out.first_mut() {
-            Some(first) if first.role == "system" => {
-                first.content = format!("{}\n\n{instructions}", first.content)
-            }
-            _ => out.insert(0, ChatMessage::text("system", instructions)),
-        }
-    }
-    out
-}
-
-/// `m` as generic text; `tool`: the name of the tool a result answers.
-fn generic_message(m: &ChatMessage, tool: Option<Value>) -> ChatMessage {
-    if m.role == "tool" {
-        let tool = tool.unwrap_or_else(|| json!(m.tool_call_id));
-        let result = json!({"tool_response": {"tool": tool, "content": m.content}});
-        return ChatMessage::text("user", result.to_string());
-    }
-    let Some(calls) = &m.tool_calls else {
-        return m.clone();
-    };
-    let calls: Vec<Value> = (calls.iter())
-        .map(|c| json!({"name": c["function"]["name"], "arguments": c["function"]["arguments"]}))
-        .collect();
-    let written = match <[Value; 1]>::try_from(calls) {
-        Ok([one]) => json!({ "tool_call": one }),
-        Err(many) => json!({ "tool_calls": many }),
-    };
-    let content = match m.content.is_empty() {
-        true => written.to_string(),
-        false => format!("{}\n{written}", m.content),
-    };
-    ChatMessage::text(&m.role, content)
 }
 
 #[cfg(test)]
@@ -217,6 +149,9 @@ mod tests {
     fn the_format_follows_the_template() {
         let hermes = "{% for t in tools %}{{ t | tojson }}{% endfor %}<tool_call>";
         assert_eq!(ToolFormat::of_template(Some(hermes)), ToolFormat::Hermes);
+        let llama =
+            "{{ '<|python_tag|>' }}{% for t in tools %}{{ t | tojson(indent=4) }}{% endfor %}";
+        assert_eq!(ToolFormat::of_template(Some(llama)), ToolFormat::Llama3Json);
         assert_eq!(
             ToolFormat::of_template(Some("{{ messages }}")),
             ToolFormat::Generic

@@ -6,6 +6,7 @@
 //! ids a controller routes by are the ids the worker computes.
 
 mod format;
+mod generic;
 mod output;
 mod request;
 

@@ -7,7 +7,9 @@
 
 use serde_json::Value;
 
-use super::format::{ToolFormat, GENERIC_RESPONSE_OPENING, HERMES_CLOSE, HERMES_OPEN};
+use super::format::{
+    ToolFormat, GENERIC_RESPONSE_OPENING, HERMES_CLOSE, HERMES_OPEN, LLAMA_PYTHON_TAG,
+};
 
 /// One call as OpenAI returns it: the arguments are JSON text.
 #[derive(Clone, Debug, PartialEq)]
@@ -22,7 +24,7 @@ pub struct ToolOutput {
     /// Bytes of `text` (Hermes) or characters of the decoded response
     /// (Generic) already given out as text.
     sent: usize,
-    /// Where the calls begin in `text` (Hermes), once seen.
+    /// Where the calls begin in `text` (Hermes, Llama 3), once seen.
     calls_at: Option<usize>,
 }
 
@@ -41,6 +43,7 @@ impl ToolOutput {
         self.text.push_str(delta);
         match self.format {
             ToolFormat::Hermes => self.hermes_text(),
+            ToolFormat::Llama3Json => self.llama_text(),
             ToolFormat::Generic => self.generic_text(),
         }
     }
@@ -52,6 +55,12 @@ impl ToolOutput {
                 let at = self.calls_at.unwrap_or(self.text.len());
                 match hermes_calls(&self.text[at..]) {
                     Some(calls) => (self.text[self.sent..at].to_string(), calls),
+                    None => (self.text[self.sent..].to_string(), Vec::new()),
+                }
+            }
+            ToolFormat::Llama3Json => {
+                match self.calls_at.and_then(|at| llama_call(&self.text[at..])) {
+                    Some(call) => (String::new(), vec![call]),
                     None => (self.text[self.sent..].to_string(), Vec::new()),
                 }
             }
@@ -80,6 +89,30 @@ impl ToolOutput {
         };
         let out = unsent[..until].to_string();
         self.sent += until;
+        out
+    }
+
+    /// A Llama 3 answer is a call when it opens with `{` (or the python
+    /// tag), told at its first non-blank character; text streams after.
+    fn llama_text(&mut self) -> String {
+        if self.calls_at.is_some() {
+            return String::new();
+        }
+        if self.sent == 0 {
+            let opening = self.text.trim_start();
+            let undecided = opening.is_empty()
+                || (LLAMA_PYTHON_TAG.starts_with(opening)
+                    && opening.len() < LLAMA_PYTHON_TAG.len());
+            if undecided {
+                return String::new();
+            }
+            if opening.starts_with('{') || opening.starts_with(LLAMA_PYTHON_TAG) {
+                self.calls_at = Some(self.text.len() - opening.len());
+                return String::new();
+            }
+        }
+        let out = self.text[self.sent..].to_string();
+        self.sent = self.text.len();
         out
     }
 
@@ -125,6 +158,11 @@ fn call_of(v: &Value) -> Option<ToolCall> {
         None => "{}".into(),
     };
     Some(ToolCall { name, arguments })
+}
+
+fn llama_call(text: &str) -> Option<ToolCall> {
+    let json = text.strip_prefix(LLAMA_PYTHON_TAG).unwrap_or(text);
+    call_of(&serde_json::from_str(json.trim()).ok()?)
 }
 
 enum GenericAnswer {
@@ -219,6 +257,27 @@ mod tests {
         let (sent, rest, calls) = streamed(ToolFormat::Hermes, "x <tool_call>{broken");
         assert_eq!(format!("{sent}{rest}"), "x <tool_call>{broken");
         assert!(calls.is_empty());
+    }
+
+    #[test]
+    fn a_llama_answer_is_a_call_when_it_opens_with_a_brace() {
+        let call = " {\"name\": \"weather\", \"parameters\": {\"unit\": \"c\"}}";
+        let (sent, rest, calls) = streamed(ToolFormat::Llama3Json, call);
+        assert_eq!((sent.as_str(), rest.as_str()), ("", ""));
+        assert_eq!(
+            calls,
+            vec![ToolCall {
+                name: "weather".into(),
+                arguments: r#"{"unit":"c"}"#.into()
+            }]
+        );
+        let tagged = format!("{LLAMA_PYTHON_TAG}{{\"name\": \"clock\", \"parameters\": {{}}}}");
+        assert_eq!(streamed(ToolFormat::Llama3Json, &tagged).2[0].name, "clock");
+        let (sent, rest, calls) = streamed(ToolFormat::Llama3Json, "<|pyth it is {sunny}");
+        assert_eq!(format!("{sent}{rest}"), "<|pyth it is {sunny}");
+        assert!(calls.is_empty());
+        let (_, rest, calls) = streamed(ToolFormat::Llama3Json, "{\"name\": \"cut");
+        assert_eq!((rest.as_str(), calls.len()), ("{\"name\": \"cut", 0));
     }
 
     #[test]

@@ -98,8 +98,9 @@ impl ToolRequest {
     }
 
     /// The JSON schema of one call the choice allows: `{"name": NAME,
-    /// "arguments": ARGS}`, ARGS valid under NAME's parameters.
-    pub fn call_schema(&self) -> Value {
+    /// KEY: ARGS}`, ARGS valid under NAME's parameters (KEY: `arguments`,
+    /// or `parameters` as Llama 3 writes it).
+    pub fn call_schema(&self, key: &str) -> Value {
         let callable: Vec<Value> = (self.tools.iter())
             .filter(|t| match &self.choice {
                 ToolChoice::Named(name) => &t.name == name,
@@ -108,8 +109,8 @@ impl ToolRequest {
             .map(|t| {
                 json!({
                     "type": "object",
-                    "properties": {"name": {"const": t.name}, "arguments": t.parameters},
-                    "required": ["name", "arguments"],
+                    "properties": {"name": {"const": t.name}, key: t.parameters},
+                    "required": ["name", key],
                     "additionalProperties": false
                 })
             })
@@ -265,13 +266,18 @@ mod tests {
         let all = ToolRequest::from_body(&body(json!({"tools": [weather(), other]})))
             .unwrap()
             .unwrap();
-        assert_eq!(all.call_schema()["anyOf"].as_array().map(Vec::len), Some(2));
+        assert_eq!(
+            all.call_schema("arguments")["anyOf"]
+                .as_array()
+                .map(Vec::len),
+            Some(2)
+        );
         let named = json!({"tools": [weather(), other], "parallel_tool_calls": true,
             "tool_choice": {"type": "function", "function": {"name": "clock"}}});
         let r = ToolRequest::from_body(&body(named)).unwrap().unwrap();
         assert_eq!(r.choice, ToolChoice::Named("clock".into()));
         assert!(r.parallel);
-        let schema = r.call_schema();
+        let schema = r.call_schema("arguments");
         assert_eq!(schema["properties"]["name"]["const"], "clock");
         assert_eq!(
             schema["properties"]["arguments"]["additionalProperties"],
