@@ -12,11 +12,13 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Device;
 use pie_core::ModelFingerprint;
 
+use crate::architecture::{architecture, Architecture};
 use crate::matmul::{Q4Source, QWeight};
 
-/// Hyper-parameters of a Llama-family model, from the `llama.*` GGUF keys.
+/// Hyper-parameters of a model, from its `{architecture}.*` GGUF keys.
 #[derive(Clone, Debug, PartialEq)]
-pub struct LlamaConfig {
+pub struct ModelConfig {
+    pub arch: &'static Architecture,
     pub vocab: usize,
     pub hidden: usize,
     pub intermediate: usize,
@@ -29,9 +31,30 @@ pub struct LlamaConfig {
     pub context_length: usize,
 }
 
-impl LlamaConfig {
+impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.kv_heads * self.head_dim
+    }
+}
+
+/// The head width: `attention.key_length` where the file has it (equal to
+/// `value_length`: a page holds K and V of one width), which must be
+/// `implied` (hidden / heads) for now: Q's rows are taken as wide as the
+/// hidden state. Otherwise refused, naming the keys.
+fn checked_head_dim(
+    arch: &str,
+    implied: usize,
+    key: Option<usize>,
+    value: Option<usize>,
+) -> Result<usize> {
+    match (key, value) {
+        (Some(k), Some(v)) if k != v => bail!(
+            "{arch}.attention.key_length {k} differs from value_length {v}: KV pages hold K and V of one width"
+        ),
+        (Some(k), _) | (None, Some(k)) if k != implied => bail!(
+            "{arch}.attention.key_length {k} is not embedding_length / head_count ({implied}): not served yet"
+        ),
+        _ => Ok(implied),
     }
 }
 
@@ -101,38 +124,50 @@ impl GgufFile {
             .to_vec1::<f32>()?)
     }
 
-    pub fn llama_config(&self) -> Result<LlamaConfig> {
-        let arch = self
+    pub fn model_config(&self) -> Result<ModelConfig> {
+        let name = self
             .get("general.architecture")?
             .to_string()
             .map_err(|e| anyhow::anyhow!("{e}"))?
             .clone();
-        if arch != "llama" {
-            bail!("unsupported model architecture `{arch}`: Pie serves Llama-family GGUF models");
-        }
-        let hidden = self.get_usize("llama.embedding_length")?;
-        let heads = self.get_usize("llama.attention.head_count")?;
+        let arch = architecture(&name)?;
+        let key = |k: &str| format!("{name}.{k}");
+        let hidden = self.get_usize(&key("embedding_length"))?;
+        let heads = self.get_usize(&key("attention.head_count"))?;
         let kv_heads = self
-            .get_usize("llama.attention.head_count_kv")
+            .get_usize(&key("attention.head_count_kv"))
             .unwrap_or(heads);
+        let head_dim = self.head_dim(&name, hidden, heads)?;
         let vocab = match self.get("tokenizer.ggml.tokens") {
             Ok(Value::Array(tokens)) => tokens.len(),
-            _ => self.get_usize("llama.vocab_size")?,
+            _ => self.get_usize(&key("vocab_size"))?,
         };
-        Ok(LlamaConfig {
+        Ok(ModelConfig {
+            arch,
             vocab,
             hidden,
-            intermediate: self.get_usize("llama.feed_forward_length")?,
-            layers: self.get_usize("llama.block_count")?,
+            intermediate: self.get_usize(&key("feed_forward_length"))?,
+            layers: self.get_usize(&key("block_count"))?,
             heads,
             kv_heads,
-            head_dim: hidden / heads,
-            rope_theta: self.get_f32("llama.rope.freq_base").unwrap_or(10_000.0),
+            head_dim,
+            rope_theta: self.get_f32(&key("rope.freq_base")).unwrap_or(10_000.0),
             rms_eps: self
-                .get_f32("llama.attention.layer_norm_rms_epsilon")
+                .get_f32(&key("attention.layer_norm_rms_epsilon"))
                 .unwrap_or(1e-5),
-            context_length: self.get_usize("llama.context_length").unwrap_or(2048),
+            context_length: self.get_usize(&key("context_length")).unwrap_or(2048),
         })
+    }
+
+    /// The head width (see [`checked_head_dim`]).
+    fn head_dim(&self, arch: &str, hidden: usize, heads: usize) -> Result<usize> {
+        let width = |k: &str| self.get_usize(&format!("{arch}.attention.{k}")).ok();
+        checked_head_dim(
+            arch,
+            hidden / heads,
+            width("key_length"),
+            width("value_length"),
+        )
     }
 
     /// One linear layer from the row-wise concatenation of `names` (e.g. Q, K and V
@@ -182,4 +217,29 @@ fn fingerprint_file(path: &Path) -> Result<ModelFingerprint> {
         h.update(&buf[..n]);
     }
     Ok(ModelFingerprint(h.digest()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_head_width_the_pages_cannot_hold_is_refused_naming_the_keys() {
+        assert_eq!(checked_head_dim("qwen2", 64, None, None).unwrap(), 64);
+        assert_eq!(
+            checked_head_dim("qwen2", 64, Some(64), Some(64)).unwrap(),
+            64
+        );
+        let e = checked_head_dim("llama", 64, Some(128), Some(64))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("llama.attention.key_length 128 differs from value_length 64"),
+            "{e}"
+        );
+        let e = checked_head_dim("qwen3", 64, Some(128), Some(128))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("qwen3.attention.key_length 128"), "{e}");
+    }
 }

@@ -1,6 +1,7 @@
-//! A Llama-family decoder (RMSNorm, RoPE, GQA attention, SwiGLU MLP) on candle,
-//! computing over the paged KV cache of `pie-kv`.
+//! A decoder of the Llama and Qwen 2 families (RMSNorm, RoPE, GQA attention,
+//! SwiGLU MLP) on candle, computing over the paged KV cache of `pie-kv`.
 //!
+//! - [`architecture`]: what differs between the served architectures.
 //! - [`gguf`]: reading a GGUF file: hyper-parameters, weights, fingerprint.
 //! - [`model`]: the batched forward pass over paged KV.
 //! - `attention`: causal attention over the pages (blocked, online softmax, SIMD).
@@ -8,8 +9,9 @@
 //! - [`tokenizer`]: the GGUF's byte-level BPE tokenizer and chat template.
 //! - [`constraint`]: constrained generation (JSON schema, regex, grammar) via llguidance.
 //! - [`sampling`]: greedy, temperature, top-k and top-p sampling with a seed.
-//! - [`synth`]: a tiny random-weights Llama written as GGUF, for tests.
+//! - [`synth`]: a tiny random-weights Llama or Qwen 2 written as GGUF, for tests.
 
+pub mod architecture;
 mod attention;
 pub mod constraint;
 pub mod gguf;
@@ -20,8 +22,9 @@ pub mod sampling;
 pub mod synth;
 pub mod tokenizer;
 
+pub use architecture::{Architecture, RopeLayout};
 pub use constraint::{Constraint, Grammar, GrammarSpec, Grammars};
-pub use gguf::LlamaConfig;
+pub use gguf::ModelConfig;
 pub use model::{Model, SeqInput};
 pub use sampling::{logprobs, Sampler, SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS};
 pub use tokenizer::{ChatMessage, IncrementalDecoder, Tokenizer, TokenizerSpec};

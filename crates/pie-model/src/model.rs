@@ -12,7 +12,7 @@ use pie_kv::{KvLayout, KvPool, PageTable};
 
 use crate::attention::{self, Heads, SeqRows};
 use crate::constraint::Grammars;
-use crate::gguf::{GgufFile, LlamaConfig};
+use crate::gguf::{GgufFile, ModelConfig};
 use crate::matmul::{Kernel, QWeight};
 use crate::ops::{rms_norm, silu, Rope};
 use crate::tokenizer::{Tokenizer, TokenizerSpec};
@@ -20,6 +20,8 @@ use crate::tokenizer::{Tokenizer, TokenizerSpec};
 struct Layer {
     attn_norm: Vec<f32>,
     qkv: QWeight,
+    /// Q, K and V's biases, concatenated as `qkv`'s rows are.
+    qkv_bias: Option<Vec<f32>>,
     out: QWeight,
     ffn_norm: Vec<f32>,
     gate_up: QWeight,
@@ -27,7 +29,7 @@ struct Layer {
 }
 
 pub struct Model {
-    pub config: LlamaConfig,
+    pub config: ModelConfig,
     pub fingerprint: ModelFingerprint,
     pub tokenizer: Tokenizer,
     /// What `tokenizer` was built from, for a controller without the model.
@@ -69,15 +71,27 @@ impl Model {
     pub fn load(path: &Path) -> Result<Self> {
         let matmul = Kernel::from_env()?;
         let mut f = GgufFile::open(path)?;
-        let config = f.llama_config()?;
+        let config = f.model_config()?;
         let tokenizer_spec = TokenizerSpec::from_gguf(&f)?;
         let tokenizer = Tokenizer::from_spec(tokenizer_spec.clone())?;
         let mut layers = Vec::with_capacity(config.layers);
         for i in 0..config.layers {
             let p = |n: &str| format!("blk.{i}.{n}.weight");
+            let bias = |n: &str| format!("blk.{i}.{n}.bias");
+            let qkv_bias = match config.arch.qkv_bias {
+                true => Some(
+                    [bias("attn_q"), bias("attn_k"), bias("attn_v")]
+                        .iter()
+                        .map(|name| f.f32_tensor(name))
+                        .collect::<Result<Vec<_>>>()?
+                        .concat(),
+                ),
+                false => None,
+            };
             layers.push(Layer {
                 attn_norm: f.f32_tensor(&p("attn_norm"))?,
                 qkv: f.linear(&[&p("attn_q"), &p("attn_k"), &p("attn_v")])?,
+                qkv_bias,
                 out: f.linear(&[&p("attn_output")])?,
                 ffn_norm: f.f32_tensor(&p("ffn_norm"))?,
                 gate_up: f.linear(&[&p("ffn_gate"), &p("ffn_up")])?,
@@ -99,7 +113,12 @@ impl Model {
         };
         let lm_head = f.linear(&[head_name])?;
         let norm = f.f32_tensor("output_norm.weight")?;
-        let rope = Rope::new(config.head_dim, config.rope_theta, config.context_length);
+        let rope = Rope::new(
+            config.head_dim,
+            config.rope_theta,
+            config.context_length,
+            config.arch.rope,
+        );
         Ok(Self {
             fingerprint: f.fingerprint,
             config,
@@ -174,6 +193,7 @@ impl Model {
             .map(|l| {
                 f32s(&l.attn_norm)
                     + f32s(&l.ffn_norm)
+                    + l.qkv_bias.as_deref().map_or(0, f32s)
                     + [&l.qkv, &l.out, &l.gate_up, &l.down]
                         .iter()
                         .map(|w| w.bytes())
@@ -222,6 +242,9 @@ impl Model {
         for (li, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.attn_norm, c.rms_eps);
             let mut qkv = self.linear(&layer.qkv, &h, rows.len());
+            if let Some(bias) = &layer.qkv_bias {
+                add_to_rows(&mut qkv, bias);
+            }
             self.store_kv(pool, li, batch, &rows, &mut qkv);
             let attn = self.attention(pool, li, batch, rows.len(), &qkv);
             add(&mut x, &self.linear(&layer.out, &attn, rows.len()));
@@ -347,6 +370,13 @@ impl Model {
             .chunks_exact(self.config.vocab)
             .map(<[f32]>::to_vec)
             .collect())
+    }
+}
+
+/// `bias` added to every row of `x`.
+fn add_to_rows(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        add(row, bias);
     }
 }
 

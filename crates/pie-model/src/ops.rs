@@ -1,6 +1,8 @@
 //! Small dense kernels on f32 slices. Written so LLVM vectorises them (fixed-width
 //! partial sums), since they run once per token per layer.
 
+use crate::architecture::RopeLayout;
+
 const LANES: usize = 8;
 
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -45,15 +47,17 @@ pub fn silu(x: f32) -> f32 {
 }
 
 /// Rotary embedding tables: for position `p` and pair `i`, the angle is
-/// `p * theta^(-2i / head_dim)`; pairs are adjacent elements (GGUF's Llama layout).
+/// `p * theta^(-2i / head_dim)`; which elements pair up is the
+/// architecture's [`RopeLayout`].
 pub struct Rope {
     half: usize,
     cos: Vec<f32>,
     sin: Vec<f32>,
+    layout: RopeLayout,
 }
 
 impl Rope {
-    pub fn new(head_dim: usize, theta: f32, max_pos: usize) -> Self {
+    pub fn new(head_dim: usize, theta: f32, max_pos: usize, layout: RopeLayout) -> Self {
         let half = head_dim / 2;
         let mut cos = Vec::with_capacity(max_pos * half);
         let mut sin = Vec::with_capacity(max_pos * half);
@@ -65,7 +69,12 @@ impl Rope {
                 sin.push(angle.sin() as f32);
             }
         }
-        Self { half, cos, sin }
+        Self {
+            half,
+            cos,
+            sin,
+            layout,
+        }
     }
 
     pub fn max_positions(&self) -> usize {
@@ -78,14 +87,28 @@ impl Rope {
             &self.cos[pos * self.half..][..self.half],
             &self.sin[pos * self.half..][..self.half],
         );
-        for head in x.chunks_exact_mut(2 * self.half) {
-            for i in 0..self.half {
-                let (a, b) = (head[2 * i], head[2 * i + 1]);
-                head[2 * i] = a * cos[i] - b * sin[i];
-                head[2 * i + 1] = a * sin[i] + b * cos[i];
+        let half = self.half;
+        for head in x.chunks_exact_mut(2 * half) {
+            match self.layout {
+                RopeLayout::Adjacent => {
+                    for i in 0..half {
+                        rotate(head, 2 * i, 2 * i + 1, cos[i], sin[i]);
+                    }
+                }
+                RopeLayout::Halves => {
+                    for i in 0..half {
+                        rotate(head, i, i + half, cos[i], sin[i]);
+                    }
+                }
             }
         }
     }
+}
+
+fn rotate(head: &mut [f32], a: usize, b: usize, cos: f32, sin: f32) {
+    let (x, y) = (head[a], head[b]);
+    head[a] = x * cos - y * sin;
+    head[b] = x * sin + y * cos;
 }
 
 #[cfg(test)]
@@ -102,12 +125,18 @@ mod tests {
 
     #[test]
     fn rope_preserves_norm_and_is_identity_at_zero() {
-        let rope = Rope::new(4, 10_000.0, 8);
-        let mut x = vec![1.0, 2.0, 3.0, 4.0];
-        rope.apply(&mut x, 0);
-        assert_eq!(x, vec![1.0, 2.0, 3.0, 4.0]);
-        rope.apply(&mut x, 5);
-        assert!((dot(&x, &x) - 30.0).abs() < 1e-4);
-        assert!((x[0] - (5f32.cos() - 2.0 * 5f32.sin())).abs() < 1e-5);
+        // Pair 0 at angle 5 (frequency 1): (x[0], x[1]) adjacent, (x[0], x[2]) in halves.
+        for (layout, partner) in [(RopeLayout::Adjacent, 2.0), (RopeLayout::Halves, 3.0)] {
+            let rope = Rope::new(4, 10_000.0, 8, layout);
+            let mut x = vec![1.0, 2.0, 3.0, 4.0];
+            rope.apply(&mut x, 0);
+            assert_eq!(x, vec![1.0, 2.0, 3.0, 4.0]);
+            rope.apply(&mut x, 5);
+            assert!((dot(&x, &x) - 30.0).abs() < 1e-4);
+            assert!(
+                (x[0] - (5f32.cos() - partner * 5f32.sin())).abs() < 1e-5,
+                "{layout:?}"
+            );
+        }
     }
 }

@@ -1,5 +1,6 @@
-//! A tiny random-weights Llama written as a real GGUF file, so tests run the real
-//! loader, tokenizer and forward pass without downloading anything.
+//! A tiny random-weights model (Llama, or Qwen 2: `SynthSpec::arch`) written as
+//! a real GGUF file, so tests run the real loader, tokenizer and forward pass
+//! without downloading anything.
 //!
 //! Byte-level vocabulary (256 byte tokens, no merges) plus `<|endoftext|>`,
 //! `<|im_start|>` and `<|im_end|>`, a ChatML chat template, and weights in every
@@ -16,6 +17,7 @@ use candle_core::{Device, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::architecture::architecture;
 use crate::tokenizer::byte_level_char;
 
 pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
@@ -26,6 +28,9 @@ pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{% if loop.first
 #[derive(Clone, Debug)]
 pub struct SynthSpec {
     pub seed: u64,
+    /// `general.architecture`: `llama`, or `qwen2` (Q/K/V biases, NeoX
+    /// RoPE, Qwen's pre-tokenizer).
+    pub arch: &'static str,
     pub hidden: usize,
     pub heads: usize,
     pub kv_heads: usize,
@@ -38,6 +43,7 @@ impl Default for SynthSpec {
     fn default() -> Self {
         Self {
             seed: 0,
+            arch: "llama",
             hidden: 64,
             heads: 4,
             kv_heads: 2,
@@ -86,6 +92,7 @@ impl Weights {
 
 /// Write the test model described by `spec` to `path`.
 pub fn write_test_model(path: &Path, spec: &SynthSpec) -> Result<()> {
+    let arch = architecture(spec.arch)?;
     let mut w = Weights {
         rng: StdRng::seed_from_u64(spec.seed),
     };
@@ -124,6 +131,21 @@ pub fn write_test_model(path: &Path, spec: &SynthSpec) -> Result<()> {
         ));
         tensors.push((p("attn_k"), w.linear(kv_dim, spec.hidden, GgmlDType::Q8_0)?));
         tensors.push((p("attn_v"), w.linear(kv_dim, spec.hidden, GgmlDType::Q8_0)?));
+        if arch.qkv_bias {
+            let bias = |n: &str| format!("blk.{i}.{n}.bias");
+            tensors.push((
+                bias("attn_q"),
+                w.tensor(1, spec.hidden, 0.5, 0.0, GgmlDType::F32)?,
+            ));
+            tensors.push((
+                bias("attn_k"),
+                w.tensor(1, kv_dim, 0.5, 0.0, GgmlDType::F32)?,
+            ));
+            tensors.push((
+                bias("attn_v"),
+                w.tensor(1, kv_dim, 0.5, 0.0, GgmlDType::F32)?,
+            ));
+        }
         tensors.push((
             p("attn_output"),
             w.linear(spec.hidden, spec.hidden, GgmlDType::Q8_0)?,
@@ -147,30 +169,39 @@ pub fn write_test_model(path: &Path, spec: &SynthSpec) -> Result<()> {
     let string = |s: &str| Value::String(s.to_string());
     let mut token_types = vec![Value::I32(1); 256];
     token_types.extend(SPECIAL_TOKENS.iter().map(|_| Value::I32(3)));
-    let metadata: Vec<(&str, Value)> = vec![
-        ("general.architecture", string("llama")),
-        ("general.name", string("pie-test-tiny")),
-        ("llama.context_length", u32v(spec.context_length)),
-        ("llama.embedding_length", u32v(spec.hidden)),
-        ("llama.block_count", u32v(spec.layers)),
-        ("llama.feed_forward_length", u32v(spec.intermediate)),
-        ("llama.attention.head_count", u32v(spec.heads)),
-        ("llama.attention.head_count_kv", u32v(spec.kv_heads)),
-        ("llama.rope.freq_base", Value::F32(10_000.0)),
-        ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
-        ("llama.vocab_size", u32v(vocab)),
-        ("tokenizer.ggml.model", string("gpt2")),
-        ("tokenizer.ggml.pre", string("smollm")),
+    let key = |k: &str| format!("{}.{k}", spec.arch);
+    let pre = if spec.arch == "qwen2" {
+        "qwen2"
+    } else {
+        "smollm"
+    };
+    let metadata: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), string(spec.arch)),
+        ("general.name".into(), string("pie-test-tiny")),
+        (key("context_length"), u32v(spec.context_length)),
+        (key("embedding_length"), u32v(spec.hidden)),
+        (key("block_count"), u32v(spec.layers)),
+        (key("feed_forward_length"), u32v(spec.intermediate)),
+        (key("attention.head_count"), u32v(spec.heads)),
+        (key("attention.head_count_kv"), u32v(spec.kv_heads)),
+        (key("rope.freq_base"), Value::F32(10_000.0)),
+        (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
+        (key("vocab_size"), u32v(vocab)),
+        ("tokenizer.ggml.model".into(), string("gpt2")),
+        ("tokenizer.ggml.pre".into(), string(pre)),
         (
-            "tokenizer.ggml.tokens",
+            "tokenizer.ggml.tokens".into(),
             Value::Array(tokens.iter().map(|t| string(t)).collect()),
         ),
-        ("tokenizer.ggml.token_type", Value::Array(token_types)),
-        ("tokenizer.ggml.bos_token_id", u32v(256)),
-        ("tokenizer.ggml.eos_token_id", u32v(258)),
-        ("tokenizer.chat_template", string(CHATML_TEMPLATE)),
+        (
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(token_types),
+        ),
+        ("tokenizer.ggml.bos_token_id".into(), u32v(256)),
+        ("tokenizer.ggml.eos_token_id".into(), u32v(258)),
+        ("tokenizer.chat_template".into(), string(CHATML_TEMPLATE)),
     ];
-    let md: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (*k, v)).collect();
+    let md: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let mut out = BufWriter::new(File::create(path)?);
     gguf_file::write(&mut out, &md, &ts)?;

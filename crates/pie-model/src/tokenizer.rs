@@ -1,9 +1,10 @@
 //! The tokenizer stored in a GGUF file (`tokenizer.ggml.*`): GPT-2-style byte-level
 //! BPE built with the `tokenizers` crate, plus the model's Jinja chat template.
 //!
-//! Pre-tokenisation follows `tokenizer.ggml.pre`: `smollm` splits every digit
-//! before the GPT-2 regex (as SmolLM2's own tokenizer.json does); anything else
-//! uses the GPT-2 regex alone. No prefix space is added: "The" is one token.
+//! Pre-tokenisation follows `tokenizer.ggml.pre`, as each family's own
+//! tokenizer.json splits: GPT-2's regex (`gpt2`, or no key), `smollm` (every
+//! digit apart, then GPT-2's), `llama-bpe` (Llama 3) and `qwen2`; any other
+//! is refused. No prefix space is added: "The" is one token.
 
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::quantized::gguf_file::Value;
@@ -15,7 +16,10 @@ use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::AddedToken;
+use tokenizers::SplitDelimiterBehavior;
 
 use crate::gguf::GgufFile;
 
@@ -24,7 +28,15 @@ const TOKEN_TYPE_CONTROL: i32 = 3;
 const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 
 /// Names of end-of-turn tokens that stop generation when the vocabulary has them.
-const END_OF_TURN_TOKENS: &[&str] = &["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>"];
+const END_OF_TURN_TOKENS: &[&str] = &[
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "</s>",
+    "<end_of_turn>",
+    "<|end|>",
+];
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -155,15 +167,7 @@ impl Tokenizer {
             .build()
             .map_err(|e| anyhow!("building BPE: {e}"))?;
         let mut inner = tokenizers::Tokenizer::new(bpe);
-        let byte_level = ByteLevel::new(false, true, true);
-        if spec.pre == "smollm" {
-            inner.with_pre_tokenizer(Some(Sequence::new(vec![
-                Digits::new(true).into(),
-                byte_level.into(),
-            ])));
-        } else {
-            inner.with_pre_tokenizer(Some(byte_level));
-        }
+        inner.with_pre_tokenizer(Some(pre_tokenizer(&spec.pre)?));
         inner.with_decoder(Some(ByteLevelDecoder::default()));
         let specials: Vec<AddedToken> = spec
             .tokens
@@ -313,6 +317,35 @@ fn chat_environment(template: String) -> Result<minijinja::Environment<'static>,
     Ok(env)
 }
 
+/// Llama 3's split (`llama-bpe`): digits in runs of up to three.
+const LLAMA3_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen 2's split: every digit alone.
+const QWEN2_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The pre-tokenizer `tokenizer.ggml.pre` names, as the model's own
+/// `tokenizer.json` has it: a split (GPT-2's regex, or the family's) before
+/// the byte-level alphabet. One this reader does not know is refused: it
+/// would split text differently without a word.
+fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
+    let split = |regex: &str| -> Result<PreTokenizerWrapper> {
+        let pattern = SplitPattern::Regex(regex.to_string());
+        let split = Split::new(pattern, SplitDelimiterBehavior::Isolated, false)
+            .map_err(|e| anyhow!("the {pre} pre-tokenizer: {e}"))?;
+        let bytes = ByteLevel::new(false, true, false);
+        Ok(Sequence::new(vec![split.into(), bytes.into()]).into())
+    };
+    let gpt2 = ByteLevel::new(false, true, true);
+    match pre {
+        "" | "default" | "gpt2" => Ok(gpt2.into()),
+        "smollm" => Ok(Sequence::new(vec![Digits::new(true).into(), gpt2.into()]).into()),
+        "llama-bpe" | "llama3" => split(LLAMA3_SPLIT),
+        "qwen2" => split(QWEN2_SPLIT),
+        other => bail!(
+            "tokenizer.ggml.pre `{other}` is not supported (Pie splits text as gpt2, smollm, llama-bpe or qwen2 do)"
+        ),
+    }
+}
+
 /// Turns a stream of token ids into text deltas, holding back bytes of a
 /// character that is not complete yet.
 #[derive(Default)]
@@ -366,6 +399,30 @@ mod tests {
             assert_eq!(level_char_byte(byte_level_char(b)), Some(b));
         }
         assert_eq!(level_char_byte('\u{3000}'), None);
+    }
+
+    #[test]
+    fn each_family_splits_digits_and_spaces_as_its_own_tokenizer_does() {
+        use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+        let pieces = |pre: &str, text: &str| -> Vec<String> {
+            let mut s = PreTokenizedString::from(text);
+            pre_tokenizer(pre).unwrap().pre_tokenize(&mut s).unwrap();
+            (s.get_splits(OffsetReferential::Original, OffsetType::Byte)
+                .into_iter())
+            .map(|(piece, _, _)| piece.replace('Ġ', " ").replace('Ċ', "\n"))
+            .collect()
+        };
+        let text = "Hi you 12345 it's\n\nok";
+        assert_eq!(
+            pieces("llama-bpe", text),
+            ["Hi", " you", " ", "123", "45", " it", "'s", "\n\n", "ok"]
+        );
+        assert_eq!(
+            pieces("qwen2", text),
+            ["Hi", " you", " ", "1", "2", "3", "4", "5", " it", "'s", "\n\n", "ok"]
+        );
+        let e = pre_tokenizer("starcoder").unwrap_err().to_string();
+        assert!(e.contains("`starcoder`") && e.contains("qwen2"), "{e}");
     }
 
     #[test]

@@ -280,12 +280,15 @@ enum ConfigCmd {
 
 #[derive(Subcommand)]
 enum ModelCmd {
-    /// Write a tiny random-weights Llama GGUF (for tests).
+    /// Write a tiny random-weights GGUF (for tests).
     Synth {
         #[arg(long)]
         out: PathBuf,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// `llama` or `qwen2`.
+        #[arg(long, default_value = "llama")]
+        arch: String,
     },
     /// Download the default model into the cache (if needed) and print its path.
     Fetch,
@@ -293,7 +296,7 @@ enum ModelCmd {
 
 #[derive(clap::Args)]
 struct ModelArgs {
-    /// A Llama-family GGUF file; default: SmolLM2-135M-Instruct, fetched on first use.
+    /// A Llama or Qwen 2 GGUF file; default: SmolLM2-135M-Instruct, fetched on first use.
     #[arg(long)]
     model: Option<PathBuf>,
 }
@@ -411,12 +414,14 @@ fn main() -> Result<()> {
         ),
         Cmd::Inferlet { command } => inferlet(command),
         Cmd::Model {
-            command: ModelCmd::Synth { out, seed },
+            command: ModelCmd::Synth { out, seed, arch },
         } => {
+            let arch = pie_model::architecture::architecture(&arch)?.name;
             write_test_model(
                 &out,
                 &SynthSpec {
                     seed,
+                    arch,
                     ..SynthSpec::default()
                 },
             )?;

@@ -181,7 +181,8 @@ pub fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
         config.model.chat_template.as_deref(),
     )?);
     tracing::info!(
-        "tool calls: {} format",
+        "architecture {}; tool calls: {} format",
+        model.config.arch.name,
         model.tokenizer.tool_format().name()
     );
     let rt = &config.runtime;
