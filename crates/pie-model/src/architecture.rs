@@ -21,6 +21,9 @@ pub struct Architecture {
     pub name: &'static str,
     /// Q, K and V carry biases (`blk.N.attn_{q,k,v}.bias`).
     pub qkv_bias: bool,
+    /// Each head of Q and K is RMS-normalised before RoPE
+    /// (`blk.N.attn_{q,k}_norm.weight`).
+    pub qk_norm: bool,
     pub rope: RopeLayout,
 }
 
@@ -28,11 +31,19 @@ const SUPPORTED: &[Architecture] = &[
     Architecture {
         name: "llama",
         qkv_bias: false,
+        qk_norm: false,
         rope: RopeLayout::Adjacent,
     },
     Architecture {
         name: "qwen2",
         qkv_bias: true,
+        qk_norm: false,
+        rope: RopeLayout::Halves,
+    },
+    Architecture {
+        name: "qwen3",
+        qkv_bias: false,
+        qk_norm: true,
         rope: RopeLayout::Halves,
     },
 ];
@@ -59,6 +70,9 @@ mod tests {
     fn an_unknown_architecture_is_refused_naming_the_served_ones() {
         assert_eq!(architecture("qwen2").unwrap().rope, RopeLayout::Halves);
         let e = architecture("gemma3").unwrap_err().to_string();
-        assert!(e.contains("`gemma3`") && e.contains("llama, qwen2"), "{e}");
+        assert!(
+            e.contains("`gemma3`") && e.contains("llama, qwen2, qwen3"),
+            "{e}"
+        );
     }
 }

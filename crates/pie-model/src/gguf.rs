@@ -26,6 +26,10 @@ pub struct ModelConfig {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// How many of a head's elements RoPE rotates (`rope.dimension_count`).
+    pub rope_dims: usize,
+    /// Linear RoPE scaling: positions are divided by it (1: none).
+    pub rope_linear: f32,
     pub rope_theta: f32,
     pub rms_eps: f32,
     pub context_length: usize,
@@ -35,12 +39,17 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.kv_heads * self.head_dim
     }
+
+    /// The width of Q (and of attention's output): `hidden` for most
+    /// models, not for Qwen 3 (`key_length` wider than hidden / heads).
+    pub fn q_dim(&self) -> usize {
+        self.heads * self.head_dim
+    }
 }
 
 /// The head width: `attention.key_length` where the file has it (equal to
-/// `value_length`: a page holds K and V of one width), which must be
-/// `implied` (hidden / heads) for now: Q's rows are taken as wide as the
-/// hidden state. Otherwise refused, naming the keys.
+/// `value_length`: a page holds K and V of one width), else `implied`
+/// (hidden / heads). Refused, naming the keys, when they differ.
 fn checked_head_dim(
     arch: &str,
     implied: usize,
@@ -51,10 +60,11 @@ fn checked_head_dim(
         (Some(k), Some(v)) if k != v => bail!(
             "{arch}.attention.key_length {k} differs from value_length {v}: KV pages hold K and V of one width"
         ),
-        (Some(k), _) | (None, Some(k)) if k != implied => bail!(
-            "{arch}.attention.key_length {k} is not embedding_length / head_count ({implied}): not served yet"
-        ),
-        _ => Ok(implied),
+        (Some(k), _) | (None, Some(k)) if k == 0 || !k.is_multiple_of(2) => {
+            bail!("{arch}.attention.key_length {k} must be even and above 0")
+        }
+        (Some(k), _) | (None, Some(k)) => Ok(k),
+        (None, None) => Ok(implied),
     }
 }
 
@@ -138,6 +148,12 @@ impl GgufFile {
             .get_usize(&key("attention.head_count_kv"))
             .unwrap_or(heads);
         let head_dim = self.head_dim(&name, hidden, heads)?;
+        let rope_dims = self
+            .get_usize(&key("rope.dimension_count"))
+            .unwrap_or(head_dim);
+        if !rope_dims.is_multiple_of(2) || rope_dims > head_dim {
+            bail!("{name}.rope.dimension_count {rope_dims} must be even and at most the head width {head_dim}");
+        }
         let vocab = match self.get("tokenizer.ggml.tokens") {
             Ok(Value::Array(tokens)) => tokens.len(),
             _ => self.get_usize(&key("vocab_size"))?,
@@ -151,12 +167,34 @@ impl GgufFile {
             heads,
             kv_heads,
             head_dim,
+            rope_dims,
+            rope_linear: self.rope_linear(&name)?,
             rope_theta: self.get_f32(&key("rope.freq_base")).unwrap_or(10_000.0),
             rms_eps: self
                 .get_f32(&key("attention.layer_norm_rms_epsilon"))
                 .unwrap_or(1e-5),
             context_length: self.get_usize(&key("context_length")).unwrap_or(2048),
         })
+    }
+
+    /// Linear RoPE scaling's factor (positions divided by it); 1 without
+    /// scaling. Other scaling types are refused, naming the type.
+    fn rope_linear(&self, arch: &str) -> Result<f32> {
+        let kind = (self.get(&format!("{arch}.rope.scaling.type")).ok())
+            .and_then(|v| v.to_string().ok().cloned());
+        match kind.as_deref() {
+            None | Some("none") => Ok(1.0),
+            Some("linear") => {
+                let factor = self.get_f32(&format!("{arch}.rope.scaling.factor"))?;
+                match factor > 0.0 {
+                    true => Ok(factor),
+                    false => bail!("{arch}.rope.scaling.factor {factor} must be above 0"),
+                }
+            }
+            Some(other) => bail!(
+                "{arch}.rope.scaling.type `{other}` is not served (none and linear are; Llama 3's rope_freqs tensor is read)"
+            ),
+        }
     }
 
     /// The head width (see [`checked_head_dim`]).
@@ -224,7 +262,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_head_width_the_pages_cannot_hold_is_refused_naming_the_keys() {
+    fn the_head_width_is_the_key_length_and_k_and_v_must_agree() {
         assert_eq!(checked_head_dim("qwen2", 64, None, None).unwrap(), 64);
         assert_eq!(
             checked_head_dim("qwen2", 64, Some(64), Some(64)).unwrap(),
@@ -237,9 +275,13 @@ mod tests {
             e.contains("llama.attention.key_length 128 differs from value_length 64"),
             "{e}"
         );
-        let e = checked_head_dim("qwen3", 64, Some(128), Some(128))
+        assert_eq!(
+            checked_head_dim("qwen3", 64, Some(128), Some(128)).unwrap(),
+            128
+        );
+        let e = checked_head_dim("qwen3", 64, Some(7), None)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("qwen3.attention.key_length 128"), "{e}");
+        assert!(e.contains("qwen3.attention.key_length 7"), "{e}");
     }
 }

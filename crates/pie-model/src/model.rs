@@ -14,7 +14,7 @@ use crate::attention::{self, Heads, SeqRows};
 use crate::constraint::Grammars;
 use crate::gguf::{GgufFile, ModelConfig};
 use crate::matmul::{Kernel, QWeight};
-use crate::ops::{rms_norm, silu, Rope};
+use crate::ops::{rms_norm, silu, Rope, RopeSpec};
 use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
 struct Layer {
@@ -22,6 +22,8 @@ struct Layer {
     qkv: QWeight,
     /// Q, K and V's biases, concatenated as `qkv`'s rows are.
     qkv_bias: Option<Vec<f32>>,
+    /// Per-head RMSNorm weights of Q and K.
+    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     out: QWeight,
     ffn_norm: Vec<f32>,
     gate_up: QWeight,
@@ -60,6 +62,65 @@ pub struct SeqInput<'a> {
     pub logits: bool,
 }
 
+/// Layer `i`'s weights, with what its architecture adds.
+fn load_layer(f: &mut GgufFile, config: &ModelConfig, i: usize) -> Result<Layer> {
+    let p = |n: &str| format!("blk.{i}.{n}.weight");
+    let bias = |n: &str| format!("blk.{i}.{n}.bias");
+    let qkv_bias = match config.arch.qkv_bias {
+        true => Some(
+            [bias("attn_q"), bias("attn_k"), bias("attn_v")]
+                .iter()
+                .map(|name| f.f32_tensor(name))
+                .collect::<Result<Vec<_>>>()?
+                .concat(),
+        ),
+        false => None,
+    };
+    let qk_norm = match config.arch.qk_norm {
+        true => Some((
+            f.f32_tensor(&p("attn_q_norm"))?,
+            f.f32_tensor(&p("attn_k_norm"))?,
+        )),
+        false => None,
+    };
+    Ok(Layer {
+        attn_norm: f.f32_tensor(&p("attn_norm"))?,
+        qkv: f.linear(&[&p("attn_q"), &p("attn_k"), &p("attn_v")])?,
+        qkv_bias,
+        qk_norm,
+        out: f.linear(&[&p("attn_output")])?,
+        ffn_norm: f.f32_tensor(&p("ffn_norm"))?,
+        gate_up: f.linear(&[&p("ffn_gate"), &p("ffn_up")])?,
+        down: f.linear(&[&p("ffn_down")])?,
+    })
+}
+
+/// The RoPE tables the file describes (with Llama 3's `rope_freqs` where
+/// it has them, one divisor per rotated pair).
+fn load_rope(f: &mut GgufFile, c: &ModelConfig) -> Result<Rope> {
+    let divisors = match f.has_tensor("rope_freqs.weight") {
+        true => Some(f.f32_tensor("rope_freqs.weight")?),
+        false => None,
+    };
+    if let Some(d) = &divisors {
+        ensure!(
+            d.len() == c.rope_dims / 2,
+            "rope_freqs.weight has {} values, expected one per rotated pair ({})",
+            d.len(),
+            c.rope_dims / 2
+        );
+    }
+    Ok(Rope::new(&RopeSpec {
+        head_dim: c.head_dim,
+        dims: c.rope_dims,
+        theta: c.rope_theta,
+        linear: c.rope_linear,
+        freq_divisors: divisors.as_deref(),
+        layout: c.arch.rope,
+        max_pos: c.context_length,
+    }))
+}
+
 /// Where a batch row goes: its sequence and position.
 #[derive(Clone, Copy)]
 struct Row {
@@ -74,30 +135,9 @@ impl Model {
         let config = f.model_config()?;
         let tokenizer_spec = TokenizerSpec::from_gguf(&f)?;
         let tokenizer = Tokenizer::from_spec(tokenizer_spec.clone())?;
-        let mut layers = Vec::with_capacity(config.layers);
-        for i in 0..config.layers {
-            let p = |n: &str| format!("blk.{i}.{n}.weight");
-            let bias = |n: &str| format!("blk.{i}.{n}.bias");
-            let qkv_bias = match config.arch.qkv_bias {
-                true => Some(
-                    [bias("attn_q"), bias("attn_k"), bias("attn_v")]
-                        .iter()
-                        .map(|name| f.f32_tensor(name))
-                        .collect::<Result<Vec<_>>>()?
-                        .concat(),
-                ),
-                false => None,
-            };
-            layers.push(Layer {
-                attn_norm: f.f32_tensor(&p("attn_norm"))?,
-                qkv: f.linear(&[&p("attn_q"), &p("attn_k"), &p("attn_v")])?,
-                qkv_bias,
-                out: f.linear(&[&p("attn_output")])?,
-                ffn_norm: f.f32_tensor(&p("ffn_norm"))?,
-                gate_up: f.linear(&[&p("ffn_gate"), &p("ffn_up")])?,
-                down: f.linear(&[&p("ffn_down")])?,
-            });
-        }
+        let layers = (0..config.layers)
+            .map(|i| load_layer(&mut f, &config, i))
+            .collect::<Result<Vec<_>>>()?;
         let embed = f.f32_tensor("token_embd.weight")?;
         ensure!(
             embed.len() == config.vocab * config.hidden,
@@ -113,12 +153,7 @@ impl Model {
         };
         let lm_head = f.linear(&[head_name])?;
         let norm = f.f32_tensor("output_norm.weight")?;
-        let rope = Rope::new(
-            config.head_dim,
-            config.rope_theta,
-            config.context_length,
-            config.arch.rope,
-        );
+        let rope = load_rope(&mut f, &config)?;
         Ok(Self {
             fingerprint: f.fingerprint,
             config,
@@ -194,6 +229,7 @@ impl Model {
                 f32s(&l.attn_norm)
                     + f32s(&l.ffn_norm)
                     + l.qkv_bias.as_deref().map_or(0, f32s)
+                    + l.qk_norm.as_ref().map_or(0, |(q, k)| f32s(q) + f32s(k))
                     + [&l.qkv, &l.out, &l.gate_up, &l.down]
                         .iter()
                         .map(|w| w.bytes())
@@ -245,7 +281,7 @@ impl Model {
             if let Some(bias) = &layer.qkv_bias {
                 add_to_rows(&mut qkv, bias);
             }
-            self.store_kv(pool, li, batch, &rows, &mut qkv);
+            self.store_kv(pool, (li, layer), batch, &rows, &mut qkv);
             let attn = self.attention(pool, li, batch, rows.len(), &qkv);
             add(&mut x, &self.linear(&layer.out, &attn, rows.len()));
             let h = rms_norm(&x, &layer.ffn_norm, c.rms_eps);
@@ -285,25 +321,31 @@ impl Model {
         Ok(rows)
     }
 
-    /// Rotate Q and K of every row in place and write K and V into the pages.
+    /// Normalise (where the architecture does) and rotate Q and K of every
+    /// row in place, and write K and V into layer `li`'s pages.
     fn store_kv(
         &self,
         pool: &mut KvPool,
-        layer: usize,
+        (li, layer): (usize, &Layer),
         batch: &[SeqInput],
         rows: &[Row],
         qkv: &mut [f32],
     ) {
         let c = &self.config;
-        let (q_dim, kv_dim) = (c.hidden, c.kv_dim());
+        let qk_norm = layer.qk_norm.as_ref();
+        let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
         let page_size = pool.layout().page_size;
         for (row, r) in qkv.chunks_exact_mut(q_dim + 2 * kv_dim).zip(rows) {
             let (q, kv) = row.split_at_mut(q_dim);
             let (k, v) = kv.split_at_mut(kv_dim);
+            if let Some((q_norm, k_norm)) = qk_norm {
+                q.copy_from_slice(&rms_norm(q, q_norm, c.rms_eps));
+                k.copy_from_slice(&rms_norm(k, k_norm, c.rms_eps));
+            }
             self.rope.apply(q, r.pos);
             self.rope.apply(k, r.pos);
             let (page, slot) = batch[r.seq].table.slot(r.pos, page_size);
-            pool.write(layer, page, slot, k, v);
+            pool.write(li, page, slot, k, v);
         }
     }
 
@@ -337,14 +379,14 @@ impl Model {
             kv_heads: c.kv_heads,
             head_dim: c.head_dim,
         };
-        let mut out = vec![0f32; rows * c.hidden];
+        let mut out = vec![0f32; rows * c.q_dim()];
         attention::attention(
             pool,
             layer,
             &seqs,
             heads,
             qkv,
-            c.hidden + 2 * c.kv_dim(),
+            c.q_dim() + 2 * c.kv_dim(),
             &mut out,
         );
         out

@@ -46,10 +46,25 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
+/// What a model's RoPE is: which elements of a head turn, how fast, paired how.
+pub struct RopeSpec<'a> {
+    pub head_dim: usize,
+    /// Elements rotated at the start of each head (the rest pass through).
+    pub dims: usize,
+    pub theta: f32,
+    /// Positions are divided by it (linear scaling; 1: none).
+    pub linear: f32,
+    /// Per pair, a divisor of its frequency (Llama 3's `rope_freqs`).
+    pub freq_divisors: Option<&'a [f32]>,
+    pub layout: RopeLayout,
+    pub max_pos: usize,
+}
+
 /// Rotary embedding tables: for position `p` and pair `i`, the angle is
-/// `p * theta^(-2i / head_dim)`; which elements pair up is the
-/// architecture's [`RopeLayout`].
+/// `p / linear * theta^(-2i / dims) / divisor_i`; which elements pair up is
+/// the architecture's [`RopeLayout`].
 pub struct Rope {
+    head_dim: usize,
     half: usize,
     cos: Vec<f32>,
     sin: Vec<f32>,
@@ -57,38 +72,49 @@ pub struct Rope {
 }
 
 impl Rope {
-    pub fn new(head_dim: usize, theta: f32, max_pos: usize, layout: RopeLayout) -> Self {
-        let half = head_dim / 2;
-        let mut cos = Vec::with_capacity(max_pos * half);
-        let mut sin = Vec::with_capacity(max_pos * half);
-        for p in 0..max_pos {
-            for i in 0..half {
-                let freq = 1.0 / (theta as f64).powf(2.0 * i as f64 / head_dim as f64);
+    pub fn new(spec: &RopeSpec) -> Self {
+        let half = spec.dims / 2;
+        let freqs: Vec<f64> = (0..half)
+            .map(|i| {
+                let base = 1.0 / (spec.theta as f64).powf(2.0 * i as f64 / spec.dims as f64);
+                let divisor = spec
+                    .freq_divisors
+                    .and_then(|d| d.get(i))
+                    .copied()
+                    .unwrap_or(1.0);
+                base / divisor as f64 / spec.linear as f64
+            })
+            .collect();
+        let mut cos = Vec::with_capacity(spec.max_pos * half);
+        let mut sin = Vec::with_capacity(spec.max_pos * half);
+        for p in 0..spec.max_pos {
+            for freq in &freqs {
                 let angle = p as f64 * freq;
                 cos.push(angle.cos() as f32);
                 sin.push(angle.sin() as f32);
             }
         }
         Self {
+            head_dim: spec.head_dim,
             half,
             cos,
             sin,
-            layout,
+            layout: spec.layout,
         }
     }
 
     pub fn max_positions(&self) -> usize {
-        self.cos.len() / self.half
+        self.cos.len() / self.half.max(1)
     }
 
-    /// Rotate every head (of width `2 * half`) in `x` for position `pos`.
+    /// Rotate every head (of width `head_dim`) in `x` for position `pos`.
     pub fn apply(&self, x: &mut [f32], pos: usize) {
-        let (cos, sin) = (
-            &self.cos[pos * self.half..][..self.half],
-            &self.sin[pos * self.half..][..self.half],
-        );
         let half = self.half;
-        for head in x.chunks_exact_mut(2 * half) {
+        let (cos, sin) = (
+            &self.cos[pos * half..][..half],
+            &self.sin[pos * half..][..half],
+        );
+        for head in x.chunks_exact_mut(self.head_dim) {
             match self.layout {
                 RopeLayout::Adjacent => {
                     for i in 0..half {
@@ -123,11 +149,23 @@ mod tests {
         assert!((dot(&a, &b) - naive).abs() < 1e-3);
     }
 
+    fn rope(layout: RopeLayout, dims: usize, divisors: Option<&[f32]>, linear: f32) -> Rope {
+        Rope::new(&RopeSpec {
+            head_dim: 4,
+            dims,
+            theta: 10_000.0,
+            linear,
+            freq_divisors: divisors,
+            layout,
+            max_pos: 8,
+        })
+    }
+
     #[test]
     fn rope_preserves_norm_and_is_identity_at_zero() {
         // Pair 0 at angle 5 (frequency 1): (x[0], x[1]) adjacent, (x[0], x[2]) in halves.
         for (layout, partner) in [(RopeLayout::Adjacent, 2.0), (RopeLayout::Halves, 3.0)] {
-            let rope = Rope::new(4, 10_000.0, 8, layout);
+            let rope = rope(layout, 4, None, 1.0);
             let mut x = vec![1.0, 2.0, 3.0, 4.0];
             rope.apply(&mut x, 0);
             assert_eq!(x, vec![1.0, 2.0, 3.0, 4.0]);
@@ -138,5 +176,27 @@ mod tests {
                 "{layout:?}"
             );
         }
+    }
+
+    #[test]
+    fn scaling_slows_the_turn_and_partial_rotary_leaves_the_tail() {
+        let turned = |rope: &Rope, pos| {
+            let mut x = vec![1.0, 0.0, 0.0, 0.0];
+            rope.apply(&mut x, pos);
+            x
+        };
+        // Pair 0 at position 6 divided by 2 (linear) or by its divisor: angle 3.
+        let plain = turned(&rope(RopeLayout::Adjacent, 4, None, 1.0), 3);
+        assert_eq!(turned(&rope(RopeLayout::Adjacent, 4, None, 2.0), 6), plain);
+        assert_eq!(
+            turned(&rope(RopeLayout::Adjacent, 4, Some(&[2.0, 1.0]), 1.0), 6),
+            plain
+        );
+        // Two of four elements rotate: pair (0, 1); elements 2 and 3 pass through.
+        let partial = rope(RopeLayout::Halves, 2, None, 1.0);
+        let mut x = vec![1.0, 2.0, 3.0, 4.0];
+        partial.apply(&mut x, 5);
+        assert_eq!(&x[2..], &[3.0, 4.0]);
+        assert!((x[0] - (5f32.cos() - 2.0 * 5f32.sin())).abs() < 1e-5);
     }
 }

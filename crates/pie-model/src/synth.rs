@@ -1,4 +1,4 @@
-//! A tiny random-weights model (Llama, or Qwen 2: `SynthSpec::arch`) written as
+//! A tiny random-weights model (Llama or Qwen: `SynthSpec::arch`) written as
 //! a real GGUF file, so tests run the real loader, tokenizer and forward pass
 //! without downloading anything.
 //!
@@ -28,9 +28,15 @@ pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{% if loop.first
 #[derive(Clone, Debug)]
 pub struct SynthSpec {
     pub seed: u64,
-    /// `general.architecture`: `llama`, or `qwen2` (Q/K/V biases, NeoX
-    /// RoPE, Qwen's pre-tokenizer).
+    /// `general.architecture`: `llama`, `qwen2` (Q/K/V biases, NeoX RoPE,
+    /// Qwen's pre-tokenizer) or `qwen3` (Q/K norms instead of biases).
     pub arch: &'static str,
+    /// `attention.key_length`, when a head is not hidden / heads wide.
+    pub head_dim: Option<usize>,
+    /// `rope.dimension_count`, when fewer than a head's elements rotate.
+    pub rope_dims: Option<usize>,
+    /// Write Llama 3's `rope_freqs.weight` (a frequency divisor per pair).
+    pub rope_freqs: bool,
     pub hidden: usize,
     pub heads: usize,
     pub kv_heads: usize,
@@ -44,6 +50,9 @@ impl Default for SynthSpec {
         Self {
             seed: 0,
             arch: "llama",
+            head_dim: None,
+            rope_dims: None,
+            rope_freqs: false,
             hidden: 64,
             heads: 4,
             kv_heads: 2,
@@ -96,8 +105,8 @@ pub fn write_test_model(path: &Path, spec: &SynthSpec) -> Result<()> {
     let mut w = Weights {
         rng: StdRng::seed_from_u64(spec.seed),
     };
-    let head_dim = spec.hidden / spec.heads;
-    let kv_dim = spec.kv_heads * head_dim;
+    let head_dim = spec.head_dim.unwrap_or(spec.hidden / spec.heads);
+    let (q_dim, kv_dim) = (spec.heads * head_dim, spec.kv_heads * head_dim);
     let mut tokens: Vec<String> = (0..=255u8)
         .map(|b| byte_level_char(b).to_string())
         .collect();
@@ -122,20 +131,29 @@ pub fn write_test_model(path: &Path, spec: &SynthSpec) -> Result<()> {
             GgmlDType::Q8_0,
         )?,
     ));
+    if spec.rope_freqs {
+        let pairs = spec.rope_dims.unwrap_or(head_dim) / 2;
+        // Divisors from 1 to 8, as Llama 3.1's slow its low frequencies.
+        let divisors: Vec<f32> = (0..pairs)
+            .map(|i| 1.0 + 7.0 * i as f32 / pairs as f32)
+            .collect();
+        let t = Tensor::from_vec(divisors, pairs, &Device::Cpu)?;
+        tensors.push((
+            "rope_freqs.weight".into(),
+            QTensor::quantize(&t, GgmlDType::F32)?,
+        ));
+    }
     for i in 0..spec.layers {
         let p = |n: &str| format!("blk.{i}.{n}.weight");
         tensors.push((p("attn_norm"), w.norm(spec.hidden)?));
-        tensors.push((
-            p("attn_q"),
-            w.linear(spec.hidden, spec.hidden, GgmlDType::Q8_0)?,
-        ));
+        tensors.push((p("attn_q"), w.linear(q_dim, spec.hidden, GgmlDType::Q8_0)?));
         tensors.push((p("attn_k"), w.linear(kv_dim, spec.hidden, GgmlDType::Q8_0)?));
         tensors.push((p("attn_v"), w.linear(kv_dim, spec.hidden, GgmlDType::Q8_0)?));
         if arch.qkv_bias {
             let bias = |n: &str| format!("blk.{i}.{n}.bias");
             tensors.push((
                 bias("attn_q"),
-                w.tensor(1, spec.hidden, 0.5, 0.0, GgmlDType::F32)?,
+                w.tensor(1, q_dim, 0.5, 0.0, GgmlDType::F32)?,
             ));
             tensors.push((
                 bias("attn_k"),
@@ -146,9 +164,13 @@ pub fn write_test_model(path: &Path, spec: &SynthSpec) -> Result<()> {
                 w.tensor(1, kv_dim, 0.5, 0.0, GgmlDType::F32)?,
             ));
         }
+        if arch.qk_norm {
+            tensors.push((p("attn_q_norm"), w.norm(head_dim)?));
+            tensors.push((p("attn_k_norm"), w.norm(head_dim)?));
+        }
         tensors.push((
             p("attn_output"),
-            w.linear(spec.hidden, spec.hidden, GgmlDType::Q8_0)?,
+            w.linear(spec.hidden, q_dim, GgmlDType::Q8_0)?,
         ));
         tensors.push((p("ffn_norm"), w.norm(spec.hidden)?));
         tensors.push((
@@ -170,12 +192,12 @@ pub fn write_test_model(path: &Path, spec: &SynthSpec) -> Result<()> {
     let mut token_types = vec![Value::I32(1); 256];
     token_types.extend(SPECIAL_TOKENS.iter().map(|_| Value::I32(3)));
     let key = |k: &str| format!("{}.{k}", spec.arch);
-    let pre = if spec.arch == "qwen2" {
-        "qwen2"
-    } else {
+    let pre = if spec.arch == "llama" {
         "smollm"
+    } else {
+        "qwen2"
     };
-    let metadata: Vec<(String, Value)> = vec![
+    let mut metadata: Vec<(String, Value)> = vec![
         ("general.architecture".into(), string(spec.arch)),
         ("general.name".into(), string("pie-test-tiny")),
         (key("context_length"), u32v(spec.context_length)),
@@ -201,6 +223,13 @@ pub fn write_test_model(path: &Path, spec: &SynthSpec) -> Result<()> {
         ("tokenizer.ggml.eos_token_id".into(), u32v(258)),
         ("tokenizer.chat_template".into(), string(CHATML_TEMPLATE)),
     ];
+    if let Some(d) = spec.head_dim {
+        metadata.push((key("attention.key_length"), u32v(d)));
+        metadata.push((key("attention.value_length"), u32v(d)));
+    }
+    if let Some(d) = spec.rope_dims {
+        metadata.push((key("rope.dimension_count"), u32v(d)));
+    }
     let md: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let mut out = BufWriter::new(File::create(path)?);

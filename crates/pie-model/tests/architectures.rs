@@ -5,12 +5,10 @@
 //! whose outputs any misplaced bias, RoPE pairing or head mapping would
 //! change.
 
-use std::path::PathBuf;
-
 use pie_kv::{KvLayout, KvPool, PageTable};
 use pie_model::gguf::GgufFile;
 use pie_model::synth::{write_test_model, SynthSpec};
-use pie_model::{Model, RopeLayout, SeqInput};
+use pie_model::{Model, ModelConfig, RopeLayout, SeqInput};
 
 /// A model's weights as dense f32, read back from its file.
 struct Dense {
@@ -32,17 +30,25 @@ fn matvec(w: &[f32], x: &[f32]) -> Vec<f32> {
         .collect()
 }
 
+/// Each `weight.len()` slice of `x` (a head, or the whole state) normalised.
 fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
-    let mean = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
-    x.iter().zip(weight).map(|(v, w)| v * scale * w).collect()
+    x.chunks_exact(weight.len())
+        .flat_map(|part| {
+            let mean = part.iter().map(|v| v * v).sum::<f32>() / part.len() as f32;
+            let scale = 1.0 / (mean + eps).sqrt();
+            part.iter().zip(weight).map(move |(v, w)| v * scale * w)
+        })
+        .collect()
 }
 
-/// RoPE of one head at `pos`, pairing elements as `layout` says.
-fn rope(head: &mut [f32], pos: usize, theta: f32, layout: RopeLayout) {
-    let d = head.len();
+/// RoPE of one head at `pos`: its first `dims` elements turn, pair `i` at
+/// `pos * theta^(-2i / dims) / divisor_i`, paired as `layout` says.
+fn rope(head: &mut [f32], pos: usize, c: &ModelConfig, divisors: &[f32], layout: RopeLayout) {
+    let d = c.rope_dims;
     for i in 0..d / 2 {
-        let angle = pos as f64 / (theta as f64).powf(2.0 * i as f64 / d as f64);
+        let freq = 1.0 / (c.rope_theta as f64).powf(2.0 * i as f64 / d as f64);
+        let divisor = divisors.get(i).copied().unwrap_or(1.0) as f64;
+        let angle = pos as f64 * freq / divisor / c.rope_linear as f64;
         let (cos, sin) = (angle.cos() as f32, angle.sin() as f32);
         let (a, b) = match layout {
             RopeLayout::Adjacent => (2 * i, 2 * i + 1),
@@ -54,6 +60,91 @@ fn rope(head: &mut [f32], pos: usize, theta: f32, layout: RopeLayout) {
     }
 }
 
+/// One layer's Q, K and V at every position, normalised and rotated as the
+/// architecture says.
+fn qkv(
+    c: &ModelConfig,
+    dense: &mut Dense,
+    l: usize,
+    xs: &[Vec<f32>],
+    layout: RopeLayout,
+) -> [Vec<Vec<f32>>; 3] {
+    let p = |n: &str| format!("blk.{l}.{n}.weight");
+    let divisors = match dense.file.has_tensor("rope_freqs.weight") {
+        true => dense.w("rope_freqs.weight"),
+        false => Vec::new(),
+    };
+    let mut projection = |n: &str, width: usize| {
+        let w = dense.w(&p(n));
+        let b = match c.arch.qkv_bias {
+            true => dense.w(&format!("blk.{l}.{n}.bias")),
+            false => vec![0.0; width],
+        };
+        (w, b)
+    };
+    let (q, k, v) = (
+        projection("attn_q", c.q_dim()),
+        projection("attn_k", c.kv_dim()),
+        projection("attn_v", c.kv_dim()),
+    );
+    let norms = c
+        .arch
+        .qk_norm
+        .then(|| (dense.w(&p("attn_q_norm")), dense.w(&p("attn_k_norm"))));
+    let norm = dense.w(&p("attn_norm"));
+    let apply = |(w, b): &(Vec<f32>, Vec<f32>), h: &[f32]| -> Vec<f32> {
+        matvec(w, h).iter().zip(b).map(|(x, y)| x + y).collect()
+    };
+    let mut out: [Vec<Vec<f32>>; 3] = Default::default();
+    for (pos, x) in xs.iter().enumerate() {
+        let h = rms_norm(x, &norm, c.rms_eps);
+        let (mut qs, mut ks) = (apply(&q, &h), apply(&k, &h));
+        if let Some((qn, kn)) = &norms {
+            qs = rms_norm(&qs, qn, c.rms_eps);
+            ks = rms_norm(&ks, kn, c.rms_eps);
+        }
+        for head in qs
+            .chunks_exact_mut(c.head_dim)
+            .chain(ks.chunks_exact_mut(c.head_dim))
+        {
+            rope(head, pos, c, &divisors, layout);
+        }
+        out[0].push(qs);
+        out[1].push(ks);
+        out[2].push(apply(&v, &h));
+    }
+    out
+}
+
+/// Causal attention of position `pos` over `qkv`, every query head reading
+/// its group's KV head.
+fn attend(c: &ModelConfig, [qs, ks, vs]: &[Vec<Vec<f32>>; 3], pos: usize) -> Vec<f32> {
+    let (hd, group) = (c.head_dim, c.heads / c.kv_heads);
+    let mut attn = vec![0f32; c.q_dim()];
+    for h in 0..c.heads {
+        let q = &qs[pos][h * hd..][..hd];
+        let kv = (h / group) * hd;
+        let scores: Vec<f32> = (0..=pos)
+            .map(|j| {
+                q.iter()
+                    .zip(&ks[j][kv..kv + hd])
+                    .map(|(a, b)| a * b)
+                    .sum::<f32>()
+                    / (hd as f32).sqrt()
+            })
+            .collect();
+        let max = scores.iter().cloned().fold(f32::MIN, f32::max);
+        let weights: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+        let total: f32 = weights.iter().sum();
+        for (j, w) in weights.iter().enumerate() {
+            for d in 0..hd {
+                attn[h * hd + d] += w / total * vs[j][kv + d];
+            }
+        }
+    }
+    attn
+}
+
 /// The next-token logits after each of `tokens`, computed from the definition.
 fn reference(
     model: &Model,
@@ -62,42 +153,13 @@ fn reference(
     layout: RopeLayout,
 ) -> Vec<Vec<f32>> {
     let c = &model.config;
-    let (hd, group) = (c.head_dim, c.heads / c.kv_heads);
     let embed = dense.w("token_embd.weight");
     let mut xs: Vec<Vec<f32>> = (tokens.iter())
         .map(|&t| embed[t as usize * c.hidden..][..c.hidden].to_vec())
         .collect();
     for l in 0..c.layers {
         let p = |n: &str| format!("blk.{l}.{n}.weight");
-        let (wq, wk, wv) = (
-            dense.w(&p("attn_q")),
-            dense.w(&p("attn_k")),
-            dense.w(&p("attn_v")),
-        );
-        let bias = |d: &mut Dense, n: &str, len: usize| match c.arch.qkv_bias {
-            true => d.w(&format!("blk.{l}.{n}.bias")),
-            false => vec![0.0; len],
-        };
-        let (bq, bk, bv) = (
-            bias(dense, "attn_q", c.hidden),
-            bias(dense, "attn_k", c.kv_dim()),
-            bias(dense, "attn_v", c.kv_dim()),
-        );
-        let plus =
-            |v: Vec<f32>, b: &[f32]| -> Vec<f32> { v.iter().zip(b).map(|(x, y)| x + y).collect() };
-        let (mut qs, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());
-        for (pos, x) in xs.iter().enumerate() {
-            let h = rms_norm(x, &dense.w(&p("attn_norm")), c.rms_eps);
-            let mut q = plus(matvec(&wq, &h), &bq);
-            let mut k = plus(matvec(&wk, &h), &bk);
-            q.chunks_exact_mut(hd)
-                .for_each(|head| rope(head, pos, c.rope_theta, layout));
-            k.chunks_exact_mut(hd)
-                .for_each(|head| rope(head, pos, c.rope_theta, layout));
-            qs.push(q);
-            ks.push(k);
-            vs.push(plus(matvec(&wv, &h), &bv));
-        }
+        let qkv = qkv(c, dense, l, &xs, layout);
         let (wo, norm2) = (dense.w(&p("attn_output")), dense.w(&p("ffn_norm")));
         let (wg, wu, wd) = (
             dense.w(&p("ffn_gate")),
@@ -105,29 +167,7 @@ fn reference(
             dense.w(&p("ffn_down")),
         );
         for (pos, x) in xs.iter_mut().enumerate() {
-            let mut attn = vec![0f32; c.hidden];
-            for h in 0..c.heads {
-                let q = &qs[pos][h * hd..][..hd];
-                let kv = (h / group) * hd;
-                let scores: Vec<f32> = (0..=pos)
-                    .map(|j| {
-                        q.iter()
-                            .zip(&ks[j][kv..kv + hd])
-                            .map(|(a, b)| a * b)
-                            .sum::<f32>()
-                            / (hd as f32).sqrt()
-                    })
-                    .collect();
-                let max = scores.iter().cloned().fold(f32::MIN, f32::max);
-                let weights: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
-                let total: f32 = weights.iter().sum();
-                for (j, w) in weights.iter().enumerate() {
-                    for d in 0..hd {
-                        attn[h * hd + d] += w / total * vs[j][kv + d];
-                    }
-                }
-            }
-            let out = matvec(&wo, &attn);
+            let out = matvec(&wo, &attend(c, &qkv, pos));
             x.iter_mut().zip(&out).for_each(|(a, b)| *a += b);
             let h = rms_norm(x, &norm2, c.rms_eps);
             let act: Vec<f32> = (matvec(&wg, &h).iter().zip(matvec(&wu, &h)))
@@ -166,18 +206,33 @@ fn engine(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
     out
 }
 
-fn synth(arch: &'static str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("pie-arch-{arch}-{}.gguf", std::process::id()));
-    write_test_model(
-        &path,
-        &SynthSpec {
-            arch,
-            seed: 11,
-            ..SynthSpec::default()
-        },
-    )
-    .unwrap();
-    path
+/// The cases: each architecture; Llama with Llama 3's frequency divisors
+/// and partial rotary; Qwen 3 with heads wider than hidden / heads.
+fn cases() -> Vec<(&'static str, SynthSpec)> {
+    let spec = |arch| SynthSpec {
+        arch,
+        seed: 11,
+        ..SynthSpec::default()
+    };
+    vec![
+        ("llama", spec("llama")),
+        (
+            "llama-rope-freqs-partial",
+            SynthSpec {
+                rope_freqs: true,
+                rope_dims: Some(8),
+                ..spec("llama")
+            },
+        ),
+        ("qwen2", spec("qwen2")),
+        (
+            "qwen3-wide-heads",
+            SynthSpec {
+                head_dim: Some(32),
+                ..spec("qwen3")
+            },
+        ),
+    ]
 }
 
 /// The largest difference between two runs' logits, relative to the
@@ -196,10 +251,12 @@ fn worst(want: &[Vec<f32>], got: &[Vec<f32>]) -> f32 {
 /// off by far more than that: the check tells the layouts apart.
 #[test]
 fn every_architecture_computes_what_its_definition_says() {
-    for arch in ["llama", "qwen2"] {
-        let path = synth(arch);
+    for (case, spec) in cases() {
+        let path =
+            std::env::temp_dir().join(format!("pie-arch-{case}-{}.gguf", std::process::id()));
+        write_test_model(&path, &spec).unwrap();
         let model = Model::load(&path).unwrap().with_float_activations();
-        assert_eq!(model.config.arch.name, arch);
+        assert_eq!(model.config.arch.name, spec.arch);
         let mut dense = Dense {
             file: GgufFile::open(&path).unwrap(),
         };
@@ -213,11 +270,11 @@ fn every_architecture_computes_what_its_definition_says() {
         let right = worst(&reference(&model, &mut dense, &tokens, own), &got);
         let wrong = worst(&reference(&model, &mut dense, &tokens, other), &got);
         let _ = std::fs::remove_file(&path);
-        eprintln!("{arch}: {right} against {wrong} with the other pairing");
-        assert!(right < 0.01, "{arch}: off by {right}");
+        eprintln!("{case}: {right} against {wrong} with the other pairing");
+        assert!(right < 0.01, "{case}: off by {right}");
         assert!(
             wrong > 10.0 * right.max(0.01),
-            "{arch}: the other pairing is off by only {wrong}"
+            "{case}: the other pairing is off by only {wrong}"
         );
     }
 }

@@ -592,23 +592,27 @@ async fn trace_file_records_lengths_block_ids_and_props_but_no_tokens() {
     let _ = std::fs::remove_file(&path);
 }
 
-/// A Qwen 2 file serves as a Llama one does, and the tokenizer a controller
-/// reads from the worker names Qwen's split, so both split text alike.
+/// Qwen 2 and Qwen 3 files (the latter with heads wider than hidden /
+/// heads) serve as a Llama one does, and the tokenizer a controller reads
+/// from the worker names Qwen's split, so both split text alike.
 #[tokio::test]
-async fn a_qwen2_model_serves_and_hands_out_its_split() {
-    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("qwen2-{}.gguf", std::process::id()));
-    let spec = pie_model::synth::SynthSpec {
-        arch: "qwen2",
-        ..Default::default()
-    };
-    pie_model::synth::write_test_model(&path, &spec).unwrap();
-    let s = Server::start_model(&path, "", &[]).await;
-    let chat = json!({"messages": [{"role": "user", "content": "hi 123"}], "max_tokens": 4, "ignore_eos": true});
-    let (status, body) = s.post("/v1/chat/completions", chat).await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["usage"]["completion_tokens"], 4);
-    let (status, served) = s.get("/v1/internal/tokenizer").await;
-    assert_eq!(status, 200, "{served}");
-    assert_eq!(served["tokenizer"]["pre"], "qwen2");
+async fn qwen_models_serve_and_hand_out_their_split() {
+    for (arch, head_dim) in [("qwen2", None), ("qwen3", Some(32))] {
+        let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("{arch}-{}.gguf", std::process::id()));
+        let spec = pie_model::synth::SynthSpec {
+            arch,
+            head_dim,
+            ..Default::default()
+        };
+        pie_model::synth::write_test_model(&path, &spec).unwrap();
+        let s = Server::start_model(&path, "", &[]).await;
+        let chat = json!({"messages": [{"role": "user", "content": "hi 123"}], "max_tokens": 4, "ignore_eos": true});
+        let (status, body) = s.post("/v1/chat/completions", chat).await;
+        assert_eq!(status, 200, "{arch}: {body}");
+        assert_eq!(body["usage"]["completion_tokens"], 4);
+        let (status, served) = s.get("/v1/internal/tokenizer").await;
+        assert_eq!(status, 200, "{served}");
+        assert_eq!(served["tokenizer"]["pre"], "qwen2");
+    }
 }
