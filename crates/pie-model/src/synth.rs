@@ -17,7 +17,7 @@ use candle_core::{Device, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::architecture::architecture;
+use crate::architecture::{architecture, Architecture};
 use crate::tokenizer::byte_level_char;
 
 pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
@@ -105,14 +105,11 @@ pub fn write_test_model(path: &Path, spec: &SynthSpec) -> Result<()> {
     let mut w = Weights {
         rng: StdRng::seed_from_u64(spec.seed),
     };
-    let head_dim = spec.head_dim.unwrap_or(spec.hidden / spec.heads);
-    let (q_dim, kv_dim) = (spec.heads * head_dim, spec.kv_heads * head_dim);
     let mut tokens: Vec<String> = (0..=255u8)
         .map(|b| byte_level_char(b).to_string())
         .collect();
     tokens.extend(SPECIAL_TOKENS.iter().map(|s| s.to_string()));
     let vocab = tokens.len();
-
     let mut tensors: Vec<(String, QTensor)> = vec![
         (
             "token_embd.weight".into(),
@@ -121,72 +118,77 @@ pub fn write_test_model(path: &Path, spec: &SynthSpec) -> Result<()> {
         ("output_norm.weight".into(), w.norm(spec.hidden)?),
     ];
     // An untied output head: tied to random embeddings the model just repeats its input.
+    let head_scale = 4.0 / (spec.hidden as f32).sqrt();
     tensors.push((
         "output.weight".into(),
-        w.tensor(
-            vocab,
-            spec.hidden,
-            4.0 / (spec.hidden as f32).sqrt(),
-            0.0,
-            GgmlDType::Q8_0,
-        )?,
+        w.tensor(vocab, spec.hidden, head_scale, 0.0, GgmlDType::Q8_0)?,
     ));
     if spec.rope_freqs {
-        let pairs = spec.rope_dims.unwrap_or(head_dim) / 2;
-        // Divisors from 1 to 8, as Llama 3.1's slow its low frequencies.
-        let divisors: Vec<f32> = (0..pairs)
-            .map(|i| 1.0 + 7.0 * i as f32 / pairs as f32)
-            .collect();
-        let t = Tensor::from_vec(divisors, pairs, &Device::Cpu)?;
-        tensors.push((
-            "rope_freqs.weight".into(),
-            QTensor::quantize(&t, GgmlDType::F32)?,
-        ));
+        tensors.push(("rope_freqs.weight".into(), rope_freqs(spec)?));
     }
     for i in 0..spec.layers {
-        let p = |n: &str| format!("blk.{i}.{n}.weight");
-        tensors.push((p("attn_norm"), w.norm(spec.hidden)?));
-        tensors.push((p("attn_q"), w.linear(q_dim, spec.hidden, GgmlDType::Q8_0)?));
-        tensors.push((p("attn_k"), w.linear(kv_dim, spec.hidden, GgmlDType::Q8_0)?));
-        tensors.push((p("attn_v"), w.linear(kv_dim, spec.hidden, GgmlDType::Q8_0)?));
-        if arch.qkv_bias {
-            let bias = |n: &str| format!("blk.{i}.{n}.bias");
-            tensors.push((
-                bias("attn_q"),
-                w.tensor(1, q_dim, 0.5, 0.0, GgmlDType::F32)?,
-            ));
-            tensors.push((
-                bias("attn_k"),
-                w.tensor(1, kv_dim, 0.5, 0.0, GgmlDType::F32)?,
-            ));
-            tensors.push((
-                bias("attn_v"),
-                w.tensor(1, kv_dim, 0.5, 0.0, GgmlDType::F32)?,
-            ));
-        }
-        if arch.qk_norm {
-            tensors.push((p("attn_q_norm"), w.norm(head_dim)?));
-            tensors.push((p("attn_k_norm"), w.norm(head_dim)?));
-        }
-        tensors.push((
-            p("attn_output"),
-            w.linear(spec.hidden, q_dim, GgmlDType::Q8_0)?,
-        ));
-        tensors.push((p("ffn_norm"), w.norm(spec.hidden)?));
-        tensors.push((
-            p("ffn_gate"),
-            w.linear(spec.intermediate, spec.hidden, GgmlDType::Q4_0)?,
-        ));
-        tensors.push((
-            p("ffn_up"),
-            w.linear(spec.intermediate, spec.hidden, GgmlDType::Q4_1)?,
-        ));
-        tensors.push((
-            p("ffn_down"),
-            w.linear(spec.hidden, spec.intermediate, GgmlDType::F32)?,
-        ));
+        tensors.extend(layer_tensors(&mut w, spec, arch, i)?);
     }
+    let metadata = metadata(spec, tokens);
+    let md: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut out = BufWriter::new(File::create(path)?);
+    gguf_file::write(&mut out, &md, &ts)?;
+    Ok(())
+}
 
+fn head_dim(spec: &SynthSpec) -> usize {
+    spec.head_dim.unwrap_or(spec.hidden / spec.heads)
+}
+
+/// Divisors from 1 to 8, as Llama 3.1's slow its low frequencies.
+fn rope_freqs(spec: &SynthSpec) -> Result<QTensor> {
+    let pairs = spec.rope_dims.unwrap_or(head_dim(spec)) / 2;
+    let divisors: Vec<f32> = (0..pairs)
+        .map(|i| 1.0 + 7.0 * i as f32 / pairs as f32)
+        .collect();
+    let t = Tensor::from_vec(divisors, pairs, &Device::Cpu)?;
+    Ok(QTensor::quantize(&t, GgmlDType::F32)?)
+}
+
+/// Layer `i`'s tensors, in the order their random values are drawn.
+fn layer_tensors(
+    w: &mut Weights,
+    spec: &SynthSpec,
+    arch: &Architecture,
+    i: usize,
+) -> Result<Vec<(String, QTensor)>> {
+    let hd = head_dim(spec);
+    let (hidden, q_dim, kv_dim) = (spec.hidden, spec.heads * hd, spec.kv_heads * hd);
+    let p = |n: &str| format!("blk.{i}.{n}.weight");
+    let mut t = vec![
+        (p("attn_norm"), w.norm(hidden)?),
+        (p("attn_q"), w.linear(q_dim, hidden, GgmlDType::Q8_0)?),
+        (p("attn_k"), w.linear(kv_dim, hidden, GgmlDType::Q8_0)?),
+        (p("attn_v"), w.linear(kv_dim, hidden, GgmlDType::Q8_0)?),
+    ];
+    if arch.qkv_bias {
+        for (n, width) in [("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)] {
+            let bias = w.tensor(1, width, 0.5, 0.0, GgmlDType::F32)?;
+            t.push((format!("blk.{i}.{n}.bias"), bias));
+        }
+    }
+    if arch.qk_norm {
+        t.push((p("attn_q_norm"), w.norm(hd)?));
+        t.push((p("attn_k_norm"), w.norm(hd)?));
+    }
+    let ffn = spec.intermediate;
+    t.extend([
+        (p("attn_output"), w.linear(hidden, q_dim, GgmlDType::Q8_0)?),
+        (p("ffn_norm"), w.norm(hidden)?),
+        (p("ffn_gate"), w.linear(ffn, hidden, GgmlDType::Q4_0)?),
+        (p("ffn_up"), w.linear(ffn, hidden, GgmlDType::Q4_1)?),
+        (p("ffn_down"), w.linear(hidden, ffn, GgmlDType::F32)?),
+    ]);
+    Ok(t)
+}
+
+fn metadata(spec: &SynthSpec, tokens: Vec<String>) -> Vec<(String, Value)> {
     let u32v = |x: usize| Value::U32(x as u32);
     let string = |s: &str| Value::String(s.to_string());
     let mut token_types = vec![Value::I32(1); 256];
@@ -208,7 +210,7 @@ pub fn write_test_model(path: &Path, spec: &SynthSpec) -> Result<()> {
         (key("attention.head_count_kv"), u32v(spec.kv_heads)),
         (key("rope.freq_base"), Value::F32(10_000.0)),
         (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
-        (key("vocab_size"), u32v(vocab)),
+        (key("vocab_size"), u32v(tokens.len())),
         ("tokenizer.ggml.model".into(), string("gpt2")),
         ("tokenizer.ggml.pre".into(), string(pre)),
         (
@@ -230,9 +232,5 @@ pub fn write_test_model(path: &Path, spec: &SynthSpec) -> Result<()> {
     if let Some(d) = spec.rope_dims {
         metadata.push((key("rope.dimension_count"), u32v(d)));
     }
-    let md: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let mut out = BufWriter::new(File::create(path)?);
-    gguf_file::write(&mut out, &md, &ts)?;
-    Ok(())
+    metadata
 }
