@@ -1,25 +1,20 @@
-//! The tokenizer stored in a GGUF file (`tokenizer.ggml.*`): GPT-2-style byte-level
-//! BPE built with the `tokenizers` crate, plus the model's Jinja chat template.
-//!
-//! Pre-tokenisation follows `tokenizer.ggml.pre`, as each family's own
-//! tokenizer.json splits: GPT-2's regex (`gpt2`, or no key), `smollm` (every
-//! digit apart, then GPT-2's), `llama-bpe` (Llama 3) and `qwen2`; any other
-//! is refused. No prefix space is added: "The" is one token.
+//! The tokenizer stored in a GGUF file (`tokenizer.ggml.*`), built with the
+//! `tokenizers` crate: GPT-2-style byte-level BPE (`byte_level`) or a
+//! SentencePiece vocabulary (`sentencepiece`), plus the model's Jinja chat
+//! template.
 
-use anyhow::{anyhow, bail, Context, Result};
+mod byte_level;
+mod sentencepiece;
+
+use anyhow::{anyhow, bail, Result};
 use candle_core::quantized::gguf_file::Value;
 pub use pie_core::chat::ChatMessage;
 use pie_core::tools::{ToolFormat, ToolRequest};
 use serde::{Deserialize, Serialize};
-use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
-use tokenizers::models::bpe::{Vocab, BPE};
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::digits::Digits;
-use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::models::bpe::Vocab;
 use tokenizers::AddedToken;
-use tokenizers::SplitDelimiterBehavior;
+
+pub use byte_level::byte_level_char;
 
 use crate::gguf::GgufFile;
 
@@ -38,8 +33,19 @@ const END_OF_TURN_TOKENS: &[&str] = &[
     "<|end|>",
 ];
 
+/// How a vocabulary writes its pieces.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Vocabulary {
+    ByteLevel,
+    SentencePiece,
+}
+
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// For text that continues other tokens, where `inner` would add a
+    /// space before it (SentencePiece).
+    continuation: Option<tokenizers::Tokenizer>,
+    vocabulary: Vocabulary,
     bos: Option<u32>,
     stop_tokens: Vec<u32>,
     /// The chat template compiled once (compiling it took about as long as
@@ -55,6 +61,10 @@ pub struct Tokenizer {
 /// has no copy of the model (`GET /v1/internal/tokenizer`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TokenizerSpec {
+    /// `tokenizer.ggml.model`: `gpt2` (byte-level BPE) or `llama`
+    /// (SentencePiece).
+    #[serde(default = "gpt2")]
+    pub model: String,
     /// `tokenizer.ggml.pre` (`smollm` splits digits first).
     pub pre: String,
     pub tokens: Vec<String>,
@@ -65,6 +75,17 @@ pub struct TokenizerSpec {
     pub eos: Option<u32>,
     pub add_bos: bool,
     pub chat_template: Option<String>,
+    /// SentencePiece: each piece's score (merge rank).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scores: Vec<f32>,
+    /// SentencePiece: a space before text that starts the input or follows
+    /// a special token.
+    #[serde(default)]
+    pub add_space_prefix: bool,
+}
+
+fn gpt2() -> String {
+    "gpt2".into()
 }
 
 impl TokenizerSpec {
@@ -74,9 +95,10 @@ impl TokenizerSpec {
             .to_string()
             .map_err(|e| anyhow!("{e}"))?
             .clone();
-        if kind != "gpt2" {
-            bail!("unsupported tokenizer `{kind}`: Pie reads GPT-2-style byte-level BPE vocabularies (tokenizer.ggml.model = gpt2)");
+        if kind != "gpt2" && kind != "llama" {
+            bail!("unsupported tokenizer.ggml.model `{kind}`: Pie reads byte-level BPE (gpt2) and SentencePiece (llama) vocabularies");
         }
+        let spm = kind == "llama";
         let merges = if f.metadata().contains_key("tokenizer.ggml.merges") {
             string_array(f, "tokenizer.ggml.merges")?
         } else {
@@ -84,7 +106,20 @@ impl TokenizerSpec {
         };
         let text = |key: &str| f.get(key).ok().and_then(|v| v.to_string().ok().cloned());
         let id = |key: &str| f.get_usize(key).ok().map(|x| x as u32);
+        let flag = |key: &str, default: bool| {
+            (f.get(key).ok())
+                .and_then(|v| v.to_bool().ok())
+                .unwrap_or(default)
+        };
+        let scores = match (spm, f.get("tokenizer.ggml.scores")) {
+            (false, _) => Vec::new(),
+            (true, Ok(Value::Array(v))) => v.iter().map(|x| x.to_f32().unwrap_or(0.0)).collect(),
+            (true, _) => bail!("a SentencePiece vocabulary needs tokenizer.ggml.scores"),
+        };
         Ok(Self {
+            model: kind,
+            scores,
+            add_space_prefix: spm && flag("tokenizer.ggml.add_space_prefix", true),
             pre: text("tokenizer.ggml.pre").unwrap_or_default(),
             tokens: string_array(f, "tokenizer.ggml.tokens")?,
             merges,
@@ -94,10 +129,7 @@ impl TokenizerSpec {
             },
             bos: id("tokenizer.ggml.bos_token_id"),
             eos: id("tokenizer.ggml.eos_token_id"),
-            add_bos: f
-                .get("tokenizer.ggml.add_bos_token")
-                .and_then(|v| v.to_bool().map_err(|e| anyhow!("{e}")))
-                .unwrap_or(false),
+            add_bos: flag("tokenizer.ggml.add_bos_token", false),
             chat_template: text("tokenizer.chat_template"),
         })
     }
@@ -114,31 +146,6 @@ fn string_array(f: &GgufFile, key: &str) -> Result<Vec<String>> {
 }
 
 /// GPT-2's reversible map from bytes to printable characters (the byte-level vocabulary).
-pub fn byte_level_char(byte: u8) -> char {
-    if printable(byte) {
-        return byte as char;
-    }
-    let shifted = (0..byte).filter(|&b| !printable(b)).count() as u32;
-    char::from_u32(256 + shifted).expect("valid code point")
-}
-
-/// The byte `c` stands for in the byte-level vocabulary (the inverse of
-/// [`byte_level_char`]), if it is one of its characters.
-fn level_char_byte(c: char) -> Option<u8> {
-    let code = c as u32;
-    match u8::try_from(code) {
-        Ok(b) if printable(b) => Some(b),
-        _ => (0..=255u8)
-            .filter(|&b| !printable(b))
-            .nth(code.checked_sub(256)? as usize),
-    }
-}
-
-/// Bytes GPT-2's alphabet keeps as their own character.
-fn printable(b: u8) -> bool {
-    (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
-}
-
 impl Tokenizer {
     pub fn from_gguf(f: &GgufFile) -> Result<Self> {
         Self::from_spec(TokenizerSpec::from_gguf(f)?)
@@ -147,28 +154,33 @@ impl Tokenizer {
     /// The tokenizer a [`TokenizerSpec`] describes (read from a GGUF, or sent
     /// by a worker to a controller).
     pub fn from_spec(spec: TokenizerSpec) -> Result<Self> {
-        let merges = spec
-            .merges
-            .iter()
-            .map(|m| {
-                m.split_once(' ')
-                    .map(|(a, b)| (a.to_string(), b.to_string()))
-                    .with_context(|| format!("bad merge `{m}`"))
-            })
-            .collect::<Result<Vec<_>>>()?;
         let vocab: Vocab = spec
             .tokens
             .iter()
             .enumerate()
             .map(|(i, t)| (t.clone(), i as u32))
             .collect();
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab.clone(), merges)
-            .build()
-            .map_err(|e| anyhow!("building BPE: {e}"))?;
-        let mut inner = tokenizers::Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(pre_tokenizer(&spec.pre)?));
-        inner.with_decoder(Some(ByteLevelDecoder::default()));
+        let vocabulary = match spec.model.as_str() {
+            "llama" => Vocabulary::SentencePiece,
+            _ => Vocabulary::ByteLevel,
+        };
+        let pieces = sentencepiece::Pieces {
+            tokens: &spec.tokens,
+            scores: &spec.scores,
+            token_types: &spec.token_types,
+        };
+        let (mut inner, mut continuation) = match vocabulary {
+            Vocabulary::ByteLevel => (
+                byte_level::build(&spec.merges, &spec.pre, vocab.clone())?,
+                None,
+            ),
+            Vocabulary::SentencePiece => (
+                sentencepiece::build(&pieces, vocab.clone(), spec.add_space_prefix)?,
+                (spec.add_space_prefix)
+                    .then(|| sentencepiece::build(&pieces, vocab.clone(), false))
+                    .transpose()?,
+            ),
+        };
         let specials: Vec<AddedToken> = spec
             .tokens
             .iter()
@@ -176,9 +188,10 @@ impl Tokenizer {
             .filter(|(_, t)| matches!(**t, TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED))
             .map(|(tok, _)| AddedToken::from(tok.clone(), true))
             .collect();
-        inner
-            .add_special_tokens(specials)
-            .map_err(|e| anyhow!("adding the special tokens: {e}"))?;
+        for t in std::iter::once(&mut inner).chain(continuation.as_mut()) {
+            t.add_special_tokens(specials.clone())
+                .map_err(|e| anyhow!("adding the special tokens: {e}"))?;
+        }
         let mut stop_tokens: Vec<u32> = END_OF_TURN_TOKENS
             .iter()
             .filter_map(|t| vocab.get(*t).copied())
@@ -195,6 +208,8 @@ impl Tokenizer {
             bos_text: text_of(spec.bos),
             eos_text: text_of(spec.eos),
             inner,
+            continuation,
+            vocabulary,
             bos: spec.bos.filter(|_| spec.add_bos),
             stop_tokens,
             tool_format: ToolFormat::of_template(spec.chat_template.as_deref()),
@@ -206,17 +221,14 @@ impl Tokenizer {
     /// adds one); special tokens written in the text are recognised.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let mut ids: Vec<u32> = self.bos.into_iter().collect();
-        ids.extend(self.encode_continuation(text)?);
+        ids.extend(encoded(&self.inner, text)?);
         Ok(ids)
     }
 
-    /// Token ids of `text` where it continues other tokens: no BOS.
+    /// Token ids of `text` where it continues other tokens: no BOS, and no
+    /// space put before it.
     pub fn encode_continuation(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode_fast(text, false)
-            .map_err(|e| anyhow!("tokenizing: {e}"))?;
-        Ok(enc.get_ids().to_vec())
+        encoded(self.continuation.as_ref().unwrap_or(&self.inner), text)
     }
 
     /// Text of `ids`, special tokens left out.
@@ -226,12 +238,16 @@ impl Tokenizer {
             .map_err(|e| anyhow!("detokenizing: {e}"))
     }
 
-    /// The bytes token `id` stands for: its vocabulary string mapped back
-    /// through the byte-level alphabet, or a special token's own text.
+    /// The bytes token `id` stands for: its piece read back as the
+    /// vocabulary writes it, or a special token's own text.
     pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
         let piece = self.inner.id_to_token(id)?;
-        let bytes: Option<Vec<u8>> = piece.chars().map(level_char_byte).collect();
-        Some(bytes.unwrap_or_else(|| piece.into_bytes()))
+        Some(match self.vocabulary {
+            Vocabulary::ByteLevel => {
+                byte_level::piece_bytes(&piece).unwrap_or_else(|| piece.into_bytes())
+            }
+            Vocabulary::SentencePiece => sentencepiece::piece_bytes(&piece),
+        })
     }
 
     /// The ids of special tokens (control and user-defined: never text).
@@ -317,33 +333,11 @@ fn chat_environment(template: String) -> Result<minijinja::Environment<'static>,
     Ok(env)
 }
 
-/// Llama 3's split (`llama-bpe`): digits in runs of up to three.
-const LLAMA3_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-/// Qwen 2's split: every digit alone.
-const QWEN2_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
-/// The pre-tokenizer `tokenizer.ggml.pre` names, as the model's own
-/// `tokenizer.json` has it: a split (GPT-2's regex, or the family's) before
-/// the byte-level alphabet. One this reader does not know is refused: it
-/// would split text differently without a word.
-fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
-    let split = |regex: &str| -> Result<PreTokenizerWrapper> {
-        let pattern = SplitPattern::Regex(regex.to_string());
-        let split = Split::new(pattern, SplitDelimiterBehavior::Isolated, false)
-            .map_err(|e| anyhow!("the {pre} pre-tokenizer: {e}"))?;
-        let bytes = ByteLevel::new(false, true, false);
-        Ok(Sequence::new(vec![split.into(), bytes.into()]).into())
-    };
-    let gpt2 = ByteLevel::new(false, true, true);
-    match pre {
-        "" | "default" | "gpt2" => Ok(gpt2.into()),
-        "smollm" => Ok(Sequence::new(vec![Digits::new(true).into(), gpt2.into()]).into()),
-        "llama-bpe" | "llama3" => split(LLAMA3_SPLIT),
-        "qwen2" => split(QWEN2_SPLIT),
-        other => bail!(
-            "tokenizer.ggml.pre `{other}` is not supported (Pie splits text as gpt2, smollm, llama-bpe or qwen2 do)"
-        ),
-    }
+fn encoded(tokenizer: &tokenizers::Tokenizer, text: &str) -> Result<Vec<u32>> {
+    let enc = tokenizer
+        .encode_fast(text, false)
+        .map_err(|e| anyhow!("tokenizing: {e}"))?;
+    Ok(enc.get_ids().to_vec())
 }
 
 /// Turns a stream of token ids into text deltas, holding back bytes of a
@@ -391,38 +385,6 @@ mod tests {
         let prompt = tk.encode("hi there").unwrap();
         assert_eq!(prompt[0], 256);
         assert_eq!(tk.encode_continuation("hi there").unwrap(), prompt[1..]);
-    }
-
-    #[test]
-    fn the_byte_level_alphabet_maps_back_to_its_bytes() {
-        for b in 0..=255u8 {
-            assert_eq!(level_char_byte(byte_level_char(b)), Some(b));
-        }
-        assert_eq!(level_char_byte('\u{3000}'), None);
-    }
-
-    #[test]
-    fn each_family_splits_digits_and_spaces_as_its_own_tokenizer_does() {
-        use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
-        let pieces = |pre: &str, text: &str| -> Vec<String> {
-            let mut s = PreTokenizedString::from(text);
-            pre_tokenizer(pre).unwrap().pre_tokenize(&mut s).unwrap();
-            (s.get_splits(OffsetReferential::Original, OffsetType::Byte)
-                .into_iter())
-            .map(|(piece, _, _)| piece.replace('Ġ', " ").replace('Ċ', "\n"))
-            .collect()
-        };
-        let text = "Hi you 12345 it's\n\nok";
-        assert_eq!(
-            pieces("llama-bpe", text),
-            ["Hi", " you", " ", "123", "45", " it", "'s", "\n\n", "ok"]
-        );
-        assert_eq!(
-            pieces("qwen2", text),
-            ["Hi", " you", " ", "1", "2", "3", "4", "5", " it", "'s", "\n\n", "ok"]
-        );
-        let e = pre_tokenizer("starcoder").unwrap_err().to_string();
-        assert!(e.contains("`starcoder`") && e.contains("qwen2"), "{e}");
     }
 
     #[test]
