@@ -1,7 +1,7 @@
 //! GGUF reading: hyper-parameters, weights (in the layouts of `matmul`) and the
 //! model fingerprint.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::Path;
@@ -73,6 +73,9 @@ pub struct GgufFile {
     pub content: Content,
     reader: BufReader<File>,
     pub fingerprint: ModelFingerprint,
+    /// Tensors of fewer than 8 bits a weight that [`GgufFile::linear`]
+    /// widened to 8-bit blocks (no compact kernel for their type), by type.
+    pub widened: BTreeMap<String, usize>,
 }
 
 impl GgufFile {
@@ -87,6 +90,7 @@ impl GgufFile {
             content,
             reader,
             fingerprint,
+            widened: BTreeMap::new(),
         })
     }
 
@@ -231,7 +235,10 @@ impl GgufFile {
                     GgmlDType::Q4_1 if four_bit => {
                         QWeight::from_q4(&p.data()?, Q4Source::Q4_1, n, k)
                     }
-                    _ => {
+                    dtype => {
+                        if below_eight_bits(dtype) {
+                            *self.widened.entry(format!("{dtype:?}")).or_default() += 1;
+                        }
                         let dense = p.dequantize(&Device::Cpu)?.flatten_all()?;
                         QWeight::from_f32(&dense.to_vec1::<f32>()?, n, k)
                     }
@@ -240,6 +247,20 @@ impl GgufFile {
             .collect::<Result<Vec<_>>>()?;
         Ok(QWeight::concat(weights))
     }
+}
+
+/// Whether `dtype` stores a weight in fewer than 8 bits (so 8-bit blocks
+/// widen it).
+fn below_eight_bits(dtype: GgmlDType) -> bool {
+    !matches!(
+        dtype,
+        GgmlDType::F32
+            | GgmlDType::F16
+            | GgmlDType::BF16
+            | GgmlDType::Q8_0
+            | GgmlDType::Q8_1
+            | GgmlDType::Q8K
+    )
 }
 
 /// XXH3-64 over the whole file: names the exact weights and tokenizer.

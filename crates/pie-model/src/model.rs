@@ -47,6 +47,9 @@ pub struct Model {
     /// Linear layers in f32 without activation quantisation (see
     /// [`Model::with_float_activations`]).
     float_activations: bool,
+    /// Weight types widened to 8-bit blocks at load (no compact kernel for
+    /// them), with how many tensors each: named at start-up.
+    pub widened: Vec<(String, usize)>,
     /// Built on the first constrained request (see [`Model::grammars`]).
     grammars: std::sync::OnceLock<Result<Grammars, String>>,
 }
@@ -156,6 +159,7 @@ impl Model {
         let rope = load_rope(&mut f, &config)?;
         Ok(Self {
             fingerprint: f.fingerprint,
+            widened: f.widened.into_iter().collect(),
             config,
             tokenizer,
             tokenizer_spec,

@@ -37,6 +37,8 @@ pub struct SynthSpec {
     pub rope_dims: Option<usize>,
     /// Write Llama 3's `rope_freqs.weight` (a frequency divisor per pair).
     pub rope_freqs: bool,
+    /// `ffn_down`'s type (a K-quant needs `intermediate` a multiple of 256).
+    pub ffn_down_type: GgmlDType,
     pub hidden: usize,
     pub heads: usize,
     pub kv_heads: usize,
@@ -53,6 +55,7 @@ impl Default for SynthSpec {
             head_dim: None,
             rope_dims: None,
             rope_freqs: false,
+            ffn_down_type: GgmlDType::F32,
             hidden: 64,
             heads: 4,
             kv_heads: 2,
@@ -183,7 +186,7 @@ fn layer_tensors(
         (p("ffn_norm"), w.norm(hidden)?),
         (p("ffn_gate"), w.linear(ffn, hidden, GgmlDType::Q4_0)?),
         (p("ffn_up"), w.linear(ffn, hidden, GgmlDType::Q4_1)?),
-        (p("ffn_down"), w.linear(hidden, ffn, GgmlDType::F32)?),
+        (p("ffn_down"), w.linear(hidden, ffn, spec.ffn_down_type)?),
     ]);
     Ok(t)
 }

@@ -5,6 +5,7 @@
 //! whose outputs any misplaced bias, RoPE pairing or head mapping would
 //! change.
 
+use candle_core::quantized::GgmlDType;
 use pie_kv::{KvLayout, KvPool, PageTable};
 use pie_model::gguf::GgufFile;
 use pie_model::synth::{write_test_model, SynthSpec};
@@ -207,7 +208,8 @@ fn engine(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
 }
 
 /// The cases: each architecture; Llama with Llama 3's frequency divisors
-/// and partial rotary; Qwen 3 with heads wider than hidden / heads.
+/// and partial rotary; Qwen 3 with heads wider than hidden / heads; Llama
+/// with a K-quant layer (widened at load, and said so).
 fn cases() -> Vec<(&'static str, SynthSpec)> {
     let spec = |arch| SynthSpec {
         arch,
@@ -230,6 +232,14 @@ fn cases() -> Vec<(&'static str, SynthSpec)> {
             SynthSpec {
                 head_dim: Some(32),
                 ..spec("qwen3")
+            },
+        ),
+        (
+            "llama-q6k-down",
+            SynthSpec {
+                intermediate: 256,
+                ffn_down_type: GgmlDType::Q6K,
+                ..spec("llama")
             },
         ),
     ]
@@ -257,6 +267,11 @@ fn every_architecture_computes_what_its_definition_says() {
         write_test_model(&path, &spec).unwrap();
         let model = Model::load(&path).unwrap().with_float_activations();
         assert_eq!(model.config.arch.name, spec.arch);
+        let widened = match spec.ffn_down_type {
+            GgmlDType::Q6K => vec![("Q6K".to_string(), spec.layers)],
+            _ => Vec::new(),
+        };
+        assert_eq!(model.widened, widened, "{case}");
         let mut dense = Dense {
             file: GgufFile::open(&path).unwrap(),
         };

@@ -185,6 +185,15 @@ pub fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
         model.config.arch.name,
         model.tokenizer.tool_format().name()
     );
+    if !model.widened.is_empty() {
+        let types: Vec<String> = (model.widened.iter())
+            .map(|(dtype, tensors)| format!("{dtype} ({tensors} tensors)"))
+            .collect();
+        tracing::warn!(
+            "weights widened to 8 bits at load, no compact kernel for their type yet: {}",
+            types.join(", ")
+        );
+    }
     let rt = &config.runtime;
     let page_bytes = model.kv_layout(rt.page_size).page_bytes(rt.kv_dtype);
     let engine_config = EngineConfig {

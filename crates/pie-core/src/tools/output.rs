@@ -233,6 +233,45 @@ mod tests {
         (sent, rest, calls)
     }
 
+    /// However the answer is cut into deltas, the text given out and the
+    /// calls are those of the whole answer pushed at once, in every format.
+    #[test]
+    fn the_cut_into_deltas_changes_nothing() {
+        use proptest::prelude::*;
+        let answers = [
+            "Let me look.\n<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": \"Oslo é\"}}\n</tool_call>",
+            "plain text with a < and <tool_ and \u{1F600}",
+            "{\"name\": \"w\", \"parameters\": {\"c\": 1}}",
+            r#"{"response":"Hi \"you\"\n\u00e9\ud83d\ude00"}"#,
+            r#"{"tool_calls":[{"name":"a","arguments":{}},{"name":"b","arguments":{"x":1}}]}"#,
+            r#"{"response":"cut sh"#,
+        ];
+        let whole = |format: ToolFormat, text: &str| {
+            let mut out = ToolOutput::new(format);
+            let sent = out.push(text);
+            let (rest, calls) = out.finish();
+            (format!("{sent}{rest}"), calls)
+        };
+        let formats = [
+            ToolFormat::Hermes,
+            ToolFormat::Llama3Json,
+            ToolFormat::Generic,
+        ];
+        proptest!(|(answer in 0..answers.len(), format in 0..3usize, cuts in proptest::collection::vec(0..64usize, 0..12))| {
+            let (text, format) = (answers[answer], formats[format]);
+            let mut bounds: Vec<usize> = cuts.iter().map(|c| c % (text.len() + 1)).filter(|&c| text.is_char_boundary(c)).collect();
+            bounds.extend([0, text.len()]);
+            bounds.sort_unstable();
+            let mut out = ToolOutput::new(format);
+            let mut sent = String::new();
+            for w in bounds.windows(2) {
+                sent.push_str(&out.push(&text[w[0]..w[1]]));
+            }
+            let (rest, calls) = out.finish();
+            prop_assert_eq!((format!("{sent}{rest}"), calls), whole(format, text));
+        });
+    }
+
     #[test]
     fn hermes_text_streams_and_calls_are_held_back() {
         let answer = "Let me look.\n<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"clock\", \"arguments\": {}}\n</tool_call>";
