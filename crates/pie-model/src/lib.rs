@@ -14,6 +14,7 @@
 pub mod architecture;
 mod attention;
 pub mod constraint;
+mod embedding;
 pub mod gguf;
 mod matmul;
 pub mod model;

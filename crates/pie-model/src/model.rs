@@ -12,6 +12,7 @@ use pie_kv::{KvLayout, KvPool, PageTable};
 
 use crate::attention::{self, Heads, SeqRows};
 use crate::constraint::Grammars;
+use crate::embedding::Embedding;
 use crate::gguf::{GgufFile, ModelConfig};
 use crate::matmul::{Kernel, QWeight};
 use crate::ops::{rms_norm, silu, Rope, RopeSpec};
@@ -36,7 +37,7 @@ pub struct Model {
     pub tokenizer: Tokenizer,
     /// What `tokenizer` was built from, for a controller without the model.
     pub tokenizer_spec: TokenizerSpec,
-    embed: Vec<f32>,
+    embed: Embedding,
     layers: Vec<Layer>,
     norm: Vec<f32>,
     lm_head: QWeight,
@@ -141,14 +142,7 @@ impl Model {
         let layers = (0..config.layers)
             .map(|i| load_layer(&mut f, &config, i))
             .collect::<Result<Vec<_>>>()?;
-        let embed = f.f32_tensor("token_embd.weight")?;
-        ensure!(
-            embed.len() == config.vocab * config.hidden,
-            "token_embd.weight has {} values, expected vocab {} x hidden {}",
-            embed.len(),
-            config.vocab,
-            config.hidden
-        );
+        let embed = Embedding::new(&f.tensor("token_embd.weight")?, config.vocab, config.hidden)?;
         let head_name = if f.has_tensor("output.weight") {
             "output.weight"
         } else {
@@ -240,7 +234,7 @@ impl Model {
                         .sum::<usize>()
             })
             .sum();
-        layers + f32s(&self.norm) + self.lm_head.bytes() + self.config.hidden * 4
+        layers + f32s(&self.norm) + self.lm_head.bytes() + self.embed.row_bytes()
     }
 
     /// The KV page shape this model needs for `page_size`-token pages.
@@ -276,7 +270,7 @@ impl Model {
                     "token id {t} is outside the vocabulary ({})",
                     c.vocab
                 );
-                x.extend_from_slice(&self.embed[t as usize * c.hidden..][..c.hidden]);
+                self.embed.push_row(t as usize, &mut x);
             }
         }
         for (li, layer) in self.layers.iter().enumerate() {
