@@ -24,6 +24,9 @@ pub struct Architecture {
     /// Each head of Q and K is RMS-normalised before RoPE
     /// (`blk.N.attn_{q,k}_norm.weight`).
     pub qk_norm: bool,
+    /// Q, K and V come as one tensor (`blk.N.attn_qkv.weight`), and the
+    /// FFN's gate and up as one (`blk.N.ffn_up.weight`, gate rows first).
+    pub fused: bool,
     pub rope: RopeLayout,
 }
 
@@ -32,18 +35,28 @@ const SUPPORTED: &[Architecture] = &[
         name: "llama",
         qkv_bias: false,
         qk_norm: false,
+        fused: false,
         rope: RopeLayout::Adjacent,
     },
     Architecture {
         name: "qwen2",
         qkv_bias: true,
         qk_norm: false,
+        fused: false,
         rope: RopeLayout::Halves,
     },
     Architecture {
         name: "qwen3",
         qkv_bias: false,
         qk_norm: true,
+        fused: false,
+        rope: RopeLayout::Halves,
+    },
+    Architecture {
+        name: "phi3",
+        qkv_bias: false,
+        qk_norm: false,
+        fused: true,
         rope: RopeLayout::Halves,
     },
 ];
@@ -71,7 +84,7 @@ mod tests {
         assert_eq!(architecture("qwen2").unwrap().rope, RopeLayout::Halves);
         let e = architecture("gemma3").unwrap_err().to_string();
         assert!(
-            e.contains("`gemma3`") && e.contains("llama, qwen2, qwen3"),
+            e.contains("`gemma3`") && e.contains("llama, qwen2, qwen3, phi3"),
             "{e}"
         );
     }

@@ -32,6 +32,11 @@ pub struct ModelConfig {
     pub rope_linear: f32,
     pub rope_theta: f32,
     pub rms_eps: f32,
+    /// `attention.sliding_window`: sequences are held to it (so every
+    /// layer's window covers the whole sequence).
+    pub sliding_window: Option<usize>,
+    /// The most positions a sequence may have: the file's context length,
+    /// or its sliding window where shorter.
     pub context_length: usize,
 }
 
@@ -152,6 +157,8 @@ impl GgufFile {
             .get_usize(&key("attention.head_count_kv"))
             .unwrap_or(heads);
         let head_dim = self.head_dim(&name, hidden, heads)?;
+        // Within its window a sliding-window layer attends to every key.
+        let sliding_window = self.get_usize(&key("attention.sliding_window")).ok();
         let rope_dims = self
             .get_usize(&key("rope.dimension_count"))
             .unwrap_or(head_dim);
@@ -177,7 +184,11 @@ impl GgufFile {
             rms_eps: self
                 .get_f32(&key("attention.layer_norm_rms_epsilon"))
                 .unwrap_or(1e-5),
-            context_length: self.get_usize(&key("context_length")).unwrap_or(2048),
+            sliding_window,
+            context_length: self
+                .get_usize(&key("context_length"))
+                .unwrap_or(2048)
+                .min(sliding_window.unwrap_or(usize::MAX)),
         })
     }
 

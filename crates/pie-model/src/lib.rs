@@ -1,4 +1,4 @@
-//! A decoder of the Llama and Qwen (2, 3) families (RMSNorm, RoPE, GQA attention,
+//! A decoder of the Llama, Qwen (2, 3) and Phi-3 families (RMSNorm, RoPE, GQA attention,
 //! SwiGLU MLP) on candle, computing over the paged KV cache of `pie-kv`.
 //!
 //! - [`architecture`]: what differs between the served architectures.
@@ -9,7 +9,7 @@
 //! - [`tokenizer`]: the GGUF's byte-level BPE tokenizer and chat template.
 //! - [`constraint`]: constrained generation (JSON schema, regex, grammar) via llguidance.
 //! - [`sampling`]: greedy, temperature, top-k and top-p sampling with a seed.
-//! - [`synth`]: a tiny random-weights Llama or Qwen written as GGUF, for tests.
+//! - [`synth`]: a tiny random-weights model of each architecture written as GGUF, for tests.
 
 pub mod architecture;
 mod attention;

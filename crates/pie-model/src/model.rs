@@ -87,14 +87,39 @@ fn load_layer(f: &mut GgufFile, config: &ModelConfig, i: usize) -> Result<Layer>
         )),
         false => None,
     };
+    let (qkv, gate_up) = match config.arch.fused {
+        true => (f.linear(&[&p("attn_qkv")])?, f.linear(&[&p("ffn_up")])?),
+        false => (
+            f.linear(&[&p("attn_q"), &p("attn_k"), &p("attn_v")])?,
+            f.linear(&[&p("ffn_gate"), &p("ffn_up")])?,
+        ),
+    };
+    let expected = [
+        (
+            "Q, K and V",
+            qkv.rows(),
+            config.q_dim() + 2 * config.kv_dim(),
+        ),
+        (
+            "the FFN's gate and up",
+            gate_up.rows(),
+            2 * config.intermediate,
+        ),
+    ];
+    for (what, rows, want) in expected {
+        ensure!(
+            rows == want,
+            "layer {i}: {what} have {rows} rows, expected {want}"
+        );
+    }
     Ok(Layer {
         attn_norm: f.f32_tensor(&p("attn_norm"))?,
-        qkv: f.linear(&[&p("attn_q"), &p("attn_k"), &p("attn_v")])?,
+        qkv,
         qkv_bias,
         qk_norm,
         out: f.linear(&[&p("attn_output")])?,
         ffn_norm: f.f32_tensor(&p("ffn_norm"))?,
-        gate_up: f.linear(&[&p("ffn_gate"), &p("ffn_up")])?,
+        gate_up,
         down: f.linear(&[&p("ffn_down")])?,
     })
 }
@@ -102,6 +127,12 @@ fn load_layer(f: &mut GgufFile, config: &ModelConfig, i: usize) -> Result<Layer>
 /// The RoPE tables the file describes (with Llama 3's `rope_freqs` where
 /// it has them, one divisor per rotated pair).
 fn load_rope(f: &mut GgufFile, c: &ModelConfig) -> Result<Rope> {
+    for longrope in ["rope_factors_long.weight", "rope_factors_short.weight"] {
+        ensure!(
+            !f.has_tensor(longrope),
+            "{longrope}: LongRoPE (Phi-3 128k, Phi-3.5) is not served yet"
+        );
+    }
     let divisors = match f.has_tensor("rope_freqs.weight") {
         true => Some(f.f32_tensor("rope_freqs.weight")?),
         false => None,

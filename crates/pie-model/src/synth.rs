@@ -1,4 +1,4 @@
-//! A tiny random-weights model (Llama or Qwen: `SynthSpec::arch`) written as
+//! A tiny random-weights model (any served architecture: `SynthSpec::arch`) written as
 //! a real GGUF file, so tests run the real loader, tokenizer and forward pass
 //! without downloading anything.
 //!
@@ -29,7 +29,8 @@ pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{% if loop.first
 pub struct SynthSpec {
     pub seed: u64,
     /// `general.architecture`: `llama`, `qwen2` (Q/K/V biases, NeoX RoPE,
-    /// Qwen's pre-tokenizer) or `qwen3` (Q/K norms instead of biases).
+    /// Qwen's pre-tokenizer), `qwen3` (Q/K norms instead of biases) or
+    /// `phi3` (Q/K/V and gate/up fused).
     pub arch: &'static str,
     /// `attention.key_length`, when a head is not hidden / heads wide.
     pub head_dim: Option<usize>,
@@ -39,6 +40,8 @@ pub struct SynthSpec {
     pub rope_freqs: bool,
     /// `ffn_down`'s type (a K-quant needs `intermediate` a multiple of 256).
     pub ffn_down_type: GgmlDType,
+    /// `attention.sliding_window`, when set.
+    pub sliding_window: Option<usize>,
     pub hidden: usize,
     pub heads: usize,
     pub kv_heads: usize,
@@ -56,6 +59,7 @@ impl Default for SynthSpec {
             rope_dims: None,
             rope_freqs: false,
             ffn_down_type: GgmlDType::F32,
+            sliding_window: None,
             hidden: 64,
             heads: 4,
             kv_heads: 2,
@@ -164,12 +168,18 @@ fn layer_tensors(
     let hd = head_dim(spec);
     let (hidden, q_dim, kv_dim) = (spec.hidden, spec.heads * hd, spec.kv_heads * hd);
     let p = |n: &str| format!("blk.{i}.{n}.weight");
-    let mut t = vec![
-        (p("attn_norm"), w.norm(hidden)?),
-        (p("attn_q"), w.linear(q_dim, hidden, GgmlDType::Q8_0)?),
-        (p("attn_k"), w.linear(kv_dim, hidden, GgmlDType::Q8_0)?),
-        (p("attn_v"), w.linear(kv_dim, hidden, GgmlDType::Q8_0)?),
-    ];
+    let mut t = vec![(p("attn_norm"), w.norm(hidden)?)];
+    match arch.fused {
+        true => t.push((
+            p("attn_qkv"),
+            w.linear(q_dim + 2 * kv_dim, hidden, GgmlDType::Q8_0)?,
+        )),
+        false => t.extend([
+            (p("attn_q"), w.linear(q_dim, hidden, GgmlDType::Q8_0)?),
+            (p("attn_k"), w.linear(kv_dim, hidden, GgmlDType::Q8_0)?),
+            (p("attn_v"), w.linear(kv_dim, hidden, GgmlDType::Q8_0)?),
+        ]),
+    }
     if arch.qkv_bias {
         for (n, width) in [("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)] {
             let bias = w.tensor(1, width, 0.5, 0.0, GgmlDType::F32)?;
@@ -184,10 +194,15 @@ fn layer_tensors(
     t.extend([
         (p("attn_output"), w.linear(hidden, q_dim, GgmlDType::Q8_0)?),
         (p("ffn_norm"), w.norm(hidden)?),
-        (p("ffn_gate"), w.linear(ffn, hidden, GgmlDType::Q4_0)?),
-        (p("ffn_up"), w.linear(ffn, hidden, GgmlDType::Q4_1)?),
-        (p("ffn_down"), w.linear(hidden, ffn, spec.ffn_down_type)?),
     ]);
+    match arch.fused {
+        true => t.push((p("ffn_up"), w.linear(2 * ffn, hidden, GgmlDType::Q4_1)?)),
+        false => t.extend([
+            (p("ffn_gate"), w.linear(ffn, hidden, GgmlDType::Q4_0)?),
+            (p("ffn_up"), w.linear(ffn, hidden, GgmlDType::Q4_1)?),
+        ]),
+    }
+    t.push((p("ffn_down"), w.linear(hidden, ffn, spec.ffn_down_type)?));
     Ok(t)
 }
 
@@ -234,6 +249,9 @@ fn metadata(spec: &SynthSpec, tokens: Vec<String>) -> Vec<(String, Value)> {
     }
     if let Some(d) = spec.rope_dims {
         metadata.push((key("rope.dimension_count"), u32v(d)));
+    }
+    if let Some(w) = spec.sliding_window {
+        metadata.push((key("attention.sliding_window"), u32v(w)));
     }
     metadata
 }

@@ -83,11 +83,24 @@ fn qkv(
         };
         (w, b)
     };
-    let (q, k, v) = (
-        projection("attn_q", c.q_dim()),
-        projection("attn_k", c.kv_dim()),
-        projection("attn_v", c.kv_dim()),
-    );
+    let (q, k, v) = match c.arch.fused {
+        true => {
+            let qkv = dense.w(&p("attn_qkv"));
+            let (q, kv) = qkv.split_at(c.q_dim() * c.hidden);
+            let (k, v) = kv.split_at(c.kv_dim() * c.hidden);
+            let unbiased = |w: &[f32], width: usize| (w.to_vec(), vec![0.0; width]);
+            (
+                unbiased(q, c.q_dim()),
+                unbiased(k, c.kv_dim()),
+                unbiased(v, c.kv_dim()),
+            )
+        }
+        false => (
+            projection("attn_q", c.q_dim()),
+            projection("attn_k", c.kv_dim()),
+            projection("attn_v", c.kv_dim()),
+        ),
+    };
     let norms = c
         .arch
         .qk_norm
@@ -162,11 +175,15 @@ fn reference(
         let p = |n: &str| format!("blk.{l}.{n}.weight");
         let qkv = qkv(c, dense, l, &xs, layout);
         let (wo, norm2) = (dense.w(&p("attn_output")), dense.w(&p("ffn_norm")));
-        let (wg, wu, wd) = (
-            dense.w(&p("ffn_gate")),
-            dense.w(&p("ffn_up")),
-            dense.w(&p("ffn_down")),
-        );
+        let (wg, wu) = match c.arch.fused {
+            true => {
+                let gate_up = dense.w(&p("ffn_up"));
+                let (g, u) = gate_up.split_at(c.intermediate * c.hidden);
+                (g.to_vec(), u.to_vec())
+            }
+            false => (dense.w(&p("ffn_gate")), dense.w(&p("ffn_up"))),
+        };
+        let wd = dense.w(&p("ffn_down"));
         for (pos, x) in xs.iter_mut().enumerate() {
             let out = matvec(&wo, &attend(c, &qkv, pos));
             x.iter_mut().zip(&out).for_each(|(a, b)| *a += b);
@@ -209,7 +226,8 @@ fn engine(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
 
 /// The cases: each architecture; Llama with Llama 3's frequency divisors
 /// and partial rotary; Qwen 3 with heads wider than hidden / heads; Llama
-/// with a K-quant layer (widened at load, and said so).
+/// with a K-quant layer (widened at load, and said so); Phi-3 with fused
+/// projections and a sliding window that holds sequences to its length.
 fn cases() -> Vec<(&'static str, SynthSpec)> {
     let spec = |arch| SynthSpec {
         arch,
@@ -232,6 +250,13 @@ fn cases() -> Vec<(&'static str, SynthSpec)> {
             SynthSpec {
                 head_dim: Some(32),
                 ..spec("qwen3")
+            },
+        ),
+        (
+            "phi3-fused-window",
+            SynthSpec {
+                sliding_window: Some(48),
+                ..spec("phi3")
             },
         ),
         (
@@ -272,6 +297,8 @@ fn every_architecture_computes_what_its_definition_says() {
             _ => Vec::new(),
         };
         assert_eq!(model.widened, widened, "{case}");
+        let positions = spec.sliding_window.unwrap_or(spec.context_length);
+        assert_eq!(model.max_positions(), positions, "{case}");
         let mut dense = Dense {
             file: GgufFile::open(&path).unwrap(),
         };

