@@ -338,6 +338,22 @@ pub(crate) async fn serving_worker(c: &Cluster) -> String {
 }
 
 /// A worker config whose only key is the controller's (`sk-ctl`, role worker).
+/// One worker that trusts the controller's key `sk-ctl` (so it takes the
+/// controller's prompt ids) behind a `least-loaded` controller; the
+/// worker's URL.
+pub(crate) async fn cluster_of_one_trusting_worker(tag: &str) -> (Cluster, String) {
+    let worker_cfg = worker_config_trusting_the_controller(tag);
+    let c = Cluster::start_with(Spec {
+        workers: 1,
+        worker_args: &["--config", worker_cfg.to_str().unwrap()],
+        cluster_config: "worker_key = \"sk-ctl\"",
+        ..Spec::new("least-loaded")
+    })
+    .await;
+    let worker = c.workers[0].as_ref().unwrap().url.clone();
+    (c, worker)
+}
+
 pub(crate) fn worker_config_trusting_the_controller(tag: &str) -> PathBuf {
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("worker-{tag}-{}.toml", std::process::id()));

@@ -3,9 +3,7 @@
 //! same rule, `pie_core::openai_fields`, checked before any worker is asked);
 //! tool calls come back as the worker answers them.
 
-use crate::harness::{
-    post_json, worker_config_trusting_the_controller, worker_metric, Cluster, Spec,
-};
+use crate::harness::{cluster_of_one_trusting_worker, post_json, worker_metric, Cluster, Spec};
 use serde_json::{json, Value};
 
 #[tokio::test]
@@ -52,15 +50,7 @@ async fn every_sdk_field_is_served_or_refused_by_name_through_the_controller() {
 /// call comes back whole and streamed.
 #[tokio::test]
 async fn tool_calls_come_back_through_the_controller() {
-    let worker_cfg = worker_config_trusting_the_controller("tools");
-    let c = Cluster::start_with(Spec {
-        workers: 1,
-        worker_args: &["--config", worker_cfg.to_str().unwrap()],
-        cluster_config: "worker_key = \"sk-ctl\"",
-        ..Spec::new("least-loaded")
-    })
-    .await;
-    let worker = c.workers[0].as_ref().unwrap().url.clone();
+    let (c, worker) = cluster_of_one_trusting_worker("tools").await;
     let tool = json!({"type": "function", "function": {"name": "get_weather",
         "parameters": {"type": "object", "additionalProperties": false, "required": ["unit"],
             "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}}}});

@@ -4,7 +4,7 @@
 
 use crate::common::wait_for;
 use crate::harness::{
-    error_message, post_json, worker_config_trusting_the_controller, worker_metric, Cluster, Spec,
+    cluster_of_one_trusting_worker, error_message, post_json, worker_metric, Cluster, Spec,
 };
 use serde_json::json;
 
@@ -16,15 +16,7 @@ use serde_json::json;
 /// timed once per part in `pie_controller_overhead_seconds`.
 #[tokio::test]
 async fn forwarded_prompt_tokens_give_the_outputs_of_text() {
-    let worker_cfg = worker_config_trusting_the_controller("tokenize-once");
-    let c = Cluster::start_with(Spec {
-        workers: 1,
-        worker_args: &["--config", worker_cfg.to_str().unwrap()],
-        cluster_config: "worker_key = \"sk-ctl\"",
-        ..Spec::new("least-loaded")
-    })
-    .await;
-    let worker = c.workers[0].as_ref().unwrap().url.clone();
+    let (c, worker) = cluster_of_one_trusting_worker("tokenize-once").await;
     let ctl = c.controller.url.clone();
     let counter = "pie_pretokenized_requests_total";
     let completion = json!({"prompt": "The quick brown fox jumps over", "max_tokens": 16,
@@ -131,15 +123,7 @@ async fn forwarded_prompt_tokens_give_the_outputs_of_text() {
 /// twin does on the worker; a part that is not text is refused naming it.
 #[tokio::test]
 async fn chat_content_parts_and_null_content_route_like_plain_text() {
-    let worker_cfg = worker_config_trusting_the_controller("content-parts");
-    let c = Cluster::start_with(Spec {
-        workers: 1,
-        worker_args: &["--config", worker_cfg.to_str().unwrap()],
-        cluster_config: "worker_key = \"sk-ctl\"",
-        ..Spec::new("least-loaded")
-    })
-    .await;
-    let worker = c.workers[0].as_ref().unwrap().url.clone();
+    let (c, worker) = cluster_of_one_trusting_worker("content-parts").await;
     let ctl = c.controller.url.clone();
     let plain = json!({"messages": [{"role": "user", "content": "Say hi"},
         {"role": "assistant", "content": ""}, {"role": "user", "content": "Again"}],

@@ -222,6 +222,13 @@ fn escape_len(rest: &[u8]) -> Option<usize> {
 mod tests {
     use super::*;
 
+    fn call(name: &str, arguments: &str) -> ToolCall {
+        ToolCall {
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
     /// Pushes `text` a character at a time; the streamed text and the end.
     fn streamed(format: ToolFormat, text: &str) -> (String, String, Vec<ToolCall>) {
         let mut out = ToolOutput::new(format);
@@ -278,13 +285,7 @@ mod tests {
         let (sent, rest, calls) = streamed(ToolFormat::Hermes, answer);
         assert_eq!(format!("{sent}{rest}"), "Let me look.\n");
         assert_eq!(calls.len(), 2);
-        assert_eq!(
-            calls[0],
-            ToolCall {
-                name: "weather".into(),
-                arguments: r#"{"city":"Paris"}"#.into()
-            }
-        );
+        assert_eq!(calls[0], call("weather", r#"{"city":"Paris"}"#));
         assert_eq!(calls[1].arguments, "{}");
     }
 
@@ -300,16 +301,10 @@ mod tests {
 
     #[test]
     fn a_llama_answer_is_a_call_when_it_opens_with_a_brace() {
-        let call = " {\"name\": \"weather\", \"parameters\": {\"unit\": \"c\"}}";
-        let (sent, rest, calls) = streamed(ToolFormat::Llama3Json, call);
+        let answer = " {\"name\": \"weather\", \"parameters\": {\"unit\": \"c\"}}";
+        let (sent, rest, calls) = streamed(ToolFormat::Llama3Json, answer);
         assert_eq!((sent.as_str(), rest.as_str()), ("", ""));
-        assert_eq!(
-            calls,
-            vec![ToolCall {
-                name: "weather".into(),
-                arguments: r#"{"unit":"c"}"#.into()
-            }]
-        );
+        assert_eq!(calls, vec![call("weather", r#"{"unit":"c"}"#)]);
         let tagged = format!("{LLAMA_PYTHON_TAG}{{\"name\": \"clock\", \"parameters\": {{}}}}");
         assert_eq!(streamed(ToolFormat::Llama3Json, &tagged).2[0].name, "clock");
         let (sent, rest, calls) = streamed(ToolFormat::Llama3Json, "<|pyth it is {sunny}");
@@ -333,13 +328,7 @@ mod tests {
         let one = r#"{"tool_call":{"name":"weather","arguments":{"city":"Oslo"}}}"#;
         let (sent, rest, calls) = streamed(ToolFormat::Generic, one);
         assert_eq!((sent.as_str(), rest.as_str()), ("", ""));
-        assert_eq!(
-            calls,
-            vec![ToolCall {
-                name: "weather".into(),
-                arguments: r#"{"city":"Oslo"}"#.into()
-            }]
-        );
+        assert_eq!(calls, vec![call("weather", r#"{"city":"Oslo"}"#)]);
         let two =
             r#"{"tool_calls":[{"name":"a","arguments":{}},{"name":"b","arguments":{"x":1}}]}"#;
         assert_eq!(streamed(ToolFormat::Generic, two).2.len(), 2);
