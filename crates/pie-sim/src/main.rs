@@ -75,7 +75,7 @@ enum Command {
 #[derive(Args)]
 struct Common {
     /// shared-prefix, multi-turn, multi-tenant, deadline-mix, priority-mix,
-    /// prefill-decode-mix, skewed-sessions, diurnal, or trace (with --trace).
+    /// prefill-decode-mix, skewed-sessions, diurnal, agent, or trace (with --trace).
     #[arg(long)]
     workload: String,
     /// A JSONL trace (Mooncake format plus `props`) for --workload trace.

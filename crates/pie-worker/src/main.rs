@@ -103,7 +103,7 @@ struct BenchArgs {
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     url: String,
     /// shared-prefix, multi-turn, multi-tenant, deadline-mix, priority-mix,
-    /// prefill-decode-mix.
+    /// prefill-decode-mix, skewed-sessions, diurnal, agent.
     #[arg(long, default_value = "shared-prefix")]
     workload: String,
     /// Override a workload parameter (repeatable), e.g. `--set system_len=256`.

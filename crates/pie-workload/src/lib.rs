@@ -6,6 +6,7 @@
 //! (`percentiles.rs`). Pure (no clock, no I/O beyond (de)serialisation)
 //! except `recorder.rs`, which appends JSON lines (traces) to a file.
 
+mod agent;
 pub mod cost;
 pub mod percentiles;
 pub mod recorder;

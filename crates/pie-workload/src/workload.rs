@@ -3,7 +3,8 @@
 //! Owns the request shape (a prompt made of token segments, the output it will
 //! generate, props, arrival) and the built-in workloads: `shared-prefix`,
 //! `multi-turn`, `multi-tenant`, `deadline-mix`, `priority-mix`,
-//! `prefill-decode-mix`, `skewed-sessions` and `diurnal`. Arrivals are
+//! `prefill-decode-mix`, `skewed-sessions`, `diurnal` and `agent` (in
+//! `agent.rs`). Arrivals are
 //! open-loop Poisson at the workload's rate (`diurnal`: a rate that follows a
 //! day cycle), except later turns of a conversation,
 //! which arrive a think time after the previous turn finished (closed loop). The
@@ -13,6 +14,8 @@
 //! so a million requests with long shared prompts stay small; the simulator
 //! expands them to compute block hashes when a request arrives.
 
+use crate::agent::agent;
+pub use crate::agent::Agent;
 use pie_core::{PropValue, Props};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -258,6 +261,7 @@ pub enum WorkloadSpec {
     PrefillDecodeMix(PrefillDecodeMix),
     SkewedSessions(SkewedSessions),
     Diurnal(Diurnal),
+    Agent(Agent),
 }
 
 pub const WORKLOADS: &[&str] = &[
@@ -269,6 +273,7 @@ pub const WORKLOADS: &[&str] = &[
     "prefill-decode-mix",
     "skewed-sessions",
     "diurnal",
+    "agent",
 ];
 
 impl WorkloadSpec {
@@ -339,6 +344,7 @@ impl WorkloadSpec {
                 input_len: 256,
                 output_len: 128,
             }),
+            "agent" => Self::Agent(Agent::default_shape()),
             other => {
                 return Err(format!(
                     "unknown workload `{other}` (available: {})",
@@ -390,6 +396,7 @@ impl WorkloadSpec {
             Self::PrefillDecodeMix(_) => "prefill-decode-mix",
             Self::SkewedSessions(_) => "skewed-sessions",
             Self::Diurnal(_) => "diurnal",
+            Self::Agent(_) => "agent",
         }
     }
 
@@ -410,6 +417,8 @@ impl WorkloadSpec {
                 w.low_rate_per_s *= factor;
                 w.peak_rate_per_s *= factor;
             }
+            // A closed population: more workers, more agents.
+            Self::Agent(w) => w.agents = (w.agents as f64 * factor).round().max(1.0) as usize,
         }
     }
 
@@ -425,6 +434,7 @@ impl WorkloadSpec {
             Self::PrefillDecodeMix(w) => prefill_decode_mix(w, requests, &mut rng),
             Self::SkewedSessions(w) => skewed_sessions(w, requests, &mut rng),
             Self::Diurnal(w) => diurnal(w, requests, &mut rng),
+            Self::Agent(w) => agent(w, requests, &mut rng),
         }
     }
 }
@@ -444,7 +454,7 @@ fn next_turn(rng: &mut StdRng, previous: usize, think_ms: f64) -> Follow {
     }
 }
 
-fn prop(props: &mut Props, key: &str, value: PropValue) {
+pub(crate) fn prop(props: &mut Props, key: &str, value: PropValue) {
     // Keys and types here are the documented built-in ones, so `set` cannot fail.
     props
         .set(key, value)

@@ -1,0 +1,147 @@
+//! `agent`: the ReAct agent loop of `scripts/agent-bench.py` as a workload,
+//! so that `pie bench` and `pie-sim` run it too. `agents` agents start
+//! together; each runs `steps` steps. A step's prompt is the agent's whole
+//! history: a system prompt every agent shares, its question, then per
+//! earlier step the model's output and the tool's observation. The next step
+//! arrives a tool latency (uniform in `latency_min_ms..=latency_max_ms`)
+//! after the previous one finished. With `keep_ms` above 0 every step
+//! carries a `session` and `keep-ms` (the client loop with `keep-session`,
+//! and, with `keep_ms` above the longest latency, an inferlet's context
+//! held across its tool calls); with 0, the plain loop.
+
+use pie_core::PropValue;
+use rand::rngs::StdRng;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::workload::{prop, Follow, Request, Segment};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Agent {
+    pub agents: usize,
+    pub steps: usize,
+    pub system_len: u32,
+    pub question_len: u32,
+    /// Each step's output: a thought and an action.
+    pub output_len: u32,
+    /// Each tool result, sent back as the next step's new tokens.
+    pub observation_len: u32,
+    pub latency_min_ms: f64,
+    pub latency_max_ms: f64,
+    /// The `keep-ms` prop of every step, with a `session` (0: neither).
+    pub keep_ms: i64,
+}
+
+impl Agent {
+    /// The shape of `scripts/agent-bench.py` on the default model: a
+    /// 120-token protocol, questions of about 16 tokens, steps of about 40
+    /// tokens answered by 20-token observations after 100-2000 ms.
+    pub fn default_shape() -> Self {
+        Self {
+            agents: 32,
+            steps: 6,
+            system_len: 120,
+            question_len: 16,
+            output_len: 40,
+            observation_len: 20,
+            latency_min_ms: 100.0,
+            latency_max_ms: 2000.0,
+            keep_ms: 0,
+        }
+    }
+}
+
+/// Segment kinds of this workload (apart from the other workloads').
+const AGENT_SYSTEM: u64 = 101;
+const AGENT_QUESTION: u64 = 102;
+const AGENT_STEP: u64 = 103;
+const AGENT_OBSERVATION: u64 = 104;
+
+pub(crate) fn agent(w: &Agent, n: usize, rng: &mut StdRng) -> Vec<Request> {
+    let mut out: Vec<Request> = Vec::with_capacity(n);
+    let (low, high) = (
+        w.latency_min_ms.min(w.latency_max_ms),
+        w.latency_max_ms.max(w.latency_min_ms),
+    );
+    for a in 0..w.agents.max(1) as u64 {
+        let name = format!("agent-{a}");
+        let mut prompt = vec![
+            Segment::named(&[AGENT_SYSTEM], w.system_len),
+            Segment::named(&[AGENT_QUESTION, a], w.question_len),
+        ];
+        for step in 0..w.steps.max(1) as u64 {
+            if out.len() == n {
+                return out;
+            }
+            let output = Segment::named(&[AGENT_STEP, a, step], w.output_len);
+            let mut r = Request {
+                arrival_us: 0,
+                follows: None,
+                client: name.clone(),
+                class: format!("step-{step}"),
+                prompt: prompt.clone(),
+                output,
+                props: Default::default(),
+            };
+            if w.keep_ms > 0 {
+                prop(&mut r.props, "session", PropValue::Str(name.clone()));
+                prop(&mut r.props, "keep-ms", PropValue::Int(w.keep_ms));
+            }
+            if step > 0 {
+                let latency_ms = rng.gen_range(low..=high);
+                r.follows = Some(Follow {
+                    request: out.len() - 1,
+                    think_us: (latency_ms * 1000.0) as u64,
+                });
+            }
+            prompt.push(output);
+            prompt.push(Segment::named(
+                &[AGENT_OBSERVATION, a, step],
+                w.observation_len,
+            ));
+            out.push(r);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+
+    use crate::WorkloadSpec;
+
+    #[test]
+    fn each_step_continues_its_agent_after_a_tool_latency() {
+        let spec = WorkloadSpec::named("agent").unwrap();
+        let w = match &spec {
+            WorkloadSpec::Agent(w) => w.clone(),
+            other => panic!("{other:?}"),
+        };
+        let requests = spec.generate(1000, 7);
+        assert_eq!(requests.len(), w.agents * w.steps);
+        assert_eq!(requests, spec.generate(1000, 7), "seeded");
+        for (i, r) in requests.iter().enumerate() {
+            assert!(r.props.str("session").is_none(), "plain by default");
+            match r.follows {
+                None => assert_eq!(i % w.steps, 0),
+                Some(f) => {
+                    assert_eq!(f.request, i - 1);
+                    assert!(r.continues(&requests[i - 1]), "step {i} holds the history");
+                    let ms = f.think_us as f64 / 1000.0;
+                    assert!((w.latency_min_ms..=w.latency_max_ms).contains(&ms), "{ms}");
+                }
+            }
+        }
+        // Agents share the system prompt, not their questions.
+        let (a, b) = (&requests[0], &requests[w.steps]);
+        assert_eq!(a.prompt[0], b.prompt[0]);
+        assert_ne!(a.prompt[1], b.prompt[1]);
+        let session = spec
+            .with_overrides(&["keep_ms=5000".into(), "agents=2".into()])
+            .unwrap();
+        let steps = session.generate(100, 7);
+        assert_eq!(steps.len(), 2 * w.steps);
+        assert_eq!(steps[w.steps].props.str("session"), Some("agent-1"));
+        assert_eq!(steps[0].props.int("keep-ms"), Some(5000));
+    }
+}
