@@ -14,7 +14,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::workload::{prop, Follow, Request, Segment};
+use crate::request::{prop, Follow, Request, Segment};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Agent {

@@ -10,6 +10,7 @@ mod agent;
 pub mod cost;
 pub mod percentiles;
 pub mod recorder;
+mod request;
 pub mod trace;
 pub mod workload;
 
