@@ -1,6 +1,7 @@
 //! `agent`: the ReAct agent loop of `scripts/agent-bench.py` as a workload,
 //! so that `pie bench` and `pie-sim` run it too. `agents` agents start
-//! together; each runs `steps` steps. A step's prompt is the agent's whole
+//! together (a closed population: when one ends, the next starts in its
+//! place, until the requests asked for are drawn); each runs `steps` steps. A step's prompt is the agent's whole
 //! history: a system prompt every agent shares, its question, then per
 //! earlier step the model's output and the tool's observation. The next step
 //! arrives a tool latency (uniform in `latency_min_ms..=latency_max_ms`)
@@ -63,8 +64,12 @@ pub(crate) fn agent(w: &Agent, n: usize, rng: &mut StdRng) -> Vec<Request> {
         w.latency_min_ms.min(w.latency_max_ms),
         w.latency_max_ms.max(w.latency_min_ms),
     );
-    for a in 0..w.agents.max(1) as u64 {
+    let slots = w.agents.max(1);
+    // Each slot's last request so far: its next agent starts when it ends.
+    let mut last: Vec<Option<usize>> = vec![None; slots];
+    for a in 0u64.. {
         let name = format!("agent-{a}");
+        let slot = a as usize % slots;
         let mut prompt = vec![
             Segment::named(&[AGENT_SYSTEM], w.system_len),
             Segment::named(&[AGENT_QUESTION, a], w.question_len),
@@ -87,13 +92,18 @@ pub(crate) fn agent(w: &Agent, n: usize, rng: &mut StdRng) -> Vec<Request> {
                 prop(&mut r.props, "session", PropValue::Str(name.clone()));
                 prop(&mut r.props, "keep-ms", PropValue::Int(w.keep_ms));
             }
-            if step > 0 {
-                let latency_ms = rng.gen_range(low..=high);
-                r.follows = Some(Follow {
+            r.follows = match (step, last[slot]) {
+                (0, None) => None,
+                (0, Some(request)) => Some(Follow {
+                    request,
+                    think_us: 0,
+                }),
+                _ => Some(Follow {
                     request: out.len() - 1,
-                    think_us: (latency_ms * 1000.0) as u64,
-                });
-            }
+                    think_us: (rng.gen_range(low..=high) * 1000.0) as u64,
+                }),
+            };
+            last[slot] = Some(out.len());
             prompt.push(output);
             prompt.push(Segment::named(
                 &[AGENT_OBSERVATION, a, step],
@@ -108,6 +118,7 @@ pub(crate) fn agent(w: &Agent, n: usize, rng: &mut StdRng) -> Vec<Request> {
 #[cfg(test)]
 mod tests {
 
+    use crate::request::Follow;
     use crate::WorkloadSpec;
 
     #[test]
@@ -117,14 +128,25 @@ mod tests {
             WorkloadSpec::Agent(w) => w.clone(),
             other => panic!("{other:?}"),
         };
-        let requests = spec.generate(1000, 7);
-        assert_eq!(requests.len(), w.agents * w.steps);
-        assert_eq!(requests, spec.generate(1000, 7), "seeded");
+        let n = (w.agents + 1) * w.steps;
+        let requests = spec.generate(n, 7);
+        assert_eq!(requests.len(), n);
+        assert_eq!(requests, spec.generate(n, 7), "seeded");
         for (i, r) in requests.iter().enumerate() {
             assert!(r.props.str("session").is_none(), "plain by default");
-            match r.follows {
-                None => assert_eq!(i % w.steps, 0),
-                Some(f) => {
+            let f = r.follows;
+            match (i % w.steps, i / w.steps) {
+                (0, agent) if agent < w.agents => assert_eq!(f, None),
+                // The next agent takes the first one's place when it ends.
+                (0, _) => assert_eq!(
+                    f,
+                    Some(Follow {
+                        request: w.steps - 1,
+                        think_us: 0
+                    })
+                ),
+                _ => {
+                    let f = f.expect("a later step follows");
                     assert_eq!(f.request, i - 1);
                     assert!(r.continues(&requests[i - 1]), "step {i} holds the history");
                     let ms = f.think_us as f64 / 1000.0;
@@ -139,8 +161,7 @@ mod tests {
         let session = spec
             .with_overrides(&["keep_ms=5000".into(), "agents=2".into()])
             .unwrap();
-        let steps = session.generate(100, 7);
-        assert_eq!(steps.len(), 2 * w.steps);
+        let steps = session.generate(2 * w.steps, 7);
         assert_eq!(steps[w.steps].props.str("session"), Some("agent-1"));
         assert_eq!(steps[0].props.int("keep-ms"), Some(5000));
     }
