@@ -21,8 +21,8 @@ pub struct ToolCall {
 pub struct ToolOutput {
     format: ToolFormat,
     text: String,
-    /// Bytes of `text` (Hermes) or characters of the decoded response
-    /// (Generic) already given out as text.
+    /// Bytes of `text` (Hermes, Llama 3), or of the generic response's
+    /// JSON string body, already given out as text.
     sent: usize,
     /// Where the calls begin in `text` (Hermes, Llama 3), once seen.
     calls_at: Option<usize>,
@@ -65,7 +65,13 @@ impl ToolOutput {
                 }
             }
             ToolFormat::Generic => match generic_answer(&self.text) {
-                Some(GenericAnswer::Text(t)) => (t.chars().skip(self.sent).collect(), Vec::new()),
+                // A compact answer streamed as it came; any other spelling whole.
+                Some(GenericAnswer::Text(t)) => {
+                    match self.text.starts_with(GENERIC_RESPONSE_OPENING) {
+                        true => (self.generic_text(), Vec::new()),
+                        false => (t, Vec::new()),
+                    }
+                }
                 Some(GenericAnswer::Calls(calls)) => (String::new(), calls),
                 None if self.sent == 0 => (std::mem::take(&mut self.text), Vec::new()),
                 // A text answer cut short: what was decoded went out.
@@ -120,9 +126,9 @@ impl ToolOutput {
         let Some(body) = self.text.strip_prefix(GENERIC_RESPONSE_OPENING) else {
             return String::new();
         };
-        let decoded = decoded_prefix(body);
-        let out: String = decoded.chars().skip(self.sent).collect();
-        self.sent += out.chars().count();
+        // Decoded from where the last delta's complete escapes ended.
+        let (out, used) = decoded_prefix(&body[self.sent..]);
+        self.sent += used;
         out
     }
 }
@@ -183,9 +189,10 @@ fn generic_answer(text: &str) -> Option<GenericAnswer> {
     Some(GenericAnswer::Calls(calls))
 }
 
-/// The decoded text of a JSON string's body as far as it is complete: up
-/// to its closing quote, or before an escape that has not fully arrived.
-fn decoded_prefix(body: &str) -> String {
+/// The decoded text of a JSON string's body as far as it is complete (up
+/// to its closing quote, or before an escape that has not fully arrived),
+/// and the bytes of `body` it took.
+fn decoded_prefix(body: &str) -> (String, usize) {
     let bytes = body.as_bytes();
     let mut end = 0;
     while end < bytes.len() {
@@ -198,7 +205,10 @@ fn decoded_prefix(body: &str) -> String {
             _ => end += 1,
         }
     }
-    serde_json::from_str(&format!("\"{}\"", &body[..end])).unwrap_or_default()
+    match serde_json::from_str(&format!("\"{}\"", &body[..end])) {
+        Ok(text) => (text, end),
+        Err(_) => (String::new(), 0),
+    }
 }
 
 /// The length of the escape at the start of `rest` (a UTF-16 surrogate
@@ -320,6 +330,13 @@ mod tests {
         let (sent, rest, calls) = streamed(ToolFormat::Generic, answer);
         assert_eq!(sent, "Hi \"you\"\né😀 done");
         assert_eq!(rest, "");
+        assert!(calls.is_empty());
+    }
+
+    #[test]
+    fn a_generic_text_answer_spelt_with_spaces_comes_whole_at_the_end() {
+        let (sent, rest, calls) = streamed(ToolFormat::Generic, r#"{ "response": "a\tb" }"#);
+        assert_eq!((sent.as_str(), rest.as_str()), ("", "a\tb"));
         assert!(calls.is_empty());
     }
 

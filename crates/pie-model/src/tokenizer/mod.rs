@@ -387,6 +387,29 @@ mod tests {
         assert_eq!(tk.encode_continuation("hi there").unwrap(), prompt[1..]);
     }
 
+    /// Templates written for Python's Jinja call str methods; they render.
+    #[test]
+    fn a_template_calling_python_string_methods_renders() {
+        let path = std::env::temp_dir().join(format!("pie-pycompat-{}.gguf", std::process::id()));
+        write_test_model(&path, &SynthSpec::default()).expect("writes");
+        let mut spec =
+            TokenizerSpec::from_gguf(&GgufFile::open(&path).expect("opens")).expect("reads");
+        let _ = std::fs::remove_file(&path);
+        spec.chat_template = Some(
+            "{% for m in messages %}{% if m.content.startswith('/') %}cmd:{% endif %}{{ m.content.strip() | upper }};{% endfor %}"
+                .into(),
+        );
+        let tk = Tokenizer::from_spec(spec).expect("builds");
+        let messages = [
+            ChatMessage::text("user", "  hi  ".into()),
+            ChatMessage::text("user", "/go".into()),
+        ];
+        assert_eq!(
+            tk.apply_chat_template(&messages, None).unwrap(),
+            "HI;cmd:/GO;"
+        );
+    }
+
     #[test]
     fn a_spec_sent_as_json_builds_the_same_tokenizer() {
         let path = std::env::temp_dir().join(format!("pie-spec-{}.gguf", std::process::id()));

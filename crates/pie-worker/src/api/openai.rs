@@ -349,7 +349,7 @@ async fn serve(
         scored_by: scores.map(|_| rt.model.clone()),
         echo: echo.filter(|_| !relay.resumed),
         choices,
-        tools: tools.map(|_| tools::format_of(&rt)),
+        tools: tools.map(|_| rt.model.tokenizer.tool_format()),
     };
     if common.stream {
         let include_usage = common.stream_options.unwrap_or_default().include_usage;

@@ -5,7 +5,7 @@
 //! them: `message.tool_calls` whole, `delta.tool_calls` streamed (each call
 //! in one chunk, once it is complete), `finish_reason: "tool_calls"`.
 
-use pie_core::tools::{ToolCall, ToolConstraint, ToolFormat, ToolRequest};
+use pie_core::tools::{ToolCall, ToolConstraint, ToolRequest};
 use pie_model::GrammarSpec;
 use serde_json::{json, Value};
 
@@ -58,9 +58,4 @@ pub(super) fn calls_json(id: &str, choice: usize, calls: &[ToolCall], streamed: 
             v
         })
         .collect()
-}
-
-/// The chat format a worker's model gets tools in (named at start-up).
-pub(super) fn format_of(rt: &Runtime) -> ToolFormat {
-    rt.model.tokenizer.tool_format()
 }
