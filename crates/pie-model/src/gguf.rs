@@ -13,7 +13,7 @@ use candle_core::Device;
 use pie_core::ModelFingerprint;
 
 use crate::architecture::{architecture, Architecture};
-use crate::matmul::{Q4Source, QWeight};
+use crate::matmul::{Linear, Q4Source, QWeight};
 
 /// Hyper-parameters of a model, from its `{architecture}.*` GGUF keys.
 #[derive(Clone, Debug, PartialEq)]
@@ -224,39 +224,42 @@ impl GgufFile {
     }
 
     /// One linear layer from the row-wise concatenation of `names` (e.g. Q, K and V
-    /// fused so the batch makes one matmul instead of three). 4-bit GGML blocks
-    /// are kept as they are; every other type becomes 8-bit blocks.
-    pub fn linear(&mut self, names: &[&str]) -> Result<QWeight> {
+    /// fused so the batch makes one matmul instead of three).
+    pub fn linear(&mut self, names: &[&str]) -> Result<Linear> {
         let parts = names
             .iter()
-            .map(|n| self.tensor(n))
+            .map(|n| self.weight(n))
             .collect::<Result<Vec<_>>>()?;
-        // Fused parts share one storage kind, so 4-bit stays 4-bit only if all are.
-        let four_bit = parts
-            .iter()
-            .all(|p| matches!(p.dtype(), GgmlDType::Q4_0 | GgmlDType::Q4_1));
-        let weights = parts
-            .iter()
-            .map(|p| {
-                let (n, k) = p.shape().dims2()?;
-                Ok(match p.dtype() {
-                    GgmlDType::Q4_0 if four_bit => {
-                        QWeight::from_q4(&p.data()?, Q4Source::Q4_0, n, k)
-                    }
-                    GgmlDType::Q4_1 if four_bit => {
-                        QWeight::from_q4(&p.data()?, Q4Source::Q4_1, n, k)
-                    }
-                    dtype => {
-                        if below_eight_bits(dtype) {
-                            *self.widened.entry(format!("{dtype:?}")).or_default() += 1;
-                        }
-                        let dense = p.dequantize(&Device::Cpu)?.flatten_all()?;
-                        QWeight::from_f32(&dense.to_vec1::<f32>()?, n, k)
-                    }
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(QWeight::concat(weights))
+        Ok(Linear::new(parts))
+    }
+
+    /// One weight matrix. Q4_0, Q4_1, Q4_K and Q8_0 blocks keep their values
+    /// (see `QWeight::from_q4`, `QWeight::from_q8_0`); every other type, and
+    /// a block those cannot hold, becomes 8-bit blocks, counted in
+    /// [`GgufFile::widened`] when that widens it.
+    fn weight(&mut self, name: &str) -> Result<QWeight> {
+        let t = self.tensor(name)?;
+        let (n, k) = t
+            .shape()
+            .dims2()
+            .with_context(|| format!("GGUF tensor `{name}` is not a matrix"))?;
+        let four_bit =
+            |source| -> Result<Option<QWeight>> { Ok(QWeight::from_q4(&t.data()?, source, n, k)) };
+        let kept = match t.dtype() {
+            GgmlDType::Q4_0 => four_bit(Q4Source::Q4_0)?,
+            GgmlDType::Q4_1 => four_bit(Q4Source::Q4_1)?,
+            GgmlDType::Q4K => four_bit(Q4Source::Q4K)?,
+            GgmlDType::Q8_0 => QWeight::from_q8_0(&t.data()?, n, k),
+            _ => None,
+        };
+        if let Some(w) = kept {
+            return Ok(w);
+        }
+        if below_eight_bits(t.dtype()) {
+            *self.widened.entry(format!("{:?}", t.dtype())).or_default() += 1;
+        }
+        let dense = t.dequantize(&Device::Cpu)?.flatten_all()?;
+        Ok(QWeight::from_f32(&dense.to_vec1::<f32>()?, n, k))
     }
 }
 

@@ -15,6 +15,7 @@ pub mod architecture;
 mod attention;
 pub mod constraint;
 mod embedding;
+mod ggml_blocks;
 pub mod gguf;
 mod matmul;
 pub mod model;

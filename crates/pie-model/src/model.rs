@@ -14,21 +14,21 @@ use crate::attention::{self, Heads, SeqRows};
 use crate::constraint::Grammars;
 use crate::embedding::Embedding;
 use crate::gguf::{GgufFile, ModelConfig};
-use crate::matmul::{Kernel, QWeight};
+use crate::matmul::{Kernel, Linear};
 use crate::ops::{rms_norm, silu, Rope, RopeSpec};
 use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
 struct Layer {
     attn_norm: Vec<f32>,
-    qkv: QWeight,
+    qkv: Linear,
     /// Q, K and V's biases, concatenated as `qkv`'s rows are.
     qkv_bias: Option<Vec<f32>>,
     /// Per-head RMSNorm weights of Q and K.
     qk_norm: Option<(Vec<f32>, Vec<f32>)>,
-    out: QWeight,
+    out: Linear,
     ffn_norm: Vec<f32>,
-    gate_up: QWeight,
-    down: QWeight,
+    gate_up: Linear,
+    down: Linear,
 }
 
 pub struct Model {
@@ -40,7 +40,7 @@ pub struct Model {
     embed: Embedding,
     layers: Vec<Layer>,
     norm: Vec<f32>,
-    lm_head: QWeight,
+    lm_head: Linear,
     rope: Rope,
     /// The matmul kernel every linear layer runs on, chosen at load (see
     /// `matmul::KERNEL_ENV`).
@@ -230,7 +230,7 @@ impl Model {
     }
 
     /// One linear layer over `rows` rows of `x`.
-    fn linear(&self, w: &QWeight, x: &[f32], rows: usize) -> Vec<f32> {
+    fn linear(&self, w: &Linear, x: &[f32], rows: usize) -> Vec<f32> {
         if self.float_activations {
             w.forward_float(x, rows)
         } else {

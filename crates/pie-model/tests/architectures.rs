@@ -226,7 +226,8 @@ fn engine(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
 
 /// The cases: each architecture; Llama with Llama 3's frequency divisors
 /// and partial rotary; Qwen 3 with heads wider than hidden / heads; Llama
-/// with a K-quant layer (widened at load, and said so); Phi-3 with fused
+/// with a Q6_K layer (widened at load, and said so) and with a Q4_K one
+/// (kept in 4 bits); Phi-3 with fused
 /// projections and a sliding window that holds sequences to its length.
 fn cases() -> Vec<(&'static str, SynthSpec)> {
     let spec = |arch| SynthSpec {
@@ -264,6 +265,14 @@ fn cases() -> Vec<(&'static str, SynthSpec)> {
             SynthSpec {
                 intermediate: 256,
                 ffn_down_type: GgmlDType::Q6K,
+                ..spec("llama")
+            },
+        ),
+        (
+            "llama-q4k-down",
+            SynthSpec {
+                intermediate: 256,
+                ffn_down_type: GgmlDType::Q4K,
                 ..spec("llama")
             },
         ),

@@ -27,7 +27,7 @@ fn kernel_throughput() {
             let raw: Vec<u8> = (0..n * k / 32 * 20)
                 .map(|i| if i % 20 < 4 { 0x10 } else { rng.gen() })
                 .collect();
-            QWeight::from_q4(&raw, Q4Source::Q4_1, n, k)
+            QWeight::from_q4(&raw, Q4Source::Q4_1, n, k).expect("4-bit blocks")
         } else {
             let wf: Vec<f32> = (0..n * k).map(|_| rng.gen::<f32>() - 0.5).collect();
             QWeight::from_f32(&wf, n, k)

@@ -47,29 +47,110 @@ mod tests;
 #[cfg(target_arch = "x86_64")]
 mod x86_tiles;
 
+/// A linear layer: [`QWeight`]s whose outputs follow one another as columns
+/// of one result (Q, K and V fused into one call). Parts of one storage kind
+/// are merged into one matrix; parts of different kinds stay apart, so a
+/// Q4_K_M file's Q6_K `attn_v` (widened to 8 bits) does not widen the Q4_K
+/// Q and K beside it. The parts share one quantisation of the activations
+/// and one parallel split of the columns.
+pub struct Linear {
+    parts: Vec<QWeight>,
+}
+
+impl Linear {
+    /// `parts` in output order; all take the same inputs.
+    pub fn new(parts: Vec<QWeight>) -> Self {
+        let mut merged: Vec<Vec<QWeight>> = Vec::new();
+        for part in parts {
+            match merged.last_mut() {
+                Some(run) if run[0].same_kind(&part) => run.push(part),
+                _ => merged.push(vec![part]),
+            }
+        }
+        let parts: Vec<QWeight> = merged.into_iter().map(QWeight::concat).collect();
+        assert!(!parts.is_empty(), "a linear layer has a weight");
+        for p in &parts {
+            assert_eq!(
+                (p.k, p.k_in),
+                (parts[0].k, parts[0].k_in),
+                "parts share inputs"
+            );
+        }
+        Self { parts }
+    }
+
+    /// Output columns (the matrix's height).
+    pub fn rows(&self) -> usize {
+        self.parts.iter().map(QWeight::rows).sum()
+    }
+
+    /// The bytes the parts are stored in (see [`QWeight::bytes`]).
+    pub(crate) fn bytes(&self) -> usize {
+        self.parts.iter().map(QWeight::bytes).sum()
+    }
+
+    /// `x (rows x k_in) @ self^T`, row-major `rows x self.rows()`, on `kernel`.
+    pub(crate) fn forward(&self, kernel: Kernel, x: &[f32], rows: usize) -> Vec<f32> {
+        forward_parts(&self.parts, kernel, x, rows)
+    }
+
+    /// As [`Linear::forward`], in f32 without quantising `x` (see `float.rs`).
+    pub(crate) fn forward_float(&self, x: &[f32], rows: usize) -> Vec<f32> {
+        if let [one] = self.parts.as_slice() {
+            return one.forward_float(x, rows);
+        }
+        let n = self.rows();
+        let mut out = vec![0f32; rows * n];
+        let mut c0 = 0;
+        for part in &self.parts {
+            let y = part.forward_float(x, rows);
+            for (dst, src) in out.chunks_exact_mut(n).zip(y.chunks_exact(part.n)) {
+                dst[c0..c0 + part.n].copy_from_slice(src);
+            }
+            c0 += part.n;
+        }
+        out
+    }
+}
+
+#[cfg(test)]
 impl QWeight {
     /// `x (rows x k_in) @ self^T`, row-major `rows x n`, on `kernel`.
     pub(crate) fn forward(&self, kernel: Kernel, x: &[f32], rows: usize) -> Vec<f32> {
-        assert_eq!(x.len(), rows * self.k_in, "activation size");
-        let acts = Acts::quantize(x, rows, self.k_in, &self.order);
-        // Enough column ranges to balance the pool's threads, but each a few
-        // dozen columns so a task's work dwarfs the scheduling.
-        let tasks = rayon::current_num_threads() * 4;
-        let cols = self.n.div_ceil(tasks).next_multiple_of(8).max(32);
-        let mut out = vec![0f32; rows * self.n];
-        let dst = Out {
-            ptr: out.as_mut_ptr(),
-            stride: self.n,
-        };
-        (0..self.n.div_ceil(cols)).into_par_iter().for_each(|t| {
-            let c0 = t * cols;
-            let nc = cols.min(self.n - c0);
-            // SAFETY: `out` holds `rows x n`, outlives the loop, and each task
-            // writes only its own columns `c0..c0 + nc`.
-            unsafe { kernel.run(self, &acts, c0, nc, dst.at(0, c0)) };
-        });
-        out
+        forward_parts(std::slice::from_ref(self), kernel, x, rows)
     }
+}
+
+/// `x @ parts^T` with the parts' columns side by side, row-major.
+fn forward_parts(parts: &[QWeight], kernel: Kernel, x: &[f32], rows: usize) -> Vec<f32> {
+    let (k_in, order) = (parts[0].k_in, &parts[0].order);
+    assert_eq!(x.len(), rows * k_in, "activation size");
+    let acts = Acts::quantize(x, rows, k_in, order);
+    let n: usize = parts.iter().map(|p| p.n).sum();
+    // Enough column ranges to balance the pool's threads, but each a few
+    // dozen columns so a task's work dwarfs the scheduling.
+    let threads = rayon::current_num_threads() * 4;
+    let cols = n.div_ceil(threads).next_multiple_of(8).max(32);
+    // (part, its first column, columns, the result's column of the first).
+    let mut tasks = Vec::new();
+    let mut at = 0;
+    for part in parts {
+        for c0 in (0..part.n).step_by(cols) {
+            tasks.push((part, c0, cols.min(part.n - c0), at + c0));
+        }
+        at += part.n;
+    }
+    let mut out = vec![0f32; rows * n];
+    let dst = Out {
+        ptr: out.as_mut_ptr(),
+        stride: n,
+    };
+    tasks.into_par_iter().for_each(|(part, c0, nc, col)| {
+        // SAFETY: `out` holds `rows x n`, outlives the loop, and each task
+        // writes only its own columns `col..col + nc`.
+        unsafe { kernel.run(part, &acts, c0, nc, dst.at(0, col)) };
+    });
+    out
 }
 
 /// A matmul implementation. They all give the same results (the tests hold

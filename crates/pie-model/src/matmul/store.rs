@@ -7,6 +7,7 @@ use rayon::prelude::*;
 
 use super::layout::{kernel_order, pack_q4, BLOCK, GROUP};
 use super::quantize::{self, quantize_block};
+use crate::ggml_blocks::{q4k_sub_blocks, BlockType};
 
 pub(super) enum Quants {
     /// 4-bit values, two per byte, in kernel order (see `layout::pack_q4`); `m` holds
@@ -32,12 +33,67 @@ pub struct QWeight {
     pub(super) float: std::sync::OnceLock<Vec<f32>>,
 }
 
-/// A GGML 4-bit block as stored in GGUF.
+/// A GGML 4-bit block type as stored in GGUF.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Q4Source {
     /// `d: f16, qs: [u8; 16]`, value `d * (q - 8)`.
     Q4_0,
     /// `d: f16, m: f16, qs: [u8; 16]`, value `d * q + m`.
     Q4_1,
+    /// 256-value super-blocks of eight `d * sc * q - dmin * m` sub-blocks
+    /// (see `ggml_blocks::q4k_sub_blocks`).
+    Q4K,
+}
+
+/// One 32-value block as the 4-bit store keeps it: `d * q + m`.
+struct Q4Block {
+    d: f16,
+    m: f16,
+    q: [u8; BLOCK],
+}
+
+impl Q4Source {
+    fn block_type(self) -> BlockType {
+        match self {
+            Q4Source::Q4_0 => BlockType::Q4_0,
+            Q4Source::Q4_1 => BlockType::Q4_1,
+            Q4Source::Q4K => BlockType::Q4K,
+        }
+    }
+
+    /// One stored block as its 32-value blocks, appended to `out`. Q4_0 and
+    /// Q4_1 keep their values exactly; a Q4_K sub-block's `d * sc` and
+    /// `dmin * m` are rounded to f16 (a relative 2^-11 of the scale), or
+    /// `None` when one leaves f16's range.
+    fn blocks(self, blk: &[u8], out: &mut Vec<Q4Block>) -> Option<()> {
+        let half = |b: &[u8]| f16::from_le_bytes([b[0], b[1]]);
+        let nibbles = |qs: &[u8]| -> [u8; BLOCK] {
+            std::array::from_fn(|j| (qs[j % 16] >> (4 * (j / 16))) & 0xF)
+        };
+        match self {
+            // `d * (q - 8)` is `d * q + (-8 d)`; scaling by 8 is exact in f16.
+            Q4Source::Q4_0 => out.push(Q4Block {
+                d: half(blk),
+                m: f16::from_f32(-8.0 * half(blk).to_f32()),
+                q: nibbles(&blk[2..18]),
+            }),
+            Q4Source::Q4_1 => out.push(Q4Block {
+                d: half(blk),
+                m: half(&blk[2..]),
+                q: nibbles(&blk[4..20]),
+            }),
+            Q4Source::Q4K => {
+                for sub in q4k_sub_blocks(blk) {
+                    let (d, m) = (f16::from_f32(sub.d), f16::from_f32(sub.m));
+                    if !(d.is_finite() && m.is_finite()) {
+                        return None;
+                    }
+                    out.push(Q4Block { d, m, q: sub.q });
+                }
+            }
+        }
+        Some(())
+    }
 }
 
 impl QWeight {
@@ -96,40 +152,39 @@ impl QWeight {
         }
     }
 
-    /// Raw GGUF 4-bit blocks of an `n x k` matrix; the values stay exactly as they are.
-    pub fn from_q4(raw: &[u8], source: Q4Source, n: usize, k: usize) -> Self {
-        assert!(k.is_multiple_of(BLOCK), "4-bit rows are whole blocks");
+    /// Raw GGUF 4-bit blocks of an `n x k` matrix, their values kept (see
+    /// [`Q4Source`] for Q4_K's scales); `None` when a Q4_K scale leaves f16's
+    /// range.
+    pub fn from_q4(raw: &[u8], source: Q4Source, n: usize, k: usize) -> Option<Self> {
+        let kind = source.block_type();
+        assert!(
+            k.is_multiple_of(kind.values()),
+            "4-bit rows are whole blocks"
+        );
         let nb = k / BLOCK;
         let nbp = nb.next_multiple_of(GROUP);
-        let block_bytes = match source {
-            Q4Source::Q4_0 => 18,
-            Q4Source::Q4_1 => 20,
-        };
-        assert_eq!(raw.len(), n * nb * block_bytes, "4-bit weight size");
+        let row_bytes = k / kind.values() * kind.bytes();
+        assert_eq!(raw.len(), n * row_bytes, "4-bit weight size");
         let order = kernel_order(k);
         let mut d = vec![f16::ZERO; n * nbp];
         let mut m = vec![f16::ZERO; n * nbp];
         let mut qs = Vec::with_capacity(n * k / 2);
         let mut q = vec![0u8; k];
-        let half = |b: &[u8]| f16::from_le_bytes([b[0], b[1]]);
-        for (row, blocks) in raw.chunks_exact(nb * block_bytes).enumerate() {
-            for (b, blk) in blocks.chunks_exact(block_bytes).enumerate() {
-                let at = row * nbp + b;
-                d[at] = half(blk);
-                m[at] = match source {
-                    // `d * (q - 8)` is `d * q + (-8 d)`; scaling by 8 is exact in f16.
-                    Q4Source::Q4_0 => f16::from_f32(-8.0 * d[at].to_f32()),
-                    Q4Source::Q4_1 => half(&blk[2..]),
-                };
-                for (j, &byte) in blk[block_bytes - 16..].iter().enumerate() {
-                    q[b * BLOCK + j] = byte & 0xf;
-                    q[b * BLOCK + j + 16] = byte >> 4;
-                }
+        let mut blocks = Vec::with_capacity(nb);
+        for (row, stored) in raw.chunks_exact(row_bytes).enumerate() {
+            blocks.clear();
+            for blk in stored.chunks_exact(kind.bytes()) {
+                source.blocks(blk, &mut blocks)?;
+            }
+            for (b, block) in blocks.iter().enumerate() {
+                d[row * nbp + b] = block.d;
+                m[row * nbp + b] = block.m;
+                q[b * BLOCK..][..BLOCK].copy_from_slice(&block.q);
             }
             let ordered: Vec<u8> = order.iter().map(|&i| q[i as usize]).collect();
             pack_q4(&ordered, &mut qs);
         }
-        Self {
+        Some(Self {
             n,
             k_in: k,
             k,
@@ -137,7 +192,52 @@ impl QWeight {
             quants: Quants::Q4 { qs, m },
             order,
             float: Default::default(),
+        })
+    }
+
+    /// Raw GGUF Q8_0 blocks (`d: f16, qs: [i8; 32]`) of an `n x k` matrix,
+    /// kept exactly; `None` when a value is -128 (the kernels' sums need
+    /// `|q| <= 127`, and ggml's quantiser never writes it).
+    pub fn from_q8_0(raw: &[u8], n: usize, k: usize) -> Option<Self> {
+        const Q8_0_BYTES: usize = 34;
+        assert!(k.is_multiple_of(BLOCK), "8-bit rows are whole blocks");
+        let nb = k / BLOCK;
+        let nbp = nb.next_multiple_of(GROUP);
+        assert_eq!(raw.len(), n * nb * Q8_0_BYTES, "Q8_0 weight size");
+        let order = kernel_order(k);
+        let mut d = vec![f16::ZERO; n * nbp];
+        let mut qs = Vec::with_capacity(n * k);
+        let mut q = vec![0i8; k];
+        for (row, stored) in raw.chunks_exact(nb * Q8_0_BYTES).enumerate() {
+            for (b, blk) in stored.chunks_exact(Q8_0_BYTES).enumerate() {
+                d[row * nbp + b] = f16::from_le_bytes([blk[0], blk[1]]);
+                for (dst, &byte) in q[b * BLOCK..][..BLOCK].iter_mut().zip(&blk[2..]) {
+                    *dst = byte as i8;
+                }
+            }
+            if q.contains(&i8::MIN) {
+                return None;
+            }
+            qs.extend(order.iter().map(|&i| q[i as usize]));
         }
+        Some(Self {
+            n,
+            k_in: k,
+            k,
+            d,
+            quants: Quants::Q8 { qs },
+            order,
+            float: Default::default(),
+        })
+    }
+
+    /// Whether `other` is stored as this is (4-bit or 8-bit blocks), so the
+    /// two can be concatenated.
+    pub(super) fn same_kind(&self, other: &QWeight) -> bool {
+        matches!(
+            (&self.quants, &other.quants),
+            (Quants::Q4 { .. }, Quants::Q4 { .. }) | (Quants::Q8 { .. }, Quants::Q8 { .. })
+        )
     }
 
     /// Rows concatenated (e.g. Q, K and V fused into one matmul). All parts must

@@ -2,6 +2,8 @@ use super::layout::{kernel_order, BLOCK};
 use super::quantize::quantize_block;
 use super::store::Quants;
 use super::*;
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
 use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -123,7 +125,7 @@ fn q4_matches_reference() {
     // Block counts 10, 15 and 48 cover runs of every length (8, 4, 2, 1).
     for (n, k, rows) in [(37, 320, 11), (9, 480, 6), (16, 1536, 4)] {
         let (raw, deq) = q4_1_blocks(&random(&mut rng, n * k));
-        let w = QWeight::from_q4(&raw, Q4Source::Q4_1, n, k);
+        let w = QWeight::from_q4(&raw, Q4Source::Q4_1, n, k).expect("4-bit blocks");
         let x = random(&mut rng, rows * k);
         let want = reference(&deq, &x, n, k);
         check_kernels(&w, &x, rows, &want, 1e-3);
@@ -145,7 +147,7 @@ fn q4_0_maps_exactly() {
         raw.extend((0..16).map(|j| q[j] | (q[j + 16] << 4)));
         deq.extend(q.iter().map(|&q| d.to_f32() * (q as f32 - 8.0)));
     }
-    let w = QWeight::from_q4(&raw, Q4Source::Q4_0, n, k);
+    let w = QWeight::from_q4(&raw, Q4Source::Q4_0, n, k).expect("4-bit blocks");
     let x = random(&mut rng, 3 * k);
     check_kernels(&w, &x, 3, &reference(&deq, &x, n, k), 1e-3);
 }
@@ -165,21 +167,109 @@ fn q8_matches_reference_with_padding() {
     }
 }
 
+/// A linear layer's parts keep their own storage where kinds differ (a
+/// Q4_K_M file's 8-bit `attn_v` beside 4-bit Q and K), adjacent parts of one
+/// kind merge into one matrix, and on every kernel the result is each part's
+/// own result, side by side, bit for bit.
 #[test]
-fn concat_stacks_rows() {
-    let mut rng = StdRng::seed_from_u64(4);
-    let (a, b) = (random(&mut rng, 3 * 64), random(&mut rng, 5 * 64));
-    let fused = QWeight::concat(vec![
-        QWeight::from_f32(&a, 3, 64),
-        QWeight::from_f32(&b, 5, 64),
-    ]);
-    let x = random(&mut rng, 2 * 64);
-    assert_eq!(fused.n, 8);
-    assert_close(
-        &fused.forward(Kernel::detect(), &x, 2),
-        &reference(&q8_dequant(&fused), &x, 8, 64),
-        1e-3,
-    );
+fn a_linear_layer_keeps_mixed_kinds_apart_and_merges_the_rest() {
+    let k = 96;
+    let part_sizes = [40, 24, 8, 56];
+    // The same parts twice: one set for the layer, one to run alone.
+    let parts = || {
+        let mut rng = StdRng::seed_from_u64(4);
+        part_sizes
+            .iter()
+            .map(|&n| match n {
+                8 => QWeight::from_f32(&random(&mut rng, n * k), n, k),
+                _ => {
+                    let (raw, _) = q4_1_blocks(&random(&mut rng, n * k));
+                    QWeight::from_q4(&raw, Q4Source::Q4_1, n, k).expect("4-bit blocks")
+                }
+            })
+            .collect::<Vec<_>>()
+    };
+    let alone = parts();
+    let parts = parts();
+    let linear = Linear::new(parts);
+    assert_eq!(linear.parts.len(), 3, "the two leading 4-bit parts merge");
+    assert_eq!(linear.rows(), part_sizes.iter().sum::<usize>());
+    let rows = 6;
+    let x = random(&mut StdRng::seed_from_u64(5), rows * k);
+    for kernel in simd_kernels().into_iter().chain([Kernel::Portable]) {
+        let got = linear.forward(kernel, &x, rows);
+        let each: Vec<Vec<f32>> = alone.iter().map(|p| p.forward(kernel, &x, rows)).collect();
+        for r in 0..rows {
+            let want: Vec<f32> = each
+                .iter()
+                .zip(part_sizes)
+                .flat_map(|(y, n)| y[r * n..][..n].to_vec())
+                .collect();
+            assert_eq!(
+                got[r * linear.rows()..][..linear.rows()],
+                want,
+                "{kernel:?}"
+            );
+        }
+    }
+    let float: Vec<f32> = linear.forward_float(&x, rows);
+    assert_eq!(float.len(), rows * linear.rows());
+    assert_close(&float, &linear.forward(Kernel::Portable, &x, rows), 0.05);
+}
+
+/// A GGML tensor of `w` (`n x k`) in `dtype`: its raw blocks and candle's
+/// dequantisation of them (ggml's rule).
+fn ggml_tensor(dtype: GgmlDType, w: Vec<f32>, n: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
+    let dense = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
+    let t = QTensor::quantize(&dense, dtype).unwrap();
+    let deq = t.dequantize(&Device::Cpu).unwrap();
+    let deq = deq.flatten_all().unwrap().to_vec1().unwrap();
+    (t.data().unwrap().into_owned(), deq)
+}
+
+/// The weights `w` stores (`n x k_in`, row-major), read back exactly through
+/// the f32 path: `forward_float` of the identity is `w` transposed.
+fn stored_weights(w: &QWeight) -> Vec<f32> {
+    let k = w.k_in;
+    let eye: Vec<f32> = (0..k * k)
+        .map(|i| if i / k == i % k { 1.0 } else { 0.0 })
+        .collect();
+    let t = w.forward_float(&eye, k);
+    (0..w.n * k).map(|i| t[(i % k) * w.n + i / k]).collect()
+}
+
+/// Q4_K super-blocks repack into the 4-bit store: each weight within the f16
+/// rounding of its sub-block's `d * sc` and `dmin * m` (2^-11 of each) of
+/// ggml's value, and every kernel computes with what was stored.
+#[test]
+fn q4_k_keeps_the_files_values_up_to_f16_scales() {
+    let mut rng = StdRng::seed_from_u64(31);
+    for (n, k, rows) in [(19, 768, 5), (8, 256, 1), (12, 1280, 4)] {
+        let (raw, deq) = ggml_tensor(GgmlDType::Q4K, random(&mut rng, n * k), n, k);
+        let w = QWeight::from_q4(&raw, Q4Source::Q4K, n, k).expect("scales fit f16");
+        let stored = stored_weights(&w);
+        let amax = deq.iter().fold(0f32, |m, v| m.max(v.abs()));
+        // |d sc| * 15 and |dmin m| are each at most the sub-block's range.
+        assert_close(&stored, &deq, 4.0 * amax / 2048.0);
+        assert!(stored.iter().zip(&deq).any(|(s, d)| s == d));
+        let x = random(&mut rng, rows * k);
+        check_kernels(&w, &x, rows, &reference(&stored, &x, n, k), 1e-3);
+    }
+}
+
+/// Q8_0 blocks are stored as they are (no requantisation); a -128, which the
+/// kernels' sums cannot take, is refused so the loader widens instead.
+#[test]
+fn q8_0_keeps_the_files_values_exactly() {
+    let mut rng = StdRng::seed_from_u64(32);
+    let (n, k, rows) = (21, 15 * BLOCK, 6);
+    let (mut raw, deq) = ggml_tensor(GgmlDType::Q8_0, random(&mut rng, n * k), n, k);
+    let w = QWeight::from_q8_0(&raw, n, k).expect("no -128");
+    assert_eq!(stored_weights(&w), deq);
+    let x = random(&mut rng, rows * k);
+    check_kernels(&w, &x, rows, &reference(&deq, &x, n, k), 1e-3);
+    raw[2 + 34 * 3] = 0x80;
+    assert!(QWeight::from_q8_0(&raw, n, k).is_none());
 }
 
 /// The same-tokens guarantee: a row's output is bit-identical whether it runs
@@ -189,7 +279,7 @@ fn rows_are_independent_of_the_batch() {
     let mut rng = StdRng::seed_from_u64(5);
     let (n, k) = (70, 576);
     let (raw, _) = q4_1_blocks(&random(&mut rng, n * k));
-    let q4 = QWeight::from_q4(&raw, Q4Source::Q4_1, n, k);
+    let q4 = QWeight::from_q4(&raw, Q4Source::Q4_1, n, k).expect("4-bit blocks");
     let q8 = QWeight::from_f32(&random(&mut rng, n * k), n, k);
     let x = random(&mut rng, 13 * k);
     for kernel in simd_kernels().into_iter().chain([Kernel::Portable]) {
@@ -240,7 +330,7 @@ fn bytes_count_the_stored_matrix() {
     );
     // 4-bit, 48 blocks a row: 16 rows x (768 + 48 x 2 x 2).
     let (raw, _) = q4_1_blocks(&[0.25; 16 * 1536]);
-    let w = QWeight::from_q4(&raw, Q4Source::Q4_1, 16, 1536);
+    let w = QWeight::from_q4(&raw, Q4Source::Q4_1, 16, 1536).expect("4-bit blocks");
     assert_eq!(w.bytes(), 16 * (768 + 192));
 }
 
@@ -288,7 +378,7 @@ fn float_activations_use_the_stored_weights_and_unrounded_inputs() {
     let (n, rows) = (5, 3);
     let k = 15 * BLOCK;
     let (raw, deq) = q4_1_blocks(&random(&mut rng, n * k));
-    let w = QWeight::from_q4(&raw, Q4Source::Q4_1, n, k);
+    let w = QWeight::from_q4(&raw, Q4Source::Q4_1, n, k).expect("4-bit blocks");
     let x = random(&mut rng, rows * k);
     assert_close(&w.forward_float(&x, rows), &dense(&deq, &x, n, k), 1e-4);
 

@@ -1,0 +1,204 @@
+//! GGML's block formats as GGUF stores them, decoded: a block widened to f32
+//! (the token embedding's rows), and a Q4_K super-block as eight 32-value
+//! sub-blocks of the `d * q + m` form the 4-bit matmul stores. The rules are
+//! ggml's `dequantize_row_*`; the tests hold each to candle's dequantisation.
+
+use candle_core::quantized::GgmlDType;
+use half::f16;
+
+/// The block types read without widening the whole tensor at load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BlockType {
+    Q8_0,
+    Q4_0,
+    Q4_1,
+    F16,
+    Q4K,
+    Q6K,
+}
+
+/// Values in a K-quant super-block.
+const QK_K: usize = 256;
+
+impl BlockType {
+    pub(crate) fn of(dtype: GgmlDType) -> Option<Self> {
+        match dtype {
+            GgmlDType::Q8_0 => Some(Self::Q8_0),
+            GgmlDType::Q4_0 => Some(Self::Q4_0),
+            GgmlDType::Q4_1 => Some(Self::Q4_1),
+            GgmlDType::F16 => Some(Self::F16),
+            GgmlDType::Q4K => Some(Self::Q4K),
+            GgmlDType::Q6K => Some(Self::Q6K),
+            _ => None,
+        }
+    }
+
+    /// Values one block holds.
+    pub(crate) fn values(self) -> usize {
+        match self {
+            Self::Q4K | Self::Q6K => QK_K,
+            _ => 32,
+        }
+    }
+
+    /// Bytes one block takes.
+    pub(crate) fn bytes(self) -> usize {
+        match self {
+            Self::Q8_0 => 34,
+            Self::Q4_0 => 18,
+            Self::Q4_1 => 20,
+            Self::F16 => 64,
+            Self::Q4K => 144,
+            Self::Q6K => 210,
+        }
+    }
+
+    /// The values of `block`, appended to `out`.
+    pub(crate) fn widen(self, block: &[u8], out: &mut Vec<f32>) {
+        let half_at = |i: usize| half(&block[i..]);
+        match self {
+            Self::Q8_0 => {
+                let d = half_at(0);
+                out.extend(block[2..34].iter().map(|&q| f32::from(q as i8) * d));
+            }
+            Self::Q4_0 => widen_nibbles(half_at(0), -8.0 * half_at(0), &block[2..18], out),
+            Self::Q4_1 => widen_nibbles(half_at(0), half_at(2), &block[4..20], out),
+            Self::F16 => out.extend((0..32).map(|i| half_at(2 * i))),
+            Self::Q4K => {
+                for sub in q4k_sub_blocks(block) {
+                    out.extend(sub.q.iter().map(|&q| sub.d * f32::from(q) + sub.m));
+                }
+            }
+            Self::Q6K => widen_q6k(block, out),
+        }
+    }
+}
+
+fn half(b: &[u8]) -> f32 {
+    f16::from_le_bytes([b[0], b[1]]).to_f32()
+}
+
+/// GGML's 4-bit block body: element `j` in the low nibble of byte `j`,
+/// element `j + 16` in the high one; value `d * q + m`.
+fn widen_nibbles(d: f32, m: f32, qs: &[u8], out: &mut Vec<f32>) {
+    out.extend(qs.iter().map(|&b| f32::from(b & 0xF) * d + m));
+    out.extend(qs.iter().map(|&b| f32::from(b >> 4) * d + m));
+}
+
+/// 32 values `d * q + m`, `q` in `0..16`.
+pub(crate) struct SubBlock {
+    pub d: f32,
+    pub m: f32,
+    pub q: [u8; 32],
+}
+
+/// A Q4_K super-block (`d`, `dmin`: f16; twelve bytes of 6-bit scales and
+/// minimums; 128 bytes of nibbles) as its eight sub-blocks, sub-block `i`
+/// being `d * sc_i * q - dmin * m_i`.
+pub(crate) fn q4k_sub_blocks(block: &[u8]) -> [SubBlock; 8] {
+    let (d, dmin) = (half(block), half(&block[2..]));
+    let scales = &block[4..16];
+    let qs = &block[16..144];
+    std::array::from_fn(|i| {
+        let (sc, m) = scale_min_k4(i, scales);
+        // Sub-blocks 2j and 2j + 1 share 32 bytes: low nibbles, then high.
+        let bytes = &qs[i / 2 * 32..][..32];
+        let shift = 4 * (i % 2);
+        SubBlock {
+            d: d * f32::from(sc),
+            m: -dmin * f32::from(m),
+            q: std::array::from_fn(|l| (bytes[l] >> shift) & 0xF),
+        }
+    })
+}
+
+/// Sub-block `j`'s 6-bit scale and minimum, packed as ggml's
+/// `get_scale_min_k4` reads them.
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// A Q6_K super-block (128 bytes of low nibbles, 64 of high bit pairs, 16
+/// signed 8-bit scales, `d`: f16): value `d * scale * (q - 32)` for each
+/// 16-value group's scale.
+fn widen_q6k(block: &[u8], out: &mut Vec<f32>) {
+    let (ql, qh, scales) = (&block[..128], &block[128..192], &block[192..208]);
+    let d = half(&block[208..]);
+    let start = out.len();
+    out.resize(start + QK_K, 0.0);
+    let y = &mut out[start..];
+    for half_block in 0..2 {
+        let (ql, qh) = (&ql[half_block * 64..], &qh[half_block * 32..]);
+        let sc = &scales[half_block * 8..];
+        let y = &mut y[half_block * 128..];
+        for l in 0..32 {
+            let is = l / 16;
+            let quads = [
+                (ql[l] & 0xF) | ((qh[l] & 3) << 4),
+                (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4),
+                (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4),
+                (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4),
+            ];
+            for (quarter, q) in quads.into_iter().enumerate() {
+                let scale = f32::from(sc[is + 2 * quarter] as i8);
+                y[l + 32 * quarter] = d * scale * f32::from(q as i8 - 32);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::quantized::QTensor;
+    use candle_core::{Device, Tensor};
+
+    use super::*;
+
+    /// Every type widens a tensor's blocks to what candle's dequantisation
+    /// gives (ggml's rule), on rows of varied scale and offset.
+    #[test]
+    fn each_block_type_widens_as_ggml_defines_it() {
+        let values: Vec<f32> = (0..4 * QK_K)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0 * (1 + i / 200) as f32 + 0.3)
+            .collect();
+        let dense = Tensor::from_vec(values, (4, QK_K), &Device::Cpu).unwrap();
+        for dtype in [
+            GgmlDType::Q8_0,
+            GgmlDType::Q4_0,
+            GgmlDType::Q4_1,
+            GgmlDType::F16,
+            GgmlDType::Q4K,
+            GgmlDType::Q6K,
+        ] {
+            let t = QTensor::quantize(&dense, dtype).unwrap();
+            let want: Vec<f32> = t
+                .dequantize(&Device::Cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let kind = BlockType::of(dtype).unwrap();
+            let data = t.data().unwrap();
+            assert_eq!(data.len(), want.len() / kind.values() * kind.bytes());
+            let mut got = Vec::new();
+            for block in data.chunks_exact(kind.bytes()) {
+                kind.widen(block, &mut got);
+            }
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(g, w)| (g - w).abs())
+                .fold(0f32, f32::max);
+            // The same rule; only f32 operation order may differ.
+            assert!(worst <= 1e-5, "{dtype:?}: off by {worst}");
+        }
+    }
+}
