@@ -60,7 +60,8 @@ def read_tokenizer(path):
 
 def tensor_shapes(s, n_vocab):
     """(name, numpy shape (out, in), is_norm) for every tensor, in file order."""
-    d, q, kv, ff, hd = s["n_embd"], s["n_head"] * s["head_dim"], s["n_head_kv"] * s["head_dim"], s["n_ff"], s["head_dim"]
+    d, ff, hd = s["n_embd"], s["n_ff"], s["head_dim"]
+    q, kv = s["n_head"] * hd, s["n_head_kv"] * hd
     yield "token_embd.weight", (n_vocab, d), False
     for i in range(s["n_layer"]):
         b = f"blk.{i}."

@@ -15,7 +15,32 @@ pub enum RopeLayout {
     Halves,
 }
 
-#[derive(Debug, PartialEq, Eq)]
+/// The FFN's gate activation: `act(gate) * up`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU.
+    Silu,
+    /// GeGLU with GELU's tanh approximation (Gemma).
+    GeluTanh,
+}
+
+/// What the file's `attention.sliding_window` means.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Window {
+    /// Every layer's window: sequences are held to its length, which makes
+    /// the window exact without masking (Phi-3).
+    HoldsSequences,
+    /// Every layer but each `global_every`th (layers `global_every - 1`,
+    /// `2 * global_every - 1`, ...) attends within the window, with RoPE of
+    /// base `local_rope_theta` and no scaling; the others see the whole
+    /// sequence with the file's RoPE (Gemma 3).
+    Interleaved {
+        global_every: usize,
+        local_rope_theta: f32,
+    },
+}
+
+#[derive(Debug, PartialEq)]
 pub struct Architecture {
     /// `general.architecture`, and the prefix of its metadata keys.
     pub name: &'static str,
@@ -28,36 +53,62 @@ pub struct Architecture {
     /// FFN's gate and up as one (`blk.N.ffn_up.weight`, gate rows first).
     pub fused: bool,
     pub rope: RopeLayout,
+    /// The token embedding is scaled by `sqrt(hidden)` (Gemma).
+    pub embed_scale: bool,
+    /// Attention's and the FFN's outputs are RMS-normalised before the
+    /// residual add (`blk.N.post_attention_norm`, `blk.N.post_ffw_norm`).
+    pub post_norms: bool,
+    pub activation: Activation,
+    pub window: Window,
 }
 
+/// What most architectures are: Llama's.
+const LLAMA: Architecture = Architecture {
+    name: "llama",
+    qkv_bias: false,
+    qk_norm: false,
+    fused: false,
+    rope: RopeLayout::Adjacent,
+    embed_scale: false,
+    post_norms: false,
+    activation: Activation::Silu,
+    window: Window::HoldsSequences,
+};
+
 const SUPPORTED: &[Architecture] = &[
-    Architecture {
-        name: "llama",
-        qkv_bias: false,
-        qk_norm: false,
-        fused: false,
-        rope: RopeLayout::Adjacent,
-    },
+    LLAMA,
     Architecture {
         name: "qwen2",
         qkv_bias: true,
-        qk_norm: false,
-        fused: false,
         rope: RopeLayout::Halves,
+        ..LLAMA
     },
     Architecture {
         name: "qwen3",
-        qkv_bias: false,
         qk_norm: true,
-        fused: false,
         rope: RopeLayout::Halves,
+        ..LLAMA
     },
     Architecture {
         name: "phi3",
-        qkv_bias: false,
-        qk_norm: false,
         fused: true,
         rope: RopeLayout::Halves,
+        ..LLAMA
+    },
+    // As llama.cpp builds it: five sliding-window layers (RoPE base 10,000)
+    // to each global one. The file's norm weights already hold Gemma's `1 +`.
+    Architecture {
+        name: "gemma3",
+        qk_norm: true,
+        rope: RopeLayout::Halves,
+        embed_scale: true,
+        post_norms: true,
+        activation: Activation::GeluTanh,
+        window: Window::Interleaved {
+            global_every: 6,
+            local_rope_theta: 10_000.0,
+        },
+        ..LLAMA
     },
 ];
 
@@ -82,9 +133,10 @@ mod tests {
     #[test]
     fn an_unknown_architecture_is_refused_naming_the_served_ones() {
         assert_eq!(architecture("qwen2").unwrap().rope, RopeLayout::Halves);
-        let e = architecture("gemma3").unwrap_err().to_string();
+        assert_eq!(architecture("qwen2").unwrap().activation, Activation::Silu);
+        let e = architecture("gemma2").unwrap_err().to_string();
         assert!(
-            e.contains("`gemma3`") && e.contains("llama, qwen2, qwen3, phi3"),
+            e.contains("`gemma2`") && e.contains("llama, qwen2, qwen3, phi3, gemma3"),
             "{e}"
         );
     }

@@ -6,13 +6,13 @@ use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Device;
 use pie_core::ModelFingerprint;
 
-use crate::architecture::{architecture, Architecture};
+use crate::architecture::{architecture, Architecture, Window};
 use crate::matmul::{Linear, Q4Source, QWeight};
 
 /// Hyper-parameters of a model, from its `{architecture}.*` GGUF keys.
@@ -32,11 +32,11 @@ pub struct ModelConfig {
     pub rope_linear: f32,
     pub rope_theta: f32,
     pub rms_eps: f32,
-    /// `attention.sliding_window`: sequences are held to it (so every
-    /// layer's window covers the whole sequence).
+    /// `attention.sliding_window`, applied as the architecture's
+    /// [`Window`] says.
     pub sliding_window: Option<usize>,
     /// The most positions a sequence may have: the file's context length,
-    /// or its sliding window where shorter.
+    /// or a sliding window that holds sequences where shorter.
     pub context_length: usize,
 }
 
@@ -157,8 +157,23 @@ impl GgufFile {
             .get_usize(&key("attention.head_count_kv"))
             .unwrap_or(heads);
         let head_dim = self.head_dim(&name, hidden, heads)?;
-        // Within its window a sliding-window layer attends to every key.
         let sliding_window = self.get_usize(&key("attention.sliding_window")).ok();
+        ensure!(
+            sliding_window != Some(0),
+            "{name}.attention.sliding_window must be above 0"
+        );
+        // A window every layer keeps holds sequences to its length, so each
+        // layer's window covers the whole sequence.
+        let held = match arch.window {
+            Window::HoldsSequences => sliding_window,
+            Window::Interleaved { .. } => None,
+        };
+        let layers = self.get_usize(&key("block_count"))?;
+        // llama.cpp scales Gemma 3 27B's (62 layers) queries by hidden / heads.
+        ensure!(
+            !(arch.embed_scale && layers == 62),
+            "{name} with 62 layers (Gemma 3 27B): its query scale (hidden / heads) is not served yet"
+        );
         let rope_dims = self
             .get_usize(&key("rope.dimension_count"))
             .unwrap_or(head_dim);
@@ -174,7 +189,7 @@ impl GgufFile {
             vocab,
             hidden,
             intermediate: self.get_usize(&key("feed_forward_length"))?,
-            layers: self.get_usize(&key("block_count"))?,
+            layers,
             heads,
             kv_heads,
             head_dim,
@@ -188,7 +203,7 @@ impl GgufFile {
             context_length: self
                 .get_usize(&key("context_length"))
                 .unwrap_or(2048)
-                .min(sliding_window.unwrap_or(usize::MAX)),
+                .min(held.unwrap_or(usize::MAX)),
         })
     }
 

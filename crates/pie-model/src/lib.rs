@@ -1,5 +1,5 @@
-//! A decoder of the Llama, Qwen (2, 3) and Phi-3 families (RMSNorm, RoPE, GQA attention,
-//! SwiGLU MLP) on candle, computing over the paged KV cache of `pie-kv`.
+//! A decoder of the Llama, Qwen (2, 3), Phi-3 and Gemma 3 families (RMSNorm, RoPE, GQA
+//! attention, sliding windows, gated MLP) on candle, computing over the paged KV cache of `pie-kv`.
 //!
 //! - [`architecture`]: what differs between the served architectures.
 //! - [`gguf`]: reading a GGUF file: hyper-parameters, weights, fingerprint.
@@ -24,7 +24,7 @@ pub mod sampling;
 pub mod synth;
 pub mod tokenizer;
 
-pub use architecture::{Architecture, RopeLayout};
+pub use architecture::{Activation, Architecture, RopeLayout, Window};
 pub use constraint::{Constraint, Grammar, GrammarSpec, Grammars};
 pub use gguf::ModelConfig;
 pub use model::{Model, SeqInput};

@@ -10,12 +10,13 @@ use anyhow::{bail, ensure, Result};
 use pie_core::ModelFingerprint;
 use pie_kv::{KvLayout, KvPool, PageTable};
 
-use crate::attention::{self, Heads, SeqRows};
+use crate::architecture::{Activation, Window};
+use crate::attention::{self, Heads, Scoring, SeqRows};
 use crate::constraint::Grammars;
 use crate::embedding::Embedding;
 use crate::gguf::{GgufFile, ModelConfig};
 use crate::matmul::{Kernel, Linear};
-use crate::ops::{rms_norm, silu, Rope, RopeSpec};
+use crate::ops::{gelu_tanh, rms_norm, silu, Rope, RopeSpec};
 use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
 struct Layer {
@@ -29,6 +30,12 @@ struct Layer {
     ffn_norm: Vec<f32>,
     gate_up: Linear,
     down: Linear,
+    /// RMSNorm weights of attention's and the FFN's outputs.
+    post_norms: Option<(Vec<f32>, Vec<f32>)>,
+    /// How this layer's queries score keys (its window, if it has one).
+    scoring: Scoring,
+    /// Rotated with the sliding-window layers' RoPE (see [`Window`]).
+    local_rope: bool,
 }
 
 pub struct Model {
@@ -42,6 +49,8 @@ pub struct Model {
     norm: Vec<f32>,
     lm_head: Linear,
     rope: Rope,
+    /// The sliding-window layers' RoPE, where it differs (see [`Window`]).
+    local_rope: Option<Rope>,
     /// The matmul kernel every linear layer runs on, chosen at load (see
     /// `matmul::KERNEL_ENV`).
     matmul: Kernel,
@@ -112,6 +121,14 @@ fn load_layer(f: &mut GgufFile, config: &ModelConfig, i: usize) -> Result<Layer>
             "layer {i}: {what} have {rows} rows, expected {want}"
         );
     }
+    let post_norms = match config.arch.post_norms {
+        true => Some((
+            f.f32_tensor(&p("post_attention_norm"))?,
+            f.f32_tensor(&p("post_ffw_norm"))?,
+        )),
+        false => None,
+    };
+    let local = is_local(config, i);
     Ok(Layer {
         attn_norm: f.f32_tensor(&p("attn_norm"))?,
         qkv,
@@ -121,12 +138,29 @@ fn load_layer(f: &mut GgufFile, config: &ModelConfig, i: usize) -> Result<Layer>
         ffn_norm: f.f32_tensor(&p("ffn_norm"))?,
         gate_up,
         down: f.linear(&[&p("ffn_down")])?,
+        post_norms,
+        scoring: Scoring {
+            window: config.sliding_window.filter(|_| local),
+            ..Scoring::causal(config.head_dim)
+        },
+        local_rope: local,
     })
 }
 
+/// Whether layer `i` is one of the architecture's sliding-window layers.
+fn is_local(config: &ModelConfig, i: usize) -> bool {
+    match config.arch.window {
+        Window::Interleaved { global_every, .. } => {
+            config.sliding_window.is_some() && !(i + 1).is_multiple_of(global_every)
+        }
+        Window::HoldsSequences => false,
+    }
+}
+
 /// The RoPE tables the file describes (with Llama 3's `rope_freqs` where
-/// it has them, one divisor per rotated pair).
-fn load_rope(f: &mut GgufFile, c: &ModelConfig) -> Result<Rope> {
+/// it has them, one divisor per rotated pair), and the sliding-window
+/// layers' own where the architecture gives them one.
+fn load_rope(f: &mut GgufFile, c: &ModelConfig) -> Result<(Rope, Option<Rope>)> {
     for longrope in ["rope_factors_long.weight", "rope_factors_short.weight"] {
         ensure!(
             !f.has_tensor(longrope),
@@ -145,7 +179,7 @@ fn load_rope(f: &mut GgufFile, c: &ModelConfig) -> Result<Rope> {
             c.rope_dims / 2
         );
     }
-    Ok(Rope::new(&RopeSpec {
+    let spec = RopeSpec {
         head_dim: c.head_dim,
         dims: c.rope_dims,
         theta: c.rope_theta,
@@ -153,7 +187,19 @@ fn load_rope(f: &mut GgufFile, c: &ModelConfig) -> Result<Rope> {
         freq_divisors: divisors.as_deref(),
         layout: c.arch.rope,
         max_pos: c.context_length,
-    }))
+    };
+    let local = match c.arch.window {
+        Window::Interleaved {
+            local_rope_theta, ..
+        } if c.sliding_window.is_some() => Some(Rope::new(&RopeSpec {
+            theta: local_rope_theta,
+            linear: 1.0,
+            freq_divisors: None,
+            ..spec
+        })),
+        _ => None,
+    };
+    Ok((Rope::new(&spec), local))
 }
 
 /// Where a batch row goes: its sequence and position.
@@ -181,7 +227,7 @@ impl Model {
         };
         let lm_head = f.linear(&[head_name])?;
         let norm = f.f32_tensor("output_norm.weight")?;
-        let rope = load_rope(&mut f, &config)?;
+        let (rope, local_rope) = load_rope(&mut f, &config)?;
         Ok(Self {
             fingerprint: f.fingerprint,
             widened: f.widened.into_iter().collect(),
@@ -193,6 +239,7 @@ impl Model {
             norm,
             lm_head,
             rope,
+            local_rope,
             matmul,
             float_activations: false,
             grammars: std::sync::OnceLock::new(),
@@ -259,6 +306,7 @@ impl Model {
                     + f32s(&l.ffn_norm)
                     + l.qkv_bias.as_deref().map_or(0, f32s)
                     + l.qk_norm.as_ref().map_or(0, |(q, k)| f32s(q) + f32s(k))
+                    + l.post_norms.as_ref().map_or(0, |(a, f)| f32s(a) + f32s(f))
                     + [&l.qkv, &l.out, &l.gate_up, &l.down]
                         .iter()
                         .map(|w| w.bytes())
@@ -304,6 +352,10 @@ impl Model {
                 self.embed.push_row(t as usize, &mut x);
             }
         }
+        if c.arch.embed_scale {
+            let scale = (c.hidden as f32).sqrt();
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
         for (li, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.attn_norm, c.rms_eps);
             let mut qkv = self.linear(&layer.qkv, &h, rows.len());
@@ -311,18 +363,15 @@ impl Model {
                 add_to_rows(&mut qkv, bias);
             }
             self.store_kv(pool, (li, layer), batch, &rows, &mut qkv);
-            let attn = self.attention(pool, li, batch, rows.len(), &qkv);
-            add(&mut x, &self.linear(&layer.out, &attn, rows.len()));
+            let attn = self.attention(pool, (li, layer), batch, rows.len(), &qkv);
+            let out = self.linear(&layer.out, &attn, rows.len());
+            let post = layer.post_norms.as_ref();
+            add_normed(&mut x, out, post.map(|(attn, _)| attn), c.rms_eps);
             let h = rms_norm(&x, &layer.ffn_norm, c.rms_eps);
             let gate_up = self.linear(&layer.gate_up, &h, rows.len());
-            // Extended row by row: a flattened iterator's length is unknown, so
-            // it would grow the vector element by element.
-            let mut act = Vec::with_capacity(rows.len() * c.intermediate);
-            for r in gate_up.chunks_exact(2 * c.intermediate) {
-                let (g, u) = r.split_at(c.intermediate);
-                act.extend(g.iter().zip(u).map(|(g, u)| silu(*g) * u));
-            }
-            add(&mut x, &self.linear(&layer.down, &act, rows.len()));
+            let act = gated(&gate_up, c.intermediate, c.arch.activation);
+            let down = self.linear(&layer.down, &act, rows.len());
+            add_normed(&mut x, down, post.map(|(_, ffn)| ffn), c.rms_eps);
         }
         self.logits(batch, &x)
     }
@@ -371,8 +420,12 @@ impl Model {
                 q.copy_from_slice(&rms_norm(q, q_norm, c.rms_eps));
                 k.copy_from_slice(&rms_norm(k, k_norm, c.rms_eps));
             }
-            self.rope.apply(q, r.pos);
-            self.rope.apply(k, r.pos);
+            let rope = match (layer.local_rope, &self.local_rope) {
+                (true, Some(local)) => local,
+                _ => &self.rope,
+            };
+            rope.apply(q, r.pos);
+            rope.apply(k, r.pos);
             let (page, slot) = batch[r.seq].table.slot(r.pos, page_size);
             pool.write(li, page, slot, k, v);
         }
@@ -383,7 +436,7 @@ impl Model {
     fn attention(
         &self,
         pool: &KvPool,
-        layer: usize,
+        (li, layer): (usize, &Layer),
         batch: &[SeqInput],
         rows: usize,
         qkv: &[f32],
@@ -411,9 +464,10 @@ impl Model {
         let mut out = vec![0f32; rows * c.q_dim()];
         attention::attention(
             pool,
-            layer,
+            li,
             &seqs,
             heads,
+            layer.scoring,
             qkv,
             c.q_dim() + 2 * c.kv_dim(),
             &mut out,
@@ -442,6 +496,30 @@ impl Model {
             .map(<[f32]>::to_vec)
             .collect())
     }
+}
+
+/// `y` added to `x`, RMS-normalised first where the layer has a `norm`.
+fn add_normed(x: &mut [f32], y: Vec<f32>, norm: Option<&Vec<f32>>, eps: f32) {
+    match norm {
+        Some(w) => add(x, &rms_norm(&y, w, eps)),
+        None => add(x, &y),
+    }
+}
+
+/// `act(gate) * up` of every row of `gate_up` (each row `gate ++ up`).
+fn gated(gate_up: &[f32], intermediate: usize, activation: Activation) -> Vec<f32> {
+    let act = match activation {
+        Activation::Silu => silu,
+        Activation::GeluTanh => gelu_tanh,
+    };
+    // Extended row by row: a flattened iterator's length is unknown, so it
+    // would grow the vector element by element.
+    let mut out = Vec::with_capacity(gate_up.len() / 2);
+    for r in gate_up.chunks_exact(2 * intermediate) {
+        let (g, u) = r.split_at(intermediate);
+        out.extend(g.iter().zip(u).map(|(g, u)| act(*g) * u));
+    }
+    out
 }
 
 /// `bias` added to every row of `x`.

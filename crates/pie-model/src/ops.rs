@@ -46,6 +46,12 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
+/// GELU, tanh approximation (as Gemma and llama.cpp's `ggml_gelu` compute it).
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh())
+}
+
 /// What a model's RoPE is: which elements of a head turn, how fast, paired how.
 pub struct RopeSpec<'a> {
     pub head_dim: usize,

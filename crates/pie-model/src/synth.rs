@@ -30,7 +30,8 @@ pub struct SynthSpec {
     pub seed: u64,
     /// `general.architecture`: `llama`, `qwen2` (Q/K/V biases, NeoX RoPE,
     /// Qwen's pre-tokenizer), `qwen3` (Q/K norms instead of biases) or
-    /// `phi3` (Q/K/V and gate/up fused).
+    /// `phi3` (Q/K/V and gate/up fused) or `gemma3` (Q/K norms, scaled
+    /// embedding, post-norms, GELU, interleaved sliding windows).
     pub arch: &'static str,
     /// `attention.key_length`, when a head is not hidden / heads wide.
     pub head_dim: Option<usize>,
@@ -42,6 +43,8 @@ pub struct SynthSpec {
     pub ffn_down_type: GgmlDType,
     /// `attention.sliding_window`, when set.
     pub sliding_window: Option<usize>,
+    /// `rope.freq_base`.
+    pub rope_theta: f32,
     pub hidden: usize,
     pub heads: usize,
     pub kv_heads: usize,
@@ -60,6 +63,7 @@ impl Default for SynthSpec {
             rope_freqs: false,
             ffn_down_type: GgmlDType::F32,
             sliding_window: None,
+            rope_theta: 10_000.0,
             hidden: 64,
             heads: 4,
             kv_heads: 2,
@@ -203,6 +207,10 @@ fn layer_tensors(
         ]),
     }
     t.push((p("ffn_down"), w.linear(hidden, ffn, spec.ffn_down_type)?));
+    if arch.post_norms {
+        t.push((p("post_attention_norm"), w.norm(hidden)?));
+        t.push((p("post_ffw_norm"), w.norm(hidden)?));
+    }
     Ok(t)
 }
 
@@ -226,7 +234,7 @@ fn metadata(spec: &SynthSpec, tokens: Vec<String>) -> Vec<(String, Value)> {
         (key("feed_forward_length"), u32v(spec.intermediate)),
         (key("attention.head_count"), u32v(spec.heads)),
         (key("attention.head_count_kv"), u32v(spec.kv_heads)),
-        (key("rope.freq_base"), Value::F32(10_000.0)),
+        (key("rope.freq_base"), Value::F32(spec.rope_theta)),
         (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
         (key("vocab_size"), u32v(tokens.len())),
         ("tokenizer.ggml.model".into(), string("gpt2")),

@@ -9,7 +9,7 @@ use candle_core::quantized::GgmlDType;
 use pie_kv::{KvLayout, KvPool, PageTable};
 use pie_model::gguf::GgufFile;
 use pie_model::synth::{write_test_model, SynthSpec};
-use pie_model::{Model, ModelConfig, RopeLayout, SeqInput};
+use pie_model::{Activation, Model, ModelConfig, RopeLayout, SeqInput, Window};
 
 /// A model's weights as dense f32, read back from its file.
 struct Dense {
@@ -42,16 +42,55 @@ fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
         .collect()
 }
 
+/// What one layer does by its definition: its RoPE (base, linear factor,
+/// per-pair divisors, pairing) and its window.
+struct LayerDef {
+    theta: f32,
+    linear: f32,
+    divisors: Vec<f32>,
+    layout: RopeLayout,
+    window: Option<usize>,
+}
+
+/// Layer `l` as the architecture's [`Window`] defines it: a sliding-window
+/// layer of an interleaved architecture has its own RoPE base, no scaling.
+fn layer_def(c: &ModelConfig, dense: &mut Dense, l: usize, layout: RopeLayout) -> LayerDef {
+    let divisors = match dense.file.has_tensor("rope_freqs.weight") {
+        true => dense.w("rope_freqs.weight"),
+        false => Vec::new(),
+    };
+    let global = LayerDef {
+        theta: c.rope_theta,
+        linear: c.rope_linear,
+        divisors,
+        layout,
+        window: None,
+    };
+    match c.arch.window {
+        Window::Interleaved {
+            global_every,
+            local_rope_theta,
+        } if !(l + 1).is_multiple_of(global_every) && c.sliding_window.is_some() => LayerDef {
+            theta: local_rope_theta,
+            linear: 1.0,
+            divisors: Vec::new(),
+            window: c.sliding_window,
+            ..global
+        },
+        _ => global,
+    }
+}
+
 /// RoPE of one head at `pos`: its first `dims` elements turn, pair `i` at
-/// `pos * theta^(-2i / dims) / divisor_i`, paired as `layout` says.
-fn rope(head: &mut [f32], pos: usize, c: &ModelConfig, divisors: &[f32], layout: RopeLayout) {
-    let d = c.rope_dims;
+/// `pos * theta^(-2i / dims) / divisor_i`, paired as the layer says.
+fn rope(head: &mut [f32], pos: usize, c: &ModelConfig, def: &LayerDef) {
+    let (d, divisors) = (c.rope_dims, &def.divisors);
     for i in 0..d / 2 {
-        let freq = 1.0 / (c.rope_theta as f64).powf(2.0 * i as f64 / d as f64);
+        let freq = 1.0 / (def.theta as f64).powf(2.0 * i as f64 / d as f64);
         let divisor = divisors.get(i).copied().unwrap_or(1.0) as f64;
-        let angle = pos as f64 * freq / divisor / c.rope_linear as f64;
+        let angle = pos as f64 * freq / divisor / def.linear as f64;
         let (cos, sin) = (angle.cos() as f32, angle.sin() as f32);
-        let (a, b) = match layout {
+        let (a, b) = match def.layout {
             RopeLayout::Adjacent => (2 * i, 2 * i + 1),
             RopeLayout::Halves => (i, i + d / 2),
         };
@@ -68,13 +107,9 @@ fn qkv(
     dense: &mut Dense,
     l: usize,
     xs: &[Vec<f32>],
-    layout: RopeLayout,
+    def: &LayerDef,
 ) -> [Vec<Vec<f32>>; 3] {
     let p = |n: &str| format!("blk.{l}.{n}.weight");
-    let divisors = match dense.file.has_tensor("rope_freqs.weight") {
-        true => dense.w("rope_freqs.weight"),
-        false => Vec::new(),
-    };
     let mut projection = |n: &str, width: usize| {
         let w = dense.w(&p(n));
         let b = match c.arch.qkv_bias {
@@ -121,7 +156,7 @@ fn qkv(
             .chunks_exact_mut(c.head_dim)
             .chain(ks.chunks_exact_mut(c.head_dim))
         {
-            rope(head, pos, c, &divisors, layout);
+            rope(head, pos, c, def);
         }
         out[0].push(qs);
         out[1].push(ks);
@@ -130,15 +165,21 @@ fn qkv(
     out
 }
 
-/// Causal attention of position `pos` over `qkv`, every query head reading
-/// its group's KV head.
-fn attend(c: &ModelConfig, [qs, ks, vs]: &[Vec<Vec<f32>>; 3], pos: usize) -> Vec<f32> {
+/// Causal attention of position `pos` over `qkv` (within `window` of it),
+/// every query head reading its group's KV head.
+fn attend(
+    c: &ModelConfig,
+    [qs, ks, vs]: &[Vec<Vec<f32>>; 3],
+    pos: usize,
+    window: Option<usize>,
+) -> Vec<f32> {
     let (hd, group) = (c.head_dim, c.heads / c.kv_heads);
+    let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
     let mut attn = vec![0f32; c.q_dim()];
     for h in 0..c.heads {
         let q = &qs[pos][h * hd..][..hd];
         let kv = (h / group) * hd;
-        let scores: Vec<f32> = (0..=pos)
+        let scores: Vec<f32> = (first..=pos)
             .map(|j| {
                 q.iter()
                     .zip(&ks[j][kv..kv + hd])
@@ -150,13 +191,24 @@ fn attend(c: &ModelConfig, [qs, ks, vs]: &[Vec<Vec<f32>>; 3], pos: usize) -> Vec
         let max = scores.iter().cloned().fold(f32::MIN, f32::max);
         let weights: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
         let total: f32 = weights.iter().sum();
-        for (j, w) in weights.iter().enumerate() {
+        for (j, w) in (first..).zip(&weights) {
             for d in 0..hd {
                 attn[h * hd + d] += w / total * vs[j][kv + d];
             }
         }
     }
     attn
+}
+
+/// The gate's activation, from its formula.
+fn activation(kind: Activation, g: f32) -> f32 {
+    match kind {
+        Activation::Silu => g / (1.0 + (-g).exp()),
+        Activation::GeluTanh => {
+            let inner = (2.0 / std::f32::consts::PI).sqrt() * (g + 0.044715 * g.powi(3));
+            0.5 * g * (1.0 + inner.tanh())
+        }
+    }
 }
 
 /// The next-token logits after each of `tokens`, computed from the definition.
@@ -168,12 +220,22 @@ fn reference(
 ) -> Vec<Vec<f32>> {
     let c = &model.config;
     let embed = dense.w("token_embd.weight");
+    let scale = match c.arch.embed_scale {
+        true => (c.hidden as f32).sqrt(),
+        false => 1.0,
+    };
     let mut xs: Vec<Vec<f32>> = (tokens.iter())
-        .map(|&t| embed[t as usize * c.hidden..][..c.hidden].to_vec())
+        .map(|&t| {
+            (embed[t as usize * c.hidden..][..c.hidden]
+                .iter()
+                .map(|v| v * scale))
+            .collect()
+        })
         .collect();
     for l in 0..c.layers {
         let p = |n: &str| format!("blk.{l}.{n}.weight");
-        let qkv = qkv(c, dense, l, &xs, layout);
+        let def = layer_def(c, dense, l, layout);
+        let qkv = qkv(c, dense, l, &xs, &def);
         let (wo, norm2) = (dense.w(&p("attn_output")), dense.w(&p("ffn_norm")));
         let (wg, wu) = match c.arch.fused {
             true => {
@@ -184,15 +246,22 @@ fn reference(
             false => (dense.w(&p("ffn_gate")), dense.w(&p("ffn_up"))),
         };
         let wd = dense.w(&p("ffn_down"));
+        let post = c.arch.post_norms.then(|| {
+            let attn = dense.w(&p("post_attention_norm"));
+            (attn, dense.w(&p("post_ffw_norm")))
+        });
+        let residual = |x: &mut Vec<f32>, y: Vec<f32>, norm: Option<&Vec<f32>>| {
+            let y = norm.map_or(y.clone(), |w| rms_norm(&y, w, c.rms_eps));
+            x.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
+        };
         for (pos, x) in xs.iter_mut().enumerate() {
-            let out = matvec(&wo, &attend(c, &qkv, pos));
-            x.iter_mut().zip(&out).for_each(|(a, b)| *a += b);
+            let out = matvec(&wo, &attend(c, &qkv, pos, def.window));
+            residual(x, out, post.as_ref().map(|p| &p.0));
             let h = rms_norm(x, &norm2, c.rms_eps);
             let act: Vec<f32> = (matvec(&wg, &h).iter().zip(matvec(&wu, &h)))
-                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .map(|(&g, u)| activation(c.arch.activation, g) * u)
                 .collect();
-            let down = matvec(&wd, &act);
-            x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
+            residual(x, matvec(&wd, &act), post.as_ref().map(|p| &p.1));
         }
     }
     let (norm, head) = (dense.w("output_norm.weight"), dense.w("output.weight"));
@@ -227,7 +296,8 @@ fn engine(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
 /// The cases: each architecture; Llama with Llama 3's frequency divisors
 /// and partial rotary; Qwen 3 with heads wider than hidden / heads; Llama
 /// with a Q6_K layer (widened at load, and said so) and with a Q4_K one
-/// (kept in 4 bits); Phi-3 with fused
+/// (kept in 4 bits); Gemma 3 with five 5-key sliding-window layers before a
+/// global one, each kind with its own RoPE base; Phi-3 with fused
 /// projections and a sliding window that holds sequences to its length.
 fn cases() -> Vec<(&'static str, SynthSpec)> {
     let spec = |arch| SynthSpec {
@@ -269,6 +339,16 @@ fn cases() -> Vec<(&'static str, SynthSpec)> {
             },
         ),
         (
+            "gemma3-interleaved-windows",
+            SynthSpec {
+                layers: 6,
+                sliding_window: Some(5),
+                rope_theta: 1_000_000.0,
+                head_dim: Some(32),
+                ..spec("gemma3")
+            },
+        ),
+        (
             "llama-q4k-down",
             SynthSpec {
                 intermediate: 256,
@@ -306,7 +386,10 @@ fn every_architecture_computes_what_its_definition_says() {
             _ => Vec::new(),
         };
         assert_eq!(model.widened, widened, "{case}");
-        let positions = spec.sliding_window.unwrap_or(spec.context_length);
+        let positions = match model.config.arch.window {
+            Window::HoldsSequences => spec.sliding_window.unwrap_or(spec.context_length),
+            Window::Interleaved { .. } => spec.context_length,
+        };
         assert_eq!(model.max_positions(), positions, "{case}");
         let mut dense = Dense {
             file: GgufFile::open(&path).unwrap(),

@@ -286,7 +286,7 @@ enum ModelCmd {
         out: PathBuf,
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// `llama`, `qwen2`, `qwen3` or `phi3`.
+        /// `llama`, `qwen2`, `qwen3`, `phi3` or `gemma3`.
         #[arg(long, default_value = "llama")]
         arch: String,
     },

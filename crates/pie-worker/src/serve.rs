@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use anyhow::{Context, Result};
-use pie_model::Model;
+use pie_model::{Model, Window};
 
 use crate::api::router;
 use crate::api::state::AppState;
@@ -185,11 +185,16 @@ pub fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
         model.config.arch.name,
         model.tokenizer.tool_format().name()
     );
-    if let Some(window) = model.config.sliding_window {
-        tracing::warn!(
+    match (model.config.sliding_window, model.config.arch.window) {
+        (Some(window), Window::HoldsSequences) => tracing::warn!(
             "sequences are held to {} positions: the model's sliding window ({window}) is not applied to longer ones",
             model.config.context_length
-        );
+        ),
+        (Some(window), Window::Interleaved { global_every, .. }) => tracing::info!(
+            "sliding-window attention: {} of every {global_every} layers see the last {window} positions",
+            global_every - 1
+        ),
+        (None, _) => {}
     }
     if !model.widened.is_empty() {
         let types: Vec<String> = (model.widened.iter())

@@ -17,7 +17,11 @@
 //!   depth), chunks become units of their own and are merged afterwards, in the
 //!   same order with the same arithmetic.
 //! - **Causal masking** is exact: a query at position `p` sees the keys `0..=p`
-//!   and nothing else (keys beyond it are never read).
+//!   and nothing else (keys beyond it are never read). A sliding-window layer's
+//!   query sees only its window's keys `p + 1 - w..=p`: the walk starts at the
+//!   page (and chunk) holding the block's first such key, and each query's
+//!   step starts at its own first key, so keys behind the window are neither
+//!   read nor scored.
 //! - **Kernels.** The per-(query, page) step (dot products, exponentials, the V
 //!   accumulation) has an AVX-512F and an AVX2+FMA version chosen at run time
 //!   (`Kernel::detect`, as `matmul.rs` chooses), and a portable one.
@@ -69,6 +73,29 @@ pub(crate) struct Heads {
     pub head_dim: usize,
 }
 
+/// How a query scores the keys: `q · k` times `scale`, over the keys of its
+/// `window` (its last `w` positions, itself included; `None`: all before it).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scoring {
+    pub scale: f32,
+    pub window: Option<usize>,
+}
+
+impl Scoring {
+    /// Every key before the query, scaled by `1 / sqrt(head_dim)`.
+    pub(crate) fn causal(head_dim: usize) -> Self {
+        Self {
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            window: None,
+        }
+    }
+
+    /// The first key a query at `pos` sees.
+    fn first_key(self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
+}
+
 /// One sequence's rows in the step: batch rows `row0..row0 + len` hold positions
 /// `start..start + len`, and `table`'s pages hold keys `0..start + len`.
 pub(crate) struct SeqRows<'a> {
@@ -80,17 +107,19 @@ pub(crate) struct SeqRows<'a> {
 
 /// Attention of every row: `q` holds each row's query heads at the start of a
 /// row of `q_stride` floats; `out` gets `rows x heads * head_dim`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     pool: &KvPool,
     layer: usize,
     seqs: &[SeqRows],
     heads: Heads,
+    scoring: Scoring,
     q: &[f32],
     q_stride: usize,
     out: &mut [f32],
 ) {
     let kernel = Kernel::detect(heads.head_dim);
-    attention_with(kernel, pool, layer, seqs, heads, q, q_stride, out);
+    attention_with(kernel, pool, layer, seqs, heads, scoring, q, q_stride, out);
 }
 
 #[derive(Clone, Debug)]
@@ -118,6 +147,7 @@ fn attention_with(
     layer: usize,
     seqs: &[SeqRows],
     h: Heads,
+    scoring: Scoring,
     q: &[f32],
     q_stride: usize,
     out: &mut [f32],
@@ -159,20 +189,23 @@ fn attention_with(
         units = units
             .into_iter()
             .flat_map(|u| {
-                let last = seqs[u.seq].start + u.first + u.rows - 1;
-                (0..last / chunk_len + 1).map(move |c| Unit {
+                let pos0 = seqs[u.seq].start + u.first;
+                let first = scoring.first_key(pos0) / chunk_len;
+                let last = (pos0 + u.rows - 1) / chunk_len;
+                (first..=last).map(move |c| Unit {
                     chunk: Some(c),
                     ..u.clone()
                 })
             })
             .collect();
     }
-    let scale = 1.0 / (hd as f32).sqrt();
     let parts: Vec<Part> = units
         .par_iter()
         .map(|u| {
             let s = &seqs[u.seq];
-            run_unit(kernel, pool, layer, s, h, q, q_stride, u, chunk_len, scale)
+            run_unit(
+                kernel, pool, layer, s, h, q, q_stride, u, chunk_len, scoring,
+            )
         })
         .collect();
 
@@ -218,7 +251,7 @@ fn run_unit(
     q_stride: usize,
     u: &Unit,
     chunk_len: usize,
-    scale: f32,
+    scoring: Scoring,
 ) -> Part {
     let layout = pool.layout();
     let (ps, kv_dim, hd) = (layout.page_size, layout.kv_dim, h.head_dim);
@@ -238,9 +271,11 @@ fn run_unit(
     };
     let pos0 = s.start + u.first;
     let last = pos0 + u.rows - 1;
+    // The block's first row sees the earliest key any of its rows sees.
+    let first_key = scoring.first_key(pos0);
     let chunks = match u.chunk {
         Some(c) => c..c + 1,
-        None => 0..last / chunk_len + 1,
+        None => first_key / chunk_len..last / chunk_len + 1,
     };
     let pages = s.table.pages();
     for c in chunks {
@@ -253,7 +288,8 @@ fn run_unit(
         cst[from * group..].fill(EMPTY);
         cacc[from * group * hd..].fill(0.0);
         let page_end = ((c0 + chunk_len).min(last + 1)).div_ceil(ps);
-        for (p, &page) in pages.iter().enumerate().take(page_end).skip(c0 / ps) {
+        let page_first = c0.max(first_key) / ps;
+        for (p, &page) in pages.iter().enumerate().take(page_end).skip(page_first) {
             let page_start = p * ps;
             let (k, v, stride) = match pool.page_kv(layer, page) {
                 PageKv::F32(k, v) => (&k[u.kvh * hd..], &v[u.kvh * hd..], kv_dim),
@@ -266,18 +302,23 @@ fn run_unit(
                 }
             };
             for i in page_start.saturating_sub(pos0)..u.rows {
-                let n = (pos0 + i + 1 - page_start).min(ps);
+                let end = (pos0 + i + 1 - page_start).min(ps);
+                // Slots of this page behind the row's window.
+                let skip = scoring.first_key(pos0 + i).saturating_sub(page_start);
+                if skip >= end {
+                    continue;
+                }
                 let row = s.row0 + u.first + i;
                 for g in 0..group {
                     let qi = i * group + g;
                     let qv = &q[row * q_stride + (u.kvh * group + g) * hd..][..hd];
                     kernel.page_step(
                         qv,
-                        k,
-                        v,
+                        &k[skip * stride..],
+                        &v[skip * stride..],
                         stride,
-                        n,
-                        scale,
+                        end - skip,
+                        scoring.scale,
                         &mut cst[qi],
                         &mut cacc[qi * hd..][..hd],
                         &mut scratch,
@@ -327,6 +368,7 @@ mod tests {
         pool: &KvPool,
         seqs: &[SeqRows],
         h: Heads,
+        scoring: Scoring,
         q: &[f32],
         q_stride: usize,
     ) -> Vec<f32> {
@@ -334,22 +376,23 @@ mod tests {
         let group = h.heads / h.kv_heads;
         let rows: usize = seqs.iter().map(|s| s.len).sum();
         let mut out = vec![0f32; rows * h.heads * hd];
-        let scale = 1.0 / (hd as f32).sqrt();
         for s in seqs {
             for i in 0..s.len {
                 let (row, pos) = (s.row0 + i, s.start + i);
                 for head in 0..h.heads {
                     let kvh = head / group;
                     let qv = &q[row * q_stride + head * hd..][..hd];
-                    let mut scores: Vec<f32> = (0..=pos)
+                    let keys = scoring.window.map_or(0, |w| (pos + 1).saturating_sub(w))..=pos;
+                    let mut scores: Vec<f32> = keys
+                        .clone()
                         .map(|j| {
                             let (page, slot) = s.table.slot(j, ps);
-                            dot(qv, &pool.read(0, page, slot).0[kvh * hd..][..hd]) * scale
+                            dot(qv, &pool.read(0, page, slot).0[kvh * hd..][..hd]) * scoring.scale
                         })
                         .collect();
                     softmax(&mut scores);
                     let dst = &mut out[row * h.heads * hd + head * hd..][..hd];
-                    for (j, &p) in scores.iter().enumerate() {
+                    for (j, &p) in keys.zip(&scores) {
                         let (page, slot) = s.table.slot(j, ps);
                         axpy(dst, p, &pool.read(0, page, slot).1[kvh * hd..][..hd]);
                     }
@@ -450,6 +493,10 @@ mod tests {
         }
 
         fn run(&self, kernel: Kernel, seqs: &[SeqRows]) -> Vec<f32> {
+            self.run_scored(kernel, seqs, Scoring::causal(self.heads.head_dim))
+        }
+
+        fn run_scored(&self, kernel: Kernel, seqs: &[SeqRows], scoring: Scoring) -> Vec<f32> {
             let rows: usize = seqs.iter().map(|s| s.len).sum();
             let mut out = vec![f32::NAN; rows * self.heads.heads * self.heads.head_dim];
             attention_with(
@@ -458,6 +505,7 @@ mod tests {
                 0,
                 seqs,
                 self.heads,
+                scoring,
                 &self.q,
                 self.q_stride,
                 &mut out,
@@ -503,6 +551,17 @@ mod tests {
         (4, 100, 50),
     ];
 
+    /// Causal, and sliding windows of one key, of less than a page or chunk,
+    /// and of more than a chunk (with another scale).
+    fn scorings(hd: usize) -> [Scoring; 4] {
+        let causal = Scoring::causal(hd);
+        let window = |w| Scoring {
+            scale: 0.3,
+            window: Some(w),
+        };
+        [causal, window(1), window(45), window(290)]
+    }
+
     fn lens(spans: &[(usize, usize, usize)]) -> Vec<usize> {
         spans.iter().map(|&(_, s, l)| s + l).collect()
     }
@@ -522,11 +581,15 @@ mod tests {
             for dtype in DTYPES {
                 let setup = Setup::new(dtype, case as u64, ps, h, &lens(&MIXED), rows);
                 let case = format!("{case} {dtype:?}");
-                // The whole mixed step; decode alone (split into chunk units).
-                for spans in [&MIXED[..], &MIXED[2..3], &MIXED[3..4]] {
+                // The whole mixed step; decode alone (split into chunk units);
+                // causal, and windows inside a page, across pages and chunks.
+                let spans = [&MIXED[..], &MIXED[2..3], &MIXED[3..4]];
+                for (spans, scoring) in spans.into_iter().flat_map(|s| scorings(hd).map(|c| (s, c)))
+                {
+                    let case = format!("{case} {:?}", scoring.window);
                     let seqs = setup.seqs(spans);
-                    let want = reference(&setup.pool, &seqs, h, &setup.q, setup.q_stride);
-                    let portable = setup.run(Kernel::Portable, &seqs);
+                    let want = reference(&setup.pool, &seqs, h, scoring, &setup.q, setup.q_stride);
+                    let portable = setup.run_scored(Kernel::Portable, &seqs, scoring);
                     assert_close(&portable, &want, 2e-5, &format!("portable, shape {case}"));
                     for kernel in all_kernels() {
                         if !kernel.available(hd) {
@@ -536,7 +599,7 @@ mod tests {
                         );
                             continue;
                         }
-                        let got = setup.run(kernel, &seqs);
+                        let got = setup.run_scored(kernel, &seqs, scoring);
                         let what = format!("{kernel:?} vs portable, shape {case}");
                         assert_close(&got, &portable, 1e-5, &what);
                         assert_close(&got, &want, 2e-5, &format!("{kernel:?}, shape {case}"));
@@ -584,8 +647,9 @@ mod tests {
             for dtype in DTYPES {
                 let setup = Setup::new(dtype, 10 + case as u64, ps, h, &[total, 300], total + 40);
                 let case = format!("{case} {dtype:?}");
-                for kernel in all_kernels().into_iter().filter(|k| k.available(hd)) {
-                    let whole = setup.run(kernel, &setup.seqs(&[(0, 0, total)]));
+                let kernels = all_kernels().into_iter().filter(|k| k.available(hd));
+                for (kernel, scoring) in kernels.flat_map(|k| scorings(hd).map(|s| (k, s))) {
+                    let whole = setup.run_scored(kernel, &setup.seqs(&[(0, 0, total)]), scoring);
                     for piece in [1, 5, 64, 200] {
                         let mut start = 0;
                         while start < total {
@@ -600,6 +664,7 @@ mod tests {
                                 0,
                                 &seqs,
                                 h,
+                                scoring,
                                 &setup.q[start * setup.q_stride..],
                                 setup.q_stride,
                                 &mut out,
@@ -607,7 +672,7 @@ mod tests {
                             assert_eq!(
                                 out,
                                 whole[start * width..(start + len) * width],
-                                "{kernel:?}, shape {case}, pieces of {piece}, at {start}"
+                                "{kernel:?} {scoring:?}, shape {case}, pieces of {piece}, at {start}"
                             );
                             start += len;
                         }
@@ -619,11 +684,12 @@ mod tests {
                         [&setup.q[total * qs..][..40 * qs], &setup.q[..total * qs]].concat();
                     let seqs = setup.seqs(&[(1, 260, 40), (0, 0, total)]);
                     let mut mixed = vec![0f32; (40 + total) * width];
-                    attention_with(kernel, &setup.pool, 0, &seqs, h, &q, qs, &mut mixed);
+                    let pool = &setup.pool;
+                    attention_with(kernel, pool, 0, &seqs, h, scoring, &q, qs, &mut mixed);
                     assert_eq!(
                         mixed[40 * width..],
                         whole[..],
-                        "{kernel:?}, shape {case}, mixed"
+                        "{kernel:?} {scoring:?}, shape {case}, mixed"
                     );
                 }
             }
