@@ -32,11 +32,12 @@ pub enum Window {
     HoldsSequences,
     /// Every layer but each `global_every`th (layers `global_every - 1`,
     /// `2 * global_every - 1`, ...) attends within the window, with RoPE of
-    /// base `local_rope_theta` and no scaling; the others see the whole
-    /// sequence with the file's RoPE (Gemma 3).
+    /// base `local_rope_theta` and no scaling where that is set (Gemma 3;
+    /// Gemma 2's windowed layers keep the file's RoPE); the others see the
+    /// whole sequence.
     Interleaved {
         global_every: usize,
-        local_rope_theta: f32,
+        local_rope_theta: Option<f32>,
     },
 }
 
@@ -60,6 +61,10 @@ pub struct Architecture {
     pub post_norms: bool,
     pub activation: Activation,
     pub window: Window,
+    /// A model of this many layers scales queries by `1 / sqrt(hidden /
+    /// heads)`, not by the head width's (Gemma 2 and 3 27B, as llama.cpp
+    /// tells them apart).
+    pub wide_query_scale_layers: Option<usize>,
 }
 
 /// What most architectures are: Llama's.
@@ -73,6 +78,23 @@ const LLAMA: Architecture = Architecture {
     post_norms: false,
     activation: Activation::Silu,
     window: Window::HoldsSequences,
+    wide_query_scale_layers: None,
+};
+
+// As llama.cpp builds Gemma: the file's norm weights already hold its
+// `1 +`; Gemma 2's score caps are read from the file.
+const GEMMA2: Architecture = Architecture {
+    name: "gemma2",
+    rope: RopeLayout::Halves,
+    embed_scale: true,
+    post_norms: true,
+    activation: Activation::GeluTanh,
+    window: Window::Interleaved {
+        global_every: 2,
+        local_rope_theta: None,
+    },
+    wide_query_scale_layers: Some(46),
+    ..LLAMA
 };
 
 const SUPPORTED: &[Architecture] = &[
@@ -95,20 +117,16 @@ const SUPPORTED: &[Architecture] = &[
         rope: RopeLayout::Halves,
         ..LLAMA
     },
-    // As llama.cpp builds it: five sliding-window layers (RoPE base 10,000)
-    // to each global one. The file's norm weights already hold Gemma's `1 +`.
+    GEMMA2,
     Architecture {
         name: "gemma3",
         qk_norm: true,
-        rope: RopeLayout::Halves,
-        embed_scale: true,
-        post_norms: true,
-        activation: Activation::GeluTanh,
         window: Window::Interleaved {
             global_every: 6,
-            local_rope_theta: 10_000.0,
+            local_rope_theta: Some(10_000.0),
         },
-        ..LLAMA
+        wide_query_scale_layers: Some(62),
+        ..GEMMA2
     },
 ];
 
@@ -134,9 +152,9 @@ mod tests {
     fn an_unknown_architecture_is_refused_naming_the_served_ones() {
         assert_eq!(architecture("qwen2").unwrap().rope, RopeLayout::Halves);
         assert_eq!(architecture("qwen2").unwrap().activation, Activation::Silu);
-        let e = architecture("gemma2").unwrap_err().to_string();
+        let e = architecture("gemma3n").unwrap_err().to_string();
         assert!(
-            e.contains("`gemma2`") && e.contains("llama, qwen2, qwen3, phi3, gemma3"),
+            e.contains("`gemma3n`") && e.contains("llama, qwen2, qwen3, phi3, gemma2, gemma3"),
             "{e}"
         );
     }

@@ -31,6 +31,12 @@ pub struct ModelConfig {
     /// Linear RoPE scaling: positions are divided by it (1: none).
     pub rope_linear: f32,
     pub rope_theta: f32,
+    /// Queries' scale in attention scores: `1 / sqrt(head_dim)` for most.
+    pub attn_scale: f32,
+    /// `attn_logit_softcapping`: scores capped to `cap * tanh(s / cap)`.
+    pub attn_softcap: Option<f32>,
+    /// `final_logit_softcapping`: logits capped the same way.
+    pub final_softcap: Option<f32>,
     pub rms_eps: f32,
     /// `attention.sliding_window`, applied as the architecture's
     /// [`Window`] says.
@@ -169,11 +175,17 @@ impl GgufFile {
             Window::Interleaved { .. } => None,
         };
         let layers = self.get_usize(&key("block_count"))?;
-        // llama.cpp scales Gemma 3 27B's (62 layers) queries by hidden / heads.
-        ensure!(
-            !(arch.embed_scale && layers == 62),
-            "{name} with 62 layers (Gemma 3 27B): its query scale (hidden / heads) is not served yet"
-        );
+        let query_width = match arch.wide_query_scale_layers == Some(layers) {
+            true => hidden / heads,
+            false => head_dim,
+        };
+        let cap = |k: &str| -> Result<Option<f32>> {
+            match self.get_f32(&key(k)) {
+                Err(_) => Ok(None),
+                Ok(c) if c > 0.0 && c.is_finite() => Ok(Some(c)),
+                Ok(c) => bail!("{name}.{k} {c} must be above 0"),
+            }
+        };
         let rope_dims = self
             .get_usize(&key("rope.dimension_count"))
             .unwrap_or(head_dim);
@@ -196,6 +208,9 @@ impl GgufFile {
             rope_dims,
             rope_linear: self.rope_linear(&name)?,
             rope_theta: self.get_f32(&key("rope.freq_base")).unwrap_or(10_000.0),
+            attn_scale: 1.0 / (query_width as f32).sqrt(),
+            attn_softcap: cap("attn_logit_softcapping")?,
+            final_softcap: cap("final_logit_softcapping")?,
             rms_eps: self
                 .get_f32(&key("attention.layer_norm_rms_epsilon"))
                 .unwrap_or(1e-5),

@@ -1,4 +1,4 @@
-//! A decoder of the Llama, Qwen (2, 3), Phi-3 and Gemma 3 families (RMSNorm, RoPE, GQA
+//! A decoder of the Llama, Qwen (2, 3), Phi-3 and Gemma (2, 3) families (RMSNorm, RoPE, GQA
 //! attention, sliding windows, gated MLP) on candle, computing over the paged KV cache of `pie-kv`.
 //!
 //! - [`architecture`]: what differs between the served architectures.

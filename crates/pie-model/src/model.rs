@@ -140,8 +140,9 @@ fn load_layer(f: &mut GgufFile, config: &ModelConfig, i: usize) -> Result<Layer>
         down: f.linear(&[&p("ffn_down")])?,
         post_norms,
         scoring: Scoring {
+            scale: config.attn_scale,
+            softcap: config.attn_softcap,
             window: config.sliding_window.filter(|_| local),
-            ..Scoring::causal(config.head_dim)
         },
         local_rope: local,
     })
@@ -190,9 +191,10 @@ fn load_rope(f: &mut GgufFile, c: &ModelConfig) -> Result<(Rope, Option<Rope>)> 
     };
     let local = match c.arch.window {
         Window::Interleaved {
-            local_rope_theta, ..
+            local_rope_theta: Some(theta),
+            ..
         } if c.sliding_window.is_some() => Some(Rope::new(&RopeSpec {
-            theta: local_rope_theta,
+            theta,
             linear: 1.0,
             freq_divisors: None,
             ..spec
@@ -490,7 +492,10 @@ impl Model {
             return Ok(Vec::new());
         }
         let h = rms_norm(&last_rows, &self.norm, self.config.rms_eps);
-        let logits = self.linear(&self.lm_head, &h, n);
+        let mut logits = self.linear(&self.lm_head, &h, n);
+        if let Some(cap) = self.config.final_softcap {
+            logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
+        }
         Ok(logits
             .chunks_exact(self.config.vocab)
             .map(<[f32]>::to_vec)

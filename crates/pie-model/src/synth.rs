@@ -30,8 +30,9 @@ pub struct SynthSpec {
     pub seed: u64,
     /// `general.architecture`: `llama`, `qwen2` (Q/K/V biases, NeoX RoPE,
     /// Qwen's pre-tokenizer), `qwen3` (Q/K norms instead of biases) or
-    /// `phi3` (Q/K/V and gate/up fused) or `gemma3` (Q/K norms, scaled
-    /// embedding, post-norms, GELU, interleaved sliding windows).
+    /// `phi3` (Q/K/V and gate/up fused), `gemma2` (scaled embedding,
+    /// post-norms, GELU, every other layer windowed) or `gemma3` (Gemma 2's
+    /// with Q/K norms, five windowed layers to a global one).
     pub arch: &'static str,
     /// `attention.key_length`, when a head is not hidden / heads wide.
     pub head_dim: Option<usize>,
@@ -45,6 +46,8 @@ pub struct SynthSpec {
     pub sliding_window: Option<usize>,
     /// `rope.freq_base`.
     pub rope_theta: f32,
+    /// `attn_logit_softcapping` and `final_logit_softcapping`, when set.
+    pub softcaps: Option<(f32, f32)>,
     pub hidden: usize,
     pub heads: usize,
     pub kv_heads: usize,
@@ -64,6 +67,7 @@ impl Default for SynthSpec {
             ffn_down_type: GgmlDType::F32,
             sliding_window: None,
             rope_theta: 10_000.0,
+            softcaps: None,
             hidden: 64,
             heads: 4,
             kv_heads: 2,
@@ -260,6 +264,10 @@ fn metadata(spec: &SynthSpec, tokens: Vec<String>) -> Vec<(String, Value)> {
     }
     if let Some(w) = spec.sliding_window {
         metadata.push((key("attention.sliding_window"), u32v(w)));
+    }
+    if let Some((attn, last)) = spec.softcaps {
+        metadata.push((key("attn_logit_softcapping"), Value::F32(attn)));
+        metadata.push((key("final_logit_softcapping"), Value::F32(last)));
     }
     metadata
 }

@@ -70,13 +70,21 @@ fn layer_def(c: &ModelConfig, dense: &mut Dense, l: usize, layout: RopeLayout) -
         Window::Interleaved {
             global_every,
             local_rope_theta,
-        } if !(l + 1).is_multiple_of(global_every) && c.sliding_window.is_some() => LayerDef {
-            theta: local_rope_theta,
-            linear: 1.0,
-            divisors: Vec::new(),
-            window: c.sliding_window,
-            ..global
-        },
+        } if !(l + 1).is_multiple_of(global_every) && c.sliding_window.is_some() => {
+            match local_rope_theta {
+                Some(theta) => LayerDef {
+                    theta,
+                    linear: 1.0,
+                    divisors: Vec::new(),
+                    window: c.sliding_window,
+                    ..global
+                },
+                None => LayerDef {
+                    window: c.sliding_window,
+                    ..global
+                },
+            }
+        }
         _ => global,
     }
 }
@@ -181,11 +189,8 @@ fn attend(
         let kv = (h / group) * hd;
         let scores: Vec<f32> = (first..=pos)
             .map(|j| {
-                q.iter()
-                    .zip(&ks[j][kv..kv + hd])
-                    .map(|(a, b)| a * b)
-                    .sum::<f32>()
-                    / (hd as f32).sqrt()
+                let dot: f32 = q.iter().zip(&ks[j][kv..kv + hd]).map(|(a, b)| a * b).sum();
+                capped(dot * c.attn_scale, c.attn_softcap)
             })
             .collect();
         let max = scores.iter().cloned().fold(f32::MIN, f32::max);
@@ -198,6 +203,11 @@ fn attend(
         }
     }
     attn
+}
+
+/// `x` soft-capped to `cap * tanh(x / cap)`, where there is a cap.
+fn capped(x: f32, cap: Option<f32>) -> f32 {
+    cap.map_or(x, |c| c * (x / c).tanh())
 }
 
 /// The gate's activation, from its formula.
@@ -266,7 +276,10 @@ fn reference(
     }
     let (norm, head) = (dense.w("output_norm.weight"), dense.w("output.weight"));
     xs.iter()
-        .map(|x| matvec(&head, &rms_norm(x, &norm, c.rms_eps)))
+        .map(|x| {
+            let logits = matvec(&head, &rms_norm(x, &norm, c.rms_eps));
+            logits.iter().map(|&l| capped(l, c.final_softcap)).collect()
+        })
         .collect()
 }
 
@@ -297,7 +310,8 @@ fn engine(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
 /// and partial rotary; Qwen 3 with heads wider than hidden / heads; Llama
 /// with a Q6_K layer (widened at load, and said so) and with a Q4_K one
 /// (kept in 4 bits); Gemma 3 with five 5-key sliding-window layers before a
-/// global one, each kind with its own RoPE base; Phi-3 with fused
+/// global one, each kind with its own RoPE base; Gemma 2 with every other
+/// layer windowed and scores and logits soft-capped; Phi-3 with fused
 /// projections and a sliding window that holds sequences to its length.
 fn cases() -> Vec<(&'static str, SynthSpec)> {
     let spec = |arch| SynthSpec {
@@ -346,6 +360,15 @@ fn cases() -> Vec<(&'static str, SynthSpec)> {
                 rope_theta: 1_000_000.0,
                 head_dim: Some(32),
                 ..spec("gemma3")
+            },
+        ),
+        (
+            "gemma2-capped-alternating-windows",
+            SynthSpec {
+                layers: 4,
+                sliding_window: Some(6),
+                softcaps: Some((3.0, 4.0)),
+                ..spec("gemma2")
             },
         ),
         (

@@ -76,7 +76,7 @@ pub use pie_core::auth::ApiKey;
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// A Llama, Qwen or Phi-3 GGUF; unset means the default model (fetched on first use).
+    /// A Llama, Qwen, Phi-3 or Gemma GGUF; unset means the default model (fetched on first use).
     pub path: Option<PathBuf>,
     /// The name clients use in `model`; default: the file's stem.
     pub name: Option<String>,

@@ -286,7 +286,7 @@ enum ModelCmd {
         out: PathBuf,
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// `llama`, `qwen2`, `qwen3`, `phi3` or `gemma3`.
+        /// `llama`, `qwen2`, `qwen3`, `phi3`, `gemma2` or `gemma3`.
         #[arg(long, default_value = "llama")]
         arch: String,
     },
@@ -296,7 +296,7 @@ enum ModelCmd {
 
 #[derive(clap::Args)]
 struct ModelArgs {
-    /// A Llama, Qwen or Phi-3 GGUF file; default: SmolLM2-135M-Instruct, fetched on first use.
+    /// A Llama, Qwen, Phi-3 or Gemma GGUF file; default: SmolLM2-135M-Instruct, fetched on first use.
     #[arg(long)]
     model: Option<PathBuf>,
 }

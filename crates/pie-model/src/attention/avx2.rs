@@ -4,7 +4,7 @@
 use std::arch::x86_64::*;
 
 use super::expf;
-use super::softmax::Stat;
+use super::softmax::{softcap, Stat};
 
 /// Eight accumulators summed lane-wise: lane `t` of the result is the sum of
 /// `a[t]`'s lanes.
@@ -174,6 +174,7 @@ pub(super) unsafe fn page_step(
     stride: usize,
     n: usize,
     scale: f32,
+    cap: Option<f32>,
     st: &mut Stat,
     acc: &mut [f32],
     s: &mut [f32],
@@ -203,6 +204,10 @@ pub(super) unsafe fn page_step(
         }
         *sp.add(j) = hsum(a) * scale;
         j += 1;
+    }
+    if let Some(cap) = cap {
+        // SAFETY: `sp` is `s`'s start, and `s` holds at least `n` scores.
+        softcap(std::slice::from_raw_parts_mut(sp, n), cap);
     }
     let alpha = exponentials(sp, n, st);
     let (ap, vp, p) = (acc.as_mut_ptr(), v.as_ptr(), &s[..n]);

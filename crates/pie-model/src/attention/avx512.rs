@@ -4,7 +4,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{exponentials, hsum, hsum8};
-use super::softmax::Stat;
+use super::softmax::{softcap, Stat};
 
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
@@ -83,6 +83,7 @@ pub(super) unsafe fn page_step(
     stride: usize,
     n: usize,
     scale: f32,
+    cap: Option<f32>,
     st: &mut Stat,
     acc: &mut [f32],
     s: &mut [f32],
@@ -122,6 +123,10 @@ pub(super) unsafe fn page_step(
         }
         *sp.add(j) = hsum(half_sum(a)) * scale;
         j += 1;
+    }
+    if let Some(cap) = cap {
+        // SAFETY: `sp` is `s`'s start, and `s` holds at least `n` scores.
+        softcap(std::slice::from_raw_parts_mut(sp, n), cap);
     }
     // Eight lanes here: the scores were stored eight at a time.
     let alpha = exponentials(sp, n, st);

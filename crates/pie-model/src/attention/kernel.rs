@@ -4,7 +4,7 @@
 
 use crate::ops::{axpy, dot};
 
-use super::softmax::Stat;
+use super::softmax::{softcap, Scoring, Stat};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
 
@@ -104,12 +104,13 @@ impl Kernel {
         v: &[f32],
         stride: usize,
         n: usize,
-        scale: f32,
+        scoring: Scoring,
         st: &mut Stat,
         acc: &mut [f32],
         scratch: &mut [f32],
     ) {
         let hd = q.len();
+        let (scale, cap) = (scoring.scale, scoring.softcap);
         assert!(n >= 1 && acc.len() == hd && scratch.len() >= n.next_multiple_of(16));
         assert!(k.len() >= (n - 1) * stride + hd && v.len() >= (n - 1) * stride + hd);
         match self {
@@ -117,12 +118,14 @@ impl Kernel {
             // SAFETY: `detect`/`available` checked the features and that `hd` is a
             // multiple of 16; the slices were checked above.
             Kernel::Avx512 => unsafe {
-                avx512::page_step(q, k, v, stride, n, scale, st, acc, scratch)
+                avx512::page_step(q, k, v, stride, n, scale, cap, st, acc, scratch)
             },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above, for AVX2 and FMA and a multiple of 8.
-            Kernel::Avx2 => unsafe { avx2::page_step(q, k, v, stride, n, scale, st, acc, scratch) },
-            Kernel::Portable => portable(q, k, v, stride, n, scale, st, acc, scratch),
+            Kernel::Avx2 => unsafe {
+                avx2::page_step(q, k, v, stride, n, scale, cap, st, acc, scratch)
+            },
+            Kernel::Portable => portable(q, k, v, stride, n, scale, cap, st, acc, scratch),
         }
     }
 }
@@ -135,6 +138,7 @@ fn portable(
     stride: usize,
     n: usize,
     scale: f32,
+    cap: Option<f32>,
     st: &mut Stat,
     acc: &mut [f32],
     s: &mut [f32],
@@ -142,6 +146,9 @@ fn portable(
     let hd = q.len();
     for (j, s) in s[..n].iter_mut().enumerate() {
         *s = dot(q, &k[j * stride..][..hd]) * scale;
+    }
+    if let Some(cap) = cap {
+        softcap(&mut s[..n], cap);
     }
     let m = s[..n].iter().fold(st.m, |a, &b| a.max(b));
     let alpha = if m == st.m { 1.0 } else { (st.m - m).exp() };

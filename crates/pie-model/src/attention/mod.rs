@@ -49,6 +49,7 @@ use rayon::prelude::*;
 
 pub(crate) use kernel::sum_exp;
 use kernel::Kernel;
+pub(crate) use softmax::Scoring;
 use softmax::{merge, Stat, EMPTY};
 
 #[cfg(target_arch = "x86_64")]
@@ -71,29 +72,6 @@ pub(crate) struct Heads {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
-}
-
-/// How a query scores the keys: `q · k` times `scale`, over the keys of its
-/// `window` (its last `w` positions, itself included; `None`: all before it).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Scoring {
-    pub scale: f32,
-    pub window: Option<usize>,
-}
-
-impl Scoring {
-    /// Every key before the query, scaled by `1 / sqrt(head_dim)`.
-    pub(crate) fn causal(head_dim: usize) -> Self {
-        Self {
-            scale: 1.0 / (head_dim as f32).sqrt(),
-            window: None,
-        }
-    }
-
-    /// The first key a query at `pos` sees.
-    fn first_key(self, pos: usize) -> usize {
-        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
-    }
 }
 
 /// One sequence's rows in the step: batch rows `row0..row0 + len` hold positions
@@ -318,7 +296,7 @@ fn run_unit(
                         &v[skip * stride..],
                         stride,
                         end - skip,
-                        scoring.scale,
+                        scoring,
                         &mut cst[qi],
                         &mut cacc[qi * hd..][..hd],
                         &mut scratch,
@@ -387,7 +365,9 @@ mod tests {
                         .clone()
                         .map(|j| {
                             let (page, slot) = s.table.slot(j, ps);
-                            dot(qv, &pool.read(0, page, slot).0[kvh * hd..][..hd]) * scoring.scale
+                            let score = dot(qv, &pool.read(0, page, slot).0[kvh * hd..][..hd])
+                                * scoring.scale;
+                            scoring.softcap.map_or(score, |c| c * (score / c).tanh())
                         })
                         .collect();
                     softmax(&mut scores);
@@ -493,7 +473,7 @@ mod tests {
         }
 
         fn run(&self, kernel: Kernel, seqs: &[SeqRows]) -> Vec<f32> {
-            self.run_scored(kernel, seqs, Scoring::causal(self.heads.head_dim))
+            self.run_scored(kernel, seqs, causal(self.heads.head_dim))
         }
 
         fn run_scored(&self, kernel: Kernel, seqs: &[SeqRows], scoring: Scoring) -> Vec<f32> {
@@ -551,15 +531,27 @@ mod tests {
         (4, 100, 50),
     ];
 
-    /// Causal, and sliding windows of one key, of less than a page or chunk,
-    /// and of more than a chunk (with another scale).
-    fn scorings(hd: usize) -> [Scoring; 4] {
-        let causal = Scoring::causal(hd);
+    fn causal(hd: usize) -> Scoring {
+        Scoring {
+            scale: 1.0 / (hd as f32).sqrt(),
+            softcap: None,
+            window: None,
+        }
+    }
+
+    /// Causal, soft-capped, and sliding windows of one key, of less than a
+    /// page or chunk, and of more than a chunk (with another scale).
+    fn scorings(hd: usize) -> [Scoring; 5] {
         let window = |w| Scoring {
             scale: 0.3,
+            softcap: None,
             window: Some(w),
         };
-        [causal, window(1), window(45), window(290)]
+        let capped = Scoring {
+            softcap: Some(1.5),
+            ..causal(hd)
+        };
+        [causal(hd), capped, window(1), window(45), window(290)]
     }
 
     fn lens(spans: &[(usize, usize, usize)]) -> Vec<usize> {

@@ -1,5 +1,6 @@
 //! The online softmax's state: one query's running maximum and sum of
-//! exponentials (`Stat`), and the merge of two states in chunk order.
+//! exponentials (`Stat`), the merge of two states in chunk order, and what
+//! the softmax's scores are (`Scoring`: scale, Gemma 2's soft cap, window).
 
 /// Running softmax state of one query: maximum score and sum of exponentials.
 #[derive(Clone, Copy, Debug)]
@@ -29,5 +30,30 @@ pub(super) fn merge(st: &mut Stat, acc: &mut [f32], c: Stat, cacc: &[f32]) {
     st.m = m;
     for (x, y) in acc.iter_mut().zip(cacc) {
         *x = *x * a + *y * b;
+    }
+}
+
+/// Gemma 2's soft cap on attention scores: `cap * tanh(s / cap)`.
+pub(super) fn softcap(scores: &mut [f32], cap: f32) {
+    for s in scores {
+        *s = cap * (*s / cap).tanh();
+    }
+}
+
+/// How a query scores the keys: `q · k` times `scale`, soft-capped to
+/// `cap * tanh(score / cap)` where `softcap` is set (Gemma 2), over the keys
+/// of its `window` (its last `w` positions, itself included; `None`: all
+/// before it).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scoring {
+    pub scale: f32,
+    pub softcap: Option<f32>,
+    pub window: Option<usize>,
+}
+
+impl Scoring {
+    /// The first key a query at `pos` sees.
+    pub(super) fn first_key(self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
     }
 }
