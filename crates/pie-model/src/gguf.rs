@@ -31,6 +31,10 @@ pub struct ModelConfig {
     /// Linear RoPE scaling: positions are divided by it (1: none).
     pub rope_linear: f32,
     pub rope_theta: f32,
+    /// The sliding-window layers' own RoPE base, unscaled (Gemma 3: the
+    /// file's `rope.freq_base_swa`, else 10,000); `None`: theirs is the
+    /// others'.
+    pub local_rope_theta: Option<f32>,
     /// Queries' scale in attention scores: `1 / sqrt(head_dim)` for most.
     pub attn_scale: f32,
     /// `attn_logit_softcapping`: scores capped to `cap * tanh(s / cap)`.
@@ -170,9 +174,18 @@ impl GgufFile {
         );
         // A window every layer keeps holds sequences to its length, so each
         // layer's window covers the whole sequence.
-        let held = match arch.window {
-            Window::HoldsSequences => sliding_window,
-            Window::Interleaved { .. } => None,
+        let (held, local_rope_theta) = match arch.window {
+            Window::HoldsSequences => (sliding_window, None),
+            // llama.cpp reads the windowed layers' base where a file has it.
+            Window::Interleaved {
+                local_rope_theta, ..
+            } if sliding_window.is_some() => (
+                None,
+                self.get_f32(&key("rope.freq_base_swa"))
+                    .ok()
+                    .or(local_rope_theta),
+            ),
+            Window::Interleaved { .. } => (None, None),
         };
         let layers = self.get_usize(&key("block_count"))?;
         let query_width = match arch.wide_query_scale_layers == Some(layers) {
@@ -208,6 +221,7 @@ impl GgufFile {
             rope_dims,
             rope_linear: self.rope_linear(&name)?,
             rope_theta: self.get_f32(&key("rope.freq_base")).unwrap_or(10_000.0),
+            local_rope_theta,
             attn_scale: 1.0 / (query_width as f32).sqrt(),
             attn_softcap: cap("attn_logit_softcapping")?,
             final_softcap: cap("final_logit_softcapping")?,

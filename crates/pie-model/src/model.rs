@@ -189,18 +189,14 @@ fn load_rope(f: &mut GgufFile, c: &ModelConfig) -> Result<(Rope, Option<Rope>)> 
         layout: c.arch.rope,
         max_pos: c.context_length,
     };
-    let local = match c.arch.window {
-        Window::Interleaved {
-            local_rope_theta: Some(theta),
-            ..
-        } if c.sliding_window.is_some() => Some(Rope::new(&RopeSpec {
+    let local = c.local_rope_theta.map(|theta| {
+        Rope::new(&RopeSpec {
             theta,
             linear: 1.0,
             freq_divisors: None,
             ..spec
-        })),
-        _ => None,
-    };
+        })
+    });
     Ok((Rope::new(&spec), local))
 }
 

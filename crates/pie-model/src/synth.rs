@@ -46,6 +46,8 @@ pub struct SynthSpec {
     pub sliding_window: Option<usize>,
     /// `rope.freq_base`.
     pub rope_theta: f32,
+    /// `rope.freq_base_swa` (the sliding-window layers'), when set.
+    pub rope_theta_swa: Option<f32>,
     /// `attn_logit_softcapping` and `final_logit_softcapping`, when set.
     pub softcaps: Option<(f32, f32)>,
     pub hidden: usize,
@@ -67,6 +69,7 @@ impl Default for SynthSpec {
             ffn_down_type: GgmlDType::F32,
             sliding_window: None,
             rope_theta: 10_000.0,
+            rope_theta_swa: None,
             softcaps: None,
             hidden: 64,
             heads: 4,
@@ -264,6 +267,9 @@ fn metadata(spec: &SynthSpec, tokens: Vec<String>) -> Vec<(String, Value)> {
     }
     if let Some(w) = spec.sliding_window {
         metadata.push((key("attention.sliding_window"), u32v(w)));
+    }
+    if let Some(base) = spec.rope_theta_swa {
+        metadata.push((key("rope.freq_base_swa"), Value::F32(base)));
     }
     if let Some((attn, last)) = spec.softcaps {
         metadata.push((key("attn_logit_softcapping"), Value::F32(attn)));

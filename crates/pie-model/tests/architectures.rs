@@ -67,11 +67,10 @@ fn layer_def(c: &ModelConfig, dense: &mut Dense, l: usize, layout: RopeLayout) -
         window: None,
     };
     match c.arch.window {
-        Window::Interleaved {
-            global_every,
-            local_rope_theta,
-        } if !(l + 1).is_multiple_of(global_every) && c.sliding_window.is_some() => {
-            match local_rope_theta {
+        Window::Interleaved { global_every, .. }
+            if !(l + 1).is_multiple_of(global_every) && c.sliding_window.is_some() =>
+        {
+            match c.local_rope_theta {
                 Some(theta) => LayerDef {
                     theta,
                     linear: 1.0,
@@ -310,7 +309,8 @@ fn engine(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
 /// and partial rotary; Qwen 3 with heads wider than hidden / heads; Llama
 /// with a Q6_K layer (widened at load, and said so) and with a Q4_K one
 /// (kept in 4 bits); Gemma 3 with five 5-key sliding-window layers before a
-/// global one, each kind with its own RoPE base; Gemma 2 with every other
+/// global one, each kind with its own RoPE base (the windowed layers' as
+/// Gemma 3 defines it, or as the file says); Gemma 2 with every other
 /// layer windowed and scores and logits soft-capped; Phi-3 with fused
 /// projections and a sliding window that holds sequences to its length.
 fn cases() -> Vec<(&'static str, SynthSpec)> {
@@ -359,6 +359,15 @@ fn cases() -> Vec<(&'static str, SynthSpec)> {
                 sliding_window: Some(5),
                 rope_theta: 1_000_000.0,
                 head_dim: Some(32),
+                ..spec("gemma3")
+            },
+        ),
+        (
+            "gemma3-windowed-base-from-file",
+            SynthSpec {
+                layers: 6,
+                sliding_window: Some(5),
+                rope_theta_swa: Some(40_000.0),
                 ..spec("gemma3")
             },
         ),
@@ -414,6 +423,16 @@ fn every_architecture_computes_what_its_definition_says() {
             Window::Interleaved { .. } => spec.context_length,
         };
         assert_eq!(model.max_positions(), positions, "{case}");
+        let swa_base = match (model.config.arch.window, spec.rope_theta_swa) {
+            (
+                Window::Interleaved {
+                    local_rope_theta, ..
+                },
+                None,
+            ) => local_rope_theta,
+            (_, from_file) => from_file,
+        };
+        assert_eq!(model.config.local_rope_theta, swa_base, "{case}");
         let mut dense = Dense {
             file: GgufFile::open(&path).unwrap(),
         };
