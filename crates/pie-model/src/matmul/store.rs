@@ -115,14 +115,22 @@ impl QWeight {
         self.blocks().next_multiple_of(GROUP)
     }
 
-    /// Row-major f32 weights (`n x k_in`), quantised to 8 bits per 32-block.
     /// Output rows (the matrix's height).
     pub fn rows(&self) -> usize {
         self.n
     }
 
+    /// Row-major f32 weights (`n x k_in`), quantised to 8 bits per 32-block.
     pub fn from_f32(w: &[f32], n: usize, k_in: usize) -> Self {
         assert_eq!(w.len(), n * k_in, "weight size");
+        Self::from_rows(n, k_in, |row, dst| {
+            dst.copy_from_slice(&w[row * k_in..][..k_in])
+        })
+    }
+
+    /// As [`QWeight::from_f32`], each row written by `fill(row, dst)` in
+    /// turn, so a matrix is quantised without ever being whole in f32.
+    pub fn from_rows(n: usize, k_in: usize, mut fill: impl FnMut(usize, &mut [f32])) -> Self {
         let k = k_in.next_multiple_of(BLOCK);
         let nbp = (k / BLOCK).next_multiple_of(GROUP);
         let order = kernel_order(k);
@@ -130,8 +138,8 @@ impl QWeight {
         let mut qs = Vec::with_capacity(n * k);
         let mut padded = vec![0f32; k];
         let mut q = vec![0i8; k];
-        for (row, src) in w.chunks_exact(k_in).enumerate() {
-            padded[..k_in].copy_from_slice(src);
+        for row in 0..n {
+            fill(row, &mut padded[..k_in]);
             for (b, (x, q)) in padded
                 .chunks_exact(BLOCK)
                 .zip(q.chunks_exact_mut(BLOCK))
