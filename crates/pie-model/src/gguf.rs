@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::Path;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Device;
@@ -31,6 +31,11 @@ pub struct ModelConfig {
     pub rope_dims: usize,
     /// Linear RoPE scaling: positions are divided by it (1: none).
     pub rope_linear: f32,
+    /// `rope.scaling.original_context_length`: LongRoPE's long factors
+    /// apply when the context is longer.
+    pub rope_original_context: Option<usize>,
+    /// `rope.scaling.attn_factor`: rotated elements scaled by it (1: none).
+    pub rope_attn_factor: f32,
     pub rope_theta: f32,
     /// The sliding-window layers' own RoPE base, unscaled (Gemma 3: the
     /// file's `rope.freq_base_swa`, else 10,000); `None`: theirs is the
@@ -168,11 +173,9 @@ impl GgufFile {
             .get_usize(&key("attention.head_count_kv"))
             .unwrap_or(heads);
         let head_dim = self.head_dim(&name, hidden, heads)?;
-        let sliding_window = self.get_usize(&key("attention.sliding_window")).ok();
-        ensure!(
-            sliding_window != Some(0),
-            "{name}.attention.sliding_window must be above 0"
-        );
+        // 0 is how Phi-4's files say they have none.
+        let sliding_window =
+            (self.get_usize(&key("attention.sliding_window")).ok()).filter(|&w| w > 0);
         // A window every layer keeps holds sequences to its length, so each
         // layer's window covers the whole sequence.
         let (held, local_rope_theta) = match arch.window {
@@ -221,6 +224,12 @@ impl GgufFile {
             head_dim,
             rope_dims,
             rope_linear: self.rope_linear(&name)?,
+            rope_original_context: self
+                .get_usize(&key("rope.scaling.original_context_length"))
+                .ok(),
+            rope_attn_factor: self
+                .get_f32(&key("rope.scaling.attn_factor"))
+                .unwrap_or(1.0),
             rope_theta: self.get_f32(&key("rope.freq_base")).unwrap_or(10_000.0),
             local_rope_theta,
             attn_scale: 1.0 / (query_width as f32).sqrt(),

@@ -158,28 +158,37 @@ fn is_local(config: &ModelConfig, i: usize) -> bool {
     }
 }
 
-/// The RoPE tables the file describes (with Llama 3's `rope_freqs` where
-/// it has them, one divisor per rotated pair), and the sliding-window
+/// The tensor of per-pair frequency divisors the file has, as llama.cpp
+/// picks it: Llama 3's `rope_freqs`, else LongRoPE's long factors when the
+/// context is longer than the original one, else its short ones.
+fn divisor_tensor(f: &GgufFile, c: &ModelConfig) -> Option<&'static str> {
+    let original = c.rope_original_context.unwrap_or(c.context_length);
+    let longrope = match c.context_length > original {
+        true => "rope_factors_long.weight",
+        false => "rope_factors_short.weight",
+    };
+    ["rope_freqs.weight", longrope]
+        .into_iter()
+        .find(|name| f.has_tensor(name))
+}
+
+/// The RoPE tables the file describes (with its frequency divisors, one per
+/// rotated pair, and LongRoPE's attention factor), and the sliding-window
 /// layers' own where the architecture gives them one.
 fn load_rope(f: &mut GgufFile, c: &ModelConfig) -> Result<(Rope, Option<Rope>)> {
-    for longrope in ["rope_factors_long.weight", "rope_factors_short.weight"] {
-        ensure!(
-            !f.has_tensor(longrope),
-            "{longrope}: LongRoPE (Phi-3 128k, Phi-3.5) is not served yet"
-        );
-    }
-    let divisors = match f.has_tensor("rope_freqs.weight") {
-        true => Some(f.f32_tensor("rope_freqs.weight")?),
-        false => None,
+    let divisors = match divisor_tensor(f, c) {
+        Some(name) => {
+            let d = f.f32_tensor(name)?;
+            ensure!(
+                d.len() == c.rope_dims / 2,
+                "{name} has {} values, expected one per rotated pair ({})",
+                d.len(),
+                c.rope_dims / 2
+            );
+            Some(d)
+        }
+        None => None,
     };
-    if let Some(d) = &divisors {
-        ensure!(
-            d.len() == c.rope_dims / 2,
-            "rope_freqs.weight has {} values, expected one per rotated pair ({})",
-            d.len(),
-            c.rope_dims / 2
-        );
-    }
     let spec = RopeSpec {
         head_dim: c.head_dim,
         dims: c.rope_dims,
@@ -188,12 +197,14 @@ fn load_rope(f: &mut GgufFile, c: &ModelConfig) -> Result<(Rope, Option<Rope>)> 
         freq_divisors: divisors.as_deref(),
         layout: c.arch.rope,
         max_pos: c.context_length,
+        mscale: c.rope_attn_factor,
     };
     let local = c.local_rope_theta.map(|theta| {
         Rope::new(&RopeSpec {
             theta,
             linear: 1.0,
             freq_divisors: None,
+            mscale: 1.0,
             ..spec
         })
     });

@@ -64,6 +64,9 @@ pub struct RopeSpec<'a> {
     pub freq_divisors: Option<&'a [f32]>,
     pub layout: RopeLayout,
     pub max_pos: usize,
+    /// Rotated elements are scaled by it (LongRoPE's attention factor; 1:
+    /// none), as llama.cpp scales its cos and sin.
+    pub mscale: f32,
 }
 
 /// Rotary embedding tables: for position `p` and pair `i`, the angle is
@@ -96,8 +99,8 @@ impl Rope {
         for p in 0..spec.max_pos {
             for freq in &freqs {
                 let angle = p as f64 * freq;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+                cos.push(angle.cos() as f32 * spec.mscale);
+                sin.push(angle.sin() as f32 * spec.mscale);
             }
         }
         Self {
@@ -164,7 +167,35 @@ mod tests {
             freq_divisors: divisors,
             layout,
             max_pos: 8,
+            mscale: 1.0,
         })
+    }
+
+    /// LongRoPE's attention factor scales the rotated pairs (at every
+    /// position, 0 included) and leaves the unrotated tail alone.
+    #[test]
+    fn the_attention_factor_scales_only_the_rotated_elements() {
+        let scaled = Rope::new(&RopeSpec {
+            mscale: 1.5,
+            ..RopeSpec {
+                head_dim: 4,
+                dims: 2,
+                theta: 10_000.0,
+                linear: 1.0,
+                freq_divisors: None,
+                layout: RopeLayout::Halves,
+                max_pos: 8,
+                mscale: 1.0,
+            }
+        });
+        let plain = rope(RopeLayout::Halves, 2, None, 1.0);
+        for pos in [0, 3] {
+            let (mut a, mut b) = (vec![1.0, 2.0, 3.0, 4.0], vec![1.0, 2.0, 3.0, 4.0]);
+            scaled.apply(&mut a, pos);
+            plain.apply(&mut b, pos);
+            assert!((a[0] - 1.5 * b[0]).abs() < 1e-6 && (a[1] - 1.5 * b[1]).abs() < 1e-6);
+            assert_eq!(a[2..], b[2..]);
+        }
     }
 
     #[test]

@@ -48,6 +48,9 @@ pub struct SynthSpec {
     pub rope_theta: f32,
     /// `rope.freq_base_swa` (the sliding-window layers'), when set.
     pub rope_theta_swa: Option<f32>,
+    /// LongRoPE: `rope_factors_long` and `_short` tensors, with
+    /// `rope.scaling.original_context_length` and `.attn_factor`.
+    pub longrope: Option<(usize, f32)>,
     /// `attn_logit_softcapping` and `final_logit_softcapping`, when set.
     pub softcaps: Option<(f32, f32)>,
     pub hidden: usize,
@@ -70,6 +73,7 @@ impl Default for SynthSpec {
             sliding_window: None,
             rope_theta: 10_000.0,
             rope_theta_swa: None,
+            longrope: None,
             softcaps: None,
             hidden: 64,
             heads: 4,
@@ -142,7 +146,11 @@ pub fn write_test_model(path: &Path, spec: &SynthSpec) -> Result<()> {
         w.tensor(vocab, spec.hidden, head_scale, 0.0, GgmlDType::Q8_0)?,
     ));
     if spec.rope_freqs {
-        tensors.push(("rope_freqs.weight".into(), rope_freqs(spec)?));
+        tensors.push(("rope_freqs.weight".into(), rope_freqs(spec, 8.0)?));
+    }
+    if spec.longrope.is_some() {
+        tensors.push(("rope_factors_long.weight".into(), rope_freqs(spec, 16.0)?));
+        tensors.push(("rope_factors_short.weight".into(), rope_freqs(spec, 1.5)?));
     }
     for i in 0..spec.layers {
         tensors.extend(layer_tensors(&mut w, spec, arch, i)?);
@@ -159,11 +167,12 @@ fn head_dim(spec: &SynthSpec) -> usize {
     spec.head_dim.unwrap_or(spec.hidden / spec.heads)
 }
 
-/// Divisors from 1 to 8, as Llama 3.1's slow its low frequencies.
-fn rope_freqs(spec: &SynthSpec) -> Result<QTensor> {
+/// Divisors from 1 towards `top`, as Llama 3.1's and LongRoPE's slow their
+/// low frequencies.
+fn rope_freqs(spec: &SynthSpec, top: f32) -> Result<QTensor> {
     let pairs = spec.rope_dims.unwrap_or(head_dim(spec)) / 2;
     let divisors: Vec<f32> = (0..pairs)
-        .map(|i| 1.0 + 7.0 * i as f32 / pairs as f32)
+        .map(|i| 1.0 + (top - 1.0) * i as f32 / pairs as f32)
         .collect();
     let t = Tensor::from_vec(divisors, pairs, &Device::Cpu)?;
     Ok(QTensor::quantize(&t, GgmlDType::F32)?)
@@ -267,6 +276,10 @@ fn metadata(spec: &SynthSpec, tokens: Vec<String>) -> Vec<(String, Value)> {
     }
     if let Some(w) = spec.sliding_window {
         metadata.push((key("attention.sliding_window"), u32v(w)));
+    }
+    if let Some((original, attn_factor)) = spec.longrope {
+        metadata.push((key("rope.scaling.original_context_length"), u32v(original)));
+        metadata.push((key("rope.scaling.attn_factor"), Value::F32(attn_factor)));
     }
     if let Some(base) = spec.rope_theta_swa {
         metadata.push((key("rope.freq_base_swa"), Value::F32(base)));

@@ -43,11 +43,12 @@ fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
 }
 
 /// What one layer does by its definition: its RoPE (base, linear factor,
-/// per-pair divisors, pairing) and its window.
+/// per-pair divisors, scale of the rotated elements, pairing) and its window.
 struct LayerDef {
     theta: f32,
     linear: f32,
     divisors: Vec<f32>,
+    mscale: f32,
     layout: RopeLayout,
     window: Option<usize>,
 }
@@ -55,14 +56,21 @@ struct LayerDef {
 /// Layer `l` as the architecture's [`Window`] defines it: a sliding-window
 /// layer of an interleaved architecture has its own RoPE base, no scaling.
 fn layer_def(c: &ModelConfig, dense: &mut Dense, l: usize, layout: RopeLayout) -> LayerDef {
-    let divisors = match dense.file.has_tensor("rope_freqs.weight") {
-        true => dense.w("rope_freqs.weight"),
-        false => Vec::new(),
+    // LongRoPE's long factors where the context outgrows the original one.
+    let long = c.context_length > c.rope_original_context.unwrap_or(usize::MAX);
+    let longrope = ["rope_factors_short.weight", "rope_factors_long.weight"][long as usize];
+    let divisors = match ["rope_freqs.weight", longrope]
+        .into_iter()
+        .find(|n| dense.file.has_tensor(n))
+    {
+        Some(name) => dense.w(name),
+        None => Vec::new(),
     };
     let global = LayerDef {
         theta: c.rope_theta,
         linear: c.rope_linear,
         divisors,
+        mscale: c.rope_attn_factor,
         layout,
         window: None,
     };
@@ -75,6 +83,7 @@ fn layer_def(c: &ModelConfig, dense: &mut Dense, l: usize, layout: RopeLayout) -
                     theta,
                     linear: 1.0,
                     divisors: Vec::new(),
+                    mscale: 1.0,
                     window: c.sliding_window,
                     ..global
                 },
@@ -102,8 +111,8 @@ fn rope(head: &mut [f32], pos: usize, c: &ModelConfig, def: &LayerDef) {
             RopeLayout::Halves => (i, i + d / 2),
         };
         let (x, y) = (head[a], head[b]);
-        head[a] = x * cos - y * sin;
-        head[b] = x * sin + y * cos;
+        head[a] = (x * cos - y * sin) * def.mscale;
+        head[b] = (x * sin + y * cos) * def.mscale;
     }
 }
 
@@ -311,7 +320,9 @@ fn engine(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
 /// (kept in 4 bits); Gemma 3 with five 5-key sliding-window layers before a
 /// global one, each kind with its own RoPE base (the windowed layers' as
 /// Gemma 3 defines it, or as the file says); Gemma 2 with every other
-/// layer windowed and scores and logits soft-capped; Phi-3 with fused
+/// layer windowed and scores and logits soft-capped; Phi-3 with LongRoPE's
+/// factors (long beyond the original context, short within) and attention
+/// factor, once with Phi-4's window of 0 (none); Phi-3 with fused
 /// projections and a sliding window that holds sequences to its length.
 fn cases() -> Vec<(&'static str, SynthSpec)> {
     let spec = |arch| SynthSpec {
@@ -350,6 +361,21 @@ fn cases() -> Vec<(&'static str, SynthSpec)> {
                 intermediate: 256,
                 ffn_down_type: GgmlDType::Q6K,
                 ..spec("llama")
+            },
+        ),
+        (
+            "phi4-longrope-long-no-window",
+            SynthSpec {
+                longrope: Some((256, 1.19)),
+                sliding_window: Some(0),
+                ..spec("phi3")
+            },
+        ),
+        (
+            "phi3-longrope-short",
+            SynthSpec {
+                longrope: Some((4096, 1.19)),
+                ..spec("phi3")
             },
         ),
         (
@@ -419,7 +445,9 @@ fn every_architecture_computes_what_its_definition_says() {
         };
         assert_eq!(model.widened, widened, "{case}");
         let positions = match model.config.arch.window {
-            Window::HoldsSequences => spec.sliding_window.unwrap_or(spec.context_length),
+            Window::HoldsSequences => {
+                (spec.sliding_window.filter(|&w| w > 0)).unwrap_or(spec.context_length)
+            }
             Window::Interleaved { .. } => spec.context_length,
         };
         assert_eq!(model.max_positions(), positions, "{case}");
@@ -433,6 +461,8 @@ fn every_architecture_computes_what_its_definition_says() {
             (_, from_file) => from_file,
         };
         assert_eq!(model.config.local_rope_theta, swa_base, "{case}");
+        let attn_factor = spec.longrope.map_or(1.0, |(_, f)| f);
+        assert_eq!(model.config.rope_attn_factor, attn_factor, "{case}");
         let mut dense = Dense {
             file: GgufFile::open(&path).unwrap(),
         };
