@@ -307,9 +307,24 @@ impl Tokenizer {
             bos_token => self.bos_text,
             eos_token => self.eos_text,
         };
-        env.get_template("chat")
+        let text = env
+            .get_template("chat")
             .and_then(|t| t.render(ctx))
-            .map_err(|e| anyhow!("chat template: {e}"))
+            .map_err(|e| anyhow!("chat template: {e}"))?;
+        Ok(self.without_leading_bos(text))
+    }
+
+    /// `text` without the BOS a template wrote first (Llama 3's, Gemma's)
+    /// where [`Tokenizer::encode`] adds one, so the prompt has one BOS, not
+    /// two: llama.cpp strips it the same way.
+    fn without_leading_bos(&self, text: String) -> String {
+        match self.bos.is_some() && !self.bos_text.is_empty() {
+            true => match text.strip_prefix(&self.bos_text) {
+                Some(rest) => rest.to_string(),
+                None => text,
+            },
+            false => text,
+        }
     }
 }
 
@@ -385,6 +400,32 @@ mod tests {
         let prompt = tk.encode("hi there").unwrap();
         assert_eq!(prompt[0], 256);
         assert_eq!(tk.encode_continuation("hi there").unwrap(), prompt[1..]);
+    }
+
+    /// A template that writes `bos_token` first, on a tokenizer that adds
+    /// BOS itself, gives a prompt with one BOS; without `add_bos`, the
+    /// template's BOS stays.
+    #[test]
+    fn a_template_that_writes_bos_gives_one_bos() {
+        let path = std::env::temp_dir().join(format!("pie-one-bos-{}.gguf", std::process::id()));
+        write_test_model(&path, &SynthSpec::default()).expect("writes");
+        let mut spec =
+            TokenizerSpec::from_gguf(&GgufFile::open(&path).expect("opens")).expect("reads");
+        let _ = std::fs::remove_file(&path);
+        spec.chat_template =
+            Some("{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}".into());
+        spec.bos = Some(256);
+        for add_bos in [true, false] {
+            spec.add_bos = add_bos;
+            let tk = Tokenizer::from_spec(spec.clone()).expect("builds");
+            let text = tk
+                .apply_chat_template(&[ChatMessage::text("user", "hi".into())], None)
+                .unwrap();
+            let ids = tk.encode(&text).unwrap();
+            assert_eq!(ids.iter().filter(|&&t| t == 256).count(), 1, "{add_bos}");
+            assert_eq!(ids[0], 256, "{add_bos}");
+            assert_eq!(ids.len(), 3, "{add_bos}: BOS, h, i");
+        }
     }
 
     /// Templates written for Python's Jinja call str methods; they render.
