@@ -25,8 +25,12 @@ pub(super) fn build(merges: &[String], pre: &str, vocab: Vocab) -> Result<tokeni
                 .with_context(|| format!("bad merge `{m}`"))
         })
         .collect::<Result<Vec<_>>>()?;
+    // Llama 3's tokenizer takes a split that is a whole vocabulary piece as
+    // it is, before any merge (as Hugging Face's `ignore_merges` and
+    // llama.cpp do): its merges alone would not always reach that piece.
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, merges)
+        .ignore_merges(matches!(pre, "llama-bpe" | "llama3"))
         .build()
         .map_err(|e| anyhow!("building BPE: {e}"))?;
     let mut inner = tokenizers::Tokenizer::new(bpe);
@@ -85,7 +89,7 @@ fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
     };
     let gpt2 = ByteLevel::new(false, true, true);
     match pre {
-        "" | "default" | "gpt2" => Ok(gpt2.into()),
+        "" | "default" | "gpt2" | "gpt-2" => Ok(gpt2.into()),
         "smollm" => Ok(Sequence::new(vec![Digits::new(true).into(), gpt2.into()]).into()),
         "llama-bpe" | "llama3" => split(LLAMA3_SPLIT),
         "qwen2" => split(QWEN2_SPLIT),
@@ -129,5 +133,23 @@ mod tests {
         );
         let e = pre_tokenizer("starcoder").unwrap_err().to_string();
         assert!(e.contains("`starcoder`") && e.contains("qwen2"), "{e}");
+    }
+
+    /// A split that is a whole piece is that piece under Llama 3's rule,
+    /// though no merge reaches it; under GPT-2's the merges decide.
+    #[test]
+    fn llama3_takes_a_whole_piece_before_merging() {
+        let vocab: Vocab = ["a", "b", "c", "ab", "abc"]
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.to_string(), i as u32))
+            .collect();
+        let merges = ["a b".to_string()];
+        let ids = |pre: &str| {
+            let t = build(&merges, pre, vocab.clone()).unwrap();
+            t.encode("abc", false).unwrap().get_ids().to_vec()
+        };
+        assert_eq!(ids("llama-bpe"), [4]);
+        assert_eq!(ids("gpt-2"), [3, 2]);
     }
 }

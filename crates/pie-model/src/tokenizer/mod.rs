@@ -225,6 +225,11 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// The BOS [`Tokenizer::encode`] puts first, where the model adds one.
+    pub fn bos(&self) -> Option<u32> {
+        self.bos
+    }
+
     /// Token ids of `text` where it continues other tokens: no BOS, and no
     /// space put before it.
     pub fn encode_continuation(&self, text: &str) -> Result<Vec<u32>> {
