@@ -5,6 +5,7 @@
 
 mod byte_level;
 mod sentencepiece;
+mod template;
 
 use anyhow::{anyhow, bail, Result};
 use candle_core::quantized::gguf_file::Value;
@@ -17,6 +18,7 @@ use tokenizers::AddedToken;
 pub use byte_level::byte_level_char;
 
 use crate::gguf::GgufFile;
+use template::chat_environment;
 
 /// GGUF `tokenizer.ggml.token_type` values for special tokens.
 const TOKEN_TYPE_CONTROL: i32 = 3;
@@ -305,16 +307,23 @@ impl Tokenizer {
         let tools = tools
             .filter(|_| self.tool_format != ToolFormat::Generic)
             .map(ToolRequest::openai_tools);
-        let ctx = minijinja::context! {
-            messages => messages,
-            tools => tools,
-            add_generation_prompt => true,
-            bos_token => self.bos_text,
-            eos_token => self.eos_text,
+        let render = |messages: &[ChatMessage]| {
+            let ctx = minijinja::context! {
+                messages => messages,
+                tools => tools,
+                add_generation_prompt => true,
+                bos_token => self.bos_text,
+                eos_token => self.eos_text,
+            };
+            env.get_template("chat").and_then(|t| t.render(ctx))
         };
-        let text = env
-            .get_template("chat")
-            .and_then(|t| t.render(ctx))
+        // A template that refuses a system turn (Gemma 2's) gets it at the
+        // head of the first user turn, as llama.cpp gives it.
+        let text = render(&messages)
+            .or_else(|e| match system_folded(&messages) {
+                Some(folded) => render(&folded),
+                None => Err(e),
+            })
             .map_err(|e| anyhow!("chat template: {e}"))?;
         Ok(self.without_leading_bos(text))
     }
@@ -333,24 +342,20 @@ impl Tokenizer {
     }
 }
 
-/// A chat template compiled into its own environment (with the
-/// `raise_exception` templates call), or its syntax error.
-fn chat_environment(template: String) -> Result<minijinja::Environment<'static>, String> {
-    let mut env = minijinja::Environment::new();
-    // Templates written for Python's Jinja call str methods (`strip`, `startswith`, ...).
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.add_function(
-        "raise_exception",
-        |msg: String| -> Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(
-                minijinja::ErrorKind::InvalidOperation,
-                msg,
-            ))
-        },
-    );
-    env.add_template_owned("chat", template)
-        .map_err(|e| e.to_string())?;
-    Ok(env)
+/// `messages` with a leading system turn folded into the user turn after
+/// it (`system\n\nuser`); `None` when they do not start that way.
+fn system_folded(messages: &[ChatMessage]) -> Option<Vec<ChatMessage>> {
+    match messages {
+        [system, user, rest @ ..] if system.role == "system" && user.role == "user" => {
+            let content = format!("{}\n\n{}", system.content, user.content);
+            let first = ChatMessage {
+                content,
+                ..user.clone()
+            };
+            Some(std::iter::once(first).chain(rest.iter().cloned()).collect())
+        }
+        _ => None,
+    }
 }
 
 fn encoded(tokenizer: &tokenizers::Tokenizer, text: &str) -> Result<Vec<u32>> {
