@@ -71,8 +71,8 @@ impl Embedding {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ggml_blocks::reference::{quantized, worst, BLOCK_TYPES};
     use candle_core::quantized::GgmlDType;
-    use candle_core::Tensor;
 
     /// Every row read back equals candle's own dequantisation of the table
     /// (up to f32 rounding), and only types without a block rule take f32.
@@ -82,38 +82,16 @@ mod tests {
         let values: Vec<f32> = (0..vocab * hidden)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
             .collect();
-        let dense = Tensor::from_vec(values, (vocab, hidden), &Device::Cpu).unwrap();
-        for dtype in [
-            GgmlDType::Q8_0,
-            GgmlDType::Q4_0,
-            GgmlDType::Q4_1,
-            GgmlDType::F16,
-            GgmlDType::Q4K,
-            GgmlDType::Q6K,
-            GgmlDType::Q8_1,
-        ] {
-            let table = QTensor::quantize(&dense, dtype).unwrap();
-            let want: Vec<f32> = table
-                .dequantize(&Device::Cpu)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
+        // Q8_1 has no block rule here: widened at load.
+        for dtype in BLOCK_TYPES.into_iter().chain([GgmlDType::Q8_1]) {
+            let (table, want) = quantized(dtype, values.clone(), vocab, hidden);
             let embedding = Embedding::new(&table, vocab, hidden).unwrap();
             let mut got = Vec::new();
             for token in 0..vocab {
                 embedding.push_row(token, &mut got);
             }
-            let worst = got
-                .iter()
-                .zip(&want)
-                .map(|(g, w)| (g - w).abs())
-                .fold(0f32, f32::max);
-            assert!(
-                got.len() == want.len() && worst <= 1e-5,
-                "{dtype:?}: {worst}"
-            );
+            let worst = worst(&got, &want);
+            assert!(worst <= 1e-5, "{dtype:?}: {worst}");
             let compact = !matches!(dtype, GgmlDType::Q8_1);
             assert_eq!(embedding.row_bytes() < hidden * 4, compact, "{dtype:?}");
         }

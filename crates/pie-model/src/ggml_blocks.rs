@@ -154,11 +154,51 @@ fn widen_q6k(block: &[u8], out: &mut Vec<f32>) {
     }
 }
 
+/// What the tests of this crate's block readers compare against: candle's
+/// own quantisation and dequantisation (ggml's rules).
 #[cfg(test)]
-mod tests {
-    use candle_core::quantized::QTensor;
+pub(crate) mod reference {
+    use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{Device, Tensor};
 
+    /// Every type with a block rule here.
+    pub(crate) const BLOCK_TYPES: [GgmlDType; 6] = [
+        GgmlDType::Q8_0,
+        GgmlDType::Q4_0,
+        GgmlDType::Q4_1,
+        GgmlDType::F16,
+        GgmlDType::Q4K,
+        GgmlDType::Q6K,
+    ];
+
+    /// `values` (`rows x cols`) quantised to `dtype`, and the values its
+    /// blocks dequantise to.
+    pub(crate) fn quantized(
+        dtype: GgmlDType,
+        values: Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> (QTensor, Vec<f32>) {
+        let dense = Tensor::from_vec(values, (rows, cols), &Device::Cpu).unwrap();
+        let t = QTensor::quantize(&dense, dtype).unwrap();
+        let deq = t.dequantize(&Device::Cpu).unwrap();
+        let deq = deq.flatten_all().unwrap().to_vec1().unwrap();
+        (t, deq)
+    }
+
+    /// The largest difference between `got` and `want` (infinite when their
+    /// lengths differ).
+    pub(crate) fn worst(got: &[f32], want: &[f32]) -> f32 {
+        if got.len() != want.len() {
+            return f32::INFINITY;
+        }
+        (got.iter().zip(want)).fold(0f32, |m, (g, w)| m.max((g - w).abs()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reference::{quantized, worst, BLOCK_TYPES};
     use super::*;
 
     /// Every type widens a tensor's blocks to what candle's dequantisation
@@ -168,23 +208,8 @@ mod tests {
         let values: Vec<f32> = (0..4 * QK_K)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0 * (1 + i / 200) as f32 + 0.3)
             .collect();
-        let dense = Tensor::from_vec(values, (4, QK_K), &Device::Cpu).unwrap();
-        for dtype in [
-            GgmlDType::Q8_0,
-            GgmlDType::Q4_0,
-            GgmlDType::Q4_1,
-            GgmlDType::F16,
-            GgmlDType::Q4K,
-            GgmlDType::Q6K,
-        ] {
-            let t = QTensor::quantize(&dense, dtype).unwrap();
-            let want: Vec<f32> = t
-                .dequantize(&Device::Cpu)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
+        for dtype in BLOCK_TYPES {
+            let (t, want) = quantized(dtype, values.clone(), 4, QK_K);
             let kind = BlockType::of(dtype).unwrap();
             let data = t.data().unwrap();
             assert_eq!(data.len(), want.len() / kind.values() * kind.bytes());
@@ -192,12 +217,8 @@ mod tests {
             for block in data.chunks_exact(kind.bytes()) {
                 kind.widen(block, &mut got);
             }
-            let worst = got
-                .iter()
-                .zip(&want)
-                .map(|(g, w)| (g - w).abs())
-                .fold(0f32, f32::max);
             // The same rule; only f32 operation order may differ.
+            let worst = worst(&got, &want);
             assert!(worst <= 1e-5, "{dtype:?}: off by {worst}");
         }
     }

@@ -2,8 +2,7 @@ use super::layout::{kernel_order, BLOCK};
 use super::quantize::quantize_block;
 use super::store::Quants;
 use super::*;
-use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{Device, Tensor};
+use candle_core::quantized::GgmlDType;
 use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -220,10 +219,7 @@ fn a_linear_layer_keeps_mixed_kinds_apart_and_merges_the_rest() {
 /// A GGML tensor of `w` (`n x k`) in `dtype`: its raw blocks and candle's
 /// dequantisation of them (ggml's rule).
 fn ggml_tensor(dtype: GgmlDType, w: Vec<f32>, n: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
-    let dense = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
-    let t = QTensor::quantize(&dense, dtype).unwrap();
-    let deq = t.dequantize(&Device::Cpu).unwrap();
-    let deq = deq.flatten_all().unwrap().to_vec1().unwrap();
+    let (t, deq) = crate::ggml_blocks::reference::quantized(dtype, w, n, k);
     (t.data().unwrap().into_owned(), deq)
 }
 

@@ -397,13 +397,19 @@ mod tests {
     use super::*;
     use crate::synth::{write_test_model, SynthSpec};
 
+    /// The tiny test model's tokenizer spec (`name` keeps parallel tests'
+    /// files apart).
+    fn test_spec(name: &str) -> TokenizerSpec {
+        let path = std::env::temp_dir().join(format!("pie-{name}-{}.gguf", std::process::id()));
+        write_test_model(&path, &SynthSpec::default()).expect("writes");
+        let spec = TokenizerSpec::from_gguf(&GgufFile::open(&path).expect("opens")).expect("reads");
+        let _ = std::fs::remove_file(&path);
+        spec
+    }
+
     #[test]
     fn a_continuation_has_no_bos() {
-        let path = std::env::temp_dir().join(format!("pie-bos-{}.gguf", std::process::id()));
-        write_test_model(&path, &SynthSpec::default()).expect("writes");
-        let gguf = GgufFile::open(&path).expect("opens");
-        let mut spec = TokenizerSpec::from_gguf(&gguf).expect("reads");
-        let _ = std::fs::remove_file(&path);
+        let mut spec = test_spec("bos");
         spec.bos = Some(256);
         spec.add_bos = true;
         let tk = Tokenizer::from_spec(spec).expect("builds");
@@ -417,11 +423,7 @@ mod tests {
     /// template's BOS stays.
     #[test]
     fn a_template_that_writes_bos_gives_one_bos() {
-        let path = std::env::temp_dir().join(format!("pie-one-bos-{}.gguf", std::process::id()));
-        write_test_model(&path, &SynthSpec::default()).expect("writes");
-        let mut spec =
-            TokenizerSpec::from_gguf(&GgufFile::open(&path).expect("opens")).expect("reads");
-        let _ = std::fs::remove_file(&path);
+        let mut spec = test_spec("one-bos");
         spec.chat_template =
             Some("{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}".into());
         spec.bos = Some(256);
@@ -441,11 +443,7 @@ mod tests {
     /// Templates written for Python's Jinja call str methods; they render.
     #[test]
     fn a_template_calling_python_string_methods_renders() {
-        let path = std::env::temp_dir().join(format!("pie-pycompat-{}.gguf", std::process::id()));
-        write_test_model(&path, &SynthSpec::default()).expect("writes");
-        let mut spec =
-            TokenizerSpec::from_gguf(&GgufFile::open(&path).expect("opens")).expect("reads");
-        let _ = std::fs::remove_file(&path);
+        let mut spec = test_spec("pycompat");
         spec.chat_template = Some(
             "{% for m in messages %}{% if m.content.startswith('/') %}cmd:{% endif %}{{ m.content.strip() | upper }};{% endfor %}"
                 .into(),
