@@ -169,6 +169,25 @@ fn with_chat_template(model: Model, file: Option<&std::path::Path>) -> Result<Mo
         .with_context(|| format!("model.chat_template {}", file.display()))
 }
 
+/// The name a model file is served under: its stem without a trailing
+/// quantisation type (`SmolLM2-135M-Instruct.Q4_1.gguf` is
+/// `SmolLM2-135M-Instruct`; `qwen2.5-0.5b-instruct-q4_k_m.gguf` keeps its
+/// whole stem).
+fn model_name_of(path: &std::path::Path) -> String {
+    let stem = path
+        .file_stem()
+        .map_or("model".into(), |s| s.to_string_lossy().into_owned());
+    let quant_type = |s: &str| {
+        let s = s.to_ascii_lowercase();
+        let digits = s.trim_start_matches(['i', 'q', 'f', 'b']);
+        digits.len() < s.len() && digits.starts_with(|c: char| c.is_ascii_digit())
+    };
+    match stem.rsplit_once('.') {
+        Some((name, suffix)) if !name.is_empty() && quant_type(suffix) => name.to_string(),
+        _ => stem,
+    }
+}
+
 /// Load the model and start the runtime over it (`pie serve`, `pie run`).
 pub fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
     let path: PathBuf = match &config.model.path {
@@ -215,15 +234,7 @@ pub fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
         max_running: rt.max_running,
     };
     let policies = WorkerPolicies::build(rt).map_err(anyhow::Error::msg)?;
-    let model_name = config.model.name.clone().unwrap_or_else(|| {
-        path.file_stem().map_or("model".into(), |s| {
-            s.to_string_lossy()
-                .split('.')
-                .next()
-                .unwrap_or("model")
-                .to_string()
-        })
-    });
+    let model_name = (config.model.name.clone()).unwrap_or_else(|| model_name_of(&path));
     let engine = Engine::new(model, engine_config, Box::new(pie_policy::Fcfs));
     let trace = match &config.server.trace_file {
         Some(path) => Some(pie_workload::TraceRecorder::open(path).map_err(|e| {
@@ -282,5 +293,31 @@ fn open_persist(
             Ok(None)
         }
         Err(e) => Err(anyhow::anyhow!("runtime.persist.dir: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::model_name_of;
+    use std::path::Path;
+
+    #[test]
+    fn a_model_is_named_after_its_file_without_the_quantisation() {
+        for (file, name) in [
+            (
+                "/m/SmolLM2-135M-Instruct.Q4_1.gguf",
+                "SmolLM2-135M-Instruct",
+            ),
+            ("llama-3.2-1b-shaped.Q4_K_M.gguf", "llama-3.2-1b-shaped"),
+            ("gemma-3-270m-it.IQ4_XS.gguf", "gemma-3-270m-it"),
+            ("model.BF16.gguf", "model"),
+            (
+                "qwen2.5-0.5b-instruct-q4_k_m.gguf",
+                "qwen2.5-0.5b-instruct-q4_k_m",
+            ),
+            ("Phi-3.5-mini-instruct.gguf", "Phi-3.5-mini-instruct"),
+        ] {
+            assert_eq!(model_name_of(Path::new(file)), name, "{file}");
+        }
     }
 }
