@@ -1,8 +1,8 @@
 //! The token embedding, kept in the file's own blocks (Q8_0, Q4_0, Q4_1,
-//! F16, Q4_K, Q6_K: see `ggml_blocks`) and widened one row per token looked
-//! up: a 49,152 x 576 table is 30 MB as Q8_0 and was 113 MB widened to f32; a
-//! Llama-3.2-1B-shaped Q6_K table is 83 MB against 403 MB. Other types are
-//! widened at load.
+//! Q5_0, Q5_1, F16, Q4_K, Q5_K, Q6_K: see `ggml_blocks`) and widened one
+//! row per token looked up: a 49,152 x 576 table is 30 MB as Q8_0 and was
+//! 113 MB widened to f32; a Llama-3.2-1B-shaped Q6_K table is 83 MB against
+//! 403 MB. Other types are widened at load.
 
 use anyhow::{ensure, Result};
 use candle_core::quantized::QTensor;

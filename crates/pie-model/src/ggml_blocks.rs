@@ -12,8 +12,11 @@ pub(crate) enum BlockType {
     Q8_0,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     F16,
     Q4K,
+    Q5K,
     Q6K,
 }
 
@@ -26,8 +29,11 @@ impl BlockType {
             GgmlDType::Q8_0 => Some(Self::Q8_0),
             GgmlDType::Q4_0 => Some(Self::Q4_0),
             GgmlDType::Q4_1 => Some(Self::Q4_1),
+            GgmlDType::Q5_0 => Some(Self::Q5_0),
+            GgmlDType::Q5_1 => Some(Self::Q5_1),
             GgmlDType::F16 => Some(Self::F16),
             GgmlDType::Q4K => Some(Self::Q4K),
+            GgmlDType::Q5K => Some(Self::Q5K),
             GgmlDType::Q6K => Some(Self::Q6K),
             _ => None,
         }
@@ -36,7 +42,7 @@ impl BlockType {
     /// Values one block holds.
     pub(crate) fn values(self) -> usize {
         match self {
-            Self::Q4K | Self::Q6K => QK_K,
+            Self::Q4K | Self::Q5K | Self::Q6K => QK_K,
             _ => 32,
         }
     }
@@ -47,8 +53,11 @@ impl BlockType {
             Self::Q8_0 => 34,
             Self::Q4_0 => 18,
             Self::Q4_1 => 20,
+            Self::Q5_0 => 22,
+            Self::Q5_1 => 24,
             Self::F16 => 64,
             Self::Q4K => 144,
+            Self::Q5K => 176,
             Self::Q6K => 210,
         }
     }
@@ -63,12 +72,15 @@ impl BlockType {
             }
             Self::Q4_0 => widen_nibbles(half_at(0), -8.0 * half_at(0), &block[2..18], out),
             Self::Q4_1 => widen_nibbles(half_at(0), half_at(2), &block[4..20], out),
+            Self::Q5_0 => widen_five_bits(half_at(0), -16.0 * half_at(0), &block[2..22], out),
+            Self::Q5_1 => widen_five_bits(half_at(0), half_at(2), &block[4..24], out),
             Self::F16 => out.extend((0..32).map(|i| half_at(2 * i))),
             Self::Q4K => {
                 for sub in q4k_sub_blocks(block) {
                     out.extend(sub.q.iter().map(|&q| sub.d * f32::from(q) + sub.m));
                 }
             }
+            Self::Q5K => widen_q5k(block, out),
             Self::Q6K => widen_q6k(block, out),
         }
     }
@@ -83,6 +95,16 @@ fn half(b: &[u8]) -> f32 {
 fn widen_nibbles(d: f32, m: f32, qs: &[u8], out: &mut Vec<f32>) {
     out.extend(qs.iter().map(|&b| f32::from(b & 0xF) * d + m));
     out.extend(qs.iter().map(|&b| f32::from(b >> 4) * d + m));
+}
+
+/// GGML's 5-bit block body (`qh`: a little-endian u32 of fifth bits, then
+/// the nibbles as [`widen_nibbles`] reads them); value `d * q + m`.
+fn widen_five_bits(d: f32, m: f32, body: &[u8], out: &mut Vec<f32>) {
+    let qh = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
+    let qs = &body[4..20];
+    let high = |j: usize| ((qh >> j) & 1) as u8 * 16;
+    out.extend((0..16).map(|j| f32::from((qs[j] & 0xF) | high(j)) * d + m));
+    out.extend((0..16).map(|j| f32::from((qs[j] >> 4) | high(j + 16)) * d + m));
 }
 
 /// 32 values `d * q + m`, `q` in `0..16`.
@@ -125,6 +147,24 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
+/// A Q5_K super-block (`d`, `dmin`, twelve bytes of scales and minimums as
+/// Q4_K's, 32 bytes of fifth bits, 128 of nibbles): sub-block `i` is
+/// `d * sc_i * q - dmin * m_i`, its fifth bits bit `i` of each `qh` byte.
+fn widen_q5k(block: &[u8], out: &mut Vec<f32>) {
+    let (d, dmin) = (half(block), half(&block[2..]));
+    let (scales, qh, qs) = (&block[4..16], &block[16..48], &block[48..176]);
+    for i in 0..8 {
+        let (sc, m) = scale_min_k4(i, scales);
+        let (scale, min) = (d * f32::from(sc), dmin * f32::from(m));
+        let bytes = &qs[i / 2 * 32..][..32];
+        let shift = 4 * (i % 2);
+        out.extend((0..32).map(|l| {
+            let q = ((bytes[l] >> shift) & 0xF) | (((qh[l] >> i) & 1) << 4);
+            scale * f32::from(q) - min
+        }));
+    }
+}
+
 /// A Q6_K super-block (128 bytes of low nibbles, 64 of high bit pairs, 16
 /// signed 8-bit scales, `d`: f16): value `d * scale * (q - 32)` for each
 /// 16-value group's scale.
@@ -162,12 +202,15 @@ pub(crate) mod reference {
     use candle_core::{Device, Tensor};
 
     /// Every type with a block rule here.
-    pub(crate) const BLOCK_TYPES: [GgmlDType; 6] = [
+    pub(crate) const BLOCK_TYPES: [GgmlDType; 9] = [
         GgmlDType::Q8_0,
         GgmlDType::Q4_0,
         GgmlDType::Q4_1,
+        GgmlDType::Q5_0,
+        GgmlDType::Q5_1,
         GgmlDType::F16,
         GgmlDType::Q4K,
+        GgmlDType::Q5K,
         GgmlDType::Q6K,
     ];
 
