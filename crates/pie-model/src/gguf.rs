@@ -367,6 +367,43 @@ fn fingerprint_file(path: &Path) -> Result<ModelFingerprint> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::synth::{write_test_model, SynthSpec};
+
+    fn config_of(name: &str, spec: SynthSpec) -> Result<ModelConfig> {
+        let path =
+            std::env::temp_dir().join(format!("pie-config-{name}-{}.gguf", std::process::id()));
+        write_test_model(&path, &spec).unwrap();
+        let config = GgufFile::open(&path).unwrap().model_config();
+        let _ = std::fs::remove_file(&path);
+        config
+    }
+
+    /// A Gemma of the 27B's layer count scales queries by hidden / heads
+    /// (16 here), any other by the head width (32); the caps are read, and
+    /// a cap of 0 is refused naming its key.
+    #[test]
+    fn gemma_query_scale_and_caps_come_from_the_file() {
+        let gemma2 = |layers, softcaps| SynthSpec {
+            arch: "gemma2",
+            layers,
+            head_dim: Some(32),
+            softcaps,
+            ..SynthSpec::default()
+        };
+        let wide = config_of("27b", gemma2(46, Some((50.0, 30.0)))).unwrap();
+        assert_eq!(wide.attn_scale, 0.25);
+        assert_eq!(
+            (wide.attn_softcap, wide.final_softcap),
+            (Some(50.0), Some(30.0))
+        );
+        let plain = config_of("2b", gemma2(4, None)).unwrap();
+        assert_eq!(plain.attn_scale, 1.0 / 32f32.sqrt());
+        assert_eq!((plain.attn_softcap, plain.final_softcap), (None, None));
+        let e = config_of("cap0", gemma2(4, Some((0.0, 30.0))))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gemma2.attn_logit_softcapping 0"), "{e}");
+    }
 
     #[test]
     fn the_head_width_is_the_key_length_and_k_and_v_must_agree() {

@@ -16,7 +16,7 @@ use crate::constraint::Grammars;
 use crate::embedding::Embedding;
 use crate::gguf::{GgufFile, ModelConfig};
 use crate::matmul::{Kernel, Linear};
-use crate::ops::{gelu_tanh, rms_norm, silu, Rope, RopeSpec};
+use crate::ops::{gelu_tanh, rms_norm, silu, softcap, Rope, RopeSpec};
 use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
 struct Layer {
@@ -32,10 +32,9 @@ struct Layer {
     down: Linear,
     /// RMSNorm weights of attention's and the FFN's outputs.
     post_norms: Option<(Vec<f32>, Vec<f32>)>,
-    /// How this layer's queries score keys (its window, if it has one).
+    /// How this layer's queries score keys: a window makes it one of the
+    /// sliding-window layers, rotated with their RoPE (see [`Window`]).
     scoring: Scoring,
-    /// Rotated with the sliding-window layers' RoPE (see [`Window`]).
-    local_rope: bool,
 }
 
 pub struct Model {
@@ -128,7 +127,6 @@ fn load_layer(f: &mut GgufFile, config: &ModelConfig, i: usize) -> Result<Layer>
         )),
         false => None,
     };
-    let local = is_local(config, i);
     Ok(Layer {
         attn_norm: f.f32_tensor(&p("attn_norm"))?,
         qkv,
@@ -142,9 +140,8 @@ fn load_layer(f: &mut GgufFile, config: &ModelConfig, i: usize) -> Result<Layer>
         scoring: Scoring {
             scale: config.attn_scale,
             softcap: config.attn_softcap,
-            window: config.sliding_window.filter(|_| local),
+            window: config.sliding_window.filter(|_| is_local(config, i)),
         },
-        local_rope: local,
     })
 }
 
@@ -375,12 +372,12 @@ impl Model {
             let attn = self.attention(pool, (li, layer), batch, rows.len(), &qkv);
             let out = self.linear(&layer.out, &attn, rows.len());
             let post = layer.post_norms.as_ref();
-            add_normed(&mut x, out, post.map(|(attn, _)| attn), c.rms_eps);
+            add_normed(&mut x, &out, post.map(|(attn, _)| &attn[..]), c.rms_eps);
             let h = rms_norm(&x, &layer.ffn_norm, c.rms_eps);
             let gate_up = self.linear(&layer.gate_up, &h, rows.len());
             let act = gated(&gate_up, c.intermediate, c.arch.activation);
             let down = self.linear(&layer.down, &act, rows.len());
-            add_normed(&mut x, down, post.map(|(_, ffn)| ffn), c.rms_eps);
+            add_normed(&mut x, &down, post.map(|(_, ffn)| &ffn[..]), c.rms_eps);
         }
         self.logits(batch, &x)
     }
@@ -429,8 +426,8 @@ impl Model {
                 q.copy_from_slice(&rms_norm(q, q_norm, c.rms_eps));
                 k.copy_from_slice(&rms_norm(k, k_norm, c.rms_eps));
             }
-            let rope = match (layer.local_rope, &self.local_rope) {
-                (true, Some(local)) => local,
+            let rope = match (layer.scoring.window, &self.local_rope) {
+                (Some(_), Some(local)) => local,
                 _ => &self.rope,
             };
             rope.apply(q, r.pos);
@@ -501,7 +498,7 @@ impl Model {
         let h = rms_norm(&last_rows, &self.norm, self.config.rms_eps);
         let mut logits = self.linear(&self.lm_head, &h, n);
         if let Some(cap) = self.config.final_softcap {
-            logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
+            softcap(&mut logits, cap);
         }
         Ok(logits
             .chunks_exact(self.config.vocab)
@@ -511,10 +508,10 @@ impl Model {
 }
 
 /// `y` added to `x`, RMS-normalised first where the layer has a `norm`.
-fn add_normed(x: &mut [f32], y: Vec<f32>, norm: Option<&Vec<f32>>, eps: f32) {
+fn add_normed(x: &mut [f32], y: &[f32], norm: Option<&[f32]>, eps: f32) {
     match norm {
-        Some(w) => add(x, &rms_norm(&y, w, eps)),
-        None => add(x, &y),
+        Some(w) => add(x, &rms_norm(y, w, eps)),
+        None => add(x, y),
     }
 }
 

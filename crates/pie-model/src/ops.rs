@@ -46,6 +46,14 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
+/// Gemma 2's soft cap, on attention scores and on final logits alike:
+/// each `x` becomes `cap * tanh(x / cap)`.
+pub fn softcap(xs: &mut [f32], cap: f32) {
+    for x in xs {
+        *x = cap * (*x / cap).tanh();
+    }
+}
+
 /// GELU, tanh approximation (as Gemma and llama.cpp's `ggml_gelu` compute it).
 pub fn gelu_tanh(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;

@@ -4,7 +4,8 @@
 use std::arch::x86_64::*;
 
 use super::expf;
-use super::softmax::{softcap, Stat};
+use super::softmax::Stat;
+use crate::ops::softcap;
 
 /// Eight accumulators summed lane-wise: lane `t` of the result is the sum of
 /// `a[t]`'s lanes.

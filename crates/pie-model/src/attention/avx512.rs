@@ -4,7 +4,8 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{exponentials, hsum, hsum8};
-use super::softmax::{softcap, Stat};
+use super::softmax::Stat;
+use crate::ops::softcap;
 
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]

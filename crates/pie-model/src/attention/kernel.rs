@@ -2,9 +2,9 @@
 //! pages: `Kernel` chosen once per call from the CPU's features and the head
 //! size, dispatching to AVX-512F, AVX2+FMA(+F16C) or the portable code here.
 
-use crate::ops::{axpy, dot};
+use crate::ops::{axpy, dot, softcap};
 
-use super::softmax::{softcap, Scoring, Stat};
+use super::softmax::{Scoring, Stat};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
 

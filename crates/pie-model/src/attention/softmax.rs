@@ -33,13 +33,6 @@ pub(super) fn merge(st: &mut Stat, acc: &mut [f32], c: Stat, cacc: &[f32]) {
     }
 }
 
-/// Gemma 2's soft cap on attention scores: `cap * tanh(s / cap)`.
-pub(super) fn softcap(scores: &mut [f32], cap: f32) {
-    for s in scores {
-        *s = cap * (*s / cap).tanh();
-    }
-}
-
 /// How a query scores the keys: `q · k` times `scale`, soft-capped to
 /// `cap * tanh(score / cap)` where `softcap` is set (Gemma 2), over the keys
 /// of its `window` (its last `w` positions, itself included; `None`: all
