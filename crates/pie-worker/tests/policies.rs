@@ -86,8 +86,10 @@ async fn deadline_runs_earliest_deadline_first_and_aborts_misses() {
         &[],
     )
     .await;
+    // 1 ms: the test model writes its whole context (about 1,000 tokens) in
+    // under 50 ms on a quiet machine, so a longer deadline races the job.
     let id = a
-        .launch(text_job("late", 100_000, json!({"deadline-ms": 50})))
+        .launch(text_job("late", 100_000, json!({"deadline-ms": 1})))
         .await;
     let p = a.wait_done(&id).await;
     assert_eq!(p["state"], "failed");
