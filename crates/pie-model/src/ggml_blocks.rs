@@ -118,20 +118,43 @@ pub(crate) struct SubBlock {
 /// minimums; 128 bytes of nibbles) as its eight sub-blocks, sub-block `i`
 /// being `d * sc_i * q - dmin * m_i`.
 pub(crate) fn q4k_sub_blocks(block: &[u8]) -> [SubBlock; 8] {
-    let (d, dmin) = (half(block), half(&block[2..]));
-    let scales = &block[4..16];
-    let qs = &block[16..144];
-    std::array::from_fn(|i| {
-        let (sc, m) = scale_min_k4(i, scales);
-        // Sub-blocks 2j and 2j + 1 share 32 bytes: low nibbles, then high.
-        let bytes = &qs[i / 2 * 32..][..32];
-        let shift = 4 * (i % 2);
-        SubBlock {
-            d: d * f32::from(sc),
-            m: -dmin * f32::from(m),
-            q: std::array::from_fn(|l| (bytes[l] >> shift) & 0xF),
-        }
+    let steps = Q4kSteps::of(block);
+    let (d, dmin) = (steps.d.to_f32(), steps.dmin.to_f32());
+    std::array::from_fn(|i| SubBlock {
+        d: d * f32::from(steps.sc[i]),
+        m: -dmin * f32::from(steps.m[i]),
+        q: q4k_nibbles(block, i),
     })
+}
+
+/// A Q4_K super-block's scales as the file has them: sub-block `i`'s scale
+/// is `d * sc[i]` and its minimum `-dmin * m[i]`.
+pub(crate) struct Q4kSteps {
+    pub d: f16,
+    pub dmin: f16,
+    pub sc: [u8; 8],
+    pub m: [u8; 8],
+}
+
+impl Q4kSteps {
+    pub(crate) fn of(block: &[u8]) -> Self {
+        let scales = &block[4..16];
+        let pairs: [(u8, u8); 8] = std::array::from_fn(|i| scale_min_k4(i, scales));
+        Self {
+            d: f16::from_le_bytes([block[0], block[1]]),
+            dmin: f16::from_le_bytes([block[2], block[3]]),
+            sc: pairs.map(|(sc, _)| sc),
+            m: pairs.map(|(_, m)| m),
+        }
+    }
+}
+
+/// Sub-block `i`'s 32 nibbles of a Q4_K super-block: sub-blocks `2j` and
+/// `2j + 1` share 32 bytes, low nibbles then high.
+pub(crate) fn q4k_nibbles(block: &[u8], i: usize) -> [u8; 32] {
+    let bytes = &block[16 + i / 2 * 32..][..32];
+    let shift = 4 * (i % 2);
+    std::array::from_fn(|l| (bytes[l] >> shift) & 0xF)
 }
 
 /// Sub-block `j`'s 6-bit scale and minimum, packed as ggml's

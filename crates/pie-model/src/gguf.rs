@@ -289,7 +289,7 @@ impl GgufFile {
 
     /// One weight matrix. Q4_0, Q4_1, Q4_K and Q8_0 blocks keep their values
     /// (see `QWeight::from_q4`, `QWeight::from_q8_0`); every other type, and
-    /// a block those cannot hold, becomes 8-bit blocks, counted in
+    /// a Q8_0 block with a -128, becomes 8-bit blocks, counted in
     /// [`GgufFile::widened`] when that widens it.
     fn weight(&mut self, name: &str) -> Result<QWeight> {
         let t = self.tensor(name)?;
@@ -297,8 +297,9 @@ impl GgufFile {
             .shape()
             .dims2()
             .with_context(|| format!("GGUF tensor `{name}` is not a matrix"))?;
-        let four_bit =
-            |source| -> Result<Option<QWeight>> { Ok(QWeight::from_q4(&t.data()?, source, n, k)) };
+        let four_bit = |source| -> Result<Option<QWeight>> {
+            Ok(Some(QWeight::from_q4(&t.data()?, source, n, k)))
+        };
         let kept = match t.dtype() {
             GgmlDType::Q4_0 => four_bit(Q4Source::Q4_0)?,
             GgmlDType::Q4_1 => four_bit(Q4Source::Q4_1)?,

@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 
 use super::layout::{BLOCK, GROUP};
 use super::store::{Acts, QWeight, Quants};
-use super::x86_tiles::{prefetch, x86_tile, AHEAD};
+use super::x86_tiles::{ahead, prefetch, x86_tile};
 
 x86_tile!("avx2,fma,f16c");
 
@@ -48,7 +48,7 @@ unsafe fn dots_q4<const R: usize, const C: usize>(
             let mut hi = [_mm256_setzero_si256(); C];
             for j in 0..C {
                 let at = j * k / 2 + pair * BLOCK;
-                prefetch(wrow.wrapping_add(at + AHEAD));
+                prefetch(wrow.wrapping_add(at + ahead(C, k / 2)));
                 let raw = _mm256_loadu_si256(wrow.add(at).cast());
                 lo[j] = _mm256_and_si256(raw, low4);
                 hi[j] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
@@ -98,7 +98,7 @@ unsafe fn dots_q8<const R: usize, const C: usize>(
         let mut wabs = [_mm256_setzero_si256(); C];
         for j in 0..C {
             let wp = qs.as_ptr().add((c0 + j) * k + at);
-            prefetch(wp.wrapping_add(AHEAD));
+            prefetch(wp.wrapping_add(ahead(C, k)));
             wv[j] = _mm256_loadu_si256(wp.cast());
             wabs[j] = _mm256_sign_epi8(wv[j], wv[j]);
         }

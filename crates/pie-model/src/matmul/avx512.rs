@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use super::layout::{BLOCK, GROUP};
 use super::store::{Acts, QWeight, Quants};
-use super::x86_tiles::{prefetch, x86_tile, AHEAD};
+use super::x86_tiles::{ahead, prefetch, x86_tile};
 
 x86_tile!("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c");
 
@@ -70,7 +70,7 @@ unsafe fn dots_q4<const R: usize, const C: usize>(
         // One 32-byte pair: vector 0 in the low nibbles, vector 1 in the high.
         let mut wv = [_mm512_setzero_si512(); C];
         for (j, wv) in wv.iter_mut().enumerate() {
-            prefetch(wrow.wrapping_add(j * k / 2 + AHEAD));
+            prefetch(wrow.wrapping_add(j * k / 2 + ahead(C, k / 2)));
             let raw = _mm256_loadu_si256(wrow.add(j * k / 2).cast());
             let both =
                 _mm512_inserti64x4::<1>(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4));
@@ -91,7 +91,7 @@ unsafe fn dots_q4<const R: usize, const C: usize>(
             let mut w1 = [_mm512_setzero_si512(); C];
             for j in 0..C {
                 let at = j * k / 2 + quad * 2 * BLOCK;
-                prefetch(wrow.wrapping_add(at + AHEAD));
+                prefetch(wrow.wrapping_add(at + ahead(C, k / 2)));
                 let raw = _mm512_loadu_si512(wrow.add(at).cast());
                 let lo = _mm512_and_si512(raw, low4);
                 let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low4);
@@ -150,7 +150,7 @@ unsafe fn dots_q8<const R: usize, const C: usize>(
         let mut neg = [0 as __mmask64; C];
         for j in 0..C {
             let wp = qs.as_ptr().add((c0 + j) * k + at);
-            prefetch(wp.wrapping_add(AHEAD));
+            prefetch(wp.wrapping_add(ahead(C, k)));
             let wv = _mm512_loadu_si512(wp.cast());
             wabs[j] = _mm512_abs_epi8(wv);
             neg[j] = _mm512_movepi8_mask(wv);

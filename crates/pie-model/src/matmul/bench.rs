@@ -1,10 +1,38 @@
-//! Kernel throughput on SmolLM2-shaped matrices (random weights), the best of
-//! seven timings: `cargo test --release -p pie-model kernel_throughput --
-//! --ignored --nocapture`; `MB=<name>` and `MB_ROWS=1,32` narrow it. Every
-//! kernel this CPU runs but the portable one, so they compare in one run.
+//! Kernel throughput, the best of seven timings, for every kernel this CPU
+//! runs but the portable one, so they compare in one run:
+//!
+//! - `kernel_throughput`: SmolLM2- and Llama-3.2-1B-shaped matrices (random
+//!   weights), each called again and again: `cargo test --release -p pie-model
+//!   kernel_throughput -- --ignored --nocapture`; `MB=<name>` and
+//!   `MB_ROWS=1,32` narrow it, `MB_COPIES=8` cycles through that many copies
+//!   of each so the weights stream from memory instead of the last-level cache.
+//! - `layer_sequence`: one-row calls in a 1B model's order (16 layers of
+//!   QKV, output, gate/up and down projections, every matrix its own), from a
+//!   pool thread as the engine calls them, so each call pays what it pays in
+//!   decode: a cold start and streaming from memory.
 use super::*;
 use rand::Rng;
 use std::time::Instant;
+
+/// A random `n x k` matrix, 4-bit (Q4_1 blocks) or 8-bit.
+fn random_weight(rng: &mut impl Rng, n: usize, k: usize, q4: bool) -> QWeight {
+    if q4 {
+        let raw: Vec<u8> = (0..n * k / 32 * 20)
+            .map(|i| if i % 20 < 4 { 0x10 } else { rng.gen() })
+            .collect();
+        QWeight::from_q4(&raw, Q4Source::Q4_1, n, k)
+    } else {
+        let wf: Vec<f32> = (0..n * k).map(|_| rng.gen::<f32>() - 0.5).collect();
+        QWeight::from_f32(&wf, n, k)
+    }
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).map_or(default, |v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))
+    })
+}
 
 #[test]
 #[ignore]
@@ -14,27 +42,27 @@ fn kernel_throughput() {
     let rows_list: Vec<usize> = std::env::var("MB_ROWS")
         .map(|s| s.split(',').map(|x| x.parse().unwrap()).collect())
         .unwrap_or(vec![1, 8, 32, 512]);
+    let copies = env_or("MB_COPIES", 1usize);
     for (name, n, k, q4) in [
         ("gate_up", 3072usize, 576usize, true),
         ("lm_head", 49152, 576, false),
         ("down", 576, 1536, true),
         ("big_q4", 49152, 576, true),
+        ("gate_up_1b", 16384, 2048, true),
+        ("down_1b", 2048, 8192, true),
+        ("down_1b_q8", 2048, 8192, false),
     ] {
         if only.as_deref().is_some_and(|o| o != name) {
             continue;
         }
-        let w = if q4 {
-            let raw: Vec<u8> = (0..n * k / 32 * 20)
-                .map(|i| if i % 20 < 4 { 0x10 } else { rng.gen() })
-                .collect();
-            QWeight::from_q4(&raw, Q4Source::Q4_1, n, k).expect("4-bit blocks")
-        } else {
-            let wf: Vec<f32> = (0..n * k).map(|_| rng.gen::<f32>() - 0.5).collect();
-            QWeight::from_f32(&wf, n, k)
-        };
+        let ws: Vec<QWeight> = (0..copies)
+            .map(|_| random_weight(&mut rng, n, k, q4))
+            .collect();
         for &rows in &rows_list {
             let x: Vec<f32> = (0..rows * k).map(|_| rng.gen::<f32>() - 0.5).collect();
-            let reps = (4_000_000_000 / (n * k * rows)).max(1);
+            let reps = (4_000_000_000 / (n * k * rows))
+                .max(1)
+                .next_multiple_of(copies);
             for &kernel in Kernel::ALL
                 .iter()
                 .filter(|&&k| k != Kernel::Portable && k.available())
@@ -42,12 +70,12 @@ fn kernel_throughput() {
                 let mut dt = f64::MAX;
                 for _ in 0..7 {
                     let t = Instant::now();
-                    for _ in 0..reps {
+                    for w in ws.iter().cycle().take(reps) {
                         std::hint::black_box(w.forward(kernel, &x, rows));
                     }
                     dt = dt.min(t.elapsed().as_secs_f64() / reps as f64);
                 }
-                let bytes = n * k / 32 * if q4 { 20 } else { 34 };
+                let bytes = ws[0].bytes();
                 println!(
                     "{name} n={n} k={k} rows={rows} {}: {:.3} ms, {:.2} GB/s, {:.1} GMAC/s",
                     kernel.name(),
@@ -56,6 +84,56 @@ fn kernel_throughput() {
                     (n * k * rows) as f64 / dt / 1e9
                 );
             }
+        }
+    }
+}
+
+#[test]
+#[ignore]
+fn layer_sequence() {
+    const LAYERS: usize = 16;
+    const PASSES: usize = 20;
+    let shapes = [
+        ("qkv", 3072, 2048, true),
+        ("out", 2048, 2048, true),
+        ("gate_up", 16384, 2048, true),
+        ("down", 2048, 8192, true),
+        ("down_q8", 2048, 8192, false),
+    ];
+    let mut rng = rand::thread_rng();
+    let layers: Vec<Vec<QWeight>> = (0..LAYERS)
+        .map(|_| {
+            shapes
+                .iter()
+                .map(|&(_, n, k, q4)| random_weight(&mut rng, n, k, q4))
+                .collect()
+        })
+        .collect();
+    for &kernel in Kernel::ALL
+        .iter()
+        .filter(|&&k| k != Kernel::Portable && k.available())
+    {
+        let mut seconds = vec![0f64; shapes.len()];
+        rayon::scope(|_| {
+            for layer in layers.iter().cycle().take(LAYERS * PASSES) {
+                for (w, s) in layer.iter().zip(seconds.iter_mut()) {
+                    let x: Vec<f32> = (0..w.k_in).map(|j| (j % 7) as f32 - 3.0).collect();
+                    let t = Instant::now();
+                    std::hint::black_box(w.forward(kernel, &x, 1));
+                    *s += t.elapsed().as_secs_f64();
+                }
+            }
+        });
+        for ((name, ..), (s, w)) in shapes.iter().zip(seconds.iter().zip(&layers[0])) {
+            let calls = (LAYERS * PASSES) as f64;
+            println!(
+                "{name} n={} k={} {}: {:.3} ms a call, {:.1} GB/s",
+                w.n,
+                w.k,
+                kernel.name(),
+                s / calls * 1e3,
+                w.bytes() as f64 * calls / s / 1e9
+            );
         }
     }
 }

@@ -54,10 +54,10 @@ impl QWeight {
                     continue;
                 }
                 let b = c * nbp + e / BLOCK;
-                let d = self.d[b].to_f32();
+                let d = self.d.get(b);
                 row[e] = match &self.quants {
                     Quants::Q8 { .. } => d * q as f32,
-                    Quants::Q4 { m, .. } => d * q as f32 + m[b].to_f32(),
+                    Quants::Q4 { m, .. } => d * q as f32 + m.get(b),
                 };
             }
         }

@@ -1,8 +1,9 @@
 //! Quantised linear layers: `x (rows x k) @ w^T (k x n)`.
 //!
 //! Weights are stored in 32-element blocks, either 4-bit (`d * q + m`, GGML's
-//! Q4_1, which Q4_0 maps onto exactly) or 8-bit (`d * q`, Q8_0). Every other GGUF
-//! type is dequantised and requantised to 8-bit. Activations are quantised to 8
+//! Q4_1, which Q4_0 maps onto exactly, and Q4_K's sub-blocks, whose `d` and
+//! `m` stay in Q4_K's form: see `store::Scales`) or 8-bit (`d * q`, Q8_0).
+//! Every other GGUF type is dequantised and requantised to 8-bit. Activations are quantised to 8
 //! bits once per call (per row and block, like GGML's Q8_1).
 //!
 //! This file owns the parallel split over column ranges and the choice of

@@ -30,9 +30,9 @@ pub(super) unsafe fn run(w: &QWeight, a: &Acts, c0: usize, nc: usize, out: Out) 
                     dots[pos % BLOCK / width] += weight(pos) * aq[pos] as i32;
                 }
                 for (b, dot) in (start..).zip(&dots[..g]) {
-                    acc += w.d[c * nbp + b].to_f32() * a.d[r * nbp + b] * *dot as f32;
+                    acc += w.d.get(c * nbp + b) * a.d[r * nbp + b] * *dot as f32;
                     if let Quants::Q4 { m, .. } = &w.quants {
-                        acc += m[c * nbp + b].to_f32() * a.s[r * nbp + b];
+                        acc += m.get(c * nbp + b) * a.s[r * nbp + b];
                     }
                 }
             }

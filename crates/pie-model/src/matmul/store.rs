@@ -7,12 +7,12 @@ use rayon::prelude::*;
 
 use super::layout::{kernel_order, pack_q4, BLOCK, GROUP};
 use super::quantize::{self, quantize_block};
-use crate::ggml_blocks::{q4k_sub_blocks, BlockType};
+use crate::ggml_blocks::{q4k_nibbles, BlockType, Q4kSteps};
 
 pub(super) enum Quants {
     /// 4-bit values, two per byte, in kernel order (see `layout::pack_q4`); `m` holds
-    /// the per-block minimum, padded like the scales.
-    Q4 { qs: Vec<u8>, m: Vec<f16> },
+    /// the per-block minimum, in the form of the scales.
+    Q4 { qs: Vec<u8>, m: Scales },
     /// One signed byte per element, in `-127..=127`, in kernel order.
     Q8 { qs: Vec<i8> },
 }
@@ -24,7 +24,7 @@ pub struct QWeight {
     pub(super) k_in: usize,
     pub(super) k: usize,
     /// Block scales, `n` rows of `k / 32` padded to a multiple of [`GROUP`].
-    pub(super) d: Vec<f16>,
+    pub(super) d: Scales,
     pub(super) quants: Quants,
     /// `kernel_order(k)`, kept so each call's activations are laid out without
     /// recomputing it.
@@ -41,8 +41,55 @@ pub enum Q4Source {
     /// `d: f16, m: f16, qs: [u8; 16]`, value `d * q + m`.
     Q4_1,
     /// 256-value super-blocks of eight `d * sc * q - dmin * m` sub-blocks
-    /// (see `ggml_blocks::q4k_sub_blocks`).
+    /// (see `ggml_blocks::Q4kSteps`), kept as [`Scales::Stepped`].
     Q4K,
+}
+
+/// One number per block (a scale, or a 4-bit block's minimum), `n` rows of
+/// [`QWeight::padded_blocks`] each (the padding zero).
+pub(super) enum Scales {
+    /// An f16 per block.
+    Half(Vec<f16>),
+    /// Q4_K's own form: an f16 `unit` per group of [`GROUP`] blocks (one
+    /// super-block) times a 6-bit `step` per block, exact and 4.5 bits a
+    /// weight with the values, where an f16 per block made Q4_K 5 bits.
+    Stepped { unit: Vec<f16>, step: Vec<u8> },
+}
+
+impl Scales {
+    /// Block `i`'s number, `i` counting blocks from row 0's first.
+    pub(super) fn get(&self, i: usize) -> f32 {
+        match self {
+            Scales::Half(h) => h[i].to_f32(),
+            Scales::Stepped { unit, step } => unit[i / GROUP].to_f32() * f32::from(step[i]),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Scales::Half(h) => std::mem::size_of_val(h.as_slice()),
+            Scales::Stepped { unit, step } => std::mem::size_of_val(unit.as_slice()) + step.len(),
+        }
+    }
+
+    fn same_form(&self, other: &Scales) -> bool {
+        matches!(
+            (self, other),
+            (Scales::Half(_), Scales::Half(_)) | (Scales::Stepped { .. }, Scales::Stepped { .. })
+        )
+    }
+
+    /// `other`'s rows after these (both of one form).
+    fn append(&mut self, other: Scales) {
+        match (self, other) {
+            (Scales::Half(h), Scales::Half(h2)) => h.extend(h2),
+            (Scales::Stepped { unit, step }, Scales::Stepped { unit: u2, step: s2 }) => {
+                unit.extend(u2);
+                step.extend(s2);
+            }
+            _ => panic!("fused weights share a scale form"),
+        }
+    }
 }
 
 /// One 32-value block as the 4-bit store keeps it: `d * q + m`.
@@ -61,40 +108,48 @@ impl Q4Source {
         }
     }
 
-    /// One stored block as its 32-value blocks, appended to `out`. Q4_0 and
-    /// Q4_1 keep their values exactly; a Q4_K sub-block's `d * sc` and
-    /// `dmin * m` are rounded to f16 (a relative 2^-11 of the scale), or
-    /// `None` when one leaves f16's range.
-    fn blocks(self, blk: &[u8], out: &mut Vec<Q4Block>) -> Option<()> {
+    /// One Q4_0 or Q4_1 block as the store keeps it, exactly.
+    fn block(self, blk: &[u8]) -> Q4Block {
         let half = |b: &[u8]| f16::from_le_bytes([b[0], b[1]]);
         let nibbles = |qs: &[u8]| -> [u8; BLOCK] {
             std::array::from_fn(|j| (qs[j % 16] >> (4 * (j / 16))) & 0xF)
         };
         match self {
             // `d * (q - 8)` is `d * q + (-8 d)`; scaling by 8 is exact in f16.
-            Q4Source::Q4_0 => out.push(Q4Block {
+            Q4Source::Q4_0 => Q4Block {
                 d: half(blk),
                 m: f16::from_f32(-8.0 * half(blk).to_f32()),
                 q: nibbles(&blk[2..18]),
-            }),
-            Q4Source::Q4_1 => out.push(Q4Block {
+            },
+            Q4Source::Q4_1 => Q4Block {
                 d: half(blk),
                 m: half(&blk[2..]),
                 q: nibbles(&blk[4..20]),
-            }),
-            Q4Source::Q4K => {
-                for sub in q4k_sub_blocks(blk) {
-                    let (d, m) = (f16::from_f32(sub.d), f16::from_f32(sub.m));
-                    if !(d.is_finite() && m.is_finite()) {
-                        return None;
-                    }
-                    out.push(Q4Block { d, m, q: sub.q });
-                }
-            }
+            },
+            Q4Source::Q4K => unreachable!("Q4_K super-blocks are read by `q4k_row`"),
         }
-        Some(())
     }
 }
+
+/// A row of Q4_K super-blocks: its values (file order) into `q`, its scales
+/// and minimums into `d` and `m` (stepped: `units` one per super-block, `steps`
+/// one per block, the row's first at `at`).
+fn q4k_row(stored: &[u8], q: &mut [u8], at: usize, d: StepsMut, m: StepsMut) {
+    for (sb, blk) in stored.chunks_exact(BlockType::Q4K.bytes()).enumerate() {
+        let steps = Q4kSteps::of(blk);
+        let first = at + sb * GROUP;
+        d.0[first / GROUP] = steps.d;
+        m.0[first / GROUP] = -steps.dmin;
+        d.1[first..first + GROUP].copy_from_slice(&steps.sc);
+        m.1[first..first + GROUP].copy_from_slice(&steps.m);
+        for i in 0..GROUP {
+            q[(sb * GROUP + i) * BLOCK..][..BLOCK].copy_from_slice(&q4k_nibbles(blk, i));
+        }
+    }
+}
+
+/// A stepped scale's units and steps, being written.
+type StepsMut<'a> = (&'a mut [f16], &'a mut [u8]);
 
 impl QWeight {
     pub(super) fn blocks(&self) -> usize {
@@ -105,10 +160,10 @@ impl QWeight {
     /// (and minimums), padding included, as the kernels read them.
     pub(crate) fn bytes(&self) -> usize {
         let quants = match &self.quants {
-            Quants::Q4 { qs, m } => qs.len() + std::mem::size_of_val(m.as_slice()),
+            Quants::Q4 { qs, m } => qs.len() + m.bytes(),
             Quants::Q8 { qs } => qs.len(),
         };
-        quants + std::mem::size_of_val(self.d.as_slice())
+        quants + self.d.bytes()
     }
 
     pub(super) fn padded_blocks(&self) -> usize {
@@ -153,17 +208,16 @@ impl QWeight {
             n,
             k_in,
             k,
-            d,
+            d: Scales::Half(d),
             quants: Quants::Q8 { qs },
             order,
             float: Default::default(),
         }
     }
 
-    /// Raw GGUF 4-bit blocks of an `n x k` matrix, their values kept (see
-    /// [`Q4Source`] for Q4_K's scales); `None` when a Q4_K scale leaves f16's
-    /// range.
-    pub fn from_q4(raw: &[u8], source: Q4Source, n: usize, k: usize) -> Option<Self> {
+    /// Raw GGUF 4-bit blocks of an `n x k` matrix, their values kept exactly
+    /// (Q4_K's scales in their own form, see [`Scales::Stepped`]).
+    pub fn from_q4(raw: &[u8], source: Q4Source, n: usize, k: usize) -> Self {
         let kind = source.block_type();
         assert!(
             k.is_multiple_of(kind.values()),
@@ -174,25 +228,45 @@ impl QWeight {
         let row_bytes = k / kind.values() * kind.bytes();
         assert_eq!(raw.len(), n * row_bytes, "4-bit weight size");
         let order = kernel_order(k);
-        let mut d = vec![f16::ZERO; n * nbp];
-        let mut m = vec![f16::ZERO; n * nbp];
         let mut qs = Vec::with_capacity(n * k / 2);
         let mut q = vec![0u8; k];
-        let mut blocks = Vec::with_capacity(nb);
-        for (row, stored) in raw.chunks_exact(row_bytes).enumerate() {
-            blocks.clear();
-            for blk in stored.chunks_exact(kind.bytes()) {
-                source.blocks(blk, &mut blocks)?;
-            }
-            for (b, block) in blocks.iter().enumerate() {
-                d[row * nbp + b] = block.d;
-                m[row * nbp + b] = block.m;
-                q[b * BLOCK..][..BLOCK].copy_from_slice(&block.q);
-            }
+        let pack_row = |q: &[u8], qs: &mut Vec<u8>| {
             let ordered: Vec<u8> = order.iter().map(|&i| q[i as usize]).collect();
-            pack_q4(&ordered, &mut qs);
-        }
-        Some(Self {
+            pack_q4(&ordered, qs);
+        };
+        let rows = raw.chunks_exact(row_bytes).enumerate();
+        let (d, m) = if source == Q4Source::Q4K {
+            let (mut du, mut mu) = (
+                vec![f16::ZERO; n * nbp / GROUP],
+                vec![f16::ZERO; n * nbp / GROUP],
+            );
+            let (mut ds, mut ms) = (vec![0u8; n * nbp], vec![0u8; n * nbp]);
+            for (row, stored) in rows {
+                q4k_row(
+                    stored,
+                    &mut q,
+                    row * nbp,
+                    (&mut du, &mut ds),
+                    (&mut mu, &mut ms),
+                );
+                pack_row(&q, &mut qs);
+            }
+            let stepped = |unit, step| Scales::Stepped { unit, step };
+            (stepped(du, ds), stepped(mu, ms))
+        } else {
+            let (mut d, mut m) = (vec![f16::ZERO; n * nbp], vec![f16::ZERO; n * nbp]);
+            for (row, stored) in rows {
+                for (b, blk) in stored.chunks_exact(kind.bytes()).enumerate() {
+                    let block = source.block(blk);
+                    d[row * nbp + b] = block.d;
+                    m[row * nbp + b] = block.m;
+                    q[b * BLOCK..][..BLOCK].copy_from_slice(&block.q);
+                }
+                pack_row(&q, &mut qs);
+            }
+            (Scales::Half(d), Scales::Half(m))
+        };
+        Self {
             n,
             k_in: k,
             k,
@@ -200,7 +274,7 @@ impl QWeight {
             quants: Quants::Q4 { qs, m },
             order,
             float: Default::default(),
-        })
+        }
     }
 
     /// Raw GGUF Q8_0 blocks (`d: f16, qs: [i8; 32]`) of an `n x k` matrix,
@@ -232,20 +306,21 @@ impl QWeight {
             n,
             k_in: k,
             k,
-            d,
+            d: Scales::Half(d),
             quants: Quants::Q8 { qs },
             order,
             float: Default::default(),
         })
     }
 
-    /// Whether `other` is stored as this is (4-bit or 8-bit blocks), so the
-    /// two can be concatenated.
+    /// Whether `other` is stored as this is (4-bit or 8-bit blocks, scales
+    /// of one form), so the two can be concatenated.
     pub(super) fn same_kind(&self, other: &QWeight) -> bool {
-        matches!(
+        let quants = matches!(
             (&self.quants, &other.quants),
             (Quants::Q4 { .. }, Quants::Q4 { .. }) | (Quants::Q8 { .. }, Quants::Q8 { .. })
-        )
+        );
+        quants && self.d.same_form(&other.d)
     }
 
     /// Rows concatenated (e.g. Q, K and V fused into one matmul). All parts must
@@ -256,11 +331,11 @@ impl QWeight {
         for p in it {
             assert_eq!((p.k, p.k_in), (w.k, w.k_in), "fused weights share inputs");
             w.n += p.n;
-            w.d.extend(p.d);
+            w.d.append(p.d);
             match (&mut w.quants, p.quants) {
                 (Quants::Q4 { qs, m }, Quants::Q4 { qs: q2, m: m2 }) => {
                     qs.extend(q2);
-                    m.extend(m2);
+                    m.append(m2);
                 }
                 (Quants::Q8 { qs }, Quants::Q8 { qs: q2 }) => qs.extend(q2),
                 _ => panic!("fused weights share a storage kind"),

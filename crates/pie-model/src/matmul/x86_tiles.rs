@@ -7,7 +7,8 @@
 
 use std::arch::x86_64::*;
 
-use super::store::{Acts, Out, QWeight};
+use super::layout::GROUP;
+use super::store::{Acts, Out, QWeight, Scales};
 
 /// One tile shape's function: rows `r0..r0 + R` times columns `c0..c0 + C` of
 /// the output, written to `out`'s (`i`, `j`); returns `C`.
@@ -48,16 +49,46 @@ pub(super) unsafe fn walk(tiles: &Tiles, w: &QWeight, a: &Acts, c0: usize, nc: u
     }
 }
 
-/// How far ahead (bytes) weights are prefetched. A tile's columns are only a
-/// few hundred bytes each, too short for the hardware prefetcher to lock on
-/// before they end, which starves single-row calls streaming weights from
-/// memory; the distance was tuned on the default model (Zen 3).
-pub(super) const AHEAD: usize = 8192;
+/// How far ahead (bytes) a tile prefetches the weights of a column whose
+/// rows are `row_bytes` long, when a tile spans `cols` columns: the same place
+/// in the columns [`TILES_AHEAD`] tiles on, and at least [`MIN_AHEAD`]. A
+/// tile's columns are only a few hundred bytes to a few KiB each, too short
+/// for the hardware prefetcher to lock on before they end, which starves
+/// single-row calls streaming weights from memory. A fixed distance landed
+/// inside the same tile on long rows: with 4 KiB rows (a 1B model's FFN down
+/// projection, 8,192 inputs) 8 KiB ahead was two columns on, which the tile
+/// was already reading, and those calls streamed at 33 GB/s against 46 for
+/// 2,048-input ones; three tiles ahead they stream at 42 (`layer_sequence` in
+/// `bench.rs`, 2 threads).
+pub(super) fn ahead(cols: usize, row_bytes: usize) -> usize {
+    (TILES_AHEAD * cols * row_bytes).max(MIN_AHEAD)
+}
+
+const TILES_AHEAD: usize = 3;
+
+/// The distance tuned on the default model (576-byte rows, Zen 3), kept as
+/// the floor for short rows, where three tiles are less than one page.
+const MIN_AHEAD: usize = 8192;
 
 #[inline]
 pub(super) fn prefetch<T>(p: *const T) {
     // SAFETY: a prefetch is only a hint; it never faults, whatever the address.
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+}
+
+/// Blocks `at..at + 8` of `scales` (`at` a multiple of [`GROUP`]) as f32.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+pub(super) unsafe fn eight(scales: &Scales, at: usize) -> __m256 {
+    debug_assert!(at.is_multiple_of(GROUP));
+    match scales {
+        Scales::Half(h) => _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().add(at).cast())),
+        Scales::Stepped { unit, step } => {
+            let unit = _mm256_cvtph_ps(_mm_set1_epi16(unit[at / GROUP].to_bits() as i16));
+            let steps = _mm256_cvtepu8_epi32(_mm_loadl_epi64(step.as_ptr().add(at).cast()));
+            _mm256_mul_ps(unit, _mm256_cvtepi32_ps(steps))
+        }
+    }
 }
 
 #[target_feature(enable = "avx2")]
@@ -99,16 +130,12 @@ macro_rules! x86_tile {
             for group in (0..nb).step_by(GROUP) {
                 let mut dw = [_mm256_setzero_ps(); C];
                 for (j, dw) in dw.iter_mut().enumerate() {
-                    *dw = _mm256_cvtph_ps(_mm_loadu_si128(
-                        w.d.as_ptr().add((c0 + j) * nbp + group).cast(),
-                    ));
+                    *dw = super::x86_tiles::eight(&w.d, (c0 + j) * nbp + group);
                 }
                 if let Quants::Q4 { m, .. } = &w.quants {
                     // The minimum term `m_w * s_a`, eight blocks at a time.
                     for j in 0..C {
-                        let mw = _mm256_cvtph_ps(_mm_loadu_si128(
-                            m.as_ptr().add((c0 + j) * nbp + group).cast(),
-                        ));
+                        let mw = super::x86_tiles::eight(m, (c0 + j) * nbp + group);
                         for (i, acc) in acc.iter_mut().enumerate() {
                             let sa = _mm256_loadu_ps(a.s.as_ptr().add((r0 + i) * nbp + group));
                             acc[j] = _mm256_fmadd_ps(mw, sa, acc[j]);
