@@ -189,32 +189,43 @@ fn widen_q5k(block: &[u8], out: &mut Vec<f32>) {
 }
 
 /// A Q6_K super-block (128 bytes of low nibbles, 64 of high bit pairs, 16
-/// signed 8-bit scales, `d`: f16): value `d * scale * (q - 32)` for each
-/// 16-value group's scale.
-fn widen_q6k(block: &[u8], out: &mut Vec<f32>) {
-    let (ql, qh, scales) = (&block[..128], &block[128..192], &block[192..208]);
-    let d = half(&block[208..]);
-    let start = out.len();
-    out.resize(start + QK_K, 0.0);
-    let y = &mut out[start..];
-    for half_block in 0..2 {
-        let (ql, qh) = (&ql[half_block * 64..], &qh[half_block * 32..]);
-        let sc = &scales[half_block * 8..];
-        let y = &mut y[half_block * 128..];
-        for l in 0..32 {
-            let is = l / 16;
-            let quads = [
-                (ql[l] & 0xF) | ((qh[l] & 3) << 4),
-                (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4),
-                (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4),
-                (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4),
-            ];
-            for (quarter, q) in quads.into_iter().enumerate() {
-                let scale = f32::from(sc[is + 2 * quarter] as i8);
-                y[l + 32 * quarter] = d * scale * f32::from(q as i8 - 32);
+/// signed 8-bit scales, `d`: f16) as its parts: value `i` is
+/// `d * sc[i / 16] * (q[i] - 32)`, `q` in `0..64`.
+pub(crate) struct Q6kParts {
+    pub d: f16,
+    pub sc: [i8; 16],
+    pub q: [u8; QK_K],
+}
+
+impl Q6kParts {
+    pub(crate) fn of(block: &[u8]) -> Self {
+        let (ql, qh, scales) = (&block[..128], &block[128..192], &block[192..208]);
+        let mut q = [0u8; QK_K];
+        for half_block in 0..2 {
+            let (ql, qh) = (&ql[half_block * 64..], &qh[half_block * 32..]);
+            let q = &mut q[half_block * 128..];
+            for l in 0..32 {
+                q[l] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
+                q[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+                q[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+                q[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
             }
         }
+        Self {
+            d: f16::from_le_bytes([block[208], block[209]]),
+            sc: std::array::from_fn(|i| scales[i] as i8),
+            q,
+        }
     }
+}
+
+fn widen_q6k(block: &[u8], out: &mut Vec<f32>) {
+    let parts = Q6kParts::of(block);
+    let d = parts.d.to_f32();
+    out.extend(
+        (parts.q.iter().enumerate())
+            .map(|(i, &q)| d * f32::from(parts.sc[i / 16]) * f32::from(q as i8 - 32)),
+    );
 }
 
 /// What the tests of this crate's block readers compare against: candle's

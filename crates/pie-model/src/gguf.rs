@@ -287,8 +287,8 @@ impl GgufFile {
         Ok(Linear::new(parts))
     }
 
-    /// One weight matrix. Q4_0, Q4_1, Q4_K and Q8_0 blocks keep their values
-    /// (see `QWeight::from_q4`, `QWeight::from_q8_0`); every other type, and
+    /// One weight matrix. Q4_0, Q4_1, Q4_K, Q6_K and Q8_0 blocks keep their
+    /// values (see `QWeight::from_q4`, `QWeight::from_q6k`, `QWeight::from_q8_0`); every other type, and
     /// a Q8_0 block with a -128, becomes 8-bit blocks, counted in
     /// [`GgufFile::widened`] when that widens it.
     fn weight(&mut self, name: &str) -> Result<QWeight> {
@@ -305,6 +305,9 @@ impl GgufFile {
             GgmlDType::Q4_1 => four_bit(Q4Source::Q4_1)?,
             GgmlDType::Q4K => four_bit(Q4Source::Q4K)?,
             GgmlDType::Q8_0 => QWeight::from_q8_0(&t.data()?, n, k),
+            GgmlDType::Q6K if k.is_multiple_of(BlockType::Q6K.values()) => {
+                Some(QWeight::from_q6k(&t.data()?, n, k))
+            }
             _ => None,
         };
         if let Some(w) = kept {

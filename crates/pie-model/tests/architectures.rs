@@ -316,8 +316,8 @@ fn engine(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
 
 /// The cases: each architecture; Llama with Llama 3's frequency divisors
 /// and partial rotary; Qwen 3 with heads wider than hidden / heads; Llama
-/// with a Q6_K layer (widened at load, and said so) and with a Q4_K one
-/// (kept in 4 bits); Gemma 3 with five 5-key sliding-window layers before a
+/// with a Q6_K layer and with a Q4_K one (each kept in its bits) and with a
+/// Q5_K one (widened at load, and said so); Gemma 3 with five 5-key sliding-window layers before a
 /// global one, each kind with its own RoPE base (the windowed layers' as
 /// Gemma 3 defines it, or as the file says); Gemma 2 with every other
 /// layer windowed and scores and logits soft-capped; Phi-3 with LongRoPE's
@@ -360,6 +360,14 @@ fn cases() -> Vec<(&'static str, SynthSpec)> {
             SynthSpec {
                 intermediate: 256,
                 ffn_down_type: GgmlDType::Q6K,
+                ..spec("llama")
+            },
+        ),
+        (
+            "llama-q5k-down",
+            SynthSpec {
+                intermediate: 256,
+                ffn_down_type: GgmlDType::Q5K,
                 ..spec("llama")
             },
         ),
@@ -440,7 +448,7 @@ fn every_architecture_computes_what_its_definition_says() {
         let model = Model::load(&path).unwrap().with_float_activations();
         assert_eq!(model.config.arch.name, spec.arch);
         let widened = match spec.ffn_down_type {
-            GgmlDType::Q6K => vec![("Q6K".to_string(), spec.layers)],
+            GgmlDType::Q5K => vec![("Q5K".to_string(), spec.layers)],
             _ => Vec::new(),
         };
         assert_eq!(model.widened, widened, "{case}");

@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 
 use super::layout::{BLOCK, GROUP};
 use super::store::{Acts, QWeight, Quants};
-use super::x86_tiles::{ahead, prefetch, x86_tile};
+use super::x86_tiles::{ahead, load8, prefetch, x86_tile};
 
 x86_tile!("avx2,fma,f16c");
 
@@ -107,6 +107,89 @@ unsafe fn dots_q8<const R: usize, const C: usize>(
             for j in 0..C {
                 let p = _mm256_maddubs_epi16(wabs[j], _mm256_sign_epi8(av, wv[j]));
                 sums[j] = _mm256_add_epi32(sums[j], _mm256_madd_epi16(p, ones));
+            }
+        }
+    }
+    sums
+}
+
+/// Integer dot products of a group of eight blocks of 6-bit weights (values
+/// `0..64`), per half of the blocks (see `layout::pack_q6`). Two maddubs
+/// products stay under `2 * 2 * 63 * 127`, inside 16 bits, so each pair of
+/// vectors is summed in 16 bits and widened. Each starts from the
+/// activations' `-32` offset, so the sums are the weights' signed ones.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn dots_q6<const R: usize, const C: usize>(
+    lo: &[u8],
+    hi: &[u8],
+    a: &Acts,
+    k: usize,
+    r0: usize,
+    c0: usize,
+    group: usize,
+) -> [[[__m256i; C]; R]; 2] {
+    let lrow = lo.as_ptr().add(c0 * k / 2 + group * BLOCK / 2);
+    let hrow = hi.as_ptr().add(c0 * k / 4 + group * BLOCK / 4);
+    let arow = a.qs.as_ptr().add(r0 * k + group * BLOCK);
+    let (low4, pair, ones) = (
+        _mm256_set1_epi8(0x0f),
+        _mm256_set1_epi8(0x30),
+        _mm256_set1_epi16(1),
+    );
+    let mut sums = [[[_mm256_setzero_si256(); C]; R]; 2];
+    for (quad, sums) in sums.iter_mut().enumerate() {
+        for (i, sums) in sums.iter_mut().enumerate() {
+            let offsets = a
+                .q6_offsets
+                .as_ptr()
+                .add((2 * (r0 + i) + quad) * a.nbp + group);
+            *sums = [load8(offsets); C];
+        }
+        // Vectors v0..v3 of the quad, per column.
+        let mut w = [[_mm256_setzero_si256(); 4]; C];
+        for (j, w) in w.iter_mut().enumerate() {
+            let (lp, hp) = (
+                lrow.add(j * k / 2 + quad * 2 * BLOCK),
+                hrow.add(j * k / 4 + quad * BLOCK),
+            );
+            prefetch(lp.wrapping_add(ahead(C, k / 2)));
+            prefetch(hp.wrapping_add(ahead(C, k / 4)));
+            // Low nibbles v0 and v1, high nibbles v2 and v3.
+            let v0v2 = _mm256_loadu_si256(lp.cast());
+            let v1v3 = _mm256_loadu_si256(lp.add(BLOCK).cast());
+            let pairs = _mm256_loadu_si256(hp.cast());
+            let high = [
+                _mm256_slli_epi16::<4>(pairs),
+                _mm256_slli_epi16::<2>(pairs),
+                pairs,
+                _mm256_srli_epi16::<2>(pairs),
+            ];
+            let nibbles = [
+                v0v2,
+                v1v3,
+                _mm256_srli_epi16::<4>(v0v2),
+                _mm256_srli_epi16::<4>(v1v3),
+            ];
+            for u in 0..4 {
+                w[u] = _mm256_or_si256(
+                    _mm256_and_si256(nibbles[u], low4),
+                    _mm256_and_si256(high[u], pair),
+                );
+            }
+        }
+        for (i, sums) in sums.iter_mut().enumerate() {
+            let at = arow.add(i * k + quad * 4 * BLOCK);
+            let av: [__m256i; 4] =
+                std::array::from_fn(|u| _mm256_loadu_si256(at.add(u * BLOCK).cast()));
+            for j in 0..C {
+                for u in [0, 2] {
+                    let p = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(w[j][u], av[u]),
+                        _mm256_maddubs_epi16(w[j][u + 1], av[u + 1]),
+                    );
+                    sums[j] = _mm256_add_epi32(sums[j], _mm256_madd_epi16(p, ones));
+                }
             }
         }
     }

@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use super::layout::{BLOCK, GROUP};
 use super::store::{Acts, QWeight, Quants};
-use super::x86_tiles::{ahead, prefetch, x86_tile};
+use super::x86_tiles::{ahead, load8, prefetch, x86_tile};
 
 x86_tile!("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c");
 
@@ -164,4 +164,79 @@ unsafe fn dots_q8<const R: usize, const C: usize>(
         }
     }
     fold(sums)
+}
+
+/// Integer dot products of a group of eight blocks of 6-bit weights (values
+/// `0..64`, unsigned for `vpdpbusd`), per half of the blocks: the first
+/// quad of vectors holds each block's first 16 values, the second quad its
+/// last 16 (see `layout::pack_q6`). Each starts from the activations'
+/// `-32` offset, so the sums are the weights' signed ones.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2")]
+#[inline]
+unsafe fn dots_q6<const R: usize, const C: usize>(
+    lo: &[u8],
+    hi: &[u8],
+    a: &Acts,
+    k: usize,
+    r0: usize,
+    c0: usize,
+    group: usize,
+) -> [[[__m256i; C]; R]; 2] {
+    let lrow = lo.as_ptr().add(c0 * k / 2 + group * BLOCK / 2);
+    let hrow = hi.as_ptr().add(c0 * k / 4 + group * BLOCK / 4);
+    let arow = a.qs.as_ptr().add(r0 * k + group * BLOCK);
+    let low4 = _mm512_set1_epi8(0x0f);
+    let pair = _mm512_set1_epi8(0x30);
+    // Shifts (per 16-bit lane; the mask drops what crosses bytes) that bring
+    // the pairs of vectors (v0, v1) and (v2, v3) to bits 4 and 5: the low
+    // 256 bits by the first count, the high by the second.
+    let by_two = _mm256_set1_epi16(2);
+    let up = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_set1_epi16(4)), by_two);
+    let down = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), by_two);
+    // `a | (b & c)`.
+    const OR_MASKED: i32 = 0xF8;
+    let mut sums = [[[_mm512_setzero_si512(); C]; R]; 2];
+    for (quad, sums) in sums.iter_mut().enumerate() {
+        for (i, sums) in sums.iter_mut().enumerate() {
+            let offsets = a
+                .q6_offsets
+                .as_ptr()
+                .add((2 * (r0 + i) + quad) * a.nbp + group);
+            *sums = [_mm512_zextsi256_si512(load8(offsets)); C];
+        }
+        let mut w0 = [_mm512_setzero_si512(); C];
+        let mut w1 = [_mm512_setzero_si512(); C];
+        for j in 0..C {
+            let (lp, hp) = (
+                lrow.add(j * k / 2 + quad * 2 * BLOCK),
+                hrow.add(j * k / 4 + quad * BLOCK),
+            );
+            prefetch(lp.wrapping_add(ahead(C, k / 2)));
+            prefetch(hp.wrapping_add(ahead(C, k / 4)));
+            let nibbles = _mm512_loadu_si512(lp.cast());
+            let pairs = _mm512_broadcast_i64x4(_mm256_loadu_si256(hp.cast()));
+            w0[j] = _mm512_ternarylogic_epi32::<OR_MASKED>(
+                _mm512_and_si512(nibbles, low4),
+                _mm512_sllv_epi16(pairs, up),
+                pair,
+            );
+            w1[j] = _mm512_ternarylogic_epi32::<OR_MASKED>(
+                _mm512_and_si512(_mm512_srli_epi16::<4>(nibbles), low4),
+                _mm512_srlv_epi16(pairs, down),
+                pair,
+            );
+        }
+        for (i, sums) in sums.iter_mut().enumerate() {
+            let at = arow.add(i * k + quad * 4 * BLOCK);
+            let (a0, a1) = (
+                _mm512_loadu_si512(at.cast()),
+                _mm512_loadu_si512(at.add(2 * BLOCK).cast()),
+            );
+            for j in 0..C {
+                sums[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sums[j], w0[j], a0), w1[j], a1);
+            }
+        }
+    }
+    let [first, second] = sums;
+    [fold(first), fold(second)]
 }

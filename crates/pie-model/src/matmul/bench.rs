@@ -14,16 +14,41 @@ use super::*;
 use rand::Rng;
 use std::time::Instant;
 
-/// A random `n x k` matrix, 4-bit (Q4_1 blocks) or 8-bit.
-fn random_weight(rng: &mut impl Rng, n: usize, k: usize, q4: bool) -> QWeight {
-    if q4 {
-        let raw: Vec<u8> = (0..n * k / 32 * 20)
-            .map(|i| if i % 20 < 4 { 0x10 } else { rng.gen() })
-            .collect();
-        QWeight::from_q4(&raw, Q4Source::Q4_1, n, k)
-    } else {
-        let wf: Vec<f32> = (0..n * k).map(|_| rng.gen::<f32>() - 0.5).collect();
-        QWeight::from_f32(&wf, n, k)
+/// How a bench matrix is stored.
+#[derive(Clone, Copy)]
+enum Form {
+    /// Q4_1 blocks.
+    Q4,
+    /// Q6_K super-blocks.
+    Q6,
+    /// 8-bit blocks.
+    Q8,
+}
+
+/// A random `n x k` matrix stored as `form`.
+fn random_weight(rng: &mut impl Rng, n: usize, k: usize, form: Form) -> QWeight {
+    match form {
+        Form::Q4 => {
+            let raw: Vec<u8> = (0..n * k / 32 * 20)
+                .map(|i| if i % 20 < 4 { 0x10 } else { rng.gen() })
+                .collect();
+            QWeight::from_q4(&raw, Q4Source::Q4_1, n, k)
+        }
+        Form::Q6 => {
+            // Any bytes are a Q6_K block; its last two, `d`, a small f16.
+            let raw: Vec<u8> = (0..n * k / 256 * 210)
+                .map(|i| match i % 210 {
+                    208 => 0x00,
+                    209 => 0x10,
+                    _ => rng.gen(),
+                })
+                .collect();
+            QWeight::from_q6k(&raw, n, k)
+        }
+        Form::Q8 => {
+            let wf: Vec<f32> = (0..n * k).map(|_| rng.gen::<f32>() - 0.5).collect();
+            QWeight::from_f32(&wf, n, k)
+        }
     }
 }
 
@@ -43,20 +68,21 @@ fn kernel_throughput() {
         .map(|s| s.split(',').map(|x| x.parse().unwrap()).collect())
         .unwrap_or(vec![1, 8, 32, 512]);
     let copies = env_or("MB_COPIES", 1usize);
-    for (name, n, k, q4) in [
-        ("gate_up", 3072usize, 576usize, true),
-        ("lm_head", 49152, 576, false),
-        ("down", 576, 1536, true),
-        ("big_q4", 49152, 576, true),
-        ("gate_up_1b", 16384, 2048, true),
-        ("down_1b", 2048, 8192, true),
-        ("down_1b_q8", 2048, 8192, false),
+    for (name, n, k, form) in [
+        ("gate_up", 3072usize, 576usize, Form::Q4),
+        ("lm_head", 49152, 576, Form::Q8),
+        ("down", 576, 1536, Form::Q4),
+        ("big_q4", 49152, 576, Form::Q4),
+        ("gate_up_1b", 16384, 2048, Form::Q4),
+        ("down_1b", 2048, 8192, Form::Q4),
+        ("down_1b_q6", 2048, 8192, Form::Q6),
+        ("down_1b_q8", 2048, 8192, Form::Q8),
     ] {
         if only.as_deref().is_some_and(|o| o != name) {
             continue;
         }
         let ws: Vec<QWeight> = (0..copies)
-            .map(|_| random_weight(&mut rng, n, k, q4))
+            .map(|_| random_weight(&mut rng, n, k, form))
             .collect();
         for &rows in &rows_list {
             let x: Vec<f32> = (0..rows * k).map(|_| rng.gen::<f32>() - 0.5).collect();
@@ -94,18 +120,19 @@ fn layer_sequence() {
     const LAYERS: usize = 16;
     const PASSES: usize = 20;
     let shapes = [
-        ("qkv", 3072, 2048, true),
-        ("out", 2048, 2048, true),
-        ("gate_up", 16384, 2048, true),
-        ("down", 2048, 8192, true),
-        ("down_q8", 2048, 8192, false),
+        ("qkv", 3072, 2048, Form::Q4),
+        ("out", 2048, 2048, Form::Q4),
+        ("gate_up", 16384, 2048, Form::Q4),
+        ("down", 2048, 8192, Form::Q4),
+        ("down_q6", 2048, 8192, Form::Q6),
+        ("down_q8", 2048, 8192, Form::Q8),
     ];
     let mut rng = rand::thread_rng();
     let layers: Vec<Vec<QWeight>> = (0..LAYERS)
         .map(|_| {
             shapes
                 .iter()
-                .map(|&(_, n, k, q4)| random_weight(&mut rng, n, k, q4))
+                .map(|&(_, n, k, form)| random_weight(&mut rng, n, k, form))
                 .collect()
         })
         .collect();

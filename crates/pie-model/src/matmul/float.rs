@@ -7,8 +7,8 @@
 
 use rayon::prelude::*;
 
-use super::layout::unpack_row_q4;
 use super::layout::BLOCK;
+use super::layout::{unpack_q6, unpack_row_q4};
 use super::store::{Out, QWeight, Quants};
 use crate::ops::dot;
 
@@ -47,6 +47,12 @@ impl QWeight {
                     }
                 }
                 Quants::Q4 { qs, .. } => unpack_row_q4(&qs[c * k / 2..][..k / 2], &mut q),
+                Quants::Q6 { lo, hi, .. } => {
+                    let (lo, hi) = (&lo[c * k / 2..][..k / 2], &hi[c * k / 4..][..k / 4]);
+                    for (pos, q) in q.iter_mut().enumerate() {
+                        *q = unpack_q6(lo, hi, pos) as i32 - 32;
+                    }
+                }
             }
             for (&e, &q) in self.order.iter().zip(&q) {
                 let e = e as usize;
@@ -58,6 +64,8 @@ impl QWeight {
                 row[e] = match &self.quants {
                     Quants::Q8 { .. } => d * q as f32,
                     Quants::Q4 { m, .. } => d * q as f32 + m.get(b),
+                    Quants::Q6 { d_hi, .. } if e % BLOCK >= BLOCK / 2 => d_hi.get(b) * q as f32,
+                    Quants::Q6 { .. } => d * q as f32,
                 };
             }
         }

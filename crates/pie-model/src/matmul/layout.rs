@@ -93,3 +93,35 @@ pub(super) fn unpack_q4(row: &[u8], pos: usize) -> u8 {
     };
     byte & 0xf
 }
+
+/// Values per quad of vectors: the unit [`pack_q6`] packs.
+const QUAD: usize = 4 * BLOCK;
+
+/// Pack one row of 6-bit values (in kernel order, a whole number of groups
+/// of eight blocks) as low nibbles and high bit pairs, quad by quad (four
+/// 32-byte vectors `v0..v3`): 64 bytes of nibbles, byte `j` holding `v0[j]`
+/// low and `v2[j]` high, byte `32 + j` `v1[j]` and `v3[j]`, so one 64-byte
+/// load and two masks give `(v0, v1)` and `(v2, v3)` as the activations are
+/// stored; and 32 bytes of pairs, byte `j` holding `v0[j] .. v3[j]`'s at bits
+/// 0, 2, 4 and 6.
+pub(super) fn pack_q6(q: &[u8], lo: &mut Vec<u8>, hi: &mut Vec<u8>) {
+    assert!(
+        q.len().is_multiple_of(GROUP * BLOCK),
+        "6-bit rows are whole groups"
+    );
+    for quad in q.chunks_exact(QUAD) {
+        let v = |u: usize, j: usize| quad[u * BLOCK + j];
+        lo.extend((0..BLOCK).map(|j| v(0, j) & 0xF | (v(2, j) & 0xF) << 4));
+        lo.extend((0..BLOCK).map(|j| v(1, j) & 0xF | (v(3, j) & 0xF) << 4));
+        hi.extend((0..BLOCK).map(|j| (0..4).fold(0, |b, u| b | (v(u, j) >> 4) << (2 * u))));
+    }
+}
+
+/// The 6-bit value at kernel-order position `pos` of a row packed by
+/// [`pack_q6`] (`lo`, `hi`: that row's parts).
+pub(super) fn unpack_q6(lo: &[u8], hi: &[u8], pos: usize) -> u8 {
+    let (quad, u, j) = (pos / QUAD, pos % QUAD / BLOCK, pos % BLOCK);
+    let nibble = lo[quad * 2 * BLOCK + u % 2 * BLOCK + j] >> (4 * (u / 2)) & 0xF;
+    let pair = hi[quad * BLOCK + j] >> (2 * u) & 3;
+    nibble | pair << 4
+}

@@ -1,9 +1,10 @@
 //! Quantised linear layers: `x (rows x k) @ w^T (k x n)`.
 //!
-//! Weights are stored in 32-element blocks, either 4-bit (`d * q + m`, GGML's
+//! Weights are stored in 32-element blocks, 4-bit (`d * q + m`, GGML's
 //! Q4_1, which Q4_0 maps onto exactly, and Q4_K's sub-blocks, whose `d` and
-//! `m` stay in Q4_K's form: see `store::Scales`) or 8-bit (`d * q`, Q8_0).
-//! Every other GGUF type is dequantised and requantised to 8-bit. Activations are quantised to 8
+//! `m` stay in Q4_K's form: see `store::Scales`), 6-bit (Q6_K's, `d * (q -
+//! 32)` with a scale per half block) or 8-bit (`d * q`, Q8_0). Every other
+//! GGUF type is dequantised and requantised to 8-bit. Activations are quantised to 8
 //! bits once per call (per row and block, like GGML's Q8_1).
 //!
 //! This file owns the parallel split over column ranges and the choice of
@@ -274,10 +275,24 @@ impl Kernel {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: checked above: AVX-512 F, BW, VL and VNNI, AVX2, FMA, F16C.
-            Kernel::Avx512 => unsafe { x86_tiles::walk(&avx512::TILES, w, a, c0, nc, out) },
+            Kernel::Avx512 => unsafe {
+                let tiles = if w.is_q6() {
+                    &avx512::TILES_Q6
+                } else {
+                    &avx512::TILES
+                };
+                x86_tiles::walk(tiles, w, a, c0, nc, out)
+            },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: checked above: the CPU has AVX2, FMA and F16C.
-            Kernel::Avx2 => unsafe { x86_tiles::walk(&avx2::TILES, w, a, c0, nc, out) },
+            Kernel::Avx2 => unsafe {
+                let tiles = if w.is_q6() {
+                    &avx2::TILES_Q6
+                } else {
+                    &avx2::TILES
+                };
+                x86_tiles::walk(tiles, w, a, c0, nc, out)
+            },
             Kernel::Portable => portable::run(w, a, c0, nc, out),
         }
     }

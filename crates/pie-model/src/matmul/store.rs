@@ -5,9 +5,9 @@
 use half::f16;
 use rayon::prelude::*;
 
-use super::layout::{kernel_order, pack_q4, BLOCK, GROUP};
+use super::layout::{kernel_order, pack_q4, pack_q6, BLOCK, GROUP};
 use super::quantize::{self, quantize_block};
-use crate::ggml_blocks::{q4k_nibbles, BlockType, Q4kSteps};
+use crate::ggml_blocks::{q4k_nibbles, BlockType, Q4kSteps, Q6kParts};
 
 pub(super) enum Quants {
     /// 4-bit values, two per byte, in kernel order (see `layout::pack_q4`); `m` holds
@@ -15,6 +15,15 @@ pub(super) enum Quants {
     Q4 { qs: Vec<u8>, m: Scales },
     /// One signed byte per element, in `-127..=127`, in kernel order.
     Q8 { qs: Vec<i8> },
+    /// Q6_K's values `q` in `0..64` (each weight `d * (q - 32)`), in kernel
+    /// order as low nibbles and high bit pairs (see `layout::pack_q6`). A
+    /// Q6_K scale covers 16 values, half a block: the weight's `d` holds each
+    /// block's first half's, `d_hi` its second half's.
+    Q6 {
+        lo: Vec<u8>,
+        hi: Vec<u8>,
+        d_hi: Scales,
+    },
 }
 
 /// A weight matrix of `n` output rows by `k` inputs, in 32-element blocks.
@@ -50,10 +59,11 @@ pub enum Q4Source {
 pub(super) enum Scales {
     /// An f16 per block.
     Half(Vec<f16>),
-    /// Q4_K's own form: an f16 `unit` per group of [`GROUP`] blocks (one
-    /// super-block) times a 6-bit `step` per block, exact and 4.5 bits a
-    /// weight with the values, where an f16 per block made Q4_K 5 bits.
-    Stepped { unit: Vec<f16>, step: Vec<u8> },
+    /// The K-quants' own form: an f16 `unit` per group of [`GROUP`] blocks
+    /// (one super-block) times a small integer `step` per block, exact, and
+    /// with the values 4.5 bits a weight for Q4_K where an f16 per block made
+    /// it 5.
+    Stepped { unit: Vec<f16>, step: Vec<i8> },
 }
 
 impl Scales {
@@ -140,8 +150,8 @@ fn q4k_row(stored: &[u8], q: &mut [u8], at: usize, d: StepsMut, m: StepsMut) {
         let first = at + sb * GROUP;
         d.0[first / GROUP] = steps.d;
         m.0[first / GROUP] = -steps.dmin;
-        d.1[first..first + GROUP].copy_from_slice(&steps.sc);
-        m.1[first..first + GROUP].copy_from_slice(&steps.m);
+        d.1[first..first + GROUP].copy_from_slice(&steps.sc.map(|s| s as i8));
+        m.1[first..first + GROUP].copy_from_slice(&steps.m.map(|s| s as i8));
         for i in 0..GROUP {
             q[(sb * GROUP + i) * BLOCK..][..BLOCK].copy_from_slice(&q4k_nibbles(blk, i));
         }
@@ -149,7 +159,7 @@ fn q4k_row(stored: &[u8], q: &mut [u8], at: usize, d: StepsMut, m: StepsMut) {
 }
 
 /// A stepped scale's units and steps, being written.
-type StepsMut<'a> = (&'a mut [f16], &'a mut [u8]);
+type StepsMut<'a> = (&'a mut [f16], &'a mut [i8]);
 
 impl QWeight {
     pub(super) fn blocks(&self) -> usize {
@@ -162,8 +172,13 @@ impl QWeight {
         let quants = match &self.quants {
             Quants::Q4 { qs, m } => qs.len() + m.bytes(),
             Quants::Q8 { qs } => qs.len(),
+            Quants::Q6 { lo, hi, d_hi } => lo.len() + hi.len() + d_hi.bytes(),
         };
         quants + self.d.bytes()
+    }
+
+    pub(super) fn is_q6(&self) -> bool {
+        matches!(self.quants, Quants::Q6 { .. })
     }
 
     pub(super) fn padded_blocks(&self) -> usize {
@@ -240,7 +255,7 @@ impl QWeight {
                 vec![f16::ZERO; n * nbp / GROUP],
                 vec![f16::ZERO; n * nbp / GROUP],
             );
-            let (mut ds, mut ms) = (vec![0u8; n * nbp], vec![0u8; n * nbp]);
+            let (mut ds, mut ms) = (vec![0i8; n * nbp], vec![0i8; n * nbp]);
             for (row, stored) in rows {
                 q4k_row(
                     stored,
@@ -313,12 +328,65 @@ impl QWeight {
         })
     }
 
+    /// Raw GGUF Q6_K super-blocks of an `n x k` matrix, kept exactly (see
+    /// [`Quants::Q6`]): 6.6 bits a weight where widening made 8.5.
+    pub fn from_q6k(raw: &[u8], n: usize, k: usize) -> Self {
+        let kind = BlockType::Q6K;
+        assert!(
+            k.is_multiple_of(kind.values()),
+            "Q6_K rows are whole super-blocks"
+        );
+        let nbp = k / BLOCK;
+        let row_bytes = k / kind.values() * kind.bytes();
+        assert_eq!(raw.len(), n * row_bytes, "Q6_K weight size");
+        let order = kernel_order(k);
+        let mut units = vec![f16::ZERO; n * nbp / GROUP];
+        let mut halves = [vec![0i8; n * nbp], vec![0i8; n * nbp]];
+        let (mut lo, mut hi) = (Vec::with_capacity(n * k / 2), Vec::with_capacity(n * k / 4));
+        let mut q = vec![0u8; k];
+        for (row, stored) in raw.chunks_exact(row_bytes).enumerate() {
+            for (sb, blk) in stored.chunks_exact(kind.bytes()).enumerate() {
+                let parts = Q6kParts::of(blk);
+                let first = row * nbp + sb * GROUP;
+                units[first / GROUP] = parts.d;
+                for (h, steps) in halves.iter_mut().enumerate() {
+                    for b in 0..GROUP {
+                        steps[first + b] = parts.sc[2 * b + h];
+                    }
+                }
+                q[sb * kind.values()..][..kind.values()].copy_from_slice(&parts.q);
+            }
+            let ordered: Vec<u8> = order.iter().map(|&i| q[i as usize]).collect();
+            pack_q6(&ordered, &mut lo, &mut hi);
+        }
+        let [first, second] = halves;
+        let stepped = |step| Scales::Stepped {
+            unit: units.clone(),
+            step,
+        };
+        Self {
+            n,
+            k_in: k,
+            k,
+            d: stepped(first),
+            quants: Quants::Q6 {
+                lo,
+                hi,
+                d_hi: stepped(second),
+            },
+            order,
+            float: Default::default(),
+        }
+    }
+
     /// Whether `other` is stored as this is (4-bit or 8-bit blocks, scales
     /// of one form), so the two can be concatenated.
     pub(super) fn same_kind(&self, other: &QWeight) -> bool {
         let quants = matches!(
             (&self.quants, &other.quants),
-            (Quants::Q4 { .. }, Quants::Q4 { .. }) | (Quants::Q8 { .. }, Quants::Q8 { .. })
+            (Quants::Q4 { .. }, Quants::Q4 { .. })
+                | (Quants::Q8 { .. }, Quants::Q8 { .. })
+                | (Quants::Q6 { .. }, Quants::Q6 { .. })
         );
         quants && self.d.same_form(&other.d)
     }
@@ -338,6 +406,18 @@ impl QWeight {
                     m.append(m2);
                 }
                 (Quants::Q8 { qs }, Quants::Q8 { qs: q2 }) => qs.extend(q2),
+                (
+                    Quants::Q6 { lo, hi, d_hi },
+                    Quants::Q6 {
+                        lo: lo2,
+                        hi: hi2,
+                        d_hi: d2,
+                    },
+                ) => {
+                    lo.extend(lo2);
+                    hi.extend(hi2);
+                    d_hi.append(d2);
+                }
                 _ => panic!("fused weights share a storage kind"),
             }
         }
@@ -391,6 +471,12 @@ pub(super) struct Acts {
     pub(super) qs: Vec<i8>,
     pub(super) d: Vec<f32>,
     pub(super) s: Vec<f32>,
+    /// `-32 * sum(q)` over each block's first and over its second 16 values
+    /// (per row, `nbp` first halves then `nbp` second halves): Q6_K's values
+    /// are `q - 32` for `q` in `0..64`, and its scales cover half a block, so
+    /// a kernel starts each half's integer dot product of the unsigned `q`
+    /// from this and has the signed one.
+    pub(super) q6_offsets: Vec<i32>,
 }
 
 impl Acts {
@@ -409,22 +495,36 @@ impl Acts {
             qs: vec![0; rows * k],
             d: vec![0.0; rows * nbp],
             s: vec![0.0; rows * nbp],
+            q6_offsets: vec![0; rows * 2 * nbp],
         };
         a.qs.par_chunks_mut(k)
             .zip(a.d.par_chunks_mut(nbp))
             .zip(a.s.par_chunks_mut(nbp))
+            .zip(a.q6_offsets.par_chunks_mut(2 * nbp))
             .zip(x.par_chunks(k_in))
             .with_min_len(16)
             .for_each_init(
                 || (vec![0f32; k], vec![0i8; k]),
-                |(padded, q), (((qs, d), s), src)| {
+                |(padded, q), ((((qs, d), s), offsets), src)| {
                     padded[..k_in].copy_from_slice(src);
                     quantize::blocks(padded, q, d, s);
+                    q6_offsets(q, offsets);
                     for (dst, &i) in qs.iter_mut().zip(order) {
                         *dst = q[i as usize];
                     }
                 },
             );
         a
+    }
+}
+
+/// `-32 * sum(q)` over each 16 values of `q` (blocks in element order),
+/// first halves then second halves (see [`Acts::q6_offsets`]).
+fn q6_offsets(q: &[i8], out: &mut [i32]) {
+    let (first, second) = out.split_at_mut(out.len() / 2);
+    for (b, block) in q.chunks_exact(BLOCK).enumerate() {
+        let offset = |h: &[i8]| -32 * h.iter().map(|&v| i32::from(v)).sum::<i32>();
+        first[b] = offset(&block[..BLOCK / 2]);
+        second[b] = offset(&block[BLOCK / 2..]);
     }
 }

@@ -251,6 +251,24 @@ fn q4_k_keeps_the_files_values_exactly() {
     }
 }
 
+/// Q6_K super-blocks are stored exactly (6-bit values as nibbles and bit
+/// pairs, each half-block's scale the file's f16 `d` times its 8-bit step),
+/// in 212 bytes a super-block against the file's 210, and every kernel
+/// computes with what was stored, on single rows (decode's tiles) and on
+/// four at a time.
+#[test]
+fn q6_k_keeps_the_files_values_exactly() {
+    let mut rng = StdRng::seed_from_u64(33);
+    for (n, k, rows) in [(19, 768, 5), (8, 256, 1), (6, 1280, 9)] {
+        let (raw, deq) = ggml_tensor(GgmlDType::Q6K, random(&mut rng, n * k), n, k);
+        let w = QWeight::from_q6k(&raw, n, k);
+        assert_eq!(stored_weights(&w), deq);
+        assert_eq!(w.bytes(), n * k / 256 * 212);
+        let x = random(&mut rng, rows * k);
+        check_kernels(&w, &x, rows, &reference(&deq, &x, n, k), 1e-3);
+    }
+}
+
 /// Q8_0 blocks are stored as they are (no requantisation); a -128, which the
 /// kernels' sums cannot take, is refused so the loader widens instead.
 #[test]

@@ -1,6 +1,6 @@
 //! What the x86 kernels share: the walk over tiles and the tile itself (the
 //! f32 scale step over eight blocks' integer dot products). The kernels differ
-//! only in their integer dot products (`dots_q4`, `dots_q8`, one i32 lane per
+//! only in their integer dot products (`dots_q4`, `dots_q8`, `dots_q6`, one i32 lane per
 //! block quarter in `layout::kernel_order`) and in their target features, so
 //! each kernel module instantiates the tile with [`x86_tile!`] over its own
 //! dot products.
@@ -76,6 +76,13 @@ pub(super) fn prefetch<T>(p: *const T) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
 }
 
+/// Eight i32 starting at `p`: `p` has eight valid values.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn load8(p: *const i32) -> __m256i {
+    _mm256_loadu_si256(p.cast())
+}
+
 /// Blocks `at..at + 8` of `scales` (`at` a multiple of [`GROUP`]) as f32.
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
@@ -85,7 +92,7 @@ pub(super) unsafe fn eight(scales: &Scales, at: usize) -> __m256 {
         Scales::Half(h) => _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().add(at).cast())),
         Scales::Stepped { unit, step } => {
             let unit = _mm256_cvtph_ps(_mm_set1_epi16(unit[at / GROUP].to_bits() as i16));
-            let steps = _mm256_cvtepu8_epi32(_mm_loadl_epi64(step.as_ptr().add(at).cast()));
+            let steps = _mm256_cvtepi8_epi32(_mm_loadl_epi64(step.as_ptr().add(at).cast()));
             _mm256_mul_ps(unit, _mm256_cvtepi32_ps(steps))
         }
     }
@@ -100,11 +107,12 @@ pub(super) unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// Defines `tile::<R, C>` and the kernel's [`Tiles`] (`TILES`) in the calling
-/// module, compiled with `$features`, over that module's `dots_q4` and
-/// `dots_q8` (which return `[[__m256i; C]; R]`, eight block lanes per pair).
-/// Every kernel thus scales and accumulates in the same f32 operations in the
-/// same order.
+/// Defines `tile::<R, C>` and `tile_q6::<R, C>` and the kernel's [`Tiles`]
+/// (`TILES`, `TILES_Q6`) in the calling module, compiled with `$features`,
+/// over that module's `dots_q4`, `dots_q8` (which return `[[__m256i; C]; R]`,
+/// eight block lanes per pair) and `dots_q6` (the same for each half of the
+/// blocks). Every kernel thus scales and accumulates in the same f32
+/// operations in the same order.
 macro_rules! x86_tile {
     ($features:literal) => {
         pub(super) const TILES: super::x86_tiles::Tiles = super::x86_tiles::Tiles {
@@ -113,6 +121,50 @@ macro_rules! x86_tile {
             one_by_four: tile::<1, 4>,
             one_by_one: tile::<1, 1>,
         };
+
+        pub(super) const TILES_Q6: super::x86_tiles::Tiles = super::x86_tiles::Tiles {
+            four_by_two: tile_q6::<4, 2>,
+            four_by_one: tile_q6::<4, 1>,
+            one_by_four: tile_q6::<1, 4>,
+            one_by_one: tile_q6::<1, 1>,
+        };
+
+        /// As `tile`, over Q6_K weights (whole groups only): each half of a
+        /// block has its own scale.
+        #[target_feature(enable = $features)]
+        unsafe fn tile_q6<const R: usize, const C: usize>(
+            w: &QWeight,
+            a: &Acts,
+            r0: usize,
+            c0: usize,
+            out: super::store::Out,
+        ) -> usize {
+            let Quants::Q6 { lo, hi, d_hi } = &w.quants else {
+                unreachable!("Q6_K tiles run over Q6_K weights");
+            };
+            let (nb, nbp) = (w.blocks(), w.padded_blocks());
+            debug_assert_eq!((a.k, a.nbp, nb % GROUP), (w.k, nbp, 0));
+            let mut acc = [[_mm256_setzero_ps(); C]; R];
+            for group in (0..nb).step_by(GROUP) {
+                let dots = dots_q6::<R, C>(lo, hi, a, w.k, r0, c0, group);
+                for (h, scales) in [&w.d, d_hi].into_iter().enumerate() {
+                    for j in 0..C {
+                        let dw = super::x86_tiles::eight(scales, (c0 + j) * nbp + group);
+                        for (i, acc) in acc.iter_mut().enumerate() {
+                            let da = _mm256_loadu_ps(a.d.as_ptr().add((r0 + i) * nbp + group));
+                            let dot = _mm256_cvtepi32_ps(dots[h][i][j]);
+                            acc[j] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dw, da), acc[j]);
+                        }
+                    }
+                }
+            }
+            for (i, acc) in acc.iter().enumerate() {
+                for (j, v) in acc.iter().enumerate() {
+                    out.set(i, j, super::x86_tiles::hsum(*v));
+                }
+            }
+            C
+        }
 
         /// Rows `r0..r0 + R` times columns `c0..c0 + C`; `out`'s (`i`, `j`) gets
         /// (row `r0 + i`, column `c0 + j`). Returns `C`.
@@ -150,6 +202,7 @@ macro_rules! x86_tile {
                     let dots = match &w.quants {
                         Quants::Q4 { qs, .. } => dots_q4::<R, C>(qs, a, w.k, r0, c0, start, g),
                         Quants::Q8 { qs } => dots_q8::<R, C>(qs, a, w.k, r0, c0, start, g),
+                        Quants::Q6 { .. } => unreachable!("Q6_K weights take `tile_q6`"),
                     };
                     // Lane `l` holds block `start + l * g / 8`: spread the scales to match.
                     let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
