@@ -8,7 +8,7 @@ use super::layout::{BLOCK, GROUP};
 use super::store::{Acts, QWeight, Quants};
 use super::x86_tiles::{ahead, load8, prefetch, x86_tile};
 
-x86_tile!("avx2,fma,f16c");
+x86_tile!("avx2,fma,f16c", wide: (4, 2), wide_q6: (4, 2));
 
 /// Integer dot products of a run of `g` blocks of 4-bit weights, one i32 lane
 /// per block quarter (see `kernel_order`). The 16-bit partial sums hold at most

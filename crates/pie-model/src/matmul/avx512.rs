@@ -11,7 +11,11 @@ use super::layout::{BLOCK, GROUP};
 use super::store::{Acts, QWeight, Quants};
 use super::x86_tiles::{ahead, load8, prefetch, x86_tile};
 
-x86_tile!("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c");
+x86_tile!(
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
+    wide: (4, 4),
+    wide_q6: (4, 2)
+);
 
 /// The eight block lanes of a register holding two 32-byte vectors' sums.
 #[target_feature(enable = "avx512f,avx2")]
