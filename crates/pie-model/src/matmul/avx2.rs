@@ -53,9 +53,15 @@ unsafe fn dots_q4<const R: usize, const C: usize>(
                 lo[j] = _mm256_and_si256(raw, low4);
                 hi[j] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
             }
+            // The pair's vectors (see `layout::nibble`): (0, 1) in a run of
+            // two; in a quad, (4q, 4q + 2) then (4q + 1, 4q + 3).
+            let (first, second) = match g {
+                2 => (0, 1),
+                _ => (pair / 2 * 4 + pair % 2, pair / 2 * 4 + pair % 2 + 2),
+            };
             for (i, sums) in sums.iter_mut().enumerate() {
-                let a0 = _mm256_loadu_si256(arow.add(i * k + pair * 2 * BLOCK).cast());
-                let a1 = _mm256_loadu_si256(arow.add(i * k + pair * 2 * BLOCK + BLOCK).cast());
+                let a0 = _mm256_loadu_si256(arow.add(i * k + first * BLOCK).cast());
+                let a1 = _mm256_loadu_si256(arow.add(i * k + second * BLOCK).cast());
                 for j in 0..C {
                     let p = _mm256_add_epi16(
                         _mm256_maddubs_epi16(lo[j], a0),

@@ -87,9 +87,8 @@ unsafe fn dots_q4<const R: usize, const C: usize>(
             }
         }
     } else {
-        // 64 bytes hold two pairs, vectors 4q..4q + 4: the low nibbles are
-        // vectors (4q, 4q + 2), the high ones (4q + 1, 4q + 3). Regrouped into
-        // (4q, 4q + 1) and (4q + 2, 4q + 3), they meet the activations as stored.
+        // 64 bytes hold vectors 4q..4q + 4: the low nibbles (4q, 4q + 1),
+        // the high ones (4q + 2, 4q + 3), as the activations are stored.
         for quad in 0..g / 4 {
             let mut w0 = [_mm512_setzero_si512(); C];
             let mut w1 = [_mm512_setzero_si512(); C];
@@ -97,10 +96,8 @@ unsafe fn dots_q4<const R: usize, const C: usize>(
                 let at = j * k / 2 + quad * 2 * BLOCK;
                 prefetch(wrow.wrapping_add(at + ahead(C, k / 2)));
                 let raw = _mm512_loadu_si512(wrow.add(at).cast());
-                let lo = _mm512_and_si512(raw, low4);
-                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low4);
-                w0[j] = _mm512_shuffle_i64x2::<0x44>(lo, hi);
-                w1[j] = _mm512_shuffle_i64x2::<0xee>(lo, hi);
+                w0[j] = _mm512_and_si512(raw, low4);
+                w1[j] = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low4);
             }
             for (i, sums) in sums.iter_mut().enumerate() {
                 let a0 = _mm512_loadu_si512(arow.add(i * k + quad * 4 * BLOCK).cast());

@@ -37,19 +37,33 @@ pub(super) fn kernel_order(k: usize) -> Vec<u32> {
     order
 }
 
-/// Pack one row of 4-bit values (in kernel order) at two per byte, run by run:
-/// in a run of two or more blocks each 32 bytes hold a pair of vectors (the first
-/// in the low nibbles), so one load and two masks unpack 64 values; a single block
-/// keeps GGML's layout (element `j` low, element `j + 16` high).
+/// Where value `j` of vector `v` of a run of `g` blocks lies in the run's
+/// packed nibbles, as (byte, shift). A single block keeps GGML's layout
+/// (value `j` low, `j + 16` high). A pair of vectors shares 32 bytes, the
+/// first in the low nibbles. Longer runs go by quads of vectors `v0..v3` in
+/// 64 bytes: `v0` and `v1` in the low nibbles, `v2` and `v3` in the high
+/// ones, so one 64-byte load and two masks give `(v0, v1)` and `(v2, v3)`
+/// as the activations are stored.
+fn nibble(g: usize, v: usize, j: usize) -> (usize, u32) {
+    match g {
+        1 => (j % 16, 4 * (j / 16) as u32),
+        2 => (j, 4 * v as u32),
+        _ => (
+            v / 4 * 2 * BLOCK + v % 2 * BLOCK + j,
+            4 * (v % 4 / 2) as u32,
+        ),
+    }
+}
+
+/// Pack one row of 4-bit values (in kernel order) at two per byte, run by
+/// run (see [`nibble`]).
 pub(super) fn pack_q4(q: &[u8], out: &mut Vec<u8>) {
     for (start, g) in runs(q.len() / BLOCK) {
-        let run = &q[start * BLOCK..(start + g) * BLOCK];
-        if g == 1 {
-            out.extend((0..16).map(|j| run[j] | run[j + 16] << 4));
-        } else {
-            for pair in run.chunks_exact(2 * BLOCK) {
-                out.extend((0..BLOCK).map(|j| pair[j] | pair[j + BLOCK] << 4));
-            }
+        let base = out.len();
+        out.resize(base + g * BLOCK / 2, 0);
+        for (p, &value) in q[start * BLOCK..(start + g) * BLOCK].iter().enumerate() {
+            let (byte, shift) = nibble(g, p / BLOCK, p % BLOCK);
+            out[base + byte] |= (value & 0xf) << shift;
         }
     }
 }
@@ -57,23 +71,11 @@ pub(super) fn pack_q4(q: &[u8], out: &mut Vec<u8>) {
 /// A row packed by [`pack_q4`], back to one value per position (kernel order):
 /// its inverse, for a whole row at once.
 pub(super) fn unpack_row_q4(row: &[u8], q: &mut [i32]) {
-    let mut at = 0;
     for (start, g) in runs(q.len() / BLOCK) {
-        let run = &mut q[start * BLOCK..(start + g) * BLOCK];
-        if g == 1 {
-            for (j, &byte) in row[at..at + 16].iter().enumerate() {
-                run[j] = (byte & 0xf) as i32;
-                run[j + 16] = (byte >> 4) as i32;
-            }
-            at += 16;
-        } else {
-            for pair in run.chunks_exact_mut(2 * BLOCK) {
-                for (j, &byte) in row[at..at + BLOCK].iter().enumerate() {
-                    pair[j] = (byte & 0xf) as i32;
-                    pair[j + BLOCK] = (byte >> 4) as i32;
-                }
-                at += BLOCK;
-            }
+        let packed = &row[start * BLOCK / 2..];
+        for (p, q) in q[start * BLOCK..(start + g) * BLOCK].iter_mut().enumerate() {
+            let (byte, shift) = nibble(g, p / BLOCK, p % BLOCK);
+            *q = (packed[byte] >> shift & 0xf) as i32;
         }
     }
 }
@@ -84,35 +86,26 @@ pub(super) fn unpack_q4(row: &[u8], pos: usize) -> u8 {
         .into_iter()
         .find(|&(s, g)| pos < (s + g) * BLOCK)
         .expect("position inside the row");
-    let (v, j) = ((pos - start * BLOCK) / BLOCK, pos % BLOCK);
-    let base = &row[start * BLOCK / 2..];
-    let byte = if g == 1 {
-        base[j % 16] >> (4 * (j / 16))
-    } else {
-        base[v / 2 * BLOCK + j] >> (4 * (v % 2))
-    };
-    byte & 0xf
+    let p = pos - start * BLOCK;
+    let (byte, shift) = nibble(g, p / BLOCK, p % BLOCK);
+    row[start * BLOCK / 2 + byte] >> shift & 0xf
 }
 
 /// Values per quad of vectors: the unit [`pack_q6`] packs.
 const QUAD: usize = 4 * BLOCK;
 
 /// Pack one row of 6-bit values (in kernel order, a whole number of groups
-/// of eight blocks) as low nibbles and high bit pairs, quad by quad (four
-/// 32-byte vectors `v0..v3`): 64 bytes of nibbles, byte `j` holding `v0[j]`
-/// low and `v2[j]` high, byte `32 + j` `v1[j]` and `v3[j]`, so one 64-byte
-/// load and two masks give `(v0, v1)` and `(v2, v3)` as the activations are
-/// stored; and 32 bytes of pairs, byte `j` holding `v0[j] .. v3[j]`'s at bits
-/// 0, 2, 4 and 6.
+/// of eight blocks) as [`pack_q4`] packs their low four bits, and their high
+/// bit pairs quad by quad (four 32-byte vectors `v0..v3`) in 32 bytes, byte
+/// `j` holding `v0[j] .. v3[j]`'s at bits 0, 2, 4 and 6.
 pub(super) fn pack_q6(q: &[u8], lo: &mut Vec<u8>, hi: &mut Vec<u8>) {
     assert!(
         q.len().is_multiple_of(GROUP * BLOCK),
         "6-bit rows are whole groups"
     );
+    pack_q4(q, lo);
     for quad in q.chunks_exact(QUAD) {
         let v = |u: usize, j: usize| quad[u * BLOCK + j];
-        lo.extend((0..BLOCK).map(|j| v(0, j) & 0xF | (v(2, j) & 0xF) << 4));
-        lo.extend((0..BLOCK).map(|j| v(1, j) & 0xF | (v(3, j) & 0xF) << 4));
         hi.extend((0..BLOCK).map(|j| (0..4).fold(0, |b, u| b | (v(u, j) >> 4) << (2 * u))));
     }
 }
@@ -121,7 +114,5 @@ pub(super) fn pack_q6(q: &[u8], lo: &mut Vec<u8>, hi: &mut Vec<u8>) {
 /// [`pack_q6`] (`lo`, `hi`: that row's parts).
 pub(super) fn unpack_q6(lo: &[u8], hi: &[u8], pos: usize) -> u8 {
     let (quad, u, j) = (pos / QUAD, pos % QUAD / BLOCK, pos % BLOCK);
-    let nibble = lo[quad * 2 * BLOCK + u % 2 * BLOCK + j] >> (4 * (u / 2)) & 0xF;
-    let pair = hi[quad * BLOCK + j] >> (2 * u) & 3;
-    nibble | pair << 4
+    unpack_q4(lo, pos) | (hi[quad * BLOCK + j] >> (2 * u) & 3) << 4
 }
