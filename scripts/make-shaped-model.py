@@ -22,10 +22,14 @@ heads, FFN 128, untied output.weight:
   tiny-gemma3   6 layers (layer 5 global), head 32, q/k norms, post-attention
                 and post-FFN norms, sliding_window 8, rope base 1e6 (llama.cpp's
                 and Pie's sliding-window layers use 10000)
+  tiny-gemma2   4 layers (every other one windowed, sliding_window 8), head 32,
+                post-attention and post-FFN norms, attention scores capped
+                at 50 and logits at 30
 
 Their weights are seeded normal with std 1.5 / sqrt(fan_in) (embedding std 1,
 Gemma's 1 / sqrt(hidden) since it is scaled up by sqrt(hidden); output std
-4 / sqrt(hidden); biases std 0.5), so logits have clear margins; norms are
+OUTPUT_STD / sqrt(hidden), --output-std, default 4; biases std 0.5), so
+logits have clear margins; norms are
 ones plus 0.1 noise. Matrices are F32, except token_embd and output, F16, to
 keep the file near 14 MB; with --tiny-type q8_0 every matrix is Q8_0 (about
 4 MB), which llama.cpp and Pie both read bit for bit and multiply with 8-bit
@@ -74,6 +78,8 @@ SHAPES.update({
     "tiny-phi3": dict(_TINY, arch="phi3", fused=True),
     "tiny-gemma3": dict(_TINY, arch="gemma3", n_layer=6, head_dim=32, rope_base=1e6,
                         rms_eps=1e-6, qk_norm=True, post_norms=True, sliding_window=8),
+    "tiny-gemma2": dict(_TINY, arch="gemma2", n_layer=4, head_dim=32, rms_eps=1e-6,
+                        post_norms=True, sliding_window=8, softcaps=(50.0, 30.0)),
 })
 DEFAULT_VOCAB = Path.home() / ".cache/pie/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -140,7 +146,7 @@ def tensor_type(s, kind, tiny_type):
     return GGMLQuantizationType.F32
 
 
-def random_tensor(rng, s, shape, kind):
+def random_tensor(rng, s, shape, kind, output_std=4.0):
     """Norms: ones plus noise (1e-3; tiny shapes 0.1). Other tensors normal:
     std 0.02, or for tiny shapes as the docstring says."""
     x = rng.standard_normal(shape, dtype=np.float32)
@@ -149,8 +155,8 @@ def random_tensor(rng, s, shape, kind):
     if not s.get("tiny"):
         return 0.02 * x
     d = s["n_embd"]
-    std = {"bias": 0.5, "output": 4 / np.sqrt(d),
-           "embd": 1 / np.sqrt(d) if s["arch"] == "gemma3" else 1.0}
+    std = {"bias": 0.5, "output": output_std / np.sqrt(d),
+           "embd": 1 / np.sqrt(d) if s["arch"].startswith("gemma") else 1.0}
     return x * std.get(kind, 1.5 / np.sqrt(shape[-1]))
 
 
@@ -174,18 +180,21 @@ def add_metadata(w, name, s, n_vocab, tokenizer):
     w.add_rope_freq_base(s["rope_base"])
     w.add_layer_norm_rms_eps(s["rms_eps"])
     w.add_vocab_size(n_vocab)
-    if s["arch"] in ("qwen3", "gemma3") or s["head_dim"] * s["n_head"] != s["n_embd"]:
+    if s["arch"] in ("qwen3", "gemma2", "gemma3") or s["head_dim"] * s["n_head"] != s["n_embd"]:
         w.add_key_length(s["head_dim"])
         w.add_value_length(s["head_dim"])
     else:
         w.add_rope_dimension_count(s["head_dim"])
     if s.get("sliding_window"):
         w.add_sliding_window(s["sliding_window"])
+    if s.get("softcaps"):
+        w.add_attn_logit_softcapping(s["softcaps"][0])
+        w.add_final_logit_softcapping(s["softcaps"][1])
     for key, value, vtype, sub_type in tokenizer:
         w.add_key_value(key, value, vtype, sub_type)
 
 
-def write_f16(path, shape_name, vocab_from, seed, tiny_type="f32"):
+def write_f16(path, shape_name, vocab_from, seed, tiny_type="f32", output_std=4.0):
     """Write the F16/F32 (tiny shapes: F32/Q8_0) GGUF, one tensor at a time."""
     s = dict(SHAPES[shape_name])
     if s.get("tiny"):
@@ -208,7 +217,7 @@ def write_f16(path, shape_name, vocab_from, seed, tiny_type="f32"):
     w.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
     for _, shape, kind, qtype in tensors:
-        w.write_tensor_data(encode(random_tensor(rng, s, shape, kind), qtype))
+        w.write_tensor_data(encode(random_tensor(rng, s, shape, kind, output_std), qtype))
     w.close()
 
 
@@ -236,13 +245,15 @@ def main():
     p.add_argument("--keep-f16", action="store_true")
     p.add_argument("--tiny-type", choices=["f32", "q8_0"], default="f32",
                    help="tiny shapes' matrices (f32: token_embd and output F16)")
+    p.add_argument("--output-std", type=float, default=4.0,
+                   help="tiny shapes' output weights: std OUTPUT_STD / sqrt(hidden)")
     p.add_argument("--vocab-from", type=Path, default=DEFAULT_VOCAB,
                    help="GGUF whose tokenizer.* keys are copied")
     a = p.parse_args()
 
     a.out_dir.mkdir(parents=True, exist_ok=True)
     f16 = a.out_dir / f"{a.shape}-shaped.f16.gguf"
-    write_f16(f16, a.shape, a.vocab_from, a.seed, a.tiny_type)
+    write_f16(f16, a.shape, a.vocab_from, a.seed, a.tiny_type, a.output_std)
     out = f16
     if a.quantize.lower() != "none":
         exe = find_quantize(a.llama_cpp_bin)

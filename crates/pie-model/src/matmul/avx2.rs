@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 
 use super::layout::{BLOCK, GROUP};
 use super::store::{Acts, QWeight, Quants};
-use super::x86_tiles::{ahead, load8, prefetch, x86_tile};
+use super::x86_tiles::{ahead, load8, prefetch, q6_rows, x86_tile};
 
 x86_tile!("avx2,fma,f16c", wide: (4, 2), wide_q6: (4, 2));
 
@@ -135,9 +135,7 @@ unsafe fn dots_q6<const R: usize, const C: usize>(
     c0: usize,
     group: usize,
 ) -> [[[__m256i; C]; R]; 2] {
-    let lrow = lo.as_ptr().add(c0 * k / 2 + group * BLOCK / 2);
-    let hrow = hi.as_ptr().add(c0 * k / 4 + group * BLOCK / 4);
-    let arow = a.qs.as_ptr().add(r0 * k + group * BLOCK);
+    let (lrow, hrow, arow) = q6_rows((lo, hi), a, (k, r0, c0, group));
     let (low4, pair, ones) = (
         _mm256_set1_epi8(0x0f),
         _mm256_set1_epi8(0x30),

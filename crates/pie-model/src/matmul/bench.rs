@@ -52,6 +52,11 @@ fn random_weight(rng: &mut impl Rng, n: usize, k: usize, form: Form) -> QWeight 
     }
 }
 
+/// Every kernel this CPU runs but the portable one.
+fn simd_kernels() -> impl Iterator<Item = Kernel> {
+    (Kernel::ALL.iter().copied()).filter(|&k| k != Kernel::Portable && k.available())
+}
+
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).map_or(default, |v| {
         v.parse()
@@ -89,10 +94,7 @@ fn kernel_throughput() {
             let reps = (4_000_000_000 / (n * k * rows))
                 .max(1)
                 .next_multiple_of(copies);
-            for &kernel in Kernel::ALL
-                .iter()
-                .filter(|&&k| k != Kernel::Portable && k.available())
-            {
+            for kernel in simd_kernels() {
                 let mut dt = f64::MAX;
                 for _ in 0..7 {
                     let t = Instant::now();
@@ -136,10 +138,7 @@ fn layer_sequence() {
                 .collect()
         })
         .collect();
-    for &kernel in Kernel::ALL
-        .iter()
-        .filter(|&&k| k != Kernel::Portable && k.available())
-    {
+    for kernel in simd_kernels() {
         let mut seconds = vec![0f64; shapes.len()];
         rayon::scope(|_| {
             for layer in layers.iter().cycle().take(LAYERS * PASSES) {

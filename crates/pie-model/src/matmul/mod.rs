@@ -275,24 +275,10 @@ impl Kernel {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: checked above: AVX-512 F, BW, VL and VNNI, AVX2, FMA, F16C.
-            Kernel::Avx512 => unsafe {
-                let tiles = if w.is_q6() {
-                    &avx512::TILES_Q6
-                } else {
-                    &avx512::TILES
-                };
-                x86_tiles::walk(tiles, w, a, c0, nc, out)
-            },
+            Kernel::Avx512 => unsafe { x86_tiles::walk(avx512::tiles(w), w, a, c0, nc, out) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: checked above: the CPU has AVX2, FMA and F16C.
-            Kernel::Avx2 => unsafe {
-                let tiles = if w.is_q6() {
-                    &avx2::TILES_Q6
-                } else {
-                    &avx2::TILES
-                };
-                x86_tiles::walk(tiles, w, a, c0, nc, out)
-            },
+            Kernel::Avx2 => unsafe { x86_tiles::walk(avx2::tiles(w), w, a, c0, nc, out) },
             Kernel::Portable => portable::run(w, a, c0, nc, out),
         }
     }

@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::layout::GROUP;
+use super::layout::{BLOCK, GROUP};
 use super::store::{Acts, Out, QWeight, Scales};
 
 /// One tile shape's function: rows `r0..r0 + R` times columns `c0..c0 + C` of
@@ -84,6 +84,20 @@ pub(super) fn prefetch<T>(p: *const T) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
 }
 
+/// Each accumulator's sum into `out`'s (row, column).
+///
+/// # Safety
+/// `out` has room for `R` rows by `C` columns, and no other thread writes them.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn store<const R: usize, const C: usize>(acc: &[[__m256; C]; R], out: Out) {
+    for (i, acc) in acc.iter().enumerate() {
+        for (j, v) in acc.iter().enumerate() {
+            out.set(i, j, hsum(*v));
+        }
+    }
+}
+
 /// Eight i32 starting at `p`: `p` has eight valid values.
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -123,23 +137,17 @@ pub(super) unsafe fn hsum(v: __m256) -> f32 {
 /// operations in the same order.
 macro_rules! x86_tile {
     ($features:literal, wide: ($r:literal, $c:literal), wide_q6: ($r6:literal, $c6:literal)) => {
-        pub(super) const TILES: super::x86_tiles::Tiles = super::x86_tiles::Tiles {
-            rows: $r,
-            cols: $c,
-            wide: tile::<$r, $c>,
-            narrow: tile::<$r, 1>,
-            one_by_four: tile::<1, 4>,
-            one_by_one: tile::<1, 1>,
-        };
+        const TILES: super::x86_tiles::Tiles = super::x86_tiles::tiles!(tile, $r, $c);
+        const TILES_Q6: super::x86_tiles::Tiles = super::x86_tiles::tiles!(tile_q6, $r6, $c6);
 
-        pub(super) const TILES_Q6: super::x86_tiles::Tiles = super::x86_tiles::Tiles {
-            rows: $r6,
-            cols: $c6,
-            wide: tile_q6::<$r6, $c6>,
-            narrow: tile_q6::<$r6, 1>,
-            one_by_four: tile_q6::<1, 4>,
-            one_by_one: tile_q6::<1, 1>,
-        };
+        /// The tiles for `w`'s storage.
+        pub(super) fn tiles(w: &QWeight) -> &'static super::x86_tiles::Tiles {
+            if w.is_q6() {
+                &TILES_Q6
+            } else {
+                &TILES
+            }
+        }
 
         /// As `tile`, over Q6_K weights (whole groups only): each half of a
         /// block has its own scale.
@@ -170,11 +178,7 @@ macro_rules! x86_tile {
                     }
                 }
             }
-            for (i, acc) in acc.iter().enumerate() {
-                for (j, v) in acc.iter().enumerate() {
-                    out.set(i, j, super::x86_tiles::hsum(*v));
-                }
-            }
+            super::x86_tiles::store(&acc, out);
             C
         }
 
@@ -241,13 +245,40 @@ macro_rules! x86_tile {
                     }
                 }
             }
-            for (i, acc) in acc.iter().enumerate() {
-                for (j, v) in acc.iter().enumerate() {
-                    out.set(i, j, super::x86_tiles::hsum(*v));
-                }
-            }
+            super::x86_tiles::store(&acc, out);
             C
         }
     };
 }
 pub(super) use x86_tile;
+
+/// The [`Tiles`] of a tile function generic over rows and columns, its wide
+/// shape `$r` by `$c`.
+macro_rules! tiles {
+    ($tile:ident, $r:literal, $c:literal) => {
+        super::x86_tiles::Tiles {
+            rows: $r,
+            cols: $c,
+            wide: $tile::<$r, $c>,
+            narrow: $tile::<$r, 1>,
+            one_by_four: $tile::<1, 4>,
+            one_by_one: $tile::<1, 1>,
+        }
+    };
+}
+pub(super) use tiles;
+
+/// Where a tile's Q6_K dot products start: the low nibbles and bit pairs of
+/// column `c0`'s group `group`, and row `r0`'s activations there.
+#[inline]
+pub(super) fn q6_rows(
+    (lo, hi): (&[u8], &[u8]),
+    a: &Acts,
+    (k, r0, c0, group): (usize, usize, usize, usize),
+) -> (*const u8, *const u8, *const i8) {
+    (
+        lo[c0 * k / 2 + group * BLOCK / 2..].as_ptr(),
+        hi[c0 * k / 4 + group * BLOCK / 4..].as_ptr(),
+        a.qs[r0 * k + group * BLOCK..].as_ptr(),
+    )
+}
