@@ -12,7 +12,7 @@ llama.cpp's converter writes for the chosen model (--shape):
 
 Tiny shapes, one per architecture Pie serves, for comparing forward passes
 with llama.cpp (scripts/oracle-llama-cpp.py); all 64 wide, 4 heads / 2 KV
-heads, FFN 128, untied output.weight:
+heads, FFN 128, untied output.weight (but Gemma 2's):
 
   tiny-llama    2 layers, head 16, rope base 10000
   tiny-qwen2    2 layers, head 16, Q/K/V biases, rope base 1e6
@@ -24,12 +24,12 @@ heads, FFN 128, untied output.weight:
                 and Pie's sliding-window layers use 10000)
   tiny-gemma2   4 layers (every other one windowed, sliding_window 8), head 32,
                 post-attention and post-FFN norms, attention scores capped
-                at 50 and logits at 30
+                at 50 and logits at 30, output tied to token_embd (llama.cpp
+                reads no output.weight for gemma2)
 
 Their weights are seeded normal with std 1.5 / sqrt(fan_in) (embedding std 1,
 Gemma's 1 / sqrt(hidden) since it is scaled up by sqrt(hidden); output std
-OUTPUT_STD / sqrt(hidden), --output-std, default 4; biases std 0.5), so
-logits have clear margins; norms are
+4 / sqrt(hidden); biases std 0.5), so logits have clear margins; norms are
 ones plus 0.1 noise. Matrices are F32, except token_embd and output, F16, to
 keep the file near 14 MB; with --tiny-type q8_0 every matrix is Q8_0 (about
 4 MB), which llama.cpp and Pie both read bit for bit and multiply with 8-bit
@@ -79,7 +79,7 @@ SHAPES.update({
     "tiny-gemma3": dict(_TINY, arch="gemma3", n_layer=6, head_dim=32, rope_base=1e6,
                         rms_eps=1e-6, qk_norm=True, post_norms=True, sliding_window=8),
     "tiny-gemma2": dict(_TINY, arch="gemma2", n_layer=4, head_dim=32, rms_eps=1e-6,
-                        post_norms=True, sliding_window=8, softcaps=(50.0, 30.0)),
+                        post_norms=True, sliding_window=8, softcaps=(50.0, 30.0), tied=True),
 })
 DEFAULT_VOCAB = Path.home() / ".cache/pie/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -131,7 +131,7 @@ def tensor_shapes(s, n_vocab):
         if s.get("post_norms"):
             yield b + "post_ffw_norm.weight", (d,), "norm"
     yield "output_norm.weight", (d,), "norm"
-    if s.get("tiny"):
+    if s.get("tiny") and not s.get("tied"):
         yield "output.weight", (n_vocab, d), "output"
 
 
@@ -146,7 +146,7 @@ def tensor_type(s, kind, tiny_type):
     return GGMLQuantizationType.F32
 
 
-def random_tensor(rng, s, shape, kind, output_std=4.0):
+def random_tensor(rng, s, shape, kind):
     """Norms: ones plus noise (1e-3; tiny shapes 0.1). Other tensors normal:
     std 0.02, or for tiny shapes as the docstring says."""
     x = rng.standard_normal(shape, dtype=np.float32)
@@ -155,8 +155,8 @@ def random_tensor(rng, s, shape, kind, output_std=4.0):
     if not s.get("tiny"):
         return 0.02 * x
     d = s["n_embd"]
-    std = {"bias": 0.5, "output": output_std / np.sqrt(d),
-           "embd": 1 / np.sqrt(d) if s["arch"].startswith("gemma") else 1.0}
+    std = {"bias": 0.5, "output": 4 / np.sqrt(d),
+           "embd": 1 / np.sqrt(d) if s["arch"] == "gemma3" else 1.0}
     return x * std.get(kind, 1.5 / np.sqrt(shape[-1]))
 
 
@@ -194,7 +194,7 @@ def add_metadata(w, name, s, n_vocab, tokenizer):
         w.add_key_value(key, value, vtype, sub_type)
 
 
-def write_f16(path, shape_name, vocab_from, seed, tiny_type="f32", output_std=4.0):
+def write_f16(path, shape_name, vocab_from, seed, tiny_type="f32"):
     """Write the F16/F32 (tiny shapes: F32/Q8_0) GGUF, one tensor at a time."""
     s = dict(SHAPES[shape_name])
     if s.get("tiny"):
@@ -217,7 +217,7 @@ def write_f16(path, shape_name, vocab_from, seed, tiny_type="f32", output_std=4.
     w.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
     for _, shape, kind, qtype in tensors:
-        w.write_tensor_data(encode(random_tensor(rng, s, shape, kind, output_std), qtype))
+        w.write_tensor_data(encode(random_tensor(rng, s, shape, kind), qtype))
     w.close()
 
 
@@ -245,15 +245,13 @@ def main():
     p.add_argument("--keep-f16", action="store_true")
     p.add_argument("--tiny-type", choices=["f32", "q8_0"], default="f32",
                    help="tiny shapes' matrices (f32: token_embd and output F16)")
-    p.add_argument("--output-std", type=float, default=4.0,
-                   help="tiny shapes' output weights: std OUTPUT_STD / sqrt(hidden)")
     p.add_argument("--vocab-from", type=Path, default=DEFAULT_VOCAB,
                    help="GGUF whose tokenizer.* keys are copied")
     a = p.parse_args()
 
     a.out_dir.mkdir(parents=True, exist_ok=True)
     f16 = a.out_dir / f"{a.shape}-shaped.f16.gguf"
-    write_f16(f16, a.shape, a.vocab_from, a.seed, a.tiny_type, a.output_std)
+    write_f16(f16, a.shape, a.vocab_from, a.seed, a.tiny_type)
     out = f16
     if a.quantize.lower() != "none":
         exe = find_quantize(a.llama_cpp_bin)

@@ -28,11 +28,7 @@ gap above --tie or llama.cpp's token missing from Pie's top 5. Exit status
 Matrices are Q8_0 by default (--tiny-type q8_0), so both engines multiply
 the same 8-bit weights by 8-bit activations; with --tiny-type f32 llama.cpp
 computes in f32 while Pie requantises the weights to 8 bits, and the two
-part sooner. --output-std (default 32, make-shaped-model.py's own is 4)
-spreads the logits: the top two of 49,152 random logits of std s lie about
-s / 4.6 apart, and a gap under --tie comes about once in 4.6 * 0.1 / s
-tokens' steps (one in ten at 4, one in seventy at 32), so at 32 a whole
-continuation should agree unless an engine computes something else.
+part sooner.
 
     scripts/oracle-llama-cpp.py                       # all five, N = 32
     scripts/oracle-llama-cpp.py --arch gemma3 -n 64 --tiny-type f32
@@ -176,8 +172,6 @@ def main():
     p.add_argument("--prompt", default=PROMPT)
     p.add_argument("--tiny-type", choices=["f32", "q8_0"], default="q8_0")
     p.add_argument("--tie", type=float, default=0.1, help="log-prob gap called a near-tie")
-    p.add_argument("--output-std", type=float, default=32.0,
-                   help="output weights' std times sqrt(hidden) (see above)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pie", default=os.environ.get("PIE_BIN") or shutil.which("pie") or "pie")
     p.add_argument("--llama-cpp-bin", default=os.environ.get("LLAMA_CPP_BIN", ""))
@@ -191,8 +185,7 @@ def main():
         try:
             subprocess.run([sys.executable, str(HERE / "make-shaped-model.py"), "--shape",
                             f"tiny-{arch}", "--quantize", "none", "--tiny-type", a.tiny_type,
-                            "--output-std", str(a.output_std), "--seed", str(a.seed),
-                            "--out-dir", str(out)],
+                            "--seed", str(a.seed), "--out-dir", str(out)],
                            check=True, stdout=subprocess.DEVNULL)
             model = out / f"tiny-{arch}-shaped.f16.gguf"
             llama = run_llama(a.llama_cpp_bin, model, a.prompt, a.n)
