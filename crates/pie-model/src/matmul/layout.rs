@@ -58,12 +58,24 @@ fn nibble(g: usize, v: usize, j: usize) -> (usize, u32) {
 /// Pack one row of 4-bit values (in kernel order) at two per byte, run by
 /// run (see [`nibble`]).
 pub(super) fn pack_q4(q: &[u8], out: &mut Vec<u8>) {
+    fn vector(run: &[u8], v: usize) -> &[u8] {
+        &run[v * BLOCK..][..BLOCK]
+    }
+    let pack = |out: &mut Vec<u8>, low: &[u8], high: &[u8]| {
+        out.extend(low.iter().zip(high).map(|(l, h)| l & 0xf | (h & 0xf) << 4));
+    };
+    // The same places as `nibble` gives, a byte at a time.
     for (start, g) in runs(q.len() / BLOCK) {
-        let base = out.len();
-        out.resize(base + g * BLOCK / 2, 0);
-        for (p, &value) in q[start * BLOCK..(start + g) * BLOCK].iter().enumerate() {
-            let (byte, shift) = nibble(g, p / BLOCK, p % BLOCK);
-            out[base + byte] |= (value & 0xf) << shift;
+        let run = &q[start * BLOCK..(start + g) * BLOCK];
+        match g {
+            1 => pack(out, &run[..16], &run[16..]),
+            2 => pack(out, vector(run, 0), vector(run, 1)),
+            _ => {
+                for quad in run.chunks_exact(4 * BLOCK) {
+                    pack(out, vector(quad, 0), vector(quad, 2));
+                    pack(out, vector(quad, 1), vector(quad, 3));
+                }
+            }
         }
     }
 }
