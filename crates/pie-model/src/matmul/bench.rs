@@ -19,6 +19,8 @@ use std::time::Instant;
 enum Form {
     /// Q4_1 blocks.
     Q4,
+    /// Q4_K super-blocks.
+    Q4K,
     /// Q6_K super-blocks.
     Q6,
     /// 8-bit blocks.
@@ -33,6 +35,18 @@ fn random_weight(rng: &mut impl Rng, n: usize, k: usize, form: Form) -> QWeight 
                 .map(|i| if i % 20 < 4 { 0x10 } else { rng.gen() })
                 .collect();
             QWeight::from_q4(&raw, Q4Source::Q4_1, n, k)
+        }
+        Form::Q4K => {
+            // Any bytes are a Q4_K block; its first four, `d` and `dmin`,
+            // small f16s.
+            let raw: Vec<u8> = (0..n * k / 256 * 144)
+                .map(|i| match i % 144 {
+                    0 | 2 => 0x00,
+                    1 | 3 => 0x10,
+                    _ => rng.gen(),
+                })
+                .collect();
+            QWeight::from_q4(&raw, Q4Source::Q4K, n, k)
         }
         Form::Q6 => {
             // Any bytes are a Q6_K block; its last two, `d`, a small f16.
@@ -79,6 +93,7 @@ fn kernel_throughput() {
         ("down", 576, 1536, Form::Q4),
         ("big_q4", 49152, 576, Form::Q4),
         ("gate_up_1b", 16384, 2048, Form::Q4),
+        ("gate_up_1b_q4k", 16384, 2048, Form::Q4K),
         ("down_1b", 2048, 8192, Form::Q4),
         ("down_1b_q6", 2048, 8192, Form::Q6),
         ("down_1b_q8", 2048, 8192, Form::Q8),
