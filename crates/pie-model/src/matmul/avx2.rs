@@ -184,8 +184,12 @@ unsafe fn dots_q6<const R: usize, const C: usize>(
         }
         for (i, sums) in sums.iter_mut().enumerate() {
             let at = arow.add(i * k + quad * 4 * BLOCK);
-            let av: [__m256i; 4] =
-                std::array::from_fn(|u| _mm256_loadu_si256(at.add(u * BLOCK).cast()));
+            // Not `array::from_fn`: a closure would not inherit this
+            // function's target features.
+            let mut av = [_mm256_setzero_si256(); 4];
+            for (u, av) in av.iter_mut().enumerate() {
+                *av = _mm256_loadu_si256(at.add(u * BLOCK).cast());
+            }
             for j in 0..C {
                 for u in [0, 2] {
                     let p = _mm256_add_epi16(
