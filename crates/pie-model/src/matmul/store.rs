@@ -75,6 +75,12 @@ impl Scales {
         }
     }
 
+    /// Blocks `range` as f32 (as [`Scales::get`] gives them) into `out`.
+    pub(super) fn widen(&self, range: std::ops::Range<usize>, out: &mut Vec<f32>) {
+        out.clear();
+        out.extend(range.map(|i| self.get(i)));
+    }
+
     fn bytes(&self) -> usize {
         match self {
             Scales::Half(h) => std::mem::size_of_val(h.as_slice()),
@@ -175,6 +181,26 @@ impl QWeight {
             Quants::Q6 { lo, hi, d_hi } => lo.len() + hi.len() + d_hi.bytes(),
         };
         quants + self.d.bytes()
+    }
+
+    /// The block scales and the second set a kernel reads: a 4-bit
+    /// weight's minimums, a Q6_K weight's second halves' scales, or for an
+    /// 8-bit weight (which has none) the scales again.
+    pub(super) fn scales(&self) -> (&Scales, &Scales) {
+        match &self.quants {
+            Quants::Q4 { m, .. } => (&self.d, m),
+            Quants::Q6 { d_hi, .. } => (&self.d, d_hi),
+            Quants::Q8 { .. } => (&self.d, &self.d),
+        }
+    }
+
+    /// The bytes of one output row's quantised values (scales excluded).
+    pub(super) fn row_bytes(&self) -> usize {
+        match &self.quants {
+            Quants::Q4 { .. } => self.k / 2,
+            Quants::Q6 { .. } => self.k * 3 / 4,
+            Quants::Q8 { .. } => self.k,
+        }
     }
 
     pub(super) fn is_q6(&self) -> bool {

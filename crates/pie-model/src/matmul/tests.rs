@@ -285,7 +285,8 @@ fn q8_0_keeps_the_files_values_exactly() {
 }
 
 /// The same-tokens guarantee: a row's output is bit-identical whether it runs
-/// alone or among others, at any position in the batch, on every kernel.
+/// alone or among others, at any position in the batch, on every kernel and
+/// storage.
 #[test]
 fn rows_are_independent_of_the_batch() {
     let mut rng = StdRng::seed_from_u64(5);
@@ -293,9 +294,17 @@ fn rows_are_independent_of_the_batch() {
     let (raw, _) = q4_1_blocks(&random(&mut rng, n * k));
     let q4 = QWeight::from_q4(&raw, Q4Source::Q4_1, n, k);
     let q8 = QWeight::from_f32(&random(&mut rng, n * k), n, k);
-    let x = random(&mut rng, 13 * k);
+    // Rows long enough that a many-row call splits a task's columns into
+    // chunks whose scales it widens (see `x86_tiles::walk`).
+    let (nk, kk) = (100, 8192);
+    let (raw, _) = ggml_tensor(GgmlDType::Q4K, random(&mut rng, nk * kk), nk, kk);
+    let q4k = QWeight::from_q4(&raw, Q4Source::Q4K, nk, kk);
+    let (raw, _) = ggml_tensor(GgmlDType::Q6K, random(&mut rng, nk * kk), nk, kk);
+    let q6k = QWeight::from_q6k(&raw, nk, kk);
     for kernel in simd_kernels().into_iter().chain([Kernel::Portable]) {
-        for w in [&q4, &q8] {
+        for w in [&q4, &q8, &q4k, &q6k] {
+            let (n, k) = (w.n, w.k_in);
+            let x = random(&mut StdRng::seed_from_u64(6), 13 * k);
             let all = w.forward(kernel, &x, 13);
             for r in 0..13 {
                 let alone = w.forward(kernel, &x[r * k..][..k], 1);

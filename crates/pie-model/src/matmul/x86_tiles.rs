@@ -12,7 +12,35 @@ use super::store::{Acts, Out, QWeight, Scales};
 
 /// One tile shape's function: rows `r0..r0 + R` times columns `c0..c0 + C` of
 /// the output, written to `out`'s (`i`, `j`); returns `C`.
-pub(super) type TileFn = unsafe fn(w: &QWeight, a: &Acts, r0: usize, c0: usize, out: Out) -> usize;
+pub(super) type TileFn =
+    unsafe fn(w: &QWeight, s: &ScaleView, a: &Acts, r0: usize, c0: usize, out: Out) -> usize;
+
+/// Where a tile reads a weight's block scales.
+#[derive(Clone, Copy)]
+pub(super) enum ScaleSource<'a> {
+    Stored(&'a Scales),
+    /// Widened to f32 for a chunk of columns (see [`walk`]).
+    Widened(&'a [f32]),
+}
+
+/// The block scales a tile reads: `d`, and `second` (a 4-bit weight's
+/// minimums, a Q6_K weight's second halves' scales; an 8-bit weight has
+/// none), for columns from `first_col` on, `nbp` a column.
+#[derive(Clone, Copy)]
+pub(super) struct ScaleView<'a> {
+    pub d: ScaleSource<'a>,
+    pub second: ScaleSource<'a>,
+    first_col: usize,
+    nbp: usize,
+}
+
+impl ScaleView<'_> {
+    /// The index of column `c`'s block `b`.
+    #[inline]
+    pub fn at(&self, c: usize, b: usize) -> usize {
+        (c - self.first_col) * self.nbp + b
+    }
+}
 
 /// A kernel's four tile shapes: `rows` rows by `cols` columns (`wide`) and
 /// by one (`narrow`) while `rows` rows remain (each unpacked weight vector
@@ -35,10 +63,68 @@ pub(super) struct Tiles {
 /// Output columns `c0..c0 + nc` for every row of `a`, into `out`, tile by
 /// tile.
 ///
+/// A call of many rows goes a chunk of columns at a time: each chunk's
+/// weights, about [`CHUNK_BYTES`], stay in cache while every row passes, and
+/// its scales are widened to f32 once for every row (for Q4_K's and Q6_K's
+/// stepped scales, widening them in every tile cost a 4-row tile four more
+/// operations per column and group: 5% of a Q4_K matrix's prefill). The
+/// widened values are the ones a tile computes, so results do not depend on
+/// the path.
+///
 /// # Safety
 /// The CPU has the target features of every function in `tiles`, and `out` is
 /// as `Kernel::run` requires.
 pub(super) unsafe fn walk(tiles: &Tiles, w: &QWeight, a: &Acts, c0: usize, nc: usize, out: Out) {
+    let (d, second) = w.scales();
+    let nbp = w.padded_blocks();
+    let stored = ScaleView {
+        d: ScaleSource::Stored(d),
+        second: ScaleSource::Stored(second),
+        first_col: 0,
+        nbp,
+    };
+    if a.rows() < tiles.rows {
+        return walk_columns(tiles, w, &stored, a, c0, nc, out);
+    }
+    let chunk = (CHUNK_BYTES / w.row_bytes())
+        .next_multiple_of(tiles.cols)
+        .max(tiles.cols);
+    WIDENED.with_borrow_mut(|(wd, ws)| {
+        for cs in (c0..c0 + nc).step_by(chunk) {
+            let n = chunk.min(c0 + nc - cs);
+            d.widen(cs * nbp..(cs + n) * nbp, wd);
+            second.widen(cs * nbp..(cs + n) * nbp, ws);
+            let view = ScaleView {
+                d: ScaleSource::Widened(wd),
+                second: ScaleSource::Widened(ws),
+                first_col: cs,
+                nbp,
+            };
+            walk_columns(tiles, w, &view, a, cs, n, out.at(0, cs - c0));
+        }
+    });
+}
+
+/// The weight bytes of a chunk of columns in a many-row call (see [`walk`]):
+/// well inside L2 beside the rows' activations.
+const CHUNK_BYTES: usize = 64 << 10;
+
+thread_local! {
+    /// Widened scales of the chunk a pool thread is on: `d`, `second`.
+    static WIDENED: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = Default::default();
+}
+
+/// [`walk`]'s loop: every row of `a`, row tile by row tile, over columns
+/// `c0..c0 + nc`.
+unsafe fn walk_columns(
+    tiles: &Tiles,
+    w: &QWeight,
+    scales: &ScaleView,
+    a: &Acts,
+    c0: usize,
+    nc: usize,
+    out: Out,
+) {
     let rows = a.rows();
     let mut r = 0;
     while r < rows {
@@ -51,7 +137,7 @@ pub(super) unsafe fn walk(tiles: &Tiles, w: &QWeight, a: &Acts, c0: usize, nc: u
                 (false, 4..) => tiles.one_by_four,
                 (false, _) => tiles.one_by_one,
             };
-            c += tile(w, a, r, c0 + c, out.at(r, c));
+            c += tile(w, scales, a, r, c0 + c, out.at(r, c));
         }
         r += if full { tiles.rows } else { 1 };
     }
@@ -108,11 +194,14 @@ pub(super) unsafe fn load8(p: *const i32) -> __m256i {
 /// Blocks `at..at + 8` of `scales` (`at` a multiple of [`GROUP`]) as f32.
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-pub(super) unsafe fn eight(scales: &Scales, at: usize) -> __m256 {
+pub(super) unsafe fn eight(scales: ScaleSource, at: usize) -> __m256 {
     debug_assert!(at.is_multiple_of(GROUP));
     match scales {
-        Scales::Half(h) => _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().add(at).cast())),
-        Scales::Stepped { unit, step } => {
+        ScaleSource::Widened(f) => _mm256_loadu_ps(f.as_ptr().add(at)),
+        ScaleSource::Stored(Scales::Half(h)) => {
+            _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().add(at).cast()))
+        }
+        ScaleSource::Stored(Scales::Stepped { unit, step }) => {
             let unit = _mm256_cvtph_ps(_mm_set1_epi16(unit[at / GROUP].to_bits() as i16));
             let steps = _mm256_cvtepi8_epi32(_mm_loadl_epi64(step.as_ptr().add(at).cast()));
             _mm256_mul_ps(unit, _mm256_cvtepi32_ps(steps))
@@ -154,12 +243,13 @@ macro_rules! x86_tile {
         #[target_feature(enable = $features)]
         unsafe fn tile_q6<const R: usize, const C: usize>(
             w: &QWeight,
+            s: &super::x86_tiles::ScaleView,
             a: &Acts,
             r0: usize,
             c0: usize,
             out: super::store::Out,
         ) -> usize {
-            let Quants::Q6 { lo, hi, d_hi } = &w.quants else {
+            let Quants::Q6 { lo, hi, .. } = &w.quants else {
                 unreachable!("Q6_K tiles run over Q6_K weights");
             };
             let (nb, nbp) = (w.blocks(), w.padded_blocks());
@@ -167,9 +257,9 @@ macro_rules! x86_tile {
             let mut acc = [[_mm256_setzero_ps(); C]; R];
             for group in (0..nb).step_by(GROUP) {
                 let dots = dots_q6::<R, C>(lo, hi, a, w.k, r0, c0, group);
-                for (h, scales) in [&w.d, d_hi].into_iter().enumerate() {
+                for (h, scales) in [s.d, s.second].into_iter().enumerate() {
                     for j in 0..C {
-                        let dw = super::x86_tiles::eight(scales, (c0 + j) * nbp + group);
+                        let dw = super::x86_tiles::eight(scales, s.at(c0 + j, group));
                         for (i, acc) in acc.iter_mut().enumerate() {
                             let da = _mm256_loadu_ps(a.d.as_ptr().add((r0 + i) * nbp + group));
                             let dot = _mm256_cvtepi32_ps(dots[h][i][j]);
@@ -187,6 +277,7 @@ macro_rules! x86_tile {
         #[target_feature(enable = $features)]
         unsafe fn tile<const R: usize, const C: usize>(
             w: &QWeight,
+            s: &super::x86_tiles::ScaleView,
             a: &Acts,
             r0: usize,
             c0: usize,
@@ -198,12 +289,12 @@ macro_rules! x86_tile {
             for group in (0..nb).step_by(GROUP) {
                 let mut dw = [_mm256_setzero_ps(); C];
                 for (j, dw) in dw.iter_mut().enumerate() {
-                    *dw = super::x86_tiles::eight(&w.d, (c0 + j) * nbp + group);
+                    *dw = super::x86_tiles::eight(s.d, s.at(c0 + j, group));
                 }
-                if let Quants::Q4 { m, .. } = &w.quants {
+                if let Quants::Q4 { .. } = &w.quants {
                     // The minimum term `m_w * s_a`, eight blocks at a time.
                     for j in 0..C {
-                        let mw = super::x86_tiles::eight(m, (c0 + j) * nbp + group);
+                        let mw = super::x86_tiles::eight(s.second, s.at(c0 + j, group));
                         for (i, acc) in acc.iter_mut().enumerate() {
                             let sa = _mm256_loadu_ps(a.s.as_ptr().add((r0 + i) * nbp + group));
                             acc[j] = _mm256_fmadd_ps(mw, sa, acc[j]);
