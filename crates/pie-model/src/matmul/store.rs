@@ -75,12 +75,6 @@ impl Scales {
         }
     }
 
-    /// Blocks `range` as f32 (as [`Scales::get`] gives them) into `out`.
-    pub(super) fn widen(&self, range: std::ops::Range<usize>, out: &mut Vec<f32>) {
-        out.clear();
-        out.extend(range.map(|i| self.get(i)));
-    }
-
     fn bytes(&self) -> usize {
         match self {
             Scales::Half(h) => std::mem::size_of_val(h.as_slice()),

@@ -83,7 +83,7 @@ pub(super) unsafe fn walk(tiles: &Tiles, w: &QWeight, a: &Acts, c0: usize, nc: u
         first_col: 0,
         nbp,
     };
-    if a.rows() < tiles.rows {
+    if a.rows() < CHUNKED_ROWS {
         return walk_columns(tiles, w, &stored, a, c0, nc, out);
     }
     let chunk = (CHUNK_BYTES / w.row_bytes())
@@ -92,8 +92,8 @@ pub(super) unsafe fn walk(tiles: &Tiles, w: &QWeight, a: &Acts, c0: usize, nc: u
     WIDENED.with_borrow_mut(|(wd, ws)| {
         for cs in (c0..c0 + nc).step_by(chunk) {
             let n = chunk.min(c0 + nc - cs);
-            d.widen(cs * nbp..(cs + n) * nbp, wd);
-            second.widen(cs * nbp..(cs + n) * nbp, ws);
+            widen(d, cs * nbp..(cs + n) * nbp, wd);
+            widen(second, cs * nbp..(cs + n) * nbp, ws);
             let view = ScaleView {
                 d: ScaleSource::Widened(wd),
                 second: ScaleSource::Widened(ws),
@@ -108,6 +108,23 @@ pub(super) unsafe fn walk(tiles: &Tiles, w: &QWeight, a: &Acts, c0: usize, nc: u
 /// The weight bytes of a chunk of columns in a many-row call (see [`walk`]):
 /// well inside L2 beside the rows' activations.
 const CHUNK_BYTES: usize = 64 << 10;
+
+/// The rows from which a call goes by chunks (see [`walk`]): below it, as
+/// in decode, each chunk's widening would be a large share of its work.
+const CHUNKED_ROWS: usize = 16;
+
+/// Blocks `range` of `scales` (whole groups) as f32 into `out`, the values
+/// [`eight`] gives.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn widen(scales: &Scales, range: std::ops::Range<usize>, out: &mut Vec<f32>) {
+    out.clear();
+    out.reserve(range.len());
+    for at in range.step_by(GROUP) {
+        let mut group = [0f32; GROUP];
+        _mm256_storeu_ps(group.as_mut_ptr(), eight(ScaleSource::Stored(scales), at));
+        out.extend_from_slice(&group);
+    }
+}
 
 thread_local! {
     /// Widened scales of the chunk a pool thread is on: `d`, `second`.
