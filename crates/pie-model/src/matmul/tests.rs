@@ -289,6 +289,7 @@ fn q8_0_keeps_the_files_values_exactly() {
 /// storage.
 #[test]
 fn rows_are_independent_of_the_batch() {
+    const ROWS: usize = 17;
     let mut rng = StdRng::seed_from_u64(5);
     let (n, k) = (70, 576);
     let (raw, _) = q4_1_blocks(&random(&mut rng, n * k));
@@ -296,7 +297,7 @@ fn rows_are_independent_of_the_batch() {
     let q8 = QWeight::from_f32(&random(&mut rng, n * k), n, k);
     // Rows long enough that a many-row call splits a task's columns into
     // chunks whose scales it widens (see `x86_tiles::walk`).
-    let (nk, kk) = (100, 8192);
+    let (nk, kk) = (64, 8192);
     let (raw, _) = ggml_tensor(GgmlDType::Q4K, random(&mut rng, nk * kk), nk, kk);
     let q4k = QWeight::from_q4(&raw, Q4Source::Q4K, nk, kk);
     let (raw, _) = ggml_tensor(GgmlDType::Q6K, random(&mut rng, nk * kk), nk, kk);
@@ -304,15 +305,16 @@ fn rows_are_independent_of_the_batch() {
     for kernel in simd_kernels().into_iter().chain([Kernel::Portable]) {
         for w in [&q4, &q8, &q4k, &q6k] {
             let (n, k) = (w.n, w.k_in);
-            let x = random(&mut StdRng::seed_from_u64(6), 13 * k);
-            let all = w.forward(kernel, &x, 13);
-            for r in 0..13 {
+            // Enough rows for the chunked walk (`x86_tiles::CHUNKED_ROWS`).
+            let x = random(&mut StdRng::seed_from_u64(6), ROWS * k);
+            let all = w.forward(kernel, &x, ROWS);
+            for r in 0..ROWS {
                 let alone = w.forward(kernel, &x[r * k..][..k], 1);
                 assert_eq!(alone, all[r * n..][..n], "{kernel:?}: row {r}");
                 let pair = w.forward(
                     kernel,
-                    &x[r * k..(r + 1).min(12) * k + k],
-                    1 + (r < 12) as usize,
+                    &x[r * k..(r + 1).min(ROWS - 1) * k + k],
+                    1 + (r < ROWS - 1) as usize,
                 );
                 assert_eq!(
                     pair[..n],
