@@ -297,17 +297,19 @@ impl GgufFile {
             .shape()
             .dims2()
             .with_context(|| format!("GGUF tensor `{name}` is not a matrix"))?;
+        // A row of partial blocks is no file ggml writes; it goes the
+        // dequantising way below rather than into the block readers.
+        let whole_blocks = BlockType::of(t.dtype()).is_some_and(|b| k.is_multiple_of(b.values()));
         let four_bit = |source| -> Result<Option<QWeight>> {
             Ok(Some(QWeight::from_q4(&t.data()?, source, n, k)))
         };
         let kept = match t.dtype() {
+            _ if !whole_blocks => None,
             GgmlDType::Q4_0 => four_bit(Q4Source::Q4_0)?,
             GgmlDType::Q4_1 => four_bit(Q4Source::Q4_1)?,
             GgmlDType::Q4K => four_bit(Q4Source::Q4K)?,
+            GgmlDType::Q6K => Some(QWeight::from_q6k(&t.data()?, n, k)),
             GgmlDType::Q8_0 => QWeight::from_q8_0(&t.data()?, n, k),
-            GgmlDType::Q6K if k.is_multiple_of(BlockType::Q6K.values()) => {
-                Some(QWeight::from_q6k(&t.data()?, n, k))
-            }
             _ => None,
         };
         if let Some(w) = kept {

@@ -127,7 +127,7 @@ impl QWeight {
 fn forward_parts(parts: &[QWeight], kernel: Kernel, x: &[f32], rows: usize) -> Vec<f32> {
     let (k_in, order) = (parts[0].k_in, &parts[0].order);
     assert_eq!(x.len(), rows * k_in, "activation size");
-    let acts = Acts::quantize(x, rows, k_in, order);
+    let acts = Acts::quantize(x, rows, k_in, order, parts.iter().any(QWeight::is_q6));
     let n: usize = parts.iter().map(|p| p.n).sum();
     // Enough column ranges to balance the pool's threads, but each a few
     // dozen columns so a task's work dwarfs the scheduling.

@@ -141,25 +141,53 @@ impl Q4Source {
     }
 }
 
-/// A row of Q4_K super-blocks: its values (file order) into `q`, its scales
-/// and minimums into `d` and `m` (stepped: `units` one per super-block, `steps`
-/// one per block, the row's first at `at`).
-fn q4k_row(stored: &[u8], q: &mut [u8], at: usize, d: StepsMut, m: StepsMut) {
+/// A row of Q4_K super-blocks: its values (file order) into `q`, its
+/// scales and minimums into `d` and `m`, the row's first super-block being
+/// `first`.
+fn q4k_row(stored: &[u8], q: &mut [u8], first: usize, d: &mut Steps, m: &mut Steps) {
     for (sb, blk) in stored.chunks_exact(BlockType::Q4K.bytes()).enumerate() {
         let steps = Q4kSteps::of(blk);
-        let first = at + sb * GROUP;
-        d.0[first / GROUP] = steps.d;
-        m.0[first / GROUP] = -steps.dmin;
-        d.1[first..first + GROUP].copy_from_slice(&steps.sc.map(|s| s as i8));
-        m.1[first..first + GROUP].copy_from_slice(&steps.m.map(|s| s as i8));
+        d.set(first + sb, steps.d, steps.sc.map(|s| s as i8));
+        m.set(first + sb, -steps.dmin, steps.m.map(|s| s as i8));
         for i in 0..GROUP {
             q[(sb * GROUP + i) * BLOCK..][..BLOCK].copy_from_slice(&q4k_nibbles(blk, i));
         }
     }
 }
 
-/// A stepped scale's units and steps, being written.
-type StepsMut<'a> = (&'a mut [f16], &'a mut [i8]);
+/// [`Scales::Stepped`] being read from a file, a super-block at a time.
+struct Steps {
+    unit: Vec<f16>,
+    step: Vec<i8>,
+}
+
+impl Steps {
+    /// For `blocks` blocks (whole groups).
+    fn new(blocks: usize) -> Self {
+        Self {
+            unit: vec![f16::ZERO; blocks / GROUP],
+            step: vec![0; blocks],
+        }
+    }
+
+    /// Super-block `sb`: its unit and its [`GROUP`] blocks' steps.
+    fn set(&mut self, sb: usize, unit: f16, steps: [i8; GROUP]) {
+        self.unit[sb] = unit;
+        self.step[sb * GROUP..][..GROUP].copy_from_slice(&steps);
+    }
+
+    fn done(self) -> Scales {
+        Scales::Stepped {
+            unit: self.unit,
+            step: self.step,
+        }
+    }
+}
+
+/// `q` (one row, element order) in `order`, the kernels' order.
+fn in_order<'a, T: Copy>(order: &'a [u32], q: &'a [T]) -> impl Iterator<Item = T> + 'a {
+    order.iter().map(|&i| q[i as usize])
+}
 
 impl QWeight {
     pub(super) fn blocks(&self) -> usize {
@@ -237,7 +265,7 @@ impl QWeight {
             {
                 d[row * nbp + b] = f16::from_f32(quantize_block(x, q));
             }
-            qs.extend(order.iter().map(|&i| q[i as usize]));
+            qs.extend(in_order(&order, &q));
         }
         Self {
             n,
@@ -266,28 +294,16 @@ impl QWeight {
         let mut qs = Vec::with_capacity(n * k / 2);
         let mut q = vec![0u8; k];
         let pack_row = |q: &[u8], qs: &mut Vec<u8>| {
-            let ordered: Vec<u8> = order.iter().map(|&i| q[i as usize]).collect();
-            pack_q4(&ordered, qs);
+            pack_q4(&in_order(&order, q).collect::<Vec<_>>(), qs);
         };
         let rows = raw.chunks_exact(row_bytes).enumerate();
         let (d, m) = if source == Q4Source::Q4K {
-            let (mut du, mut mu) = (
-                vec![f16::ZERO; n * nbp / GROUP],
-                vec![f16::ZERO; n * nbp / GROUP],
-            );
-            let (mut ds, mut ms) = (vec![0i8; n * nbp], vec![0i8; n * nbp]);
+            let (mut d, mut m) = (Steps::new(n * nbp), Steps::new(n * nbp));
             for (row, stored) in rows {
-                q4k_row(
-                    stored,
-                    &mut q,
-                    row * nbp,
-                    (&mut du, &mut ds),
-                    (&mut mu, &mut ms),
-                );
+                q4k_row(stored, &mut q, row * nbp / GROUP, &mut d, &mut m);
                 pack_row(&q, &mut qs);
             }
-            let stepped = |unit, step| Scales::Stepped { unit, step };
-            (stepped(du, ds), stepped(mu, ms))
+            (d.done(), m.done())
         } else {
             let (mut d, mut m) = (vec![f16::ZERO; n * nbp], vec![f16::ZERO; n * nbp]);
             for (row, stored) in rows {
@@ -335,7 +351,7 @@ impl QWeight {
             if q.contains(&i8::MIN) {
                 return None;
             }
-            qs.extend(order.iter().map(|&i| q[i as usize]));
+            qs.extend(in_order(&order, &q));
         }
         Some(Self {
             n,
@@ -360,39 +376,30 @@ impl QWeight {
         let row_bytes = k / kind.values() * kind.bytes();
         assert_eq!(raw.len(), n * row_bytes, "Q6_K weight size");
         let order = kernel_order(k);
-        let mut units = vec![f16::ZERO; n * nbp / GROUP];
-        let mut halves = [vec![0i8; n * nbp], vec![0i8; n * nbp]];
+        let mut halves = [Steps::new(n * nbp), Steps::new(n * nbp)];
         let (mut lo, mut hi) = (Vec::with_capacity(n * k / 2), Vec::with_capacity(n * k / 4));
         let mut q = vec![0u8; k];
         for (row, stored) in raw.chunks_exact(row_bytes).enumerate() {
             for (sb, blk) in stored.chunks_exact(kind.bytes()).enumerate() {
                 let parts = Q6kParts::of(blk);
-                let first = row * nbp + sb * GROUP;
-                units[first / GROUP] = parts.d;
                 for (h, steps) in halves.iter_mut().enumerate() {
-                    for b in 0..GROUP {
-                        steps[first + b] = parts.sc[2 * b + h];
-                    }
+                    let half = std::array::from_fn(|b| parts.sc[2 * b + h]);
+                    steps.set(row * nbp / GROUP + sb, parts.d, half);
                 }
                 q[sb * kind.values()..][..kind.values()].copy_from_slice(&parts.q);
             }
-            let ordered: Vec<u8> = order.iter().map(|&i| q[i as usize]).collect();
-            pack_q6(&ordered, &mut lo, &mut hi);
+            pack_q6(&in_order(&order, &q).collect::<Vec<_>>(), &mut lo, &mut hi);
         }
         let [first, second] = halves;
-        let stepped = |step| Scales::Stepped {
-            unit: units.clone(),
-            step,
-        };
         Self {
             n,
             k_in: k,
             k,
-            d: stepped(first),
+            d: first.done(),
             quants: Quants::Q6 {
                 lo,
                 hi,
-                d_hi: stepped(second),
+                d_hi: second.done(),
             },
             order,
             float: Default::default(),
@@ -495,7 +502,8 @@ pub(super) struct Acts {
     /// (per row, `nbp` first halves then `nbp` second halves): Q6_K's values
     /// are `q - 32` for `q` in `0..64`, and its scales cover half a block, so
     /// a kernel starts each half's integer dot product of the unsigned `q`
-    /// from this and has the signed one.
+    /// from this and has the signed one. Left zero (one per row) when no
+    /// Q6_K weight takes these activations.
     pub(super) q6_offsets: Vec<i32>,
 }
 
@@ -504,23 +512,25 @@ impl Acts {
         self.qs.len() / self.k
     }
 
-    /// `order` is the weight's `kernel_order(k)`. Rows are independent, so a
+    /// `order` is the weight's `kernel_order(k)`; `q6`: whether a Q6_K
+    /// weight will read [`Acts::q6_offsets`]. Rows are independent, so a
     /// prefill's thousands of blocks are quantised in parallel.
-    pub(super) fn quantize(x: &[f32], rows: usize, k_in: usize, order: &[u32]) -> Self {
+    pub(super) fn quantize(x: &[f32], rows: usize, k_in: usize, order: &[u32], q6: bool) -> Self {
         let k = order.len();
         let nbp = (k / BLOCK).next_multiple_of(GROUP);
+        let offsets_per_row = if q6 { 2 * nbp } else { 1 };
         let mut a = Self {
             k,
             nbp,
             qs: vec![0; rows * k],
             d: vec![0.0; rows * nbp],
             s: vec![0.0; rows * nbp],
-            q6_offsets: vec![0; rows * 2 * nbp],
+            q6_offsets: vec![0; rows * offsets_per_row],
         };
         a.qs.par_chunks_mut(k)
             .zip(a.d.par_chunks_mut(nbp))
             .zip(a.s.par_chunks_mut(nbp))
-            .zip(a.q6_offsets.par_chunks_mut(2 * nbp))
+            .zip(a.q6_offsets.par_chunks_mut(offsets_per_row))
             .zip(x.par_chunks(k_in))
             .with_min_len(16)
             .for_each_init(
@@ -528,7 +538,9 @@ impl Acts {
                 |(padded, q), ((((qs, d), s), offsets), src)| {
                     padded[..k_in].copy_from_slice(src);
                     quantize::blocks(padded, q, d, s);
-                    q6_offsets(q, offsets);
+                    if q6 {
+                        q6_offsets(q, offsets);
+                    }
                     for (dst, &i) in qs.iter_mut().zip(order) {
                         *dst = q[i as usize];
                     }

@@ -76,7 +76,7 @@ fn assert_close(got: &[f32], want: &[f32], tol: f32) {
 }
 
 fn run_with(kernel: Kernel, w: &QWeight, x: &[f32], rows: usize) -> Vec<f32> {
-    let acts = Acts::quantize(x, rows, w.k_in, &w.order);
+    let acts = Acts::quantize(x, rows, w.k_in, &w.order, w.is_q6());
     let mut out = vec![f32::NAN; rows * w.n];
     let dst = Out {
         ptr: out.as_mut_ptr(),

@@ -1,9 +1,9 @@
 //! What the x86 kernels share: the walk over tiles and the tile itself (the
 //! f32 scale step over eight blocks' integer dot products). The kernels differ
-//! only in their integer dot products (`dots_q4`, `dots_q8`, `dots_q6`, one i32 lane per
-//! block quarter in `layout::kernel_order`) and in their target features, so
-//! each kernel module instantiates the tile with [`x86_tile!`] over its own
-//! dot products.
+//! only in their integer dot products (`dots_q4`, `dots_q8`, `dots_q6`, one
+//! i32 lane per block quarter in `layout::kernel_order`) and in their target
+//! features, so each kernel module instantiates the tile with [`x86_tile!`]
+//! over its own dot products.
 
 use std::arch::x86_64::*;
 
@@ -24,8 +24,8 @@ pub(super) enum ScaleSource<'a> {
 }
 
 /// The block scales a tile reads: `d`, and `second` (a 4-bit weight's
-/// minimums, a Q6_K weight's second halves' scales; an 8-bit weight has
-/// none), for columns from `first_col` on, `nbp` a column.
+/// minimums, a Q6_K weight's second halves' scales; an 8-bit weight's tile
+/// reads none), for columns from `first_col` on, `nbp` a column.
 #[derive(Clone, Copy)]
 pub(super) struct ScaleView<'a> {
     pub d: ScaleSource<'a>,
@@ -47,8 +47,8 @@ impl ScaleView<'_> {
 /// serves every row, each activation vector every column), then single rows
 /// by four columns and by one. The widest tile whose sums and accumulators
 /// stay in registers is the fastest: on AVX-512 (32 registers) four rows by
-/// four columns ran a 1B model's projections 1.2x faster than four by two
-/// (`kernel_throughput`, 512 rows), while four by six and eight by four
+/// four columns ran a 1B model's projections 1.05-1.2x faster than four by
+/// two (`kernel_throughput`, 512 rows, several runs), while four by six and eight by four
 /// spilled and ran slower; eight by two gained on 2,048-wide inputs but
 /// not on 8,192-wide ones, whose eight activation rows outgrow L1.
 pub(super) struct Tiles {
@@ -93,10 +93,14 @@ pub(super) unsafe fn walk(tiles: &Tiles, w: &QWeight, a: &Acts, c0: usize, nc: u
         for cs in (c0..c0 + nc).step_by(chunk) {
             let n = chunk.min(c0 + nc - cs);
             widen(d, cs * nbp..(cs + n) * nbp, wd);
-            widen(second, cs * nbp..(cs + n) * nbp, ws);
+            // An 8-bit weight's second set is its scales again.
+            let same = std::ptr::eq(d, second);
+            if !same {
+                widen(second, cs * nbp..(cs + n) * nbp, ws);
+            }
             let view = ScaleView {
                 d: ScaleSource::Widened(wd),
-                second: ScaleSource::Widened(ws),
+                second: ScaleSource::Widened(if same { wd } else { ws }),
                 first_col: cs,
                 nbp,
             };
