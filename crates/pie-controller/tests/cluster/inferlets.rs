@@ -247,10 +247,12 @@ async fn messages_and_events_of_an_installed_inferlet_go_through_the_controller(
 }
 
 /// Launch a long `tc-stay` process through the controller: its `WORKER~ID`
-/// and its worker's name.
+/// and its worker's name. 1,000 tokens at [`MOVE_STEP_MS`] each, as the
+/// other move tests: at 400 (2 s) a loaded CI machine's polls could miss the
+/// drain while the process still ran.
 async fn launch_long(c: &Cluster) -> (String, String) {
     let launch = json!({"inferlet": "tc-stay",
-        "args": {"prompt": "a long story", "max_tokens": 400, "ignore_eos": true}});
+        "args": {"prompt": "a long story", "max_tokens": 1000, "ignore_eos": true}});
     let (status, v) = post_json(&c.controller.url, "/v1/processes", None, &launch).await;
     assert_eq!(status, 201, "{v}");
     let id = v["id"].as_str().unwrap().to_string();
