@@ -3,7 +3,7 @@
 
 Usage: scripts/agent-bench.py [--pie target/release/pie] [--model PATH]
            [--agents 8,32,64] [--max-steps 6] [--latency-ms 100,2000]
-           [--seed 1] [--variants inferlet,session,plain]
+           [--seed 1] [--variants inferlet,session,plain] [--kv-pages N]
 
 One ReAct agent protocol (the `agent` inferlet's: a system prompt, each
 step constrained to `Thought: ...` then `Action: TOOL[INPUT]` or
@@ -22,7 +22,9 @@ three ways against the same worker (`[runtime] worker_policy = ["fair",
 The tool answers after a latency drawn per agent and step (seeded, uniform
 in --latency-ms) with a text that depends only on the call, so every way
 gets the same results. The KV pool holds at most half of the agents'
-contexts at their longest (--kv-pages is printed). Per variant: agents per
+contexts at their longest: a first pass runs the plain loop once per
+question on an ample pool and takes its longest context (prompt and
+answer of a last step), and each row's kv_pages is half of N such contexts. Per variant: agents per
 minute, per-step latency (p50, p99: from the request, or the tool's result,
 to the next step's end), prompt tokens computed and found cached, and
 preemptions; then how many agents made the same calls and answer in every
@@ -44,17 +46,17 @@ import pielib  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AGENT_WASM = os.path.join(ROOT, "inferlets", "target", "wasm32-wasip2", "release", "agent.wasm")
 
-# The `agent` inferlet's protocol (inferlets/agent/src/lib.rs), verbatim.
+# The `agent` inferlet's protocol (inferlets/agent/src/protocol.rs), verbatim.
 SYSTEM = ("You are an agent that answers questions with tools. Each turn, write "
           "one line `Thought: ...`, then either `Action: search[QUERY]` or `Action: calculate[EXPRESSION]` "
           "to use a tool, or `Final Answer: ...` when you know the answer. Tool results come back as "
           "`Observation: ...`.")
 STEP = r"Thought: [ -~]{1,100}\n(Action: (search|calculate)\[[a-zA-Z0-9 +*/.-]{1,40}\]|Final Answer: [ -~]{1,100})"
 FINAL = r"Thought: [ -~]{1,100}\nFinal Answer: [ -~]{1,100}"
-# A context at its longest on the default model, in pages of 16: the prompt
-# tokens of a 64-agent run (computed and cached, about 70,000 over some 300
-# steps) put the last step's prompt near 350 tokens.
-LONGEST_PAGES = 24
+PAGE_SIZE = 16
+# The `agent` workload's question length in tokens (the questions below
+# with their chat template's tokens).
+QUESTION_LEN = 16
 
 QUESTIONS = [
     "How tall is the Eiffel Tower in meters?", "What is 17 times 23?",
@@ -81,7 +83,7 @@ def serve(procs, a, pages, store):
         f.write('[runtime]\nworker_policy = ["fair", "keep-session"]\n'
                 f"max_running = 64\n[runtime.inferlets]\ndir = {json.dumps(store)}\n")
     args = [a.pie, "serve", "--port", "0", "--config", config, "--kv-pages", str(pages),
-            "--page-size", "16"]
+            "--page-size", str(PAGE_SIZE)]
     if a.model:
         args += ["--model", a.model]
     proc, url = procs.spawn(args, prefix="pie: listening on ")
@@ -136,14 +138,14 @@ def run_inferlet(url, i, a, out):
             pielib.request(url, "POST", f"/v1/processes/{pid}/messages",
                            {"message": tool(event["tool"], event["input"])})
     c.close()
-    out[i] = (calls, answer, steps)
+    out[i] = (calls, answer, steps, None)
 
 
 def run_loop(url, i, a, out, session):
     model = pielib.get_json(url, "/v1/models")["data"][0]["id"]
     messages = [{"role": "system", "content": SYSTEM},
                 {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
-    calls, steps, answer = [], [], None
+    calls, steps, answer, usages = [], [], None, []
     for step in range(a.max_steps):
         body = {"model": model, "messages": messages, "max_tokens": 256, "temperature": 0,
                 "response_format": {"type": "regex",
@@ -156,7 +158,9 @@ def run_loop(url, i, a, out, session):
         if r.status != 200:
             answer = f"FAILED: {r}"
             break
-        text = r.json()["choices"][0]["message"]["content"]
+        reply = r.json()
+        text = reply["choices"][0]["message"]["content"]
+        usages.append((reply["usage"]["prompt_tokens"], reply["usage"]["completion_tokens"]))
         steps.append(time.monotonic() - started)
         messages.append({"role": "assistant", "content": text})
         call, answer = parse(text)
@@ -165,7 +169,7 @@ def run_loop(url, i, a, out, session):
         calls.append(call)
         time.sleep(latency(a.seed, i, len(calls), a.bounds))
         messages.append({"role": "user", "content": f"Observation: {tool(*call)}"})
-    out[i] = (calls, answer, steps)
+    out[i] = (calls, answer, steps, usages)
 
 
 def variant(url, name, n, a):
@@ -183,14 +187,41 @@ def variant(url, name, n, a):
     wall = time.monotonic() - start
     after = pielib.scrape(url)
     delta = lambda m: pielib.prom_delta(before, after, m)
-    steps = [s for _, _, ss in out for s in ss]
-    failed = sum(1 for _, ans, _ in out if ans is None or str(ans).startswith("FAILED"))
+    steps = [s for _, _, ss, _ in out for s in ss]
+    failed = sum(1 for _, ans, _, _ in out if ans is None or str(ans).startswith("FAILED"))
     return {"agents_per_min": n / wall * 60, "wall_s": wall, "failed": failed,
             "step_p50_ms": pielib.percentile(steps, 50) * 1000,
             "step_p99_ms": pielib.percentile(steps, 99) * 1000,
+            "steps": len(steps), "generated": delta("pie_generated_tokens_total"),
             "computed": delta("pie_prompt_tokens_total"),
             "cached": delta("pie_prefix_cache_hit_tokens_total"),
             "preemptions": delta("pie_preemptions_total"), "out": out}
+
+
+def measure_shape(a):
+    """The plain loop once per question on an ample pool (at temperature 0
+    an agent's context depends only on its question): each agent's
+    (prompt, completion) tokens per step."""
+    n = len(QUESTIONS)
+    store = tempfile.mkdtemp(prefix="pie-agent-bench-")
+    with pielib.Procs() as procs:
+        url = serve(procs, a, n * 64, store)
+        a.run = "calibrate"
+        return [o[3] for o in variant(url, "plain", n, a)["out"]]
+
+
+def sim_overrides(usages):
+    """`pie-sim --set` overrides for the `agent` workload of the measured
+    shape: the first prompt (the workload's 16-token question and the rest
+    as the shared protocol), mean output and observation lengths, and each
+    question's steps (agent i asks question i % 8, as here)."""
+    mean = lambda xs: round(sum(xs) / len(xs))
+    observations = [p - (q + c) for u in usages for (q, c), (p, _) in zip(u, u[1:])]
+    return {"system_len": mean([u[0][0] for u in usages]) - QUESTION_LEN,
+            "question_len": QUESTION_LEN,
+            "output_len": mean([c for u in usages for _, c in u]),
+            "observation_len": mean(observations) if observations else 0,
+            "steps": json.dumps([len(u) for u in usages], separators=(",", ":"))}
 
 
 def main():
@@ -202,15 +233,23 @@ def main():
     ap.add_argument("--latency-ms", default="100,2000")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--variants", default="inferlet,session,plain")
+    ap.add_argument("--kv-pages", type=int,
+                    help="every row's pool (default: half of its agents' contexts at their longest)")
     a = ap.parse_args()
     a.bounds = tuple(float(x) for x in a.latency_ms.split(","))
     subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=os.path.join(ROOT, "inferlets"),
                    check=True)
+    usages = measure_shape(a)
+    tokens = max(p + c for u in usages for p, c in u)
+    longest = -(-tokens // PAGE_SIZE)
+    shape = " ".join(f"--set {k}={v}" for k, v in sim_overrides(usages).items())
+    print(f"A context at its longest: {tokens} tokens, {longest} pages of {PAGE_SIZE}.")
+    print(f"The workload's shape for pie-sim: --workload agent {shape}\n")
     print("| agents | kv_pages | variant | agents/min | ratio to plain | step p50 / p99 ms "
-          "| prompt tokens computed / cached | preemptions | failed |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| steps / tokens generated | prompt tokens computed / cached | preemptions | failed |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for n in [int(x) for x in a.agents.split(",")]:
-        pages = max(64, n * LONGEST_PAGES // 2)
+        pages = a.kv_pages or n * longest // 2
         results = {}
         for name in a.variants.split(","):
             store = tempfile.mkdtemp(prefix="pie-agent-bench-")
@@ -223,11 +262,12 @@ def main():
             ratio = f"{r['agents_per_min'] / plain:.2f}" if plain else "-"
             print(f"| {n} | {pages} | {name} | {r['agents_per_min']:.1f} | {ratio} | "
                   f"{r['step_p50_ms']:.0f} / {r['step_p99_ms']:.0f} | "
+                  f"{r['steps']} / {r['generated']:.0f} | "
                   f"{r['computed']:.0f} / {r['cached']:.0f} | {r['preemptions']:.0f} | {r['failed']} |")
         outs = [r["out"] for r in results.values()]
         same = sum(1 for i in range(n) if all(o[i][:2] == outs[0][i][:2] for o in outs))
-        calls = sum(len(c) for c, _, _ in outs[0])
-        print(f"|  |  | same calls and answer in every way: {same}/{n} agents ({calls} tool calls) | | | | | | |")
+        calls = sum(len(o[0]) for o in outs[0])
+        print(f"|  |  | same calls and answer in every way: {same}/{n} agents ({calls} tool calls) | | | | | | | |")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 //! `agent`: the ReAct agent loop of `scripts/agent-bench.py` as a workload,
 //! so that `pie bench` and `pie-sim` run it too. `agents` agents start
 //! together (a closed population: when one ends, the next starts in its
-//! place, until the requests asked for are drawn); each runs `steps` steps. A step's prompt is the agent's whole
+//! place, until the requests asked for are drawn); agent `a` runs
+//! `steps[a % steps.len()]` steps (the real bench's agent `i` asks question
+//! `i % 8`, so how many steps it takes is a function of `i % 8` at
+//! temperature 0). A step's prompt is the agent's whole
 //! history: a system prompt every agent shares, its question, then per
 //! earlier step the model's output and the tool's observation. The next step
 //! arrives a tool latency (uniform in `latency_min_ms..=latency_max_ms`)
@@ -20,7 +23,8 @@ use crate::request::{prop, Follow, Request, Segment};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Agent {
     pub agents: usize,
-    pub steps: usize,
+    /// Each agent's number of steps, in turn (at least one each).
+    pub steps: Vec<usize>,
     pub system_len: u32,
     pub question_len: u32,
     /// Each step's output: a thought and an action.
@@ -34,17 +38,20 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// The shape of `scripts/agent-bench.py` on the default model: a
-    /// 120-token protocol, questions of about 16 tokens, steps of about 40
-    /// tokens answered by 20-token observations after 100-2000 ms.
+    /// The shape `scripts/agent-bench.py` measures on the default model: a
+    /// first prompt of 96 tokens (an 80-token protocol and a 16-token
+    /// question), steps of 23 tokens answered by 22-token observations (the
+    /// template's tokens included) after 100-2000 ms, and of its eight
+    /// questions the first answers at once and the others take all six
+    /// steps.
     pub fn default_shape() -> Self {
         Self {
             agents: 32,
-            steps: 6,
-            system_len: 120,
+            steps: vec![1, 6, 6, 6, 6, 6, 6, 6],
+            system_len: 80,
             question_len: 16,
-            output_len: 40,
-            observation_len: 20,
+            output_len: 23,
+            observation_len: 22,
             latency_min_ms: 100.0,
             latency_max_ms: 2000.0,
             keep_ms: 0,
@@ -70,11 +77,14 @@ pub(crate) fn agent(w: &Agent, n: usize, rng: &mut StdRng) -> Vec<Request> {
     for a in 0u64.. {
         let name = format!("agent-{a}");
         let slot = a as usize % slots;
+        let steps = (w.steps.get(a as usize % w.steps.len().max(1)))
+            .copied()
+            .unwrap_or(1);
         let mut prompt = vec![
             Segment::named(&[AGENT_SYSTEM], w.system_len),
             Segment::named(&[AGENT_QUESTION, a], w.question_len),
         ];
-        for step in 0..w.steps.max(1) as u64 {
+        for step in 0..steps.max(1) as u64 {
             if out.len() == n {
                 return out;
             }
@@ -121,27 +131,35 @@ mod tests {
     use crate::request::Follow;
     use crate::WorkloadSpec;
 
+    fn agent(overrides: &[&str]) -> (WorkloadSpec, super::Agent) {
+        let overrides: Vec<String> = overrides.iter().map(|o| o.to_string()).collect();
+        let spec = (WorkloadSpec::named("agent").unwrap())
+            .with_overrides(&overrides)
+            .unwrap();
+        match &spec {
+            WorkloadSpec::Agent(w) => (spec.clone(), w.clone()),
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn each_step_continues_its_agent_after_a_tool_latency() {
-        let spec = WorkloadSpec::named("agent").unwrap();
-        let w = match &spec {
-            WorkloadSpec::Agent(w) => w.clone(),
-            other => panic!("{other:?}"),
-        };
-        let n = (w.agents + 1) * w.steps;
+        let (spec, w) = agent(&["steps=[6]"]);
+        let steps = w.steps[0];
+        let n = (w.agents + 1) * steps;
         let requests = spec.generate(n, 7);
         assert_eq!(requests.len(), n);
         assert_eq!(requests, spec.generate(n, 7), "seeded");
         for (i, r) in requests.iter().enumerate() {
             assert!(r.props.str("session").is_none(), "plain by default");
             let f = r.follows;
-            match (i % w.steps, i / w.steps) {
+            match (i % steps, i / steps) {
                 (0, agent) if agent < w.agents => assert_eq!(f, None),
                 // The next agent takes the first one's place when it ends.
                 (0, _) => assert_eq!(
                     f,
                     Some(Follow {
-                        request: w.steps - 1,
+                        request: steps - 1,
                         think_us: 0
                     })
                 ),
@@ -155,14 +173,23 @@ mod tests {
             }
         }
         // Agents share the system prompt, not their questions.
-        let (a, b) = (&requests[0], &requests[w.steps]);
+        let (a, b) = (&requests[0], &requests[steps]);
         assert_eq!(a.prompt[0], b.prompt[0]);
         assert_ne!(a.prompt[1], b.prompt[1]);
-        let session = spec
-            .with_overrides(&["keep_ms=5000".into(), "agents=2".into()])
-            .unwrap();
-        let steps = session.generate(2 * w.steps, 7);
-        assert_eq!(steps[w.steps].props.str("session"), Some("agent-1"));
-        assert_eq!(steps[0].props.int("keep-ms"), Some(5000));
+        let (session, _) = agent(&["steps=[6]", "keep_ms=5000", "agents=2"]);
+        let requests = session.generate(2 * steps, 7);
+        assert_eq!(requests[steps].props.str("session"), Some("agent-1"));
+        assert_eq!(requests[0].props.int("keep-ms"), Some(5000));
+    }
+
+    /// Agent `a` runs `steps[a % len]` steps: its requests are that many
+    /// classes `step-0..`, and the next agent's first step starts anew.
+    #[test]
+    fn agents_take_their_step_counts_in_turn() {
+        let (spec, _) = agent(&["steps=[3,1]", "agents=1"]);
+        let steps: Vec<String> = (spec.generate(9, 3).into_iter())
+            .map(|r| r.class.replace("step-", ""))
+            .collect();
+        assert_eq!(steps.concat(), "012001200");
     }
 }

@@ -8,31 +8,32 @@
 //! already computed). The last step may only answer (`FINAL`). It ends with
 //! `{"type": "final", "answer", "steps"}`.
 //!
-//! The protocol (system prompt, the two expressions, the observation turn) is
-//! the one `scripts/agent-bench.py` drives over `/v1/chat/completions`, so
+//! A step's context keeps its text as the tokenizer makes it, not always
+//! the tokens sampled: the two can differ (a sampled `" th" "ought"` where
+//! the tokenizer makes `" thought"`), and a client loop re-sends the text,
+//! so an agent that kept the sampled tokens would go on from a context no
+//! loop sees and make other calls. Each step generates on a fork of the
+//! context; the fork is kept when its tokens are the text's, else the
+//! context takes the text's tokens (computed again, as a loop's are: the
+//! pages the fork filled are found in the prefix cache).
+//!
+//! The protocol (`protocol.rs`: the system prompt, the expressions; then the
+//! observation turn) is the one `scripts/agent-bench.py` and
+//! `crates/pie-worker/tests/agent.rs` drive over `/v1/chat/completions`, so
 //! the three ways of running an agent make the same calls.
 //!
 //! Args: `{"question": string, "max_steps"?: int (default 6), "min_actions"?:
 //! int (default 0: the first this many steps must call a tool)}`; greedy.
 
 use pie_inferlet::serde_json::json;
-use pie_inferlet::{Context, GenerateOptions, Message, OutputFormat, emit_json, model, receive};
+use pie_inferlet::{
+    Context, GenerateOptions, Generation, Message, OutputFormat, emit_json, model, receive,
+};
 use serde::Deserialize;
 
-const SYSTEM: &str = "You are an agent that answers questions with tools. Each turn, write \
-one line `Thought: ...`, then either `Action: search[QUERY]` or `Action: calculate[EXPRESSION]` \
-to use a tool, or `Final Answer: ...` when you know the answer. Tool results come back as \
-`Observation: ...`.";
+mod protocol;
 
-/// A step: a thought, then a tool call or the final answer (printable
-/// ASCII, so a step fits its token budget on any vocabulary).
-const STEP: &str = r"Thought: [ -~]{1,100}\n(Action: (search|calculate)\[[a-zA-Z0-9 +*/.-]{1,40}\]|Final Answer: [ -~]{1,100})";
-
-/// A step that must call a tool (the first `min_actions`).
-const ACTION: &str = r"Thought: [ -~]{1,100}\nAction: (search|calculate)\[[a-zA-Z0-9 +*/.-]{1,40}\]";
-
-/// The last step: a thought, then the final answer.
-const FINAL: &str = r"Thought: [ -~]{1,100}\nFinal Answer: [ -~]{1,100}";
+use protocol::{ACTION, FINAL, STEP, SYSTEM};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -66,6 +67,23 @@ fn parse(text: &str) -> Result<Step<'_>, String> {
     })
 }
 
+/// One step on `ctx` under `expression`: the context that holds it (the
+/// step's text as the tokenizer makes it) and what was generated.
+fn generate_step(
+    ctx: Context,
+    options: &GenerateOptions,
+    expression: &str,
+) -> Result<(Context, Generation), String> {
+    let attempt = ctx.fork()?;
+    let made = attempt.generate_constrained(options, &OutputFormat::Regex(expression.into()))?;
+    let text_tokens = model::encode(&made.text)?;
+    if text_tokens == made.tokens {
+        return Ok((attempt, made));
+    }
+    ctx.append_tokens(&text_tokens)?;
+    Ok((ctx, made))
+}
+
 fn run() -> Result<(), String> {
     let args: Args = pie_inferlet::args()?;
     let max_steps = args.max_steps.unwrap_or(6).clamp(1, 32);
@@ -74,7 +92,7 @@ fn run() -> Result<(), String> {
         Message::new("user", &args.question),
     ];
     let mut rendered = model::apply_chat_template(&messages)?;
-    let ctx = Context::new()?;
+    let mut ctx = Context::new()?;
     ctx.append_text(&rendered)?;
     // Enough for the longest step the expression allows, a byte a token.
     let options = GenerateOptions::new().max_tokens(256);
@@ -84,7 +102,8 @@ fn run() -> Result<(), String> {
             s if s < args.min_actions.unwrap_or(0) => ACTION,
             _ => STEP,
         };
-        let made = ctx.generate_constrained(&options, &OutputFormat::Regex(expression.into()))?;
+        let (kept, made) = generate_step(ctx, &options, expression)?;
+        ctx = kept;
         rendered.push_str(&made.text);
         messages.push(Message::new("assistant", &made.text));
         match parse(&made.text)? {
