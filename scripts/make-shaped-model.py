@@ -26,6 +26,11 @@ heads, FFN 128, untied output.weight (but Gemma 2's):
                 post-attention and post-FFN norms, attention scores capped
                 at 50 and logits at 30, output tied to token_embd (llama.cpp
                 reads no output.weight for gemma2)
+  tiny-qwen2-yarn  tiny-qwen2 with YaRN: rope.scaling factor 4 over an
+                original context of 64 (pair 1 on the ramp between pair 0,
+                kept, and pairs 2-7, interpolated)
+  tiny-qwen2-yarn1024  the same over 1024 (pairs 1 and 2 on the ramp)
+  tiny-qwen2-linear    tiny-qwen2 with linear scaling by 4
 
 Their weights are seeded normal with std 1.5 / sqrt(fan_in) (embedding std 1,
 Gemma's 1 / sqrt(hidden) since it is scaled up by sqrt(hidden); output std
@@ -58,7 +63,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, quants
+from gguf import (GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter,
+                  RopeScalingType, quants)
 
 SHAPES = {
     "llama-3.2-1b": dict(arch="llama", n_embd=2048, n_layer=16, n_head=32, n_head_kv=8,
@@ -81,6 +87,9 @@ SHAPES.update({
     "tiny-gemma2": dict(_TINY, arch="gemma2", n_layer=4, head_dim=32, rms_eps=1e-6,
                         post_norms=True, sliding_window=8, softcaps=(50.0, 30.0), tied=True),
 })
+SHAPES["tiny-qwen2-yarn"] = dict(SHAPES["tiny-qwen2"], yarn=(4.0, 64))
+SHAPES["tiny-qwen2-yarn1024"] = dict(SHAPES["tiny-qwen2"], yarn=(4.0, 1024))
+SHAPES["tiny-qwen2-linear"] = dict(SHAPES["tiny-qwen2"], linear=4.0)
 DEFAULT_VOCAB = Path.home() / ".cache/pie/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -187,6 +196,13 @@ def add_metadata(w, name, s, n_vocab, tokenizer):
         w.add_rope_dimension_count(s["head_dim"])
     if s.get("sliding_window"):
         w.add_sliding_window(s["sliding_window"])
+    if s.get("linear"):
+        w.add_rope_scaling_type(RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(s["linear"])
+    if s.get("yarn"):
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(s["yarn"][0])
+        w.add_rope_scaling_orig_ctx_len(s["yarn"][1])
     if s.get("softcaps"):
         w.add_attn_logit_softcapping(s["softcaps"][0])
         w.add_final_logit_softcapping(s["softcaps"][1])

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Compare Pie's forward pass with llama.cpp's on tiny random-weight models.
 
-For each architecture Pie serves (llama, qwen2, qwen3, phi3, gemma2, gemma3; or those
-named with --arch) this writes the tiny-<arch> GGUF of make-shaped-model.py
+For each architecture Pie serves (llama, qwen2, qwen3, phi3, gemma2, gemma3, and
+qwen2 with YaRN and linear RoPE scaling; or those named with --arch) this writes the tiny-<arch> GGUF of make-shaped-model.py
 (SmolLM2's tokenizer, random weights), then decodes the same prompt greedily
 for -n tokens in both engines:
 
@@ -51,7 +51,7 @@ from pathlib import Path
 
 from gguf import GGUFReader
 
-ARCHS = ["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"]
+ARCHS = ["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen2-yarn", "qwen2-yarn1024", "qwen2-linear"]
 PROMPT = ("The old lighthouse keeper climbed the narrow stairs every evening, "
           "trimmed the wick, wiped the salt from the glass, and watched the "
           "fishing boats come home across the dark and restless harbour.")

@@ -15,6 +15,7 @@ use pie_core::ModelFingerprint;
 use crate::architecture::{architecture, Architecture, Window};
 use crate::ggml_blocks::BlockType;
 use crate::matmul::{Linear, Q4Source, QWeight};
+use crate::ops::RopeScaling;
 
 /// Hyper-parameters of a model, from its `{architecture}.*` GGUF keys.
 #[derive(Clone, Debug, PartialEq)]
@@ -29,8 +30,8 @@ pub struct ModelConfig {
     pub head_dim: usize,
     /// How many of a head's elements RoPE rotates (`rope.dimension_count`).
     pub rope_dims: usize,
-    /// Linear RoPE scaling: positions are divided by it (1: none).
-    pub rope_linear: f32,
+    /// `rope.scaling.*`: how the global layers' RoPE stretches.
+    pub rope_scaling: RopeScaling,
     /// `rope.scaling.original_context_length`: LongRoPE's long factors
     /// apply when the context is longer.
     pub rope_original_context: Option<usize>,
@@ -209,6 +210,7 @@ impl GgufFile {
         if !rope_dims.is_multiple_of(2) || rope_dims > head_dim {
             bail!("{name}.rope.dimension_count {rope_dims} must be even and at most the head width {head_dim}");
         }
+        let trained = self.get_usize(&key("context_length")).unwrap_or(2048);
         let vocab = match self.get("tokenizer.ggml.tokens") {
             Ok(Value::Array(tokens)) => tokens.len(),
             _ => self.get_usize(&key("vocab_size"))?,
@@ -223,7 +225,7 @@ impl GgufFile {
             kv_heads,
             head_dim,
             rope_dims,
-            rope_linear: self.rope_linear(&name)?,
+            rope_scaling: self.rope_scaling(&name, trained)?,
             rope_original_context: self
                 .get_usize(&key("rope.scaling.original_context_length"))
                 .ok(),
@@ -239,29 +241,44 @@ impl GgufFile {
                 .get_f32(&key("attention.layer_norm_rms_epsilon"))
                 .unwrap_or(1e-5),
             sliding_window,
-            context_length: self
-                .get_usize(&key("context_length"))
-                .unwrap_or(2048)
-                .min(held.unwrap_or(usize::MAX)),
+            context_length: trained.min(held.unwrap_or(usize::MAX)),
         })
     }
 
-    /// Linear RoPE scaling's factor (positions divided by it); 1 without
-    /// scaling. Other scaling types are refused, naming the type.
-    fn rope_linear(&self, arch: &str) -> Result<f32> {
-        let kind = (self.get(&format!("{arch}.rope.scaling.type")).ok())
-            .and_then(|v| v.to_string().ok().cloned());
-        match kind.as_deref() {
-            None | Some("none") => Ok(1.0),
-            Some("linear") => {
-                let factor = self.get_f32(&format!("{arch}.rope.scaling.factor"))?;
-                match factor > 0.0 {
-                    true => Ok(factor),
-                    false => bail!("{arch}.rope.scaling.factor {factor} must be above 0"),
-                }
+    /// The RoPE scaling `rope.scaling.type` names (none, linear or YaRN);
+    /// other types are refused, naming the type. YaRN's original context is
+    /// `rope.scaling.original_context_length`, else the file's context
+    /// length `trained` (as llama.cpp takes it).
+    fn rope_scaling(&self, arch: &str, trained: usize) -> Result<RopeScaling> {
+        let key = |k: &str| format!("{arch}.rope.scaling.{k}");
+        let kind = (self.get(&key("type")).ok()).and_then(|v| v.to_string().ok().cloned());
+        let factor = || -> Result<f32> {
+            let factor = self.get_f32(&key("factor"))?;
+            match factor > 0.0 {
+                true => Ok(factor),
+                false => bail!("{} {factor} must be above 0", key("factor")),
             }
+        };
+        let or = |k: &str, default: f32| self.get_f32(&key(k)).unwrap_or(default);
+        match kind.as_deref() {
+            None | Some("none") => Ok(RopeScaling::None),
+            Some("linear") => Ok(RopeScaling::Linear { factor: factor()? }),
+            Some("yarn") if or("yarn_log_multiplier", 0.0) != 0.0 => bail!(
+                "{} (DeepSeek's YaRN attention scale) is not served",
+                key("yarn_log_multiplier")
+            ),
+            Some("yarn") => Ok(RopeScaling::Yarn {
+                factor: factor()?,
+                original_context: self
+                    .get_usize(&key("original_context_length"))
+                    .unwrap_or(trained),
+                beta_fast: or("yarn_beta_fast", 32.0),
+                beta_slow: or("yarn_beta_slow", 1.0),
+                ext_factor: or("yarn_ext_factor", 1.0),
+            }),
             Some(other) => bail!(
-                "{arch}.rope.scaling.type `{other}` is not served (none and linear are; Llama 3's rope_freqs tensor is read)"
+                "{} `{other}` is not served (none, linear and yarn are; Llama 3's rope_freqs tensor is read)",
+                key("type")
             ),
         }
     }
@@ -409,6 +426,40 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("gemma2.attn_logit_softcapping 0"), "{e}");
+    }
+
+    /// `rope.scaling` as the file says: YaRN with llama.cpp's defaults for
+    /// the keys a file leaves out, linear; an unknown type or a factor of 0
+    /// is refused naming its key.
+    #[test]
+    fn rope_scaling_comes_from_the_file() {
+        let scaled = |kind, factor| SynthSpec {
+            rope_scaling: Some((kind, factor, 64)),
+            ..SynthSpec::default()
+        };
+        let yarn = config_of("yarn", scaled("yarn", 4.0)).unwrap();
+        let expected = RopeScaling::Yarn {
+            factor: 4.0,
+            original_context: 64,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            ext_factor: 1.0,
+        };
+        assert_eq!(yarn.rope_scaling, expected);
+        let linear = config_of("linear", scaled("linear", 2.0)).unwrap();
+        assert_eq!(linear.rope_scaling, RopeScaling::Linear { factor: 2.0 });
+        let e = config_of("su", scaled("su", 2.0)).unwrap_err().to_string();
+        assert!(
+            e.contains("llama.rope.scaling.type `su` is not served"),
+            "{e}"
+        );
+        let e = config_of("yarn0", scaled("yarn", 0.0))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("llama.rope.scaling.factor 0 must be above 0"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -28,5 +28,6 @@ pub use architecture::{Activation, Architecture, RopeLayout, Window};
 pub use constraint::{Constraint, Grammar, GrammarSpec, Grammars};
 pub use gguf::ModelConfig;
 pub use model::{Model, SeqInput};
+pub use ops::RopeScaling;
 pub use sampling::{logprobs, Sampler, SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS};
 pub use tokenizer::{ChatMessage, IncrementalDecoder, Tokenizer, TokenizerSpec};

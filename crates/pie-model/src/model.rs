@@ -16,7 +16,7 @@ use crate::constraint::Grammars;
 use crate::embedding::Embedding;
 use crate::gguf::{GgufFile, ModelConfig};
 use crate::matmul::{Kernel, Linear};
-use crate::ops::{gelu_tanh, rms_norm, silu, softcap, Rope, RopeSpec};
+use crate::ops::{gelu_tanh, rms_norm, silu, softcap, Rope, RopeScaling, RopeSpec};
 use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
 struct Layer {
@@ -190,7 +190,7 @@ fn load_rope(f: &mut GgufFile, c: &ModelConfig) -> Result<(Rope, Option<Rope>)> 
         head_dim: c.head_dim,
         dims: c.rope_dims,
         theta: c.rope_theta,
-        linear: c.rope_linear,
+        scaling: c.rope_scaling,
         freq_divisors: divisors.as_deref(),
         layout: c.arch.rope,
         max_pos: c.context_length,
@@ -199,7 +199,7 @@ fn load_rope(f: &mut GgufFile, c: &ModelConfig) -> Result<(Rope, Option<Rope>)> 
     let local = c.local_rope_theta.map(|theta| {
         Rope::new(&RopeSpec {
             theta,
-            linear: 1.0,
+            scaling: RopeScaling::None,
             freq_divisors: None,
             mscale: 1.0,
             ..spec

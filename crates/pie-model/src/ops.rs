@@ -60,14 +60,87 @@ pub fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh())
 }
 
+/// How a model's RoPE frequencies stretch past the context it was trained on
+/// (`rope.scaling.type`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor`.
+    Linear {
+        factor: f32,
+    },
+    /// YaRN, as llama.cpp computes it: a pair that turns fewer than
+    /// `beta_slow` times over `original_context` positions is interpolated
+    /// (its frequency divided by `factor`), one that turns more than
+    /// `beta_fast` times keeps its frequency, with a linear ramp (by pair
+    /// index) between, mixed in by `ext_factor`; the rotated elements are
+    /// scaled by `1 + 0.1 ln(factor)`.
+    Yarn {
+        factor: f32,
+        original_context: usize,
+        beta_fast: f32,
+        beta_slow: f32,
+        ext_factor: f32,
+    },
+}
+
+impl RopeScaling {
+    /// Pair `i`'s frequency multiplier, of a RoPE turning `dims` elements
+    /// with base `theta`.
+    fn multiplier(&self, i: usize, dims: usize, theta: f32) -> f64 {
+        match *self {
+            Self::None => 1.0,
+            Self::Linear { factor } => 1.0 / factor as f64,
+            Self::Yarn {
+                factor,
+                original_context,
+                beta_fast,
+                beta_slow,
+                ext_factor,
+            } => {
+                let (low, high) =
+                    yarn_ramp_ends(dims, original_context, theta, beta_fast, beta_slow);
+                let ramp = 1.0 - ((i as f64 - low) / (high - low).max(0.001)).clamp(0.0, 1.0);
+                let mix = ramp * ext_factor as f64;
+                (1.0 - mix) / factor as f64 + mix
+            }
+        }
+    }
+
+    /// What the rotated elements are scaled by, apart from the file's own
+    /// attention factor.
+    fn mscale(&self) -> f32 {
+        match *self {
+            Self::Yarn {
+                factor, ext_factor, ..
+            } if ext_factor != 0.0 => 1.0 + 0.1 * factor.ln(),
+            _ => 1.0,
+        }
+    }
+}
+
+/// The pair indices where YaRN's ramp starts and ends: those whose
+/// frequency turns `beta_fast` and `beta_slow` times over `original`
+/// positions, rounded outwards and kept within the pairs (llama.cpp's
+/// `ggml_rope_yarn_corr_dims`).
+fn yarn_ramp_ends(dims: usize, original: usize, theta: f32, fast: f32, slow: f32) -> (f64, f64) {
+    let pair = |turns: f32| {
+        let two_pi = 2.0 * std::f64::consts::PI;
+        dims as f64 * (original as f64 / (turns as f64 * two_pi)).ln() / (2.0 * (theta as f64).ln())
+    };
+    (
+        pair(fast).floor().max(0.0),
+        pair(slow).ceil().min(dims as f64 - 1.0),
+    )
+}
+
 /// What a model's RoPE is: which elements of a head turn, how fast, paired how.
 pub struct RopeSpec<'a> {
     pub head_dim: usize,
     /// Elements rotated at the start of each head (the rest pass through).
     pub dims: usize,
     pub theta: f32,
-    /// Positions are divided by it (linear scaling; 1: none).
-    pub linear: f32,
+    pub scaling: RopeScaling,
     /// Per pair, a divisor of its frequency (Llama 3's `rope_freqs`).
     pub freq_divisors: Option<&'a [f32]>,
     pub layout: RopeLayout,
@@ -78,8 +151,8 @@ pub struct RopeSpec<'a> {
 }
 
 /// Rotary embedding tables: for position `p` and pair `i`, the angle is
-/// `p / linear * theta^(-2i / dims) / divisor_i`; which elements pair up is
-/// the architecture's [`RopeLayout`].
+/// `p * theta^(-2i / dims) / divisor_i * multiplier_i` (the scaling's);
+/// which elements pair up is the architecture's [`RopeLayout`].
 pub struct Rope {
     head_dim: usize,
     half: usize,
@@ -99,16 +172,17 @@ impl Rope {
                     .and_then(|d| d.get(i))
                     .copied()
                     .unwrap_or(1.0);
-                base / divisor as f64 / spec.linear as f64
+                base / divisor as f64 * spec.scaling.multiplier(i, spec.dims, spec.theta)
             })
             .collect();
+        let mscale = spec.mscale * spec.scaling.mscale();
         let mut cos = Vec::with_capacity(spec.max_pos * half);
         let mut sin = Vec::with_capacity(spec.max_pos * half);
         for p in 0..spec.max_pos {
             for freq in &freqs {
                 let angle = p as f64 * freq;
-                cos.push(angle.cos() as f32 * spec.mscale);
-                sin.push(angle.sin() as f32 * spec.mscale);
+                cos.push(angle.cos() as f32 * mscale);
+                sin.push(angle.sin() as f32 * mscale);
             }
         }
         Self {
@@ -171,7 +245,7 @@ mod tests {
             head_dim: 4,
             dims,
             theta: 10_000.0,
-            linear,
+            scaling: RopeScaling::Linear { factor: linear },
             freq_divisors: divisors,
             layout,
             max_pos: 8,
@@ -189,7 +263,7 @@ mod tests {
                 head_dim: 4,
                 dims: 2,
                 theta: 10_000.0,
-                linear: 1.0,
+                scaling: RopeScaling::None,
                 freq_divisors: None,
                 layout: RopeLayout::Halves,
                 max_pos: 8,
@@ -203,6 +277,39 @@ mod tests {
             plain.apply(&mut b, pos);
             assert!((a[0] - 1.5 * b[0]).abs() < 1e-6 && (a[1] - 1.5 * b[1]).abs() < 1e-6);
             assert_eq!(a[2..], b[2..]);
+        }
+    }
+
+    /// YaRN on 4 pairs (base 10,000) trained on 64 positions, stretched 4x:
+    /// the ramp runs from pair 0 (it turns ~10 times in 64 positions, under
+    /// `beta_fast` 32: llama.cpp's corr dims floor(-0.50) -> 0) to pair 2
+    /// (ceil(1.01) for `beta_slow` 1), so pair 0 keeps its frequency, pair 1
+    /// is half interpolated (0.5 / 4 + 0.5), pairs 2 and 3 are divided by 4;
+    /// every rotated element scaled by 1 + 0.1 ln 4.
+    #[test]
+    fn yarn_interpolates_the_slow_pairs_and_keeps_the_fast_ones() {
+        let yarn = Rope::new(&RopeSpec {
+            head_dim: 8,
+            dims: 8,
+            theta: 10_000.0,
+            scaling: RopeScaling::Yarn {
+                factor: 4.0,
+                original_context: 64,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                ext_factor: 1.0,
+            },
+            freq_divisors: None,
+            layout: RopeLayout::Adjacent,
+            max_pos: 200,
+            mscale: 1.0,
+        });
+        let mscale = 1.0 + 0.1 * 4f64.ln();
+        for (i, multiplier) in [1.0, 0.625, 0.25, 0.25].into_iter().enumerate() {
+            let angle = 150.0 * 10_000f64.powf(-2.0 * i as f64 / 8.0) * multiplier;
+            let (cos, sin) = (yarn.cos[150 * 4 + i], yarn.sin[150 * 4 + i]);
+            assert!((cos as f64 - angle.cos() * mscale).abs() < 1e-5, "pair {i}");
+            assert!((sin as f64 - angle.sin() * mscale).abs() < 1e-5, "pair {i}");
         }
     }
 

@@ -51,6 +51,9 @@ pub struct SynthSpec {
     /// LongRoPE: `rope_factors_long` and `_short` tensors, with
     /// `rope.scaling.original_context_length` and `.attn_factor`.
     pub longrope: Option<(usize, f32)>,
+    /// `rope.scaling.type`, `.factor` and `.original_context_length`
+    /// (`("yarn", 4.0, 64)`).
+    pub rope_scaling: Option<(&'static str, f32, usize)>,
     /// `attn_logit_softcapping` and `final_logit_softcapping`, when set.
     pub softcaps: Option<(f32, f32)>,
     pub hidden: usize,
@@ -74,6 +77,7 @@ impl Default for SynthSpec {
             rope_theta: 10_000.0,
             rope_theta_swa: None,
             longrope: None,
+            rope_scaling: None,
             softcaps: None,
             hidden: 64,
             heads: 4,
@@ -280,6 +284,11 @@ fn metadata(spec: &SynthSpec, tokens: Vec<String>) -> Vec<(String, Value)> {
     if let Some((original, attn_factor)) = spec.longrope {
         metadata.push((key("rope.scaling.original_context_length"), u32v(original)));
         metadata.push((key("rope.scaling.attn_factor"), Value::F32(attn_factor)));
+    }
+    if let Some((kind, factor, original)) = spec.rope_scaling {
+        metadata.push((key("rope.scaling.type"), Value::String(kind.into())));
+        metadata.push((key("rope.scaling.factor"), Value::F32(factor)));
+        metadata.push((key("rope.scaling.original_context_length"), u32v(original)));
     }
     if let Some(base) = spec.rope_theta_swa {
         metadata.push((key("rope.freq_base_swa"), Value::F32(base)));

@@ -9,7 +9,7 @@ use candle_core::quantized::GgmlDType;
 use pie_kv::{KvLayout, KvPool, PageTable};
 use pie_model::gguf::GgufFile;
 use pie_model::synth::{write_test_model, SynthSpec};
-use pie_model::{Activation, Model, ModelConfig, RopeLayout, SeqInput, Window};
+use pie_model::{Activation, Model, ModelConfig, RopeLayout, RopeScaling, SeqInput, Window};
 
 /// A model's weights as dense f32, read back from its file.
 struct Dense {
@@ -42,11 +42,11 @@ fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
         .collect()
 }
 
-/// What one layer does by its definition: its RoPE (base, linear factor,
+/// What one layer does by its definition: its RoPE (base, scaling,
 /// per-pair divisors, scale of the rotated elements, pairing) and its window.
 struct LayerDef {
     theta: f32,
-    linear: f32,
+    scaling: RopeScaling,
     divisors: Vec<f32>,
     mscale: f32,
     layout: RopeLayout,
@@ -68,7 +68,7 @@ fn layer_def(c: &ModelConfig, dense: &mut Dense, l: usize, layout: RopeLayout) -
     };
     let global = LayerDef {
         theta: c.rope_theta,
-        linear: c.rope_linear,
+        scaling: c.rope_scaling,
         divisors,
         mscale: c.rope_attn_factor,
         layout,
@@ -81,7 +81,7 @@ fn layer_def(c: &ModelConfig, dense: &mut Dense, l: usize, layout: RopeLayout) -
             match c.local_rope_theta {
                 Some(theta) => LayerDef {
                     theta,
-                    linear: 1.0,
+                    scaling: RopeScaling::None,
                     divisors: Vec::new(),
                     mscale: 1.0,
                     window: c.sliding_window,
@@ -97,22 +97,55 @@ fn layer_def(c: &ModelConfig, dense: &mut Dense, l: usize, layout: RopeLayout) -
     }
 }
 
-/// RoPE of one head at `pos`: its first `dims` elements turn, pair `i` at
-/// `pos * theta^(-2i / dims) / divisor_i`, paired as the layer says.
+/// Pair `i`'s angle at `pos` and the scale of its rotated elements, as
+/// llama.cpp's `rope_yarn` computes them: the angle `theta_extrap = pos *
+/// theta^(-2i / d) / divisor_i`, interpolated as `theta_extrap / factor`
+/// (linear and YaRN), YaRN mixing the two by its ramp between the
+/// "correction dims" and scaling by `1 + 0.1 ln(factor)`.
+fn rope_angle(pos: usize, i: usize, c: &ModelConfig, def: &LayerDef) -> (f64, f32) {
+    let d = c.rope_dims as f64;
+    let freq = 1.0 / (def.theta as f64).powf(2.0 * i as f64 / d);
+    let divisor = def.divisors.get(i).copied().unwrap_or(1.0) as f64;
+    let extrap = pos as f64 * freq / divisor;
+    match def.scaling {
+        RopeScaling::None => (extrap, def.mscale),
+        RopeScaling::Linear { factor } => (extrap / factor as f64, def.mscale),
+        RopeScaling::Yarn {
+            factor,
+            original_context,
+            beta_fast,
+            beta_slow,
+            ext_factor,
+        } => {
+            let corr_dim = |rotations: f32| {
+                d * (original_context as f64 / (rotations as f64 * 2.0 * std::f64::consts::PI)).ln()
+                    / (2.0 * (def.theta as f64).ln())
+            };
+            let low = corr_dim(beta_fast).floor().max(0.0);
+            let high = corr_dim(beta_slow).ceil().min(d - 1.0);
+            let y = (i as f64 - low) / (high - low).max(0.001);
+            let mix = (1.0 - y.clamp(0.0, 1.0)) * ext_factor as f64;
+            let interp = extrap / factor as f64;
+            let mscale = def.mscale * (1.0 + 0.1 * factor.ln());
+            (interp * (1.0 - mix) + extrap * mix, mscale)
+        }
+    }
+}
+
+/// RoPE of one head at `pos`: its first `dims` elements turn, pair `i` by
+/// [`rope_angle`], paired as the layer says.
 fn rope(head: &mut [f32], pos: usize, c: &ModelConfig, def: &LayerDef) {
-    let (d, divisors) = (c.rope_dims, &def.divisors);
+    let d = c.rope_dims;
     for i in 0..d / 2 {
-        let freq = 1.0 / (def.theta as f64).powf(2.0 * i as f64 / d as f64);
-        let divisor = divisors.get(i).copied().unwrap_or(1.0) as f64;
-        let angle = pos as f64 * freq / divisor / def.linear as f64;
+        let (angle, mscale) = rope_angle(pos, i, c, def);
         let (cos, sin) = (angle.cos() as f32, angle.sin() as f32);
         let (a, b) = match def.layout {
             RopeLayout::Adjacent => (2 * i, 2 * i + 1),
             RopeLayout::Halves => (i, i + d / 2),
         };
         let (x, y) = (head[a], head[b]);
-        head[a] = (x * cos - y * sin) * def.mscale;
-        head[b] = (x * sin + y * cos) * def.mscale;
+        head[a] = (x * cos - y * sin) * mscale;
+        head[b] = (x * sin + y * cos) * mscale;
     }
 }
 
@@ -377,6 +410,13 @@ fn cases() -> Vec<(&'static str, SynthSpec)> {
                 longrope: Some((256, 1.19)),
                 sliding_window: Some(0),
                 ..spec("phi3")
+            },
+        ),
+        (
+            "qwen2-yarn",
+            SynthSpec {
+                rope_scaling: Some(("yarn", 4.0, 64)),
+                ..spec("qwen2")
             },
         ),
         (
