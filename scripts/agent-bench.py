@@ -12,16 +12,18 @@ back as the user turn `Observation: ...`), run by N agents at once in
 three ways against the same worker (`[runtime] worker_policy = ["fair",
 "keep-session"]`):
 
-- inferlet: the `agent` inferlet; its context stays live while the tool
-  runs; the tool's result is a message to its process;
+- inferlet: the `agent` inferlet, launched with `keep-ms` (keep-session
+  holds its context's pages between steps); the tool's result is a message
+  to its process;
 - session: a client loop over `/v1/chat/completions` with a `session` and
   `keep-ms` (keep-session holds the conversation's pages between calls);
 - plain: the same loop without a session (each step re-sends the history, as
   a vLLM user's loop does).
 
-The tool answers after a latency drawn per agent and step (seeded, uniform
-in --latency-ms) with a text that depends only on the call, so every way
-gets the same results. The KV pool holds at most half of the agents'
+Agent i asks the i % 8th question tagged with its number (no two agents
+share a conversation). The tool answers after a latency drawn per agent and
+step (seeded, uniform in --latency-ms) with a text that depends only on the
+call, so every way gets the same results. The KV pool holds at most half of the agents'
 contexts at their longest: a first pass runs the plain loop once per
 question on an ample pool and takes its longest context (prompt and
 answer of a last step), and each row's kv_pages is half of N such contexts. Per variant: agents per
@@ -54,6 +56,9 @@ SYSTEM = ("You are an agent that answers questions with tools. Each turn, write 
 STEP = r"Thought: [ -~]{1,100}\n(Action: (search|calculate)\[[a-zA-Z0-9 +*/.-]{1,40}\]|Final Answer: [ -~]{1,100})"
 FINAL = r"Thought: [ -~]{1,100}\nFinal Answer: [ -~]{1,100}"
 PAGE_SIZE = 16
+# keep-session's hold on a context between steps, the inferlet's and the
+# session loop's alike (above the longest tool latency).
+KEEP_MS = 30000
 # The `agent` workload's question length in tokens (the questions below
 # with their chat template's tokens).
 QUESTION_LEN = 16
@@ -64,6 +69,14 @@ QUESTIONS = [
     "Who wrote the novel Moby Dick?", "What is the boiling point of water in Fahrenheit?",
     "What is the capital of Australia?", "How many legs does a spider have?",
 ]
+
+
+def question(i):
+    """Agent `i`'s question: one of the eight, tagged with the agent's
+    number so that no two agents share a conversation (at temperature 0 two
+    agents asking the same text would share every KV page, and 64 agents
+    would hold the pages of eight)."""
+    return f"{QUESTIONS[i % len(QUESTIONS)]} (case {i})"
 
 
 def tool(name, argument):
@@ -107,8 +120,8 @@ def parse(text):
 
 
 def run_inferlet(url, i, a, out):
-    body = {"inferlet": "agent", "args": {"question": QUESTIONS[i % len(QUESTIONS)],
-                                          "max_steps": a.max_steps}}
+    body = {"inferlet": "agent", "args": {"question": question(i), "max_steps": a.max_steps},
+            "props": {"keep-ms": KEEP_MS}}
     r = pielib.request(url, "POST", "/v1/processes", body)
     pid = r.json()["id"]
     c = pielib.connect(url)
@@ -144,7 +157,7 @@ def run_inferlet(url, i, a, out):
 def run_loop(url, i, a, out, session):
     model = pielib.get_json(url, "/v1/models")["data"][0]["id"]
     messages = [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
+                {"role": "user", "content": question(i)}]
     calls, steps, answer, usages = [], [], None, []
     for step in range(a.max_steps):
         body = {"model": model, "messages": messages, "max_tokens": 256, "temperature": 0,
@@ -152,7 +165,7 @@ def run_loop(url, i, a, out, session):
                                     "regex": FINAL if step + 1 == a.max_steps else STEP}}
         if session:
             body["session"] = f"agent-{a.run}-{i}"
-            body["props"] = {"keep-ms": 30000}
+            body["props"] = {"keep-ms": KEEP_MS}
         started = time.monotonic()
         r = pielib.request(url, "POST", "/v1/chat/completions", body)
         if r.status != 200:

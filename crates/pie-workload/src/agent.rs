@@ -39,19 +39,17 @@ pub struct Agent {
 
 impl Agent {
     /// The shape `scripts/agent-bench.py` measures on the default model: a
-    /// first prompt of 96 tokens (an 80-token protocol and a 16-token
-    /// question), steps of 23 tokens answered by 22-token observations (the
-    /// template's tokens included) after 100-2000 ms, and of its eight
-    /// questions the first answers at once and the others take all six
-    /// steps.
+    /// first prompt of 100 tokens (an 84-token protocol and a 16-token
+    /// question), steps of 23 tokens answered by 23-token observations (the
+    /// template's tokens included) after 100-2000 ms, six steps each.
     pub fn default_shape() -> Self {
         Self {
             agents: 32,
-            steps: vec![1, 6, 6, 6, 6, 6, 6, 6],
-            system_len: 80,
+            steps: vec![6],
+            system_len: 84,
             question_len: 16,
             output_len: 23,
-            observation_len: 22,
+            observation_len: 23,
             latency_min_ms: 100.0,
             latency_max_ms: 2000.0,
             keep_ms: 0,
