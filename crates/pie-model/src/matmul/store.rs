@@ -117,27 +117,33 @@ impl Q4Source {
             Q4Source::Q4K => BlockType::Q4K,
         }
     }
+}
 
-    /// One Q4_0 or Q4_1 block as the store keeps it, exactly.
-    fn block(self, blk: &[u8]) -> Q4Block {
-        let half = |b: &[u8]| f16::from_le_bytes([b[0], b[1]]);
-        let nibbles = |qs: &[u8]| -> [u8; BLOCK] {
-            std::array::from_fn(|j| (qs[j % 16] >> (4 * (j / 16))) & 0xF)
-        };
-        match self {
-            // `d * (q - 8)` is `d * q + (-8 d)`; scaling by 8 is exact in f16.
-            Q4Source::Q4_0 => Q4Block {
-                d: half(blk),
-                m: f16::from_f32(-8.0 * half(blk).to_f32()),
-                q: nibbles(&blk[2..18]),
-            },
-            Q4Source::Q4_1 => Q4Block {
-                d: half(blk),
-                m: half(&blk[2..]),
-                q: nibbles(&blk[4..20]),
-            },
-            Q4Source::Q4K => unreachable!("Q4_K super-blocks are read by `q4k_row`"),
-        }
+/// The nibbles of a Q4_0/Q4_1 block's 16 bytes, in value order.
+fn legacy_nibbles(qs: &[u8]) -> [u8; BLOCK] {
+    std::array::from_fn(|j| (qs[j % 16] >> (4 * (j / 16))) & 0xF)
+}
+
+fn half(b: &[u8]) -> f16 {
+    f16::from_le_bytes([b[0], b[1]])
+}
+
+/// A Q4_0 block (`d: f16, qs`) as the store keeps it, exactly: `d * (q -
+/// 8)` is `d * q + (-8 d)`, and scaling by 8 is exact in f16.
+fn q4_0_block(blk: &[u8]) -> Q4Block {
+    Q4Block {
+        d: half(blk),
+        m: f16::from_f32(-8.0 * half(blk).to_f32()),
+        q: legacy_nibbles(&blk[2..18]),
+    }
+}
+
+/// A Q4_1 block (`d: f16, m: f16, qs`) as the store keeps it, exactly.
+fn q4_1_block(blk: &[u8]) -> Q4Block {
+    Q4Block {
+        d: half(blk),
+        m: half(&blk[2..]),
+        q: legacy_nibbles(&blk[4..20]),
     }
 }
 
@@ -297,26 +303,33 @@ impl QWeight {
             pack_q4(&in_order(&order, q).collect::<Vec<_>>(), qs);
         };
         let rows = raw.chunks_exact(row_bytes).enumerate();
-        let (d, m) = if source == Q4Source::Q4K {
-            let (mut d, mut m) = (Steps::new(n * nbp), Steps::new(n * nbp));
-            for (row, stored) in rows {
-                q4k_row(stored, &mut q, row * nbp / GROUP, &mut d, &mut m);
-                pack_row(&q, &mut qs);
-            }
-            (d.done(), m.done())
-        } else {
-            let (mut d, mut m) = (vec![f16::ZERO; n * nbp], vec![f16::ZERO; n * nbp]);
-            for (row, stored) in rows {
-                for (b, blk) in stored.chunks_exact(kind.bytes()).enumerate() {
-                    let block = source.block(blk);
-                    d[row * nbp + b] = block.d;
-                    m[row * nbp + b] = block.m;
-                    q[b * BLOCK..][..BLOCK].copy_from_slice(&block.q);
+        let read: fn(&[u8]) -> Q4Block = match source {
+            Q4Source::Q4K => {
+                let (mut d, mut m) = (Steps::new(n * nbp), Steps::new(n * nbp));
+                for (row, stored) in rows {
+                    q4k_row(stored, &mut q, row * nbp / GROUP, &mut d, &mut m);
+                    pack_row(&q, &mut qs);
                 }
-                pack_row(&q, &mut qs);
+                return Self::q4(n, k, d.done(), m.done(), qs, order);
             }
-            (Scales::Half(d), Scales::Half(m))
+            Q4Source::Q4_0 => q4_0_block,
+            Q4Source::Q4_1 => q4_1_block,
         };
+        let (mut d, mut m) = (vec![f16::ZERO; n * nbp], vec![f16::ZERO; n * nbp]);
+        for (row, stored) in rows {
+            for (b, blk) in stored.chunks_exact(kind.bytes()).enumerate() {
+                let block = read(blk);
+                d[row * nbp + b] = block.d;
+                m[row * nbp + b] = block.m;
+                q[b * BLOCK..][..BLOCK].copy_from_slice(&block.q);
+            }
+            pack_row(&q, &mut qs);
+        }
+        Self::q4(n, k, Scales::Half(d), Scales::Half(m), qs, order)
+    }
+
+    /// A 4-bit weight of its parts.
+    fn q4(n: usize, k: usize, d: Scales, m: Scales, qs: Vec<u8>, order: Vec<u32>) -> Self {
         Self {
             n,
             k_in: k,
