@@ -15,6 +15,8 @@ pub(crate) enum BlockType {
     Q5_0,
     Q5_1,
     F16,
+    Q2K,
+    Q3K,
     Q4K,
     Q5K,
     Q6K,
@@ -32,6 +34,8 @@ impl BlockType {
             GgmlDType::Q5_0 => Some(Self::Q5_0),
             GgmlDType::Q5_1 => Some(Self::Q5_1),
             GgmlDType::F16 => Some(Self::F16),
+            GgmlDType::Q2K => Some(Self::Q2K),
+            GgmlDType::Q3K => Some(Self::Q3K),
             GgmlDType::Q4K => Some(Self::Q4K),
             GgmlDType::Q5K => Some(Self::Q5K),
             GgmlDType::Q6K => Some(Self::Q6K),
@@ -42,7 +46,7 @@ impl BlockType {
     /// Values one block holds.
     pub(crate) fn values(self) -> usize {
         match self {
-            Self::Q4K | Self::Q5K | Self::Q6K => QK_K,
+            Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K => QK_K,
             _ => 32,
         }
     }
@@ -56,6 +60,8 @@ impl BlockType {
             Self::Q5_0 => 22,
             Self::Q5_1 => 24,
             Self::F16 => 64,
+            Self::Q2K => 84,
+            Self::Q3K => 110,
             Self::Q4K => 144,
             Self::Q5K => 176,
             Self::Q6K => 210,
@@ -80,6 +86,8 @@ impl BlockType {
                     out.extend(sub.q.iter().map(|&q| sub.d * f32::from(q) + sub.m));
                 }
             }
+            Self::Q2K => widen_q2k(block, out),
+            Self::Q3K => widen_q3k(block, out),
             Self::Q5K => widen_q5k(block, out),
             Self::Q6K => widen_q6k(block, out),
         }
@@ -170,6 +178,50 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
+/// The 2-bit fields of a Q2_K/Q3_K super-block's `qs` (64 bytes), in value
+/// order: in each 128-value half, four 32-byte rounds at shifts 0, 2, 4, 6,
+/// each two 16-value sub-blocks (bytes `0..16`, then `16..32`); with each
+/// value its sub-block (`0..16`), its round in the super-block (`0..8`)
+/// and its byte within the 32.
+fn two_bit_fields(qs: &[u8]) -> impl Iterator<Item = (u8, usize, usize, usize)> + '_ {
+    (0..QK_K).map(move |i| {
+        let (half_block, round, l) = (i / 128, i % 128 / 32, i % 32);
+        let q = (qs[half_block * 32 + l] >> (2 * round)) & 3;
+        (q, i / 16, half_block * 4 + round, l)
+    })
+}
+
+/// A Q2_K super-block (16 bytes of 4-bit scales and minimums, 64 of 2-bit
+/// values, `d` and `dmin`): sub-block `s` of 16 values is `d * (sc_s & 15)
+/// * q - dmin * (sc_s >> 4)`.
+fn widen_q2k(block: &[u8], out: &mut Vec<f32>) {
+    let (scales, qs) = (&block[..16], &block[16..80]);
+    let (d, dmin) = (half(&block[80..]), half(&block[82..]));
+    out.extend(two_bit_fields(qs).map(|(q, s, _, _)| {
+        let sc = scales[s];
+        d * f32::from(sc & 0xF) * f32::from(q) - dmin * f32::from(sc >> 4)
+    }));
+}
+
+/// A Q3_K super-block (32 bytes of high bits, 64 of 2-bit values, twelve
+/// bytes of sixteen 6-bit scales, `d`): value `d * (sc_s - 32) * (q - 4h)`,
+/// `h` 1 where its high bit (bit `round` of `hmask[l]`) is clear. Scale
+/// `s`'s low four bits are a nibble of bytes `0..8` (low for `s < 8`), its
+/// top two bits bits `2 * (s / 4)` of byte `8 + s % 4`.
+fn widen_q3k(block: &[u8], out: &mut Vec<f32>) {
+    let (hmask, qs, scales) = (&block[..32], &block[32..96], &block[96..108]);
+    let d = half(&block[108..]);
+    let scale = |s: usize| {
+        let low = (scales[s % 8] >> (4 * (s / 8))) & 0xF;
+        let high = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
+        i32::from(low | (high << 4)) - 32
+    };
+    out.extend(two_bit_fields(qs).map(|(q, s, round, l)| {
+        let missing_high = if hmask[l] >> round & 1 == 1 { 0 } else { 4 };
+        d * scale(s) as f32 * f32::from(q as i8 - missing_high)
+    }));
+}
+
 /// A Q5_K super-block (`d`, `dmin`, twelve bytes of scales and minimums as
 /// Q4_K's, 32 bytes of fifth bits, 128 of nibbles): sub-block `i` is
 /// `d * sc_i * q - dmin * m_i`, its fifth bits bit `i` of each `qh` byte.
@@ -236,13 +288,15 @@ pub(crate) mod reference {
     use candle_core::{Device, Tensor};
 
     /// Every type with a block rule here.
-    pub(crate) const BLOCK_TYPES: [GgmlDType; 9] = [
+    pub(crate) const BLOCK_TYPES: [GgmlDType; 11] = [
         GgmlDType::Q8_0,
         GgmlDType::Q4_0,
         GgmlDType::Q4_1,
         GgmlDType::Q5_0,
         GgmlDType::Q5_1,
         GgmlDType::F16,
+        GgmlDType::Q2K,
+        GgmlDType::Q3K,
         GgmlDType::Q4K,
         GgmlDType::Q5K,
         GgmlDType::Q6K,
