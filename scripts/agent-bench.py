@@ -3,7 +3,8 @@
 
 Usage: scripts/agent-bench.py [--pie target/release/pie] [--model PATH]
            [--agents 8,32,64] [--max-steps 6] [--latency-ms 100,2000]
-           [--seed 1] [--variants inferlet,session,plain] [--kv-pages N]
+           [--seed 1] [--variants inferlet,session,plain]
+           [--pool-share 0.5 | --kv-pages N] [--admission-wait-ms MS]
 
 One ReAct agent protocol (the `agent` inferlet's: a system prompt, each
 step constrained to `Thought: ...` then `Action: TOOL[INPUT]` or
@@ -23,10 +24,12 @@ three ways against the same worker (`[runtime] worker_policy = ["fair",
 Agent i asks the i % 8th question tagged with its number (no two agents
 share a conversation). The tool answers after a latency drawn per agent and
 step (seeded, uniform in --latency-ms) with a text that depends only on the
-call, so every way gets the same results. The KV pool holds at most half of the agents'
-contexts at their longest: a first pass runs the plain loop once per
-question on an ample pool and takes its longest context (prompt and
-answer of a last step), and each row's kv_pages is half of N such contexts. Per variant: agents per
+call, so every way gets the same results. The KV pool holds --pool-share (at
+most half) of the agents' contexts at their longest: a first pass runs the
+plain loop once per question on an ample pool and takes its longest context
+(prompt and answer of a last step), and each row's kv_pages is that share
+of N such contexts. --admission-wait-ms sets keep-session's
+`admission_wait_ms` for every variant. Per variant: agents per
 minute, per-step latency (p50, p99: from the request, or the tool's result,
 to the next step's end), prompt tokens computed and found cached, and
 preemptions; then how many agents made the same calls and answer in every
@@ -94,7 +97,8 @@ def serve(procs, a, pages, store):
     config = os.path.join(store, "config.toml")
     with open(config, "w") as f:
         f.write('[runtime]\nworker_policy = ["fair", "keep-session"]\n'
-                f"max_running = 64\n[runtime.inferlets]\ndir = {json.dumps(store)}\n")
+                f"max_running = 64\n[runtime.inferlets]\ndir = {json.dumps(store)}\n"
+                f"[runtime.keep-session]\nadmission_wait_ms = {a.admission_wait_ms}\n")
     args = [a.pie, "serve", "--port", "0", "--config", config, "--kv-pages", str(pages),
             "--page-size", str(PAGE_SIZE)]
     if a.model:
@@ -246,8 +250,11 @@ def main():
     ap.add_argument("--latency-ms", default="100,2000")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--variants", default="inferlet,session,plain")
-    ap.add_argument("--kv-pages", type=int,
-                    help="every row's pool (default: half of its agents' contexts at their longest)")
+    ap.add_argument("--admission-wait-ms", type=int, default=0,
+                    help="keep-session's admission_wait_ms, for every variant (0: off)")
+    ap.add_argument("--pool-share", type=float, default=0.5,
+                    help="each row's pool as a share of its agents' contexts at their longest")
+    ap.add_argument("--kv-pages", type=int, help="every row's pool (overrides --pool-share)")
     a = ap.parse_args()
     a.bounds = tuple(float(x) for x in a.latency_ms.split(","))
     subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=os.path.join(ROOT, "inferlets"),
@@ -262,7 +269,7 @@ def main():
           "| steps / tokens generated | prompt tokens computed / cached | preemptions | failed |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for n in [int(x) for x in a.agents.split(",")]:
-        pages = a.kv_pages or n * longest // 2
+        pages = a.kv_pages or int(n * longest * a.pool_share)
         results = {}
         for name in a.variants.split(","):
             store = tempfile.mkdtemp(prefix="pie-agent-bench-")

@@ -2,15 +2,24 @@
 //!
 //! Rule: when a process with a `session` prop finishes, its context's pages stay
 //! resident (unevictable) for `keep-ms` (its prop, else `default_keep_ms`), keyed
-//! by the session; a newer turn of the same session replaces the retention. Live
-//! work always wins over retained pages (they are dropped, soonest expiry first,
-//! before any running sequence is preempted), and retained pages win over plain
-//! cached pages (LRU eviction never takes them). Expired retention falls back to
-//! the ordinary LRU cache.
+//! by the session; a newer turn of the same session replaces the retention.
+//! Running work always wins over retained pages (they are dropped, soonest
+//! expiry first, before any running sequence is preempted), and retained pages
+//! win over plain cached pages (LRU eviction never takes them). A sequence not
+//! yet running wins over them too, unless `admission_wait_ms`: then, while any
+//! sequence runs, it waits for pages instead, for up to that long after it
+//! arrived (the bound keeps a stream of small arrivals from starving it). That
+//! keeps an agent's context through its tool call when the pool cannot hold
+//! every agent's: the agents whose contexts are held go on, and the others
+//! start as pages come free, instead of evicting each other's contexts and
+//! computing them again. Expired retention falls back to the ordinary LRU cache.
 //! Props read: `session` (string), `keep-ms` (int). Config keys:
-//! `[runtime.keep-session] default_keep_ms` (unset: only processes with `keep-ms`).
+//! `[runtime.keep-session] default_keep_ms` (unset: only processes with `keep-ms`),
+//! `admission_wait_ms` (0: a new sequence never waits).
 //! Invariant (tested): retention only with a session and a positive keep time; the
-//! prop overrides the default; expiry is finish time plus keep time.
+//! prop overrides the default; expiry is finish time plus keep time; with
+//! `admission_wait_ms`, a new sequence drops a retention only when nothing runs
+//! or its wait is over, and every sequence still finishes (`scheduler/tests.rs`).
 
 use pie_core::Props;
 use serde::{Deserialize, Serialize};
@@ -19,6 +28,10 @@ use serde::{Deserialize, Serialize};
 #[serde(deny_unknown_fields, default)]
 pub struct KeepSessionConfig {
     pub default_keep_ms: Option<u64>,
+    /// How long after it arrived a sequence not yet running waits for pages
+    /// rather than drop a retention while any sequence runs (0: it never
+    /// waits).
+    pub admission_wait_ms: u64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -36,6 +49,12 @@ pub struct Retention {
 impl KeepSession {
     pub fn new(config: KeepSessionConfig) -> Self {
         Self { config }
+    }
+
+    /// How long a sequence not yet running may wait for retained pages
+    /// while any sequence runs (0: not at all).
+    pub fn admission_wait_ms(&self) -> u64 {
+        self.config.admission_wait_ms
     }
 
     /// Whether a process finishing at `now_ms` with `props` keeps its pages.
@@ -70,6 +89,7 @@ mod tests {
         let none = KeepSession::default();
         let dflt = KeepSession::new(KeepSessionConfig {
             default_keep_ms: Some(500),
+            ..Default::default()
         });
         let s = ("session", PropValue::Str("s".into()));
         assert_eq!(

@@ -213,6 +213,7 @@ on_miss = "continue"               # or "abort"
 
 [runtime.keep-session]
 # default_keep_ms = 30000         # keep a finished session's pages this long
+admission_wait_ms = 0              # >0: while anything runs, a new sequence waits up to this long for pages rather than drop a retention
 
 [runtime.offload]
 peers = []                         # peer worker URLs for prefill offload

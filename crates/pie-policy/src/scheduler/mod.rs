@@ -11,7 +11,9 @@
 //! accounting), then retained sessions (soonest expiry first; evicted before
 //! their expiry, which the accounting may spill: `retain-all`), then the running
 //! sequence ordered last is preempted: its pages are released and it is
-//! recomputed later. A sequence whose next uncached page another sequence is
+//! recomputed later. With keep-session's `admission_wait_ms`, a sequence not
+//! yet running does neither while another runs, for up to that long after
+//! it arrived: it waits. A sequence whose next uncached page another sequence is
 //! computing waits until that page is cached (no prefix computed twice).
 //! Progress needs an order that does not flip between two sequences from step
 //! to step, or each would preempt the other forever (fair orders running
@@ -184,6 +186,7 @@ impl Scheduler {
         let mut running = self.cands.iter().filter(|c| c.running).count();
         let mut budget = self.limits.max_batch_tokens;
         let preempts = self.policy.preempts_for_slots();
+        let admission_wait_ms = self.keep.as_ref().map_or(0, KeepSession::admission_wait_ms);
         for rank in 0..self.cands.len() {
             if budget == 0 {
                 break;
@@ -213,7 +216,9 @@ impl Scheduler {
                 }
                 hit = kv.attach_prefix(seq);
             }
-            match self.reserve(kv, rank, budget) {
+            let waited = now_ms.saturating_sub(self.cands[rank].arrival_ms);
+            let waits = !was_running && running > 0 && waited < admission_wait_ms;
+            match self.reserve(kv, rank, budget, waits) {
                 Some(tokens) => {
                     if !was_running {
                         running += 1;
@@ -292,13 +297,22 @@ impl Scheduler {
 
     /// Reserve pages for up to `budget` of the next tokens of the candidate at
     /// `rank`; when short, drop retained sessions, then preempt sequences
-    /// ordered after it. Returns the tokens it may compute, or None if not one
-    /// fits.
-    fn reserve(&mut self, kv: &mut impl KvAccounting, rank: usize, budget: usize) -> Option<usize> {
+    /// ordered after it, or, if it `waits` (keep-session's
+    /// `admission_wait_ms`), neither. Returns the tokens it may compute, or None if they do not fit.
+    fn reserve(
+        &mut self,
+        kv: &mut impl KvAccounting,
+        rank: usize,
+        budget: usize,
+        waits: bool,
+    ) -> Option<usize> {
         let seq = self.cands[rank].seq;
         loop {
             let want = kv.uncomputed(seq).min(budget);
             let room = kv.room(seq);
+            if room < want && waits {
+                return None;
+            }
             if room < want && (self.evict_soonest_retained(kv) || self.preempt_last(kv, rank + 1)) {
                 continue;
             }

@@ -10,7 +10,9 @@ use pie_core::{PropValue, Props, SeqId};
 use proptest::prelude::*;
 
 use super::*;
-use crate::{Deadline, DeadlineConfig, Fair, FairConfig, Fcfs, Priority, PriorityConfig};
+use crate::{
+    Deadline, DeadlineConfig, Fair, FairConfig, Fcfs, KeepSessionConfig, Priority, PriorityConfig,
+};
 
 struct ToySeq {
     prompt: usize,
@@ -135,7 +137,7 @@ proptest! {
     #[test]
     fn steps_respect_the_limits_and_every_sequence_finishes(
         policy_index in 0usize..4,
-        keep in any::<bool>(),
+        keep in 0u8..3,
         page_size in 1usize..8,
         pages in 8usize..40,
         max_batch_tokens in 1usize..64,
@@ -144,8 +146,10 @@ proptest! {
     ) {
         let limits = StepLimits { max_batch_tokens, max_running };
         let mut scheduler = Scheduler::new(policy(policy_index), limits);
-        if keep {
-            scheduler.set_keep_session(Some(KeepSession::new(Default::default())));
+        if keep > 0 {
+            let admission_wait_ms = if keep == 2 { 50 } else { 0 };
+            let config = KeepSessionConfig { admission_wait_ms, ..Default::default() };
+            scheduler.set_keep_session(Some(KeepSession::new(config)));
         }
         let capacity = pages * page_size;
         let mut kv = ToyKv { page_size, free: pages, seqs: HashMap::new(), retained: HashMap::new(), evicted_early: Vec::new() };
@@ -343,6 +347,90 @@ fn a_retained_session_needed_early_is_evicted_with_its_expiry() {
         "b's retention expired: dropped, not evicted early"
     );
     assert!(kv.retained.is_empty());
+}
+
+/// A sequence with `session` (retained 1 s), `prompt` tokens and
+/// `max_tokens`, arrived at 0, added to `scheduler`.
+fn add_session_seq(
+    kv: &mut ToyKv,
+    scheduler: &mut Scheduler,
+    id: u64,
+    (prompt, max_tokens): (usize, usize),
+    session: &str,
+) {
+    let seq = SeqId(id);
+    kv.seqs.insert(seq, ToySeq::new(prompt, max_tokens));
+    let mut props = Props::new();
+    props
+        .set("session", PropValue::Str(session.into()))
+        .unwrap();
+    props.set("keep-ms", PropValue::Int(1_000)).unwrap();
+    let cand = Candidate {
+        seq,
+        arrival_ms: 0,
+        running: false,
+        prefill_tokens: 0,
+        client: "c".into(),
+        props,
+    };
+    scheduler.add(kv, cand);
+}
+
+/// Session `a` is retained (3 of 8 pages), `b` runs (2 pages, growing to
+/// 4), then `c` arrives (at 0) needing 4. By default `c` evicts `a` while `b`
+/// runs; with `admission_wait_ms` 1,000, planned at 0, it waits until nothing
+/// runs (`b` finished and retained), and only then evicts a retention;
+/// planned at 5,000, its wait is over and it evicts at once. All finish.
+#[test]
+fn with_admission_wait_ms_a_new_sequence_waits_for_retained_pages_while_another_runs() {
+    for (wait_ms, now, waits) in [(0, 0, false), (1_000, 0, true), (1_000, 5_000, false)] {
+        let limits = StepLimits {
+            max_batch_tokens: 64,
+            max_running: 4,
+        };
+        let mut scheduler = Scheduler::new(Box::new(Fcfs), limits);
+        let config = KeepSessionConfig {
+            admission_wait_ms: wait_ms,
+            ..Default::default()
+        };
+        scheduler.set_keep_session(Some(KeepSession::new(config)));
+        let mut kv = ToyKv {
+            page_size: 4,
+            free: 8,
+            seqs: HashMap::new(),
+            retained: HashMap::new(),
+            evicted_early: Vec::new(),
+        };
+        let mut plan = Vec::new();
+        let mut step = |kv: &mut ToyKv, scheduler: &mut Scheduler| {
+            scheduler.plan(kv, now, &mut plan);
+            let planned: Vec<SeqId> = plan.iter().map(|p| p.seq).collect();
+            let (_, done) = compute_step(kv, scheduler, &plan);
+            for seq in scheduler.finish(kv, &done, true) {
+                kv.seqs.remove(&seq);
+            }
+            planned
+        };
+        add_session_seq(&mut kv, &mut scheduler, 1, (8, 2), "a");
+        while !scheduler.is_empty() {
+            step(&mut kv, &mut scheduler);
+        }
+        add_session_seq(&mut kv, &mut scheduler, 2, (8, 8), "b");
+        step(&mut kv, &mut scheduler);
+        add_session_seq(&mut kv, &mut scheduler, 3, (13, 2), "c");
+        let mut c_ran_beside_b = false;
+        let mut evicted_while_b_ran = false;
+        while !scheduler.is_empty() {
+            let b_running = kv.seqs.get(&SeqId(2)).is_some_and(|s| s.pages > 0);
+            let planned = step(&mut kv, &mut scheduler);
+            c_ran_beside_b |= b_running && planned.contains(&SeqId(3));
+            evicted_while_b_ran |= b_running && !kv.evicted_early.is_empty();
+        }
+        assert_eq!(c_ran_beside_b, !waits, "wait {wait_ms} ms, at {now}");
+        assert_eq!(evicted_while_b_ran, !waits, "wait {wait_ms} ms, at {now}");
+        assert_eq!(kv.evicted_early.len(), 1, "one retention made room for c");
+        assert!(kv.seqs.is_empty(), "every sequence finished");
+    }
 }
 
 /// A closed-loop fair-share run: each client keeps `demand` sequences on the
