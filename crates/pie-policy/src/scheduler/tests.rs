@@ -47,6 +47,19 @@ struct ToyKv {
     evicted_early: Vec<(String, u64)>,
 }
 
+impl ToyKv {
+    /// An empty pool of `pages` pages of `page_size` tokens.
+    fn new(page_size: usize, pages: usize) -> Self {
+        Self {
+            page_size,
+            free: pages,
+            seqs: HashMap::new(),
+            retained: HashMap::new(),
+            evicted_early: Vec::new(),
+        }
+    }
+}
+
 impl KvAccounting for ToyKv {
     fn holds_pages(&self, seq: SeqId) -> bool {
         self.seqs[&seq].pages > 0
@@ -152,7 +165,7 @@ proptest! {
             scheduler.set_keep_session(Some(KeepSession::new(config)));
         }
         let capacity = pages * page_size;
-        let mut kv = ToyKv { page_size, free: pages, seqs: HashMap::new(), retained: HashMap::new(), evicted_early: Vec::new() };
+        let mut kv = ToyKv::new(page_size, pages);
         let mut pending: Vec<(u64, usize)> = jobs.iter().enumerate().map(|(i, j)| (j.3, i)).collect();
         pending.sort();
         let total_tokens: usize = jobs.iter().map(|j| j.0 + j.1).sum();
@@ -213,13 +226,7 @@ fn light_and_flooder_tokens(policy: Box<dyn WorkerPolicy>) -> (usize, usize) {
         max_running: 4,
     };
     let mut scheduler = Scheduler::new(policy, limits);
-    let mut kv = ToyKv {
-        page_size: 16,
-        free: 1000,
-        seqs: HashMap::new(),
-        retained: HashMap::new(),
-        evicted_early: Vec::new(),
-    };
+    let mut kv = ToyKv::new(16, 1000);
     let mut next = 0u64;
     let mut arrivals: Vec<(u64, &str)> = [vec![(0, "flood"); 12], vec![(0, "light"); 2]].concat();
     let mut tokens: HashMap<&str, usize> = HashMap::new();
@@ -289,32 +296,7 @@ fn a_retained_session_needed_early_is_evicted_with_its_expiry() {
     };
     let mut scheduler = Scheduler::new(Box::new(Fcfs), limits);
     scheduler.set_keep_session(Some(KeepSession::new(Default::default())));
-    let mut kv = ToyKv {
-        page_size: 4,
-        free: 8,
-        seqs: HashMap::new(),
-        retained: HashMap::new(),
-        evicted_early: Vec::new(),
-    };
-    let add = |kv: &mut ToyKv, scheduler: &mut Scheduler, id: u64, prompt: usize, session: &str| {
-        let seq = SeqId(id);
-        let toy = ToySeq::new(prompt, 2);
-        kv.seqs.insert(seq, toy);
-        let mut props = Props::new();
-        props
-            .set("session", PropValue::Str(session.into()))
-            .unwrap();
-        props.set("keep-ms", PropValue::Int(1_000)).unwrap();
-        let cand = Candidate {
-            seq,
-            arrival_ms: 0,
-            running: false,
-            prefill_tokens: 0,
-            client: "c".into(),
-            props,
-        };
-        scheduler.add(kv, cand);
-    };
+    let mut kv = ToyKv::new(4, 8);
     let run_until_done = |kv: &mut ToyKv, scheduler: &mut Scheduler, now: u64| {
         let mut plan = Vec::new();
         while !scheduler.is_empty() {
@@ -326,13 +308,13 @@ fn a_retained_session_needed_early_is_evicted_with_its_expiry() {
             }
         }
     };
-    add(&mut kv, &mut scheduler, 1, 8, "a");
+    add_session_seq(&mut kv, &mut scheduler, 1, (8, 2), "a");
     run_until_done(&mut kv, &mut scheduler, 10);
     assert_eq!(
         scheduler.retained_sessions(),
         vec![("a".to_string(), 1_010)]
     );
-    add(&mut kv, &mut scheduler, 2, 24, "b");
+    add_session_seq(&mut kv, &mut scheduler, 2, (24, 2), "b");
     run_until_done(&mut kv, &mut scheduler, 20);
     assert_eq!(
         kv.evicted_early,
@@ -394,13 +376,7 @@ fn with_admission_wait_ms_a_new_sequence_waits_for_retained_pages_while_another_
             ..Default::default()
         };
         scheduler.set_keep_session(Some(KeepSession::new(config)));
-        let mut kv = ToyKv {
-            page_size: 4,
-            free: 8,
-            seqs: HashMap::new(),
-            retained: HashMap::new(),
-            evicted_early: Vec::new(),
-        };
+        let mut kv = ToyKv::new(4, 8);
         let mut plan = Vec::new();
         let mut step = |kv: &mut ToyKv, scheduler: &mut Scheduler| {
             scheduler.plan(kv, now, &mut plan);
@@ -492,13 +468,7 @@ fn textbook_shares(weights: &[f64], demands: &[usize], slots: usize) -> Vec<f64>
 fn run_fair(run: &FairRun) -> FairOutcome {
     let config = FairConfig::default();
     let mut scheduler = Scheduler::new(Box::new(Fair::new(config.clone())), run.limits);
-    let mut kv = ToyKv {
-        page_size: 16,
-        free: 100_000,
-        seqs: HashMap::new(),
-        retained: HashMap::new(),
-        evicted_early: Vec::new(),
-    };
+    let mut kv = ToyKv::new(16, 100_000);
     let clients: Vec<String> = (0..run.weights.len()).map(|i| format!("c{i}")).collect();
     let shares = textbook_shares(&run.weights, &run.demands, run.limits.max_running);
     let backlogged: Vec<usize> = (0..clients.len())
