@@ -26,9 +26,9 @@ share a conversation). The tool answers after a latency drawn per agent and
 step (seeded, uniform in --latency-ms) with a text that depends only on the
 call, so every way gets the same results. The KV pool holds --pool-share (at
 most half) of the agents' contexts at their longest: a first pass runs the
-plain loop once per question on an ample pool and takes its longest context
-(prompt and answer of a last step), and each row's kv_pages is that share
-of N such contexts. --admission-wait-ms sets keep-session's
+plain loop of the first eight agents on an ample pool and takes its longest
+context (prompt and answer of a last step), and each row's kv_pages is that
+share of N such contexts. --admission-wait-ms sets keep-session's
 `admission_wait_ms` for every variant. Per variant: agents per
 minute, per-step latency (p50, p99: from the request, or the tool's result,
 to the next step's end), prompt tokens computed and found cached, and
@@ -216,9 +216,9 @@ def variant(url, name, n, a):
 
 
 def measure_shape(a):
-    """The plain loop once per question on an ample pool (at temperature 0
-    an agent's context depends only on its question): each agent's
-    (prompt, completion) tokens per step."""
+    """The plain loop of the first eight agents (one per question) on an
+    ample pool: each agent's (prompt, completion) tokens per step. They
+    stand for the others, whose questions differ only in their tag."""
     n = len(QUESTIONS)
     store = tempfile.mkdtemp(prefix="pie-agent-bench-")
     with pielib.Procs() as procs:
@@ -230,8 +230,8 @@ def measure_shape(a):
 def sim_overrides(usages):
     """`pie-sim --set` overrides for the `agent` workload of the measured
     shape: the first prompt (the workload's 16-token question and the rest
-    as the shared protocol), mean output and observation lengths, and each
-    question's steps (agent i asks question i % 8, as here)."""
+    as the shared protocol), mean output and observation lengths, and the
+    measured agents' step counts, which the workload takes in turn."""
     mean = lambda xs: round(sum(xs) / len(xs))
     observations = [p - (q + c) for u in usages for (q, c), (p, _) in zip(u, u[1:])]
     return {"system_len": mean([u[0][0] for u in usages]) - QUESTION_LEN,

@@ -145,8 +145,9 @@ pub struct RopeSpec<'a> {
     pub freq_divisors: Option<&'a [f32]>,
     pub layout: RopeLayout,
     pub max_pos: usize,
-    /// Rotated elements are scaled by it (LongRoPE's attention factor; 1:
-    /// none), as llama.cpp scales its cos and sin.
+    /// Rotated elements are scaled by it (`rope.scaling.attn_factor`, as
+    /// LongRoPE's files carry it; 1: none), as llama.cpp scales its cos and
+    /// sin; YaRN's own scale comes on top (`RopeScaling`).
     pub mscale: f32,
 }
 

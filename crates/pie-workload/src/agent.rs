@@ -2,9 +2,9 @@
 //! so that `pie bench` and `pie-sim` run it too. `agents` agents start
 //! together (a closed population: when one ends, the next starts in its
 //! place, until the requests asked for are drawn); agent `a` runs
-//! `steps[a % steps.len()]` steps (the real bench's agent `i` asks question
-//! `i % 8`, so how many steps it takes is a function of `i % 8` at
-//! temperature 0). A step's prompt is the agent's whole
+//! `steps[a % steps.len()]` steps (the step counts `scripts/agent-bench.py`
+//! measured for its first agents, taken in turn). A step's prompt is the
+//! agent's whole
 //! history: a system prompt every agent shares, its question, then per
 //! earlier step the model's output and the tool's observation. The next step
 //! arrives a tool latency (uniform in `latency_min_ms..=latency_max_ms`)
@@ -75,14 +75,12 @@ pub(crate) fn agent(w: &Agent, n: usize, rng: &mut StdRng) -> Vec<Request> {
     for a in 0u64.. {
         let name = format!("agent-{a}");
         let slot = a as usize % slots;
-        let steps = (w.steps.get(a as usize % w.steps.len().max(1)))
-            .copied()
-            .unwrap_or(1);
+        let steps = (w.steps.get(a as usize % w.steps.len().max(1))).map_or(1, |&s| s.max(1));
         let mut prompt = vec![
             Segment::named(&[AGENT_SYSTEM], w.system_len),
             Segment::named(&[AGENT_QUESTION, a], w.question_len),
         ];
-        for step in 0..steps.max(1) as u64 {
+        for step in 0..steps as u64 {
             if out.len() == n {
                 return out;
             }

@@ -14,8 +14,8 @@
 //! so an agent that kept the sampled tokens would go on from a context no
 //! loop sees and make other calls. Each step generates on a fork of the
 //! context; the fork is kept when its tokens are the text's, else the
-//! context takes the text's tokens (computed again, as a loop's are: the
-//! pages the fork filled are found in the prefix cache).
+//! context takes the text's tokens (computed again, as a loop's are, but
+//! for full pages the fork filled, which the prefix cache can hold).
 //!
 //! The protocol (`protocol.rs`: the system prompt, the expressions; then the
 //! observation turn) is the one `scripts/agent-bench.py` and
