@@ -231,6 +231,77 @@ async fn keep_session_keeps_turn_one_resident_for_turn_two() {
     assert_eq!(computed, 91.0);
 }
 
+/// Session A's turn 1 is retained (6 pages of a 24-page pool); a blocker
+/// runs (150 prompt tokens, then 60 slow steps); a 150-token filler arrives
+/// that fits only if A's retention goes; then A's turn 2. Returns A's turn 2
+/// cached tokens and the filler's final record.
+#[cfg(feature = "fault-injection")]
+async fn turn_two_behind_a_filler(s: &Server) -> (Value, Value) {
+    let turn1: Vec<u32> = (0..60).map(|i| 32 + (i * 7) % 90).collect();
+    let props = json!({"session": "chat-7", "keep-ms": 60_000});
+    let id = s.launch(json!({"inferlet": "text-completion", "args": {"prompt": turn1, "max_tokens": 21, "ignore_eos": true}, "props": props})).await;
+    let first = s.wait_done(&id).await;
+    let fault = json!({"fault": "slow-steps", "delay_ms": 25});
+    assert_eq!(s.post("/v1/admin/fault", fault).await.0, 200);
+    let long = |seed: u32| -> Vec<u32> { (0..150).map(|j| 40 + (seed * 13 + j) % 80).collect() };
+    let blocker = s.launch(json!({"inferlet": "text-completion", "args": {"prompt": long(1), "max_tokens": 60, "ignore_eos": true}})).await;
+    s.eventually("blocker running", async || {
+        s.get(&format!("/v1/processes/{blocker}")).await.1["state"] == "running"
+    })
+    .await;
+    let filler = s.launch(json!({"inferlet": "text-completion", "args": {"prompt": long(2), "max_tokens": 2, "ignore_eos": true}})).await;
+    s.eventually("the filler with the engine", async || {
+        s.get("/v1/policies").await.1["state"]["sequences"] == 2
+    })
+    .await;
+    let mut turn2 = turn1.clone();
+    turn2.extend(
+        first["output_tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32),
+    );
+    turn2.extend((0..10).map(|i| 65 + i));
+    let id = s.launch(json!({"inferlet": "text-completion", "args": {"prompt": turn2, "max_tokens": 2, "ignore_eos": true}, "props": props})).await;
+    let second = s.wait_done(&id).await;
+    let blocker = s.wait_done(&blocker).await;
+    assert_eq!(blocker["state"], "finished", "{blocker}");
+    (
+        second["usage"]["prompt_tokens_details"]["cached_tokens"].clone(),
+        s.wait_done(&filler).await,
+    )
+}
+
+/// With `admission_wait_ms`, a new sequence that fits only by dropping a
+/// retention waits while another runs, so the retained session's next turn
+/// finds its pages; without it the filler drops some. Either way the filler
+/// finishes.
+#[cfg(feature = "fault-injection")]
+#[tokio::test]
+async fn admission_wait_keeps_a_retained_turn_while_a_new_sequence_waits() {
+    let args = ["--kv-pages", "24", "--page-size", "16"];
+    let policy = "[runtime]\nworker_policy = [\"fcfs\", \"keep-session\"]\n";
+    let waits = Server::start(
+        &format!("{policy}[runtime.keep-session]\nadmission_wait_ms = 60000\n"),
+        &args,
+    )
+    .await;
+    let (cached, filler) = turn_two_behind_a_filler(&waits).await;
+    assert_eq!(cached, 80, "turn 1's pages were kept for turn 2");
+    assert_eq!(filler["state"], "finished", "{filler}");
+
+    let evicts = Server::start(policy, &args).await;
+    let (cached, filler) = turn_two_behind_a_filler(&evicts).await;
+    // The filler drops as many of turn 1's pages as it lacks.
+    let cached = cached.as_u64().unwrap();
+    assert!(
+        cached < 80,
+        "without the wait the filler drops turn 1's pages: {cached} cached"
+    );
+    assert_eq!(filler["state"], "finished", "{filler}");
+}
+
 #[tokio::test]
 async fn offload_prefills_on_the_peer_and_survives_its_death() {
     let mut peer = Server::start("", &[]).await;
