@@ -5,6 +5,7 @@ Usage: scripts/agent-bench.py [--pie target/release/pie] [--model PATH]
            [--agents 8,32,64] [--max-steps 6] [--latency-ms 100,2000]
            [--seed 1] [--variants inferlet,session,plain]
            [--pool-share 0.5 | --kv-pages N] [--admission-wait-ms MS]
+           [--rounds 1]
 
 One ReAct agent protocol (the `agent` inferlet's: a system prompt, each
 step constrained to `Thought: ...` then `Action: TOOL[INPUT]` or
@@ -33,7 +34,10 @@ share of N such contexts. --admission-wait-ms sets keep-session's
 minute, per-step latency (p50, p99: from the request, or the tool's result,
 to the next step's end), prompt tokens computed and found cached, and
 preemptions; then how many agents made the same calls and answer in every
-way (temperature 0).
+way (temperature 0). With --rounds R each row runs its variants R times in
+turn (so a slow spell of the host falls on every variant alike), and a
+variant's figures are those of its median round by agents per minute, the
+ratios each round's beside them.
 """
 import argparse
 import json
@@ -241,6 +245,13 @@ def sim_overrides(usages):
             "steps": json.dumps([len(u) for u in usages], separators=(",", ":"))}
 
 
+def median_round(rounds):
+    """The round whose agents per minute is the median (the lower middle of
+    an even count)."""
+    ordered = sorted(rounds, key=lambda r: r["agents_per_min"])
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pie", default=os.path.join(ROOT, "target", "release", "pie"))
@@ -255,6 +266,8 @@ def main():
     ap.add_argument("--pool-share", type=float, default=0.5,
                     help="each row's pool as a share of its agents' contexts at their longest")
     ap.add_argument("--kv-pages", type=int, help="every row's pool (overrides --pool-share)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="runs of every variant per row, in turn; the median is reported")
     a = ap.parse_args()
     a.bounds = tuple(float(x) for x in a.latency_ms.split(","))
     subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=os.path.join(ROOT, "inferlets"),
@@ -270,21 +283,28 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|")
     for n in [int(x) for x in a.agents.split(",")]:
         pages = a.kv_pages or int(n * longest * a.pool_share)
-        results = {}
-        for name in a.variants.split(","):
-            store = tempfile.mkdtemp(prefix="pie-agent-bench-")
-            with pielib.Procs() as procs:
-                url = serve(procs, a, pages, store)
-                a.run = f"{n}-{name}"
-                results[name] = variant(url, name, n, a)
+        names = a.variants.split(",")
+        rounds = {name: [] for name in names}
+        for k in range(a.rounds):
+            for name in names:
+                store = tempfile.mkdtemp(prefix="pie-agent-bench-")
+                with pielib.Procs() as procs:
+                    url = serve(procs, a, pages, store)
+                    a.run = f"{n}-{name}-{k}"
+                    rounds[name].append(variant(url, name, n, a))
+        results = {name: median_round(rs) for name, rs in rounds.items()}
         plain = results.get("plain", {}).get("agents_per_min")
         for name, r in results.items():
             ratio = f"{r['agents_per_min'] / plain:.2f}" if plain else "-"
+            if plain and a.rounds > 1:
+                each = [f"{x['agents_per_min'] / y['agents_per_min']:.2f}"
+                        for x, y in zip(rounds[name], rounds["plain"])]
+                ratio += f" ({', '.join(each)})"
             print(f"| {n} | {pages} | {name} | {r['agents_per_min']:.1f} | {ratio} | "
                   f"{r['step_p50_ms']:.0f} / {r['step_p99_ms']:.0f} | "
                   f"{r['steps']} / {r['generated']:.0f} | "
                   f"{r['computed']:.0f} / {r['cached']:.0f} | {r['preemptions']:.0f} | {r['failed']} |")
-        outs = [r["out"] for r in results.values()]
+        outs = [r["out"] for rs in rounds.values() for r in rs]
         same = sum(1 for i in range(n) if all(o[i][:2] == outs[0][i][:2] for o in outs))
         calls = sum(len(o[0]) for o in outs[0])
         print(f"|  |  | same calls and answer in every way: {same}/{n} agents ({calls} tool calls) | | | | | | | |")
