@@ -5,7 +5,7 @@ Usage: scripts/agent-bench.py [--pie target/release/pie] [--model PATH]
            [--agents 8,32,64] [--max-steps 6] [--latency-ms 100,2000]
            [--seed 1] [--variants inferlet,session,plain]
            [--pool-share 0.5 | --kv-pages N] [--admission-wait-ms MS]
-           [--rounds 1]
+           [--rounds 1] [--duration SECONDS]
 
 One ReAct agent protocol (the `agent` inferlet's: a system prompt, each
 step constrained to `Thought: ...` then `Action: TOOL[INPUT]` or
@@ -37,7 +37,10 @@ preemptions; then how many agents made the same calls and answer in every
 way (temperature 0). With --rounds R each row runs its variants R times in
 turn (so a slow spell of the host falls on every variant alike), and a
 variant's figures are those of its median round by agents per minute, the
-ratios each round's beside them.
+ratios each round's beside them. A batch's rate is set by its slowest
+agent; with --duration each run is instead a steady stream: N slots start
+a new agent whenever theirs finishes, and the rate counts the agents that
+finish between the first third of the duration (the warm-up) and its end.
 """
 import argparse
 import json
@@ -193,30 +196,70 @@ def run_loop(url, i, a, out, session):
     out[i] = (calls, answer, steps, usages)
 
 
+TARGETS = {"inferlet": run_inferlet,
+           "session": lambda u, i, a, o: run_loop(u, i, a, o, True),
+           "plain": lambda u, i, a, o: run_loop(u, i, a, o, False)}
+
+
 def variant(url, name, n, a):
-    out = [None] * n
-    target = {"inferlet": run_inferlet,
-              "session": lambda u, i, a, o: run_loop(u, i, a, o, True),
-              "plain": lambda u, i, a, o: run_loop(u, i, a, o, False)}[name]
+    """N agents of way `name`: one batch (the rate is N over its wall time),
+    or with --duration a steady stream (see `stream`)."""
     before = pielib.scrape(url)
     start = time.monotonic()
-    threads = [threading.Thread(target=target, args=(url, i, a, out)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.monotonic() - start
+    if a.duration:
+        out, rate = stream(url, TARGETS[name], n, a, start)
+    else:
+        out = {}
+        threads = [threading.Thread(target=TARGETS[name], args=(url, i, a, out))
+                   for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        rate = n / (time.monotonic() - start) * 60
     after = pielib.scrape(url)
     delta = lambda m: pielib.prom_delta(before, after, m)
-    steps = [s for _, _, ss, _ in out for s in ss]
-    failed = sum(1 for _, ans, _, _ in out if ans is None or str(ans).startswith("FAILED"))
-    return {"agents_per_min": n / wall * 60, "wall_s": wall, "failed": failed,
+    steps = [s for _, _, ss, _ in out.values() for s in ss]
+    failed = sum(1 for _, ans, _, _ in out.values() if ans is None or str(ans).startswith("FAILED"))
+    return {"agents_per_min": rate, "failed": failed,
             "step_p50_ms": pielib.percentile(steps, 50) * 1000,
             "step_p99_ms": pielib.percentile(steps, 99) * 1000,
             "steps": len(steps), "generated": delta("pie_generated_tokens_total"),
             "computed": delta("pie_prompt_tokens_total"),
             "cached": delta("pie_prefix_cache_hit_tokens_total"),
             "preemptions": delta("pie_preemptions_total"), "out": out}
+
+
+def stream(url, target, n, a, start):
+    """N slots, each running agents back to back (slot j: agents j, j + N,
+    ...) for --duration seconds; the rate counts the agents that finished
+    after the first third (the warm-up, while every slot runs its first
+    agent) and before the end. Agents still running at the end are left to
+    the server's shutdown. Returns the counted agents' records and the rate."""
+    end = start + a.duration
+    warm = start + a.duration / 3
+    finished = {}
+    lock = threading.Lock()
+
+    def slot(j):
+        i = j
+        while time.monotonic() < end:
+            out = {}
+            try:
+                target(url, i, a, out)
+            except Exception as e:  # noqa: BLE001 (the server's shutdown, or a failure to count)
+                out[i] = ([], f"FAILED: {e!r}", [], None)
+            if warm <= time.monotonic() <= end:
+                with lock:
+                    finished[i] = out[i]
+            i += n
+
+    for j in range(n):
+        threading.Thread(target=slot, args=(j,), daemon=True).start()
+    time.sleep(max(0.0, end - time.monotonic()))
+    with lock:
+        counted = dict(finished)
+    return counted, len(counted) / (end - warm) * 60
 
 
 def measure_shape(a):
@@ -227,8 +270,10 @@ def measure_shape(a):
     store = tempfile.mkdtemp(prefix="pie-agent-bench-")
     with pielib.Procs() as procs:
         url = serve(procs, a, n * 64, store)
-        a.run = "calibrate"
-        return [o[3] for o in variant(url, "plain", n, a)["out"]]
+        once = argparse.Namespace(**vars(a))
+        once.run, once.duration = "calibrate", 0
+        out = variant(url, "plain", n, once)["out"]
+        return [out[i][3] for i in range(n)]
 
 
 def sim_overrides(usages):
@@ -266,6 +311,8 @@ def main():
     ap.add_argument("--pool-share", type=float, default=0.5,
                     help="each row's pool as a share of its agents' contexts at their longest")
     ap.add_argument("--kv-pages", type=int, help="every row's pool (overrides --pool-share)")
+    ap.add_argument("--duration", type=float, default=0,
+                    help="seconds of a steady stream of agents per run (0: one batch of N)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="runs of every variant per row, in turn; the median is reported")
     a = ap.parse_args()
@@ -305,9 +352,11 @@ def main():
                   f"{r['steps']} / {r['generated']:.0f} | "
                   f"{r['computed']:.0f} / {r['cached']:.0f} | {r['preemptions']:.0f} | {r['failed']} |")
         outs = [r["out"] for rs in rounds.values() for r in rs]
-        same = sum(1 for i in range(n) if all(o[i][:2] == outs[0][i][:2] for o in outs))
-        calls = sum(len(o[0]) for o in outs[0])
-        print(f"|  |  | same calls and answer in every way: {same}/{n} agents ({calls} tool calls) | | | | | | | |")
+        common = sorted(set.intersection(*(set(o) for o in outs)))
+        same = sum(1 for i in common if all(o[i][:2] == outs[0][i][:2] for o in outs))
+        calls = sum(len(outs[0][i][0]) for i in common)
+        print(f"|  |  | same calls and answer in every way: {same}/{len(common)} agents "
+              f"({calls} tool calls) | | | | | | | |")
 
 
 if __name__ == "__main__":

@@ -167,16 +167,46 @@ async fn fair_gives_a_flooding_and_a_light_client_equal_service() {
     );
 }
 
-/// Turn 1 (60 prompt tokens + 21 generated), then filler traffic that cycles the
-/// whole small pool, then turn 2 repeating turn 1 token for token plus 10 tokens.
+fn session_props() -> Value {
+    json!({"session": "chat-7", "keep-ms": 60_000})
+}
+
+/// Session "chat-7"'s turn 1 (60 prompt tokens + 21 generated); returns its
+/// whole context, which turn 2 repeats.
+async fn turn_one(s: &Server) -> Vec<u32> {
+    let mut context: Vec<u32> = (0..60).map(|i| 32 + (i * 7) % 90).collect();
+    let id = s.launch(json!({"inferlet": "text-completion", "args": {"prompt": context, "max_tokens": 21, "ignore_eos": true}, "props": session_props()})).await;
+    let first = s.wait_done(&id).await;
+    context.extend(
+        first["output_tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32),
+    );
+    assert_eq!(context.len(), 81);
+    context
+}
+
+/// Turn 2: turn 1's `context` token for token plus 10 tokens; its record.
+async fn turn_two(s: &Server, context: &[u32]) -> Value {
+    let mut prompt = context.to_vec();
+    prompt.extend((0..10).map(|i| 65 + i));
+    let id = s.launch(json!({"inferlet": "text-completion", "args": {"prompt": prompt, "max_tokens": 2, "ignore_eos": true}, "props": session_props()})).await;
+    s.wait_done(&id).await
+}
+
+/// A 150-token prompt (10 pages of 16), one per `seed`.
+fn long_prompt(seed: u32) -> Vec<u32> {
+    (0..150).map(|j| 40 + (seed * 13 + j) % 80).collect()
+}
+
+/// Turn 1, then filler traffic that cycles the whole small pool, then turn 2.
 /// Returns turn 2's record and how many prompt tokens the worker computed for it.
 async fn two_turns(s: &Server) -> (Value, f64) {
-    let turn1: Vec<u32> = (0..60).map(|i| 32 + (i * 7) % 90).collect();
-    let props = json!({"session": "chat-7", "keep-ms": 60_000});
-    let id = s.launch(json!({"inferlet": "text-completion", "args": {"prompt": turn1, "max_tokens": 21, "ignore_eos": true}, "props": props})).await;
-    let first = s.wait_done(&id).await;
+    let context = turn_one(s).await;
     for i in 0..6u32 {
-        let filler: Vec<u32> = (0..150).map(|j| 40 + (i * 13 + j) % 80).collect();
+        let filler = long_prompt(i);
         let f = s
             .launch(
                 json!({"inferlet": "text-completion", "args": {"prompt": filler, "max_tokens": 2}}),
@@ -184,19 +214,8 @@ async fn two_turns(s: &Server) -> (Value, f64) {
             .await;
         s.wait_done(&f).await;
     }
-    let mut turn2 = turn1.clone();
-    turn2.extend(
-        first["output_tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap() as u32),
-    );
-    assert_eq!(turn2.len(), 81);
-    turn2.extend((0..10).map(|i| 65 + i));
     let before = s.metric("pie_prompt_tokens_total").await;
-    let id = s.launch(json!({"inferlet": "text-completion", "args": {"prompt": turn2, "max_tokens": 2, "ignore_eos": true}, "props": props})).await;
-    let second = s.wait_done(&id).await;
+    let second = turn_two(s, &context).await;
     (second, s.metric("pie_prompt_tokens_total").await - before)
 }
 
@@ -237,34 +256,20 @@ async fn keep_session_keeps_turn_one_resident_for_turn_two() {
 /// cached tokens and the filler's final record.
 #[cfg(feature = "fault-injection")]
 async fn turn_two_behind_a_filler(s: &Server) -> (Value, Value) {
-    let turn1: Vec<u32> = (0..60).map(|i| 32 + (i * 7) % 90).collect();
-    let props = json!({"session": "chat-7", "keep-ms": 60_000});
-    let id = s.launch(json!({"inferlet": "text-completion", "args": {"prompt": turn1, "max_tokens": 21, "ignore_eos": true}, "props": props})).await;
-    let first = s.wait_done(&id).await;
+    let context = turn_one(s).await;
     let fault = json!({"fault": "slow-steps", "delay_ms": 25});
     assert_eq!(s.post("/v1/admin/fault", fault).await.0, 200);
-    let long = |seed: u32| -> Vec<u32> { (0..150).map(|j| 40 + (seed * 13 + j) % 80).collect() };
-    let blocker = s.launch(json!({"inferlet": "text-completion", "args": {"prompt": long(1), "max_tokens": 60, "ignore_eos": true}})).await;
+    let blocker = s.launch(json!({"inferlet": "text-completion", "args": {"prompt": long_prompt(1), "max_tokens": 60, "ignore_eos": true}})).await;
     s.eventually("blocker running", async || {
         s.get(&format!("/v1/processes/{blocker}")).await.1["state"] == "running"
     })
     .await;
-    let filler = s.launch(json!({"inferlet": "text-completion", "args": {"prompt": long(2), "max_tokens": 2, "ignore_eos": true}})).await;
+    let filler = s.launch(json!({"inferlet": "text-completion", "args": {"prompt": long_prompt(2), "max_tokens": 2, "ignore_eos": true}})).await;
     s.eventually("the filler with the engine", async || {
         s.get("/v1/policies").await.1["state"]["sequences"] == 2
     })
     .await;
-    let mut turn2 = turn1.clone();
-    turn2.extend(
-        first["output_tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap() as u32),
-    );
-    turn2.extend((0..10).map(|i| 65 + i));
-    let id = s.launch(json!({"inferlet": "text-completion", "args": {"prompt": turn2, "max_tokens": 2, "ignore_eos": true}, "props": props})).await;
-    let second = s.wait_done(&id).await;
+    let second = turn_two(s, &context).await;
     let blocker = s.wait_done(&blocker).await;
     assert_eq!(blocker["state"], "finished", "{blocker}");
     (
