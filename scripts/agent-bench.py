@@ -220,7 +220,11 @@ def variant(url, name, n, a):
     after = pielib.scrape(url)
     delta = lambda m: pielib.prom_delta(before, after, m)
     steps = [s for _, _, ss, _ in out.values() for s in ss]
-    failed = sum(1 for _, ans, _, _ in out.values() if ans is None or str(ans).startswith("FAILED"))
+    failures = {i: ans for i, (_, ans, _, _) in out.items()
+                if ans is None or str(ans).startswith("FAILED")}
+    for i, ans in sorted(failures.items()):
+        print(f"{name}: agent {i} failed: {ans}", file=sys.stderr)
+    failed = len(failures)
     return {"agents_per_min": rate, "failed": failed,
             "step_p50_ms": pielib.percentile(steps, 50) * 1000,
             "step_p99_ms": pielib.percentile(steps, 99) * 1000,
