@@ -40,7 +40,8 @@ variant's figures are those of its median round by agents per minute, the
 ratios each round's beside them. A batch's rate is set by its slowest
 agent; with --duration each run is instead a steady stream: N slots start
 a new agent whenever theirs finishes, and the rate counts the agents that
-finish between the first third of the duration (the warm-up) and its end.
+finish between the first third of the duration (the warm-up) and its end;
+steps and latencies are those agents', token counts the whole run's.
 """
 import argparse
 import json
