@@ -75,7 +75,10 @@ pub(crate) fn agent(w: &Agent, n: usize, rng: &mut StdRng) -> Vec<Request> {
     for a in 0u64.. {
         let name = format!("agent-{a}");
         let slot = a as usize % slots;
-        let steps = (w.steps.get(a as usize % w.steps.len().max(1))).map_or(1, |&s| s.max(1));
+        let steps = w
+            .steps
+            .get(a as usize % w.steps.len().max(1))
+            .map_or(1, |&s| s.max(1));
         let mut prompt = vec![
             Segment::named(&[AGENT_SYSTEM], w.system_len),
             Segment::named(&[AGENT_QUESTION, a], w.question_len),
