@@ -23,6 +23,8 @@
 //! - `avx2`, `avx512`: those tiles over the integer dot products of AVX2
 //!   (maddubs + madd) and of 512-bit VNNI (`vpdpbusd`, two 32-byte vectors per
 //!   register).
+//! - `amx`: many-row calls' integer dot products on Intel's tile unit, scaled
+//!   in `avx512`'s f32 operations and order, so its results are `avx512`'s.
 //!
 //! A row's result never depends on which other rows share the call: every
 //! (row, column) pair accumulates in the same order whatever the tile shape.
@@ -33,6 +35,8 @@ use rayon::prelude::*;
 use store::{Acts, Out};
 pub use store::{Q4Source, QWeight};
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -125,14 +129,13 @@ impl QWeight {
 
 /// `x @ parts^T` with the parts' columns side by side, row-major.
 fn forward_parts(parts: &[QWeight], kernel: Kernel, x: &[f32], rows: usize) -> Vec<f32> {
-    let (k_in, order) = (parts[0].k_in, &parts[0].order);
-    assert_eq!(x.len(), rows * k_in, "activation size");
-    let acts = Acts::quantize(x, rows, k_in, order, parts.iter().any(QWeight::is_q6));
+    let inputs = kernel.inputs(parts, x, rows);
     let n: usize = parts.iter().map(|p| p.n).sum();
     // Enough column ranges to balance the pool's threads, but each a few
-    // dozen columns so a task's work dwarfs the scheduling.
+    // dozen columns so a task's work dwarfs the scheduling; whole tiles of
+    // the AMX kernel's sixteen columns.
     let threads = rayon::current_num_threads() * 4;
-    let cols = n.div_ceil(threads).next_multiple_of(8).max(32);
+    let cols = n.div_ceil(threads).next_multiple_of(16).max(32);
     // (part, its first column, columns, the result's column of the first).
     let mut tasks = Vec::new();
     let mut at = 0;
@@ -150,15 +153,25 @@ fn forward_parts(parts: &[QWeight], kernel: Kernel, x: &[f32], rows: usize) -> V
     tasks.into_par_iter().for_each(|(part, c0, nc, col)| {
         // SAFETY: `out` holds `rows x n`, outlives the loop, and each task
         // writes only its own columns `col..col + nc`.
-        unsafe { kernel.run(part, &acts, c0, nc, dst.at(0, col)) };
+        unsafe { kernel.run(part, &inputs, c0, nc, dst.at(0, col)) };
     });
     out
+}
+
+/// A call's activations in the forms its kernel reads: quantised, and for
+/// the AMX kernel, when it takes one of the parts, also in tiles.
+pub(super) struct Inputs {
+    acts: Acts,
+    #[cfg(target_arch = "x86_64")]
+    tiles: Option<amx::TileActs>,
 }
 
 /// A matmul implementation. They all give the same results (the tests hold
 /// each to the portable one); they differ only in speed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kernel {
+    #[cfg(target_arch = "x86_64")]
+    Amx,
     #[cfg(target_arch = "x86_64")]
     Avx512,
     #[cfg(target_arch = "x86_64")]
@@ -174,6 +187,8 @@ impl Kernel {
     /// Every kernel, fastest first.
     pub(crate) const ALL: &[Kernel] = &[
         #[cfg(target_arch = "x86_64")]
+        Kernel::Amx,
+        #[cfg(target_arch = "x86_64")]
         Kernel::Avx512,
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx2,
@@ -182,6 +197,8 @@ impl Kernel {
 
     pub(crate) fn name(self) -> &'static str {
         match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Amx => "amx",
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512 => "avx512",
             #[cfg(target_arch = "x86_64")]
@@ -193,6 +210,8 @@ impl Kernel {
     /// Whether this CPU has the instructions the kernel uses.
     pub(crate) fn available(self) -> bool {
         match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Amx => Kernel::Avx512.available() && amx::available(),
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512 => {
                 is_x86_feature_detected!("avx512f")
@@ -258,13 +277,29 @@ impl Kernel {
             .join(", ")
     }
 
-    /// Output columns `c0..c0 + nc` for every row of `a`, into `out` (whose
-    /// column 0 is column `c0`).
+    /// `x (rows x k_in)` in the forms this kernel reads for a call on `parts`.
+    fn inputs(self, parts: &[QWeight], x: &[f32], rows: usize) -> Inputs {
+        let (k_in, order) = (parts[0].k_in, &parts[0].order);
+        assert_eq!(x.len(), rows * k_in, "activation size");
+        let acts = Acts::quantize(x, rows, k_in, order, parts.iter().any(QWeight::is_q6));
+        #[cfg(target_arch = "x86_64")]
+        let tiles = (self == Kernel::Amx && parts.iter().any(|p| amx::takes(p, rows)))
+            .then(|| amx::TileActs::pack(&acts));
+        Inputs {
+            acts,
+            #[cfg(target_arch = "x86_64")]
+            tiles,
+        }
+    }
+
+    /// Output columns `c0..c0 + nc` for every row of the call, into `out`
+    /// (whose column 0 is column `c0`).
     ///
     /// # Safety
-    /// `out` has room for `a`'s rows by `nc` columns, and no other thread
-    /// writes them.
-    unsafe fn run(self, w: &QWeight, a: &Acts, c0: usize, nc: usize, out: Out) {
+    /// `out` has room for the call's rows by `nc` columns, and no other
+    /// thread writes them.
+    unsafe fn run(self, w: &QWeight, inputs: &Inputs, c0: usize, nc: usize, out: Out) {
+        let a = &inputs.acts;
         // Cheap (the features are cached), and it keeps a kernel value made
         // without `detect` or `named` from running instructions the CPU lacks.
         assert!(
@@ -273,6 +308,18 @@ impl Kernel {
             self.name()
         );
         match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: checked above: AMX-TILE and AMX-INT8, granted to this
+            // process, and the AVX-512 kernel's features; `tiles` is `a` packed.
+            Kernel::Amx => unsafe {
+                let avx512 = |c, n, o| x86_tiles::walk(avx512::tiles(w), w, a, c, n, o);
+                match &inputs.tiles {
+                    Some(tiles) if amx::takes(w, a.rows()) => {
+                        amx::walk(w, a, tiles, (c0, nc), out, avx512)
+                    }
+                    _ => avx512(c0, nc, out),
+                }
+            },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: checked above: AVX-512 F, BW, VL and VNNI, AVX2, FMA, F16C.
             Kernel::Avx512 => unsafe { x86_tiles::walk(avx512::tiles(w), w, a, c0, nc, out) },

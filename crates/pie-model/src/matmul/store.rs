@@ -492,6 +492,15 @@ impl Out {
         }
     }
 
+    /// Writes `values` to row `r` from column 0 on, relative to this `Out`.
+    ///
+    /// # Safety
+    /// The elements are inside the matrix, and no other thread writes them.
+    #[inline]
+    pub(super) unsafe fn row(self, r: usize, values: &[f32]) {
+        std::ptr::copy_nonoverlapping(values.as_ptr(), self.ptr.add(r * self.stride), values.len());
+    }
+
     /// Writes (row `r`, column `c`), relative to this `Out`.
     ///
     /// # Safety

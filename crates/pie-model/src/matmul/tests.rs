@@ -76,14 +76,14 @@ fn assert_close(got: &[f32], want: &[f32], tol: f32) {
 }
 
 fn run_with(kernel: Kernel, w: &QWeight, x: &[f32], rows: usize) -> Vec<f32> {
-    let acts = Acts::quantize(x, rows, w.k_in, &w.order, w.is_q6());
+    let inputs = kernel.inputs(std::slice::from_ref(w), x, rows);
     let mut out = vec![f32::NAN; rows * w.n];
     let dst = Out {
         ptr: out.as_mut_ptr(),
         stride: w.n,
     };
     // SAFETY: `out` holds `rows x n`, written by this thread alone.
-    unsafe { kernel.run(w, &acts, 0, w.n, dst) };
+    unsafe { kernel.run(w, &inputs, 0, w.n, dst) };
     out
 }
 
@@ -289,7 +289,8 @@ fn q8_0_keeps_the_files_values_exactly() {
 /// storage.
 #[test]
 fn rows_are_independent_of_the_batch() {
-    const ROWS: usize = 17;
+    // Enough rows for the AMX kernel (`amx::MIN_ROWS`), one tile partly filled.
+    const ROWS: usize = 40;
     let mut rng = StdRng::seed_from_u64(5);
     let (n, k) = (70, 576);
     let (raw, _) = q4_1_blocks(&random(&mut rng, n * k));
@@ -305,7 +306,6 @@ fn rows_are_independent_of_the_batch() {
     for kernel in simd_kernels().into_iter().chain([Kernel::Portable]) {
         for w in [&q4, &q8, &q4k, &q6k] {
             let (n, k) = (w.n, w.k_in);
-            // Enough rows for the chunked walk (`x86_tiles::CHUNKED_ROWS`).
             let x = random(&mut StdRng::seed_from_u64(6), ROWS * k);
             let all = w.forward(kernel, &x, ROWS);
             for r in 0..ROWS {
@@ -322,6 +322,39 @@ fn rows_are_independent_of_the_batch() {
                     "{kernel:?}: row {r} in a pair"
                 );
             }
+        }
+    }
+}
+
+/// The AMX kernel gives the AVX-512 kernel's bits on every storage it
+/// takes and on those it leaves (Q6_K, rows not whole groups), with row
+/// tiles partly filled and columns left over past whole tiles.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn amx_gives_the_avx512_kernels_bits() {
+    if !Kernel::Amx.available() {
+        eprintln!("SKIPPED: amx matmul kernel not tested: this CPU or OS lacks AMX-INT8");
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(41);
+    let (raw, _) = q4_1_blocks(&random(&mut rng, 70 * 768));
+    let q4_1 = QWeight::from_q4(&raw, Q4Source::Q4_1, 70, 768);
+    let (raw, _) = ggml_tensor(GgmlDType::Q4K, random(&mut rng, 48 * 2048), 48, 2048);
+    let q4k = QWeight::from_q4(&raw, Q4Source::Q4K, 48, 2048);
+    let q8 = QWeight::from_f32(&random(&mut rng, 37 * 512), 37, 512);
+    let (raw, _) = ggml_tensor(GgmlDType::Q8_0, random(&mut rng, 19 * 1024), 19, 1024);
+    let q8_0 = QWeight::from_q8_0(&raw, 19, 1024).expect("no -128");
+    let (raw, _) = ggml_tensor(GgmlDType::Q6K, random(&mut rng, 20 * 512), 20, 512);
+    let q6k = QWeight::from_q6k(&raw, 20, 512);
+    let ragged = QWeight::from_f32(&random(&mut rng, 33 * 320), 33, 320);
+    for w in [&q4_1, &q4k, &q8, &q8_0, &q6k, &ragged] {
+        for rows in [32, 47, 80] {
+            let x = random(&mut rng, rows * w.k_in);
+            let takes = amx::takes(w, rows);
+            assert_eq!(takes, !w.is_q6() && w.blocks() % 8 == 0);
+            let want = run_with(Kernel::Avx512, w, &x, rows);
+            assert_eq!(run_with(Kernel::Amx, w, &x, rows), want, "{rows} rows");
+            assert_eq!(w.forward(Kernel::Amx, &x, rows), want, "{rows} rows, split");
         }
     }
 }

@@ -120,7 +120,7 @@ const CHUNKED_ROWS: usize = 16;
 /// Blocks `range` of `scales` (whole groups) as f32 into `out`, the values
 /// [`eight`] gives.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn widen(scales: &Scales, range: std::ops::Range<usize>, out: &mut Vec<f32>) {
+pub(super) unsafe fn widen(scales: &Scales, range: std::ops::Range<usize>, out: &mut Vec<f32>) {
     out.clear();
     out.reserve(range.len());
     for at in range.step_by(GROUP) {

@@ -1,0 +1,414 @@
+//! The AMX kernel: Intel's tile unit (AMX-TILE, AMX-INT8) computes a
+//! many-row call's integer block dot products, sixteen rows by sixteen
+//! columns by one 32-value block per instruction, and AVX-512 scales and
+//! adds them in exactly the f32 operations, in exactly the order, of the
+//! AVX-512 kernel's tiles (`x86_tiles::x86_tile!`). Integer dot products are
+//! exact whichever unit sums them, so a row's result is bit for bit the one
+//! the AVX-512 kernel gives it, and stays independent of the batch: decode's
+//! few rows, and every weight or column this kernel does not take, run on
+//! the AVX-512 tiles.
+//!
+//! What it takes: 4-bit and 8-bit weights whose rows are whole groups of
+//! eight blocks (every K-quant's are), in calls of at least [`MIN_ROWS`]
+//! rows, sixteen columns at a time. Q6_K weights (a scale per half block)
+//! and the last `n % 16` columns of a task go to the AVX-512 tiles.
+//!
+//! The layouts: a tile multiply sums 32 values of one block, but
+//! `layout::kernel_order` interleaves a group's eight blocks four bytes at a
+//! time (value `4 b + t` of vector `v` is value `4 v + t` of block `b`). The
+//! activations are repacked once per call into the tile unit's B form
+//! ([`TileActs`]); a column tile's weights are unpacked to bytes in its A
+//! form as the task reaches it, and serve every row tile.
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+use super::layout::{BLOCK, GROUP};
+use super::store::{Acts, Out, QWeight, Quants};
+use super::x86_tiles::widen;
+
+/// Rows (and columns) a tile multiply covers.
+const TILE: usize = 16;
+
+/// The fewest rows a call hands to the tile unit. Below it (decode, small
+/// batches) repacking the activations and widening each column tile's
+/// weights cost more than the tile unit saves.
+pub(super) const MIN_ROWS: usize = 32;
+
+/// Linux's `arch_prctl` request for permission to use an extended state
+/// component, and AMX's tile data component.
+const ARCH_REQ_XCOMP_PERM: libc::c_ulong = 0x1023;
+const XFEATURE_XTILEDATA: libc::c_ulong = 18;
+
+/// Whether this CPU has AMX-TILE and AMX-INT8 and the kernel lets this
+/// process use them (Linux grants the tile state only on request; a VM or a
+/// kernel may refuse, and a tile instruction would then fault).
+pub(super) fn available() -> bool {
+    static GRANTED: OnceLock<bool> = OnceLock::new();
+    *GRANTED.get_or_init(|| {
+        // SAFETY: CPUID leaf 7 exists on every x86_64 CPU that has AVX-512,
+        // the only callers' requirement; the syscall only changes this
+        // process's permissions.
+        unsafe {
+            let leaf7 = __cpuid_count(7, 0);
+            let (tile, int8) = (leaf7.edx >> 24 & 1 == 1, leaf7.edx >> 25 & 1 == 1);
+            tile && int8
+                && libc::syscall(
+                    libc::SYS_arch_prctl,
+                    ARCH_REQ_XCOMP_PERM,
+                    XFEATURE_XTILEDATA,
+                ) == 0
+        }
+    })
+}
+
+/// Whether a call of `rows` rows runs `w` on the tile unit.
+pub(super) fn takes(w: &QWeight, rows: usize) -> bool {
+    rows >= MIN_ROWS
+        && w.blocks().is_multiple_of(GROUP)
+        && matches!(w.quants, Quants::Q4 { .. } | Quants::Q8 { .. })
+}
+
+/// A call's activations in the tile unit's B form: per tile of sixteen rows
+/// (the last padded with zero rows) and per block, eight rows of 64 bytes,
+/// row `v` holding the block's values `4 v..4 v + 4` of each of the sixteen
+/// rows in turn; and each block's scale `d` and sum term `s` for the
+/// sixteen rows side by side.
+pub(super) struct TileActs {
+    nb: usize,
+    qs: Vec<i8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+}
+
+/// Bytes of one block's tile, in either form.
+const TILE_BYTES: usize = TILE * BLOCK;
+
+impl TileActs {
+    /// `a` repacked (its rows whole groups).
+    pub(super) fn pack(a: &Acts) -> Self {
+        let (k, nbp) = (a.k, a.nbp);
+        let nb = k / BLOCK;
+        debug_assert!(nb.is_multiple_of(GROUP) && nb == nbp);
+        let tiles = a.rows().div_ceil(TILE);
+        let mut p = Self {
+            nb,
+            qs: vec![0; tiles * nb * TILE_BYTES],
+            d: vec![0.0; tiles * nb * TILE],
+            s: vec![0.0; tiles * nb * TILE],
+        };
+        p.qs.par_chunks_mut(nb * TILE_BYTES)
+            .zip(p.d.par_chunks_mut(nb * TILE))
+            .zip(p.s.par_chunks_mut(nb * TILE))
+            .enumerate()
+            .for_each(|(tile, ((qs, d), s))| {
+                let first = tile * TILE;
+                for n in 0..TILE.min(a.rows() - first) {
+                    let r = first + n;
+                    let row = &a.qs[r * k..][..k];
+                    for kb in 0..nb {
+                        let block = &mut qs[kb * TILE_BYTES..][..TILE_BYTES];
+                        for (v, quad) in block_quads(row, kb).enumerate() {
+                            block[v * 4 * TILE + 4 * n..][..4].copy_from_slice(quad);
+                        }
+                        d[kb * TILE + n] = a.d[r * nbp + kb];
+                        s[kb * TILE + n] = a.s[r * nbp + kb];
+                    }
+                }
+            });
+        p
+    }
+}
+
+/// Block `kb`'s eight four-value quads in a kernel-order row of bytes (see
+/// the module's doc).
+fn block_quads<T>(row: &[T], kb: usize) -> impl Iterator<Item = &[T]> {
+    let (group, b) = (kb / GROUP, kb % GROUP);
+    let at = group * GROUP * BLOCK + 4 * b;
+    (0..GROUP).map(move |v| &row[at + v * BLOCK..][..4])
+}
+
+/// The tile configuration (`ldtilecfg`'s 64 bytes): `tmm0..tmm3` 16 by 16
+/// i32 results, `tmm4` and `tmm5` 16 rows of 32 weight bytes (A), `tmm6` and
+/// `tmm7` eight rows of 64 activation bytes (B).
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    bytes_per_row: [u16; 16],
+    rows: [u8; 16],
+}
+
+const CONFIG: TileConfig = {
+    let mut bytes_per_row = [0; 16];
+    let mut rows = [0; 16];
+    let mut t = 0;
+    while t < 8 {
+        // Results, then weights (A), then activations (B), as `multiply` uses them.
+        (bytes_per_row[t], rows[t]) = match t {
+            0..4 => (4 * TILE as u16, TILE as u8),
+            4 | 5 => (BLOCK as u16, TILE as u8),
+            _ => (4 * TILE as u16, (BLOCK / 4) as u8),
+        };
+        t += 1;
+    }
+    TileConfig {
+        palette: 1,
+        start_row: 0,
+        reserved: [0; 14],
+        bytes_per_row,
+        rows,
+    }
+};
+
+/// One column tile's weights in the tile unit's A form: per block, sixteen
+/// rows (the columns) of its 32 values, as unsigned bytes (4-bit values) or
+/// signed ones (8-bit), the order of [`block_quads`].
+fn unpack_columns(w: &QWeight, c: usize, dst: &mut [u8]) {
+    let (k, nb) = (w.k, w.blocks());
+    let mut row = vec![0u8; k];
+    for m in 0..TILE {
+        match &w.quants {
+            Quants::Q4 { qs, .. } => unpack_q4_groups(&qs[(c + m) * k / 2..][..k / 2], &mut row),
+            Quants::Q8 { qs } => {
+                for (d, &q) in row.iter_mut().zip(&qs[(c + m) * k..][..k]) {
+                    *d = q as u8;
+                }
+            }
+            Quants::Q6 { .. } => unreachable!("Q6_K weights take the AVX-512 tiles"),
+        }
+        for kb in 0..nb {
+            let dst = &mut dst[kb * TILE_BYTES + m * BLOCK..][..BLOCK];
+            for (d, quad) in dst.chunks_exact_mut(4).zip(block_quads(&row, kb)) {
+                d.copy_from_slice(quad);
+            }
+        }
+    }
+}
+
+/// A 4-bit row of whole groups, packed by `layout::pack_q4`, to one byte per
+/// value (kernel order): each 64 packed bytes hold vectors `v0, v1` in their
+/// low nibbles and `v2, v3` in their high ones.
+fn unpack_q4_groups(packed: &[u8], out: &mut [u8]) {
+    for (quad, dst) in packed
+        .chunks_exact(2 * BLOCK)
+        .zip(out.chunks_exact_mut(4 * BLOCK))
+    {
+        let (low, high) = dst.split_at_mut(2 * BLOCK);
+        for ((l, h), &p) in low.iter_mut().zip(high.iter_mut()).zip(quad) {
+            (*l, *h) = (p & 0xf, p >> 4);
+        }
+    }
+}
+
+/// Output columns `c0..c0 + nc` for every row of `a`: whole column tiles on
+/// the tile unit, the rest on `rest` (the AVX-512 walk).
+///
+/// # Safety
+/// [`available`] and the AVX-512 kernel's features hold, `w` is one
+/// [`takes`] accepts for `a`'s rows, `t` is `a` packed, and `out` is as
+/// `Kernel::run` requires.
+pub(super) unsafe fn walk(
+    w: &QWeight,
+    a: &Acts,
+    t: &TileActs,
+    (c0, nc): (usize, usize),
+    out: Out,
+    rest: impl FnOnce(usize, usize, Out),
+) {
+    let whole = nc / TILE * TILE;
+    if whole > 0 {
+        let per_tile = t.nb * TILE_BYTES;
+        let chunk = (CHUNK_BYTES / per_tile).clamp(1, whole / TILE) * TILE;
+        let mut weights = vec![0u8; chunk / TILE * per_tile];
+        let signed = matches!(w.quants, Quants::Q8 { .. });
+        let (mut dw, mut mw) = (Vec::new(), Vec::new());
+        let (d, second) = w.scales();
+        let nbp = w.padded_blocks();
+        asm!("ldtilecfg [{0}]", in(reg) &CONFIG, options(nostack, readonly));
+        for first in (c0..c0 + whole).step_by(chunk) {
+            let cols = chunk.min(c0 + whole - first);
+            for (tile, weights) in weights[..cols / TILE * per_tile]
+                .chunks_exact_mut(per_tile)
+                .enumerate()
+            {
+                unpack_columns(w, first + tile * TILE, weights);
+            }
+            widen(d, first * nbp..(first + cols) * nbp, &mut dw);
+            let minimums = matches!(w.quants, Quants::Q4 { .. }).then(|| {
+                widen(second, first * nbp..(first + cols) * nbp, &mut mw);
+                mw.as_slice()
+            });
+            for row_tile_at in (0..a.rows()).step_by(TILE) {
+                let rows = TILE.min(a.rows() - row_tile_at);
+                for c in (0..cols).step_by(TILE) {
+                    let columns = Columns {
+                        weights: &weights[c / TILE * per_tile..][..per_tile],
+                        d: &dw[c * nbp..][..TILE * nbp],
+                        m: minimums.map(|m| &m[c * nbp..][..TILE * nbp]),
+                        signed,
+                    };
+                    let out = out.at(row_tile_at, first + c - c0);
+                    row_tile(&columns, t, row_tile_at / TILE, out, rows);
+                }
+            }
+        }
+        asm!("tilerelease", options(nostack, nomem));
+    }
+    if whole < nc {
+        rest(c0 + whole, nc - whole, out.at(0, whole));
+    }
+}
+
+/// The unpacked weights of the column tiles that every row tile passes in
+/// turn: with one row tile's activations beside them, well inside L2, so
+/// each activation tile comes from memory once for all of them.
+const CHUNK_BYTES: usize = 512 << 10;
+
+/// A column tile as [`row_tile`] reads it: its weights in A form, and its
+/// scales (and 4-bit minimums) widened, [`TILE`] columns of `nb` blocks.
+struct Columns<'a> {
+    weights: &'a [u8],
+    d: &'a [f32],
+    m: Option<&'a [f32]>,
+    signed: bool,
+}
+
+/// Sixteen columns by row tile `tile` (its first `rows` rows written).
+#[target_feature(enable = "avx512f")]
+unsafe fn row_tile(cols: &Columns, t: &TileActs, tile: usize, out: Out, rows: usize) {
+    let nb = t.nb;
+    // One accumulator per column and block lane, sixteen rows wide: lane `b`
+    // sums blocks `b, b + 8, ...`, as an AVX-512 tile's lane `b` does.
+    let mut acc = [[_mm512_setzero_ps(); GROUP]; TILE];
+    let mut dots = Dots([[0; TILE * TILE]; GROUP]);
+    let acts = t.qs.as_ptr().add(tile * nb * TILE_BYTES);
+    let scales = tile * nb * TILE;
+    for group in (0..nb).step_by(GROUP) {
+        let weights = cols.weights.as_ptr().add(group * TILE_BYTES);
+        multiply(
+            weights,
+            acts.add(group * TILE_BYTES),
+            &mut dots,
+            cols.signed,
+        );
+        for (b, dots) in dots.0.iter().enumerate() {
+            let kb = group + b;
+            let da = _mm512_loadu_ps(t.d.as_ptr().add(scales + kb * TILE));
+            let sa = _mm512_loadu_ps(t.s.as_ptr().add(scales + kb * TILE));
+            for (m, acc) in acc.iter_mut().enumerate() {
+                let lane = &mut acc[b];
+                // The order of `x86_tile!`'s `tile`: the minimum term, then the dot.
+                if let Some(mw) = cols.m {
+                    *lane = _mm512_fmadd_ps(_mm512_set1_ps(mw[m * nb + kb]), sa, *lane);
+                }
+                let dot =
+                    _mm512_cvtepi32_ps(_mm512_loadu_si512(dots.as_ptr().add(m * TILE).cast()));
+                let scale = _mm512_mul_ps(_mm512_set1_ps(cols.d[m * nb + kb]), da);
+                *lane = _mm512_fmadd_ps(dot, scale, *lane);
+            }
+        }
+    }
+    // Column `m`'s sixteen rows, then turned so each row's sixteen columns
+    // go to the output in one store (column by column, each row was a
+    // separate line, a page apart in a wide matrix).
+    let mut sums = [[0f32; TILE]; TILE];
+    for (sums, a) in sums.iter_mut().zip(&acc) {
+        // `x86_tiles::hsum`'s order over the eight lanes.
+        let add = |x, y| _mm512_add_ps(x, y);
+        let total = add(
+            add(add(a[0], a[4]), add(a[2], a[6])),
+            add(add(a[1], a[5]), add(a[3], a[7])),
+        );
+        _mm512_storeu_ps(sums.as_mut_ptr(), total);
+    }
+    let mut by_row = [[0f32; TILE]; TILE];
+    for (m, column) in sums.iter().enumerate() {
+        for (row, &v) in by_row.iter_mut().zip(column) {
+            row[m] = v;
+        }
+    }
+    for (n, row) in by_row[..rows].iter().enumerate() {
+        out.row(n, row);
+    }
+}
+
+/// Eight blocks' 16 by 16 dot products (column-major: column `m`'s sixteen
+/// rows together), aligned for the tile unit's stores.
+#[repr(align(64))]
+struct Dots([[i32; TILE * TILE]; GROUP]);
+
+/// A group's eight blocks' dot products of sixteen columns (`weights`, A
+/// form) with sixteen rows (`acts`, B form) into `dots`: unsigned weights
+/// (4-bit) or signed ones (8-bit) times signed activations. Four blocks are
+/// in flight at a time (results in `tmm0..tmm3`, operands alternating
+/// between `tmm4, tmm6` and `tmm5, tmm7`), so one block's multiply overlaps
+/// the next one's loads and the last one's store.
+///
+/// # Safety
+/// The tile configuration is [`CONFIG`], and each pointer has its eight
+/// tiles' bytes.
+#[inline]
+unsafe fn multiply(weights: *const u8, acts: *const i8, dots: &mut Dots, signed: bool) {
+    let (first, second) = dots.0.split_at_mut(4);
+    for (half, dots) in [first, second].into_iter().enumerate() {
+        let at = half * 4 * TILE_BYTES;
+        multiply_four(weights.add(at), acts.add(at), dots, signed);
+    }
+}
+
+/// Four of [`multiply`]'s blocks, into `dots`.
+///
+/// # Safety
+/// As [`multiply`]'s, for four tiles.
+#[inline]
+unsafe fn multiply_four(
+    weights: *const u8,
+    acts: *const i8,
+    dots: &mut [[i32; TILE * TILE]],
+    signed: bool,
+) {
+    debug_assert_eq!(dots.len(), 4);
+    macro_rules! four {
+        ($op:literal) => {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                "tileloadd tmm4, [{w} + {w_stride} * 1]",
+                "tileloadd tmm6, [{a} + {a_stride} * 1]",
+                concat!($op, " tmm0, tmm4, tmm6"),
+                "tileloadd tmm5, [{w} + {w_stride} * 1 + 512]",
+                "tileloadd tmm7, [{a} + {a_stride} * 1 + 512]",
+                concat!($op, " tmm1, tmm5, tmm7"),
+                "tileloadd tmm4, [{w} + {w_stride} * 1 + 1024]",
+                "tileloadd tmm6, [{a} + {a_stride} * 1 + 1024]",
+                concat!($op, " tmm2, tmm4, tmm6"),
+                "tileloadd tmm5, [{w} + {w_stride} * 1 + 1536]",
+                "tileloadd tmm7, [{a} + {a_stride} * 1 + 1536]",
+                concat!($op, " tmm3, tmm5, tmm7"),
+                "tilestored [{d} + {d_stride} * 1], tmm0",
+                "tilestored [{d} + {d_stride} * 1 + 1024], tmm1",
+                "tilestored [{d} + {d_stride} * 1 + 2048], tmm2",
+                "tilestored [{d} + {d_stride} * 1 + 3072], tmm3",
+                w = in(reg) weights,
+                w_stride = in(reg) BLOCK,
+                a = in(reg) acts,
+                a_stride = in(reg) 4 * TILE,
+                d = in(reg) dots.as_mut_ptr(),
+                d_stride = in(reg) 4 * TILE,
+                options(nostack),
+            );
+        };
+    }
+    if signed {
+        four!("tdpbssd");
+    } else {
+        four!("tdpbusd");
+    }
+}
