@@ -67,9 +67,27 @@ pub(super) fn available() -> bool {
 
 /// Whether a call of `rows` rows runs `w` on the tile unit.
 pub(super) fn takes(w: &QWeight, rows: usize) -> bool {
-    rows >= MIN_ROWS
-        && w.blocks().is_multiple_of(GROUP)
-        && matches!(w.quants, Quants::Q4 { .. } | Quants::Q8 { .. })
+    rows >= MIN_ROWS && w.blocks().is_multiple_of(GROUP)
+}
+
+/// How the tile unit multiplies a weight's values: unsigned 4-bit values
+/// whole blocks at a time, signed 8-bit ones, or Q6_K's as signed `q - 32`
+/// half a block at a time (each half has its own scale).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Form {
+    Q4,
+    Q8,
+    Q6,
+}
+
+impl Form {
+    fn of(w: &QWeight) -> Self {
+        match w.quants {
+            Quants::Q4 { .. } => Form::Q4,
+            Quants::Q8 { .. } => Form::Q8,
+            Quants::Q6 { .. } => Form::Q6,
+        }
+    }
 }
 
 /// A call's activations in the tile unit's B form: per tile of sixteen rows
@@ -131,9 +149,7 @@ fn block_quads<T>(row: &[T], kb: usize) -> impl Iterator<Item = &[T]> {
     (0..GROUP).map(move |v| &row[at + v * BLOCK..][..4])
 }
 
-/// The tile configuration (`ldtilecfg`'s 64 bytes): `tmm0..tmm3` 16 by 16
-/// i32 results, `tmm4` and `tmm5` 16 rows of 32 weight bytes (A), `tmm6` and
-/// `tmm7` eight rows of 64 activation bytes (B).
+/// A tile configuration (`ldtilecfg`'s 64 bytes).
 #[repr(C, align(64))]
 struct TileConfig {
     palette: u8,
@@ -143,16 +159,18 @@ struct TileConfig {
     rows: [u8; 16],
 }
 
-const CONFIG: TileConfig = {
+/// `tmm0..tmm3` 16 by 16 i32 results; `tmm4` and `tmm5` sixteen rows
+/// (columns of the weight) of `values` weight bytes (A); `tmm6` and `tmm7`
+/// `values / 4` rows of sixteen activation rows' quads (B).
+const fn config(values: usize) -> TileConfig {
     let mut bytes_per_row = [0; 16];
     let mut rows = [0; 16];
     let mut t = 0;
     while t < 8 {
-        // Results, then weights (A), then activations (B), as `multiply` uses them.
         (bytes_per_row[t], rows[t]) = match t {
             0..4 => (4 * TILE as u16, TILE as u8),
-            4 | 5 => (BLOCK as u16, TILE as u8),
-            _ => (4 * TILE as u16, (BLOCK / 4) as u8),
+            4 | 5 => (values as u16, TILE as u8),
+            _ => (4 * TILE as u16, (values / 4) as u8),
         };
         t += 1;
     }
@@ -163,28 +181,52 @@ const CONFIG: TileConfig = {
         bytes_per_row,
         rows,
     }
-};
+}
+
+/// Whole blocks, and Q6_K's half blocks.
+const WHOLE: TileConfig = config(BLOCK);
+const HALVES: TileConfig = config(BLOCK / 2);
 
 /// One column tile's weights in the tile unit's A form: per block, sixteen
-/// rows (the columns) of its 32 values, as unsigned bytes (4-bit values) or
-/// signed ones (8-bit), the order of [`block_quads`].
+/// rows (the columns) of its 32 values, the order of [`block_quads`], as
+/// unsigned bytes (4-bit values) or signed ones (8-bit values, and Q6_K's
+/// `q - 32`).
 fn unpack_columns(w: &QWeight, c: usize, dst: &mut [u8]) {
     let (k, nb) = (w.k, w.blocks());
     let mut row = vec![0u8; k];
     for m in 0..TILE {
+        let col = c + m;
         match &w.quants {
-            Quants::Q4 { qs, .. } => unpack_q4_groups(&qs[(c + m) * k / 2..][..k / 2], &mut row),
+            Quants::Q4 { qs, .. } => unpack_q4_groups(&qs[col * k / 2..][..k / 2], &mut row),
             Quants::Q8 { qs } => {
-                for (d, &q) in row.iter_mut().zip(&qs[(c + m) * k..][..k]) {
+                for (d, &q) in row.iter_mut().zip(&qs[col * k..][..k]) {
                     *d = q as u8;
                 }
             }
-            Quants::Q6 { .. } => unreachable!("Q6_K weights take the AVX-512 tiles"),
+            Quants::Q6 { lo, hi, .. } => unpack_q6_groups(
+                &lo[col * k / 2..][..k / 2],
+                &hi[col * k / 4..][..k / 4],
+                &mut row,
+            ),
         }
         for kb in 0..nb {
             let dst = &mut dst[kb * TILE_BYTES + m * BLOCK..][..BLOCK];
             for (d, quad) in dst.chunks_exact_mut(4).zip(block_quads(&row, kb)) {
                 d.copy_from_slice(quad);
+            }
+        }
+    }
+}
+
+/// A Q6_K row packed by `layout::pack_q6` (`lo`, `hi`) to one signed byte
+/// `q - 32` per value (kernel order): each 32 bytes of `hi` hold a quad of
+/// vectors' high bit pairs, vector `i`'s at bits `2 i`.
+fn unpack_q6_groups(lo: &[u8], hi: &[u8], out: &mut [u8]) {
+    unpack_q4_groups(lo, out);
+    for (quad, bits) in out.chunks_exact_mut(4 * BLOCK).zip(hi.chunks_exact(BLOCK)) {
+        for (i, vector) in quad.chunks_exact_mut(BLOCK).enumerate() {
+            for (v, &b) in vector.iter_mut().zip(bits) {
+                *v = ((*v | (b >> (2 * i) & 3) << 4) as i8 - 32) as u8;
             }
         }
     }
@@ -222,14 +264,15 @@ pub(super) unsafe fn walk(
 ) {
     let whole = nc / TILE * TILE;
     if whole > 0 {
+        let form = Form::of(w);
         let per_tile = t.nb * TILE_BYTES;
         let chunk = (CHUNK_BYTES / per_tile).clamp(1, whole / TILE) * TILE;
         let mut weights = vec![0u8; chunk / TILE * per_tile];
-        let signed = matches!(w.quants, Quants::Q8 { .. });
-        let (mut dw, mut mw) = (Vec::new(), Vec::new());
+        let (mut dw, mut sw) = (Vec::new(), Vec::new());
         let (d, second) = w.scales();
         let nbp = w.padded_blocks();
-        asm!("ldtilecfg [{0}]", in(reg) &CONFIG, options(nostack, readonly));
+        let config = if form == Form::Q6 { &HALVES } else { &WHOLE };
+        asm!("ldtilecfg [{0}]", in(reg) config, options(nostack, readonly));
         for first in (c0..c0 + whole).step_by(chunk) {
             let cols = chunk.min(c0 + whole - first);
             for (tile, weights) in weights[..cols / TILE * per_tile]
@@ -238,19 +281,19 @@ pub(super) unsafe fn walk(
             {
                 unpack_columns(w, first + tile * TILE, weights);
             }
-            widen(d, first * nbp..(first + cols) * nbp, &mut dw);
-            let minimums = matches!(w.quants, Quants::Q4 { .. }).then(|| {
-                widen(second, first * nbp..(first + cols) * nbp, &mut mw);
-                mw.as_slice()
-            });
+            let blocks = first * nbp..(first + cols) * nbp;
+            widen(d, blocks.clone(), &mut dw);
+            if form != Form::Q8 {
+                widen(second, blocks, &mut sw);
+            }
             for row_tile_at in (0..a.rows()).step_by(TILE) {
                 let rows = TILE.min(a.rows() - row_tile_at);
                 for c in (0..cols).step_by(TILE) {
                     let columns = Columns {
+                        form,
                         weights: &weights[c / TILE * per_tile..][..per_tile],
                         d: &dw[c * nbp..][..TILE * nbp],
-                        m: minimums.map(|m| &m[c * nbp..][..TILE * nbp]),
-                        signed,
+                        second: sw.get(c * nbp..(c + TILE) * nbp).unwrap_or_default(),
                     };
                     let out = out.at(row_tile_at, first + c - c0);
                     row_tile(&columns, t, row_tile_at / TILE, out, rows);
@@ -270,12 +313,14 @@ pub(super) unsafe fn walk(
 const CHUNK_BYTES: usize = 512 << 10;
 
 /// A column tile as [`row_tile`] reads it: its weights in A form, and its
-/// scales (and 4-bit minimums) widened, [`TILE`] columns of `nb` blocks.
+/// scales widened, [`TILE`] columns of `nb` blocks: `d`, and `second` (a
+/// 4-bit weight's minimums, a Q6_K weight's second halves' scales; empty for
+/// an 8-bit weight).
 struct Columns<'a> {
+    form: Form,
     weights: &'a [u8],
     d: &'a [f32],
-    m: Option<&'a [f32]>,
-    signed: bool,
+    second: &'a [f32],
 }
 
 /// Sixteen columns by row tile `tile` (its first `rows` rows written).
@@ -285,31 +330,43 @@ unsafe fn row_tile(cols: &Columns, t: &TileActs, tile: usize, out: Out, rows: us
     // One accumulator per column and block lane, sixteen rows wide: lane `b`
     // sums blocks `b, b + 8, ...`, as an AVX-512 tile's lane `b` does.
     let mut acc = [[_mm512_setzero_ps(); GROUP]; TILE];
-    let mut dots = Dots([[0; TILE * TILE]; GROUP]);
+    let mut dots = Dots([[0; TILE * TILE]; 2 * GROUP]);
     let acts = t.qs.as_ptr().add(tile * nb * TILE_BYTES);
     let scales = tile * nb * TILE;
+    let dot = |dots: &[i32; TILE * TILE], m: usize| {
+        _mm512_cvtepi32_ps(_mm512_loadu_si512(dots.as_ptr().add(m * TILE).cast()))
+    };
     for group in (0..nb).step_by(GROUP) {
-        let weights = cols.weights.as_ptr().add(group * TILE_BYTES);
+        let at = group * TILE_BYTES;
         multiply(
-            weights,
-            acts.add(group * TILE_BYTES),
+            cols.form,
+            cols.weights.as_ptr().add(at),
+            acts.add(at),
             &mut dots,
-            cols.signed,
         );
-        for (b, dots) in dots.0.iter().enumerate() {
+        for b in 0..GROUP {
             let kb = group + b;
             let da = _mm512_loadu_ps(t.d.as_ptr().add(scales + kb * TILE));
             let sa = _mm512_loadu_ps(t.s.as_ptr().add(scales + kb * TILE));
             for (m, acc) in acc.iter_mut().enumerate() {
                 let lane = &mut acc[b];
-                // The order of `x86_tile!`'s `tile`: the minimum term, then the dot.
-                if let Some(mw) = cols.m {
-                    *lane = _mm512_fmadd_ps(_mm512_set1_ps(mw[m * nb + kb]), sa, *lane);
+                let scaled = |s: &[f32]| _mm512_mul_ps(_mm512_set1_ps(s[m * nb + kb]), da);
+                // The operations of `x86_tile!`'s tiles, in their order.
+                match cols.form {
+                    Form::Q4 => {
+                        let mw = _mm512_set1_ps(cols.second[m * nb + kb]);
+                        *lane = _mm512_fmadd_ps(mw, sa, *lane);
+                        *lane = _mm512_fmadd_ps(dot(&dots.0[b], m), scaled(cols.d), *lane);
+                    }
+                    Form::Q8 => {
+                        *lane = _mm512_fmadd_ps(dot(&dots.0[b], m), scaled(cols.d), *lane);
+                    }
+                    Form::Q6 => {
+                        *lane = _mm512_fmadd_ps(dot(&dots.0[2 * b], m), scaled(cols.d), *lane);
+                        let hi = dot(&dots.0[2 * b + 1], m);
+                        *lane = _mm512_fmadd_ps(hi, scaled(cols.second), *lane);
+                    }
                 }
-                let dot =
-                    _mm512_cvtepi32_ps(_mm512_loadu_si512(dots.as_ptr().add(m * TILE).cast()));
-                let scale = _mm512_mul_ps(_mm512_set1_ps(cols.d[m * nb + kb]), da);
-                *lane = _mm512_fmadd_ps(dot, scale, *lane);
             }
         }
     }
@@ -337,78 +394,100 @@ unsafe fn row_tile(cols: &Columns, t: &TileActs, tile: usize, out: Out, rows: us
     }
 }
 
-/// Eight blocks' 16 by 16 dot products (column-major: column `m`'s sixteen
-/// rows together), aligned for the tile unit's stores.
+/// A group's 16 by 16 dot products (column-major: column `m`'s sixteen rows
+/// together): a block's in each of the first eight, or for Q6_K a half
+/// block's in each of the sixteen (block `b`'s halves at `2 b`, `2 b + 1`);
+/// aligned for the tile unit's stores.
 #[repr(align(64))]
-struct Dots([[i32; TILE * TILE]; GROUP]);
+struct Dots([[i32; TILE * TILE]; 2 * GROUP]);
 
-/// A group's eight blocks' dot products of sixteen columns (`weights`, A
-/// form) with sixteen rows (`acts`, B form) into `dots`: unsigned weights
-/// (4-bit) or signed ones (8-bit) times signed activations. Four blocks are
-/// in flight at a time (results in `tmm0..tmm3`, operands alternating
-/// between `tmm4, tmm6` and `tmm5, tmm7`), so one block's multiply overlaps
-/// the next one's loads and the last one's store.
+/// A group's dot products of sixteen columns (`weights`, A form) with
+/// sixteen rows (`acts`, B form) into `dots`, four tiles in flight at a time
+/// (results in `tmm0..tmm3`, operands alternating between `tmm4, tmm6` and
+/// `tmm5, tmm7`), so one multiply overlaps the next one's loads and the last
+/// one's store.
 ///
 /// # Safety
-/// The tile configuration is [`CONFIG`], and each pointer has its eight
-/// tiles' bytes.
+/// The tile configuration is [`WHOLE`] (for Q6_K [`HALVES`]), and each
+/// pointer has a group's tiles.
 #[inline]
-unsafe fn multiply(weights: *const u8, acts: *const i8, dots: &mut Dots, signed: bool) {
-    let (first, second) = dots.0.split_at_mut(4);
-    for (half, dots) in [first, second].into_iter().enumerate() {
-        let at = half * 4 * TILE_BYTES;
-        multiply_four(weights.add(at), acts.add(at), dots, signed);
-    }
-}
-
-/// Four of [`multiply`]'s blocks, into `dots`.
-///
-/// # Safety
-/// As [`multiply`]'s, for four tiles.
-#[inline]
-unsafe fn multiply_four(
-    weights: *const u8,
-    acts: *const i8,
-    dots: &mut [[i32; TILE * TILE]],
-    signed: bool,
-) {
-    debug_assert_eq!(dots.len(), 4);
+unsafe fn multiply(form: Form, weights: *const u8, acts: *const i8, dots: &mut Dots) {
+    // Four tiles from `$w` and `$a`, their operands at the byte offsets
+    // given, into `$d`'s four results.
     macro_rules! four {
-        ($op:literal) => {
+        ($op:literal, $w:expr, $a:expr, $d:expr, [$w0:expr, $w1:expr, $w2:expr, $w3:expr], [$a0:expr, $a1:expr, $a2:expr, $a3:expr]) => {
             asm!(
                 "tilezero tmm0",
                 "tilezero tmm1",
                 "tilezero tmm2",
                 "tilezero tmm3",
-                "tileloadd tmm4, [{w} + {w_stride} * 1]",
-                "tileloadd tmm6, [{a} + {a_stride} * 1]",
+                "tileloadd tmm4, [{w} + {w_stride} * 1 + {w0}]",
+                "tileloadd tmm6, [{a} + {a_stride} * 1 + {a0}]",
                 concat!($op, " tmm0, tmm4, tmm6"),
-                "tileloadd tmm5, [{w} + {w_stride} * 1 + 512]",
-                "tileloadd tmm7, [{a} + {a_stride} * 1 + 512]",
+                "tileloadd tmm5, [{w} + {w_stride} * 1 + {w1}]",
+                "tileloadd tmm7, [{a} + {a_stride} * 1 + {a1}]",
                 concat!($op, " tmm1, tmm5, tmm7"),
-                "tileloadd tmm4, [{w} + {w_stride} * 1 + 1024]",
-                "tileloadd tmm6, [{a} + {a_stride} * 1 + 1024]",
+                "tileloadd tmm4, [{w} + {w_stride} * 1 + {w2}]",
+                "tileloadd tmm6, [{a} + {a_stride} * 1 + {a2}]",
                 concat!($op, " tmm2, tmm4, tmm6"),
-                "tileloadd tmm5, [{w} + {w_stride} * 1 + 1536]",
-                "tileloadd tmm7, [{a} + {a_stride} * 1 + 1536]",
+                "tileloadd tmm5, [{w} + {w_stride} * 1 + {w3}]",
+                "tileloadd tmm7, [{a} + {a_stride} * 1 + {a3}]",
                 concat!($op, " tmm3, tmm5, tmm7"),
                 "tilestored [{d} + {d_stride} * 1], tmm0",
                 "tilestored [{d} + {d_stride} * 1 + 1024], tmm1",
                 "tilestored [{d} + {d_stride} * 1 + 2048], tmm2",
                 "tilestored [{d} + {d_stride} * 1 + 3072], tmm3",
-                w = in(reg) weights,
+                w = in(reg) $w,
                 w_stride = in(reg) BLOCK,
-                a = in(reg) acts,
+                a = in(reg) $a,
                 a_stride = in(reg) 4 * TILE,
-                d = in(reg) dots.as_mut_ptr(),
+                d = in(reg) $d,
                 d_stride = in(reg) 4 * TILE,
+                w0 = const $w0, w1 = const $w1, w2 = const $w2, w3 = const $w3,
+                a0 = const $a0, a1 = const $a1, a2 = const $a2, a3 = const $a3,
                 options(nostack),
-            );
+            )
         };
     }
-    if signed {
-        four!("tdpbssd");
-    } else {
-        four!("tdpbusd");
+    const B: usize = TILE_BYTES;
+    // Whole blocks `b..b + 4`; Q6_K's halves of blocks `b, b + 1` (a half
+    // is the A tile's second 16 bytes of each row, the B tile's last four rows).
+    for q in 0..if form == Form::Q6 { 4 } else { 2 } {
+        let d = dots.0[4 * q..].as_mut_ptr();
+        match form {
+            Form::Q4 => {
+                let (w, a) = (weights.add(q * 4 * B), acts.add(q * 4 * B));
+                four!(
+                    "tdpbusd",
+                    w,
+                    a,
+                    d,
+                    [0, B, 2 * B, 3 * B],
+                    [0, B, 2 * B, 3 * B]
+                );
+            }
+            Form::Q8 => {
+                let (w, a) = (weights.add(q * 4 * B), acts.add(q * 4 * B));
+                four!(
+                    "tdpbssd",
+                    w,
+                    a,
+                    d,
+                    [0, B, 2 * B, 3 * B],
+                    [0, B, 2 * B, 3 * B]
+                );
+            }
+            Form::Q6 => {
+                let (w, a) = (weights.add(q * 2 * B), acts.add(q * 2 * B));
+                four!(
+                    "tdpbssd",
+                    w,
+                    a,
+                    d,
+                    [0, BLOCK / 2, B, B + BLOCK / 2],
+                    [0, B / 2, B, B + B / 2]
+                );
+            }
+        }
     }
 }
