@@ -291,9 +291,16 @@ impl Model {
         }
     }
 
-    /// The name of the matmul kernel the linear layers run on (`avx2`, `portable`).
+    /// The name of the matmul kernel the linear layers run on (`amx`, `avx512`,
+    /// `avx2`, `portable`).
     pub fn matmul_kernel(&self) -> &'static str {
         self.matmul.name()
+    }
+
+    /// Why the CPU's fastest matmul kernel is not the one running, when the
+    /// OS refused it (for start-up to say).
+    pub fn matmul_refusal(&self) -> Option<&'static str> {
+        Kernel::refusal()
     }
 
     /// The weight bytes one decode step of a single sequence reads: every stored

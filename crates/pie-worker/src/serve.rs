@@ -200,10 +200,14 @@ pub fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
         config.model.chat_template.as_deref(),
     )?);
     tracing::info!(
-        "architecture {}; tool calls: {} format",
+        "architecture {}; tool calls: {} format; matmul kernel {}",
         model.config.arch.name,
-        model.tokenizer.tool_format().name()
+        model.tokenizer.tool_format().name(),
+        model.matmul_kernel()
     );
+    if let Some(refusal) = model.matmul_refusal() {
+        tracing::warn!("{refusal}");
+    }
     match (model.config.sliding_window, model.config.arch.window) {
         (Some(window), Window::HoldsSequences) => tracing::warn!(
             "sequences are held to {} positions: the model's sliding window ({window}) is not applied to longer ones",

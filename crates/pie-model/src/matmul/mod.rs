@@ -230,6 +230,18 @@ impl Kernel {
         }
     }
 
+    /// Why this CPU's fastest kernel cannot run, where the OS refused it.
+    pub(crate) fn refusal() -> Option<&'static str> {
+        #[cfg(target_arch = "x86_64")]
+        if Kernel::Avx512.available() && amx::refused() {
+            return Some(
+                "this CPU has AMX-INT8 but the OS refused this process the tile state \
+                 (arch_prctl): prefill's matmuls run on the avx512 kernel",
+            );
+        }
+        None
+    }
+
     /// The fastest kernel this CPU runs.
     pub(crate) fn detect() -> Self {
         Self::ALL
