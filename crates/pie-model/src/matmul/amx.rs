@@ -54,31 +54,38 @@ const XFEATURE_XTILEDATA: libc::c_ulong = 18;
 /// Whether this CPU has AMX-TILE and AMX-INT8 and the OS lets this process
 /// use them.
 pub(super) fn available() -> bool {
-    cpu_has_amx() && granted()
+    let (has, granted) = support();
+    has && granted
 }
 
 /// Whether this CPU has AMX but the OS refused this process the tile state
 /// (a VM or a kernel may), so many-row calls run on the AVX-512 kernel.
 pub(super) fn refused() -> bool {
-    cpu_has_amx() && !granted()
+    let (has, granted) = support();
+    has && !granted
 }
 
-fn cpu_has_amx() -> bool {
-    let leaf7 = __cpuid_count(7, 0);
-    leaf7.edx >> 24 & 1 == 1 && leaf7.edx >> 25 & 1 == 1
-}
-
-/// Linux grants the tile state only on request, once per process; a tile
-/// instruction without it faults.
-fn granted() -> bool {
-    static GRANTED: OnceLock<bool> = OnceLock::new();
-    // SAFETY: the syscall only changes this process's permissions.
-    *GRANTED.get_or_init(|| unsafe {
-        libc::syscall(
-            libc::SYS_arch_prctl,
-            ARCH_REQ_XCOMP_PERM,
-            XFEATURE_XTILEDATA,
-        ) == 0
+/// Whether the CPU has AMX-TILE and AMX-INT8, and whether Linux granted this
+/// process the tile state (it does only on request, once per process; a tile
+/// instruction without it faults). Asked once: every kernel call checks it,
+/// and in a VM `cpuid` traps to the hypervisor (1.7 us on the host of
+/// BENCHMARKS' AMX figures; at about 1,100 calls a token it cost Qwen3-0.6B's
+/// single-sequence decode 12%).
+fn support() -> (bool, bool) {
+    static SUPPORT: OnceLock<(bool, bool)> = OnceLock::new();
+    *SUPPORT.get_or_init(|| {
+        let leaf7 = __cpuid_count(7, 0);
+        let has = leaf7.edx >> 24 & 1 == 1 && leaf7.edx >> 25 & 1 == 1;
+        // SAFETY: the syscall only changes this process's permissions.
+        let granted = has
+            && unsafe {
+                libc::syscall(
+                    libc::SYS_arch_prctl,
+                    ARCH_REQ_XCOMP_PERM,
+                    XFEATURE_XTILEDATA,
+                ) == 0
+            };
+        (has, granted)
     })
 }
 
@@ -208,13 +215,12 @@ const HALVES: TileConfig = config(BLOCK / 2);
 /// rows (the columns) of its 32 values, the order of [`block_quads`], as
 /// unsigned bytes (4-bit values) or signed ones (8-bit values, and Q6_K's
 /// `q - 32`).
-fn unpack_columns(w: &QWeight, c: usize, dst: &mut [u8]) {
+fn unpack_columns(w: &QWeight, c: usize, dst: &mut [u8], row: &mut [u8]) {
     let (k, nb) = (w.k, w.blocks());
-    let mut row = vec![0u8; k];
     for m in 0..TILE {
         let col = c + m;
         match &w.quants {
-            Quants::Q4 { qs, .. } => unpack_q4_groups(&qs[col * k / 2..][..k / 2], &mut row),
+            Quants::Q4 { qs, .. } => unpack_q4_groups(&qs[col * k / 2..][..k / 2], row),
             Quants::Q8 { qs } => {
                 for (d, &q) in row.iter_mut().zip(&qs[col * k..][..k]) {
                     *d = q as u8;
@@ -223,12 +229,12 @@ fn unpack_columns(w: &QWeight, c: usize, dst: &mut [u8]) {
             Quants::Q6 { lo, hi, .. } => unpack_q6_groups(
                 &lo[col * k / 2..][..k / 2],
                 &hi[col * k / 4..][..k / 4],
-                &mut row,
+                row,
             ),
         }
         for kb in 0..nb {
             let dst = &mut dst[kb * TILE_BYTES + m * BLOCK..][..BLOCK];
-            for (d, quad) in dst.chunks_exact_mut(4).zip(block_quads(&row, kb)) {
+            for (d, quad) in dst.chunks_exact_mut(4).zip(block_quads(row, kb)) {
                 d.copy_from_slice(quad);
             }
         }
@@ -281,47 +287,97 @@ pub(super) unsafe fn walk(
 ) {
     let whole = nc / TILE * TILE;
     if whole > 0 {
-        let form = Form::of(w);
-        let per_tile = t.nb * TILE_BYTES;
-        let chunk = (CHUNK_BYTES / per_tile).clamp(1, whole / TILE) * TILE;
-        let mut weights = vec![0u8; chunk / TILE * per_tile];
-        let (mut dw, mut sw) = (Vec::new(), Vec::new());
-        let (d, second) = w.scales();
-        let nbp = w.padded_blocks();
-        let config = if form == Form::Q6 { &HALVES } else { &WHOLE };
+        let config = if Form::of(w) == Form::Q6 {
+            &HALVES
+        } else {
+            &WHOLE
+        };
         asm!("ldtilecfg [{0}]", in(reg) config, options(nostack, readonly));
-        for first in (c0..c0 + whole).step_by(chunk) {
-            let cols = chunk.min(c0 + whole - first);
-            for (tile, weights) in weights[..cols / TILE * per_tile]
-                .chunks_exact_mut(per_tile)
-                .enumerate()
-            {
-                unpack_columns(w, first + tile * TILE, weights);
+        SCRATCH.with_borrow_mut(|scratch| {
+            for first in (c0..c0 + whole).step_by(chunk_columns(t)) {
+                let cols = chunk_columns(t).min(c0 + whole - first);
+                chunk(w, a, t, (first, cols), out.at(0, first - c0), scratch);
             }
-            let blocks = first * nbp..(first + cols) * nbp;
-            widen(d, blocks.clone(), &mut dw);
-            if form != Form::Q8 {
-                widen(second, blocks, &mut sw);
-            }
-            for row_tile_at in (0..a.rows()).step_by(TILE) {
-                let rows = TILE.min(a.rows() - row_tile_at);
-                for c in (0..cols).step_by(TILE) {
-                    let columns = Columns {
-                        form,
-                        weights: &weights[c / TILE * per_tile..][..per_tile],
-                        d: &dw[c * nbp..][..TILE * nbp],
-                        second: sw.get(c * nbp..(c + TILE) * nbp).unwrap_or_default(),
-                    };
-                    let out = out.at(row_tile_at, first + c - c0);
-                    row_tile(&columns, t, row_tile_at / TILE, out, rows);
-                }
-            }
-        }
+        });
         asm!("tilerelease", options(nostack, nomem));
     }
     if whole < nc {
         rest(c0 + whole, nc - whole, out.at(0, whole));
     }
+}
+
+/// Columns `first..first + cols` (whole tiles) for every row of `a`: the
+/// chunk's weights unpacked and its scales widened once, then row tile by
+/// row tile.
+///
+/// # Safety
+/// As [`walk`]'s, with the tile configuration loaded for `w`.
+unsafe fn chunk(
+    w: &QWeight,
+    a: &Acts,
+    t: &TileActs,
+    (first, cols): (usize, usize),
+    out: Out,
+    scratch: &mut Scratch,
+) {
+    let form = Form::of(w);
+    let per_tile = t.nb * TILE_BYTES;
+    let Scratch {
+        weights,
+        row,
+        dw,
+        sw,
+        dots,
+    } = scratch;
+    // Every byte read is written first: only new capacity is zeroed.
+    weights.resize(cols / TILE * per_tile, 0);
+    row.resize(w.k, 0);
+    for (tile, weights) in weights.chunks_exact_mut(per_tile).enumerate() {
+        unpack_columns(w, first + tile * TILE, weights, row);
+    }
+    let (d, second) = w.scales();
+    let nbp = w.padded_blocks();
+    let blocks = first * nbp..(first + cols) * nbp;
+    widen(d, blocks.clone(), dw);
+    sw.clear();
+    if form != Form::Q8 {
+        widen(second, blocks, sw);
+    }
+    for row_tile_at in (0..a.rows()).step_by(TILE) {
+        let rows = TILE.min(a.rows() - row_tile_at);
+        for c in (0..cols).step_by(TILE) {
+            let columns = Columns {
+                form,
+                weights: &weights[c / TILE * per_tile..][..per_tile],
+                d: &dw[c * nbp..][..TILE * nbp],
+                second: sw.get(c * nbp..(c + TILE) * nbp).unwrap_or_default(),
+            };
+            let out = out.at(row_tile_at, c);
+            row_tile(&columns, t, row_tile_at / TILE, dots, out, rows);
+        }
+    }
+}
+
+/// The columns of a chunk: whole tiles whose unpacked weights make about
+/// [`CHUNK_BYTES`].
+fn chunk_columns(t: &TileActs) -> usize {
+    (CHUNK_BYTES / (t.nb * TILE_BYTES)).max(1) * TILE
+}
+
+/// A pool thread's buffers for [`chunk`], kept from call to call: a chunk's
+/// unpacked weights are half a MiB, which a fresh allocation maps and
+/// faults in (and zeroes) every time.
+#[derive(Default)]
+struct Scratch {
+    weights: Vec<u8>,
+    row: Vec<u8>,
+    dw: Vec<f32>,
+    sw: Vec<f32>,
+    dots: Box<Dots>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = Default::default();
 }
 
 /// The unpacked weights of the column tiles that every row tile passes in
@@ -342,12 +398,18 @@ struct Columns<'a> {
 
 /// Sixteen columns by row tile `tile` (its first `rows` rows written).
 #[target_feature(enable = "avx512f")]
-unsafe fn row_tile(cols: &Columns, t: &TileActs, tile: usize, out: Out, rows: usize) {
+unsafe fn row_tile(
+    cols: &Columns,
+    t: &TileActs,
+    tile: usize,
+    dots: &mut Dots,
+    out: Out,
+    rows: usize,
+) {
     let nb = t.nb;
     // One accumulator per column and block lane, sixteen rows wide: lane `b`
     // sums blocks `b, b + 8, ...`, as an AVX-512 tile's lane `b` does.
     let mut acc = [[_mm512_setzero_ps(); GROUP]; TILE];
-    let mut dots = Dots([[0; TILE * TILE]; 2 * GROUP]);
     let acts = t.qs.as_ptr().add(tile * nb * TILE_BYTES);
     let scales = tile * nb * TILE;
     let dot = |dots: &[i32; TILE * TILE], m: usize| {
@@ -355,12 +417,7 @@ unsafe fn row_tile(cols: &Columns, t: &TileActs, tile: usize, out: Out, rows: us
     };
     for group in (0..nb).step_by(GROUP) {
         let at = group * TILE_BYTES;
-        multiply(
-            cols.form,
-            cols.weights.as_ptr().add(at),
-            acts.add(at),
-            &mut dots,
-        );
+        multiply(cols.form, cols.weights.as_ptr().add(at), acts.add(at), dots);
         for b in 0..GROUP {
             let kb = group + b;
             let da = _mm512_loadu_ps(t.d.as_ptr().add(scales + kb * TILE));
@@ -417,6 +474,12 @@ unsafe fn row_tile(cols: &Columns, t: &TileActs, tile: usize, out: Out, rows: us
 /// aligned for the tile unit's stores.
 #[repr(align(64))]
 struct Dots([[i32; TILE * TILE]; 2 * GROUP]);
+
+impl Default for Dots {
+    fn default() -> Self {
+        Self([[0; TILE * TILE]; 2 * GROUP])
+    }
+}
 
 /// A group's dot products of sixteen columns (`weights`, A form) with
 /// sixteen rows (`acts`, B form) into `dots`, four tiles in flight at a time
