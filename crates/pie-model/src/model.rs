@@ -59,6 +59,9 @@ pub struct Model {
     /// Weight types widened to 8-bit blocks at load (no compact kernel for
     /// them), with how many tensors each: named at start-up.
     pub widened: Vec<(String, usize)>,
+    /// Why the matmul kernel is not the fastest this CPU runs, where the
+    /// model's weights decided it: named at start-up.
+    pub matmul_choice: Option<String>,
     /// Built on the first constrained request (see [`Model::grammars`]).
     grammars: std::sync::OnceLock<Result<Grammars, String>>,
 }
@@ -217,7 +220,8 @@ struct Row {
 
 impl Model {
     pub fn load(path: &Path) -> Result<Self> {
-        let matmul = Kernel::from_env()?;
+        // Checked first so a bad kernel name fails before a long load.
+        Kernel::from_env()?;
         let mut f = GgufFile::open(path)?;
         let config = f.model_config()?;
         let tokenizer_spec = TokenizerSpec::from_gguf(&f)?;
@@ -233,6 +237,10 @@ impl Model {
         };
         let lm_head = f.linear(&[head_name])?;
         let norm = f.f32_tensor("output_norm.weight")?;
+        let linears = layers
+            .iter()
+            .flat_map(|l| [&l.qkv, &l.out, &l.gate_up, &l.down]);
+        let (matmul, matmul_choice) = Kernel::for_model(linears)?;
         let (rope, local_rope) = load_rope(&mut f, &config)?;
         Ok(Self {
             fingerprint: f.fingerprint,
@@ -247,6 +255,7 @@ impl Model {
             rope,
             local_rope,
             matmul,
+            matmul_choice,
             float_activations: false,
             grammars: std::sync::OnceLock::new(),
         })

@@ -208,6 +208,9 @@ pub fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
     if let Some(refusal) = model.matmul_refusal() {
         tracing::warn!("{refusal}");
     }
+    if let Some(choice) = &model.matmul_choice {
+        tracing::info!("{choice}");
+    }
     match (model.config.sliding_window, model.config.arch.window) {
         (Some(window), Window::HoldsSequences) => tracing::warn!(
             "sequences are held to {} positions: the model's sliding window ({window}) is not applied to longer ones",

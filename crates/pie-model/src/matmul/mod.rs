@@ -90,6 +90,15 @@ impl Linear {
         self.parts.iter().map(QWeight::rows).sum()
     }
 
+    /// Weight values in all, and those the AMX kernel takes in a prefill.
+    fn values_on_amx(&self) -> (usize, usize) {
+        self.parts.iter().fold((0, 0), |(all, amx), p| {
+            let values = p.n * p.k;
+            let taken = p.blocks().is_multiple_of(layout::GROUP);
+            (all + values, amx + if taken { values } else { 0 })
+        })
+    }
+
     /// The bytes the parts are stored in (see [`QWeight::bytes`]).
     pub(crate) fn bytes(&self) -> usize {
         self.parts.iter().map(QWeight::bytes).sum()
@@ -132,10 +141,13 @@ fn forward_parts(parts: &[QWeight], kernel: Kernel, x: &[f32], rows: usize) -> V
     let inputs = kernel.inputs(parts, x, rows);
     let n: usize = parts.iter().map(|p| p.n).sum();
     // Enough column ranges to balance the pool's threads, but each a few
-    // dozen columns so a task's work dwarfs the scheduling; whole tiles of
-    // the AMX kernel's sixteen columns.
+    // dozen columns so a task's work dwarfs the scheduling; for the AMX
+    // kernel, whole tiles of its sixteen columns.
     let threads = rayon::current_num_threads() * 4;
-    let cols = n.div_ceil(threads).next_multiple_of(16).max(32);
+    let cols = n
+        .div_ceil(threads)
+        .next_multiple_of(kernel.columns_per_task_multiple())
+        .max(32);
     // (part, its first column, columns, the result's column of the first).
     let mut tasks = Vec::new();
     let mut at = 0;
@@ -179,6 +191,10 @@ pub(crate) enum Kernel {
     Portable,
 }
 
+/// The share of a model's weights the AMX kernel must take for a model to run
+/// on it (see [`Kernel::for_layers`]).
+const AMX_MIN_SHARE: f64 = 0.9;
+
 /// Forces a matmul kernel by name (see [`Kernel::name`]) instead of the fastest
 /// this CPU runs, so kernels can be compared in one run of the same binary.
 pub(crate) const KERNEL_ENV: &str = "PIE_MATMUL_KERNEL";
@@ -204,6 +220,15 @@ impl Kernel {
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => "avx2",
             Kernel::Portable => "portable",
+        }
+    }
+
+    /// What a task's column count is a multiple of.
+    fn columns_per_task_multiple(self) -> usize {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Amx => 16,
+            _ => 8,
         }
     }
 
@@ -240,6 +265,55 @@ impl Kernel {
             );
         }
         None
+    }
+
+    /// `self` for a model of these `layers`, unless `self` is the AMX kernel
+    /// and the tile unit would take less than [`AMX_MIN_SHARE`] of their
+    /// weights: then the AVX-512 kernel, and the reason. On the default model
+    /// (SmolLM2-135M: only its FFN down projection, a quarter of the
+    /// weights, has whole groups of blocks) the AMX kernel prefilled 6-20%
+    /// slower than the AVX-512 one in three runs, though that projection
+    /// alone ran 1.4x faster on it (`kernel_throughput`); the rest of the
+    /// step ran slower beside it.
+    pub(crate) fn for_layers<'a>(
+        self,
+        layers: impl IntoIterator<Item = &'a Linear>,
+    ) -> (Self, Option<String>) {
+        #[cfg(target_arch = "x86_64")]
+        if self == Kernel::Amx {
+            let (all, amx) = layers
+                .into_iter()
+                .map(Linear::values_on_amx)
+                .fold((0, 0), |(all, amx), (a, b)| (all + a, amx + b));
+            let share = amx as f64 / all.max(1) as f64;
+            if share < AMX_MIN_SHARE {
+                let why = format!(
+                    "matmul kernel avx512, not amx: the tile unit would take {:.0}% of this model's \
+                     weights (rows of whole 256-value groups), under {:.0}%",
+                    100.0 * share,
+                    100.0 * AMX_MIN_SHARE
+                );
+                return (Kernel::Avx512, Some(why));
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = layers;
+        (self, None)
+    }
+
+    /// The kernel a model of `layers` runs on: [`KERNEL_ENV`]'s when it names
+    /// one, else [`Kernel::detect`]'s as [`Kernel::for_layers`] has it (with
+    /// why, where that is not the fastest).
+    pub(crate) fn for_model<'a>(
+        layers: impl IntoIterator<Item = &'a Linear>,
+    ) -> Result<(Self, Option<String>)> {
+        let forced = std::env::var_os(KERNEL_ENV).is_some_and(|v| !v.is_empty());
+        let kernel = Self::from_env()?;
+        Ok(if forced {
+            (kernel, None)
+        } else {
+            kernel.for_layers(layers)
+        })
     }
 
     /// The fastest kernel this CPU runs.

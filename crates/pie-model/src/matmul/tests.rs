@@ -359,6 +359,30 @@ fn amx_gives_the_avx512_kernels_bits() {
     }
 }
 
+/// A model runs on the AMX kernel only where it takes nearly all of the
+/// weights (rows of whole groups); the choice needs no AMX to test.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn amx_runs_a_model_only_where_it_takes_most_weights() {
+    let mut rng = StdRng::seed_from_u64(43);
+    let whole = Linear::new(vec![QWeight::from_f32(
+        &random(&mut rng, 64 * 512),
+        64,
+        512,
+    )]);
+    let ragged = Linear::new(vec![QWeight::from_f32(
+        &random(&mut rng, 64 * 576),
+        64,
+        576,
+    )]);
+    assert_eq!(Kernel::Amx.for_layers([&whole]), (Kernel::Amx, None));
+    let (kernel, why) = Kernel::Amx.for_layers([&whole, &ragged]);
+    assert_eq!(kernel, Kernel::Avx512);
+    let why = why.expect("a reason");
+    assert!(why.contains("47%") && why.contains("90%"), "{why}");
+    assert_eq!(Kernel::Avx512.for_layers([&ragged]), (Kernel::Avx512, None));
+}
+
 /// `PIE_MATMUL_KERNEL` names a kernel exactly; anything else is refused with
 /// the names there are (the variable itself is not set here: tests share it).
 #[test]
