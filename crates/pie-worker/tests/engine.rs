@@ -32,6 +32,10 @@ fn model() -> Arc<Model> {
 }
 
 fn engine(kv_pages: usize, max_batch_tokens: usize) -> Engine {
+    engine_on(model(), kv_pages, max_batch_tokens)
+}
+
+fn engine_on(model: Arc<Model>, kv_pages: usize, max_batch_tokens: usize) -> Engine {
     let config = EngineConfig {
         page_size: 4,
         kv_pages,
@@ -39,7 +43,7 @@ fn engine(kv_pages: usize, max_batch_tokens: usize) -> Engine {
         max_running: 64,
         ..EngineConfig::default()
     };
-    Engine::new(model(), config, Box::new(Fcfs))
+    Engine::new(model, config, Box::new(Fcfs))
 }
 
 fn request(prompt: &[u32], max_tokens: usize) -> Request {
@@ -481,4 +485,55 @@ fn penalties_and_biases_shape_the_greedy_output() {
         from_prompt(&kept_out) < from_prompt(&plain),
         "{kept_out:?} / {plain:?}"
     );
+}
+
+/// A model whose every projection is rows of whole 256-value groups (hidden
+/// 256, FFN 512, Q6_K down projections), so an AMX CPU runs it on the AMX
+/// kernel.
+fn whole_group_model() -> Arc<Model> {
+    static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+                .join("engine-whole-group-model.gguf");
+            let spec = SynthSpec {
+                seed: 4,
+                hidden: 256,
+                intermediate: 512,
+                ffn_down_type: candle_core::quantized::GgmlDType::Q6K,
+                ..SynthSpec::default()
+            };
+            write_test_model(&path, &spec).unwrap();
+            Arc::new(Model::load(&path).unwrap())
+        })
+        .clone()
+}
+
+/// A 64-token prompt prefilled in one step runs its projections on the AMX
+/// kernel; four tokens a step, on the AVX-512 kernel (calls under 32 rows).
+/// Its KV pages and its tokens are the same bits either way.
+#[test]
+fn amx_prefill_gives_the_pages_and_tokens_of_small_steps() {
+    let model = whole_group_model();
+    if model.matmul_kernel() != "amx" {
+        eprintln!(
+            "SKIPPED: AMX prefill not tested end to end: the {} kernel runs here",
+            model.matmul_kernel()
+        );
+        return;
+    }
+    let p = prompt(40, 64);
+    let served = |budget| {
+        let mut e = engine_on(model.clone(), 64, budget);
+        let id = e.add(request(&p, 8)).unwrap();
+        let tokens = drain(&mut e).remove(&id).unwrap();
+        let pages: Vec<Vec<u8>> = block_hashes(model.fingerprint, &p, 4)
+            .iter()
+            .map(|h| export_page(e.pool(), e.pool().lookup(*h).unwrap()).unwrap())
+            .collect();
+        (tokens, pages)
+    };
+    let (whole, small) = (served(512), served(4));
+    assert_eq!((whole.0.len(), whole.1.len()), (8, 16));
+    assert!(whole == small, "one 64-token step and 4-token steps differ");
 }
