@@ -530,41 +530,29 @@ unsafe fn multiply(form: Form, weights: *const u8, acts: *const i8, dots: &mut D
         };
     }
     const B: usize = TILE_BYTES;
-    // Whole blocks `b..b + 4`; Q6_K's halves of blocks `b, b + 1` (a half
-    // is the A tile's second 16 bytes of each row, the B tile's last four rows).
+    // Whole blocks `4 q..4 q + 4` with `$op`.
+    macro_rules! whole {
+        ($op:literal, $q:expr, $d:expr) => {{
+            let (w, a) = (weights.add($q * 4 * B), acts.add($q * 4 * B));
+            four!($op, w, a, $d, [0, B, 2 * B, 3 * B], [0, B, 2 * B, 3 * B])
+        }};
+    }
     for q in 0..if form == Form::Q6 { 4 } else { 2 } {
         let d = dots.0[4 * q..].as_mut_ptr();
         match form {
-            Form::Q4 => {
-                let (w, a) = (weights.add(q * 4 * B), acts.add(q * 4 * B));
-                four!(
-                    "tdpbusd",
-                    w,
-                    a,
-                    d,
-                    [0, B, 2 * B, 3 * B],
-                    [0, B, 2 * B, 3 * B]
-                );
-            }
-            Form::Q8 => {
-                let (w, a) = (weights.add(q * 4 * B), acts.add(q * 4 * B));
-                four!(
-                    "tdpbssd",
-                    w,
-                    a,
-                    d,
-                    [0, B, 2 * B, 3 * B],
-                    [0, B, 2 * B, 3 * B]
-                );
-            }
+            Form::Q4 => whole!("tdpbusd", q, d),
+            Form::Q8 => whole!("tdpbssd", q, d),
             Form::Q6 => {
+                // The halves of blocks `2 q, 2 q + 1`: a half is the A tile's
+                // second 16 bytes of each row, the B tile's last four rows.
                 let (w, a) = (weights.add(q * 2 * B), acts.add(q * 2 * B));
+                const H: usize = BLOCK / 2;
                 four!(
                     "tdpbssd",
                     w,
                     a,
                     d,
-                    [0, BLOCK / 2, B, B + BLOCK / 2],
+                    [0, H, B, B + H],
                     [0, B / 2, B, B + B / 2]
                 );
             }
