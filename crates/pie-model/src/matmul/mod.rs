@@ -91,11 +91,14 @@ impl Linear {
     }
 
     /// Weight values in all, and those the AMX kernel takes in a prefill.
+    #[cfg(target_arch = "x86_64")]
     fn values_on_amx(&self) -> (usize, usize) {
         self.parts.iter().fold((0, 0), |(all, amx), p| {
             let values = p.n * p.k;
-            let taken = p.blocks().is_multiple_of(layout::GROUP);
-            (all + values, amx + if taken { values } else { 0 })
+            (
+                all + values,
+                amx + if amx::takes_weight(p) { values } else { 0 },
+            )
         })
     }
 
@@ -271,10 +274,10 @@ impl Kernel {
     /// and the tile unit would take less than [`AMX_MIN_SHARE`] of their
     /// weights: then the AVX-512 kernel, and the reason. On the default model
     /// (SmolLM2-135M: only its FFN down projection, a quarter of the
-    /// weights, has whole groups of blocks) the AMX kernel prefilled 6-20%
-    /// slower than the AVX-512 one in three runs, though that projection
-    /// alone ran 1.4x faster on it (`kernel_throughput`); the rest of the
-    /// step ran slower beside it.
+    /// weights, has whole groups of blocks) the AMX kernel prefilled 6-34%
+    /// slower than the AVX-512 one in five runs, though that projection
+    /// alone ran 1.4-1.5x faster on it (`kernel_throughput`); the rest of
+    /// the step ran slower beside it (BENCHMARKS, "Prefill on AMX").
     pub(crate) fn for_layers<'a>(
         self,
         layers: impl IntoIterator<Item = &'a Linear>,
