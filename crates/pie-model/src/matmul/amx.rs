@@ -34,7 +34,7 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
-use super::layout::{BLOCK, GROUP};
+use super::layout::{unpack_q4_groups, unpack_q6_groups, BLOCK, GROUP};
 use super::store::{Acts, Out, QWeight, Quants};
 use super::x86_tiles::widen;
 
@@ -250,35 +250,6 @@ fn unpack_columns(w: &QWeight, c: usize, dst: &mut [u8], row: &mut [u8]) {
     }
 }
 
-/// A Q6_K row packed by `layout::pack_q6` (`lo`, `hi`) to one signed byte
-/// `q - 32` per value (kernel order): each 32 bytes of `hi` hold a quad of
-/// vectors' high bit pairs, vector `i`'s at bits `2 i`.
-fn unpack_q6_groups(lo: &[u8], hi: &[u8], out: &mut [u8]) {
-    unpack_q4_groups(lo, out);
-    for (quad, bits) in out.chunks_exact_mut(4 * BLOCK).zip(hi.chunks_exact(BLOCK)) {
-        for (i, vector) in quad.chunks_exact_mut(BLOCK).enumerate() {
-            for (v, &b) in vector.iter_mut().zip(bits) {
-                *v = ((*v | (b >> (2 * i) & 3) << 4) as i8 - 32) as u8;
-            }
-        }
-    }
-}
-
-/// A 4-bit row of whole groups, packed by `layout::pack_q4`, to one byte per
-/// value (kernel order): each 64 packed bytes hold vectors `v0, v1` in their
-/// low nibbles and `v2, v3` in their high ones.
-fn unpack_q4_groups(packed: &[u8], out: &mut [u8]) {
-    for (quad, dst) in packed
-        .chunks_exact(2 * BLOCK)
-        .zip(out.chunks_exact_mut(4 * BLOCK))
-    {
-        let (low, high) = dst.split_at_mut(2 * BLOCK);
-        for ((l, h), &p) in low.iter_mut().zip(high.iter_mut()).zip(quad) {
-            (*l, *h) = (p & 0xf, p >> 4);
-        }
-    }
-}
-
 /// Output columns `c0..c0 + nc` for every row of `a`: whole column tiles on
 /// the tile unit, the rest on `rest` (the AVX-512 walk).
 ///
@@ -302,9 +273,10 @@ pub(super) unsafe fn walk(
             &WHOLE
         };
         asm!("ldtilecfg [{0}]", in(reg) config, options(nostack, readonly));
+        let step = chunk_columns(t);
         SCRATCH.with_borrow_mut(|scratch| {
-            for first in (c0..c0 + whole).step_by(chunk_columns(t)) {
-                let cols = chunk_columns(t).min(c0 + whole - first);
+            for first in (c0..c0 + whole).step_by(step) {
+                let cols = step.min(c0 + whole - first);
                 chunk(w, a, t, (first, cols), out.at(0, first - c0), scratch);
             }
         });

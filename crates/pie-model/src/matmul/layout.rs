@@ -128,3 +128,33 @@ pub(super) fn unpack_q6(lo: &[u8], hi: &[u8], pos: usize) -> u8 {
     let (quad, u, j) = (pos / QUAD, pos % QUAD / BLOCK, pos % BLOCK);
     unpack_q4(lo, pos) | (hi[quad * BLOCK + j] >> (2 * u) & 3) << 4
 }
+
+/// A Q6_K row of whole groups, packed by [`pack_q6`] (`lo`, `hi`) to one signed byte
+/// `q - 32` per value (kernel order): each 32 bytes of `hi` hold a quad of
+/// vectors' high bit pairs, vector `i`'s at bits `2 i`.
+pub(super) fn unpack_q6_groups(lo: &[u8], hi: &[u8], out: &mut [u8]) {
+    unpack_q4_groups(lo, out);
+    for (quad, bits) in out.chunks_exact_mut(4 * BLOCK).zip(hi.chunks_exact(BLOCK)) {
+        for (i, vector) in quad.chunks_exact_mut(BLOCK).enumerate() {
+            for (v, &b) in vector.iter_mut().zip(bits) {
+                *v = ((*v | (b >> (2 * i) & 3) << 4) as i8 - 32) as u8;
+            }
+        }
+    }
+}
+
+/// A 4-bit row of whole groups, packed by [`pack_q4`], to one byte per
+/// value (kernel order), a whole row at a time as the AMX kernel reads it
+/// (where [`unpack_row_q4`] takes any runs): each 64 packed bytes hold vectors `v0, v1` in their
+/// low nibbles and `v2, v3` in their high ones.
+pub(super) fn unpack_q4_groups(packed: &[u8], out: &mut [u8]) {
+    for (quad, dst) in packed
+        .chunks_exact(2 * BLOCK)
+        .zip(out.chunks_exact_mut(4 * BLOCK))
+    {
+        let (low, high) = dst.split_at_mut(2 * BLOCK);
+        for ((l, h), &p) in low.iter_mut().zip(high.iter_mut()).zip(quad) {
+            (*l, *h) = (p & 0xf, p >> 4);
+        }
+    }
+}

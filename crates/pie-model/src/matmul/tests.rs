@@ -350,8 +350,12 @@ fn amx_gives_the_avx512_kernels_bits() {
     for w in [&q4_1, &q4k, &q8, &q8_0, &q6k, &ragged] {
         for rows in [32, 47, 80] {
             let x = random(&mut rng, rows * w.k_in);
+            // Every storage goes to the tile unit but the ragged rows, so
+            // the bits below compare its path, not the AVX-512 fallback.
             let takes = amx::takes(w, rows);
             assert_eq!(takes, w.blocks() % 8 == 0);
+            assert_eq!(takes, !std::ptr::eq(w, &ragged), "{rows} rows");
+            assert!(!amx::takes(w, amx::MIN_ROWS - 1));
             let want = run_with(Kernel::Avx512, w, &x, rows);
             assert_eq!(run_with(Kernel::Amx, w, &x, rows), want, "{rows} rows");
             assert_eq!(w.forward(Kernel::Amx, &x, rows), want, "{rows} rows, split");
@@ -445,6 +449,30 @@ fn a_packed_row_unpacks_to_its_values() {
                 v,
                 "{blocks} blocks, {pos}"
             );
+        }
+    }
+}
+
+/// The AMX kernel's whole-row unpacking gives the values `unpack_row_q4`
+/// and `unpack_q6` give, position by position (Q6_K's as `q - 32`).
+#[test]
+fn whole_groups_unpack_to_their_values() {
+    let mut rng = StdRng::seed_from_u64(23);
+    for groups in [1, 3] {
+        let len = groups * 8 * BLOCK;
+        let q4: Vec<u8> = (0..len).map(|_| rng.gen_range(0..16)).collect();
+        let mut packed = Vec::new();
+        layout::pack_q4(&q4, &mut packed);
+        let mut bytes = vec![0u8; len];
+        layout::unpack_q4_groups(&packed, &mut bytes);
+        assert_eq!(bytes, q4, "4-bit, {groups} groups");
+        let q6: Vec<u8> = (0..len).map(|_| rng.gen_range(0..64)).collect();
+        let (mut lo, mut hi) = (Vec::new(), Vec::new());
+        layout::pack_q6(&q6, &mut lo, &mut hi);
+        layout::unpack_q6_groups(&lo, &hi, &mut bytes);
+        for (pos, &b) in bytes.iter().enumerate() {
+            let want = layout::unpack_q6(&lo, &hi, pos) as i32 - 32;
+            assert_eq!(b as i8 as i32, want, "6-bit, {groups} groups, {pos}");
         }
     }
 }
