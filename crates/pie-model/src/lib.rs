@@ -1,6 +1,7 @@
 //! A decoder of the Llama, Qwen (2, 3), Phi-3 and Gemma (2, 3) families (RMSNorm, RoPE, GQA
 //! attention, sliding windows, gated MLP) on candle, computing over the paged KV cache of `pie-kv`.
 //!
+//! - [`allocator`]: keeping the forward pass's freed memory for reuse.
 //! - [`architecture`]: what differs between the served architectures.
 //! - [`gguf`]: reading a GGUF file: hyper-parameters, weights, fingerprint.
 //! - [`model`]: the batched forward pass over paged KV.
@@ -11,6 +12,7 @@
 //! - [`sampling`]: greedy, temperature, top-k and top-p sampling with a seed.
 //! - [`synth`]: a tiny random-weights model of each architecture written as GGUF, for tests.
 
+pub mod allocator;
 pub mod architecture;
 mod attention;
 pub mod constraint;

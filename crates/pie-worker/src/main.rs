@@ -336,6 +336,7 @@ impl SamplingArgs {
 }
 
 fn main() -> Result<()> {
+    pie_model::allocator::keep_freed_memory();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),

@@ -310,9 +310,8 @@ unsafe fn chunk(
         sw,
         dots,
     } = scratch;
-    // Every byte read is written first: only new capacity is zeroed.
-    weights.resize(cols / TILE * per_tile, 0);
-    row.resize(w.k, 0);
+    let weights = grown(weights, cols / TILE * per_tile);
+    let row = grown(row, w.k);
     for (tile, weights) in weights.chunks_exact_mut(per_tile).enumerate() {
         unpack_columns(w, first + tile * TILE, weights, row);
     }
@@ -337,6 +336,17 @@ unsafe fn chunk(
             row_tile(&columns, t, row_tile_at / TILE, dots, out, rows);
         }
     }
+}
+
+/// The first `len` bytes of `buf`, grown if it is shorter. Every byte read is
+/// written first, and chunks' sizes vary from weight to weight: shrinking and
+/// growing again would zero the difference each time (3.6% of a Qwen3-0.6B
+/// prefill).
+fn grown(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    &mut buf[..len]
 }
 
 /// The columns of a chunk: whole tiles whose unpacked weights make about

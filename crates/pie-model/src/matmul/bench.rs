@@ -4,7 +4,7 @@
 //! - `kernel_throughput`: SmolLM2- and Llama-3.2-1B-shaped matrices (random
 //!   weights), each called again and again: `cargo test --release -p pie-model
 //!   kernel_throughput -- --ignored --nocapture`; `MB=<name>` and
-//!   `MB_ROWS=1,32` narrow it, `MB_COPIES=8` cycles through that many copies
+//!   `MB_ROWS=1,32` narrow it, `MB_KERNEL=amx` keeps one kernel, `MB_COPIES=8` cycles through that many copies
 //!   of each so the weights stream from memory instead of the last-level cache.
 //! - `layer_sequence`: one-row calls in a 1B model's order (16 layers of
 //!   QKV, output, gate/up and down projections, every matrix its own), from a
@@ -66,9 +66,13 @@ fn random_weight(rng: &mut impl Rng, n: usize, k: usize, form: Form) -> QWeight 
     }
 }
 
-/// Every kernel this CPU runs but the portable one.
+/// Every kernel this CPU runs but the portable one (`MB_KERNEL=<name>`: that
+/// one only).
 fn simd_kernels() -> impl Iterator<Item = Kernel> {
-    (Kernel::ALL.iter().copied()).filter(|&k| k != Kernel::Portable && k.available())
+    let only = std::env::var("MB_KERNEL").ok();
+    (Kernel::ALL.iter().copied()).filter(move |&k| {
+        k != Kernel::Portable && k.available() && only.as_deref().is_none_or(|o| o == k.name())
+    })
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -97,6 +101,8 @@ fn kernel_throughput() {
         ("down_1b", 2048, 8192, Form::Q4),
         ("down_1b_q6", 2048, 8192, Form::Q6),
         ("down_1b_q8", 2048, 8192, Form::Q8),
+        ("gate_up_qwen3_q4k", 6144, 1024, Form::Q4K),
+        ("down_qwen3_q6", 1024, 3072, Form::Q6),
     ] {
         if only.as_deref().is_some_and(|o| o != name) {
             continue;
