@@ -9,6 +9,7 @@ use std::path::Path;
 use anyhow::{bail, ensure, Result};
 use pie_core::ModelFingerprint;
 use pie_kv::{KvLayout, KvPool, PageTable};
+use rayon::prelude::*;
 
 use crate::architecture::{Activation, Window};
 use crate::attention::{self, Heads, Scoring, SeqRows};
@@ -541,14 +542,18 @@ fn gated(gate_up: &[f32], intermediate: usize, activation: Activation) -> Vec<f3
     }
 }
 
-fn gated_by(gate_up: &[f32], intermediate: usize, act: impl Fn(f32) -> f32) -> Vec<f32> {
-    // Extended row by row: a flattened iterator's length is unknown, so it
-    // would grow the vector element by element.
-    let mut out = Vec::with_capacity(gate_up.len() / 2);
-    for r in gate_up.chunks_exact(2 * intermediate) {
-        let (g, u) = r.split_at(intermediate);
-        out.extend(g.iter().zip(u).map(|(g, u)| act(*g) * u));
-    }
+fn gated_by(gate_up: &[f32], intermediate: usize, act: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
+    // Rows on the pool's threads: a prefill's activations are millions of
+    // `exp`s (3.4% of a Qwen3-0.6B 512-token prefill on one thread).
+    let mut out = vec![0f32; gate_up.len() / 2];
+    out.par_chunks_mut(intermediate)
+        .zip(gate_up.par_chunks_exact(2 * intermediate))
+        .for_each(|(out, r)| {
+            let (g, u) = r.split_at(intermediate);
+            for (o, (g, u)) in out.iter_mut().zip(g.iter().zip(u)) {
+                *o = act(*g) * u;
+            }
+        });
     out
 }
 

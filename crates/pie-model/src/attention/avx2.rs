@@ -168,7 +168,7 @@ pub(super) unsafe fn exponentials(sp: *mut f32, n: usize, st: &mut Stat) -> f32 
 /// exponentials eight lanes at a time.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn page_step(
+pub(super) unsafe fn span_step(
     q: &[f32],
     k: &[f32],
     v: &[f32],

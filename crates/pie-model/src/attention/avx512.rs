@@ -77,7 +77,7 @@ unsafe fn accumulate<const N: usize>(
 /// time, the exponentials eight lanes at a time.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx2,fma")]
-pub(super) unsafe fn page_step(
+pub(super) unsafe fn span_step(
     q: &[f32],
     k: &[f32],
     v: &[f32],

@@ -1,4 +1,4 @@
-//! The per-(query, page) step of the online softmax and the widening of f16
+//! The per-(query, span) step of the online softmax and the widening of f16
 //! pages: `Kernel` chosen once per call from the CPU's features and the head
 //! size, dispatching to AVX-512F, AVX2+FMA(+F16C) or the portable code here.
 
@@ -91,13 +91,13 @@ impl Kernel {
         }
     }
 
-    /// One query against the first `n` keys of one page: `k` and `v` start at the
-    /// query's KV head in slot 0, slots `stride` floats apart. Updates the running
+    /// One query against `n` consecutive keys of a span: `k` and `v` start at
+    /// the first key, keys `stride` floats apart. Updates the running
     /// state `st` and accumulator `acc` (the query's length); `scratch` holds at
     /// least `n` rounded up to 16 floats.
     #[allow(clippy::too_many_arguments)]
     #[inline]
-    pub(super) fn page_step(
+    pub(super) fn span_step(
         self,
         q: &[f32],
         k: &[f32],
@@ -118,12 +118,12 @@ impl Kernel {
             // SAFETY: `detect`/`available` checked the features and that `hd` is a
             // multiple of 16; the slices were checked above.
             Kernel::Avx512 => unsafe {
-                avx512::page_step(q, k, v, stride, n, scale, cap, st, acc, scratch)
+                avx512::span_step(q, k, v, stride, n, scale, cap, st, acc, scratch)
             },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above, for AVX2 and FMA and a multiple of 8.
             Kernel::Avx2 => unsafe {
-                avx2::page_step(q, k, v, stride, n, scale, cap, st, acc, scratch)
+                avx2::span_step(q, k, v, stride, n, scale, cap, st, acc, scratch)
             },
             Kernel::Portable => portable(q, k, v, stride, n, scale, cap, st, acc, scratch),
         }

@@ -9,8 +9,9 @@
 //!   sequence's pages once, and every query of the block (rows x the query heads
 //!   sharing the KV head) is scored against a page while it sits in L1. Units run
 //!   in parallel on the rayon pool (sequences, KV heads and query blocks alike).
-//! - **Online softmax.** Per query and per page: scores, the running maximum and
-//!   sum, the accumulator rescaled when the maximum grows, then `p * V` added.
+//! - **Online softmax.** Per query and per span (a few pages, `SPAN_BYTES` of
+//!   f32 K and V, at fixed positions): scores, the running maximum and sum,
+//!   the accumulator rescaled when the maximum grows, then `p * V` added.
 //!   Pages group into fixed chunks of about `CHUNK_TOKENS` keys; each chunk has its
 //!   own running state, merged into the query's state in chunk order. When a
 //!   step has too few units to keep the threads busy (decode of a few sequences at
@@ -22,14 +23,15 @@
 //!   page (and chunk) holding the block's first such key, and each query's
 //!   step starts at its own first key, so keys behind the window are neither
 //!   read nor scored.
-//! - **Kernels.** The per-(query, page) step (dot products, exponentials, the V
+//! - **Kernels.** The per-(query, span) step (dot products, exponentials, the V
 //!   accumulation) has an AVX-512F and an AVX2+FMA version chosen at run time
 //!   (`Kernel::detect`, as `matmul.rs` chooses), and a portable one.
-//! - **f16 pages.** A unit widens the K and V of its KV head in a page to f32
-//!   once (F16C / AVX-512F conversions, or `half`), into a block that stays in
-//!   L1 for every query of the unit, and runs the f32 step on it: the widening
-//!   is exact, so everything above holds for f16 pages as for f32 pages holding
-//!   the same values, and all arithmetic is f32.
+//! - **f16 pages.** A unit widens the K and V of its KV head in a span's pages
+//!   to f32 once (F16C / AVX-512F conversions, or `half`; f32 pages are
+//!   copied), into a block that stays in L1 for every query of the unit, and
+//!   runs the f32 step on it: the widening is exact, so everything above
+//!   holds for f16 pages as for f32 pages holding the same values, and all
+//!   arithmetic is f32.
 //!
 //! Files, leaves first (each imports only the ones before it): `softmax.rs`
 //! (a query's running state, merging two), `expf.rs` (the vector `exp`),
@@ -44,7 +46,7 @@
 //! rows and sequences, whether its chunks were split into units), so a prompt
 //! gives the same tokens with or without a prefix hit, chunked or whole.
 
-use pie_kv::{KvDtype, KvPool, PageKv, PageTable};
+use pie_kv::{KvPool, PageKv, PageTable};
 use rayon::prelude::*;
 
 pub(crate) use kernel::sum_exp;
@@ -65,6 +67,10 @@ mod softmax;
 const QUERY_BLOCK: usize = 16;
 /// Keys per chunk (rounded down to whole pages, at least one page).
 const CHUNK_TOKENS: usize = 256;
+/// The most bytes of f32 K and V a unit steps its queries over at once:
+/// within L1 beside the queries, and few enough calls per query that the
+/// per-call work (the running maximum, the rescaling) stays small.
+const SPAN_BYTES: usize = 32 << 10;
 
 /// The attention heads' shape.
 #[derive(Clone, Copy, Debug)]
@@ -241,12 +247,10 @@ fn run_unit(
     };
     let mut cst = vec![EMPTY; nq];
     let mut cacc = vec![0f32; nq * hd];
-    let mut scratch = vec![0f32; ps.next_multiple_of(16)];
-    // K then V of one page's slots for this unit's KV head, widened from f16.
-    let mut wide = match pool.dtype() {
-        KvDtype::F16 => vec![0f32; 2 * ps * hd],
-        KvDtype::F32 => Vec::new(),
-    };
+    let span = span_pages(ps, hd, chunk_len) * ps;
+    let mut scratch = vec![0f32; span.next_multiple_of(16)];
+    // K then V of one span's slots for this unit's KV head, in f32.
+    let mut wide = vec![0f32; 2 * span * hd];
     let pos0 = s.start + u.first;
     let last = pos0 + u.rows - 1;
     // The block's first row sees the earliest key any of its rows sees.
@@ -265,24 +269,28 @@ fn run_unit(
         let from = c0.saturating_sub(pos0);
         cst[from * group..].fill(EMPTY);
         cacc[from * group * hd..].fill(0.0);
-        let page_end = ((c0 + chunk_len).min(last + 1)).div_ceil(ps);
-        let page_first = c0.max(first_key) / ps;
-        for (p, &page) in pages.iter().enumerate().take(page_end).skip(page_first) {
-            let page_start = p * ps;
-            let (k, v, stride) = match pool.page_kv(layer, page) {
-                PageKv::F32(k, v) => (&k[u.kvh * hd..], &v[u.kvh * hd..], kv_dim),
-                PageKv::F16(k, v) => {
-                    let slots = (last + 1 - page_start).min(ps);
-                    let (wk, wv) = wide.split_at_mut(ps * hd);
-                    kernel.widen(&k[u.kvh * hd..], kv_dim, hd, slots, wk);
-                    kernel.widen(&v[u.kvh * hd..], kv_dim, hd, slots, wv);
-                    (&*wk, &*wv, hd)
-                }
-            };
-            for i in page_start.saturating_sub(pos0)..u.rows {
-                let end = (pos0 + i + 1 - page_start).min(ps);
-                // Slots of this page behind the row's window.
-                let skip = scoring.first_key(pos0 + i).saturating_sub(page_start);
+        let key_end = (c0 + chunk_len).min(last + 1);
+        let key_first = c0.max(first_key);
+        for s0 in (key_first / span * span..key_end).step_by(span) {
+            let (wk, wv) = wide.split_at_mut(span * hd);
+            let page_first = (s0 / ps).max(key_first / ps);
+            for p in page_first..(s0 + span).min(key_end).div_ceil(ps) {
+                let at = (p * ps - s0) * hd;
+                let slots = (last + 1 - p * ps).min(ps);
+                let kv = pool.page_kv(layer, pages[p]);
+                gather(
+                    kernel,
+                    kv,
+                    (u.kvh * hd, kv_dim, hd),
+                    slots,
+                    &mut wk[at..],
+                    &mut wv[at..],
+                );
+            }
+            for i in s0.saturating_sub(pos0)..u.rows {
+                let end = (pos0 + i + 1 - s0).min(span);
+                // Slots of this span behind the row's window.
+                let skip = scoring.first_key(pos0 + i).saturating_sub(s0);
                 if skip >= end {
                     continue;
                 }
@@ -290,11 +298,11 @@ fn run_unit(
                 for g in 0..group {
                     let qi = i * group + g;
                     let qv = &q[row * q_stride + (u.kvh * group + g) * hd..][..hd];
-                    kernel.page_step(
+                    kernel.span_step(
                         qv,
-                        &k[skip * stride..],
-                        &v[skip * stride..],
-                        stride,
+                        &wk[skip * hd..],
+                        &wv[skip * hd..],
+                        hd,
                         end - skip,
                         scoring,
                         &mut cst[qi],
@@ -331,11 +339,50 @@ fn run_unit(
     part
 }
 
+/// Pages of keys a query steps over in one call: as many as fit, as f32 K
+/// and V, in [`SPAN_BYTES`], and a divisor of a chunk's pages, so spans
+/// begin at fixed positions (a row meets the same spans in any step) and
+/// never cross a chunk.
+fn span_pages(page_size: usize, head_dim: usize, chunk_len: usize) -> usize {
+    let chunk_pages = chunk_len / page_size;
+    let fit = (SPAN_BYTES / (2 * 4 * head_dim * page_size)).clamp(1, chunk_pages);
+    (1..=fit)
+        .rev()
+        .find(|d| chunk_pages.is_multiple_of(*d))
+        .unwrap_or(1)
+}
+
+/// `slots` slots of one KV head (`(offset, stride, head_dim)` into the page's
+/// rows) of a page's K and V into `k` and `v`, slot after slot, in f32.
+fn gather(
+    kernel: Kernel,
+    kv: PageKv,
+    (offset, stride, hd): (usize, usize, usize),
+    slots: usize,
+    k: &mut [f32],
+    v: &mut [f32],
+) {
+    match kv {
+        PageKv::F32(pk, pv) => {
+            for (src, dst) in [(pk, k), (pv, v)] {
+                for (j, row) in dst.chunks_exact_mut(hd).take(slots).enumerate() {
+                    row.copy_from_slice(&src[offset + j * stride..][..hd]);
+                }
+            }
+        }
+        PageKv::F16(pk, pv) => {
+            kernel.widen(&pk[offset..], stride, hd, slots, k);
+            kernel.widen(&pv[offset..], stride, hd, slots, v);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ops::{axpy, dot};
     use pie_core::ModelFingerprint;
+    use pie_kv::KvDtype;
     use pie_kv::KvLayout;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
@@ -690,32 +737,45 @@ mod tests {
 
     /// One layer of SmolLM2-135M's attention, per kernel and KV dtype: a
     /// 2,048-token prefill in one step and one decode row at depth 2,048, the
-    /// best of five timings.
+    /// best of twenty timings.
     /// `cargo test --release -p pie-model attention_throughput -- --ignored --nocapture`
-    /// (`MB_KERNEL=Avx2` for one kernel).
+    /// (`MB_KERNEL=Avx2` for one kernel; `MB_HEADS=16,8,128` for other
+    /// heads, Qwen3-0.6B's here; `MB_TOKENS=512` for another length,
+    /// `MB_PAGE=32` another page size).
     #[test]
     #[ignore]
     fn attention_throughput() {
+        let var = |name: &str| std::env::var(name).ok();
+        let heads: Vec<usize> = var("MB_HEADS").map_or(vec![9, 3, 64], |v| {
+            v.split(',')
+                .map(|x| x.parse().expect("MB_HEADS: three numbers"))
+                .collect()
+        });
         let h = Heads {
-            heads: 9,
-            kv_heads: 3,
-            head_dim: 64,
+            heads: heads[0],
+            kv_heads: heads[1],
+            head_dim: heads[2],
         };
-        let n = 2048;
+        let n = var("MB_TOKENS").map_or(2048, |v| v.parse().expect("MB_TOKENS: a number"));
+        let page_size = var("MB_PAGE").map_or(16, |v| v.parse().expect("MB_PAGE: a number"));
         // Aggregate decode: 32 sequences one row each, at depth 128.
         let (batch, depth) = (32, 128);
         let only = std::env::var("MB_KERNEL").ok();
         for dtype in DTYPES {
             let mut lens = vec![depth + 1; batch];
             lens.insert(0, n + 1);
-            let setup = Setup::new(dtype, 1, 16, h, &lens, n);
+            let setup = Setup::new(dtype, 1, page_size, h, &lens, n);
             let decode_batch: Vec<_> = (1..=batch).map(|t| (t, depth, 1)).collect();
+            let (prefill, decode) = (format!("prefill {n}"), format!("decode at {n}"));
             let cases: [(&str, Vec<_>); 3] = [
-                ("prefill 2048", vec![(0, 0, n)]),
-                ("decode at 2048", vec![(0, n, 1)]),
+                (&prefill, vec![(0, 0, n)]),
+                (&decode, vec![(0, n, 1)]),
                 ("decode 32 at 128", decode_batch),
             ];
-            for kernel in all_kernels().into_iter().filter(|k| k.available(64)) {
+            for kernel in all_kernels()
+                .into_iter()
+                .filter(|k| k.available(h.head_dim))
+            {
                 if only.as_ref().is_some_and(|o| *o != format!("{kernel:?}")) {
                     continue;
                 }
