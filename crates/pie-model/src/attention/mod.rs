@@ -274,10 +274,11 @@ fn run_unit(
         for s0 in (key_first / span * span..key_end).step_by(span) {
             let (wk, wv) = wide.split_at_mut(span * hd);
             let page_first = (s0 / ps).max(key_first / ps);
-            for p in page_first..(s0 + span).min(key_end).div_ceil(ps) {
+            let page_end = (s0 + span).min(key_end).div_ceil(ps);
+            for (p, &page) in pages.iter().enumerate().take(page_end).skip(page_first) {
                 let at = (p * ps - s0) * hd;
                 let slots = (last + 1 - p * ps).min(ps);
-                let kv = pool.page_kv(layer, pages[p]);
+                let kv = pool.page_kv(layer, page);
                 gather(
                     kernel,
                     kv,
