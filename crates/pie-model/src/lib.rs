@@ -17,8 +17,6 @@ pub mod architecture;
 mod attention;
 pub mod constraint;
 mod embedding;
-#[cfg(target_arch = "x86_64")]
-mod expf;
 mod ggml_blocks;
 pub mod gguf;
 mod matmul;

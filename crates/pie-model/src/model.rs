@@ -17,7 +17,7 @@ use crate::constraint::Grammars;
 use crate::embedding::Embedding;
 use crate::gguf::{GgufFile, ModelConfig};
 use crate::matmul::{Kernel, Linear};
-use crate::ops::{gelu_tanh, rms_norm, silu_gate, softcap, Rope, RopeScaling, RopeSpec};
+use crate::ops::{gelu_tanh, rms_norm, silu, softcap, Rope, RopeScaling, RopeSpec};
 use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
 struct Layer {
@@ -534,29 +534,25 @@ fn add_normed(x: &mut [f32], y: &[f32], norm: Option<&[f32]>, eps: f32) {
 
 /// `act(gate) * up` of every row of `gate_up` (each row `gate ++ up`).
 fn gated(gate_up: &[f32], intermediate: usize, activation: Activation) -> Vec<f32> {
+    // One loop per activation, each with its function inlined (through a
+    // function pointer every element would be a call).
     match activation {
-        Activation::Silu => gated_by(gate_up, intermediate, silu_gate),
-        Activation::GeluTanh => gated_by(gate_up, intermediate, |g, u, out| {
-            for (o, (g, u)) in out.iter_mut().zip(g.iter().zip(u)) {
-                *o = gelu_tanh(*g) * u;
-            }
-        }),
+        Activation::Silu => gated_by(gate_up, intermediate, silu),
+        Activation::GeluTanh => gated_by(gate_up, intermediate, gelu_tanh),
     }
 }
 
-/// Each row's `gate` and `up` halves through `gate_row`, rows on the pool's
-/// threads (a prefill's gates are millions of `exp`s a layer).
-fn gated_by(
-    gate_up: &[f32],
-    intermediate: usize,
-    gate_row: impl Fn(&[f32], &[f32], &mut [f32]) + Sync,
-) -> Vec<f32> {
+fn gated_by(gate_up: &[f32], intermediate: usize, act: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
+    // Rows on the pool's threads: a prefill's activations are millions of
+    // `exp`s (3.4% of a Qwen3-0.6B 512-token prefill on one thread).
     let mut out = vec![0f32; gate_up.len() / 2];
     out.par_chunks_mut(intermediate)
         .zip(gate_up.par_chunks_exact(2 * intermediate))
         .for_each(|(out, r)| {
             let (g, u) = r.split_at(intermediate);
-            gate_row(g, u, out);
+            for (o, (g, u)) in out.iter_mut().zip(g.iter().zip(u)) {
+                *o = act(*g) * u;
+            }
         });
     out
 }

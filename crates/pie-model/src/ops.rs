@@ -46,40 +46,6 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// `out = silu(gate) * up`, element by element: eight lanes at a time with
-/// the vector `exp` where the CPU has AVX2 and FMA (a prefill's gate is
-/// millions of `exp`s a layer), the tail with [`silu`]. Each element's
-/// result depends only on its own inputs and its place in the row.
-pub fn silu_gate(gate: &[f32], up: &[f32], out: &mut [f32]) {
-    assert!(gate.len() == up.len() && up.len() == out.len());
-    let mut done = 0;
-    #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-        // SAFETY: the features were checked, and the lengths are equal.
-        done = unsafe { silu_gate_avx2(gate, up, out) };
-    }
-    for ((o, g), u) in out[done..].iter_mut().zip(&gate[done..]).zip(&up[done..]) {
-        *o = silu(*g) * u;
-    }
-}
-
-/// [`silu_gate`]'s whole groups of eight; returns how many elements it did.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn silu_gate_avx2(gate: &[f32], up: &[f32], out: &mut [f32]) -> usize {
-    use std::arch::x86_64::*;
-    let whole = gate.len() / 8 * 8;
-    let one = _mm256_set1_ps(1.0);
-    for i in (0..whole).step_by(8) {
-        let g = _mm256_loadu_ps(gate.as_ptr().add(i));
-        let e = crate::expf::exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-        let s = _mm256_div_ps(g, _mm256_add_ps(one, e));
-        let u = _mm256_loadu_ps(up.as_ptr().add(i));
-        _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(s, u));
-    }
-    whole
-}
-
 /// Gemma 2's soft cap, on attention scores and on final logits alike:
 /// each `x` becomes `cap * tanh(x / cap)`.
 pub fn softcap(xs: &mut [f32], cap: f32) {
@@ -266,21 +232,6 @@ fn rotate(head: &mut [f32], a: usize, b: usize, cos: f32, sin: f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn silu_gate_matches_silu_to_rounding() {
-        // 27 values: three vector groups and a tail, from deep negative
-        // (where `exp` is clamped) to large positive.
-        let gate: Vec<f32> = (0..27).map(|i| (i as f32 - 13.0) * 7.3).collect();
-        let up: Vec<f32> = (0..27).map(|i| 0.5 + i as f32 * 0.25).collect();
-        let mut out = vec![0f32; 27];
-        silu_gate(&gate, &up, &mut out);
-        for ((o, g), u) in out.iter().zip(&gate).zip(&up) {
-            let want = silu(*g) * u;
-            let tol = 4.0 * f32::EPSILON * want.abs() + 1e-30;
-            assert!((o - want).abs() <= tol, "silu({g}) * {u}: {o}, want {want}");
-        }
-    }
 
     #[test]
     fn dot_matches_naive() {

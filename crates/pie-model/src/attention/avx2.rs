@@ -3,8 +3,8 @@
 
 use std::arch::x86_64::*;
 
+use super::expf;
 use super::softmax::Stat;
-use crate::expf::exp8;
 use crate::ops::softcap;
 
 /// Eight accumulators summed lane-wise: lane `t` of the result is the sum of
@@ -40,6 +40,32 @@ pub(super) unsafe fn hmax(v: __m256) -> f32 {
     let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_max_ss(s, _mm_movehdup_ps(s));
     _mm_cvtss_f32(s)
+}
+
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(super) unsafe fn exp8(x: __m256) -> __m256 {
+    let x = _mm256_min_ps(
+        _mm256_max_ps(x, _mm256_set1_ps(expf::LO)),
+        _mm256_set1_ps(expf::HI),
+    );
+    let fx = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        x,
+        _mm256_set1_ps(expf::LOG2E),
+    ));
+    let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(expf::LN2_HI), x);
+    let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(expf::LN2_LO), r);
+    let mut y = _mm256_set1_ps(expf::P[0]);
+    for &p in &expf::P[1..] {
+        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(p));
+    }
+    let y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r);
+    let y = _mm256_add_ps(y, _mm256_set1_ps(1.0));
+    let pow = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_cvtps_epi32(fx),
+        _mm256_set1_epi32(127),
+    ));
+    _mm256_mul_ps(y, _mm256_castsi256_ps(pow))
 }
 
 /// `Kernel::widen` eight lanes at a time (`hd` a multiple of 8).

@@ -34,8 +34,8 @@
 //!   arithmetic is f32.
 //!
 //! Files, leaves first (each imports only the ones before it): `softmax.rs`
-//! (a query's running state, merging two), `avx2.rs` and `avx512.rs` (the
-//! vector steps, `exp` from the crate's `expf.rs`), `kernel.rs` (`Kernel`: the
+//! (a query's running state, merging two), `expf.rs` (the vector `exp`),
+//! `avx2.rs` and `avx512.rs` (the vector steps), `kernel.rs` (`Kernel`: the
 //! choice, the dispatch and the portable step), this file (units, chunks, the
 //! parallel walk, normalising into the output).
 //!
@@ -58,6 +58,8 @@ use softmax::{merge, Stat, EMPTY};
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod expf;
 mod kernel;
 mod softmax;
 
