@@ -7,7 +7,7 @@
 //! - **Work units.** One unit is (sequence, KV head, block of up to
 //!   `QUERY_BLOCK` consecutive rows of that sequence): the unit walks the
 //!   sequence's pages once, and every query of the block (rows x the query heads
-//!   sharing the KV head) is scored against a page while it sits in L1. Units run
+//!   sharing the KV head) is scored against a span of pages while it sits in L1. Units run
 //!   in parallel on the rayon pool (sequences, KV heads and query blocks alike).
 //! - **Online softmax.** Per query and per span (a few pages, `SPAN_BYTES` of
 //!   f32 K and V, at fixed positions): scores, the running maximum and sum,
