@@ -250,7 +250,8 @@ fn run_unit(
     let span = span_pages(ps, hd, chunk_len) * ps;
     let mut scratch = vec![0f32; span.next_multiple_of(16)];
     // K then V of one span's slots for this unit's KV head, in f32.
-    let mut wide = vec![0f32; 2 * span * hd];
+    let mut block = SpanBlock::take(2 * span * hd);
+    let wide = &mut block.0;
     let pos0 = s.start + u.first;
     let last = pos0 + u.rows - 1;
     // The block's first row sees the earliest key any of its rows sees.
@@ -338,6 +339,31 @@ fn run_unit(
         };
     }
     part
+}
+
+thread_local! {
+    static SPAN_BLOCKS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// A pool thread's span block, kept from unit to unit and given back on
+/// drop: a fresh one would be zeroed for every unit, and decode runs
+/// hundreds of units a layer. Every value read was gathered first.
+struct SpanBlock(Vec<f32>);
+
+impl SpanBlock {
+    fn take(len: usize) -> Self {
+        let mut block = SPAN_BLOCKS.take();
+        if block.len() < len {
+            block.resize(len, 0.0);
+        }
+        Self(block)
+    }
+}
+
+impl Drop for SpanBlock {
+    fn drop(&mut self) {
+        SPAN_BLOCKS.set(std::mem::take(&mut self.0));
+    }
 }
 
 /// Pages of keys a query steps over in one call: as many as fit, as f32 K
