@@ -91,10 +91,14 @@ impl Kernel {
         }
     }
 
-    /// One query against `n` consecutive keys of a span: `k` and `v` start at
-    /// the first key, keys `stride` floats apart. Updates the running
-    /// state `st` and accumulator `acc` (the query's length); `scratch` holds at
-    /// least `n` rounded up to 16 floats.
+    /// The heads of one row that share a KV head (`st.len()` of them,
+    /// `q` and `acc` a row of `hd` floats each) against `n` consecutive keys
+    /// of a span: `k` and `v` start at the first key, keys `stride` floats
+    /// apart. Updates each head's running state and accumulator; `scratch`
+    /// holds a row of `n` rounded up to 16 floats per head. Each head's
+    /// result is the same bits however many there are: the AVX-512 kernel
+    /// steps them in pairs only to share their K and V loads (three
+    /// at once measured slower: the accumulators no longer fit the registers).
     #[allow(clippy::too_many_arguments)]
     #[inline]
     pub(super) fn span_step(
@@ -105,27 +109,73 @@ impl Kernel {
         stride: usize,
         n: usize,
         scoring: Scoring,
-        st: &mut Stat,
+        st: &mut [Stat],
         acc: &mut [f32],
         scratch: &mut [f32],
     ) {
-        let hd = q.len();
+        let heads = st.len();
+        let hd = acc.len() / heads.max(1);
+        let pad = n.next_multiple_of(16);
         let (scale, cap) = (scoring.scale, scoring.softcap);
-        assert!(n >= 1 && acc.len() == hd && scratch.len() >= n.next_multiple_of(16));
-        assert!(k.len() >= (n - 1) * stride + hd && v.len() >= (n - 1) * stride + hd);
+        assert!(heads >= 1 && acc.len() == heads * hd && q.len() == heads * hd);
+        assert!(scratch.len() >= heads * pad);
+        assert!(n >= 1 && k.len() >= (n - 1) * stride + hd && v.len() >= (n - 1) * stride + hd);
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `detect`/`available` checked the features and that `hd` is a
-            // multiple of 16; the slices were checked above.
-            Kernel::Avx512 => unsafe {
-                avx512::span_step(q, k, v, stride, n, scale, cap, st, acc, scratch)
-            },
+            Kernel::Avx512 => {
+                for h0 in (0..heads).step_by(2) {
+                    let m = 2.min(heads - h0);
+                    let (q, st) = (q[h0 * hd..].as_ptr(), &mut st[h0..h0 + m]);
+                    let (acc, s) = (
+                        acc[h0 * hd..].as_mut_ptr(),
+                        scratch[h0 * pad..].as_mut_ptr(),
+                    );
+                    let (kp, vp) = (k.as_ptr(), v.as_ptr());
+                    macro_rules! step {
+                        ($q:literal) => {
+                            avx512::span_step::<$q>(
+                                q,
+                                hd,
+                                kp,
+                                vp,
+                                stride,
+                                n,
+                                scale,
+                                cap,
+                                st.try_into().expect("a state per head"),
+                                acc,
+                                s,
+                                pad,
+                            )
+                        };
+                    }
+                    // SAFETY: `detect`/`available` checked the features and that
+                    // `hd` is a multiple of 16; the slices were checked above, and
+                    // `st` holds `m` states.
+                    unsafe {
+                        match m {
+                            1 => step!(1),
+                            _ => step!(2),
+                        }
+                    }
+                }
+            }
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above, for AVX2 and FMA and a multiple of 8.
-            Kernel::Avx2 => unsafe {
-                avx2::span_step(q, k, v, stride, n, scale, cap, st, acc, scratch)
-            },
-            Kernel::Portable => portable(q, k, v, stride, n, scale, cap, st, acc, scratch),
+            Kernel::Avx2 => {
+                for (h, st) in st.iter_mut().enumerate() {
+                    let (q, acc) = (&q[h * hd..][..hd], &mut acc[h * hd..][..hd]);
+                    let s = &mut scratch[h * pad..][..pad];
+                    // SAFETY: as above, for AVX2 and FMA and a multiple of 8.
+                    unsafe { avx2::span_step(q, k, v, stride, n, scale, cap, st, acc, s) }
+                }
+            }
+            Kernel::Portable => {
+                for (h, st) in st.iter_mut().enumerate() {
+                    let (q, acc) = (&q[h * hd..][..hd], &mut acc[h * hd..][..hd]);
+                    let s = &mut scratch[h * pad..][..pad];
+                    portable(q, k, v, stride, n, scale, cap, st, acc, s)
+                }
+            }
         }
     }
 }
@@ -184,5 +234,87 @@ mod tests {
         }
         // A head dim no vector kernel fits falls back.
         assert_eq!(Kernel::detect(12), Kernel::Portable);
+    }
+
+    /// Heads stepped together (one to six: alone, in pairs, and a pair
+    /// with one more) give each the bits a step of its own gives, from a running
+    /// state, with and without a soft cap, for key counts around the
+    /// eight-key blocks.
+    #[test]
+    fn heads_stepped_together_step_as_each_alone() {
+        let mut x = 1u32;
+        let mut rand = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (x >> 8) as f32 / (1 << 23) as f32 - 1.0
+                })
+                .collect()
+        };
+        let kernels = [
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2,
+            Kernel::Portable,
+        ];
+        for (kernel, hd) in kernels
+            .into_iter()
+            .flat_map(|k| [16, 64, 80, 128].map(|h| (k, h)))
+        {
+            if !kernel.available(hd) {
+                eprintln!("SKIPPED: {kernel:?} attention kernel not tested for head dim {hd}");
+                continue;
+            }
+            let cases = [
+                (1, None),
+                (7, Some(1.5)),
+                (8, None),
+                (13, None),
+                (32, Some(2.0)),
+            ];
+            for (heads, (n, cap)) in (1..=6).flat_map(|h| cases.map(|c| (h, c))) {
+                let scoring = Scoring {
+                    scale: 0.7,
+                    softcap: cap,
+                    window: None,
+                };
+                let (q, k, v) = (rand(heads * hd), rand(n * hd), rand(n * hd));
+                let start = rand(heads * hd);
+                let st0: Vec<Stat> = (0..heads)
+                    .map(|h| Stat {
+                        m: 0.4 - 0.3 * h as f32,
+                        l: 1.5,
+                    })
+                    .collect();
+                let pad = n.next_multiple_of(16);
+                let (mut sts, mut acc, mut scratch) =
+                    (st0.clone(), start.clone(), vec![0.0; heads * pad]);
+                kernel.span_step(&q, &k, &v, hd, n, scoring, &mut sts, &mut acc, &mut scratch);
+                for h in 0..heads {
+                    let (mut st, mut alone) = ([st0[h]], start[h * hd..][..hd].to_vec());
+                    let qh = &q[h * hd..][..hd];
+                    kernel.span_step(
+                        qh,
+                        &k,
+                        &v,
+                        hd,
+                        n,
+                        scoring,
+                        &mut st,
+                        &mut alone,
+                        &mut scratch,
+                    );
+                    let what = format!("{kernel:?}, {heads} heads of {hd}, {n} keys, head {h}");
+                    assert_eq!(alone, acc[h * hd..][..hd], "{what}");
+                    assert_eq!((st[0].m, st[0].l), (sts[h].m, sts[h].l), "{what}");
+                    assert_ne!(
+                        alone,
+                        start[h * hd..][..hd],
+                        "{what}: the step changed nothing"
+                    );
+                }
+            }
+        }
     }
 }

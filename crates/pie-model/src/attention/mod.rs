@@ -248,7 +248,7 @@ fn run_unit(
     let mut cst = vec![EMPTY; nq];
     let mut cacc = vec![0f32; nq * hd];
     let span = span_pages(ps, hd, chunk_len) * ps;
-    let mut scratch = vec![0f32; span.next_multiple_of(16)];
+    let mut scratch = vec![0f32; group * span.next_multiple_of(16)];
     // K then V of one span's slots for this unit's KV head, in f32.
     let mut block = SpanBlock::take(2 * span * hd);
     let wide = &mut block.0;
@@ -297,21 +297,18 @@ fn run_unit(
                     continue;
                 }
                 let row = s.row0 + u.first + i;
-                for g in 0..group {
-                    let qi = i * group + g;
-                    let qv = &q[row * q_stride + (u.kvh * group + g) * hd..][..hd];
-                    kernel.span_step(
-                        qv,
-                        &wk[skip * hd..],
-                        &wv[skip * hd..],
-                        hd,
-                        end - skip,
-                        scoring,
-                        &mut cst[qi],
-                        &mut cacc[qi * hd..][..hd],
-                        &mut scratch,
-                    );
-                }
+                let qi = i * group;
+                kernel.span_step(
+                    &q[row * q_stride + u.kvh * group * hd..][..group * hd],
+                    &wk[skip * hd..],
+                    &wv[skip * hd..],
+                    hd,
+                    end - skip,
+                    scoring,
+                    &mut cst[qi..qi + group],
+                    &mut cacc[qi * hd..][..group * hd],
+                    &mut scratch,
+                );
             }
         }
         if u.chunk.is_some() {
