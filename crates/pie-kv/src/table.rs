@@ -71,6 +71,33 @@ impl PageTable {
         self.len
     }
 
+    /// After the shared whole pages, the next `slots` tokens' K and V copied
+    /// from `src` (another table's page holding the same tokens at the same
+    /// positions) into a private page: they need not be computed again.
+    /// Returns the tokens now covered.
+    pub fn attach_copy(
+        &mut self,
+        pool: &mut KvPool,
+        src: PageId,
+        slots: usize,
+    ) -> Result<usize, OutOfPages> {
+        let page_size = pool.layout().page_size;
+        assert_eq!(
+            self.len,
+            self.pages.len() * page_size,
+            "copied after whole pages"
+        );
+        assert!(
+            (1..=page_size).contains(&slots),
+            "a copy fills part of one page"
+        );
+        let page = pool.allocate()?;
+        pool.copy_page(src, page, slots);
+        self.pages.push(page);
+        self.len += slots;
+        Ok(self.len)
+    }
+
     /// Allocate pages so `new_len` tokens fit; all or nothing.
     pub fn reserve(&mut self, pool: &mut KvPool, new_len: usize) -> Result<(), OutOfPages> {
         let needed = self.pages_needed(new_len, pool.layout().page_size);
@@ -225,6 +252,24 @@ mod tests {
         assert_ne!(f.pages()[1], a.pages()[1]);
         assert_eq!(p.read(0, f.pages()[1], 1), p.read(0, a.pages()[1], 1));
         assert_eq!(p.read(0, f.pages()[1], 1).0, &[5.0, 5.0]);
+    }
+
+    /// A continuation of another table's tokens shares its whole pages and
+    /// copies the slots of its partial page it has too, into a page of its own.
+    #[test]
+    fn a_copy_covers_the_slots_after_the_whole_pages() {
+        let mut p = pool(8);
+        let tokens: Vec<u32> = (10..17).collect();
+        let a = fill(&mut p, &tokens);
+        let mut b = PageTable::new();
+        assert_eq!(b.attach_prefix(&mut p, &block_hashes(FP, &tokens, 4)), 4);
+        assert_eq!(b.attach_copy(&mut p, a.pages()[1], 2), Ok(6));
+        assert_ne!(b.pages()[1], a.pages()[1]);
+        assert_eq!(p.read(0, b.pages()[1], 1), p.read(0, a.pages()[1], 1));
+        assert_eq!(p.read(0, b.pages()[1], 1).0, &[15.0, 15.0]);
+        // Its next slot is its own to write: the source keeps its value.
+        p.write(0, b.pages()[1], 2, &[99.0; 2], &[0.0; 2]);
+        assert_eq!(p.read(0, a.pages()[1], 2).0, &[16.0, 16.0]);
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! Rule: when a process with a `session` prop finishes, its context's pages stay
 //! resident (unevictable) for `keep-ms` (its prop, else `default_keep_ms`), keyed
 //! by the session; a newer turn of the same session replaces the retention.
+//! That turn shares the whole pages and copies the slots of the partial one
+//! it continues (`KvAccounting::attach_prefix`), so it computes only what is new.
 //! Running work always wins over retained pages (they are dropped, soonest
 //! expiry first, before any running sequence is preempted), and retained pages
 //! win over plain cached pages (LRU eviction never takes them). A sequence not

@@ -44,6 +44,9 @@ pub struct Seq {
     /// A prefill for decode worker `Some(w)` (`disaggregate`): it ends when its
     /// prompt is computed, sampling no token, and its pages go to `w`.
     pub handoff: Option<u32>,
+    /// The retained session it continues (its `session` prop), whose
+    /// partial page it copies as the engine does.
+    pub resume: Option<String>,
 }
 
 impl Seq {
@@ -84,6 +87,28 @@ struct Retained {
     /// Those of them held privately (see [`WorkerPages::duplicates`]).
     duplicates: Vec<u32>,
     private: u32,
+    /// Tokens its pages hold.
+    len: u32,
+}
+
+impl Retained {
+    /// As the engine's `Retained::continues`: the tokens after `s`'s `hit`
+    /// attached pages that these pages hold too, before `s`'s last token.
+    /// A turn repeats the one before it, so every token of a page both
+    /// have is taken as the same; a page they differ in, as differing from
+    /// its first token.
+    fn continues(&self, s: &Seq, hit: u32, ps: u32) -> u32 {
+        let whole = &s.hashes[..hit as usize];
+        if self.published.get(..whole.len()) != Some(whole) {
+            return 0;
+        }
+        let held = match self.published.get(hit as usize) {
+            None => self.len,
+            Some(h) if s.hashes.get(hit as usize) == Some(h) => (hit + 1) * ps,
+            Some(_) => hit * ps,
+        };
+        held.min(s.tokens() - 1).saturating_sub(hit * ps).min(ps)
+    }
 }
 
 /// A retained session's full pages evicted before its expiry, to be pushed
@@ -245,7 +270,12 @@ impl KvAccounting for PageModel<'_> {
 
     fn attach_prefix(&mut self, seq: SeqId) -> usize {
         let ps = self.pages.page_size;
-        let WorkerPages { seqs, cache, .. } = &mut *self.pages;
+        let WorkerPages {
+            seqs,
+            cache,
+            retained,
+            ..
+        } = &mut *self.pages;
         let s = seqs[slot(seq)].as_mut().expect("sequence exists");
         let usable = ((s.tokens() - 1) / ps) as usize;
         let mut hit = 0;
@@ -258,7 +288,15 @@ impl KvAccounting for PageModel<'_> {
         s.published = hit;
         s.pages = hit;
         s.len = hit * ps;
-        s.len as usize
+        let resumed = s.resume.as_ref().and_then(|key| retained.get(key));
+        let slots = resumed.map_or(0, |r| r.continues(s, hit, ps));
+        if slots > 0 && (self.pages.free_pages() > 0 || self.pages.cache.evict_one()) {
+            let s = self.pages.seq_mut(slot(seq));
+            s.pages += 1;
+            s.len += slots;
+            self.pages.private_pages += 1;
+        }
+        self.pages.seq(slot(seq)).len as usize
     }
 
     fn prefix_in_flight(&self, seq: SeqId) -> bool {
@@ -334,6 +372,7 @@ impl KvAccounting for PageModel<'_> {
             published: s.hashes[..s.published as usize].to_vec(),
             private: s.private_pages(&duplicates) as u32,
             duplicates,
+            len: s.len,
         };
         s.pages = 0;
         s.published = 0;

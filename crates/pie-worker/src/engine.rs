@@ -64,6 +64,11 @@ pub struct Request {
     /// Constrain the output to this grammar (a resumed process's earlier
     /// tokens, `sampled_before`, are advanced over first).
     pub grammar: Option<Grammar>,
+    /// The retained session (keep-session) this sequence continues, if
+    /// not its own `session` prop's (an inferlet's fork continues its
+    /// parent's): the slots of that session's partial page that hold this
+    /// sequence's tokens are copied, not computed.
+    pub resume_from: Option<String>,
 }
 
 impl Request {
@@ -84,6 +89,7 @@ impl Request {
             reload_after_preemption: false,
             logprobs: None,
             grammar: None,
+            resume_from: None,
         }
     }
 }
@@ -306,6 +312,9 @@ impl Engine {
             reload_pending: false,
             logprobs: req.logprobs,
             constraint,
+            resume_from: req
+                .resume_from
+                .or_else(|| req.props.str("session").map(str::to_string)),
         };
         Ok(self.insert(seq, req.arrival_ms, req.client, req.props))
     }
@@ -355,6 +364,7 @@ impl Engine {
             reload_pending: false,
             logprobs: p.logprobs,
             constraint: None,
+            resume_from: None,
         };
         Ok(self.insert(seq, arrival_ms, client, props))
     }
@@ -579,7 +589,7 @@ impl Engine {
                     .kv
                     .retained
                     .get(&session)
-                    .map_or(0, |t| t.pages().len());
+                    .map_or(0, |r| r.table.pages().len());
                 (session, pages, expires_ms)
             })
             .collect()

@@ -559,6 +559,7 @@ fn run(
         reload_after_preemption: false,
         logprobs: None,
         grammar: None,
+        resume_from: None,
     })?;
     let mut decoder = IncrementalDecoder::default();
     let mut stdout = std::io::stdout();

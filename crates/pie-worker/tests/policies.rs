@@ -250,6 +250,57 @@ async fn keep_session_keeps_turn_one_resident_for_turn_two() {
     assert_eq!(computed, 91.0);
 }
 
+/// A 50-token turn 1 (21 tokens generated: 70 computed, four whole pages
+/// of 16 and 6 slots), then turn 2 (its context and 10 new tokens, 8
+/// generated). Returns turn 2's record and the prompt tokens computed for it.
+async fn turns_off_page(s: &Server) -> (Value, f64) {
+    let mut context: Vec<u32> = (0..50).map(|i| 32 + (i * 7) % 90).collect();
+    let run = async |prompt: &[u32], max_tokens: u32| {
+        let args = json!({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true});
+        let id = s
+            .launch(json!({"inferlet": "text-completion", "args": args, "props": session_props()}))
+            .await;
+        s.wait_done(&id).await
+    };
+    let first = run(&context, 21).await;
+    let output = first["output_tokens"].as_array().expect("output tokens");
+    context.extend(output.iter().filter_map(|t| t.as_u64()).map(|t| t as u32));
+    context.extend((0..10).map(|i| 65 + i));
+    let before = s.metric("pie_prompt_tokens_total").await;
+    let second = run(&context, 8).await;
+    (second, s.metric("pie_prompt_tokens_total").await - before)
+}
+
+/// keep-session: the next turn copies the slots of the page its session
+/// left partial instead of computing them, and goes on exactly as if it
+/// had computed them.
+#[tokio::test]
+async fn a_next_turn_copies_the_partial_page_it_continues() {
+    let args = ["--kv-pages", "16", "--page-size", "16"];
+    let kept = Server::start(
+        "[runtime]\nworker_policy = [\"fcfs\", \"keep-session\"]\n",
+        &args,
+    )
+    .await;
+    let (second, computed) = turns_off_page(&kept).await;
+    assert_eq!(
+        second["usage"]["prompt_tokens_details"]["cached_tokens"], 70,
+        "four whole pages and the 6 slots: {second}"
+    );
+    assert_eq!(computed, 11.0, "only the new tokens were prefilled");
+    let plain = Server::start("", &args).await;
+    let (recomputed, computed) = turns_off_page(&plain).await;
+    assert_eq!(
+        recomputed["usage"]["prompt_tokens_details"]["cached_tokens"], 64,
+        "the cache has whole pages only: {recomputed}"
+    );
+    assert_eq!(computed, 17.0);
+    assert_eq!(
+        second["output_tokens"], recomputed["output_tokens"],
+        "copied K and V continue as computed ones"
+    );
+}
+
 /// Session A's turn 1 is retained (6 pages of a 24-page pool); a blocker
 /// runs (150 prompt tokens, then 60 slow steps); a 150-token filler arrives
 /// that fits only if A's retention goes; then A's turn 2. Returns A's turn 2

@@ -123,6 +123,7 @@ impl Kernel {
         match self {
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512 => {
+                assert!(hd.is_multiple_of(16), "AVX-512 heads are whole registers");
                 for h0 in (0..heads).step_by(2) {
                     let m = 2.min(heads - h0);
                     let (q, st) = (q[h0 * hd..].as_ptr(), &mut st[h0..h0 + m]);
@@ -149,9 +150,9 @@ impl Kernel {
                             )
                         };
                     }
-                    // SAFETY: `detect`/`available` checked the features and that
-                    // `hd` is a multiple of 16; the slices were checked above, and
-                    // `st` holds `m` states.
+                    // SAFETY: `detect`/`available` checked the features, `hd` is a
+                    // multiple of 16, the slices were checked above, and `st`
+                    // holds `m` states.
                     unsafe {
                         match m {
                             1 => step!(1),

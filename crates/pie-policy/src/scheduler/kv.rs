@@ -25,7 +25,9 @@ pub trait KvAccounting {
     fn room(&self, seq: SeqId) -> usize;
 
     /// Share the longest cached prefix of the sequence's tokens, always leaving
-    /// at least one token to compute; returns the tokens it covers.
+    /// at least one token to compute; a sequence continuing a retained
+    /// session also copies the slots of that session's partial page it
+    /// continues. Returns the tokens it covers.
     fn attach_prefix(&mut self, seq: SeqId) -> usize;
 
     /// Another sequence holding pages is computing the first page of this

@@ -53,6 +53,7 @@ impl Sim<'_> {
             window_tokens: 0,
             last_token_us: 0,
             handoff: routed.prefill.map(|_| decode as u32),
+            resume: req.props.str("session").map(str::to_string),
         };
         self.records[r].worker = decode as u32;
         self.records[r].prompt_tokens = prompt_len as u32;

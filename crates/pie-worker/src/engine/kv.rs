@@ -39,6 +39,8 @@ pub(super) struct Sequence {
     pub logprobs: Option<usize>,
     /// Its grammar's state (see [`crate::engine::Request::grammar`]).
     pub constraint: Option<Box<Constraint>>,
+    /// See [`crate::engine::Request::resume_from`].
+    pub resume_from: Option<String>,
 }
 
 impl Sequence {
@@ -60,7 +62,7 @@ pub(super) struct EngineKv {
     pub page_size: usize,
     pub seqs: HashMap<SeqId, Sequence>,
     /// Finished sessions' pages kept for their next turn (keep-session).
-    pub retained: HashMap<String, PageTable>,
+    pub retained: HashMap<String, Retained>,
     pub prefix_hit_tokens: u64,
     /// Sequences admitted for the first time since the last take.
     pub started: Vec<(SeqId, usize)>,
@@ -86,6 +88,34 @@ pub struct Spill {
     pub pages: Vec<Vec<u8>>,
     /// When its retention would have ended (unix ms).
     pub expires_ms: u64,
+}
+
+/// A finished session's pages and the tokens they hold.
+pub(super) struct Retained {
+    pub table: PageTable,
+    pub tokens: Vec<u32>,
+    pub chain_root: BlockHash,
+}
+
+impl Retained {
+    /// How many tokens after `table`'s whole pages this retention holds as
+    /// well, on the same chain: `table` (a sequence's attached prefix) and
+    /// these pages agree on every token before, and `tokens` (the
+    /// sequence's) on these.
+    fn continues(&self, table: &PageTable, chain_root: BlockHash, tokens: &[u32]) -> usize {
+        let whole = table.hashes();
+        if chain_root != self.chain_root || self.table.hashes().get(..whole.len()) != Some(whole) {
+            return 0;
+        }
+        let from = table.len();
+        let held = &self.tokens[..self.table.len()];
+        held.get(from..)
+            .unwrap_or_default()
+            .iter()
+            .zip(tokens.get(from..).unwrap_or_default())
+            .take_while(|(a, b)| a == b)
+            .count()
+    }
 }
 
 impl EngineKv {
@@ -120,17 +150,35 @@ impl KvAccounting for EngineKv {
         (s.table.pages().len() + self.pool.available()) * self.page_size - s.table.len()
     }
 
+    /// Whole pages from the prefix cache; then, for a sequence that resumes
+    /// a retained session, the slots of the session's next page that hold
+    /// its next tokens too, copied (a turn after a turn computes only what
+    /// is new, not the rest of the page the last turn left partial).
     fn attach_prefix(&mut self, seq: SeqId) -> usize {
-        let s = self
-            .seqs
+        let EngineKv {
+            pool,
+            seqs,
+            retained,
+            page_size,
+            ..
+        } = self;
+        let s = seqs
             .get_mut(&seq)
             .expect("the scheduler names live sequences");
-        let hashes = chain_from(
-            s.chain_root,
-            &s.tokens[..s.tokens.len() - 1],
-            self.page_size,
-        );
-        s.table.attach_prefix(&mut self.pool, &hashes)
+        let usable = &s.tokens[..s.tokens.len() - 1];
+        let hashes = chain_from(s.chain_root, usable, *page_size);
+        let hit = s.table.attach_prefix(pool, &hashes);
+        let Some(from) = s.resume_from.as_ref().and_then(|key| retained.get(key)) else {
+            return hit;
+        };
+        match from.continues(&s.table, s.chain_root, usable) {
+            0 => hit,
+            slots => {
+                let src = from.table.pages()[hit / *page_size];
+                let slots = slots.min(*page_size);
+                s.table.attach_copy(pool, src, slots).unwrap_or(hit)
+            }
+        }
     }
 
     fn prefix_in_flight(&self, seq: SeqId) -> bool {
@@ -210,8 +258,13 @@ impl KvAccounting for EngineKv {
     }
 
     fn retain(&mut self, seq: SeqId, session: &str) {
-        let table = std::mem::take(&mut self.seq_mut(seq).table);
-        let previous = self.retained.insert(session.to_string(), table);
+        let s = self.seq_mut(seq);
+        let retained = Retained {
+            table: std::mem::take(&mut s.table),
+            tokens: s.tokens.clone(),
+            chain_root: s.chain_root,
+        };
+        let previous = self.retained.insert(session.to_string(), retained);
         debug_assert!(
             previous.is_none(),
             "the scheduler drops a session's pages first"
@@ -219,15 +272,15 @@ impl KvAccounting for EngineKv {
     }
 
     fn drop_retained(&mut self, session: &str) {
-        if let Some(mut table) = self.retained.remove(session) {
-            table.release(&mut self.pool);
+        if let Some(mut retained) = self.retained.remove(session) {
+            retained.table.release(&mut self.pool);
         }
     }
 
     /// Copied out before the pages go (the copy is the only way they can
     /// outlive this step: the scheduler needs them now).
     fn evict_retained(&mut self, session: &str, expires_ms: u64) {
-        if let (true, Some(table)) = (self.spill, self.retained.get(session)) {
+        if let (true, Some(Retained { table, .. })) = (self.spill, self.retained.get(session)) {
             let chain = table.hashes().to_vec();
             let pages: Vec<Vec<u8>> = table.pages()[..chain.len()]
                 .iter()

@@ -17,6 +17,10 @@ pub struct Context {
     pub tokens: Vec<u32>,
     /// Its pages' retention key in the engine (unique per process and handle).
     pub retain_as: String,
+    /// The retention that holds its tokens' latest pages: its own once it
+    /// generated, its parent's for a fresh fork (whose first generation
+    /// then copies the parent's partial page instead of computing it).
+    pub resume_from: String,
 }
 
 pub struct Contexts {
@@ -36,6 +40,14 @@ impl Contexts {
     }
 
     pub fn create(&mut self, tokens: Vec<u32>) -> Result<u32, String> {
+        self.create_resuming(tokens, None)
+    }
+
+    fn create_resuming(
+        &mut self,
+        tokens: Vec<u32>,
+        resume_from: Option<String>,
+    ) -> Result<u32, String> {
         if self.live.len() >= MAX_CONTEXTS {
             return Err(format!(
                 "a process may hold at most {MAX_CONTEXTS} contexts; drop some first"
@@ -44,13 +56,28 @@ impl Contexts {
         let handle = self.next;
         self.next += 1;
         let retain_as = format!("{}/context-{handle}", self.owner);
-        self.live.insert(handle, Context { tokens, retain_as });
+        let resume_from = resume_from.unwrap_or_else(|| retain_as.clone());
+        let context = Context {
+            tokens,
+            retain_as,
+            resume_from,
+        };
+        self.live.insert(handle, context);
         Ok(handle)
     }
 
     pub fn fork(&mut self, handle: u32) -> Result<u32, String> {
-        let tokens = self.get(handle)?.tokens.clone();
-        self.create(tokens)
+        let parent = self.get(handle)?;
+        let (tokens, resume_from) = (parent.tokens.clone(), parent.resume_from.clone());
+        self.create_resuming(tokens, Some(resume_from))
+    }
+
+    /// A generation over the context ended: its pages are retained under
+    /// its own key now.
+    pub fn generated(&mut self, handle: u32) {
+        if let Some(c) = self.live.get_mut(&handle) {
+            c.resume_from = c.retain_as.clone();
+        }
     }
 
     /// Forget the context; returns its retention key, to release its pages.
@@ -90,6 +117,10 @@ mod tests {
         let b = c.fork(a).unwrap();
         assert_eq!(c.get(b).unwrap().tokens, vec![1, 2]);
         assert_ne!(c.get(a).unwrap().retain_as, c.get(b).unwrap().retain_as);
+        // A fresh fork resumes its parent's pages; after a generation, its own.
+        assert_eq!(c.get(b).unwrap().resume_from, c.get(a).unwrap().retain_as);
+        c.generated(b);
+        assert_eq!(c.get(b).unwrap().resume_from, c.get(b).unwrap().retain_as);
         c.remove(a).unwrap();
         assert!(c.get(a).is_err());
         assert!(c.remove(a).is_err());

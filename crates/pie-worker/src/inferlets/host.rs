@@ -195,6 +195,7 @@ impl inference::Host for GuestState {
     async fn prefill(&mut self, ctx: u32) -> Result<(), String> {
         let call = self.host.probe(ctx, 0)?;
         self.host.run(call).await?;
+        self.host.contexts.generated(ctx);
         Ok(())
     }
 
@@ -245,6 +246,7 @@ impl inference::Host for GuestState {
         }
         let call = self.host.probe(ctx, k as usize)?;
         let done = self.host.run(call).await?;
+        self.host.contexts.generated(ctx);
         Ok(done
             .first_top
             .into_iter()
@@ -406,6 +408,7 @@ impl ProcessHost {
             ignore_eos: true,
             top_logprobs: k,
             retain_as: context.retain_as.clone(),
+            resume_from: context.resume_from.clone(),
             cache_salt: self.cache_salt.clone(),
             stream: false,
             grammar: None,
@@ -434,6 +437,7 @@ impl ProcessHost {
             ignore_eos: options.ignore_eos,
             top_logprobs: 0,
             retain_as: context.retain_as.clone(),
+            resume_from: context.resume_from.clone(),
             cache_salt: self.cache_salt.clone(),
             stream: options.stream,
             grammar: None,
@@ -446,6 +450,7 @@ impl ProcessHost {
         if let Ok(context) = self.contexts.get_mut(ctx) {
             context.tokens.extend_from_slice(&done.tokens);
         }
+        self.contexts.generated(ctx);
         Ok(Generation {
             tokens: done.tokens,
             text: done.text,

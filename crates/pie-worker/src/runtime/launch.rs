@@ -86,6 +86,7 @@ impl Runtime {
             reload_after_preemption: false,
             logprobs: opts.logprobs,
             grammar: opts.grammar.clone(),
+            resume_from: None,
         };
         let trace_input = self
             .settings
