@@ -290,7 +290,14 @@ impl KvAccounting for PageModel<'_> {
         s.len = hit * ps;
         let resumed = s.resume.as_ref().and_then(|key| retained.get(key));
         let slots = resumed.map_or(0, |r| r.continues(s, hit, ps));
-        if slots > 0 && (self.pages.free_pages() > 0 || self.pages.cache.evict_one()) {
+        // As the engine: a copy only while the pool holds every page the
+        // sequence's tokens need.
+        let needed = s.tokens().div_ceil(ps) - hit;
+        let available = self.pages.free_pages() + self.pages.cache.evictable();
+        if slots > 0
+            && available >= needed as usize
+            && (self.pages.free_pages() > 0 || self.pages.cache.evict_one())
+        {
             let s = self.pages.seq_mut(slot(seq));
             s.pages += 1;
             s.len += slots;

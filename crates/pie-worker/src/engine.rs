@@ -64,11 +64,12 @@ pub struct Request {
     /// Constrain the output to this grammar (a resumed process's earlier
     /// tokens, `sampled_before`, are advanced over first).
     pub grammar: Option<Grammar>,
-    /// The retained session (keep-session) this sequence continues, if
-    /// not its own `session` prop's (an inferlet's fork continues its
-    /// parent's): the slots of that session's partial page that hold this
-    /// sequence's tokens are copied, not computed.
-    pub resume_from: Option<String>,
+    /// The retained sessions (keep-session) this sequence may continue,
+    /// best first; none: its own `session` prop's. The slots of the
+    /// session's page after the whole pages it shares that hold this
+    /// sequence's next tokens are copied, not computed (an inferlet's fork
+    /// continues its parent's context).
+    pub resume_from: Vec<String>,
 }
 
 impl Request {
@@ -89,7 +90,7 @@ impl Request {
             reload_after_preemption: false,
             logprobs: None,
             grammar: None,
-            resume_from: None,
+            resume_from: Vec::new(),
         }
     }
 }
@@ -312,9 +313,10 @@ impl Engine {
             reload_pending: false,
             logprobs: req.logprobs,
             constraint,
-            resume_from: req
-                .resume_from
-                .or_else(|| req.props.str("session").map(str::to_string)),
+            resume_from: match req.props.str("session") {
+                Some(session) if req.resume_from.is_empty() => vec![session.to_string()],
+                _ => req.resume_from,
+            },
         };
         Ok(self.insert(seq, req.arrival_ms, req.client, req.props))
     }
@@ -364,7 +366,7 @@ impl Engine {
             reload_pending: false,
             logprobs: p.logprobs,
             constraint: None,
-            resume_from: None,
+            resume_from: Vec::new(),
         };
         Ok(self.insert(seq, arrival_ms, client, props))
     }

@@ -559,7 +559,7 @@ fn run(
         reload_after_preemption: false,
         logprobs: None,
         grammar: None,
-        resume_from: None,
+        resume_from: Vec::new(),
     })?;
     let mut decoder = IncrementalDecoder::default();
     let mut stdout = std::io::stdout();

@@ -36,7 +36,7 @@ fn greedy(model: &Arc<Model>, text: &str, max_tokens: usize) -> String {
             reload_after_preemption: false,
             logprobs: None,
             grammar: None,
-            resume_from: None,
+            resume_from: Vec::new(),
         })
         .unwrap();
     let mut out: HashMap<_, Vec<u32>> = HashMap::new();

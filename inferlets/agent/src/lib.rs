@@ -68,20 +68,23 @@ fn parse(text: &str) -> Result<Step<'_>, String> {
 }
 
 /// One step on `ctx` under `expression`: the context that holds it (the
-/// step's text as the tokenizer makes it) and what was generated.
+/// step's text as the tokenizer makes it), what was generated, and, where
+/// the sampled tokens are not the text's, the attempt that sampled them:
+/// kept until the next step's generation, which copies the part of its
+/// last page the two share instead of computing it.
 fn generate_step(
     ctx: Context,
     options: &GenerateOptions,
     expression: &str,
-) -> Result<(Context, Generation), String> {
+) -> Result<(Context, Generation, Option<Context>), String> {
     let attempt = ctx.fork()?;
     let made = attempt.generate_constrained(options, &OutputFormat::Regex(expression.into()))?;
     let text_tokens = model::encode(&made.text)?;
     if text_tokens == made.tokens {
-        return Ok((attempt, made));
+        return Ok((attempt, made, None));
     }
     ctx.append_tokens(&text_tokens)?;
-    Ok((ctx, made))
+    Ok((ctx, made, Some(attempt)))
 }
 
 fn run() -> Result<(), String> {
@@ -96,14 +99,18 @@ fn run() -> Result<(), String> {
     ctx.append_text(&rendered)?;
     // Enough for the longest step the expression allows, a byte a token.
     let options = GenerateOptions::new().max_tokens(256);
+    // Held, not read: dropped when the next step's generation has copied
+    // from its pages.
+    let mut _last_attempt = None;
     for step in 0..max_steps {
         let expression = match step {
             s if s + 1 == max_steps => FINAL,
             s if s < args.min_actions.unwrap_or(0) => ACTION,
             _ => STEP,
         };
-        let (kept, made) = generate_step(ctx, &options, expression)?;
+        let (kept, made, attempt) = generate_step(ctx, &options, expression)?;
         ctx = kept;
+        _last_attempt = attempt;
         rendered.push_str(&made.text);
         messages.push(Message::new("assistant", &made.text));
         match parse(&made.text)? {

@@ -40,7 +40,7 @@ pub(super) struct Sequence {
     /// Its grammar's state (see [`crate::engine::Request::grammar`]).
     pub constraint: Option<Box<Constraint>>,
     /// See [`crate::engine::Request::resume_from`].
-    pub resume_from: Option<String>,
+    pub resume_from: Vec<String>,
 }
 
 impl Sequence {
@@ -153,7 +153,9 @@ impl KvAccounting for EngineKv {
     /// Whole pages from the prefix cache; then, for a sequence that resumes
     /// a retained session, the slots of the session's next page that hold
     /// its next tokens too, copied (a turn after a turn computes only what
-    /// is new, not the rest of the page the last turn left partial).
+    /// is new, not the rest of the page the last turn left partial). Only
+    /// while the pool holds every page its tokens need: a sequence that
+    /// will wait for pages is attached again each step, and would copy again.
     fn attach_prefix(&mut self, seq: SeqId) -> usize {
         let EngineKv {
             pool,
@@ -168,15 +170,23 @@ impl KvAccounting for EngineKv {
         let usable = &s.tokens[..s.tokens.len() - 1];
         let hashes = chain_from(s.chain_root, usable, *page_size);
         let hit = s.table.attach_prefix(pool, &hashes);
-        let Some(from) = s.resume_from.as_ref().and_then(|key| retained.get(key)) else {
+        if pool.available() < s.tokens.len().div_ceil(*page_size) - hit / *page_size {
             return hit;
-        };
-        match from.continues(&s.table, s.chain_root, usable) {
-            0 => hit,
-            slots => {
+        }
+        let best = s
+            .resume_from
+            .iter()
+            .filter_map(|key| retained.get(key))
+            .map(|from| (from.continues(&s.table, s.chain_root, usable), from))
+            .filter(|(slots, _)| *slots > 0)
+            .max_by_key(|(slots, _)| *slots);
+        match best {
+            None => hit,
+            Some((slots, from)) => {
                 let src = from.table.pages()[hit / *page_size];
-                let slots = slots.min(*page_size);
-                s.table.attach_copy(pool, src, slots).unwrap_or(hit)
+                s.table
+                    .attach_copy(pool, src, slots.min(*page_size))
+                    .unwrap_or(hit)
             }
         }
     }

@@ -17,11 +17,18 @@ pub struct Context {
     pub tokens: Vec<u32>,
     /// Its pages' retention key in the engine (unique per process and handle).
     pub retain_as: String,
-    /// The retention that holds its tokens' latest pages: its own once it
-    /// generated, its parent's for a fresh fork (whose first generation
-    /// then copies the parent's partial page instead of computing it).
-    pub resume_from: String,
+    /// The retentions whose pages its next generation may copy a partial
+    /// page from, best first (at most [`RESUME_KEYS`]): its own once it
+    /// generated; its parent's for a fresh fork; a fork's, once the fork
+    /// generated (a context that takes a fork's text, not its sampled
+    /// tokens, still shares most of the fork's last page).
+    pub resume_from: Vec<String>,
+    /// The context it was forked from.
+    parent: Option<u32>,
 }
+
+/// Retentions a context's generation looks at for a partial page.
+const RESUME_KEYS: usize = 2;
 
 pub struct Contexts {
     owner: String,
@@ -40,14 +47,10 @@ impl Contexts {
     }
 
     pub fn create(&mut self, tokens: Vec<u32>) -> Result<u32, String> {
-        self.create_resuming(tokens, None)
+        self.insert(tokens, None)
     }
 
-    fn create_resuming(
-        &mut self,
-        tokens: Vec<u32>,
-        resume_from: Option<String>,
-    ) -> Result<u32, String> {
+    fn insert(&mut self, tokens: Vec<u32>, parent: Option<u32>) -> Result<u32, String> {
         if self.live.len() >= MAX_CONTEXTS {
             return Err(format!(
                 "a process may hold at most {MAX_CONTEXTS} contexts; drop some first"
@@ -56,27 +59,37 @@ impl Contexts {
         let handle = self.next;
         self.next += 1;
         let retain_as = format!("{}/context-{handle}", self.owner);
-        let resume_from = resume_from.unwrap_or_else(|| retain_as.clone());
+        let resume_from = match parent.and_then(|p| self.live.get(&p)) {
+            Some(p) => p.resume_from.clone(),
+            None => vec![retain_as.clone()],
+        };
         let context = Context {
             tokens,
             retain_as,
             resume_from,
+            parent,
         };
         self.live.insert(handle, context);
         Ok(handle)
     }
 
     pub fn fork(&mut self, handle: u32) -> Result<u32, String> {
-        let parent = self.get(handle)?;
-        let (tokens, resume_from) = (parent.tokens.clone(), parent.resume_from.clone());
-        self.create_resuming(tokens, Some(resume_from))
+        let tokens = self.get(handle)?.tokens.clone();
+        self.insert(tokens, Some(handle))
     }
 
     /// A generation over the context ended: its pages are retained under
-    /// its own key now.
+    /// its own key now, and its parent's next generation looks there first.
     pub fn generated(&mut self, handle: u32) {
-        if let Some(c) = self.live.get_mut(&handle) {
-            c.resume_from = c.retain_as.clone();
+        let Some(c) = self.live.get_mut(&handle) else {
+            return;
+        };
+        c.resume_from = vec![c.retain_as.clone()];
+        let (key, parent) = (c.retain_as.clone(), c.parent);
+        if let Some(p) = parent.and_then(|p| self.live.get_mut(&p)) {
+            p.resume_from.retain(|k| *k != key);
+            p.resume_from.insert(0, key);
+            p.resume_from.truncate(RESUME_KEYS);
         }
     }
 
@@ -117,10 +130,15 @@ mod tests {
         let b = c.fork(a).unwrap();
         assert_eq!(c.get(b).unwrap().tokens, vec![1, 2]);
         assert_ne!(c.get(a).unwrap().retain_as, c.get(b).unwrap().retain_as);
-        // A fresh fork resumes its parent's pages; after a generation, its own.
-        assert_eq!(c.get(b).unwrap().resume_from, c.get(a).unwrap().retain_as);
+        // A fresh fork resumes its parent's pages; after a generation, its
+        // own, and its parent looks at the fork's first.
+        let key = |c: &Contexts, h: u32| c.get(h).unwrap().retain_as.clone();
+        assert_eq!(c.get(b).unwrap().resume_from, [key(&c, a)]);
         c.generated(b);
-        assert_eq!(c.get(b).unwrap().resume_from, c.get(b).unwrap().retain_as);
+        assert_eq!(c.get(b).unwrap().resume_from, [key(&c, b)]);
+        assert_eq!(c.get(a).unwrap().resume_from, [key(&c, b), key(&c, a)]);
+        c.generated(a);
+        assert_eq!(c.get(a).unwrap().resume_from, [key(&c, a)]);
         c.remove(a).unwrap();
         assert!(c.get(a).is_err());
         assert!(c.remove(a).is_err());

@@ -60,7 +60,7 @@ impl Runtime {
             reload_after_preemption: false,
             logprobs: Some(call.top_logprobs),
             grammar: call.grammar,
-            resume_from: Some(call.resume_from),
+            resume_from: call.resume_from,
         };
         let (seq, mut events) = self.add_sequence(req).await?;
         process.add_context_seq(seq, call.retain_as);

@@ -86,7 +86,7 @@ impl Runtime {
             reload_after_preemption: false,
             logprobs: opts.logprobs,
             grammar: opts.grammar.clone(),
-            resume_from: None,
+            resume_from: Vec::new(),
         };
         let trace_input = self
             .settings

@@ -46,7 +46,7 @@ impl Runtime {
             reload_after_preemption: false,
             logprobs: None,
             grammar: None,
-            resume_from: None,
+            resume_from: Vec::new(),
         };
         let (seq, mut events) = self.add_sequence(req).await?;
         // A puller that gave up (timeout, gone) drops this future: the

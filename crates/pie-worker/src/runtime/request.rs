@@ -125,9 +125,9 @@ pub struct Generate {
     pub top_logprobs: usize,
     /// The key its pages are retained under when it ends (keep-session).
     pub retain_as: String,
-    /// The retained key whose partial page it may copy: its own after a
-    /// generation, its parent's for a fork that has not generated yet.
-    pub resume_from: String,
+    /// The retained keys whose partial page it may copy, best first (see
+    /// `inferlets::contexts::Context::resume_from`).
+    pub resume_from: Vec<String>,
     pub cache_salt: Option<String>,
     /// Its text goes to the process's output as it comes.
     pub stream: bool,
