@@ -57,6 +57,11 @@ impl Agent {
     }
 }
 
+/// Every agent's client: one, as `scripts/agent-bench.py`'s agents are
+/// (`fair` then serves the steps first come first served, not the agents
+/// in turn, which would keep every agent's context in play at once).
+const CLIENT: &str = "agents";
+
 /// Segment kinds of this workload (apart from the other workloads').
 const AGENT_SYSTEM: u64 = 101;
 const AGENT_QUESTION: u64 = 102;
@@ -91,7 +96,7 @@ pub(crate) fn agent(w: &Agent, n: usize, rng: &mut StdRng) -> Vec<Request> {
             let mut r = Request {
                 arrival_us: 0,
                 follows: None,
-                client: name.clone(),
+                client: CLIENT.to_string(),
                 class: format!("step-{step}"),
                 prompt: prompt.clone(),
                 output,
