@@ -149,25 +149,24 @@ impl PageTable {
     pub fn fork(&self, pool: &mut KvPool) -> Result<PageTable, OutOfPages> {
         let page_size = pool.layout().page_size;
         let full = self.len / page_size;
-        let partial = self.len % page_size;
-        let copy = if partial > 0 {
-            let page = pool.allocate()?;
-            pool.copy_page(self.pages[full], page, partial);
-            Some(page)
-        } else {
-            None
-        };
-        let mut pages = self.pages[..full].to_vec();
+        let pages = self.pages[..full].to_vec();
         for &page in &pages {
             pool.retain(page);
         }
-        pages.extend(copy);
-        Ok(PageTable {
+        let mut table = PageTable {
             pages,
-            len: self.len,
+            len: full * page_size,
             hashes: self.hashes[..full].to_vec(),
             root: self.root,
-        })
+        };
+        let partial = self.len % page_size;
+        if partial > 0 {
+            if let Err(e) = table.attach_copy(pool, self.pages[full], partial) {
+                table.release(pool);
+                return Err(e);
+            }
+        }
+        Ok(table)
     }
 }
 

@@ -112,7 +112,7 @@ fn compare(
     }
 }
 
-/// f16 against f32 and the f32 floor (8- against 16-token pages), printed.
+/// f16 against f32 and the f32 floor (24- against 16-token pages), printed.
 fn measure(what: &str, model: &Model, prompts: &[Vec<u32>]) -> (Agreement, Agreement) {
     let f16 = compare(model, prompts, (KvDtype::F32, 16), (KvDtype::F16, 16));
     // f32 rounding alone: 24-token pages group the keys into other spans and

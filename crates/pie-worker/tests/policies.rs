@@ -171,19 +171,33 @@ fn session_props() -> Value {
     json!({"session": "chat-7", "keep-ms": 60_000})
 }
 
+/// keep-session's config, and a pool of 16 pages of 16 tokens.
+const KEEP_SESSION: &str = "[runtime]\nworker_policy = [\"fcfs\", \"keep-session\"]\n";
+const SMALL_POOL: [&str; 4] = ["--kv-pages", "16", "--page-size", "16"];
+
+/// One turn of session "chat-7": `prompt`, then `max_tokens` tokens
+/// generated past end-of-turn; its final record.
+async fn turn(s: &Server, prompt: &[u32], max_tokens: u32) -> Value {
+    let args = json!({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true});
+    let id = s
+        .launch(json!({"inferlet": "text-completion", "args": args, "props": session_props()}))
+        .await;
+    s.wait_done(&id).await
+}
+
+/// `context` and the tokens the turn `record` generated.
+fn extended(mut context: Vec<u32>, record: &Value) -> Vec<u32> {
+    let output = record["output_tokens"].as_array().expect("output tokens");
+    context.extend(output.iter().filter_map(Value::as_u64).map(|t| t as u32));
+    context
+}
+
 /// Session "chat-7"'s turn 1 (60 prompt tokens + 21 generated); returns its
 /// whole context, which turn 2 repeats.
 async fn turn_one(s: &Server) -> Vec<u32> {
-    let mut context: Vec<u32> = (0..60).map(|i| 32 + (i * 7) % 90).collect();
-    let id = s.launch(json!({"inferlet": "text-completion", "args": {"prompt": context, "max_tokens": 21, "ignore_eos": true}, "props": session_props()})).await;
-    let first = s.wait_done(&id).await;
-    context.extend(
-        first["output_tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap() as u32),
-    );
+    let prompt: Vec<u32> = (0..60).map(|i| 32 + (i * 7) % 90).collect();
+    let first = turn(s, &prompt, 21).await;
+    let context = extended(prompt, &first);
     assert_eq!(context.len(), 81);
     context
 }
@@ -192,8 +206,7 @@ async fn turn_one(s: &Server) -> Vec<u32> {
 async fn turn_two(s: &Server, context: &[u32]) -> Value {
     let mut prompt = context.to_vec();
     prompt.extend((0..10).map(|i| 65 + i));
-    let id = s.launch(json!({"inferlet": "text-completion", "args": {"prompt": prompt, "max_tokens": 2, "ignore_eos": true}, "props": session_props()})).await;
-    s.wait_done(&id).await
+    turn(s, &prompt, 2).await
 }
 
 /// A 150-token prompt (10 pages of 16), one per `seed`.
@@ -221,13 +234,8 @@ async fn two_turns(s: &Server) -> (Value, f64) {
 
 #[tokio::test]
 async fn keep_session_keeps_turn_one_resident_for_turn_two() {
-    // 16 pages of 16 tokens: the fillers evict anything that is merely cached.
-    let args = ["--kv-pages", "16", "--page-size", "16"];
-    let kept = Server::start(
-        "[runtime]\nworker_policy = [\"fcfs\", \"keep-session\"]\n",
-        &args,
-    )
-    .await;
+    // The fillers evict anything that is merely cached.
+    let kept = Server::start(KEEP_SESSION, &SMALL_POOL).await;
     let (second, computed) = two_turns(&kept).await;
     // Turn 1's whole context (81 tokens) rounded down to pages: 80.
     assert_eq!(
@@ -241,7 +249,7 @@ async fn keep_session_keeps_turn_one_resident_for_turn_two() {
         "{policies}"
     );
 
-    let plain = Server::start("", &args).await;
+    let plain = Server::start("", &SMALL_POOL).await;
     let (second, computed) = two_turns(&plain).await;
     assert_eq!(
         second["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
@@ -254,20 +262,12 @@ async fn keep_session_keeps_turn_one_resident_for_turn_two() {
 /// of 16 and 6 slots), then turn 2 (its context and 10 new tokens, 8
 /// generated). Returns turn 2's record and the prompt tokens computed for it.
 async fn turns_off_page(s: &Server) -> (Value, f64) {
-    let mut context: Vec<u32> = (0..50).map(|i| 32 + (i * 7) % 90).collect();
-    let run = async |prompt: &[u32], max_tokens: u32| {
-        let args = json!({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true});
-        let id = s
-            .launch(json!({"inferlet": "text-completion", "args": args, "props": session_props()}))
-            .await;
-        s.wait_done(&id).await
-    };
-    let first = run(&context, 21).await;
-    let output = first["output_tokens"].as_array().expect("output tokens");
-    context.extend(output.iter().filter_map(|t| t.as_u64()).map(|t| t as u32));
+    let prompt: Vec<u32> = (0..50).map(|i| 32 + (i * 7) % 90).collect();
+    let first = turn(s, &prompt, 21).await;
+    let mut context = extended(prompt, &first);
     context.extend((0..10).map(|i| 65 + i));
     let before = s.metric("pie_prompt_tokens_total").await;
-    let second = run(&context, 8).await;
+    let second = turn(s, &context, 8).await;
     (second, s.metric("pie_prompt_tokens_total").await - before)
 }
 
@@ -276,19 +276,14 @@ async fn turns_off_page(s: &Server) -> (Value, f64) {
 /// had computed them.
 #[tokio::test]
 async fn a_next_turn_copies_the_partial_page_it_continues() {
-    let args = ["--kv-pages", "16", "--page-size", "16"];
-    let kept = Server::start(
-        "[runtime]\nworker_policy = [\"fcfs\", \"keep-session\"]\n",
-        &args,
-    )
-    .await;
+    let kept = Server::start(KEEP_SESSION, &SMALL_POOL).await;
     let (second, computed) = turns_off_page(&kept).await;
     assert_eq!(
         second["usage"]["prompt_tokens_details"]["cached_tokens"], 70,
         "four whole pages and the 6 slots: {second}"
     );
     assert_eq!(computed, 11.0, "only the new tokens were prefilled");
-    let plain = Server::start("", &args).await;
+    let plain = Server::start("", &SMALL_POOL).await;
     let (recomputed, computed) = turns_off_page(&plain).await;
     assert_eq!(
         recomputed["usage"]["prompt_tokens_details"]["cached_tokens"], 64,
@@ -337,9 +332,8 @@ async fn turn_two_behind_a_filler(s: &Server) -> (Value, Value) {
 #[tokio::test]
 async fn admission_wait_keeps_a_retained_turn_while_a_new_sequence_waits() {
     let args = ["--kv-pages", "24", "--page-size", "16"];
-    let policy = "[runtime]\nworker_policy = [\"fcfs\", \"keep-session\"]\n";
     let waits = Server::start(
-        &format!("{policy}[runtime.keep-session]\nadmission_wait_ms = 60000\n"),
+        &format!("{KEEP_SESSION}[runtime.keep-session]\nadmission_wait_ms = 60000\n"),
         &args,
     )
     .await;
@@ -347,7 +341,7 @@ async fn admission_wait_keeps_a_retained_turn_while_a_new_sequence_waits() {
     assert_eq!(cached, 80, "turn 1's pages were kept for turn 2");
     assert_eq!(filler["state"], "finished", "{filler}");
 
-    let evicts = Server::start(policy, &args).await;
+    let evicts = Server::start(KEEP_SESSION, &args).await;
     let (cached, filler) = turn_two_behind_a_filler(&evicts).await;
     // The filler drops as many of turn 1's pages as it lacks.
     let cached = cached.as_u64().unwrap();
