@@ -5,7 +5,7 @@ Usage: scripts/agent-bench.py [--pie target/release/pie] [--model PATH]
            [--agents 8,32,64] [--max-steps 6] [--latency-ms 100,2000]
            [--seed 1] [--variants inferlet,session,plain]
            [--pool-share 0.5 | --kv-pages N] [--admission-wait-ms MS]
-           [--rounds 1] [--duration SECONDS]
+           [--rounds 1] [--duration SECONDS] [--sim]
 
 One ReAct agent protocol (the `agent` inferlet's: a system prompt, each
 step constrained to `Thought: ...` then `Action: TOOL[INPUT]` or
@@ -42,6 +42,12 @@ agent; with --duration each run is instead a steady stream: N slots start
 a new agent whenever theirs finishes, and the rate counts the agents that
 finish between the first third of the duration (the warm-up) and its end;
 steps and latencies are those agents', token counts the whole run's.
+With --sim, a cost profile is first calibrated on this host (`pie bench
+--calibrate`), and after the rows pie-sim runs each row's agents, pool and
+`[runtime]` on the measured shape (each agent's steps and output length,
+taken in turn): held sessions, which the inferlet and the session loop
+both present to the scheduler, and the plain loop, beside the measured
+median rounds.
 """
 import argparse
 import json
@@ -101,12 +107,16 @@ def latency(seed, agent, step, bounds):
     return rng.uniform(*bounds) / 1000
 
 
+def runtime_config(a):
+    """Every variant's `[runtime]`, and pie-sim's."""
+    return ('[runtime]\nworker_policy = ["fair", "keep-session"]\nmax_running = 64\n'
+            f"[runtime.keep-session]\nadmission_wait_ms = {a.admission_wait_ms}\n")
+
+
 def serve(procs, a, pages, store):
     config = os.path.join(store, "config.toml")
     with open(config, "w") as f:
-        f.write('[runtime]\nworker_policy = ["fair", "keep-session"]\n'
-                f"max_running = 64\n[runtime.inferlets]\ndir = {json.dumps(store)}\n"
-                f"[runtime.keep-session]\nadmission_wait_ms = {a.admission_wait_ms}\n")
+        f.write(runtime_config(a) + f"[runtime.inferlets]\ndir = {json.dumps(store)}\n")
     args = [a.pie, "serve", "--port", "0", "--config", config, "--kv-pages", str(pages),
             "--page-size", str(PAGE_SIZE)]
     if a.model:
@@ -284,15 +294,78 @@ def measure_shape(a):
 def sim_overrides(usages):
     """`pie-sim --set` overrides for the `agent` workload of the measured
     shape: the first prompt (the workload's 16-token question and the rest
-    as the shared protocol), mean output and observation lengths, and the
-    measured agents' step counts, which the workload takes in turn."""
+    as the shared protocol), the mean observation length, and the measured
+    agents' step counts and mean output lengths, which the workload takes
+    in turn."""
     mean = lambda xs: round(sum(xs) / len(xs))
     observations = [p - (q + c) for u in usages for (q, c), (p, _) in zip(u, u[1:])]
+    outputs = [mean([c for _, c in u]) for u in usages]
     return {"system_len": mean([u[0][0] for u in usages]) - QUESTION_LEN,
             "question_len": QUESTION_LEN,
-            "output_len": mean([c for u in usages for _, c in u]),
+            "output_len": json.dumps(outputs, separators=(",", ":")),
             "observation_len": mean(observations) if observations else 0,
             "steps": json.dumps([len(u) for u in usages], separators=(",", ":"))}
+
+
+def calibrate(a, store):
+    """A cost profile for pie-sim, timed on this host now (`pie bench
+    --calibrate`)."""
+    profile = os.path.join(store, "profile.json")
+    args = [a.pie, "bench", "--calibrate", "--out", profile]
+    if a.model:
+        args += ["--model", a.model]
+    subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return profile
+
+
+def simulate(a, profile, overrides, n, pages, keep_ms):
+    """pie-sim's run of `n` agents of the measured shape on `pages` pages
+    under every variant's `[runtime]`: held sessions (`keep_ms`), which is
+    what the inferlet and the session loop both present to the scheduler,
+    or the plain loop (0). Agents per minute, prompt tokens computed and
+    cached."""
+    steps = json.loads(overrides["steps"])
+    store = tempfile.mkdtemp(prefix="pie-agent-bench-sim-")
+    config = os.path.join(store, "config.toml")
+    with open(config, "w") as f:
+        f.write(runtime_config(a))
+    sets = {**overrides, "agents": n, "keep_ms": keep_ms,
+            "latency_min_ms": a.bounds[0], "latency_max_ms": a.bounds[1]}
+    args = [os.path.join(os.path.dirname(a.pie), "pie-sim"), "run", "--workload", "agent",
+            "--requests", str(sum(steps[i % len(steps)] for i in range(n))),
+            "--profile", profile, "--kv-pages", str(pages), "--policy", "fair",
+            "--worker-config", config]
+    args += [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
+    if keep_ms:
+        args.append("--keep-session")
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    m = json.loads(out)[0]
+    return {"agents_per_min": n / m["sim_time_s"] * 60,
+            "computed": m["prefill_tokens_computed"], "cached": m["prefix_hit_tokens"]}
+
+
+def sim_rows(a, profile, overrides, measured):
+    """pie-sim beside each row's median rounds: held sessions against the
+    inferlet and the session loop, the plain loop against the plain loop."""
+    print("\npie-sim on a profile calibrated at the start of this run, the same shape, "
+          "pools and `[runtime]`:\n")
+    print("| agents | kv_pages | sim held | inferlet | session | sim / inferlet | sim / session "
+          "| sim plain | plain | sim / plain | sim held / sim plain | held computed / cached "
+          "| plain computed / cached |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for n, pages, results in measured:
+        held = simulate(a, profile, overrides, n, pages, KEEP_MS)
+        plain = simulate(a, profile, overrides, n, pages, 0)
+        real = {name: results.get(name, {}).get("agents_per_min")
+                for name in ("inferlet", "session", "plain")}
+        rate = lambda x: f"{x:.1f}" if x else "-"
+        ratio = lambda sim, r: f"{sim['agents_per_min'] / r:.2f}" if r else "-"
+        cells = [n, pages, rate(held["agents_per_min"]), rate(real["inferlet"]),
+                 rate(real["session"]), ratio(held, real["inferlet"]), ratio(held, real["session"]),
+                 rate(plain["agents_per_min"]), rate(real["plain"]), ratio(plain, real["plain"]),
+                 ratio(held, plain["agents_per_min"])]
+        cells += [f"{s['computed']} / {s['cached']}" for s in (held, plain)]
+        print("| " + " | ".join(str(c) for c in cells) + " |")
 
 
 def median_round(rounds):
@@ -318,6 +391,8 @@ def main():
     ap.add_argument("--kv-pages", type=int, help="every row's pool (overrides --pool-share)")
     ap.add_argument("--duration", type=float, default=0,
                     help="seconds of a steady stream of agents per run (0: one batch of N)")
+    ap.add_argument("--sim", action="store_true",
+                    help="also run pie-sim on each row, on a profile calibrated first")
     ap.add_argument("--rounds", type=int, default=1,
                     help="runs of every variant per row, in turn; the median is reported")
     a = ap.parse_args()
@@ -327,12 +402,15 @@ def main():
     usages = measure_shape(a)
     tokens = max(p + c for u in usages for p, c in u)
     longest = -(-tokens // PAGE_SIZE)
-    shape = " ".join(f"--set {k}={v}" for k, v in sim_overrides(usages).items())
+    overrides = sim_overrides(usages)
+    shape = " ".join(f"--set {k}={v}" for k, v in overrides.items())
+    profile = calibrate(a, tempfile.mkdtemp(prefix="pie-agent-bench-")) if a.sim else None
     print(f"A context at its longest: {tokens} tokens, {longest} pages of {PAGE_SIZE}.")
     print(f"The workload's shape for pie-sim: --workload agent {shape}\n")
     print("| agents | kv_pages | variant | agents/min | ratio to plain | step p50 / p99 ms "
           "| steps / tokens generated | prompt tokens computed / cached | preemptions | failed |")
     print("|---|---|---|---|---|---|---|---|---|---|")
+    measured = []
     for n in [int(x) for x in a.agents.split(",")]:
         pages = a.kv_pages or int(n * longest * a.pool_share)
         names = a.variants.split(",")
@@ -362,6 +440,9 @@ def main():
         calls = sum(len(outs[0][i][0]) for i in common)
         print(f"|  |  | same calls and answer in every way: {same}/{len(common)} agents "
               f"({calls} tool calls) | | | | | | | |")
+        measured.append((n, pages, results))
+    if a.sim:
+        sim_rows(a, profile, overrides, measured)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,11 @@
 //! so that `pie bench` and `pie-sim` run it too. `agents` agents start
 //! together (a closed population: when one ends, the next starts in its
 //! place, until the requests asked for are drawn); agent `a` runs
-//! `steps[a % steps.len()]` steps (the step counts `scripts/agent-bench.py`
-//! measured for its first agents, taken in turn). A step's prompt is the
+//! `steps[a % steps.len()]` steps of `output_len[a % output_len.len()]`
+//! tokens each (the step counts and output lengths `scripts/agent-bench.py`
+//! measured for its first agents, taken in turn: agents whose answers are
+//! short and long keep contexts of different sizes, which a mean length
+//! does not, and a small pool keeps more of the short ones). A step's prompt is the
 //! agent's whole
 //! history: a system prompt every agent shares, its question, then per
 //! earlier step the model's output and the tool's observation. The next step
@@ -16,7 +19,7 @@
 use pie_core::PropValue;
 use rand::rngs::StdRng;
 use rand::Rng;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::request::{prop, Follow, Request, Segment};
 
@@ -24,11 +27,14 @@ use crate::request::{prop, Follow, Request, Segment};
 pub struct Agent {
     pub agents: usize,
     /// Each agent's number of steps, in turn (at least one each).
+    #[serde(deserialize_with = "one_or_many")]
     pub steps: Vec<usize>,
     pub system_len: u32,
     pub question_len: u32,
-    /// Each step's output: a thought and an action.
-    pub output_len: u32,
+    /// Each agent's output per step (a thought and an action), in turn: one
+    /// length (`output_len=23`) or a list (`output_len=[22,27]`).
+    #[serde(deserialize_with = "one_or_many")]
+    pub output_len: Vec<u32>,
     /// Each tool result, sent back as the next step's new tokens.
     pub observation_len: u32,
     pub latency_min_ms: f64,
@@ -48,13 +54,37 @@ impl Agent {
             steps: vec![6],
             system_len: 84,
             question_len: 16,
-            output_len: 23,
+            output_len: vec![23],
             observation_len: 23,
             latency_min_ms: 100.0,
             latency_max_ms: 2000.0,
             keep_ms: 0,
         }
     }
+}
+
+/// Agent `a`'s entry of a per-agent list (0 for an empty one).
+fn in_turn<T: Copy + Default>(list: &[T], a: u64) -> T {
+    let at = a as usize % list.len().max(1);
+    list.get(at).copied().unwrap_or_default()
+}
+
+/// A list parameter given as one value (`output_len=23`) or several.
+fn one_or_many<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany<T> {
+        One(T),
+        Many(Vec<T>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(v) => vec![v],
+        OneOrMany::Many(vs) => vs,
+    })
 }
 
 /// Every agent's client: one, as `scripts/agent-bench.py`'s agents are
@@ -80,10 +110,8 @@ pub(crate) fn agent(w: &Agent, n: usize, rng: &mut StdRng) -> Vec<Request> {
     for a in 0u64.. {
         let name = format!("agent-{a}");
         let slot = a as usize % slots;
-        let steps = w
-            .steps
-            .get(a as usize % w.steps.len().max(1))
-            .map_or(1, |&s| s.max(1));
+        let steps = in_turn(&w.steps, a).max(1);
+        let output_len = in_turn(&w.output_len, a);
         let mut prompt = vec![
             Segment::named(&[AGENT_SYSTEM], w.system_len),
             Segment::named(&[AGENT_QUESTION, a], w.question_len),
@@ -92,7 +120,7 @@ pub(crate) fn agent(w: &Agent, n: usize, rng: &mut StdRng) -> Vec<Request> {
             if out.len() == n {
                 return out;
             }
-            let output = Segment::named(&[AGENT_STEP, a, step], w.output_len);
+            let output = Segment::named(&[AGENT_STEP, a, step], output_len);
             let mut r = Request {
                 arrival_us: 0,
                 follows: None,
@@ -195,5 +223,24 @@ mod tests {
             .map(|r| r.class.replace("step-", ""))
             .collect();
         assert_eq!(steps.concat(), "012001200");
+    }
+
+    /// Agent `a`'s steps generate `output_len[a % len]` tokens each; one
+    /// length is every agent's.
+    #[test]
+    fn agents_take_their_output_lengths_in_turn() {
+        let (spec, w) = agent(&["steps=2", "agents=3", "output_len=[5,9]"]);
+        assert_eq!(w.steps, [2]);
+        let lengths: Vec<u32> = (spec.generate(8, 3).iter())
+            .map(|r| r.output.len)
+            .collect();
+        assert_eq!(lengths, [5, 5, 9, 9, 5, 5, 9, 9]);
+        let (_, w) = agent(&["output_len=25"]);
+        assert_eq!(w.output_len, [25]);
+        let err = WorkloadSpec::named("agent")
+            .unwrap()
+            .with_overrides(&["output_len=\"long\"".to_string()])
+            .unwrap_err();
+        assert!(err.contains("bad override value"), "{err}");
     }
 }
