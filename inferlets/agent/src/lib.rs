@@ -13,9 +13,10 @@
 //! the tokenizer makes `" thought"`), and a client loop re-sends the text,
 //! so an agent that kept the sampled tokens would go on from a context no
 //! loop sees and make other calls. Each step generates on a fork of the
-//! context; the fork is kept when its tokens are the text's, else the
-//! context takes the text's tokens (computed again, as a loop's are, but
-//! for full pages the fork filled, which the prefix cache can hold).
+//! context; the fork is kept when its tokens are the text's, else a fork
+//! of the context takes the text's tokens (computed again, as a loop's
+//! are, but for full pages the attempt filled, which the prefix cache can
+//! hold, and the part of its last page the two share, which is copied).
 //!
 //! The protocol (`protocol.rs`: the system prompt, the expressions; then the
 //! observation turn) is the one `scripts/agent-bench.py` and
@@ -83,8 +84,13 @@ fn generate_step(
     if text_tokens == made.tokens {
         return Ok((attempt, made, None));
     }
-    ctx.append_tokens(&text_tokens)?;
-    Ok((ctx, made, Some(attempt)))
+    // Go on as a fork: `ctx`'s pages are the attempt's too (its full pages
+    // shared, its partial one copied), so `ctx` is dropped here and its
+    // retention with it, instead of holding a page no step reads while the
+    // agent waits for its tool.
+    let text = ctx.fork()?;
+    text.append_tokens(&text_tokens)?;
+    Ok((text, made, Some(attempt)))
 }
 
 fn run() -> Result<(), String> {
