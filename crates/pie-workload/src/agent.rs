@@ -231,9 +231,7 @@ mod tests {
     fn agents_take_their_output_lengths_in_turn() {
         let (spec, w) = agent(&["steps=2", "agents=3", "output_len=[5,9]"]);
         assert_eq!(w.steps, [2]);
-        let lengths: Vec<u32> = (spec.generate(8, 3).iter())
-            .map(|r| r.output.len)
-            .collect();
+        let lengths: Vec<u32> = (spec.generate(8, 3).iter()).map(|r| r.output.len).collect();
         assert_eq!(lengths, [5, 5, 9, 9, 5, 5, 9, 9]);
         let (_, w) = agent(&["output_len=25"]);
         assert_eq!(w.output_len, [25]);
