@@ -325,8 +325,7 @@ def simulate(a, profile, overrides, n, pages, keep_ms):
     or the plain loop (0). Agents per minute, prompt tokens computed and
     cached."""
     steps = json.loads(overrides["steps"])
-    store = tempfile.mkdtemp(prefix="pie-agent-bench-sim-")
-    config = os.path.join(store, "config.toml")
+    config = os.path.join(os.path.dirname(profile), "config.toml")
     with open(config, "w") as f:
         f.write(runtime_config(a))
     sets = {**overrides, "agents": n, "keep_ms": keep_ms,
@@ -396,6 +395,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=1,
                     help="runs of every variant per row, in turn; the median is reported")
     a = ap.parse_args()
+    if a.sim and a.duration:
+        ap.error("--sim simulates the batch of N agents; leave out --duration")
     a.bounds = tuple(float(x) for x in a.latency_ms.split(","))
     subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=os.path.join(ROOT, "inferlets"),
                    check=True)
