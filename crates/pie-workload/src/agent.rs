@@ -19,6 +19,7 @@
 use pie_core::PropValue;
 use rand::rngs::StdRng;
 use rand::Rng;
+use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::request::{prop, Follow, Request, Segment};
@@ -81,10 +82,11 @@ where
         One(T),
         Many(Vec<T>),
     }
-    Ok(match OneOrMany::deserialize(d)? {
-        OneOrMany::One(v) => vec![v],
-        OneOrMany::Many(vs) => vs,
-    })
+    match OneOrMany::deserialize(d) {
+        Ok(OneOrMany::One(v)) => Ok(vec![v]),
+        Ok(OneOrMany::Many(vs)) => Ok(vs),
+        Err(_) => Err(D::Error::custom("expected one value or a list of values")),
+    }
 }
 
 /// Every agent's client: one, as `scripts/agent-bench.py`'s agents are
@@ -239,6 +241,9 @@ mod tests {
             .unwrap()
             .with_overrides(&["output_len=\"long\"".to_string()])
             .unwrap_err();
-        assert!(err.contains("bad override value"), "{err}");
+        assert!(
+            err.contains("`output_len`") && err.contains("one value or a list"),
+            "{err}"
+        );
     }
 }

@@ -258,18 +258,20 @@ impl WorkloadSpec {
     }
 
     /// This workload with parameters replaced by `key=value` overrides (values
-    /// in JSON: `system_len=256`, `zipf=null`). An unknown key or a value of the
-    /// wrong type is an error naming the key and the workload's parameters.
+    /// in JSON: `system_len=256`, `zipf=null`). An unknown key, or a value of
+    /// the wrong type, is an error naming the key (and the workload's
+    /// parameters, or what the value should be).
     pub fn with_overrides(self, overrides: &[String]) -> Result<Self, String> {
         let name = self.name();
-        let mut value = serde_json::to_value(&self).map_err(|e| e.to_string())?;
-        let params = value
-            .as_object_mut()
-            .ok_or_else(|| format!("workload `{name}` has no parameters"))?;
+        let mut spec = self;
         for item in overrides {
             let (key, raw) = item
                 .split_once('=')
                 .ok_or_else(|| format!("override `{item}` is not key=value"))?;
+            let mut value = serde_json::to_value(&spec).map_err(|e| e.to_string())?;
+            let params = value
+                .as_object_mut()
+                .ok_or_else(|| format!("workload `{name}` has no parameters"))?;
             if key == "kind" || !params.contains_key(key) {
                 let known: Vec<&str> = params
                     .keys()
@@ -284,9 +286,10 @@ impl WorkloadSpec {
             let parsed = serde_json::from_str(raw)
                 .unwrap_or_else(|_| serde_json::Value::String(raw.to_string()));
             params.insert(key.to_string(), parsed);
+            spec = serde_json::from_value(value)
+                .map_err(|e| format!("workload `{name}`: bad value for `{key}`: {e}"))?;
         }
-        serde_json::from_value(value)
-            .map_err(|e| format!("workload `{name}`: bad override value: {e}"))
+        Ok(spec)
     }
 
     pub fn name(&self) -> &'static str {
@@ -653,6 +656,24 @@ mod tests {
         assert!(per_tenth[0] < 30 && per_tenth[9] < 30, "{per_tenth:?}");
         assert!(per_tenth[4] > 70 && per_tenth[5] > 70, "{per_tenth:?}");
         assert!(reqs.windows(2).all(|p| p[0].arrival_us <= p[1].arrival_us));
+    }
+
+    #[test]
+    fn a_bad_override_names_its_key() {
+        let shared = || WorkloadSpec::named("shared-prefix").expect("named");
+        let err = (shared().with_overrides(&overrides(&["groups=4", "system_len=\"long\""])))
+            .unwrap_err();
+        assert!(
+            err.contains("bad value for `system_len`") && err.contains("u32"),
+            "{err}"
+        );
+        let err = shared()
+            .with_overrides(&overrides(&["sytem_len=1"]))
+            .unwrap_err();
+        assert!(
+            err.contains("no parameter `sytem_len`") && err.contains("system_len"),
+            "{err}"
+        );
     }
 
     #[test]
