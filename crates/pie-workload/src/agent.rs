@@ -6,10 +6,10 @@
 //! tokens each (the step counts and output lengths `scripts/agent-bench.py`
 //! measured for its first agents, taken in turn: agents whose answers are
 //! short and long keep contexts of different sizes, which a mean length
-//! does not, and a small pool keeps more of the short ones). A step's prompt is the
-//! agent's whole
-//! history: a system prompt every agent shares, its question, then per
-//! earlier step the model's output and the tool's observation. The next step
+//! does not, and a small pool keeps more of the short ones). A step's
+//! prompt is the agent's whole history: a system prompt every agent
+//! shares, its question, then per earlier step the model's output and the
+//! tool's observation. The next step
 //! arrives a tool latency (uniform in `latency_min_ms..=latency_max_ms`)
 //! after the previous one finished. With `keep_ms` above 0 every step
 //! carries a `session` and `keep-ms` (the client loop with `keep-session`,
