@@ -314,20 +314,27 @@ def calibrate(a, store):
     args = [a.pie, "bench", "--calibrate", "--out", profile]
     if a.model:
         args += ["--model", a.model]
-    subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_tool(args)
     return profile
 
 
-def simulate(a, profile, overrides, n, pages, keep_ms):
+def run_tool(args):
+    """Run a Pie tool; its stdout, or a failure naming it and the first
+    lines of its error (the message, before any backtrace)."""
+    done = subprocess.run(args, capture_output=True, text=True)
+    if done.returncode != 0:
+        head = "\n".join(done.stderr.strip().splitlines()[:3])
+        pielib.fail(f"{' '.join(args[:3])} exited {done.returncode}:\n{head}")
+    return done.stdout
+
+
+def simulate(a, profile, config, overrides, n, pages, keep_ms):
     """pie-sim's run of `n` agents of the measured shape on `pages` pages
-    under every variant's `[runtime]`: held sessions (`keep_ms`), which is
+    under every variant's `[runtime]` (`config`): held sessions (`keep_ms`), which is
     what the inferlet and the session loop both present to the scheduler,
     or the plain loop (0). Agents per minute, prompt tokens computed and
     cached."""
     steps = json.loads(overrides["steps"])
-    config = os.path.join(os.path.dirname(profile), "config.toml")
-    with open(config, "w") as f:
-        f.write(runtime_config(a))
     sets = {**overrides, "agents": n, "keep_ms": keep_ms,
             "latency_min_ms": a.bounds[0], "latency_max_ms": a.bounds[1]}
     args = [os.path.join(os.path.dirname(a.pie), "pie-sim"), "run", "--workload", "agent",
@@ -337,8 +344,7 @@ def simulate(a, profile, overrides, n, pages, keep_ms):
     args += [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
     if keep_ms:
         args.append("--keep-session")
-    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
-    m = json.loads(out)[0]
+    m = json.loads(run_tool(args))[0]
     return {"agents_per_min": n / m["sim_time_s"] * 60,
             "computed": m["prefill_tokens_computed"], "cached": m["prefix_hit_tokens"]}
 
@@ -352,9 +358,12 @@ def sim_rows(a, profile, overrides, measured):
           "| sim plain | plain | sim / plain | sim held / sim plain | held computed / cached "
           "| plain computed / cached |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    config = os.path.join(os.path.dirname(profile), "config.toml")
+    with open(config, "w") as f:
+        f.write(runtime_config(a))
     for n, pages, results in measured:
-        held = simulate(a, profile, overrides, n, pages, KEEP_MS)
-        plain = simulate(a, profile, overrides, n, pages, 0)
+        held = simulate(a, profile, config, overrides, n, pages, KEEP_MS)
+        plain = simulate(a, profile, config, overrides, n, pages, 0)
         real = {name: results.get(name, {}).get("agents_per_min")
                 for name in ("inferlet", "session", "plain")}
         rate = lambda x: f"{x:.1f}" if x else "-"
