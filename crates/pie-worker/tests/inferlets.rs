@@ -762,6 +762,27 @@ async fn a_constrained_generate_matches_its_format_and_0_1_0_components_still_lo
     assert_eq!(s.wait_done(&id).await["state"], "finished");
 }
 
+/// `reporting.report-logprobs(false)` leaves a generation's tokens as they
+/// were and its log-probabilities empty; on (the default), one per token.
+#[tokio::test]
+async fn a_context_with_logprobs_off_generates_the_same_tokens_without_them() {
+    let s = Server::start(&config(&store_dir(), "", ""), &[]).await;
+    upload(&s, "structured", "structured").await;
+    let mut made = Vec::new();
+    for logprobs in [true, false] {
+        let args = json!({"prompt": "go", "max_tokens": 40, "logprobs": logprobs,
+            "format": {"regex": "[a-z ]{10,30}"}});
+        let id = launch(&s, "structured", args, json!({})).await;
+        let event = json_events(&s, &id).await.remove(0);
+        let tokens = event["tokens"].as_u64().unwrap_or(0);
+        assert!(tokens > 0, "{event}");
+        let expected = if logprobs { tokens } else { 0 };
+        assert_eq!(event["logprobs"], expected, "{event}");
+        made.push(event["text"].clone());
+    }
+    assert_eq!(made[0], made[1]);
+}
+
 /// A WebAssembly inferlet's process does not move: its hand-off is a 422
 /// naming why, and it keeps running.
 #[tokio::test]

@@ -103,6 +103,8 @@ fn run() -> Result<(), String> {
     ];
     let mut rendered = model::apply_chat_template(&messages)?;
     let mut ctx = Context::new()?;
+    // Its steps' log-probabilities are never read (forks take this too).
+    ctx.report_logprobs(false)?;
     ctx.append_text(&rendered)?;
     // Enough for the longest step the expression allows, a byte a token.
     let options = GenerateOptions::new().max_tokens(256);

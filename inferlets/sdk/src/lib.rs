@@ -1,6 +1,6 @@
 //! Guest SDK for Pie inferlets: programs the worker runs as processes, built
 //! as WebAssembly components for the `pie:inferlet@0.2.0` world (`wit/`: the
-//! 0.1.0 interfaces and `structured`).
+//! 0.1.0 interfaces, `structured` and `reporting`).
 //!
 //! ```ignore
 //! use pie_inferlet::{Context, GenerateOptions};
@@ -142,6 +142,16 @@ impl Context {
         format: &OutputFormat,
     ) -> Result<Generation, String> {
         bindings::pie::inferlet0_2_0::structured::generate_constrained(self.handle, options, format)
+    }
+
+    /// Whether generations over this context report each token's
+    /// log-probability (on for a new context; forks made after take the
+    /// setting). A program that never reads `Generation::logprobs` turns it
+    /// off, and the engine skips a log-softmax over the vocabulary per
+    /// token. Needs `pie:inferlet@0.2.0`, as
+    /// [`generate_constrained`](Self::generate_constrained) does.
+    pub fn report_logprobs(&self, on: bool) -> Result<(), String> {
+        bindings::pie::inferlet0_2_0::reporting::report_logprobs(self.handle, on)
     }
 
     /// The `k` (at most 64) most likely next tokens with their

@@ -23,6 +23,9 @@ pub struct Context {
     /// generated (a context that takes a fork's text, not its sampled
     /// tokens, still shares most of the fork's last page).
     pub resume_from: Vec<String>,
+    /// Its generations report each token's log-probability
+    /// (`reporting.report-logprobs`; a fork takes its parent's).
+    pub logprobs: bool,
     /// The context it was forked from.
     parent: Option<u32>,
 }
@@ -59,14 +62,15 @@ impl Contexts {
         let handle = self.next;
         self.next += 1;
         let retain_as = format!("{}/context-{handle}", self.owner);
-        let resume_from = match parent.and_then(|p| self.live.get(&p)) {
-            Some(p) => p.resume_from.clone(),
-            None => vec![retain_as.clone()],
+        let (resume_from, logprobs) = match parent.and_then(|p| self.live.get(&p)) {
+            Some(p) => (p.resume_from.clone(), p.logprobs),
+            None => (vec![retain_as.clone()], true),
         };
         let context = Context {
             tokens,
             retain_as,
             resume_from,
+            logprobs,
             parent,
         };
         self.live.insert(handle, context);

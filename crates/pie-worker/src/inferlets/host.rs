@@ -25,7 +25,7 @@ use super::contexts::Contexts;
 use super::limits::{bounded, MemoryCap, MAX_ARG_BYTES, MAX_PARALLEL};
 use super::world::inference::{FinishReason, GenerateOptions, Generation, Sampling, TokenLogprob};
 use super::world::structured::OutputFormat;
-use super::world::{inference, model, process, structured, Inferlet};
+use super::world::{inference, model, process, reporting, structured, Inferlet};
 use crate::process::Process;
 use crate::runtime::{Generate, Generated, Runtime};
 use pie_core::clock::now_ms;
@@ -193,7 +193,7 @@ impl inference::Host for GuestState {
     }
 
     async fn prefill(&mut self, ctx: u32) -> Result<(), String> {
-        let call = self.host.probe(ctx, 0)?;
+        let call = self.host.probe(ctx, None)?;
         self.host.run(call).await?;
         self.host.contexts.generated(ctx);
         Ok(())
@@ -244,7 +244,7 @@ impl inference::Host for GuestState {
         if k == 0 || k as usize > MAX_TOP_LOGPROBS {
             return Err(format!("k must be 1 to {MAX_TOP_LOGPROBS}, got {k}"));
         }
-        let call = self.host.probe(ctx, k as usize)?;
+        let call = self.host.probe(ctx, Some(k as usize))?;
         let done = self.host.run(call).await?;
         self.host.contexts.generated(ctx);
         Ok(done
@@ -266,6 +266,13 @@ impl structured::Host for GuestState {
         call.grammar = Some(self.host.compile(format)?);
         let done = self.host.run(call).await?;
         self.host.finish_generation(ctx, done)
+    }
+}
+
+impl reporting::Host for GuestState {
+    fn report_logprobs(&mut self, ctx: u32, on: bool) -> Result<(), String> {
+        self.host.contexts.get_mut(ctx)?.logprobs = on;
+        Ok(())
     }
 }
 
@@ -396,9 +403,10 @@ impl ProcessHost {
         Ok(())
     }
 
-    /// A one-token greedy step over the context that reports the `k` most
-    /// likely next tokens; its sample is not kept (`prefill`, `forward`).
-    fn probe(&self, ctx: u32, k: usize) -> Result<Generate, String> {
+    /// A one-token greedy step over the context that reports the `top` most
+    /// likely next tokens, if asked; its sample is not kept (`prefill`,
+    /// `forward`).
+    fn probe(&self, ctx: u32, top: Option<usize>) -> Result<Generate, String> {
         let context = self.contexts.get(ctx)?;
         Ok(Generate {
             tokens: context.tokens.clone(),
@@ -406,7 +414,7 @@ impl ProcessHost {
             sampling: SamplingParams::default(),
             stop: Vec::new(),
             ignore_eos: true,
-            top_logprobs: k,
+            logprobs: top,
             retain_as: context.retain_as.clone(),
             resume_from: context.resume_from.clone(),
             cache_salt: self.cache_salt.clone(),
@@ -435,7 +443,7 @@ impl ProcessHost {
             sampling: sampling(&options.sampling, self.rt.model.config.vocab)?,
             stop: options.stop.clone(),
             ignore_eos: options.ignore_eos,
-            top_logprobs: 0,
+            logprobs: context.logprobs.then_some(0),
             retain_as: context.retain_as.clone(),
             resume_from: context.resume_from.clone(),
             cache_salt: self.cache_salt.clone(),

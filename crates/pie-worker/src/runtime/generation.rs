@@ -1,6 +1,6 @@
 //! One generation over an inferlet's context: a sequence of the one
 //! scheduler (its slots, budgets, charges, preemption), whose tokens come
-//! back whole to the caller, with their log-probabilities, and optionally
+//! back whole to the caller, with their log-probabilities if asked, and optionally
 //! stream to the process's output as they come. No guest code runs per token.
 //!
 //! Invariant: the sequence lives no longer than the call: a caller that
@@ -58,7 +58,7 @@ impl Runtime {
             props,
             sampled_before: 0,
             reload_after_preemption: false,
-            logprobs: Some(call.top_logprobs),
+            logprobs: call.logprobs,
             grammar: call.grammar,
             resume_from: call.resume_from,
         };

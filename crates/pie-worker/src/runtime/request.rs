@@ -121,8 +121,9 @@ pub struct Generate {
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
-    /// Alternatives reported with the first sample (`forward`).
-    pub top_logprobs: usize,
+    /// Each sample's log-probability, with this many alternatives (`forward`
+    /// asks for its k with the first); None: none (`report-logprobs` off).
+    pub logprobs: Option<usize>,
     /// The key its pages are retained under when it ends (keep-session).
     pub retain_as: String,
     /// The retained keys whose partial page it may copy, best first (see

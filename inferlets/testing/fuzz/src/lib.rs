@@ -14,6 +14,7 @@
 //! whatever input they take, to show they do not trap.
 
 use pie_inferlet::bindings::pie::inferlet0_1_0::{inference as inf, model, process};
+use pie_inferlet::bindings::pie::inferlet0_2_0::reporting;
 use pie_inferlet::serde_json::{Value, json};
 
 const BOGUS: u32 = 0xDEAD_BEEF;
@@ -91,6 +92,10 @@ fn run() -> Result<(), String> {
     r.expect_err("prefill(bogus)", inf::prefill(BOGUS));
     r.expect_err("generate(bogus)", inf::generate(BOGUS, &opts(4)));
     r.expect_err("forward(bogus)", inf::forward(BOGUS, 1));
+    r.expect_err(
+        "report-logprobs(bogus)",
+        reporting::report_logprobs(BOGUS, false),
+    );
     let all = inf::generate_all(&[BOGUS], &opts(4));
     if all.len() != 1 {
         r.expect_err::<()>("generate-all([bogus]) length", Ok(()));
@@ -111,6 +116,10 @@ fn run() -> Result<(), String> {
     r.expect_err("prefill(dropped)", inf::prefill(dropped));
     r.expect_err("generate(dropped)", inf::generate(dropped, &opts(4)));
     r.expect_err("forward(dropped)", inf::forward(dropped, 1));
+    r.expect_err(
+        "report-logprobs(dropped)",
+        reporting::report_logprobs(dropped, false),
+    );
     for (i, res) in inf::generate_all(&[dropped], &opts(4))
         .into_iter()
         .enumerate()

@@ -1,9 +1,12 @@
 //! Test inferlet `structured`: one constrained generation
 //! (`pie:inferlet@0.2.0`'s `structured.generate-constrained`). Args:
-//! `{"prompt", "max_tokens", "format"}` where `format` is `{"json-schema":
-//! SCHEMA}`, `{"json-object": true}`, `{"regex": RX}` or `{"grammar": LARK}`.
-//! Emits one JSON event: `{"text", "finish"}`, or `{"error"}` when the host
-//! refused the call (so a test reads the refusal's text).
+//! `{"prompt", "max_tokens", "format", "logprobs"?}` where `format` is
+//! `{"json-schema": SCHEMA}`, `{"json-object": true}`, `{"regex": RX}` or
+//! `{"grammar": LARK}`, and `logprobs: false` turns the context's
+//! log-probabilities off (`reporting.report-logprobs`). Emits one JSON
+//! event: `{"text", "finish", "tokens", "logprobs"}` (the last two counts),
+//! or `{"error"}` when the host refused the call (so a test reads the
+//! refusal's text).
 
 use pie_inferlet::serde_json::{Value, json};
 use pie_inferlet::{Context, FinishReason, GenerateOptions, OutputFormat};
@@ -27,6 +30,9 @@ fn format_of(v: &Value) -> Result<OutputFormat, String> {
 fn run() -> Result<(), String> {
     let args: Value = pie_inferlet::args()?;
     let ctx = Context::new()?;
+    if args["logprobs"] == false {
+        ctx.report_logprobs(false)?;
+    }
     ctx.append_text(args["prompt"].as_str().unwrap_or("go"))?;
     let options =
         GenerateOptions::new().max_tokens(args["max_tokens"].as_u64().unwrap_or(64) as u32);
@@ -34,7 +40,7 @@ fn run() -> Result<(), String> {
         Ok(g) => json!({"text": g.text, "finish": match g.finish_reason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
-        }}),
+        }, "tokens": g.tokens.len(), "logprobs": g.logprobs.len()}),
         Err(e) => json!({"error": e}),
     };
     pie_inferlet::emit_json(&event)
