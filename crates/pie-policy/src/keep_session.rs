@@ -2,7 +2,9 @@
 //!
 //! Rule: when a process with a `session` prop finishes, its context's pages stay
 //! resident (unevictable) for `keep-ms` (its prop, else `default_keep_ms`), keyed
-//! by the session; a newer turn of the same session replaces the retention.
+//! by the session; a newer turn of the same session replaces the retention
+//! (a turn whose `keep-ms` is 0 ends it: a client's last turn frees the
+//! conversation's pages at once, as an inferlet's process does when it ends).
 //! That turn shares the whole pages and copies the slots of the partial one
 //! it continues (`KvAccounting::attach_prefix`), so it computes only what is new.
 //! Running work always wins over retained pages (they are dropped, soonest
@@ -19,7 +21,8 @@
 //! `[runtime.keep-session] default_keep_ms` (unset: only processes with `keep-ms`),
 //! `admission_wait_ms` (0: a new sequence never waits).
 //! Invariant (tested): retention only with a session and a positive keep time; the
-//! prop overrides the default; expiry is finish time plus keep time; with
+//! prop overrides the default; expiry is finish time plus keep time; a turn
+//! that keeps nothing ends its session's retention; with
 //! `admission_wait_ms`, a new sequence drops a retention only when nothing runs
 //! or its wait is over, and every sequence still finishes (`scheduler/tests.rs`).
 

@@ -12,9 +12,11 @@
 //! tool's observation. The next step
 //! arrives a tool latency (uniform in `latency_min_ms..=latency_max_ms`)
 //! after the previous one finished. With `keep_ms` above 0 every step
-//! carries a `session` and `keep-ms` (the client loop with `keep-session`,
-//! and, with `keep_ms` above the longest latency, an inferlet's context
-//! held across its tool calls); with 0, the plain loop.
+//! carries a `session` and `keep-ms` (the client loop with `keep-session`);
+//! with `release_at_end` too, the last step's `keep-ms` is 0, which ends
+//! the session's retention when it finishes (the `agent` inferlet: its
+//! context held across its tool calls, and freed when its process ends);
+//! with 0, the plain loop.
 
 use pie_core::PropValue;
 use rand::rngs::StdRng;
@@ -42,6 +44,10 @@ pub struct Agent {
     pub latency_max_ms: f64,
     /// The `keep-ms` prop of every step, with a `session` (0: neither).
     pub keep_ms: i64,
+    /// The last step keeps nothing (`keep-ms` 0), freeing the session's
+    /// pages as it ends, as an inferlet's process does.
+    #[serde(default)]
+    pub release_at_end: bool,
 }
 
 impl Agent {
@@ -60,6 +66,7 @@ impl Agent {
             latency_min_ms: 100.0,
             latency_max_ms: 2000.0,
             keep_ms: 0,
+            release_at_end: false,
         }
     }
 }
@@ -133,8 +140,14 @@ pub(crate) fn agent(w: &Agent, n: usize, rng: &mut StdRng) -> Vec<Request> {
                 props: Default::default(),
             };
             if w.keep_ms > 0 {
+                let last = step + 1 == steps as u64;
+                let keep_ms = if last && w.release_at_end {
+                    0
+                } else {
+                    w.keep_ms
+                };
                 prop(&mut r.props, "session", PropValue::Str(name.clone()));
-                prop(&mut r.props, "keep-ms", PropValue::Int(w.keep_ms));
+                prop(&mut r.props, "keep-ms", PropValue::Int(keep_ms));
             }
             r.follows = match (step, last[slot]) {
                 (0, None) => None,
@@ -214,6 +227,13 @@ mod tests {
         let requests = session.generate(2 * steps, 7);
         assert_eq!(requests[steps].props.str("session"), Some("agent-1"));
         assert_eq!(requests[0].props.int("keep-ms"), Some(5000));
+        assert_eq!(requests[steps - 1].props.int("keep-ms"), Some(5000));
+        let (inferlet, _) = agent(&["steps=[6]", "keep_ms=5000", "release_at_end=true"]);
+        let keeps: Vec<_> = (inferlet.generate(steps + 1, 7).iter())
+            .map(|r| (r.props.str("session").is_some(), r.props.int("keep-ms")))
+            .collect();
+        let (held, last) = ((true, Some(5000)), (true, Some(0)));
+        assert_eq!(keeps, [held, held, held, held, held, last, held]);
     }
 
     /// Agent `a` runs `steps[a % len]` steps: its requests are that many

@@ -261,8 +261,9 @@ impl Scheduler {
     /// that order (it decides the LRU order of what they free): if
     /// `may_retain` (they finished, rather than being aborted or expiring),
     /// retained for their session (keep-session, from the time of the last
-    /// plan); else, or without a session, released. Returns their ids, in the
-    /// same order.
+    /// plan), replacing the session's earlier retention (a turn that keeps
+    /// nothing ends it: its pages are this turn's past); else, or without a
+    /// session, released. Returns their ids, in the same order.
     pub fn finish(
         &mut self,
         kv: &mut impl KvAccounting,
@@ -271,16 +272,15 @@ impl Scheduler {
     ) -> Vec<SeqId> {
         let seqs: Vec<SeqId> = indices.iter().map(|&i| self.cands[i].seq).collect();
         for &i in indices {
-            let retention = self
-                .keep
-                .as_ref()
-                .filter(|_| may_retain)
-                .and_then(|k| k.retention(&self.cands[i].props, self.plan_ms));
-            match retention {
+            let keep = self.keep.as_ref().filter(|_| may_retain);
+            let props = &self.cands[i].props;
+            if let Some(session) = keep.and_then(|_| props.str("session")) {
+                if self.retained.remove(session) {
+                    kv.drop_retained(session);
+                }
+            }
+            match keep.and_then(|k| k.retention(props, self.plan_ms)) {
                 Some(r) => {
-                    if self.retained.remove(&r.session) {
-                        kv.drop_retained(&r.session);
-                    }
                     kv.retain(self.cands[i].seq, &r.session);
                     self.retained.insert(r.session, r.expires_ms);
                 }

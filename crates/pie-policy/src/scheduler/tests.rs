@@ -308,13 +308,13 @@ fn a_retained_session_needed_early_is_evicted_with_its_expiry() {
             }
         }
     };
-    add_session_seq(&mut kv, &mut scheduler, 1, (8, 2), "a");
+    add_session_seq(&mut kv, &mut scheduler, 1, (8, 2), ("a", 1_000));
     run_until_done(&mut kv, &mut scheduler, 10);
     assert_eq!(
         scheduler.retained_sessions(),
         vec![("a".to_string(), 1_010)]
     );
-    add_session_seq(&mut kv, &mut scheduler, 2, (24, 2), "b");
+    add_session_seq(&mut kv, &mut scheduler, 2, (24, 2), ("b", 1_000));
     run_until_done(&mut kv, &mut scheduler, 20);
     assert_eq!(
         kv.evicted_early,
@@ -331,14 +331,14 @@ fn a_retained_session_needed_early_is_evicted_with_its_expiry() {
     assert!(kv.retained.is_empty());
 }
 
-/// A sequence with `session` (retained 1 s), `prompt` tokens and
+/// A sequence with `session` (its `keep-ms` too), `prompt` tokens and
 /// `max_tokens`, arrived at 0, added to `scheduler`.
 fn add_session_seq(
     kv: &mut ToyKv,
     scheduler: &mut Scheduler,
     id: u64,
     (prompt, max_tokens): (usize, usize),
-    session: &str,
+    (session, keep_ms): (&str, i64),
 ) {
     let seq = SeqId(id);
     kv.seqs.insert(seq, ToySeq::new(prompt, max_tokens));
@@ -346,7 +346,7 @@ fn add_session_seq(
     props
         .set("session", PropValue::Str(session.into()))
         .unwrap();
-    props.set("keep-ms", PropValue::Int(1_000)).unwrap();
+    props.set("keep-ms", PropValue::Int(keep_ms)).unwrap();
     let cand = Candidate {
         seq,
         arrival_ms: 0,
@@ -356,6 +356,41 @@ fn add_session_seq(
         props,
     };
     scheduler.add(kv, cand);
+}
+
+/// A turn of a retained session replaces its retention; a turn of it that
+/// keeps nothing (`keep-ms` 0) ends it, and its own pages are freed too.
+#[test]
+fn a_turn_that_keeps_nothing_ends_its_sessions_retention() {
+    let limits = StepLimits {
+        max_batch_tokens: 64,
+        max_running: 4,
+    };
+    let mut scheduler = Scheduler::new(Box::new(Fcfs), limits);
+    scheduler.set_keep_session(Some(KeepSession::new(Default::default())));
+    let mut kv = ToyKv::new(4, 8);
+    let mut plan = Vec::new();
+    let mut turn = |kv: &mut ToyKv, id: u64, keep_ms: i64| {
+        add_session_seq(kv, &mut scheduler, id, (8, 2), ("a", keep_ms));
+        while !scheduler.is_empty() {
+            scheduler.plan(kv, 0, &mut plan);
+            let (_, done) = compute_step(kv, &mut scheduler, &plan);
+            for seq in scheduler.finish(kv, &done, true) {
+                kv.seqs.remove(&seq);
+            }
+        }
+        scheduler.retained_sessions()
+    };
+    assert_eq!(turn(&mut kv, 1, 1_000), vec![("a".to_string(), 1_000)]);
+    assert_eq!(turn(&mut kv, 2, 2_000), vec![("a".to_string(), 2_000)]);
+    assert_eq!(
+        kv.retained.len(),
+        1,
+        "the second turn's pages replaced the first's"
+    );
+    assert_eq!(turn(&mut kv, 3, 0), vec![]);
+    assert!(kv.retained.is_empty());
+    assert_eq!(kv.free, 8, "every page free");
 }
 
 /// Session `a` is retained (3 of 8 pages), `b` runs (2 pages, growing to
@@ -387,13 +422,13 @@ fn with_admission_wait_ms_a_new_sequence_waits_for_retained_pages_while_another_
             }
             planned
         };
-        add_session_seq(&mut kv, &mut scheduler, 1, (8, 2), "a");
+        add_session_seq(&mut kv, &mut scheduler, 1, (8, 2), ("a", 1_000));
         while !scheduler.is_empty() {
             step(&mut kv, &mut scheduler);
         }
-        add_session_seq(&mut kv, &mut scheduler, 2, (8, 8), "b");
+        add_session_seq(&mut kv, &mut scheduler, 2, (8, 8), ("b", 1_000));
         step(&mut kv, &mut scheduler);
-        add_session_seq(&mut kv, &mut scheduler, 3, (13, 2), "c");
+        add_session_seq(&mut kv, &mut scheduler, 3, (13, 2), ("c", 1_000));
         let mut c_ran_beside_b = false;
         let mut evicted_while_b_ran = false;
         while !scheduler.is_empty() {
