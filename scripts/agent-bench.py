@@ -45,9 +45,10 @@ steps and latencies are those agents', token counts the whole run's.
 With --sim, a cost profile is first calibrated on this host (`pie bench
 --calibrate`), and after the rows pie-sim runs each row's agents, pool and
 `[runtime]` on the measured shape (each agent's steps and output length,
-taken in turn): held sessions, which the inferlet and the session loop
-both present to the scheduler, and the plain loop, beside the measured
-median rounds.
+taken in turn) in each way, beside the measured median rounds: the
+inferlet as held sessions whose last step keeps nothing (its process
+frees its contexts when it ends), the session loop as held sessions, and
+the plain loop.
 """
 import argparse
 import json
@@ -328,21 +329,27 @@ def run_tool(args):
     return done.stdout
 
 
-def simulate(a, profile, config, overrides, n, pages, keep_ms):
+# Each way as the `agent` workload presents it to the scheduler: a session
+# held between steps (the inferlet's context, or the loop's conversation),
+# freed as the agent ends by the inferlet only; none for the plain loop.
+SIM_WAYS = {"inferlet": {"keep_ms": KEEP_MS, "release_at_end": "true"},
+            "session": {"keep_ms": KEEP_MS},
+            "plain": {"keep_ms": 0}}
+
+
+def simulate(a, profile, config, overrides, n, pages, way):
     """pie-sim's run of `n` agents of the measured shape on `pages` pages
-    under every variant's `[runtime]` (`config`): held sessions (`keep_ms`), which is
-    what the inferlet and the session loop both present to the scheduler,
-    or the plain loop (0). Agents per minute, prompt tokens computed and
-    cached."""
+    under every variant's `[runtime]` (`config`), in `way` (a `SIM_WAYS`
+    key). Agents per minute, prompt tokens computed and cached."""
     steps = json.loads(overrides["steps"])
-    sets = {**overrides, "agents": n, "keep_ms": keep_ms,
+    sets = {**overrides, **SIM_WAYS[way], "agents": n,
             "latency_min_ms": a.bounds[0], "latency_max_ms": a.bounds[1]}
     args = [os.path.join(os.path.dirname(a.pie), "pie-sim"), "run", "--workload", "agent",
             "--requests", str(sum(steps[i % len(steps)] for i in range(n))),
             "--profile", profile, "--kv-pages", str(pages), "--policy", "fair",
             "--worker-config", config]
     args += [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
-    if keep_ms:
+    if sets["keep_ms"]:
         args.append("--keep-session")
     m = json.loads(run_tool(args))[0]
     return {"agents_per_min": n / m["sim_time_s"] * 60,
@@ -350,29 +357,33 @@ def simulate(a, profile, config, overrides, n, pages, keep_ms):
 
 
 def sim_rows(a, profile, overrides, measured):
-    """pie-sim beside each row's median rounds: held sessions against the
-    inferlet and the session loop, the plain loop against the plain loop."""
+    """pie-sim beside each row's median rounds, way by way (agents per
+    minute, simulated and measured, and their ratio), then the simulated
+    inferlet's ratios to the other two ways."""
     print("\npie-sim on a profile calibrated at the start of this run, the same shape, "
-          "pools and `[runtime]`:\n")
-    print("| agents | kv_pages | sim held | inferlet | session | sim / inferlet | sim / session "
-          "| sim plain | plain | sim / plain | sim held / sim plain | held computed / cached "
-          "| plain computed / cached |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "pools and `[runtime]` (agents per minute: simulated, measured, their ratio; "
+          "then prompt tokens computed / cached, simulated):\n")
+    header = ["agents", "kv_pages"]
+    for way in SIM_WAYS:
+        header += [f"sim {way}", way, "sim / real", "sim computed / cached"]
+    header += ["sim inferlet / sim session", "sim inferlet / sim plain"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
     config = os.path.join(os.path.dirname(profile), "config.toml")
     with open(config, "w") as f:
         f.write(runtime_config(a))
+    rate = lambda x: f"{x:.1f}" if x else "-"
+    ratio = lambda x, y: f"{x / y:.2f}" if x and y else "-"
     for n, pages, results in measured:
-        held = simulate(a, profile, config, overrides, n, pages, KEEP_MS)
-        plain = simulate(a, profile, config, overrides, n, pages, 0)
-        real = {name: results.get(name, {}).get("agents_per_min")
-                for name in ("inferlet", "session", "plain")}
-        rate = lambda x: f"{x:.1f}" if x else "-"
-        ratio = lambda sim, r: f"{sim['agents_per_min'] / r:.2f}" if r else "-"
-        cells = [n, pages, rate(held["agents_per_min"]), rate(real["inferlet"]),
-                 rate(real["session"]), ratio(held, real["inferlet"]), ratio(held, real["session"]),
-                 rate(plain["agents_per_min"]), rate(real["plain"]), ratio(plain, real["plain"]),
-                 ratio(held, plain["agents_per_min"])]
-        cells += [f"{s['computed']} / {s['cached']}" for s in (held, plain)]
+        cells = [n, pages]
+        sim = {}
+        for way in SIM_WAYS:
+            s = simulate(a, profile, config, overrides, n, pages, way)
+            sim[way] = s["agents_per_min"]
+            real = results.get(way, {}).get("agents_per_min")
+            cells += [rate(sim[way]), rate(real), ratio(sim[way], real),
+                      f"{s['computed']} / {s['cached']}"]
+        cells += [ratio(sim["inferlet"], sim["session"]), ratio(sim["inferlet"], sim["plain"])]
         print("| " + " | ".join(str(c) for c in cells) + " |")
 
 
