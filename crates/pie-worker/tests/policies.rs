@@ -258,6 +258,31 @@ async fn keep_session_keeps_turn_one_resident_for_turn_two() {
     assert_eq!(computed, 91.0);
 }
 
+/// A turn sent with `keep-ms: 0` continues its session's retained pages,
+/// then ends the retention: nothing of the session is held once it ends.
+#[tokio::test]
+async fn a_turn_with_keep_ms_0_continues_its_session_then_frees_it() {
+    let s = Server::start(KEEP_SESSION, &SMALL_POOL).await;
+    let mut prompt = turn_one(&s).await;
+    prompt.extend((0..10).map(|i| 65 + i));
+    let args = json!({"prompt": prompt, "max_tokens": 2, "ignore_eos": true});
+    let props = json!({"session": "chat-7", "keep-ms": 0});
+    let id = s
+        .launch(json!({"inferlet": "text-completion", "args": args, "props": props}))
+        .await;
+    let last = s.wait_done(&id).await;
+    assert_eq!(
+        last["usage"]["prompt_tokens_details"]["cached_tokens"], 80,
+        "turn 1's pages: {last}"
+    );
+    let (_, policies) = s.get("/v1/policies").await;
+    assert_eq!(
+        policies["state"]["retained_sessions"],
+        json!([]),
+        "{policies}"
+    );
+}
+
 /// A 50-token turn 1 (21 tokens generated: 70 computed, four whole pages
 /// of 16 and 6 slots), then turn 2 (its context and 10 new tokens, 8
 /// generated). Returns turn 2's record and the prompt tokens computed for it.
