@@ -290,24 +290,7 @@ fn a_light_client_gets_all_its_demand_beside_a_flooder() {
 /// whose retention passed is dropped (`drop_retained`) without that call.
 #[test]
 fn a_retained_session_needed_early_is_evicted_with_its_expiry() {
-    let limits = StepLimits {
-        max_batch_tokens: 64,
-        max_running: 4,
-    };
-    let mut scheduler = Scheduler::new(Box::new(Fcfs), limits);
-    scheduler.set_keep_session(Some(KeepSession::new(Default::default())));
-    let mut kv = ToyKv::new(4, 8);
-    let run_until_done = |kv: &mut ToyKv, scheduler: &mut Scheduler, now: u64| {
-        let mut plan = Vec::new();
-        while !scheduler.is_empty() {
-            scheduler.expire_retained(kv, now);
-            scheduler.plan(kv, now, &mut plan);
-            let (_, done) = compute_step(kv, scheduler, &plan);
-            for seq in scheduler.finish(kv, &done, true) {
-                kv.seqs.remove(&seq);
-            }
-        }
-    };
+    let (mut scheduler, mut kv) = keep_session_setup(Default::default());
     add_session_seq(&mut kv, &mut scheduler, 1, (8, 2), ("a", 1_000));
     run_until_done(&mut kv, &mut scheduler, 10);
     assert_eq!(
@@ -329,6 +312,31 @@ fn a_retained_session_needed_early_is_evicted_with_its_expiry() {
         "b's retention expired: dropped, not evicted early"
     );
     assert!(kv.retained.is_empty());
+}
+
+/// An FCFS scheduler with keep-session (`config`), 4 slots and 64 tokens a
+/// step, over a pool of 8 pages of 4 tokens.
+fn keep_session_setup(config: KeepSessionConfig) -> (Scheduler, ToyKv) {
+    let limits = StepLimits {
+        max_batch_tokens: 64,
+        max_running: 4,
+    };
+    let mut scheduler = Scheduler::new(Box::new(Fcfs), limits);
+    scheduler.set_keep_session(Some(KeepSession::new(config)));
+    (scheduler, ToyKv::new(4, 8))
+}
+
+/// Steps at `now` until every sequence finished (retained where it may).
+fn run_until_done(kv: &mut ToyKv, scheduler: &mut Scheduler, now: u64) {
+    let mut plan = Vec::new();
+    while !scheduler.is_empty() {
+        scheduler.expire_retained(kv, now);
+        scheduler.plan(kv, now, &mut plan);
+        let (_, done) = compute_step(kv, scheduler, &plan);
+        for seq in scheduler.finish(kv, &done, true) {
+            kv.seqs.remove(&seq);
+        }
+    }
 }
 
 /// A sequence with `session` (its `keep-ms` too), `prompt` tokens and
@@ -362,23 +370,10 @@ fn add_session_seq(
 /// keeps nothing (`keep-ms` 0) ends it, and its own pages are freed too.
 #[test]
 fn a_turn_that_keeps_nothing_ends_its_sessions_retention() {
-    let limits = StepLimits {
-        max_batch_tokens: 64,
-        max_running: 4,
-    };
-    let mut scheduler = Scheduler::new(Box::new(Fcfs), limits);
-    scheduler.set_keep_session(Some(KeepSession::new(Default::default())));
-    let mut kv = ToyKv::new(4, 8);
-    let mut plan = Vec::new();
+    let (mut scheduler, mut kv) = keep_session_setup(Default::default());
     let mut turn = |kv: &mut ToyKv, id: u64, keep_ms: i64| {
         add_session_seq(kv, &mut scheduler, id, (8, 2), ("a", keep_ms));
-        while !scheduler.is_empty() {
-            scheduler.plan(kv, 0, &mut plan);
-            let (_, done) = compute_step(kv, &mut scheduler, &plan);
-            for seq in scheduler.finish(kv, &done, true) {
-                kv.seqs.remove(&seq);
-            }
-        }
+        run_until_done(kv, &mut scheduler, 0);
         scheduler.retained_sessions()
     };
     assert_eq!(turn(&mut kv, 1, 1_000), vec![("a".to_string(), 1_000)]);
@@ -401,17 +396,10 @@ fn a_turn_that_keeps_nothing_ends_its_sessions_retention() {
 #[test]
 fn with_admission_wait_ms_a_new_sequence_waits_for_retained_pages_while_another_runs() {
     for (wait_ms, now, waits) in [(0, 0, false), (1_000, 0, true), (1_000, 5_000, false)] {
-        let limits = StepLimits {
-            max_batch_tokens: 64,
-            max_running: 4,
-        };
-        let mut scheduler = Scheduler::new(Box::new(Fcfs), limits);
-        let config = KeepSessionConfig {
+        let (mut scheduler, mut kv) = keep_session_setup(KeepSessionConfig {
             admission_wait_ms: wait_ms,
             ..Default::default()
-        };
-        scheduler.set_keep_session(Some(KeepSession::new(config)));
-        let mut kv = ToyKv::new(4, 8);
+        });
         let mut plan = Vec::new();
         let mut step = |kv: &mut ToyKv, scheduler: &mut Scheduler| {
             scheduler.plan(kv, now, &mut plan);
