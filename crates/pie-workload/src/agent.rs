@@ -140,8 +140,8 @@ pub(crate) fn agent(w: &Agent, n: usize, rng: &mut StdRng) -> Vec<Request> {
                 props: Default::default(),
             };
             if w.keep_ms > 0 {
-                let last = step + 1 == steps as u64;
-                let keep_ms = if last && w.release_at_end {
+                let final_step = step + 1 == steps as u64;
+                let keep_ms = if final_step && w.release_at_end {
                     0
                 } else {
                     w.keep_ms

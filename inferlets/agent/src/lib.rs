@@ -86,9 +86,8 @@ fn generate_step(
     }
     // Go on as a fork: `ctx`'s pages are the attempt's too (its full pages
     // shared, its partial one copied or computed again), so `ctx` is
-    // dropped here and its
-    // retention with it, instead of holding a page no step reads while the
-    // agent waits for its tool.
+    // dropped here and its retention with it, instead of holding a page no
+    // step reads while the agent waits for its tool.
     let text = ctx.fork()?;
     text.append_tokens(&text_tokens)?;
     Ok((text, made, Some(attempt)))
