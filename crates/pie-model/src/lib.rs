@@ -27,7 +27,7 @@ pub mod synth;
 pub mod tokenizer;
 
 pub use architecture::{Activation, Architecture, RopeLayout, Window};
-pub use constraint::{Constraint, Grammar, GrammarSpec, Grammars};
+pub use constraint::{Constraint, Grammar, GrammarCounts, GrammarSpec, Grammars};
 pub use gguf::ModelConfig;
 pub use model::{Model, SeqInput};
 pub use ops::RopeScaling;

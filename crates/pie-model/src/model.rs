@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 use crate::architecture::{Activation, Window};
 use crate::attention::{self, Heads, Scoring, SeqRows};
-use crate::constraint::Grammars;
+use crate::constraint::{GrammarCounts, Grammars};
 use crate::embedding::Embedding;
 use crate::gguf::{GgufFile, ModelConfig};
 use crate::matmul::{Kernel, Linear};
@@ -290,6 +290,15 @@ impl Model {
             .get_or_init(|| Grammars::new(&self.tokenizer, self.config.vocab))
             .as_ref()
             .map_err(|e| format!("constrained generation is unavailable for this model: {e}"))
+    }
+
+    /// How often grammars were compiled and reused (none before the first
+    /// constrained request; asking builds nothing).
+    pub fn grammar_counts(&self) -> GrammarCounts {
+        match self.grammars.get() {
+            Some(Ok(grammars)) => grammars.counts(),
+            _ => GrammarCounts::default(),
+        }
     }
 
     /// One linear layer over `rows` rows of `x`.

@@ -1,7 +1,8 @@
 //! Prometheus metrics of a worker (`GET /metrics`).
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
+use pie_model::GrammarCounts;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -62,6 +63,9 @@ pub struct Metrics {
     pub transfer_seconds: Histogram,
     /// One constrained sequence's token mask (computed beside the forward).
     pub constraint_mask_seconds: Histogram,
+    /// Grammars compiled, and copied from the model's cache of them.
+    pub grammars_compiled: Counter,
+    pub grammars_reused: Counter,
     /// Pages pinned by leases of transfers to peers.
     pub transfer_leased_pages: Gauge,
     /// `[runtime.persist]` pages by what happened to them.
@@ -113,6 +117,8 @@ impl Metrics {
             transfer_fallbacks: Counter::default(),
             transfer_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             constraint_mask_seconds: Histogram::new(exponential_buckets(0.000_01, 1.5, 30)),
+            grammars_compiled: Counter::default(),
+            grammars_reused: Counter::default(),
             transfer_leased_pages: Gauge::default(),
             persist_pages: Family::default(),
             persisted_pages: Gauge::default(),
@@ -246,6 +252,16 @@ impl Metrics {
             m.constraint_mask_seconds.clone(),
         );
         m.registry.register(
+            "grammars_compiled",
+            "Grammars compiled (response_format, tools, an inferlet's constrained generation)",
+            m.grammars_compiled.clone(),
+        );
+        m.registry.register(
+            "grammars_reused",
+            "Grammars copied from the model's cache of recently compiled ones instead of compiled",
+            m.grammars_reused.clone(),
+        );
+        m.registry.register(
             "kv_leased_pages",
             "KV pages pinned while they are sent to peers",
             m.transfer_leased_pages.clone(),
@@ -314,6 +330,14 @@ impl Metrics {
         self.transfer_refusals
             .get_or_create(&ReasonLabel { reason })
             .inc();
+    }
+
+    /// Bring the grammar counters up to the model's own counts (a maximum,
+    /// so scrapes at once never count twice).
+    pub fn sync_grammar_counts(&self, counts: GrammarCounts) {
+        let raise = |counter: &Counter, to: u64| counter.inner().fetch_max(to, Ordering::Relaxed);
+        raise(&self.grammars_compiled, counts.compiled);
+        raise(&self.grammars_reused, counts.reused);
     }
 
     pub fn encode(&self) -> String {

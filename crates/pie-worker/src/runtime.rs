@@ -402,6 +402,8 @@ impl Runtime {
         self.metrics
             .chat_sessions
             .set(self.lock_sessions().len() as i64);
+        self.metrics
+            .sync_grammar_counts(self.model.grammar_counts());
         self.metrics.encode()
     }
 

@@ -2,7 +2,8 @@
 //! native process's args. On the tiny random-weights model, whatever the
 //! weights favour, every answer that stops parses and validates; an
 //! unusable schema is a 400 naming it; a resumed constrained process goes on
-//! under its constraint and refuses tokens that break it.
+//! under its constraint and refuses tokens that break it; a repeated schema
+//! is compiled once.
 
 mod common;
 
@@ -90,6 +91,13 @@ async fn every_json_schema_answer_validates_sampled_or_streamed() {
     assert!(
         masks >= 9.0,
         "every constrained token timed its mask: {masks}"
+    );
+    let compiled = s.metric("pie_grammars_compiled_total").await;
+    let reused = s.metric("pie_grammars_reused_total").await;
+    assert_eq!(
+        (compiled, reused),
+        (1.0, 8.0),
+        "nine requests of one schema compile it once"
     );
 }
 
