@@ -455,6 +455,12 @@ def main():
                   f"{r['step_p50_ms']:.0f} / {r['step_p99_ms']:.0f} | "
                   f"{r['steps']} / {r['generated']:.0f} | "
                   f"{r['computed']:.0f} / {r['cached']:.0f} | {r['preemptions']:.0f} | {r['failed']} |")
+        if {"inferlet", "session"} <= set(names) and a.rounds > 1:
+            each = sorted(x["agents_per_min"] / y["agents_per_min"]
+                          for x, y in zip(rounds["inferlet"], rounds["session"]))
+            print(f"|  |  | inferlet / session, each round (sorted): "
+                  f"{', '.join(f'{r:.2f}' for r in each)}; median {each[(len(each) - 1) // 2]:.2f} "
+                  f"| | | | | | | |")
         outs = [r["out"] for rs in rounds.values() for r in rs]
         common = sorted(set.intersection(*(set(o) for o in outs)))
         same = sum(1 for i in common if all(o[i][:2] == outs[0][i][:2] for o in outs))
