@@ -337,22 +337,30 @@ SIM_WAYS = {"inferlet": {"keep_ms": KEEP_MS, "release_at_end": "true"},
             "plain": {"keep_ms": 0}}
 
 
+# With --duration, pie-sim's slots run this many agents each, one after
+# another (its agent workload is a closed population), and the rate is over
+# the whole run, ramp and drain included: it has no window.
+SIM_AGENTS_PER_SLOT = 10
+
+
 def simulate(a, profile, config, overrides, n, pages, way):
     """pie-sim's run of `n` agents of the measured shape on `pages` pages
     under every variant's `[runtime]` (`config`), in `way` (a `SIM_WAYS`
-    key). Agents per minute, prompt tokens computed and cached."""
+    key): one batch, or with --duration `SIM_AGENTS_PER_SLOT` agents a
+    slot. Agents per minute, prompt tokens computed and cached."""
     steps = json.loads(overrides["steps"])
+    agents = n * (SIM_AGENTS_PER_SLOT if a.duration else 1)
     sets = {**overrides, **SIM_WAYS[way], "agents": n,
             "latency_min_ms": a.bounds[0], "latency_max_ms": a.bounds[1]}
     args = [os.path.join(os.path.dirname(a.pie), "pie-sim"), "run", "--workload", "agent",
-            "--requests", str(sum(steps[i % len(steps)] for i in range(n))),
+            "--requests", str(sum(steps[i % len(steps)] for i in range(agents))),
             "--profile", profile, "--kv-pages", str(pages), "--policy", "fair",
             "--worker-config", config]
     args += [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
     if sets["keep_ms"]:
         args.append("--keep-session")
     m = json.loads(run_tool(args))[0]
-    return {"agents_per_min": n / m["sim_time_s"] * 60,
+    return {"agents_per_min": agents / m["sim_time_s"] * 60,
             "computed": m["prefill_tokens_computed"], "cached": m["prefix_hit_tokens"]}
 
 
@@ -360,8 +368,10 @@ def sim_rows(a, profile, overrides, measured):
     """pie-sim beside each row's median rounds, way by way (agents per
     minute, simulated and measured, and their ratio), then the simulated
     inferlet's ratios to the other two ways."""
-    print("\npie-sim on a profile calibrated at the start of this run, the same shape, "
-          "pools and `[runtime]` (agents per minute: simulated, measured, their ratio; "
+    stream = (f", {SIM_AGENTS_PER_SLOT} agents a slot over the whole run"
+              if a.duration else "")
+    print(f"\npie-sim on a profile calibrated at the start of this run, the same shape, "
+          f"pools and `[runtime]`{stream} (agents per minute: simulated, measured, their ratio; "
           "then prompt tokens computed / cached, simulated):\n")
     header = ["agents", "kv_pages"]
     for way in SIM_WAYS:
@@ -411,12 +421,12 @@ def main():
     ap.add_argument("--duration", type=float, default=0,
                     help="seconds of a steady stream of agents per run (0: one batch of N)")
     ap.add_argument("--sim", action="store_true",
-                    help="also run pie-sim on each row, on a profile calibrated first")
+                    help="also run pie-sim on each row, on a profile calibrated first "
+                         "(with --duration, a closed population of "
+                         f"{SIM_AGENTS_PER_SLOT} agents a slot)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="runs of every variant per row, in turn; the median is reported")
     a = ap.parse_args()
-    if a.sim and a.duration:
-        ap.error("--sim simulates the batch of N agents; leave out --duration")
     a.bounds = tuple(float(x) for x in a.latency_ms.split(","))
     subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=os.path.join(ROOT, "inferlets"),
                    check=True)
