@@ -397,11 +397,14 @@ def sim_rows(a, profile, overrides, measured):
         print("| " + " | ".join(str(c) for c in cells) + " |")
 
 
-def median_round(rounds):
-    """The round whose agents per minute is the median (the lower middle of
-    an even count)."""
-    ordered = sorted(rounds, key=lambda r: r["agents_per_min"])
+def lower_middle(ordered):
+    """The median of a sorted list (the lower middle of an even count)."""
     return ordered[(len(ordered) - 1) // 2]
+
+
+def median_round(rounds):
+    """The round whose agents per minute is the median."""
+    return lower_middle(sorted(rounds, key=lambda r: r["agents_per_min"]))
 
 
 def main():
@@ -469,7 +472,7 @@ def main():
             each = sorted(x["agents_per_min"] / y["agents_per_min"]
                           for x, y in zip(rounds["inferlet"], rounds["session"]))
             print(f"|  |  | inferlet / session, each round (sorted): "
-                  f"{', '.join(f'{r:.2f}' for r in each)}; median {each[(len(each) - 1) // 2]:.2f} "
+                  f"{', '.join(f'{r:.2f}' for r in each)}; median {lower_middle(each):.2f} "
                   f"| | | | | | | |")
         outs = [r["out"] for rs in rounds.values() for r in rs]
         common = sorted(set.intersection(*(set(o) for o in outs)))

@@ -14,7 +14,7 @@
 //! [`Constraint`] from it.
 //!
 //! Clients repeat their schemas (an agent's step, an application's one
-//! `response_format`), and compiling one costs 0.4-0.9 ms on the default
+//! `response_format`), and compiling one costs 0.3-0.9 ms on the default
 //! model's vocabulary against 3-6 us for a copy of a compiled one, so the
 //! last [`CACHED_GRAMMARS`] are kept, by their text, as vLLM and SGLang keep
 //! theirs.
