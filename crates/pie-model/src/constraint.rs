@@ -369,7 +369,8 @@ mod tests {
     }
 
     /// A repeated spec reuses its compiled grammar, which constraints from it
-    /// never advance; the cache keeps the last `CACHED_GRAMMARS` specs.
+    /// never advance; the cache keeps the last `CACHED_GRAMMARS` specs, none
+    /// longer than `CACHED_SPEC_BYTES`.
     #[test]
     fn a_repeated_spec_is_compiled_once_and_the_cache_is_bounded() {
         let (model, grammars) = grammars();
@@ -401,6 +402,16 @@ mod tests {
             grammars.counts(),
             counts(4 + CACHED_GRAMMARS as u64, 3),
             "the least recently used spec was dropped"
+        );
+        let long = GrammarSpec::JsonSchema(
+            json!({"type": "object", "description": "x".repeat(CACHED_SPEC_BYTES)}),
+        );
+        grammars.compile(&long).unwrap();
+        grammars.compile(&long).unwrap();
+        assert_eq!(
+            grammars.counts(),
+            counts(6 + CACHED_GRAMMARS as u64, 3),
+            "a spec longer than CACHED_SPEC_BYTES is compiled every time"
         );
     }
 
