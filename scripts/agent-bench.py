@@ -20,7 +20,11 @@ three ways against the same worker (`[runtime] worker_policy = ["fair",
 - session: a client loop over `/v1/chat/completions` with a `session` and
   `keep-ms` (keep-session holds the conversation's pages between calls);
 - plain: the same loop without a session (each step re-sends the history, as
-  a vLLM user's loop does).
+  a vLLM user's loop does);
+- session-release (only if named in --variants): the session loop whose
+  last step (the one constrained to an answer) asks `keep-ms: 0`, so its
+  pages are freed as the agent ends, as the inferlet's are (an agent that
+  answers sooner keeps its last turn: the loop cannot know it is the last).
 
 Agent i asks the i % 8th question tagged with its number (no two agents
 share a conversation). The tool answers after a latency drawn per agent and
@@ -42,13 +46,20 @@ agent; with --duration each run is instead a steady stream: N slots start
 a new agent whenever theirs finishes, and the rate counts the agents that
 finish between the first third of the duration (the warm-up) and its end;
 steps and latencies are those agents', token counts the whole run's.
-With --sim, a cost profile is first calibrated on this host (`pie bench
---calibrate`), and after the rows pie-sim runs each row's agents, pool and
+With --sim, every served run logs its engine steps (`pie serve
+--step-log`), and after the rows pie-sim runs each row's agents, pool and
 `[runtime]` on the measured shape (each agent's steps and output length,
 taken in turn) in each way, beside the measured median rounds: the
 inferlet as held sessions whose last step keeps nothing (its process
 frees its contexts when it ends), the session loop as held sessions, and
-the plain loop.
+the plain loop. Its cost profile is fitted to the row's own served steps
+(`pie bench --calibrate --from-steps`, every way and round of the row),
+as `scripts/fidelity.sh` does: a served step carries what an in-process
+calibration does not (the grammar's mask, the HTTP server and the
+benchmark's own client on the same cores), and the speed the host had
+while the row ran. With --duration the simulated ways are streams too
+(each slot runs its agents back to back), their rates counted over the
+same window of simulated time.
 """
 import argparse
 import json
@@ -114,7 +125,9 @@ def runtime_config(a):
             f"[runtime.keep-session]\nadmission_wait_ms = {a.admission_wait_ms}\n")
 
 
-def serve(procs, a, pages, store):
+def serve(procs, a, pages, store, step_log=None):
+    """A `pie serve` with an `agent` inferlet uploaded; its URL. With
+    `step_log`, the server writes its engine steps there."""
     config = os.path.join(store, "config.toml")
     with open(config, "w") as f:
         f.write(runtime_config(a) + f"[runtime.inferlets]\ndir = {json.dumps(store)}\n")
@@ -122,6 +135,8 @@ def serve(procs, a, pages, store):
             "--page-size", str(PAGE_SIZE)]
     if a.model:
         args += ["--model", a.model]
+    if step_log:
+        args += ["--step-log", step_log]
     proc, url = procs.spawn(args, prefix="pie: listening on ")
     pielib.wait_healthy(url, 600, proc=proc)
     with open(AGENT_WASM, "rb") as f:
@@ -134,12 +149,16 @@ def serve(procs, a, pages, store):
 
 
 def parse(text):
-    _, decision = text.split("\n", 1)
+    """A step's (tool, argument) call or its answer; the answer is a
+    failure naming the text when the step is neither (cut short, as the
+    `agent` inferlet reports it)."""
+    decision = text.split("\n", 1)[-1]
     if decision.startswith("Final Answer: "):
         return None, decision[len("Final Answer: "):]
-    call = decision[len("Action: "):-1]
-    name, argument = call.split("[", 1)
-    return (name, argument), None
+    if decision.startswith("Action: ") and "[" in decision and decision.endswith("]"):
+        name, argument = decision[len("Action: "):-1].split("[", 1)
+        return (name, argument), None
+    return None, f"FAILED: a step that is neither an action nor an answer: {text!r}"
 
 
 def run_inferlet(url, i, a, out):
@@ -177,18 +196,18 @@ def run_inferlet(url, i, a, out):
     out[i] = (calls, answer, steps, None)
 
 
-def run_loop(url, i, a, out, session):
+def run_loop(url, i, a, out, session, release_at_end=False):
     model = pielib.get_json(url, "/v1/models")["data"][0]["id"]
     messages = [{"role": "system", "content": SYSTEM},
                 {"role": "user", "content": question(i)}]
     calls, steps, answer, usages = [], [], None, []
     for step in range(a.max_steps):
+        last = step + 1 == a.max_steps
         body = {"model": model, "messages": messages, "max_tokens": 256, "temperature": 0,
-                "response_format": {"type": "regex",
-                                    "regex": FINAL if step + 1 == a.max_steps else STEP}}
+                "response_format": {"type": "regex", "regex": FINAL if last else STEP}}
         if session:
             body["session"] = f"agent-{a.run}-{i}"
-            body["props"] = {"keep-ms": KEEP_MS}
+            body["props"] = {"keep-ms": 0 if last and release_at_end else KEEP_MS}
         started = time.monotonic()
         r = pielib.request(url, "POST", "/v1/chat/completions", body)
         if r.status != 200:
@@ -200,7 +219,7 @@ def run_loop(url, i, a, out, session):
         steps.append(time.monotonic() - started)
         messages.append({"role": "assistant", "content": text})
         call, answer = parse(text)
-        if answer is not None:
+        if call is None:
             break
         calls.append(call)
         time.sleep(latency(a.seed, i, len(calls), a.bounds))
@@ -210,7 +229,8 @@ def run_loop(url, i, a, out, session):
 
 TARGETS = {"inferlet": run_inferlet,
            "session": lambda u, i, a, o: run_loop(u, i, a, o, True),
-           "plain": lambda u, i, a, o: run_loop(u, i, a, o, False)}
+           "plain": lambda u, i, a, o: run_loop(u, i, a, o, False),
+           "session-release": lambda u, i, a, o: run_loop(u, i, a, o, True, True)}
 
 
 def variant(url, name, n, a):
@@ -222,7 +242,7 @@ def variant(url, name, n, a):
         out, rate = stream(url, TARGETS[name], n, a, start)
     else:
         out = {}
-        threads = [threading.Thread(target=TARGETS[name], args=(url, i, a, out))
+        threads = [threading.Thread(target=run_agent, args=(TARGETS[name], url, i, a, out))
                    for i in range(n)]
         for t in threads:
             t.start()
@@ -246,14 +266,30 @@ def variant(url, name, n, a):
             "preemptions": delta("pie_preemptions_total"), "out": out}
 
 
+def run_agent(target, url, i, a, out):
+    """Agent `i` in one way (`target`); an exception (the server's
+    shutdown at a stream's end, or a failure) is its record's answer, so
+    that it counts as failed rather than vanishing."""
+    try:
+        target(url, i, a, out)
+    except Exception as e:  # noqa: BLE001 (recorded, not raised)
+        out[i] = ([], f"FAILED: {e!r}", [], None)
+
+
+def window(duration):
+    """The measured window of a `duration` stream, in seconds from its
+    start: after the first third (the warm-up, while every slot runs its
+    first agent), to the end."""
+    return duration / 3, duration
+
+
 def stream(url, target, n, a, start):
     """N slots, each running agents back to back (slot j: agents j, j + N,
     ...) for --duration seconds; the rate counts the agents that finished
     after the first third (the warm-up, while every slot runs its first
     agent) and before the end. Agents still running at the end are left to
     the server's shutdown. Returns the counted agents' records and the rate."""
-    end = start + a.duration
-    warm = start + a.duration / 3
+    warm, end = (start + t for t in window(a.duration))
     finished = {}
     lock = threading.Lock()
 
@@ -261,10 +297,7 @@ def stream(url, target, n, a, start):
         i = j
         while time.monotonic() < end:
             out = {}
-            try:
-                target(url, i, a, out)
-            except Exception as e:  # noqa: BLE001 (the server's shutdown, or a failure to count)
-                out[i] = ([], f"FAILED: {e!r}", [], None)
+            run_agent(target, url, i, a, out)
             if warm <= time.monotonic() <= end:
                 with lock:
                     finished[i] = out[i]
@@ -308,15 +341,14 @@ def sim_overrides(usages):
             "steps": json.dumps([len(u) for u in usages], separators=(",", ":"))}
 
 
-def calibrate(a, store):
-    """A cost profile for pie-sim, timed on this host now (`pie bench
-    --calibrate`)."""
-    profile = os.path.join(store, "profile.json")
-    args = [a.pie, "bench", "--calibrate", "--out", profile]
+def fit_profile(a, step_logs, profile):
+    """A cost profile for pie-sim fitted to served steps (`pie bench
+    --calibrate --from-steps`), written to `profile`; the fit's line."""
+    args = [a.pie, "bench", "--calibrate", "--from-steps", *step_logs, "--out", profile]
     if a.model:
         args += ["--model", a.model]
-    run_tool(args)
-    return profile
+    fit = run_tool(args)
+    return next((ln.strip() for ln in fit.splitlines() if "step_ms =" in ln), "")
 
 
 def run_tool(args):
@@ -338,39 +370,72 @@ SIM_WAYS = {"inferlet": {"keep_ms": KEEP_MS, "release_at_end": "true"},
 
 
 # With --duration, pie-sim's slots run this many agents each, one after
-# another (its agent workload is a closed population), and the rate is over
-# the whole run, ramp and drain included: it has no window.
-SIM_AGENTS_PER_SLOT = 10
+# another (its agent workload is a closed population): enough that every
+# slot still runs at the end of the measured window (checked), which the
+# simulated rate counts as the served one does.
+SIM_AGENTS_PER_SLOT = 30
 
 
 def simulate(a, profile, config, overrides, n, pages, way):
     """pie-sim's run of `n` agents of the measured shape on `pages` pages
     under every variant's `[runtime]` (`config`), in `way` (a `SIM_WAYS`
-    key): one batch, or with --duration `SIM_AGENTS_PER_SLOT` agents a
-    slot. Agents per minute, prompt tokens computed and cached."""
+    key): one batch, or with --duration a stream of `SIM_AGENTS_PER_SLOT`
+    agents a slot, its rate over `window`, in simulated time. Agents per
+    minute, prompt tokens computed and cached."""
     steps = json.loads(overrides["steps"])
     agents = n * (SIM_AGENTS_PER_SLOT if a.duration else 1)
+    each = [steps[i % len(steps)] for i in range(agents)]
     sets = {**overrides, **SIM_WAYS[way], "agents": n,
             "latency_min_ms": a.bounds[0], "latency_max_ms": a.bounds[1]}
+    records = os.path.join(os.path.dirname(profile), f"records-{n}-{way}.jsonl")
     args = [os.path.join(os.path.dirname(a.pie), "pie-sim"), "run", "--workload", "agent",
-            "--requests", str(sum(steps[i % len(steps)] for i in range(agents))),
+            "--requests", str(sum(each)), "--records", records,
             "--profile", profile, "--kv-pages", str(pages), "--policy", "fair",
             "--worker-config", config]
     args += [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
     if sets["keep_ms"]:
         args.append("--keep-session")
     m = json.loads(run_tool(args))[0]
-    return {"agents_per_min": agents / m["sim_time_s"] * 60,
+    rate = agents / m["sim_time_s"] * 60
+    if a.duration:
+        rate = simulated_stream_rate(records, each, a.duration, f"{n} agents, {way}")
+    return {"agents_per_min": rate,
             "computed": m["prefill_tokens_computed"], "cached": m["prefix_hit_tokens"]}
 
 
-def sim_rows(a, profile, overrides, measured):
+def simulated_stream_rate(records, each, duration, what):
+    """Agents per minute ending in the window of a `duration` stream, from
+    pie-sim's per-request records (in workload order: agent `i`'s
+    `each[i]` steps in turn); an agent ends as its last step does."""
+    with open(records) as f:
+        ends = [(r["arrival_ms"] + r["e2e_ms"]) / 1000 for r in map(json.loads, f)]
+    agent_ends, at = [], 0
+    for steps in each:
+        agent_ends.append(ends[at + steps - 1])
+        at += steps
+    if max(agent_ends) < duration:
+        pielib.fail(f"pie-sim ({what}) ran out of agents at {max(agent_ends):.0f} s, "
+                    f"before the window's end at {duration:.0f} s: raise SIM_AGENTS_PER_SLOT")
+    warm, end = window(duration)
+    return sum(1 for t in agent_ends if warm <= t <= end) / (end - warm) * 60
+
+
+def sim_rows(a, overrides, measured):
     """pie-sim beside each row's median rounds, way by way (agents per
     minute, simulated and measured, and their ratio), then the simulated
-    inferlet's ratios to the other two ways."""
-    stream = (f", {SIM_AGENTS_PER_SLOT} agents a slot over the whole run"
+    inferlet's ratios to the other two ways; each row on a profile fitted
+    to its own served steps."""
+    stream = (f", {SIM_AGENTS_PER_SLOT} agents a slot, counted over the same window"
               if a.duration else "")
-    print(f"\npie-sim on a profile calibrated at the start of this run, the same shape, "
+    store = tempfile.mkdtemp(prefix="pie-agent-bench-")
+    fits = []
+    for n, _, _, step_logs in measured:
+        profile = os.path.join(store, f"profile-{n}.json")
+        fits.append((n, profile, fit_profile(a, step_logs, profile)))
+    print("\npie-sim's cost profiles, fitted to each row's served steps:\n")
+    for n, _, fit in fits:
+        print(f"- {n} agents: {fit}")
+    print(f"\npie-sim on those profiles, the same shape, "
           f"pools and `[runtime]`{stream} (agents per minute: simulated, measured, their ratio; "
           "then prompt tokens computed / cached, simulated):\n")
     header = ["agents", "kv_pages"]
@@ -379,12 +444,12 @@ def sim_rows(a, profile, overrides, measured):
     header += ["sim inferlet / sim session", "sim inferlet / sim plain"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
-    config = os.path.join(os.path.dirname(profile), "config.toml")
+    config = os.path.join(store, "config.toml")
     with open(config, "w") as f:
         f.write(runtime_config(a))
     rate = lambda x: f"{x:.1f}" if x else "-"
     ratio = lambda x, y: f"{x / y:.2f}" if x and y else "-"
-    for n, pages, results in measured:
+    for (n, pages, results, _), (_, profile, _) in zip(measured, fits):
         cells = [n, pages]
         sim = {}
         for way in SIM_WAYS:
@@ -424,13 +489,15 @@ def main():
     ap.add_argument("--duration", type=float, default=0,
                     help="seconds of a steady stream of agents per run (0: one batch of N)")
     ap.add_argument("--sim", action="store_true",
-                    help="also run pie-sim on each row, on a profile calibrated first "
-                         "(with --duration, a closed population of "
-                         f"{SIM_AGENTS_PER_SLOT} agents a slot)")
+                    help="also run pie-sim on each row, on a profile fitted to the row's "
+                         "served steps (with --duration, a stream counted over the same window)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="runs of every variant per row, in turn; the median is reported")
     a = ap.parse_args()
     a.bounds = tuple(float(x) for x in a.latency_ms.split(","))
+    unknown = [name for name in a.variants.split(",") if name not in TARGETS]
+    if unknown:
+        pielib.fail(f"--variants: no way named {', '.join(unknown)} (known: {', '.join(TARGETS)})")
     subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=os.path.join(ROOT, "inferlets"),
                    check=True)
     usages = measure_shape(a)
@@ -438,7 +505,6 @@ def main():
     longest = -(-tokens // PAGE_SIZE)
     overrides = sim_overrides(usages)
     shape = " ".join(f"--set {k}={v}" for k, v in overrides.items())
-    profile = calibrate(a, tempfile.mkdtemp(prefix="pie-agent-bench-")) if a.sim else None
     print(f"A context at its longest: {tokens} tokens, {longest} pages of {PAGE_SIZE}.")
     print(f"The workload's shape for pie-sim: --workload agent {shape}\n")
     print("| agents | kv_pages | variant | agents/min | ratio to plain | step p50 / p99 ms "
@@ -449,11 +515,14 @@ def main():
         pages = a.kv_pages or int(n * longest * a.pool_share)
         names = a.variants.split(",")
         rounds = {name: [] for name in names}
+        step_logs = []
         for k in range(a.rounds):
             for name in names:
                 store = tempfile.mkdtemp(prefix="pie-agent-bench-")
+                step_log = os.path.join(store, "steps.jsonl") if a.sim else None
+                step_logs += [step_log] if step_log else []
                 with pielib.Procs() as procs:
-                    url = serve(procs, a, pages, store)
+                    url = serve(procs, a, pages, store, step_log)
                     a.run = f"{n}-{name}-{k}"
                     rounds[name].append(variant(url, name, n, a))
         results = {name: median_round(rs) for name, rs in rounds.items()}
@@ -480,9 +549,9 @@ def main():
         calls = sum(len(outs[0][i][0]) for i in common)
         print(f"|  |  | same calls and answer in every way: {same}/{len(common)} agents "
               f"({calls} tool calls) | | | | | | | |")
-        measured.append((n, pages, results))
+        measured.append((n, pages, results, step_logs))
     if a.sim:
-        sim_rows(a, profile, overrides, measured)
+        sim_rows(a, overrides, measured)
 
 
 if __name__ == "__main__":
