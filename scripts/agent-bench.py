@@ -233,6 +233,16 @@ TARGETS = {"inferlet": run_inferlet,
            "session-release": lambda u, i, a, o: run_loop(u, i, a, o, True, True)}
 
 
+def run_agent(target, url, i, a, out):
+    """Agent `i` in one way (`target`); an exception (the server's
+    shutdown at a stream's end, or a failure) is its record's answer, so
+    that it counts as failed rather than vanishing."""
+    try:
+        target(url, i, a, out)
+    except Exception as e:  # noqa: BLE001 (recorded, not raised)
+        out[i] = ([], f"FAILED: {e!r}", [], None)
+
+
 def variant(url, name, n, a):
     """N agents of way `name`: one batch (the rate is N over its wall time),
     or with --duration a steady stream (see `stream`)."""
@@ -264,16 +274,6 @@ def variant(url, name, n, a):
             "computed": delta("pie_prompt_tokens_total"),
             "cached": delta("pie_prefix_cache_hit_tokens_total"),
             "preemptions": delta("pie_preemptions_total"), "out": out}
-
-
-def run_agent(target, url, i, a, out):
-    """Agent `i` in one way (`target`); an exception (the server's
-    shutdown at a stream's end, or a failure) is its record's answer, so
-    that it counts as failed rather than vanishing."""
-    try:
-        target(url, i, a, out)
-    except Exception as e:  # noqa: BLE001 (recorded, not raised)
-        out[i] = ([], f"FAILED: {e!r}", [], None)
 
 
 def window(duration):
@@ -389,16 +389,18 @@ def simulate(a, profile, config, overrides, n, pages, way):
             "latency_min_ms": a.bounds[0], "latency_max_ms": a.bounds[1]}
     records = os.path.join(os.path.dirname(profile), f"records-{n}-{way}.jsonl")
     args = [os.path.join(os.path.dirname(a.pie), "pie-sim"), "run", "--workload", "agent",
-            "--requests", str(sum(each)), "--records", records,
-            "--profile", profile, "--kv-pages", str(pages), "--policy", "fair",
+            "--requests", str(sum(each)), "--profile", profile, "--kv-pages", str(pages), "--policy", "fair",
             "--worker-config", config]
     args += [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
     if sets["keep_ms"]:
         args.append("--keep-session")
+    if a.duration:
+        args += ["--records", records]
     m = json.loads(run_tool(args))[0]
-    rate = agents / m["sim_time_s"] * 60
     if a.duration:
         rate = simulated_stream_rate(records, each, a.duration, f"{n} agents, {way}")
+    else:
+        rate = agents / m["sim_time_s"] * 60
     return {"agents_per_min": rate,
             "computed": m["prefill_tokens_computed"], "cached": m["prefix_hit_tokens"]}
 

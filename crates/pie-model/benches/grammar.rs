@@ -1,8 +1,9 @@
 //! A grammar's cost on the default model's vocabulary (49,152 tokens):
 //! compiling one (what a request whose spec is new pays), taking one from the
 //! model's cache of compiled grammars (what a repeated spec pays), and a
-//! constraint started from a compiled grammar with its first token's mask. The model is the one `pie serve` fetches
-//! (`$PIE_HOME/models`); `PIE_BENCH_MODEL` names another GGUF.
+//! constraint started from a compiled grammar with its first token's mask.
+//! The model is the one `pie serve` fetches (`$PIE_HOME/models`);
+//! `PIE_BENCH_MODEL` names another GGUF.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use pie_model::{GrammarSpec, Model};
