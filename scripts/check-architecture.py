@@ -26,7 +26,11 @@ It prints one line per problem and exits 1 when there is any (2 when the map can
   map     a file the map names is missing, a source file (crates/*/src/**/*.rs) is not named, a
           crate has no section, or a row cannot be read;
   size    a file passes 800 lines, or a function 120 lines (functions in a `metrics.rs` aside: tables
-          of metric registrations).
+          of metric registrations), or the map 20,480 bytes;
+  confined  code matches a pattern outside the files a crate's confinement table allows it in: a
+          table whose header has the columns `pattern` and `only in`, a backticked Python regular
+          expression (matched against code, comments and strings blanked) and the backticked paths
+          under src/ where it may stand (one construction site, one consumer of an event type).
 A file's lines are counted up to its first `#[cfg(test)]` module; test code (that module, files
 declared under `#[cfg(test)] mod x;`, tests/, benches/) has no edges and no limits. Comments and
 string literals are not code. A module's path follows the `mod` declarations from lib.rs,
@@ -44,6 +48,7 @@ import re
 import sys
 from collections import defaultdict
 
+MAX_MAP_BYTES = 20480
 MAX_FILE_LINES = 800
 MAX_FN_LINES = 120
 ROOTS = ("lib.rs", "main.rs")
@@ -484,6 +489,60 @@ def read_map(path, crate_names):
     return sections, problems
 
 
+def read_confined(path, crate_names):
+    """({crate: [(line, pattern, [path])]}, [problem]) from the confinement tables."""
+    confined, problems = defaultdict(list), []
+    section, cols = None, None
+    with open(path, encoding="utf-8") as fh:
+        lines = fh.read().split("\n")
+    for no, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if re.match(r"^#{1,2}\s", line):
+            words = line.lstrip("#").replace("`", " ").split()
+            section = words[0] if words and line.startswith("## ") and words[0] in crate_names else None
+            cols = None
+            continue
+        if not line.startswith("|"):
+            cols = None
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cols is None:
+            names = [c.lower().strip("* ") for c in cells]
+            if "pattern" in names and "only in" in names:
+                cols = (names.index("pattern"), names.index("only in"))
+            continue
+        if re.match(r"^[\s:|-]+$", line) or section is None:
+            continue
+        pattern = re.findall(r"`([^`]+)`", cells[cols[0]]) if cols[0] < len(cells) else []
+        allowed = re.findall(r"`([^`]+)`", cells[cols[1]]) if cols[1] < len(cells) else []
+        try:
+            regex = re.compile(pattern[0]) if pattern else None
+        except re.error as e:
+            problems.append(f"{path}:{no}: map: the pattern `{pattern[0]}` is no regular expression: {e}")
+            continue
+        if regex is None or not allowed:
+            problems.append(f"{path}:{no}: map: a confinement row needs a backticked pattern and paths")
+            continue
+        confined[section].append((no, regex, allowed))
+    return confined, problems
+
+
+def confinement_problems(crate, rules, map_path):
+    """Matches of each rule's pattern in a file it does not allow (tests aside)."""
+    problems = []
+    for no, regex, allowed in rules:
+        for rel, f in crate.files.items():
+            if f.test_only or rel in allowed:
+                continue
+            for m in regex.finditer(f.code):
+                line = f.code.count("\n", 0, m.start()) + 1
+                problems.append(
+                    f"crates/{crate.name}/src/{rel}:{line}: confined: `{regex.pattern}` stands only in "
+                    + ", ".join(allowed) + f" ({map_path}:{no})"
+                )
+    return problems
+
+
 def layers_of(crate, rows, map_path):
     """({File: layer}, [problem]) from a crate's rows; a file's own row beats its directory's."""
     exact, by_dir, problems = {}, [], []
@@ -525,11 +584,16 @@ def check(repo, map_path, report=None):
     names = sorted(d for d in os.listdir(crates_dir) if os.path.isdir(os.path.join(crates_dir, d, "src")))
     sections, problems = read_map(map_path, set(names))
     mp = os.path.relpath(map_path, repo) if os.path.abspath(map_path).startswith(os.path.abspath(repo)) else map_path
-    problems = [p.replace(map_path, mp, 1) for p in problems]
+    confined, ps = read_confined(map_path, set(names))
+    size = os.path.getsize(map_path)
+    if size > MAX_MAP_BYTES:
+        ps.append(f"{map_path}: size: {size} bytes (limit {MAX_MAP_BYTES}): a map a newcomer reads in five minutes")
+    problems = [p.replace(map_path, mp, 1) for p in problems + ps]
     for name in names:
         crate = Crate(repo, name)
         graph = Graph(crate)
         src = f"crates/{name}/src/"
+        problems += confinement_problems(crate, confined.get(name, []), mp)
         if name not in sections:
             problems.append(f"crates/{name}: map: no `## {name}` section with a layer table in {mp}")
             layer = {}

@@ -106,6 +106,26 @@ class CheckArchitecture(unittest.TestCase):
         """Exactly one problem of the rule, holding every part (a back edge is often a cycle too)."""
         self.assertOne([p for p in problems if f" {rule}: " in p], *parts)
 
+    def test_confined_pattern_outside_its_files(self):
+        table = "\n| pattern | only in | why |\n|---|---|---|\n| `\\bLow\\s*\\{` | `low.rs` | one constructor |\n"
+        arch = MAP + table
+        with Repo(arch=arch) as r:
+            self.assertEqual(r.problems(), [])
+        planted = {"peer.rs": FILES["peer.rs"] + "pub fn make() {\n    let _low = crate::low::Low {};\n}\n"}
+        with Repo(planted, arch=arch) as r:
+            self.assertRule(r.problems(), "confined", "crates/x/src/peer.rs:5:", "only in low.rs")
+        commented = {"peer.rs": FILES["peer.rs"] + "// Low { } in a comment\n"}
+        with Repo(commented, arch=arch) as r:
+            self.assertEqual(r.problems(), [])
+        with Repo(arch=MAP + table.replace("`low.rs`", "")) as r:
+            self.assertRule(r.problems(), "map", "needs a backticked pattern and paths")
+
+    def test_map_over_20480_bytes_fails(self):
+        with Repo(arch=MAP + "x" * (ca.MAX_MAP_BYTES - len(MAP))) as r:
+            self.assertEqual(r.problems(), [])
+        with Repo(arch=MAP + "x" * (ca.MAX_MAP_BYTES - len(MAP) + 1)) as r:
+            self.assertRule(r.problems(), "size", "20481 bytes (limit 20480)")
+
     def test_clean_tree_passes(self):
         with Repo() as r:
             self.assertEqual(r.problems(), [])

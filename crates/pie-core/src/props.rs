@@ -53,6 +53,11 @@ pub const KNOWN_PROPS: &[(&str, PropType)] = &[
     ("persist", PropType::Bool),
 ];
 
+/// The props that say who a process is: set at launch from its key, never
+/// changed by a patch (a client's or its own guest's), so no process can
+/// charge its service to another client or read as another tenant.
+pub const IDENTITY_PROPS: &[&str] = &["client"];
+
 /// A prop that breaks the rules, with the key that does.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("prop `{key}`: {reason}")]
@@ -155,6 +160,21 @@ impl Props {
         Ok(())
     }
 
+    /// A running process's patch: [`Props::merge_json`], refusing any
+    /// [`IDENTITY_PROPS`] key (set or removed).
+    pub fn patch_json(
+        &mut self,
+        patch: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<(), PropError> {
+        if let Some(key) = patch.keys().find(|k| IDENTITY_PROPS.contains(&k.as_str())) {
+            return Err(prop_error(
+                key,
+                "is the process's identity, set at launch from its key; it cannot change",
+            ));
+        }
+        self.merge_json(patch)
+    }
+
     /// Props from a JSON object.
     pub fn from_json(value: &serde_json::Value) -> Result<Self, PropError> {
         let obj = value
@@ -214,6 +234,16 @@ fn check_value(key: &str, value: PropValue) -> Result<PropValue, PropError> {
     if key == "weight" && !matches!(value, PropValue::Float(w) if w > 0.0 && w.is_finite()) {
         return Err(prop_error(key, "must be a number > 0"));
     }
+    // A deadline at or before arrival would jump an EDF queue for nothing.
+    if key == "deadline-ms" && !matches!(value, PropValue::Int(d) if d > 0) {
+        return Err(prop_error(
+            key,
+            "must be a whole number of ms > 0 (after arrival)",
+        ));
+    }
+    if key == "keep-ms" && !matches!(value, PropValue::Int(k) if k >= 0) {
+        return Err(prop_error(key, "must be a whole number of ms >= 0"));
+    }
     Ok(value)
 }
 
@@ -261,6 +291,9 @@ mod tests {
         let err = |v| Props::from_json(&v).unwrap_err().key;
         assert_eq!(err(json!({"priority": "high"})), "priority");
         assert_eq!(err(json!({"weight": 0})), "weight");
+        assert_eq!(err(json!({"deadline-ms": 0})), "deadline-ms");
+        assert_eq!(err(json!({"deadline-ms": -5})), "deadline-ms");
+        assert_eq!(err(json!({"keep-ms": -1})), "keep-ms");
         assert_eq!(err(json!({"Bad_Key": 1})), "Bad_Key");
         assert_eq!(err(json!({"nested": {"a": 1}})), "nested");
         assert_eq!(err(json!({"s": "x".repeat(1025)})), "s");
@@ -279,6 +312,19 @@ mod tests {
             .merge_json(json!({"priority": 5, "weight": -1}).as_object().unwrap())
             .is_err());
         assert_eq!(p.int("priority"), Some(1));
+        let patch = |v: serde_json::Value| v.as_object().unwrap().clone();
+        let mut who = Props::from_json(&json!({"client": "alice"})).unwrap();
+        let err = who
+            .patch_json(&patch(json!({"priority": 1, "client": "bob"})))
+            .unwrap_err();
+        assert_eq!(err.key, "client");
+        assert!(who.patch_json(&patch(json!({"client": null}))).is_err());
+        assert_eq!(
+            (who.str("client"), who.int("priority")),
+            (Some("alice"), None)
+        );
+        who.patch_json(&patch(json!({"priority": 1}))).unwrap();
+        assert_eq!(who.int("priority"), Some(1));
         p.merge_json(json!({"priority": 5, "tag": null}).as_object().unwrap())
             .unwrap();
         assert_eq!(p.int("priority"), Some(5));

@@ -31,5 +31,8 @@ pub use constraint::{Constraint, Grammar, GrammarCounts, GrammarSpec, Grammars};
 pub use gguf::ModelConfig;
 pub use model::{Model, SeqInput};
 pub use ops::RopeScaling;
-pub use sampling::{logprobs, Sampler, SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS};
+pub use sampling::{
+    check_token_ids, logprobs, BadSampling, OutOfVocab, Sampler, SamplingParams, SamplingRequest,
+    TokenLogprobs, MAX_TOP_LOGPROBS,
+};
 pub use tokenizer::{ChatMessage, IncrementalDecoder, Tokenizer, TokenizerSpec};

@@ -376,11 +376,7 @@ impl Model {
         let mut x = Vec::with_capacity(rows.len() * c.hidden);
         for s in batch {
             for &t in s.tokens {
-                ensure!(
-                    (t as usize) < c.vocab,
-                    "token id {t} is outside the vocabulary ({})",
-                    c.vocab
-                );
+                crate::sampling::check_token_ids(&[t], c.vocab)?;
                 self.embed.push_row(t as usize, &mut x);
             }
         }

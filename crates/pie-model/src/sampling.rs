@@ -17,6 +17,10 @@ use crate::attention::sum_exp;
 /// The largest `logit_bias` magnitude (OpenAI's).
 pub const MAX_LOGIT_BIAS: f32 = 100.0;
 
+/// The most tokens one `logit_bias` may name (OpenAI allows 300), so what
+/// a request or a guest's context keeps is bounded.
+pub const MAX_LOGIT_BIASES: usize = 1024;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SamplingParams {
@@ -53,6 +57,155 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             logit_bias: Vec::new(),
         }
+    }
+}
+
+/// Sampling as a client or a guest asks for it, every field optional (None:
+/// its default). [`SamplingRequest::check`] is the one place their ranges
+/// are checked: the OpenAI routes, native args and inferlet host calls all
+/// go through it.
+#[derive(Clone, Debug, Default)]
+pub struct SamplingRequest {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub min_p: Option<f32>,
+    pub seed: Option<u64>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+/// A sampling field out of its range: the field (OpenAI's snake_case name)
+/// and what is wrong.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct BadSampling {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl SamplingRequest {
+    /// Checked parameters for a model of `vocab` tokens (OpenAI's ranges for
+    /// temperature, top-p and the penalties; vLLM's meaning for
+    /// `repetition_penalty` and `min_p`; every biased token in the vocabulary).
+    pub fn check(self, vocab: usize) -> Result<SamplingParams, BadSampling> {
+        let defaults = SamplingParams::default();
+        let temperature = within(
+            "temperature",
+            self.temperature,
+            defaults.temperature,
+            |v| (0.0..=2.0).contains(&v),
+            "between 0 and 2",
+        )?;
+        let top_p = within(
+            "top_p",
+            self.top_p,
+            defaults.top_p,
+            |v| v > 0.0 && v <= 1.0,
+            "in (0, 1]",
+        )?;
+        let min_p = within(
+            "min_p",
+            self.min_p,
+            defaults.min_p,
+            |v| (0.0..=1.0).contains(&v),
+            "in [0, 1]",
+        )?;
+        let penalty = |v: f32| (-2.0..=2.0).contains(&v);
+        let frequency_penalty = within(
+            "frequency_penalty",
+            self.frequency_penalty,
+            0.0,
+            penalty,
+            "in [-2, 2]",
+        )?;
+        let presence_penalty = within(
+            "presence_penalty",
+            self.presence_penalty,
+            0.0,
+            penalty,
+            "in [-2, 2]",
+        )?;
+        let repetition_penalty = within(
+            "repetition_penalty",
+            self.repetition_penalty,
+            1.0,
+            |v| v > 0.0 && v.is_finite(),
+            "positive",
+        )?;
+        if self.logit_bias.len() > MAX_LOGIT_BIASES {
+            return Err(BadSampling {
+                field: "logit_bias",
+                message: format!(
+                    "logit_bias names at most {MAX_LOGIT_BIASES} tokens, got {}",
+                    self.logit_bias.len()
+                ),
+            });
+        }
+        for &(token, bias) in &self.logit_bias {
+            if let Err(e) = check_token_ids(&[token], vocab) {
+                return Err(BadSampling {
+                    field: "logit_bias",
+                    message: format!("logit_bias {e}"),
+                });
+            }
+            if !bias.is_finite() {
+                return Err(BadSampling {
+                    field: "logit_bias",
+                    message: format!(
+                        "logit_bias of token {token} must be a finite number, got {bias}"
+                    ),
+                });
+            }
+        }
+        Ok(SamplingParams {
+            temperature,
+            top_k: self.top_k.unwrap_or(0).min(vocab),
+            top_p,
+            min_p,
+            seed: self.seed,
+            frequency_penalty,
+            presence_penalty,
+            repetition_penalty,
+            logit_bias: self.logit_bias,
+        })
+    }
+}
+
+/// `value` (or `default`) when `ok`, else the error naming `field`.
+fn within(
+    field: &'static str,
+    value: Option<f32>,
+    default: f32,
+    ok: impl Fn(f32) -> bool,
+    range: &str,
+) -> Result<f32, BadSampling> {
+    match value {
+        Some(v) if !ok(v) => Err(BadSampling {
+            field,
+            message: format!("{field} must be {range}, got {v}"),
+        }),
+        Some(v) => Ok(v),
+        None => Ok(default),
+    }
+}
+
+/// A token id at or past the vocabulary's end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("token id {token} is outside the vocabulary ({vocab} tokens)")]
+pub struct OutOfVocab {
+    pub token: u32,
+    pub vocab: usize,
+}
+
+/// The one check that token ids from outside (a prompt, a guest's context,
+/// a bias, a peer's transfer) are ids of a vocabulary of `vocab` tokens.
+pub fn check_token_ids(ids: &[u32], vocab: usize) -> Result<(), OutOfVocab> {
+    match ids.iter().find(|&&t| t as usize >= vocab) {
+        Some(&token) => Err(OutOfVocab { token, vocab }),
+        None => Ok(()),
     }
 }
 
@@ -327,6 +480,109 @@ pub fn argmax(logits: &[f32]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each field out of its range is refused naming it; in range, the
+    /// fields pass through, top-k capped at the vocabulary.
+    #[test]
+    fn sampling_request_checks_every_range_and_names_the_field() {
+        let bad = [
+            (
+                "temperature",
+                SamplingRequest {
+                    temperature: Some(2.5),
+                    ..Default::default()
+                },
+            ),
+            (
+                "top_p",
+                SamplingRequest {
+                    top_p: Some(0.0),
+                    ..Default::default()
+                },
+            ),
+            (
+                "min_p",
+                SamplingRequest {
+                    min_p: Some(1.5),
+                    ..Default::default()
+                },
+            ),
+            (
+                "frequency_penalty",
+                SamplingRequest {
+                    frequency_penalty: Some(-3.0),
+                    ..Default::default()
+                },
+            ),
+            (
+                "presence_penalty",
+                SamplingRequest {
+                    presence_penalty: Some(2.1),
+                    ..Default::default()
+                },
+            ),
+            (
+                "repetition_penalty",
+                SamplingRequest {
+                    repetition_penalty: Some(0.0),
+                    ..Default::default()
+                },
+            ),
+            (
+                "logit_bias",
+                SamplingRequest {
+                    logit_bias: vec![(10, 1.0)],
+                    ..Default::default()
+                },
+            ),
+            (
+                "logit_bias",
+                SamplingRequest {
+                    logit_bias: vec![(1, f32::NAN)],
+                    ..Default::default()
+                },
+            ),
+        ];
+        for (field, request) in bad {
+            let err = request.check(10).expect_err(field);
+            assert_eq!(err.field, field, "{err}");
+            assert!(err.message.contains(field), "{err}");
+        }
+        let ok = SamplingRequest {
+            temperature: Some(0.7),
+            top_k: Some(50),
+            frequency_penalty: Some(1.0),
+            repetition_penalty: Some(1.2),
+            logit_bias: vec![(9, -100.0)],
+            ..Default::default()
+        }
+        .check(10)
+        .unwrap();
+        assert_eq!((ok.temperature, ok.top_k, ok.top_p), (0.7, 10, 1.0));
+        assert_eq!(
+            (
+                ok.frequency_penalty,
+                ok.presence_penalty,
+                ok.repetition_penalty
+            ),
+            (1.0, 0.0, 1.2)
+        );
+        assert_eq!(ok.logit_bias, vec![(9, -100.0)]);
+        assert_eq!(
+            SamplingRequest::default().check(10).unwrap(),
+            SamplingParams::default()
+        );
+    }
+
+    #[test]
+    fn token_ids_past_the_vocabulary_are_named() {
+        assert_eq!(check_token_ids(&[0, 9], 10), Ok(()));
+        let err = check_token_ids(&[3, 10, 11], 10).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "token id 10 is outside the vocabulary (10 tokens)"
+        );
+    }
 
     fn sampler(temperature: f32, top_k: usize, top_p: f32, seed: u64) -> Sampler {
         Sampler::new(

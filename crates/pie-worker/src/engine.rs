@@ -13,6 +13,7 @@
 
 mod constrained;
 mod kv;
+mod request;
 mod state;
 mod transfer;
 
@@ -22,7 +23,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use pie_core::{Props, SeqId};
 use pie_kv::{KvPool, PageTable, PoolStats};
-use pie_model::{Grammar, Model, Sampler, SamplingParams, SeqInput, TokenLogprobs};
+use pie_model::{check_token_ids, Model, Sampler, SamplingParams, SeqInput, TokenLogprobs};
 use pie_policy::{
     scheduler::prefill_share, Candidate, KeepSession, Planned, Scheduler, StepLimits, WorkerPolicy,
 };
@@ -30,70 +31,8 @@ use pie_workload::StepShape;
 
 use kv::{EngineKv, Sequence};
 pub use kv::{SeqInfo, Spill};
+pub use request::Request;
 pub use state::{Engine, EngineConfig, EngineCounters};
-
-/// What to generate.
-#[derive(Clone, Debug)]
-pub struct Request {
-    pub prompt: Vec<u32>,
-    pub max_tokens: usize,
-    pub sampling: SamplingParams,
-    /// Extra stop tokens besides the model's end-of-turn tokens.
-    pub stop_tokens: Vec<u32>,
-    /// Generate to `max_tokens` even past the model's end-of-turn tokens.
-    pub ignore_eos: bool,
-    pub arrival_ms: u64,
-    /// Who is served (fair share is per client).
-    pub client: String,
-    /// The owning process's props (policies read them).
-    pub props: Props,
-    /// The tenant's cache salt: its pages chain from a salted root, so they
-    /// are shared only with requests of the same salt.
-    pub cache_salt: Option<String>,
-    /// Tokens at the end of `prompt` this process sampled before, elsewhere
-    /// (a resumed process): its sampler continues after them.
-    pub sampled_before: usize,
-    /// The worker's disk tier holds the prompt's pages: preempted and
-    /// missing some of them when it could run again, the sequence waits
-    /// until the runtime loaded them ([`StepOutput::to_reload`],
-    /// [`Engine::reloaded`]) instead of recomputing them.
-    pub reload_after_preemption: bool,
-    /// Report each sampled token's log-probability and the this many most
-    /// likely alternatives ([`StepOutput::logprobs`]); None: no logprobs.
-    pub logprobs: Option<usize>,
-    /// Constrain the output to this grammar (a resumed process's earlier
-    /// tokens, `sampled_before`, are advanced over first).
-    pub grammar: Option<Grammar>,
-    /// The retained sessions (keep-session) this sequence may continue,
-    /// best first; none: its own `session` prop's. The slots of the
-    /// session's page after the whole pages it shares that hold this
-    /// sequence's next tokens are copied, not computed (an inferlet's fork
-    /// continues its parent's context).
-    pub resume_from: Vec<String>,
-}
-
-impl Request {
-    /// Exactly `max_tokens` greedy tokens after `prompt` (end-of-turn tokens
-    /// ignored), with no client or props: for calibration, benchmarks and tests.
-    pub fn fixed_length(prompt: Vec<u32>, max_tokens: usize) -> Self {
-        Self {
-            prompt,
-            max_tokens,
-            sampling: SamplingParams::default(),
-            stop_tokens: Vec::new(),
-            ignore_eos: true,
-            arrival_ms: 0,
-            client: String::new(),
-            props: Props::new(),
-            cache_salt: None,
-            sampled_before: 0,
-            reload_after_preemption: false,
-            logprobs: None,
-            grammar: None,
-            resume_from: Vec::new(),
-        }
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
@@ -530,11 +469,9 @@ impl Engine {
                 self.model.max_positions()
             ));
         }
-        let vocab = self.model.config.vocab;
-        s.tokens[s.table.len()..end]
-            .iter()
-            .find(|t| **t as usize >= vocab)
-            .map(|t| format!("token id {t} is outside the vocabulary ({vocab} tokens)"))
+        check_token_ids(&s.tokens[s.table.len()..end], self.model.config.vocab)
+            .err()
+            .map(|e| e.to_string())
     }
 
     /// Stop the `rejected` sequences (pages released, not retained) and report them.

@@ -244,7 +244,6 @@ async fn run_to_end(
     reference: String,
     args: serde_json::Value,
 ) -> Result<()> {
-    use std::io::Write;
     let launch = InferletLaunch {
         reference,
         args,
@@ -254,6 +253,54 @@ async fn run_to_end(
         cache_salt: None,
     };
     let process = inferlets.launch(rt, launch)?;
+    print_events(&process).await
+}
+
+/// `pie run text-completion|chat --prompt P`: the built-in, as `pie serve`
+/// runs it (the same launch, driver and sequence runner), on a runtime in
+/// this process; text-completion's output follows its prompt.
+pub fn run_builtin(
+    inferlet: &str,
+    prompt: String,
+    max_tokens: usize,
+    sampling: pie_model::SamplingParams,
+    config: Config,
+) -> Result<()> {
+    use crate::runtime::{GenOptions, Inferlet, Prompt};
+    let builtin = match inferlet {
+        "text-completion" => {
+            print!("{prompt}");
+            Inferlet::TextCompletion {
+                prompt: Prompt::Text(prompt),
+            }
+        }
+        "chat" => Inferlet::Chat {
+            messages: vec![pie_model::ChatMessage::text("user", prompt)],
+            resume_session: false,
+            tools: None,
+        },
+        other => bail!("`{other}` is not a built-in inferlet"),
+    };
+    let opts = GenOptions {
+        max_tokens: Some(max_tokens),
+        sampling,
+        ..GenOptions::default()
+    };
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    tokio.block_on(async {
+        let rt =
+            tokio::task::spawn_blocking(move || crate::serve::start_runtime(&config)).await??;
+        let (process, _) = rt.launch(builtin, opts, Default::default(), "cli".into(), None)?;
+        print_events(&process).await
+    })
+}
+
+/// A process's text to stdout as it comes, its JSON and props events to
+/// stderr, until it ends: Ok when it finished.
+async fn print_events(process: &Arc<crate::process::Process>) -> Result<()> {
+    use std::io::Write;
     let mut events = process.events();
     let mut stdout = std::io::stdout();
     while let Some(event) = events.next().await {
@@ -262,7 +309,7 @@ async fn run_to_end(
                 write!(stdout, "{text}")?;
                 stdout.flush()?;
             }
-            ProcEvent::Json(value) => eprintln!("event: {value}"),
+            ProcEvent::Json(json) => eprintln!("event: {json}"),
             ProcEvent::Props(props) => eprintln!("props: {}", serde_json::json!(props)),
             ProcEvent::Done {
                 state: ProcState::Finished,

@@ -1,17 +1,14 @@
 //! The `pie` command line.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use pie_model::synth::{write_test_model, SynthSpec};
-use pie_model::{ChatMessage, IncrementalDecoder, Model, SamplingParams};
+use pie_model::{Model, SamplingParams, SamplingRequest};
 use pie_policy::cluster::Stage;
-use pie_policy::Fcfs;
 use pie_worker::config::{Config, PolicyList, DEFAULT_CONFIG};
-use pie_worker::engine::{Engine, EngineConfig, Request};
 use pie_worker::{fetch, inferlet_cli};
 
 mod engine_bench;
@@ -324,14 +321,17 @@ struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    fn params(&self) -> SamplingParams {
-        SamplingParams {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
+    /// Checked as a client's (the flags' names are the API's fields').
+    fn params(&self) -> Result<SamplingParams> {
+        let checked = SamplingRequest {
+            temperature: Some(self.temperature),
+            top_k: Some(self.top_k),
+            top_p: Some(self.top_p),
             seed: self.seed,
-            ..SamplingParams::default()
+            ..SamplingRequest::default()
         }
+        .check(usize::MAX);
+        checked.map_err(|e| anyhow::anyhow!("--{}", e.message.replace('_', "-")))
     }
 }
 
@@ -510,68 +510,19 @@ fn run_any(
     model: ModelArgs,
     sampling: &SamplingArgs,
 ) -> Result<()> {
+    let mut config = match config {
+        Some(file) => Config::load(&file)?,
+        None => Config::default(),
+    };
+    if model.model.is_some() {
+        config.model.path = model.model;
+    }
     match (inferlet, prompt) {
         ("text-completion" | "chat", Some(prompt)) => {
-            run(inferlet, &prompt, max_tokens, &model, sampling)
+            let sampling = sampling.params()?;
+            inferlet_cli::run_builtin(inferlet, prompt, max_tokens, sampling, config)
         }
         ("text-completion" | "chat", None) => anyhow::bail!("{inferlet} needs --prompt"),
-        _ => {
-            let mut config = match config {
-                Some(file) => Config::load(&file)?,
-                None => Config::default(),
-            };
-            if model.model.is_some() {
-                config.model.path = model.model;
-            }
-            inferlet_cli::run(inferlet, args, config)
-        }
+        _ => inferlet_cli::run(inferlet, args, config),
     }
-}
-
-fn run(
-    inferlet: &str,
-    prompt: &str,
-    max_tokens: usize,
-    model: &ModelArgs,
-    sampling: &SamplingArgs,
-) -> Result<()> {
-    let model = model.load()?;
-    let text = match inferlet {
-        "text-completion" => prompt.to_string(),
-        "chat" => model
-            .tokenizer
-            .apply_chat_template(&[ChatMessage::text("user", prompt.into())], None)?,
-        other => anyhow::bail!("`{other}` is not a built-in inferlet"),
-    };
-    let prompt_ids = model.tokenizer.encode(&text)?;
-    let mut engine = Engine::new(model.clone(), EngineConfig::default(), Box::new(Fcfs));
-    engine.add(Request {
-        prompt: prompt_ids,
-        max_tokens,
-        sampling: sampling.params(),
-        stop_tokens: vec![],
-        ignore_eos: false,
-        arrival_ms: 0,
-        client: String::new(),
-        props: Default::default(),
-        cache_salt: None,
-        sampled_before: 0,
-        reload_after_preemption: false,
-        logprobs: None,
-        grammar: None,
-        resume_from: Vec::new(),
-    })?;
-    let mut decoder = IncrementalDecoder::default();
-    let mut stdout = std::io::stdout();
-    if inferlet == "text-completion" {
-        write!(stdout, "{prompt}")?;
-    }
-    while engine.has_work() {
-        for (_, token) in engine.step(0)?.tokens {
-            write!(stdout, "{}", decoder.push(&model.tokenizer, token)?)?;
-            stdout.flush()?;
-        }
-    }
-    writeln!(stdout)?;
-    Ok(())
 }

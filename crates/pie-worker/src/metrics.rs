@@ -65,6 +65,7 @@ pub struct Metrics {
     pub constraint_mask_seconds: Histogram,
     /// Grammars compiled, and copied from the model's cache of them.
     pub grammars_compiled: Counter,
+    pub inferlet_log_lines_dropped: Counter,
     pub grammars_reused: Counter,
     /// Pages pinned by leases of transfers to peers.
     pub transfer_leased_pages: Gauge,
@@ -118,6 +119,7 @@ impl Metrics {
             transfer_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             constraint_mask_seconds: Histogram::new(exponential_buckets(0.000_01, 1.5, 30)),
             grammars_compiled: Counter::default(),
+            inferlet_log_lines_dropped: Counter::default(),
             grammars_reused: Counter::default(),
             transfer_leased_pages: Gauge::default(),
             persist_pages: Family::default(),
@@ -255,6 +257,11 @@ impl Metrics {
             "grammars_compiled",
             "Grammars compiled (response_format, tools, an inferlet's constrained generation)",
             m.grammars_compiled.clone(),
+        );
+        m.registry.register(
+            "inferlet_log_lines_dropped",
+            "Guest log lines dropped past a log rate limit or the process's output budget",
+            m.inferlet_log_lines_dropped.clone(),
         );
         m.registry.register(
             "grammars_reused",

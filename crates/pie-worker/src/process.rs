@@ -100,8 +100,9 @@ pub enum ProcEvent {
         token: Option<u32>,
         logprobs: Option<Arc<TokenLogprobs>>,
     },
-    /// A JSON event an inferlet emitted.
-    Json(serde_json::Value),
+    /// A JSON event an inferlet emitted, as compact JSON text (kept as
+    /// text, so what it costs to keep is its length).
+    Json(Arc<str>),
     /// The process's props after an inferlet changed its own.
     Props(Props),
     /// The final state; no event follows.
@@ -143,7 +144,7 @@ enum Piece {
         token: Option<u32>,
         logprobs: Option<Arc<TokenLogprobs>>,
     },
-    Json(serde_json::Value),
+    Json(Arc<str>),
     Props(Props),
 }
 
@@ -482,9 +483,10 @@ impl Process {
         self.changed();
     }
 
-    /// A JSON event to the watchers (no output text).
-    pub fn push_json(&self, value: serde_json::Value) {
-        self.push_piece(Piece::Json(value));
+    /// A JSON event to the watchers (no output text): `json` is compact
+    /// JSON text.
+    pub fn push_json(&self, json: String) {
+        self.push_piece(Piece::Json(json.into()));
     }
 
     /// Change props under the lock with `f`, and tell the watchers the result.

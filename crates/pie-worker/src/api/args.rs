@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use pie_core::Props;
+use pie_model::SamplingRequest;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -57,22 +58,9 @@ pub enum StopArg {
 }
 
 impl GenArgs {
-    /// Checked options; `default_temperature` differs between OpenAI (1) and native (0).
-    pub fn options(&self, default_temperature: f32) -> Result<GenOptions, ApiError> {
-        let temperature = self.temperature.unwrap_or(default_temperature);
-        if !(0.0..=2.0).contains(&temperature) {
-            return Err(ApiError::bad_request(format!(
-                "temperature must be between 0 and 2, got {temperature}"
-            ))
-            .param("temperature"));
-        }
-        let top_p = self.top_p.unwrap_or(1.0);
-        if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(
-                ApiError::bad_request(format!("top_p must be in (0, 1], got {top_p}"))
-                    .param("top_p"),
-            );
-        }
+    /// Checked options for a model of `vocab` tokens; `default_temperature`
+    /// differs between OpenAI (1) and native (0).
+    pub fn options(&self, default_temperature: f32, vocab: usize) -> Result<GenOptions, ApiError> {
         if self.max_tokens == Some(0) {
             return Err(ApiError::bad_request("max_tokens must be at least 1").param("max_tokens"));
         }
@@ -84,15 +72,22 @@ impl GenArgs {
         if stop.len() > 4 {
             return Err(ApiError::bad_request("at most 4 stop sequences").param("stop"));
         }
+        let sampling = SamplingRequest {
+            temperature: Some(self.temperature.unwrap_or(default_temperature)),
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            seed: self.seed,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            repetition_penalty: self.repetition_penalty,
+            logit_bias: self.logit_bias()?,
+        }
+        .check(vocab)
+        .map_err(|e| ApiError::bad_request(e.message).param(e.field))?;
         Ok(GenOptions {
             max_tokens: self.max_tokens,
-            sampling: pie_model::SamplingParams {
-                temperature,
-                top_k: self.top_k.unwrap_or(0),
-                top_p,
-                seed: self.seed,
-                ..self.shaping()?
-            },
+            sampling,
             stop,
             ignore_eos: self.ignore_eos,
             prefill_from: None,
@@ -103,57 +98,17 @@ impl GenArgs {
         })
     }
 
-    /// The penalties, biases and min-p, checked (OpenAI's ranges for its
-    /// penalties; vLLM's meaning for `repetition_penalty` and `min_p`).
-    fn shaping(&self) -> Result<pie_model::SamplingParams, ApiError> {
-        let within = |field: &str, v: Option<f32>, ok: fn(f32) -> bool, range: &str| match v {
-            Some(v) if !ok(v) => {
-                Err(ApiError::bad_request(format!("{field} must be {range}, got {v}")).param(field))
-            }
-            _ => Ok(v),
-        };
-        let penalty = |v: f32| (-2.0..=2.0).contains(&v);
-        let frequency_penalty = within(
-            "frequency_penalty",
-            self.frequency_penalty,
-            penalty,
-            "in [-2, 2]",
-        )?;
-        let presence_penalty = within(
-            "presence_penalty",
-            self.presence_penalty,
-            penalty,
-            "in [-2, 2]",
-        )?;
-        let repetition_penalty = within(
-            "repetition_penalty",
-            self.repetition_penalty,
-            |v| v > 0.0 && v.is_finite(),
-            "positive",
-        )?;
-        let min_p = within(
-            "min_p",
-            self.min_p,
-            |v| (0.0..=1.0).contains(&v),
-            "in [0, 1]",
-        )?;
-        let logit_bias = (self.logit_bias.iter().flatten())
+    /// `logit_bias` as (token, bias) pairs: OpenAI sends the ids as strings.
+    fn logit_bias(&self) -> Result<Vec<(u32, f32)>, ApiError> {
+        (self.logit_bias.iter().flatten())
             .map(|(token, bias)| match token.parse::<u32>() {
-                Ok(t) if bias.is_finite() => Ok((t, *bias)),
-                _ => Err(ApiError::bad_request(format!(
+                Ok(t) => Ok((t, *bias)),
+                Err(_) => Err(ApiError::bad_request(format!(
                     "logit_bias maps token ids to numbers; got {token:?}: {bias}"
                 ))
                 .param("logit_bias")),
             })
-            .collect::<Result<_, _>>()?;
-        Ok(pie_model::SamplingParams {
-            frequency_penalty: frequency_penalty.unwrap_or(0.0),
-            presence_penalty: presence_penalty.unwrap_or(0.0),
-            repetition_penalty: repetition_penalty.unwrap_or(1.0),
-            min_p: min_p.unwrap_or(0.0),
-            logit_bias,
-            ..pie_model::SamplingParams::default()
-        })
+            .collect()
     }
 }
 

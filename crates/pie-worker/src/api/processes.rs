@@ -324,7 +324,14 @@ pub(super) async fn patch_process(
 ) -> Result<Json<Value>, ApiError> {
     let rt = state.runtime()?;
     let p = find(&rt, &id, &auth)?;
-    let props = rt.patch_props(&p, &body.props)?;
+    // A client key's own limits bound what it patches, as at launch.
+    let limits = match &auth {
+        Some(Extension(a)) if a.role == pie_core::auth::Role::Client => {
+            Some((a.name.as_str(), &a.limits))
+        }
+        _ => None,
+    };
+    let props = rt.patch_props(&p, &body.props, limits)?;
     Ok(Json(json!({"id": p.id, "props": props})))
 }
 
@@ -373,7 +380,7 @@ fn native_event(e: ProcEvent, ids: bool) -> Result<Event, Infallible> {
             }
             Event::default().event("text").data(data.to_string())
         }
-        ProcEvent::Json(value) => Event::default().event("json").data(value.to_string()),
+        ProcEvent::Json(json) => Event::default().event("json").data(&*json),
         ProcEvent::Props(props) => Event::default()
             .event("props")
             .data(json!({ "props": props }).to_string()),

@@ -53,7 +53,7 @@ pub(super) async fn checked_options(
     gen: &GenArgs,
     default_temperature: f32,
 ) -> Result<GenOptions, ApiError> {
-    let mut opts = gen.options(default_temperature)?;
+    let mut opts = gen.options(default_temperature, rt.model.config.vocab)?;
     if let Some(spec) = grammar_spec(gen.response_format.as_ref())? {
         opts.grammar = Some(compile(rt, spec, PARAM).await?);
     }

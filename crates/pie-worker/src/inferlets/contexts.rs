@@ -11,6 +11,8 @@
 
 use std::collections::HashMap;
 
+use pie_model::SamplingRequest;
+
 use super::limits::MAX_CONTEXTS;
 
 pub struct Context {
@@ -26,6 +28,9 @@ pub struct Context {
     /// Its generations report each token's log-probability
     /// (`reporting.report-logprobs`; a fork takes its parent's).
     pub logprobs: bool,
+    /// The penalties and biases its generations apply, checked
+    /// (`shaping.set-shaping`; a fork takes its parent's).
+    pub shaping: SamplingRequest,
     /// The context it was forked from.
     parent: Option<u32>,
 }
@@ -62,15 +67,16 @@ impl Contexts {
         let handle = self.next;
         self.next += 1;
         let retain_as = format!("{}/context-{handle}", self.owner);
-        let (resume_from, logprobs) = match parent.and_then(|p| self.live.get(&p)) {
-            Some(p) => (p.resume_from.clone(), p.logprobs),
-            None => (vec![retain_as.clone()], true),
+        let (resume_from, logprobs, shaping) = match parent.and_then(|p| self.live.get(&p)) {
+            Some(p) => (p.resume_from.clone(), p.logprobs, p.shaping.clone()),
+            None => (vec![retain_as.clone()], true, SamplingRequest::default()),
         };
         let context = Context {
             tokens,
             retain_as,
             resume_from,
             logprobs,
+            shaping,
             parent,
         };
         self.live.insert(handle, context);

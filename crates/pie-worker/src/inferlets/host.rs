@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pie_core::auth::KeyLimits;
-use pie_model::{Grammar, GrammarSpec, SamplingParams, MAX_TOP_LOGPROBS};
+use pie_model::{
+    check_token_ids, Grammar, GrammarSpec, SamplingParams, SamplingRequest, MAX_TOP_LOGPROBS,
+};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use wasmtime::component::{HasData, HasSelf, Linker, ResourceTable};
@@ -22,10 +24,13 @@ use wasmtime_wasi::p2::bindings::{cli, clocks, random};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::contexts::Contexts;
-use super::limits::{bounded, MemoryCap, MAX_ARG_BYTES, MAX_PARALLEL};
+use super::limits::{
+    bounded, MemoryCap, TokenBucket, EVENT_OVERHEAD_BYTES, MAX_ARG_BYTES, MAX_PARALLEL,
+};
 use super::world::inference::{FinishReason, GenerateOptions, Generation, Sampling, TokenLogprob};
+use super::world::shaping::LogitShaping;
 use super::world::structured::OutputFormat;
-use super::world::{inference, model, process, reporting, structured, Inferlet};
+use super::world::{inference, model, process, reporting, shaping, structured, Inferlet};
 use crate::process::Process;
 use crate::runtime::{Generate, Generated, Runtime};
 use pie_core::clock::now_ms;
@@ -57,6 +62,12 @@ pub struct ProcessHost {
     pub inbox: mpsc::Receiver<String>,
     pub output_bytes: usize,
     pub max_output_bytes: usize,
+    /// This process's log rate.
+    pub logs: TokenBucket,
+    /// All processes' log rate (the worker's one bucket).
+    pub all_logs: Arc<std::sync::Mutex<TokenBucket>>,
+    /// A dropped log line was noted already.
+    pub logs_dropped: bool,
 }
 
 impl WasiView for GuestState {
@@ -276,6 +287,22 @@ impl reporting::Host for GuestState {
     }
 }
 
+impl shaping::Host for GuestState {
+    fn set_shaping(&mut self, ctx: u32, shaping: LogitShaping) -> Result<(), String> {
+        let request = SamplingRequest {
+            frequency_penalty: Some(shaping.frequency_penalty),
+            presence_penalty: Some(shaping.presence_penalty),
+            repetition_penalty: Some(shaping.repetition_penalty),
+            logit_bias: shaping.logit_bias,
+            ..SamplingRequest::default()
+        };
+        (request.clone().check(self.host.rt.model.config.vocab))
+            .map_err(|e| e.message.replace('_', "-"))?;
+        self.host.contexts.get_mut(ctx)?.shaping = request;
+        Ok(())
+    }
+}
+
 impl process::Host for GuestState {
     fn id(&mut self) -> String {
         self.host.process.id.clone()
@@ -306,17 +333,20 @@ impl process::Host for GuestState {
 
     fn emit(&mut self, text: String) -> Result<(), String> {
         bounded("the text", &text)?;
-        self.host.spend_output(text.len())?;
+        self.host.spend_output(text.len() + EVENT_OVERHEAD_BYTES)?;
         self.host.process.push_emitted(text);
         Ok(())
     }
 
     fn emit_json(&mut self, json: String) -> Result<(), String> {
         bounded("the event", &json)?;
-        self.host.spend_output(json.len())?;
         let value: Value =
             serde_json::from_str(&json).map_err(|e| format!("emit-json: not JSON: {e}"))?;
-        self.host.process.push_json(value);
+        // Kept as compact text: what it costs to keep is what it is charged.
+        let compact = value.to_string();
+        self.host
+            .spend_output(compact.len() + EVENT_OVERHEAD_BYTES)?;
+        self.host.process.push_json(compact);
         Ok(())
     }
 
@@ -334,6 +364,9 @@ impl process::Host for GuestState {
 
     fn log(&mut self, level: process::Level, message: String) {
         let message: String = message.chars().take(4096).collect();
+        if !self.host.may_log(message.len()) {
+            return;
+        }
         let id = &self.host.process.id;
         match level {
             process::Level::Debug => tracing::debug!(process = %id, "inferlet: {message}"),
@@ -379,13 +412,7 @@ impl ProcessHost {
 
     /// Every id below the vocabulary size.
     fn check_tokens(&self, what: &str, tokens: &[u32]) -> Result<(), String> {
-        let vocab = self.rt.model.config.vocab;
-        match tokens.iter().find(|&&t| t as usize >= vocab) {
-            Some(t) => Err(format!(
-                "{what}: token id {t} is outside the vocabulary ({vocab} tokens)"
-            )),
-            None => Ok(()),
-        }
+        check_token_ids(tokens, self.rt.model.config.vocab).map_err(|e| format!("{what}: {e}"))
     }
 
     /// Append to a context, keeping it within what one sequence holds.
@@ -440,7 +467,11 @@ impl ProcessHost {
         Ok(Generate {
             tokens: context.tokens.clone(),
             max_tokens: options.max_tokens as usize,
-            sampling: sampling(&options.sampling, self.rt.model.config.vocab)?,
+            sampling: sampling(
+                &options.sampling,
+                &context.shaping,
+                self.rt.model.config.vocab,
+            )?,
             stop: options.stop.clone(),
             ignore_eos: options.ignore_eos,
             logprobs: context.logprobs.then_some(0),
@@ -478,50 +509,81 @@ impl ProcessHost {
         bounded("the prop's name", &name)?;
         let mut patch = serde_json::Map::new();
         patch.insert(name, value);
-        let key = self.key.clone();
-        let props = self.process.update_props_announced(|props| {
+        let (key, process) = (self.key.clone(), self.process.clone());
+        let (spent, max) = (&mut self.output_bytes, self.max_output_bytes);
+        let props = process.update_props_announced(|props| {
             let mut next = props.clone();
-            next.merge_json(&patch).map_err(|e| e.to_string())?;
+            next.patch_json(&patch).map_err(|e| e.to_string())?;
             if let Some((who, limits)) = &key {
                 limits.apply(who, &mut next).map_err(|e| e.to_string())?;
             }
+            // The props event keeps the whole snapshot.
+            let kept = serde_json::to_string(&next).map_or(0, |j| j.len());
+            charge(spent, max, kept + EVENT_OVERHEAD_BYTES)?;
             *props = next;
             Ok::<(), String>(())
         })?;
-        self.rt.props_changed(&self.process, &props);
+        self.rt.props_changed(&process, &props);
         Ok(())
+    }
+
+    /// Whether a log line of `bytes` may be written: within this process's
+    /// and all processes' log rates, and charged to its output budget.
+    /// Dropped lines are counted; the first a process drops is noted.
+    fn may_log(&mut self, bytes: usize) -> bool {
+        let now = std::time::Instant::now();
+        let within_rates = self.logs.take(now)
+            && (self.all_logs.lock())
+                .unwrap_or_else(|e| e.into_inner())
+                .take(now);
+        if within_rates && self.spend_output(bytes + EVENT_OVERHEAD_BYTES).is_ok() {
+            return true;
+        }
+        self.rt.metrics.inferlet_log_lines_dropped.inc();
+        if !self.logs_dropped {
+            self.logs_dropped = true;
+            tracing::warn!(
+                process = %self.process.id,
+                "inferlet: log lines dropped past the log rate or max_output_bytes; further drops are only counted (pie_inferlet_log_lines_dropped_total)"
+            );
+        }
+        false
     }
 
     /// Count `bytes` of output against `max_output_bytes`.
     fn spend_output(&mut self, bytes: usize) -> Result<(), String> {
-        if self.output_bytes + bytes > self.max_output_bytes {
-            return Err(format!(
-                "the process's output would pass [runtime.inferlets] max_output_bytes = {}",
-                self.max_output_bytes
-            ));
-        }
-        self.output_bytes += bytes;
-        Ok(())
+        charge(&mut self.output_bytes, self.max_output_bytes, bytes)
     }
 }
 
-/// The engine's sampling parameters, checked as the API checks a client's.
-fn sampling(s: &Sampling, vocab: usize) -> Result<SamplingParams, String> {
-    if !(0.0..=2.0).contains(&s.temperature) {
-        return Err(format!("temperature must be 0 to 2, got {}", s.temperature));
+/// Add `bytes` to `spent` unless that passes `max` (`max_output_bytes`:
+/// events, props events and log lines, each with its overhead).
+fn charge(spent: &mut usize, max: usize, bytes: usize) -> Result<(), String> {
+    if spent.saturating_add(bytes) > max {
+        return Err(format!(
+            "the process's output would pass [runtime.inferlets] max_output_bytes = {max} \
+             (events, props changes and log lines, {EVENT_OVERHEAD_BYTES} bytes each beside their text)"
+        ));
     }
-    if !(s.top_p > 0.0 && s.top_p <= 1.0) {
-        return Err(format!("top-p must be in (0, 1], got {}", s.top_p));
-    }
-    if !(0.0..=1.0).contains(&s.min_p) {
-        return Err(format!("min-p must be 0 to 1, got {}", s.min_p));
-    }
-    Ok(SamplingParams {
-        temperature: s.temperature,
-        top_k: (s.top_k as usize).min(vocab),
-        top_p: s.top_p,
-        min_p: s.min_p,
+    *spent += bytes;
+    Ok(())
+}
+
+/// The WIT's sampling record with a context's shaping, checked as a
+/// client's (its fields' names as the WIT spells them).
+fn sampling(
+    s: &Sampling,
+    shaping: &SamplingRequest,
+    vocab: usize,
+) -> Result<SamplingParams, String> {
+    SamplingRequest {
+        temperature: Some(s.temperature),
+        top_p: Some(s.top_p),
+        top_k: Some(s.top_k as usize),
+        min_p: Some(s.min_p),
         seed: s.seed,
-        ..SamplingParams::default()
-    })
+        ..shaping.clone()
+    }
+    .check(vocab)
+    .map_err(|e| e.message.replace('_', "-"))
 }

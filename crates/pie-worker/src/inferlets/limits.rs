@@ -27,6 +27,52 @@ pub const MAX_CONTEXTS: usize = 1024;
 /// The most contexts one `generate-all` may take.
 pub const MAX_PARALLEL: usize = 64;
 
+/// What the host keeps for one event or log line beyond its bytes (its
+/// entry in the record's index, its enum), charged against
+/// `max_output_bytes` with the bytes, so an empty event is not free.
+pub const EVENT_OVERHEAD_BYTES: usize = 64;
+
+/// Log lines one process may write: a second, sustained, and at once.
+pub const LOG_LINES_PER_S: f64 = 20.0;
+pub const LOG_LINES_BURST: f64 = 200.0;
+
+/// Log lines all processes of a worker together may write: a second,
+/// sustained, and at once (one process's burst leaves room for others).
+pub const ALL_LOG_LINES_PER_S: f64 = 200.0;
+pub const ALL_LOG_LINES_BURST: f64 = 1000.0;
+
+/// A token bucket: `rate` tokens a second up to `capacity`, full at first.
+#[derive(Debug)]
+pub struct TokenBucket {
+    rate: f64,
+    capacity: f64,
+    tokens: f64,
+    last: std::time::Instant,
+}
+
+impl TokenBucket {
+    pub fn new(rate: f64, capacity: f64) -> Self {
+        Self {
+            rate,
+            capacity,
+            tokens: capacity,
+            last: std::time::Instant::now(),
+        }
+    }
+
+    /// Take one token at `now` if there is one.
+    pub fn take(&mut self, now: std::time::Instant) -> bool {
+        let refill = now.saturating_duration_since(self.last).as_secs_f64() * self.rate;
+        self.tokens = (self.tokens + refill).min(self.capacity);
+        self.last = now;
+        if self.tokens < 1.0 {
+            return false;
+        }
+        self.tokens -= 1.0;
+        true
+    }
+}
+
 /// A guest's execution time: the CPU time of the thread that polls it,
 /// summed over its polls, plus the poll in progress (read from inside it:
 /// the epoch callback runs on that thread).
@@ -160,6 +206,21 @@ pub fn bounded<'a>(what: &str, text: &'a str) -> Result<&'a str, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A bucket gives its capacity at once, then its rate.
+    #[test]
+    fn a_token_bucket_gives_its_burst_then_its_rate() {
+        let start = std::time::Instant::now();
+        let mut bucket = TokenBucket::new(10.0, 3.0);
+        let taken = (0..5).filter(|_| bucket.take(start)).count();
+        assert_eq!(taken, 3);
+        let later = start + std::time::Duration::from_millis(250);
+        let taken = (0..5).filter(|_| bucket.take(later)).count();
+        assert_eq!(taken, 2, "a quarter second at 10/s refills 2.5");
+        let much_later = later + std::time::Duration::from_secs(60);
+        let taken = (0..10).filter(|_| bucket.take(much_later)).count();
+        assert_eq!(taken, 3, "never past the capacity");
+    }
 
     /// Time between polls (awaiting) is not metered; CPU time inside is
     /// (the busy part spins for 30 ms of its own CPU time, however loaded

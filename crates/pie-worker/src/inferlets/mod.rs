@@ -37,7 +37,10 @@ use crate::process::{ProcState, Process};
 use crate::runtime::{LaunchError, Runtime};
 use contexts::Contexts;
 use host::{GuestState, ProcessHost};
-use limits::{CpuMeter, MemoryCap, Metered, EPOCH_TICK};
+use limits::{
+    CpuMeter, MemoryCap, Metered, TokenBucket, ALL_LOG_LINES_BURST, ALL_LOG_LINES_PER_S,
+    EPOCH_TICK, LOG_LINES_BURST, LOG_LINES_PER_S,
+};
 pub use registry::RegistryError;
 use registry::{Installed, Registry};
 use world::Inferlet;
@@ -80,6 +83,8 @@ pub struct Inferlets {
     /// Where guest code runs: its own threads, so a guest between two epoch
     /// ticks never holds up the API or the engine.
     guests: tokio::runtime::Handle,
+    /// All processes' log rate.
+    all_logs: Arc<std::sync::Mutex<TokenBucket>>,
 }
 
 impl Inferlets {
@@ -117,6 +122,10 @@ impl Inferlets {
             instances: Arc::new(Semaphore::new(config.max_instances)),
             live: Arc::default(),
             guests: handle,
+            all_logs: Arc::new(std::sync::Mutex::new(TokenBucket::new(
+                ALL_LOG_LINES_PER_S,
+                ALL_LOG_LINES_BURST,
+            ))),
         }))
     }
 
@@ -153,6 +162,9 @@ impl Inferlets {
             inbox,
             output_bytes: 0,
             max_output_bytes: self.config.max_output_bytes.0 as usize,
+            logs: TokenBucket::new(LOG_LINES_PER_S, LOG_LINES_BURST),
+            all_logs: self.all_logs.clone(),
+            logs_dropped: false,
         };
         self.guests.spawn(self.clone().run(installed, host));
         Ok(process)
@@ -265,6 +277,9 @@ fn describe_trap(
     let root = trap.root_cause().to_string();
     if root.starts_with(CPU_LIMIT) {
         return root;
+    }
+    if trap.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::StackOverflow) {
+        return format!("the inferlet overflowed its stack (stack overflow: {root})");
     }
     if printed.is_empty() {
         format!("the inferlet trapped: {root}")

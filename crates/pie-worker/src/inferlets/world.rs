@@ -1,5 +1,5 @@
 //! The `pie:inferlet@0.2.0` world (`wit/0.2.0/inferlet.wit`: the 0.1.0
-//! interfaces unchanged, `structured` and `reporting`) as host bindings, so components
+//! interfaces unchanged, `structured`, `reporting` and `shaping`) as host bindings, so components
 //! built for either version load, and what else a component may import: the WASI interfaces a
 //! Rust `std` guest links (stdio, clocks, random, exit, environment), served
 //! with nothing behind them (no directory, no variable, no socket). A leaf.
@@ -23,7 +23,7 @@ wasmtime::component::bindgen!({
 });
 
 pub use pie::inferlet0_1_0::{inference, model, process};
-pub use pie::inferlet0_2_0::{reporting, structured};
+pub use pie::inferlet0_2_0::{reporting, shaping, structured};
 
 /// Interfaces a component may import: this world's, and WASI's harmless
 /// ones (matched without their `@version`).
@@ -33,6 +33,7 @@ pub const ALLOWED_IMPORTS: &[&str] = &[
     "pie:inferlet/process",
     "pie:inferlet/structured",
     "pie:inferlet/reporting",
+    "pie:inferlet/shaping",
     "wasi:io/error",
     "wasi:io/poll",
     "wasi:io/streams",
@@ -62,7 +63,7 @@ pub fn check_component(engine: &Engine, component: &Component) -> Result<(), Str
         if !ALLOWED_IMPORTS.contains(&unversioned) {
             return Err(format!(
                 "the component imports `{name}`, which inferlets may not use (they may import \
-                 pie:inferlet/{{model,inference,process,structured,reporting}} and WASI's io, clocks, random and cli)"
+                 pie:inferlet/{{model,inference,process,structured,reporting,shaping}} and WASI's io, clocks, random and cli)"
             ));
         }
     }

@@ -1,6 +1,8 @@
 //! The built-in inferlets' per-process driver (`text-completion`, `chat`):
-//! submits the process's sequence, turns its tokens into text, applies stop
-//! strings, and records the result (a chat session's turn included).
+//! what is theirs alone around the one sequence runner (`sequence.rs`):
+//! gathering the prompt's pages first (disk, pool, a prefill worker), a
+//! resumed process's earlier tokens, recording the output in the process,
+//! a hand-off, and the result (a chat session's turn included).
 //!
 //! Invariant: a process whose driver ends (finished, failed, or dropped by a
 //! panic) is in a final state and its sequence is freed.
@@ -8,33 +10,19 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use pie_model::{ChatMessage, IncrementalDecoder, TokenLogprobs};
+use pie_model::{ChatMessage, TokenLogprobs};
 use pie_workload::TraceInput;
 
-use super::command::{Command, SeqEvent};
+use super::command::Command;
 use super::offload::PageSource;
-use super::stop::StopScanner;
+use super::sequence::{SeqEnd, SeqSink, TextStream};
 use super::Runtime;
 use crate::engine::{FinishReason, Request};
 use crate::process::{ProcState, Process};
 use pie_core::clock::now_ms;
 
-/// The longest a preempted sequence waits for its pages from disk.
-const RELOAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-
 /// A resumed chat session's id and the messages of this turn's prompt.
 pub(super) type SessionTurn = (String, Vec<ChatMessage>);
-
-/// A process's output as it is made: text through the decoder and the stop
-/// scanner, the tokens so far, when the last came.
-struct Output<'a> {
-    text: StopScanner<'a>,
-    decoder: IncrementalDecoder,
-    tokens: usize,
-    last_token: Option<Instant>,
-    /// The next token's log-probabilities (sent just before it).
-    logprobs: Option<TokenLogprobs>,
-}
 
 /// Drives one process: submits its sequence, turns tokens into text, applies stop
 /// strings, and records the result.
@@ -55,96 +43,103 @@ pub(super) struct Driver {
     pub(super) replay_before: bool,
 }
 
+/// What a built-in process does with its sequence's tokens: record them
+/// (text, token, log-probabilities) in the process, time them, and persist
+/// the prompt's pages after its prefill where the process asked.
+struct Recorder<'a> {
+    driver: &'a Driver,
+    /// Tokens output so far (a resumed process's earlier ones included).
+    tokens: usize,
+    last_token: Option<Instant>,
+    persist_after_prefill: Option<Vec<pie_core::BlockHash>>,
+}
+
+impl SeqSink for Recorder<'_> {
+    fn added(&mut self, seq: pie_core::SeqId) -> bool {
+        self.driver.process.set_seq(seq);
+        !self.driver.process.state().is_final()
+    }
+
+    fn started(&mut self, cached_tokens: usize) {
+        self.driver.process.set_cached_tokens(cached_tokens);
+        self.driver.process.mark_running();
+    }
+
+    fn token(&mut self, token: u32, text: String, logprobs: Option<TokenLogprobs>) {
+        if let Some(chain) = self.persist_after_prefill.take() {
+            self.driver.rt.persist_in_background(chain);
+        }
+        let (rt, process) = (&self.driver.rt, &self.driver.process);
+        let now = Instant::now();
+        match self.last_token {
+            None => rt
+                .metrics
+                .ttft
+                .observe((now_ms().saturating_sub(process.snapshot().created_ms)) as f64 / 1000.0),
+            Some(prev) => (rt.metrics.inter_token).observe(now.duration_since(prev).as_secs_f64()),
+        }
+        self.last_token = Some(now);
+        self.tokens += 1;
+        match logprobs {
+            Some(lp) => process.push_scored(text, token, lp, self.tokens),
+            None => process.push_text(text, Some(token), self.tokens),
+        }
+    }
+}
+
 impl Driver {
     pub(super) async fn run(self, mut req: Request) {
         let max_tokens = req.max_tokens;
         let chain = self.gather_pages(&mut req).await;
-        let mut persist_after_prefill =
-            (req.props.bool("persist") == Some(true)).then(|| chain.clone());
-        let mut out = Output {
-            text: StopScanner::new(&self.stop),
-            decoder: IncrementalDecoder::default(),
-            tokens: self.generated_before.len(),
-            // A resumed process's first token here is no first token.
-            last_token: (!self.generated_before.is_empty()).then(Instant::now),
-            logprobs: None,
-        };
-        self.resume_text(&mut out.text, &mut out.decoder);
+        let mut text = TextStream::new(&self.rt.model.tokenizer, &self.stop);
+        self.resume_text(&mut text);
         if req.max_tokens == 0 {
-            self.process.push_text(out.text.flush(), None, out.tokens);
+            let tail = text.flush();
+            self.process
+                .push_text(tail, None, self.generated_before.len());
             self.complete("length");
             return;
         }
-        let (seq, mut events) = match self.rt.add_sequence(req).await {
-            Ok(added) => added,
-            Err(why) => return self.fail(why),
+        let mut recorder = Recorder {
+            driver: &self,
+            tokens: self.generated_before.len(),
+            // A resumed process's first token here is no first token.
+            last_token: (!self.generated_before.is_empty()).then(Instant::now),
+            persist_after_prefill: (req.props.bool("persist") == Some(true)).then(|| chain.clone()),
         };
-        self.process.set_seq(seq);
-        if self.process.state().is_final() {
-            self.rt.send(Command::Abort(seq));
-            return;
-        }
-        while let Some(event) = events.recv().await {
-            match event {
-                SeqEvent::Started { cached_tokens } => {
-                    self.process.set_cached_tokens(cached_tokens);
-                    self.process.mark_running();
-                }
-                SeqEvent::Reload => {
-                    // Bounded: a stuck disk delays the sequence, never stalls it.
-                    let load = self.rt.load_persisted(&chain);
-                    let _ = tokio::time::timeout(RELOAD_TIMEOUT, load).await;
-                    self.rt.send(Command::Reloaded(seq));
-                }
-                SeqEvent::Logprobs(lp) => out.logprobs = Some(lp),
-                SeqEvent::Token(t) => {
-                    if let Some(chain) = persist_after_prefill.take() {
-                        self.rt.persist_in_background(chain);
-                    }
-                    let stopped = self.on_token(&mut out, t);
-                    if stopped != Ok(false) {
-                        self.rt.send(Command::Abort(seq));
-                        // A token that cannot be decoded fails this process only.
-                        match stopped {
-                            Err(why) => self.fail(why),
-                            _ => self.complete("stop"),
-                        }
-                        return;
-                    }
-                }
-                SeqEvent::Finished(FinishReason::Expired, _) => {
-                    self.fail("the deadline passed (deadline-ms) and on_miss = \"abort\"".into());
-                    return;
-                }
-                SeqEvent::Finished(FinishReason::Length, info)
-                    if self.process.handing_off() && info.generated_tokens < max_tokens =>
-                {
-                    // Stopped early for a hand-off: what is held back is the
-                    // target's to send.
-                    self.rt.stop(&self.process, ProcState::Migrated);
-                    return;
-                }
-                SeqEvent::Finished(reason, info) => {
-                    self.process.push_text(
-                        out.text.flush(),
-                        None,
-                        self.generated_before.len() + info.generated_tokens,
-                    );
-                    self.complete(if reason == FinishReason::Stop {
-                        "stop"
-                    } else {
-                        "length"
-                    });
-                    return;
-                }
-                SeqEvent::Failed(e) => {
-                    self.fail(e);
-                    return;
-                }
+        match self
+            .rt
+            .run_sequence(req, &chain, &mut text, &mut recorder)
+            .await
+        {
+            SeqEnd::Refused => {}
+            SeqEnd::StopString => self.complete("stop"),
+            SeqEnd::Failed(why) => self.fail(why),
+            SeqEnd::Finished {
+                reason: FinishReason::Expired,
+                ..
+            } => self.fail("the deadline passed (deadline-ms) and on_miss = \"abort\"".into()),
+            SeqEnd::Finished {
+                reason: FinishReason::Length,
+                info,
+                ..
+            } if self.process.handing_off() && info.generated_tokens < max_tokens => {
+                // Stopped early for a hand-off: what is held back is the
+                // target's to send.
+                self.rt.stop(&self.process, ProcState::Migrated);
+            }
+            SeqEnd::Finished {
+                reason, info, tail, ..
+            } => {
+                let tokens = self.generated_before.len() + info.generated_tokens;
+                self.process.push_text(tail, None, tokens);
+                self.complete(if reason == FinishReason::Stop {
+                    "stop"
+                } else {
+                    "length"
+                });
             }
         }
-        // The engine dropped the sequence without a last word: it is gone.
-        self.fail(self.rt.engine_stopped());
     }
 
     /// Before the sequence is added: the prompt's pages from disk, the pool
@@ -158,39 +153,13 @@ impl Driver {
         chain
     }
 
-    /// Token `t` came: timed, decoded, scanned for stop strings and
-    /// recorded. Ok(true) when a stop string ended the output; Err when the
-    /// token cannot be decoded.
-    fn on_token(&self, out: &mut Output<'_>, t: u32) -> Result<bool, String> {
-        let now = Instant::now();
-        match out.last_token {
-            None => self.rt.metrics.ttft.observe(
-                (now_ms().saturating_sub(self.process.snapshot().created_ms)) as f64 / 1000.0,
-            ),
-            Some(prev) => {
-                (self.rt.metrics.inter_token).observe(now.duration_since(prev).as_secs_f64())
-            }
-        }
-        out.last_token = Some(now);
-        out.tokens += 1;
-        let delta = (out.decoder.push(&self.rt.model.tokenizer, t))
-            .map_err(|e| format!("cannot detokenize token {t}: {e}"))?;
-        let (emit, stopped) = out.text.push(&delta);
-        match out.logprobs.take() {
-            Some(lp) => self.process.push_scored(emit, t, lp, out.tokens),
-            None => self.process.push_text(emit, Some(t), out.tokens),
-        }
-        Ok(stopped)
-    }
-
     /// A resumed process's tokens from elsewhere, through the decoder and the
     /// stop scanner: what the source held back (a partial character, a
     /// possible stop string's start) is held here the same way; what it sent
     /// is not sent again, unless replayed: then as the same pieces, one a token.
-    fn resume_text(&self, text: &mut StopScanner, decoder: &mut IncrementalDecoder) {
+    fn resume_text(&self, text: &mut TextStream) {
         for (i, &t) in self.generated_before.iter().enumerate() {
-            if let Ok(delta) = decoder.push(&self.rt.model.tokenizer, t) {
-                let (emit, _) = text.push(&delta);
+            if let Ok((emit, _)) = text.push(t) {
                 if self.replay_before {
                     self.process.push_text(emit, Some(t), i + 1);
                 }

@@ -1,7 +1,8 @@
 //! One generation over an inferlet's context: a sequence of the one
-//! scheduler (its slots, budgets, charges, preemption), whose tokens come
-//! back whole to the caller, with their log-probabilities if asked, and optionally
-//! stream to the process's output as they come. No guest code runs per token.
+//! scheduler (its slots, budgets, charges, preemption), run by the one
+//! sequence runner (`sequence.rs`), whose tokens come back whole to the
+//! caller, with their log-probabilities if asked, and optionally stream to
+//! the process's output as they come. No guest code runs per token.
 //!
 //! Invariant: the sequence lives no longer than the call: a caller that
 //! stops waiting (its process killed, its guest trapped) aborts it.
@@ -9,28 +10,70 @@
 use std::sync::Arc;
 
 use pie_core::{PropValue, SeqId};
-use pie_model::IncrementalDecoder;
+use pie_model::TokenLogprobs;
 
-use super::command::{Command, SeqEvent};
+use super::command::Command;
 use super::request::{Generate, Generated};
-use super::stop::StopScanner;
+use super::sequence::{SeqEnd, SeqSink, TextStream};
 use super::Runtime;
 use crate::engine::{FinishReason, Request};
 use crate::process::Process;
 use pie_core::clock::now_ms;
 
-/// Aborts the sequence and forgets it in the process when dropped: the
-/// generation ended, or its caller went away.
-struct SeqGuard<'a> {
-    rt: &'a Runtime,
+/// What a guest's generation does with its sequence's tokens: gathers them
+/// into the result, counts them in the process's usage, streams their text
+/// where asked, and forgets the sequence in the process when dropped (the
+/// generation ended, or its caller went away).
+struct Gatherer<'a> {
     process: &'a Process,
-    seq: SeqId,
+    retain_as: String,
+    stream: bool,
+    seq: Option<SeqId>,
+    out: Generated,
 }
 
-impl Drop for SeqGuard<'_> {
+impl SeqSink for Gatherer<'_> {
+    fn added(&mut self, seq: SeqId) -> bool {
+        self.process.add_context_seq(seq, self.retain_as.clone());
+        self.seq = Some(seq);
+        true
+    }
+
+    fn token(&mut self, token: u32, text: String, logprobs: Option<TokenLogprobs>) {
+        if let Some(lp) = logprobs {
+            self.first_top(&lp);
+            self.out.logprobs.push(lp.logprob);
+        }
+        self.out.tokens.push(token);
+        self.emit(text, Some(token));
+    }
+}
+
+impl Gatherer<'_> {
+    /// The first sample's alternatives (a `forward`'s answer).
+    fn first_top(&mut self, lp: &TokenLogprobs) {
+        if self.out.logprobs.is_empty() && self.out.first_top.is_empty() {
+            self.out.first_top = lp.top.clone();
+        }
+    }
+
+    /// Text made by the generation: kept in its result, counted in the
+    /// process's usage, and (streamed) sent to the process's output.
+    fn emit(&mut self, text: String, token: Option<u32>) {
+        self.out.text.push_str(&text);
+        match (self.stream, token) {
+            (true, _) => self.process.push_generated(text, token),
+            (false, Some(_)) => self.process.count_generated(),
+            (false, None) => {}
+        }
+    }
+}
+
+impl Drop for Gatherer<'_> {
     fn drop(&mut self) {
-        self.process.remove_seq(self.seq);
-        self.rt.send(Command::Abort(self.seq));
+        if let Some(seq) = self.seq {
+            self.process.remove_seq(seq);
+        }
     }
 }
 
@@ -46,64 +89,45 @@ impl Runtime {
         props
             .set("session", PropValue::Str(call.retain_as.clone()))
             .map_err(|e| e.to_string())?;
-        let req = Request {
-            client: process.client.clone(),
-            prompt: call.tokens,
-            max_tokens: call.max_tokens,
-            sampling: call.sampling,
-            stop_tokens: Vec::new(),
-            ignore_eos: call.ignore_eos,
-            cache_salt: call.cache_salt,
-            arrival_ms: now_ms(),
+        let mut req = Request::new(
+            call.tokens,
+            call.max_tokens,
+            process.client.clone(),
             props,
-            sampled_before: 0,
-            reload_after_preemption: false,
-            logprobs: call.logprobs,
-            grammar: call.grammar,
-            resume_from: call.resume_from,
-        };
-        let (seq, mut events) = self.add_sequence(req).await?;
-        process.add_context_seq(seq, call.retain_as);
-        let _guard = SeqGuard {
-            rt: self,
+            now_ms(),
+        );
+        req.sampling = call.sampling;
+        req.ignore_eos = call.ignore_eos;
+        req.cache_salt = call.cache_salt;
+        req.logprobs = call.logprobs;
+        req.grammar = call.grammar;
+        req.resume_from = call.resume_from;
+        let mut text = TextStream::new(&self.model.tokenizer, &call.stop);
+        let mut gatherer = Gatherer {
             process,
-            seq,
+            retain_as: call.retain_as,
+            stream: call.stream,
+            seq: None,
+            out: Generated::default(),
         };
-        let mut text = StopScanner::new(&call.stop);
-        let mut decoder = IncrementalDecoder::default();
-        let mut out = Generated::default();
-        while let Some(event) = events.recv().await {
-            match event {
-                SeqEvent::Started { .. } | SeqEvent::Reload => {}
-                SeqEvent::Logprobs(lp) => {
-                    if out.logprobs.is_empty() {
-                        out.first_top = lp.top;
-                    }
-                    out.logprobs.push(lp.logprob);
+        match self.run_sequence(req, &[], &mut text, &mut gatherer).await {
+            SeqEnd::StopString => gatherer.out.stopped = true,
+            SeqEnd::Finished {
+                reason,
+                tail,
+                last_logprobs,
+                ..
+            } => {
+                if let Some(lp) = last_logprobs {
+                    gatherer.first_top(&lp);
                 }
-                SeqEvent::Token(t) => {
-                    out.tokens.push(t);
-                    let delta = decoder
-                        .push(&self.model.tokenizer, t)
-                        .map_err(|e| format!("cannot detokenize token {t}: {e}"))?;
-                    let (emit, stopped) = text.push(&delta);
-                    self.emit_generated(process, &mut out, emit, Some(t), call.stream);
-                    if stopped {
-                        out.stopped = true;
-                        return Ok(out);
-                    }
-                }
-                SeqEvent::Finished(reason, _) => {
-                    // A stop token's logprob came without a token: not output.
-                    out.logprobs.truncate(out.tokens.len());
-                    self.emit_generated(process, &mut out, text.flush(), None, call.stream);
-                    out.stopped = reason != FinishReason::Length;
-                    return Ok(out);
-                }
-                SeqEvent::Failed(e) => return Err(e),
+                gatherer.emit(tail, None);
+                gatherer.out.stopped = reason != FinishReason::Length;
             }
+            SeqEnd::Failed(why) => return Err(why),
+            SeqEnd::Refused => return Err(self.engine_stopped()),
         }
-        Err(self.engine_stopped())
+        Ok(std::mem::take(&mut gatherer.out))
     }
 
     /// End the retention of a context's pages (it was dropped, or its
@@ -130,23 +154,5 @@ impl Runtime {
             ));
         }
         Ok(())
-    }
-
-    /// Text made by a generation: kept in its result, counted in the
-    /// process's usage, and (streamed) sent to the process's output.
-    fn emit_generated(
-        &self,
-        process: &Process,
-        out: &mut Generated,
-        text: String,
-        token: Option<u32>,
-        stream: bool,
-    ) {
-        out.text.push_str(&text);
-        match (stream, token) {
-            (true, _) => process.push_generated(text, token),
-            (false, Some(_)) => process.count_generated(),
-            (false, None) => {}
-        }
     }
 }

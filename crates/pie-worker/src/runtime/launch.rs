@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use pie_core::Props;
-use pie_model::ChatMessage;
+use pie_model::{check_token_ids, ChatMessage};
 use pie_workload::TraceInput;
 
 use super::builtin::{Driver, SessionTurn};
@@ -46,8 +46,6 @@ impl Runtime {
         }
         let prompt_len = prompt.len();
         self.check_vocab(&format!("{RESUME_FIELD}.tokens"), &resume.tokens)?;
-        let biased: Vec<u32> = opts.sampling.logit_bias.iter().map(|b| b.0).collect();
-        self.check_vocab("logit_bias", &biased)?;
         if let Some(grammar) = &opts.grammar {
             grammar.start().advance(&resume.tokens).map_err(|e| {
                 LaunchError::BadRequest(format!(
@@ -69,25 +67,15 @@ impl Runtime {
             process.set_earlier_turns(all[..earlier].to_vec());
         }
         let events = process.events();
-        let req = Request {
-            client: process.client.clone(),
-            prompt,
-            max_tokens: opts
-                .max_tokens
-                .unwrap_or(usize::MAX)
-                .saturating_sub(resume.tokens.len()),
-            sampling: opts.sampling.clone(),
-            stop_tokens: Vec::new(),
-            ignore_eos: opts.ignore_eos,
-            cache_salt: opts.cache_salt.clone(),
-            arrival_ms: now_ms(),
-            props,
-            sampled_before: resume.tokens.len(),
-            reload_after_preemption: false,
-            logprobs: opts.logprobs,
-            grammar: opts.grammar.clone(),
-            resume_from: Vec::new(),
-        };
+        let max_tokens =
+            (opts.max_tokens.unwrap_or(usize::MAX)).saturating_sub(resume.tokens.len());
+        let mut req = Request::new(prompt, max_tokens, process.client.clone(), props, now_ms());
+        req.sampling = opts.sampling;
+        req.ignore_eos = opts.ignore_eos;
+        req.cache_salt = opts.cache_salt;
+        req.sampled_before = resume.tokens.len();
+        req.logprobs = opts.logprobs;
+        req.grammar = opts.grammar;
         let trace_input = self
             .settings
             .trace
@@ -248,13 +236,8 @@ impl Runtime {
 
     /// Every id below the vocabulary size, or a 400 naming `what`.
     pub(super) fn check_vocab(&self, what: &str, ids: &[u32]) -> Result<(), LaunchError> {
-        match ids.iter().find(|t| **t as usize >= self.model.config.vocab) {
-            Some(t) => Err(LaunchError::BadRequest(format!(
-                "{what} token id {t} is outside the vocabulary ({} tokens)",
-                self.model.config.vocab
-            ))),
-            None => Ok(()),
-        }
+        check_token_ids(ids, self.model.config.vocab)
+            .map_err(|e| LaunchError::BadRequest(format!("{what} {e}")))
     }
 }
 

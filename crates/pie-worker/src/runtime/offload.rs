@@ -6,10 +6,9 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use pie_core::{Props, SeqId};
-use pie_model::SamplingParams;
+use pie_core::SeqId;
 
-use super::command::{Command, SeqEvent};
+use super::sequence::{SeqEnd, SeqSink, TextStream};
 use super::transfer::Pull;
 use super::Runtime;
 use crate::engine::Request;
@@ -32,38 +31,17 @@ impl Runtime {
         tokens: Vec<u32>,
         cache_salt: Option<String>,
     ) -> Result<(), String> {
-        let req = Request {
-            prompt: tokens,
-            max_tokens: 1,
-            sampling: SamplingParams::default(),
-            stop_tokens: Vec::new(),
-            ignore_eos: true,
-            arrival_ms: now_ms(),
-            client: "peer".into(),
-            props: Props::new(),
-            cache_salt,
-            sampled_before: 0,
-            reload_after_preemption: false,
-            logprobs: None,
-            grammar: None,
-            resume_from: Vec::new(),
-        };
-        let (seq, mut events) = self.add_sequence(req).await?;
+        let mut req = Request::fixed_length(tokens, 1);
+        req.client = "peer".into();
+        req.arrival_ms = now_ms();
+        req.cache_salt = cache_salt;
         // A puller that gave up (timeout, gone) drops this future: the
         // prefill stops instead of computing for no one.
-        let abandoned = AbortOnDrop {
-            rt: self,
-            seq,
-            armed: true,
-        };
-        while let Some(e) = events.recv().await {
-            match e {
-                SeqEvent::Finished(..) => return abandoned.done(Ok(())),
-                SeqEvent::Failed(err) => return abandoned.done(Err(err)),
-                _ => {}
-            }
+        let mut text = TextStream::new(&self.model.tokenizer, &[]);
+        match self.run_sequence(req, &[], &mut text, &mut Prefill).await {
+            SeqEnd::Finished { .. } | SeqEnd::StopString | SeqEnd::Refused => Ok(()),
+            SeqEnd::Failed(why) => Err(why),
         }
-        abandoned.done(Err(self.engine_stopped()))
     }
 
     /// Before a process's prefill: pull its pages from the prefill worker the
@@ -105,25 +83,13 @@ impl Runtime {
     }
 }
 
-/// Aborts its sequence when dropped before `done`.
-struct AbortOnDrop<'a> {
-    rt: &'a Runtime,
-    seq: SeqId,
-    armed: bool,
-}
+/// A peer's prefill: only its pages matter, not its one token.
+struct Prefill;
 
-impl AbortOnDrop<'_> {
-    /// The sequence ended by itself: nothing to abort.
-    fn done<T>(mut self, result: T) -> T {
-        self.armed = false;
-        result
+impl SeqSink for Prefill {
+    fn added(&mut self, _seq: SeqId) -> bool {
+        true
     }
-}
 
-impl Drop for AbortOnDrop<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.rt.send(Command::Abort(self.seq));
-        }
-    }
+    fn token(&mut self, _token: u32, _text: String, _logprobs: Option<pie_model::TokenLogprobs>) {}
 }

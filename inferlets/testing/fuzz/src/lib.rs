@@ -188,6 +188,15 @@ fn run() -> Result<(), String> {
         "set-prop(client, 2 MiB)",
         process::set_prop("client", &big_json),
     );
+    r.expect_err(
+        "set-prop(client, another client's name)",
+        process::set_prop("client", "\"victim\""),
+    );
+    r.expect_err("remove-prop(client)", process::remove_prop("client"));
+    r.expect_err(
+        "set-prop(deadline-ms, -5)",
+        process::set_prop("deadline-ms", "-5"),
+    );
     r.expect_err("set-prop(2 MiB key)", process::set_prop(&big, "1"));
     r.expect_err("remove-prop(2 MiB key)", process::remove_prop(&big));
 
