@@ -440,10 +440,11 @@ class Row:
         self.line, self.layer, self.paths = line, layer, paths
 
 
-def read_map(path, crate_names):
-    """({crate: [Row]}, [problem])."""
-    sections, problems = defaultdict(list), []
-    section, heading, cols = None, None, None
+def map_tables(path, crate_names):
+    """Each row of each table in the map, as (line number, the `##` heading's crate or None, the
+    heading's first word, the table's header names lowercased, its cells); the header row itself
+    comes with cells None."""
+    section, heading, names = None, None, None
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
     for no, raw in enumerate(text.split("\n"), 1):
@@ -452,24 +453,32 @@ def read_map(path, crate_names):
             words = line.lstrip("#").replace("`", " ").split()
             heading = words[0] if words and line.startswith("## ") else None
             section = heading if heading in crate_names else None
-            cols = None
+            names = None
             continue
         if not line.startswith("|"):
-            cols = None
+            names = None
             continue
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if cols is None:
+        if names is None:
             names = [c.lower().strip("* ") for c in cells]
-            if "layer" in names and "files" in names:
-                cols = (names.index("layer"), names.index("files"))
-                if section is None:
-                    problems.append(f"{path}:{no}: map: a layer table under `## {heading}`, which names no crate with a src/ directory")
+            yield no, section, heading, names, None
+        elif not re.match(r"^[\s:|-]+$", line):
+            yield no, section, heading, names, cells
+
+
+def read_map(path, crate_names):
+    """({crate: [Row]}, [problem])."""
+    sections, problems = defaultdict(list), []
+    for no, section, heading, names, cells in map_tables(path, crate_names):
+        if "layer" not in names or "files" not in names:
             continue
-        if re.match(r"^[\s:|-]+$", line):
+        if cells is None:
+            if section is None:
+                problems.append(f"{path}:{no}: map: a layer table under `## {heading}`, which names no crate with a src/ directory")
             continue
         if section is None:
             continue
-        li, fi = cols
+        li, fi = names.index("layer"), names.index("files")
         if max(li, fi) >= len(cells):
             problems.append(f"{path}:{no}: map: row has {len(cells)} cells, the header more")
             continue
@@ -492,29 +501,12 @@ def read_map(path, crate_names):
 def read_confined(path, crate_names):
     """({crate: [(line, pattern, [path])]}, [problem]) from the confinement tables."""
     confined, problems = defaultdict(list), []
-    section, cols = None, None
-    with open(path, encoding="utf-8") as fh:
-        lines = fh.read().split("\n")
-    for no, raw in enumerate(lines, 1):
-        line = raw.strip()
-        if re.match(r"^#{1,2}\s", line):
-            words = line.lstrip("#").replace("`", " ").split()
-            section = words[0] if words and line.startswith("## ") and words[0] in crate_names else None
-            cols = None
+    for no, section, _, names, cells in map_tables(path, crate_names):
+        if cells is None or section is None or "pattern" not in names or "only in" not in names:
             continue
-        if not line.startswith("|"):
-            cols = None
-            continue
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if cols is None:
-            names = [c.lower().strip("* ") for c in cells]
-            if "pattern" in names and "only in" in names:
-                cols = (names.index("pattern"), names.index("only in"))
-            continue
-        if re.match(r"^[\s:|-]+$", line) or section is None:
-            continue
-        pattern = re.findall(r"`([^`]+)`", cells[cols[0]]) if cols[0] < len(cells) else []
-        allowed = re.findall(r"`([^`]+)`", cells[cols[1]]) if cols[1] < len(cells) else []
+        pi, oi = names.index("pattern"), names.index("only in")
+        pattern = re.findall(r"`([^`]+)`", cells[pi]) if pi < len(cells) else []
+        allowed = re.findall(r"`([^`]+)`", cells[oi]) if oi < len(cells) else []
         try:
             regex = re.compile(pattern[0]) if pattern else None
         except re.error as e:

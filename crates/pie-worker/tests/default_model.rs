@@ -8,7 +8,7 @@ mod common;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use pie_model::{ChatMessage, Model, SamplingParams};
+use pie_model::{ChatMessage, Model};
 use pie_policy::Fcfs;
 use pie_worker::engine::{Engine, EngineConfig, Request};
 use pie_worker::fetch;
@@ -22,22 +22,13 @@ fn greedy(model: &Arc<Model>, text: &str, max_tokens: usize) -> String {
     let mut e = Engine::new(model.clone(), EngineConfig::default(), Box::new(Fcfs));
     let prompt = model.tokenizer.encode(text).unwrap();
     let id = e
-        .add(Request {
+        .add(Request::new(
             prompt,
             max_tokens,
-            sampling: SamplingParams::default(),
-            stop_tokens: vec![],
-            ignore_eos: false,
-            arrival_ms: 0,
-            client: String::new(),
-            props: Default::default(),
-            cache_salt: None,
-            sampled_before: 0,
-            reload_after_preemption: false,
-            logprobs: None,
-            grammar: None,
-            resume_from: Vec::new(),
-        })
+            String::new(),
+            Default::default(),
+            0,
+        ))
         .unwrap();
     let mut out: HashMap<_, Vec<u32>> = HashMap::new();
     while e.has_work() {
