@@ -21,6 +21,7 @@ pub mod props;
 pub mod size;
 pub mod tools;
 pub mod wire;
+pub mod worker_config;
 
 pub use hash::{block_hash, block_hashes, BlockHash, ModelFingerprint};
 pub use ids::SeqId;

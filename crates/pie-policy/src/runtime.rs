@@ -2,8 +2,12 @@
 //! schema and one factory for `pie serve` and `pie-sim --worker-config`, so the
 //! simulator runs a worker's settings (`[runtime.fair]`, `[runtime.priority]`,
 //! ...) exactly as the worker does. At most one ordering policy (`fcfs`, `fair`,
-//! `priority`, `deadline`) plus `keep-session` and/or `offload`.
+//! `priority`, `deadline`) plus `keep-session` and/or `offload`. The
+//! worker's own subsystems' tables (`transfer`, `persist`, `pool`,
+//! `inferlets`) are `pie_core::worker_config`'s schemas: held here so one
+//! `[runtime]` table reads alike in both, never interpreted here.
 
+pub use pie_core::worker_config::{check_pool_url, InferletsConfig, PersistConfig, TransferConfig};
 use pie_core::{ByteSize, KvDtype};
 use serde::{Deserialize, Serialize};
 
@@ -42,93 +46,6 @@ pub struct RuntimeConfig {
     /// before a prefill, and persisted prefixes are pushed to it.
     pub pool: Option<String>,
     pub inferlets: InferletsConfig,
-}
-
-/// `[runtime.inferlets]`: uploaded WebAssembly inferlets, where they are
-/// kept and what one process of them may use.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct InferletsConfig {
-    /// Uploaded components and their compiled code (content-addressed).
-    /// Unset: `~/.cache/pie/inferlets`.
-    pub dir: Option<std::path::PathBuf>,
-    /// The guest's own execution time a process may use (not time spent
-    /// waiting for the host or a message).
-    pub max_cpu_ms: u64,
-    /// Linear memory one instance may grow to.
-    pub max_memory: ByteSize,
-    /// Live instances; launches beyond wait in the queue (`max_queued`).
-    pub max_instances: usize,
-    /// Text and events one process may emit.
-    pub max_output_bytes: ByteSize,
-    /// Messages waiting for a process; beyond, the sender gets 429.
-    pub max_pending_messages: usize,
-    /// The largest component an upload may send.
-    pub max_upload: ByteSize,
-    /// Threads that run guest code (host calls and generation run elsewhere).
-    pub threads: usize,
-}
-
-impl Default for InferletsConfig {
-    fn default() -> Self {
-        Self {
-            dir: None,
-            max_cpu_ms: 30_000,
-            max_memory: ByteSize(256 << 20),
-            max_instances: 64,
-            max_output_bytes: ByteSize(16 << 20),
-            max_pending_messages: 64,
-            max_upload: ByteSize(32 << 20),
-            threads: 1,
-        }
-    }
-}
-
-/// `[runtime.persist]`: the disk tier `persist-prefix` writes (see
-/// `pie_kv::disk`). Without `dir` the worker cannot persist and says so.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PersistConfig {
-    /// Where pages rest (one directory per worker).
-    pub dir: Option<std::path::PathBuf>,
-    /// The most bytes of pages kept; past it the least recently used go.
-    pub budget: ByteSize,
-    /// A page not used for this long is deleted; 0: kept until evicted.
-    pub ttl_ms: u64,
-}
-
-impl Default for PersistConfig {
-    fn default() -> Self {
-        Self {
-            dir: None,
-            budget: ByteSize(10 << 30),
-            ttl_ms: 0,
-        }
-    }
-}
-
-/// `[runtime.transfer]`: moving KV pages between workers (offload, disaggregate).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TransferConfig {
-    /// A pull slower than this (the peer's prefill included) is abandoned and
-    /// the prompt is prefilled here.
-    pub timeout_ms: u64,
-    /// The most page bytes one pull may bring in.
-    pub max_bytes: ByteSize,
-    /// Pages exported to a peer stay pinned this long after the last page
-    /// sent (renewed while the transfer runs).
-    pub lease_ms: u64,
-}
-
-impl Default for TransferConfig {
-    fn default() -> Self {
-        Self {
-            timeout_ms: 60_000,
-            max_bytes: ByteSize(1 << 30),
-            lease_ms: 10_000,
-        }
-    }
 }
 
 impl Default for RuntimeConfig {
@@ -187,51 +104,20 @@ impl RuntimeConfig {
             ("runtime.page_size", self.page_size),
             ("runtime.max_batch_tokens", self.max_batch_tokens),
             ("runtime.max_running", self.max_running),
-            (
-                "runtime.transfer.timeout_ms",
-                self.transfer.timeout_ms as usize,
-            ),
-            (
-                "runtime.transfer.max_bytes",
-                self.transfer.max_bytes.0 as usize,
-            ),
-            ("runtime.transfer.lease_ms", self.transfer.lease_ms as usize),
-            (
-                "runtime.inferlets.max_cpu_ms",
-                self.inferlets.max_cpu_ms as usize,
-            ),
-            (
-                "runtime.inferlets.max_memory",
-                self.inferlets.max_memory.0 as usize,
-            ),
-            (
-                "runtime.inferlets.max_instances",
-                self.inferlets.max_instances,
-            ),
-            (
-                "runtime.inferlets.max_upload",
-                self.inferlets.max_upload.0 as usize,
-            ),
-            ("runtime.inferlets.threads", self.inferlets.threads),
         ] {
             if value == 0 {
                 return Err((key.into(), "must be at least 1".into()));
             }
         }
+        self.transfer.validate()?;
+        self.inferlets.validate()?;
         if self.kv_pages.is_some() && self.kv_memory.is_some() {
             return Err((
                 "runtime.kv_pages".into(),
                 "set kv_pages or kv_memory, not both".into(),
             ));
         }
-        if let Some(url) = &self.pool {
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err((
-                    "runtime.pool".into(),
-                    format!("`{url}` is not an http:// or https:// URL"),
-                ));
-            }
-        }
+        check_pool_url(self.pool.as_deref())?;
         if self.kv_pages == Some(0) {
             return Err(("runtime.kv_pages".into(), "must be at least 1".into()));
         }

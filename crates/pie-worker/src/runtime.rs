@@ -24,11 +24,12 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::stream::BoxStream;
 
+use pie_core::worker_config::TransferConfig;
 use pie_core::{KvEventBatch, KvSnapshot, Props};
 use pie_kv::transfer::PageFormat;
 use pie_model::Model;
 use pie_policy::cluster::Stage;
-use pie_policy::runtime::{TransferConfig, WorkerPolicies};
+use pie_policy::runtime::WorkerPolicies;
 use pie_policy::Offload;
 use pie_workload::TraceRecorder;
 use serde_json::Value;

@@ -282,7 +282,7 @@ pub fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
 /// budget evicted) and reported; a worker without a `dir` says it cannot
 /// persist.
 fn open_persist(
-    config: &pie_policy::runtime::PersistConfig,
+    config: &pie_core::worker_config::PersistConfig,
     format: pie_kv::transfer::PageFormat,
 ) -> anyhow::Result<Option<crate::runtime::PersistStore>> {
     match crate::runtime::PersistStore::open(config, format) {

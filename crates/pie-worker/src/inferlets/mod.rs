@@ -25,8 +25,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pie_core::auth::KeyLimits;
+use pie_core::worker_config::InferletsConfig;
 use pie_core::Props;
-use pie_policy::runtime::InferletsConfig;
 use tokio::sync::{mpsc, Semaphore};
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Engine, Store, UpdateDeadline};

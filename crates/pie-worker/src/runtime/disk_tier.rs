@@ -5,9 +5,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use pie_core::worker_config::PersistConfig;
 use pie_core::BlockHash;
 use pie_kv::disk::{DiskError, DiskStore, Opened};
-use pie_policy::runtime::PersistConfig;
 use serde::Serialize;
 
 /// A worker's disk tier.
