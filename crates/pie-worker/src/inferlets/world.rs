@@ -61,9 +61,13 @@ pub fn check_component(engine: &Engine, component: &Component) -> Result<(), Str
     for (name, _) in ty.imports(engine) {
         let unversioned = name.split('@').next().unwrap_or(name);
         if !ALLOWED_IMPORTS.contains(&unversioned) {
+            let ours: Vec<&str> = (ALLOWED_IMPORTS.iter())
+                .filter_map(|i| i.strip_prefix("pie:inferlet/"))
+                .collect();
             return Err(format!(
                 "the component imports `{name}`, which inferlets may not use (they may import \
-                 pie:inferlet/{{model,inference,process,structured,reporting,shaping}} and WASI's io, clocks, random and cli)"
+                 pie:inferlet/{{{}}} and WASI's io, clocks, random and cli)",
+                ours.join(",")
             ));
         }
     }
