@@ -89,6 +89,10 @@ pub struct KeyLimits {
     /// KV; with different salts (or none) they never do, so `cached_tokens`
     /// and timing cannot tell one tenant what another sent.
     pub cache_salt: Option<String>,
+    /// The key's inferlets' `max_wall_ms`, in place of the worker's.
+    pub max_wall_ms: Option<u64>,
+    /// The key's inferlets' `max_idle_ms`, in place of the worker's.
+    pub max_idle_ms: Option<u64>,
 }
 
 impl Default for KeyLimits {
@@ -102,6 +106,8 @@ impl Default for KeyLimits {
             persist: false,
             upload_inferlets: false,
             cache_salt: None,
+            max_wall_ms: None,
+            max_idle_ms: None,
         }
     }
 }
@@ -160,8 +166,23 @@ impl KeyLimits {
                 format!("must be a positive number, got {}", self.weight),
             ));
         }
+        for (field, ms) in [
+            ("max_wall_ms", self.max_wall_ms),
+            ("max_idle_ms", self.max_idle_ms),
+        ] {
+            if ms == Some(0) {
+                return Err((field, "must be at least 1".into()));
+            }
+        }
         Ok(())
     }
+}
+
+/// Do `keys` name two or more tenants (client or admin keys, whose
+/// requests run as their own client)? Then a worker shares its queue and
+/// inferlet instances per key.
+pub fn several_tenants(keys: &[ApiKey]) -> bool {
+    keys.iter().filter(|k| k.role != Role::Worker).count() >= 2
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -32,6 +32,13 @@ pub struct InferletsConfig {
     pub max_output_bytes: ByteSize,
     /// Messages waiting for a process; beyond, the sender gets 429.
     pub max_pending_messages: usize,
+    /// Bytes of messages waiting for a process; beyond, the sender gets 429.
+    pub max_pending_bytes: ByteSize,
+    /// The whole life of a process's instance, from taking its slot.
+    pub max_wall_ms: u64,
+    /// How long a process may stay blocked in `receive` or `sleep` with
+    /// nothing arriving.
+    pub max_idle_ms: u64,
     /// The largest component an upload may send.
     pub max_upload: ByteSize,
     /// Threads that run guest code (host calls and generation run elsewhere).
@@ -44,9 +51,12 @@ impl Default for InferletsConfig {
             dir: None,
             max_cpu_ms: 30_000,
             max_memory: ByteSize(256 << 20),
-            max_instances: 64,
+            max_instances: 32,
             max_output_bytes: ByteSize(16 << 20),
             max_pending_messages: 64,
+            max_pending_bytes: ByteSize(1 << 20),
+            max_wall_ms: 30 * 60_000,
+            max_idle_ms: 5 * 60_000,
             max_upload: ByteSize(32 << 20),
             threads: 1,
         }
@@ -117,6 +127,9 @@ impl InferletsConfig {
             ("runtime.inferlets.max_memory", self.max_memory.0),
             ("runtime.inferlets.max_instances", self.max_instances as u64),
             ("runtime.inferlets.max_upload", self.max_upload.0),
+            ("runtime.inferlets.max_pending_bytes", self.max_pending_bytes.0),
+            ("runtime.inferlets.max_wall_ms", self.max_wall_ms),
+            ("runtime.inferlets.max_idle_ms", self.max_idle_ms),
             ("runtime.inferlets.threads", self.threads as u64),
         ])
     }

@@ -11,6 +11,7 @@ pub mod priority;
 pub mod runtime;
 pub mod scheduler;
 pub mod service;
+pub mod shares;
 pub mod worker;
 
 pub use deadline::{Deadline, DeadlineConfig, OnMiss};
@@ -21,4 +22,5 @@ pub use offload::{Offload, OffloadConfig};
 pub use priority::{Priority, PriorityConfig};
 pub use scheduler::{KvAccounting, Planned, Scheduler, StepLimits};
 pub use service::ServiceCounters;
+pub use shares::Shares;
 pub use worker::{Candidate, WorkerPolicy};

@@ -166,7 +166,8 @@ port = 8080
 # routes; what a controller or peer presents), "admin" (everything).
 # limits (client keys): weight (default 1), max_priority, max_keep_ms,
 # min_deadline_ms, pin (default true), persist (default false), cache_salt,
-# upload_inferlets (default false: only admin keys install inferlets).
+# upload_inferlets (default false: only admin keys install inferlets),
+# max_wall_ms and max_idle_ms (in place of [runtime.inferlets]'s).
 # api_keys = [{ name = "alice", key = "sk-alice-secret" },
 #             { name = "ctl", key = "sk-ctl", role = "worker" },
 #             { name = "bob", key = "sk-bob", limits = { max_priority = 5 } }]
@@ -235,9 +236,12 @@ ttl_ms = 0                         # a page unused this long is deleted; 0: kept
 # dir = "/var/lib/pie/inferlets"  # unset: ~/.cache/pie/inferlets (components and their compiled code)
 max_cpu_ms = 30000                 # a process's own guest execution time; past it, it fails
 max_memory = "256MiB"              # linear memory per instance; past it, it fails
-max_instances = 64                 # live instances; more launches wait queued
+max_instances = 32                 # live instances; more launches wait queued
 max_output_bytes = "16MiB"         # text and events one process may emit
 max_pending_messages = 64          # messages waiting for a process; beyond: 429
+max_pending_bytes = "1MiB"         # bytes of messages waiting for a process; beyond: 429
+max_wall_ms = 1800000              # a process's whole life from its instance's start; past it, it fails
+max_idle_ms = 300000               # blocked in receive or sleep with nothing arriving; past it, it fails
 max_upload = "32MiB"               # the largest component an upload may send
 threads = 1                        # threads guest code runs on
 "#;

@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod config;
 pub mod engine;
 pub mod fetch;
+pub mod inbox;
 pub mod inferlet_cli;
 pub mod inferlets;
 pub mod leases;

@@ -8,6 +8,7 @@
 //! save.
 
 use pie_core::clock::now_ms;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -173,12 +174,14 @@ impl ProcData {
     }
 }
 
-/// How many processes are queued and running, kept up to date by their state
-/// changes so that load checks and scrapes do not scan the process table.
+/// How many processes are queued and running, and queued per client, kept
+/// up to date by their state changes so that load checks, per-key shares
+/// and scrapes do not scan the process table.
 #[derive(Debug, Default)]
 pub struct StateCounts {
     queued: AtomicUsize,
     running: AtomicUsize,
+    queued_by_client: Mutex<HashMap<String, usize>>,
 }
 
 impl StateCounts {
@@ -198,12 +201,38 @@ impl StateCounts {
         }
     }
 
-    fn moved(&self, from: ProcState, to: ProcState) {
+    /// Queued processes of `client`, and how many clients have any.
+    pub fn queued_of(&self, client: &str) -> (usize, usize) {
+        let by_client = self.lock_by_client();
+        (by_client.get(client).copied().unwrap_or(0), by_client.len())
+    }
+
+    fn lock_by_client(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.queued_by_client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn queue(&self, client: &str) {
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        *self.lock_by_client().entry(client.to_string()).or_default() += 1;
+    }
+
+    fn moved(&self, client: &str, from: ProcState, to: ProcState) {
         if let Some(c) = self.counter(from) {
             c.fetch_sub(1, Ordering::Relaxed);
         }
         if let Some(c) = self.counter(to) {
             c.fetch_add(1, Ordering::Relaxed);
+        }
+        if from == ProcState::Queued && to != ProcState::Queued {
+            let mut by_client = self.lock_by_client();
+            if let Some(n) = by_client.get_mut(client) {
+                *n -= 1;
+                if *n == 0 {
+                    by_client.remove(client);
+                }
+            }
         }
     }
 }
@@ -220,7 +249,7 @@ pub struct Process {
     /// generations in flight, each with its context's retention key).
     seqs: Mutex<Vec<(SeqId, Option<String>)>>,
     /// Messages from the client, for an inferlet that takes them.
-    inbox: OnceLock<tokio::sync::mpsc::Sender<String>>,
+    inbox: OnceLock<crate::inbox::InboxSender>,
     /// A controller asked to move it: it stops after its next token.
     handing_off: AtomicBool,
     /// A chat resuming a session: the session's turns before this one (what
@@ -247,7 +276,7 @@ impl Process {
         prompt_tokens: usize,
         counts: Arc<StateCounts>,
     ) -> Self {
-        counts.queued.fetch_add(1, Ordering::Relaxed);
+        counts.queue(&client);
         let data = ProcData {
             props,
             state: ProcState::Queued,
@@ -347,11 +376,11 @@ impl Process {
     }
 
     /// Where the client's messages go (an inferlet that takes them).
-    pub fn set_inbox(&self, inbox: tokio::sync::mpsc::Sender<String>) {
+    pub fn set_inbox(&self, inbox: crate::inbox::InboxSender) {
         let _ = self.inbox.set(inbox);
     }
 
-    pub fn inbox(&self) -> Option<&tokio::sync::mpsc::Sender<String>> {
+    pub fn inbox(&self) -> Option<&crate::inbox::InboxSender> {
         self.inbox.get()
     }
 
@@ -406,7 +435,7 @@ impl Process {
         let mut d = self.lock();
         if d.state == ProcState::Queued {
             d.state = ProcState::Running;
-            self.counts.moved(ProcState::Queued, ProcState::Running);
+            self.counts.moved(&self.client, ProcState::Queued, ProcState::Running);
         }
     }
 
@@ -527,7 +556,7 @@ impl Process {
         if d.state.is_final() {
             return false;
         }
-        self.counts.moved(d.state, state);
+        self.counts.moved(&self.client, d.state, state);
         d.state = state;
         d.finish_reason = finish_reason;
         d.finished_ms = Some(now_ms());

@@ -62,6 +62,9 @@ pub fn reload(
     rt.settings
         .max_queued
         .store(config.server.max_queued, Ordering::Relaxed);
+    rt.settings
+        .shared
+        .store(pie_core::auth::several_tenants(&keys), Ordering::Relaxed);
     *api_keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
     *in_force.write().unwrap_or_else(|e| e.into_inner()) = config.clone();
     tracing::info!(policies = ?config.runtime.worker_policy.names(), "config reloaded");

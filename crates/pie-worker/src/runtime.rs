@@ -79,6 +79,9 @@ pub struct RuntimeSettings {
     pub model_name: String,
     /// Reloadable: processes waiting to start before the API answers 429.
     pub max_queued: AtomicUsize,
+    /// Reloadable: the API keys name two or more tenants, so the queue and
+    /// the inferlet instances are shared per key (`pie_policy::shares`).
+    pub shared: AtomicBool,
     /// `[server] trace_file`: finished processes are recorded here.
     pub trace: Option<TraceRecorder>,
     /// `[server] worker_key`: presented to peers (pulls of KV pages).

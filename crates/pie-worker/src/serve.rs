@@ -253,6 +253,7 @@ pub fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
     let settings = RuntimeSettings {
         model_name,
         max_queued: config.server.max_queued.into(),
+        shared: pie_core::auth::several_tenants(&config.api_keys()?).into(),
         trace,
         worker_key: config.worker_key()?,
         stage: config.runtime.stage,

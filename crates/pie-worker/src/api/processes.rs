@@ -21,6 +21,7 @@ use super::auth::{
 };
 use super::response_format::checked_options;
 use super::state::{ApiError, ApiJson, AppState};
+use crate::inbox::InboxError;
 use crate::inferlets::{InferletError, InferletLaunch, RegistryError};
 use crate::process::{ProcEvent, ProcState, Process};
 use crate::runtime::{GenOptions, Inferlet, PromptTokens, Resume, Runtime};
@@ -202,16 +203,14 @@ pub(super) async fn send_message(
     };
     match inbox.try_send(body.message) {
         Ok(()) => Ok(Json(json!({"id": p.id, "queued": true}))),
-        Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => Err(ApiError {
+        Err(e @ (InboxError::TooMany(_) | InboxError::TooLarge { .. })) => Err(ApiError {
             retry_after: Some(1),
             ..ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
-                format!(
-                    "process {id} has [runtime.inferlets] max_pending_messages messages waiting"
-                ),
+                format!("process {id} cannot take this message: {e}"),
             )
         }),
-        Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => Err(ApiError::new(
+        Err(InboxError::Closed) => Err(ApiError::new(
             StatusCode::CONFLICT,
             format!("process {id} has ended"),
         )),

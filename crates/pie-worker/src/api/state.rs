@@ -105,7 +105,7 @@ impl From<PropError> for ApiError {
 impl From<LaunchError> for ApiError {
     fn from(e: LaunchError) -> Self {
         match e {
-            LaunchError::Overloaded(_) => ApiError {
+            LaunchError::Overloaded(_) | LaunchError::OverShare { .. } => ApiError {
                 retry_after: Some(1),
                 ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string())
             },

@@ -18,7 +18,6 @@ use pie_model::{
     check_token_ids, Grammar, GrammarSpec, SamplingParams, SamplingRequest, MAX_TOP_LOGPROBS,
 };
 use serde_json::Value;
-use tokio::sync::mpsc;
 use wasmtime::component::{HasData, HasSelf, Linker, ResourceTable};
 use wasmtime_wasi::p2::bindings::{cli, clocks, random};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
@@ -31,7 +30,8 @@ use super::world::inference::{FinishReason, GenerateOptions, Generation, Samplin
 use super::world::shaping::LogitShaping;
 use super::world::structured::OutputFormat;
 use super::world::{inference, model, process, reporting, shaping, structured, Inferlet};
-use crate::process::Process;
+use crate::inbox::InboxReceiver;
+use crate::process::{ProcState, Process};
 use crate::runtime::{Generate, Generated, Runtime};
 use pie_core::clock::now_ms;
 
@@ -59,7 +59,10 @@ pub struct ProcessHost {
     /// The launching key's name and limits (props it sets are bounded by them).
     pub key: Option<(String, KeyLimits)>,
     pub cache_salt: Option<String>,
-    pub inbox: mpsc::Receiver<String>,
+    pub inbox: InboxReceiver,
+    /// How long one `receive` or `sleep` may wait with nothing arriving
+    /// (`max_idle_ms`, the key's or the worker's).
+    pub max_idle: Duration,
     pub output_bytes: usize,
     pub max_output_bytes: usize,
     /// This process's log rate.
@@ -351,15 +354,17 @@ impl process::Host for GuestState {
     }
 
     async fn receive(&mut self) -> String {
-        match self.host.inbox.recv().await {
-            Some(message) => message,
+        let idle = self.host.max_idle;
+        match tokio::time::timeout(idle, self.host.inbox.recv()).await {
+            Ok(Some(message)) => message,
             // The inbox lives as long as the process: never reached.
-            None => std::future::pending().await,
+            Ok(None) => std::future::pending().await,
+            Err(_) => self.host.idle_past_limit("receive").await,
         }
     }
 
     fn try_receive(&mut self) -> Option<String> {
-        self.host.inbox.try_recv().ok()
+        self.host.inbox.try_recv()
     }
 
     fn log(&mut self, level: process::Level, message: String) {
@@ -381,11 +386,30 @@ impl process::Host for GuestState {
     }
 
     async fn sleep(&mut self, ms: u64) {
-        tokio::time::sleep(Duration::from_millis(ms).min(MAX_SLEEP)).await;
+        let asked = Duration::from_millis(ms).min(MAX_SLEEP);
+        tokio::time::sleep(asked.min(self.host.max_idle)).await;
+        if asked > self.host.max_idle {
+            self.host.idle_past_limit("sleep").await
+        }
     }
 }
 
 impl ProcessHost {
+    /// The process fails naming `max_idle_ms`; its task then drops the
+    /// guest (it waits on the process's end), so this never returns.
+    async fn idle_past_limit(&self, call: &str) -> ! {
+        fail(
+            &self.rt,
+            &self.process,
+            format!(
+                "the inferlet waited in `{call}` for {} ms with nothing arriving, \
+                 past max_idle_ms",
+                self.max_idle.as_millis()
+            ),
+        );
+        std::future::pending().await
+    }
+
     /// One generation of this process (see [`Runtime::generate`]).
     async fn run(&self, call: Generate) -> Result<Generated, String> {
         self.rt.clone().generate(&self.process, call).await
@@ -586,4 +610,18 @@ fn sampling(
     }
     .check(vocab)
     .map_err(|e| e.message.replace('_', "-"))
+}
+
+/// The process ends finished (its guest returned Ok).
+pub fn complete(rt: &Runtime, process: &Process) {
+    if process.finish(ProcState::Finished, Some("stop"), None) {
+        rt.metrics.count_request("finished");
+    }
+}
+
+/// The process ends failed, saying `why`.
+pub fn fail(rt: &Runtime, process: &Process, why: String) {
+    if process.finish(ProcState::Failed, None, Some(why)) {
+        rt.metrics.count_request("failed");
+    }
 }

@@ -18,6 +18,7 @@ pub mod contexts;
 pub mod host;
 pub mod limits;
 pub mod registry;
+pub mod slots;
 pub mod world;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,22 +28,22 @@ use std::time::Duration;
 use pie_core::auth::KeyLimits;
 use pie_core::worker_config::InferletsConfig;
 use pie_core::Props;
-use tokio::sync::{mpsc, Semaphore};
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Engine, Store, UpdateDeadline};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::WasiCtxBuilder;
 
-use crate::process::{ProcState, Process};
+use crate::process::Process;
 use crate::runtime::{LaunchError, Runtime};
 use contexts::Contexts;
-use host::{GuestState, ProcessHost};
+use host::{complete, fail, GuestState, ProcessHost};
 use limits::{
     CpuMeter, MemoryCap, Metered, TokenBucket, ALL_LOG_LINES_BURST, ALL_LOG_LINES_PER_S,
     EPOCH_TICK, LOG_LINES_BURST, LOG_LINES_PER_S,
 };
 pub use registry::RegistryError;
 use registry::{Installed, Registry};
+use slots::InstanceSlots;
 use world::Inferlet;
 
 /// How a guest stopped past `max_cpu_ms` fails.
@@ -77,8 +78,9 @@ pub struct Inferlets {
     linker: Linker<GuestState>,
     pub registry: Registry,
     config: InferletsConfig,
-    /// Permits for live instances; launches beyond wait (queued).
-    instances: Arc<Semaphore>,
+    /// Slots for live instances, shared per key; launches beyond wait
+    /// (queued).
+    instances: Arc<InstanceSlots>,
     live: Arc<AtomicUsize>,
     /// Where guest code runs: its own threads, so a guest between two epoch
     /// ticks never holds up the API or the engine.
@@ -119,7 +121,7 @@ impl Inferlets {
             linker,
             registry,
             config: config.clone(),
-            instances: Arc::new(Semaphore::new(config.max_instances)),
+            instances: InstanceSlots::new(config.max_instances),
             live: Arc::default(),
             guests: handle,
             all_logs: Arc::new(std::sync::Mutex::new(TokenBucket::new(
@@ -147,11 +149,21 @@ impl Inferlets {
         launch: InferletLaunch,
     ) -> Result<Arc<Process>, InferletError> {
         let installed = self.registry.find(&launch.reference)?;
-        rt.admit()?;
+        rt.admit(&launch.client)?;
         let label = format!("{}@{}", installed.name, installed.version);
         let process = rt.register_process(&label, launch.client.clone(), launch.props.clone(), 0);
-        let (inbox_tx, inbox) = mpsc::channel(self.config.max_pending_messages.max(1));
+        let (inbox_tx, inbox) = crate::inbox::inbox(
+            self.config.max_pending_messages,
+            self.config.max_pending_bytes.0 as usize,
+        );
         process.set_inbox(inbox_tx);
+        let key_limits = launch.key.as_ref().map(|(_, limits)| limits);
+        let max_idle = key_limits
+            .and_then(|l| l.max_idle_ms)
+            .unwrap_or(self.config.max_idle_ms);
+        let max_wall = key_limits
+            .and_then(|l| l.max_wall_ms)
+            .unwrap_or(self.config.max_wall_ms);
         let host = ProcessHost {
             rt: rt.clone(),
             process: process.clone(),
@@ -160,25 +172,24 @@ impl Inferlets {
             key: launch.key,
             cache_salt: launch.cache_salt,
             inbox,
+            max_idle: Duration::from_millis(max_idle),
             output_bytes: 0,
             max_output_bytes: self.config.max_output_bytes.0 as usize,
             logs: TokenBucket::new(LOG_LINES_PER_S, LOG_LINES_BURST),
             all_logs: self.all_logs.clone(),
             logs_dropped: false,
         };
-        self.guests.spawn(self.clone().run(installed, host));
+        let max_wall = Duration::from_millis(max_wall);
+        self.guests.spawn(self.clone().run(installed, host, max_wall));
         Ok(process)
     }
 
     /// Run one process to its end (see the module's invariant).
-    async fn run(self: Arc<Self>, installed: Installed, host: ProcessHost) {
+    async fn run(self: Arc<Self>, installed: Installed, host: ProcessHost, max_wall: Duration) {
         let (rt, process) = (host.rt.clone(), host.process.clone());
         // Killed while it waits for a slot: it never takes one.
         let _slot = tokio::select! {
-            slot = self.instances.clone().acquire_owned() => match slot {
-                Ok(slot) => slot,
-                Err(_) => return,
-            },
+            slot = self.instances.acquire(&process.client, |n| rt.shares_of(n)) => slot,
             _ = process.ended() => return,
         };
         if process.state().is_final() {
@@ -213,6 +224,10 @@ impl Inferlets {
             tokio::select! {
                 outcome = Metered::new(run, meter) => Some(outcome),
                 _ = process.ended() => None,
+                _ = tokio::time::sleep(max_wall) => Some(Ok(Err(format!(
+                    "the inferlet ran for {} ms, past max_wall_ms",
+                    max_wall.as_millis()
+                )))),
             }
         };
         match outcome {
@@ -285,18 +300,6 @@ fn describe_trap(
         format!("the inferlet trapped: {root}")
     } else {
         format!("the inferlet trapped: {root}: {printed}")
-    }
-}
-
-fn complete(rt: &Runtime, process: &Process) {
-    if process.finish(ProcState::Finished, Some("stop"), None) {
-        rt.metrics.count_request("finished");
-    }
-}
-
-fn fail(rt: &Runtime, process: &Process, why: String) {
-    if process.finish(ProcState::Failed, None, Some(why)) {
-        rt.metrics.count_request("failed");
     }
 }
 

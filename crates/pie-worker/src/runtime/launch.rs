@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use pie_core::Props;
 use pie_model::{check_token_ids, ChatMessage};
+use pie_policy::Shares;
 use pie_workload::TraceInput;
 
 use super::builtin::{Driver, SessionTurn};
@@ -32,7 +33,7 @@ impl Runtime {
         client: String,
         pretokenized: Option<PromptTokens>,
     ) -> Result<(Arc<Process>, ProcEvents), LaunchError> {
-        self.admit()?;
+        self.admit(&client)?;
         let mut resume = opts.resume.unwrap_or_default();
         let (mut prompt, session_messages) = self.prompt_tokens(
             &inferlet,
@@ -102,18 +103,39 @@ impl Runtime {
         Ok((process, events))
     }
 
-    /// The checks every launch passes first: health, drain, the queue limit.
-    pub fn admit(&self) -> Result<(), LaunchError> {
+    /// The checks every launch of `client` passes first: health, drain, the
+    /// queue limit and, with several tenants, the client's share of it.
+    pub fn admit(&self, client: &str) -> Result<(), LaunchError> {
         self.health().map_err(LaunchError::Unhealthy)?;
         if self.draining() {
             return Err(LaunchError::Draining);
         }
         let queued = self.count_in(ProcState::Queued);
-        if queued >= self.settings.max_queued.load(Ordering::Relaxed) {
+        let max_queued = self.settings.max_queued.load(Ordering::Relaxed);
+        if queued >= max_queued {
             self.metrics.count_request("rejected_overload");
             return Err(LaunchError::Overloaded(queued));
         }
+        let (mine, clients) = self.state_counts.queued_of(client);
+        let active = clients + usize::from(mine == 0);
+        if !self.shares_of(max_queued).may_take(mine, queued, active) {
+            self.metrics.count_request("rejected_share");
+            return Err(LaunchError::OverShare {
+                client: client.to_string(),
+                queued: mine,
+            });
+        }
         Ok(())
+    }
+
+    /// The per-key shares of a pool of `capacity` places, or none with one
+    /// tenant.
+    pub fn shares_of(&self, capacity: usize) -> Shares {
+        if self.settings.shared.load(Ordering::Relaxed) {
+            Shares::of(capacity)
+        } else {
+            Shares::unshared(capacity)
+        }
     }
 
     /// A new process on record (queued), running `inferlet`.

@@ -103,6 +103,13 @@ pub struct GenOptions {
 pub enum LaunchError {
     #[error("too many queued processes ({0}); retry later")]
     Overloaded(usize),
+    /// The client holds its share of the queue while others want places
+    /// (`pie_policy::shares`).
+    #[error(
+        "client `{client}` has {queued} queued processes, its share of [server] max_queued \
+         while other keys queue too; retry later"
+    )]
+    OverShare { client: String, queued: usize },
     #[error("{0}")]
     BadRequest(String),
     /// The engine panicked or stalls (see `Runtime::health`).
