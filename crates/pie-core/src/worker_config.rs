@@ -127,7 +127,10 @@ impl InferletsConfig {
             ("runtime.inferlets.max_memory", self.max_memory.0),
             ("runtime.inferlets.max_instances", self.max_instances as u64),
             ("runtime.inferlets.max_upload", self.max_upload.0),
-            ("runtime.inferlets.max_pending_bytes", self.max_pending_bytes.0),
+            (
+                "runtime.inferlets.max_pending_bytes",
+                self.max_pending_bytes.0,
+            ),
             ("runtime.inferlets.max_wall_ms", self.max_wall_ms),
             ("runtime.inferlets.max_idle_ms", self.max_idle_ms),
             ("runtime.inferlets.threads", self.threads as u64),

@@ -78,7 +78,10 @@ mod tests {
         assert_eq!(pool.reserve, 2);
         assert!(pool.may_take(13, 13, 1));
         assert!(!pool.may_take(14, 14, 1), "the reserve stays free");
-        assert!(pool.may_take(0, 14, 2), "a second key gets a reserved place");
+        assert!(
+            pool.may_take(0, 14, 2),
+            "a second key gets a reserved place"
+        );
         assert!(pool.may_take(1, 15, 2));
         assert!(!pool.may_take(2, 16, 2), "the pool is full");
         assert!(

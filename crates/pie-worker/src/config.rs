@@ -45,6 +45,10 @@ pub struct ServerConfig {
     pub max_finished_processes: usize,
     /// A finished process record is forgotten this long after it ended.
     pub finished_ttl_ms: u64,
+    /// Bytes all finished records keep; past this the oldest go.
+    pub max_finished_bytes: ByteSize,
+    /// Bytes one finished record keeps; past this it is cut, with a marker.
+    pub max_record_bytes: ByteSize,
     /// A drain (SIGTERM, `POST /v1/admin/drain`) exits once no process is
     /// left, or after this long, failing what is left.
     pub drain_timeout_ms: u64,
@@ -65,6 +69,8 @@ impl Default for ServerConfig {
             stall_ms: 30_000,
             max_sessions: 10_000,
             max_finished_processes: 10_000,
+            max_finished_bytes: ByteSize(256 << 20),
+            max_record_bytes: ByteSize(16 << 20),
             finished_ttl_ms: 3_600_000,
             drain_timeout_ms: 120_000,
         }
@@ -181,6 +187,8 @@ stall_ms = 30000                   # engine without progress this long with work
 max_sessions = 10000               # chat sessions kept; beyond: least recently used forgotten
 max_finished_processes = 10000     # finished process records kept; beyond: oldest forgotten
 finished_ttl_ms = 3600000          # a finished process record is forgotten this long after it ended
+max_finished_bytes = "256MiB"      # bytes all finished records keep; beyond: oldest forgotten
+max_record_bytes = "16MiB"         # bytes one finished record keeps; beyond: cut, with a marker event
 drain_timeout_ms = 120000          # a drain (SIGTERM, POST /v1/admin/drain) exits by then, failing what is left
 
 [model]

@@ -10,6 +10,7 @@ pub mod inbox;
 pub mod inferlet_cli;
 pub mod inferlets;
 pub mod leases;
+pub mod memory_bound;
 pub mod metrics;
 pub mod process;
 pub mod records;

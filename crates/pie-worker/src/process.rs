@@ -136,6 +136,10 @@ pub struct ProcData {
     /// What each piece is besides its text (JSON and props events have none).
     #[serde(skip)]
     pieces: Vec<Piece>,
+    /// What the record keeps, in bytes (its text and events, each with
+    /// [`PIECE_OVERHEAD_BYTES`]).
+    #[serde(skip)]
+    kept_bytes: usize,
 }
 
 /// One event of the stored sequence besides its share of `output`.
@@ -149,7 +153,62 @@ enum Piece {
     Props(Props),
 }
 
+impl Piece {
+    /// Its bytes beside its text.
+    fn bytes(&self) -> usize {
+        PIECE_OVERHEAD_BYTES
+            + match self {
+                Piece::Text { logprobs, .. } => logprobs.as_ref().map_or(0, |l| {
+                    std::mem::size_of::<TokenLogprobs>()
+                        + l.top.len() * std::mem::size_of::<(u32, f32)>()
+                }),
+                Piece::Json(json) => json.len(),
+                Piece::Props(props) => serde_json::to_string(props).map_or(0, |s| s.len()),
+            }
+    }
+}
+
 impl ProcData {
+    fn push(&mut self, text: &str, piece: Piece) {
+        self.output.push_str(text);
+        self.piece_ends.push(self.output.len());
+        self.kept_bytes += text.len() + piece.bytes();
+        self.pieces.push(piece);
+    }
+
+    /// Keep the pieces that fit `cap` bytes and a marker saying what went.
+    fn cut_to(&mut self, cap: usize) {
+        let mut kept = 0;
+        let mut start = 0;
+        let mut keep = 0;
+        for (piece, &end) in self.pieces.iter().zip(&self.piece_ends) {
+            let bytes = end - start + piece.bytes();
+            if kept + bytes > cap {
+                break;
+            }
+            kept += bytes;
+            start = end;
+            keep += 1;
+        }
+        let dropped = self.pieces.len() - keep;
+        let dropped_bytes = self.kept_bytes - kept;
+        let kept_tokens = self.pieces[..keep]
+            .iter()
+            .filter(|p| matches!(p, Piece::Text { token: Some(_), .. }))
+            .count();
+        self.pieces.truncate(keep);
+        self.piece_ends.truncate(keep);
+        self.output.truncate(start);
+        self.output_tokens.truncate(kept_tokens);
+        self.kept_bytes = kept;
+        let marker = serde_json::json!({"record_truncated": {
+            "dropped_events": dropped,
+            "dropped_bytes": dropped_bytes,
+            "limit": "[server] max_record_bytes",
+        }});
+        self.push("", Piece::Json(marker.to_string().into()));
+    }
+
     /// The event at `index` of the process's event sequence (its output
     /// pieces, then `Done`), if it has happened yet.
     fn event_at(&self, index: usize) -> Option<ProcEvent> {
@@ -165,7 +224,8 @@ impl ProcData {
                 Piece::Props(props) => ProcEvent::Props(props.clone()),
             });
         }
-        (index == self.piece_ends.len() && self.state.is_final()).then(|| ProcEvent::Done {
+        // A reader past the end of a record cut at its finish gets `Done`.
+        (index >= self.piece_ends.len() && self.state.is_final()).then(|| ProcEvent::Done {
             state: self.state,
             finish_reason: self.finish_reason,
             usage: self.usage,
@@ -174,17 +234,51 @@ impl ProcData {
     }
 }
 
-/// How many processes are queued and running, and queued per client, kept
-/// up to date by their state changes so that load checks, per-key shares
-/// and scrapes do not scan the process table.
-#[derive(Debug, Default)]
+/// What the host keeps for one event beyond its text (its entry in the
+/// record's index, its enum), counted in a record's bytes.
+pub const PIECE_OVERHEAD_BYTES: usize = 64;
+
+/// How many processes are queued and running, queued per client, and the
+/// bytes finished records keep, kept up to date by state changes so that
+/// load checks, per-key shares, record budgets and scrapes do not scan the
+/// process table; and the cap on one finished record's bytes.
+#[derive(Debug)]
 pub struct StateCounts {
     queued: AtomicUsize,
     running: AtomicUsize,
     queued_by_client: Mutex<HashMap<String, usize>>,
+    finished_bytes: AtomicUsize,
+    /// `[server] max_record_bytes`: a record past it is cut at its end.
+    record_cap: usize,
+}
+
+impl Default for StateCounts {
+    fn default() -> Self {
+        Self::with_record_cap(usize::MAX)
+    }
 }
 
 impl StateCounts {
+    pub fn with_record_cap(record_cap: usize) -> Self {
+        Self {
+            queued: AtomicUsize::new(0),
+            running: AtomicUsize::new(0),
+            queued_by_client: Mutex::default(),
+            finished_bytes: AtomicUsize::new(0),
+            record_cap,
+        }
+    }
+
+    /// Bytes the finished records in the table keep.
+    pub fn finished_bytes(&self) -> usize {
+        self.finished_bytes.load(Ordering::Relaxed)
+    }
+
+    /// A finished record of `bytes` leaves the table.
+    pub fn forget(&self, bytes: usize) {
+        self.finished_bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
     pub fn get(&self, state: ProcState) -> usize {
         match state {
             ProcState::Queued => self.queued.load(Ordering::Relaxed),
@@ -289,6 +383,7 @@ impl Process {
             output_tokens: Vec::new(),
             error: None,
             piece_ends: Vec::new(),
+            kept_bytes: 0,
             pieces: Vec::new(),
         };
         Self {
@@ -435,7 +530,8 @@ impl Process {
         let mut d = self.lock();
         if d.state == ProcState::Queued {
             d.state = ProcState::Running;
-            self.counts.moved(&self.client, ProcState::Queued, ProcState::Running);
+            self.counts
+                .moved(&self.client, ProcState::Queued, ProcState::Running);
         }
     }
 
@@ -498,10 +594,7 @@ impl Process {
         if d.first_token_ms.is_none() {
             d.first_token_ms = Some(now_ms());
         }
-        d.output.push_str(&text);
-        let end = d.output.len();
-        d.piece_ends.push(end);
-        d.pieces.push(Piece::Text { token, logprobs });
+        d.push(&text, Piece::Text { token, logprobs });
         d.output_tokens.extend(token);
         d.usage = Usage::new(
             d.usage.prompt_tokens,
@@ -533,9 +626,7 @@ impl Process {
         if d.state.is_final() {
             return;
         }
-        let end = d.output.len();
-        d.piece_ends.push(end);
-        d.pieces.push(piece);
+        d.push("", piece);
         drop(d);
         self.changed();
     }
@@ -561,9 +652,20 @@ impl Process {
         d.finish_reason = finish_reason;
         d.finished_ms = Some(now_ms());
         d.error = error;
+        if d.kept_bytes > self.counts.record_cap {
+            d.cut_to(self.counts.record_cap);
+        }
+        self.counts
+            .finished_bytes
+            .fetch_add(d.kept_bytes, Ordering::Relaxed);
         drop(d);
         self.changed();
         true
+    }
+
+    /// The bytes its record keeps.
+    pub fn kept_bytes(&self) -> usize {
+        self.lock().kept_bytes
     }
 
     /// When it reached its final state (unix ms), if it has.
@@ -625,6 +727,45 @@ mod tests {
             }
             other => panic!("last event {other:?}"),
         }
+    }
+
+    /// A record past `max_record_bytes` is cut at its finish to the events
+    /// that fit, with a marker saying what went; a reader already past the
+    /// cut gets `Done`, and the finished bytes count what is kept.
+    #[tokio::test]
+    async fn a_record_past_its_cap_is_cut_with_a_marker() {
+        let counts = Arc::new(StateCounts::with_record_cap(
+            10 * (10 + PIECE_OVERHEAD_BYTES),
+        ));
+        let p = Arc::new(Process::new(
+            "proc-1".into(),
+            "flood",
+            "c".into(),
+            Props::new(),
+            0,
+            counts.clone(),
+        ));
+        let mut ahead = p.events();
+        for i in 0..100u32 {
+            p.push_text("0123456789".into(), Some(i), i as usize + 1);
+        }
+        for _ in 0..50 {
+            ahead.next().await;
+        }
+        p.finish(ProcState::Finished, Some("stop"), None);
+        let kept: Vec<ProcEvent> = p.events().collect().await;
+        assert_eq!(kept.len(), 12, "10 pieces, the marker, Done");
+        assert_eq!(p.snapshot().output, "0123456789".repeat(10));
+        assert_eq!(p.snapshot().output_tokens.len(), 10);
+        match &kept[10] {
+            ProcEvent::Json(marker) => {
+                assert!(marker.contains("\"dropped_events\":90"), "{marker}");
+                assert!(marker.contains("max_record_bytes"), "{marker}");
+            }
+            other => panic!("no marker: {other:?}"),
+        }
+        assert!(matches!(ahead.next().await, Some(ProcEvent::Done { .. })));
+        assert_eq!(counts.finished_bytes(), p.kept_bytes());
     }
 
     /// A live reader, woken piece by piece while the writer runs, sees the same

@@ -1,8 +1,9 @@
 //! The process table: every live process and the finished ones still shown by
 //! the API. Finished records are bounded in number (`[server]
-//! max_finished_processes`, oldest launched first) and in age
-//! (`finished_ttl_ms`): every client request adds one, so without a bound the
-//! table grows with client input.
+//! max_finished_processes`), in bytes (`max_finished_bytes`, oldest launched
+//! first for both) and in age (`finished_ttl_ms`): every client request adds
+//! one, so without a bound the table grows with client input. (One record
+//! is cut at `max_record_bytes` when it finishes: `Process::finish`.)
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -13,6 +14,10 @@ use crate::process::{ProcState, Process, StateCounts};
 pub struct RecordLimits {
     pub max_finished: usize,
     pub finished_ttl_ms: u64,
+    /// `[server] max_finished_bytes`: what all finished records keep.
+    pub max_finished_bytes: usize,
+    /// `[server] max_record_bytes`: one finished record is cut past it.
+    pub max_record_bytes: usize,
 }
 
 /// Processes by id, and their ids in launch order for dropping the oldest
@@ -60,25 +65,28 @@ impl ProcessTable {
     /// (a full pass: the table is bounded), then any past the count bound.
     pub fn sweep(&mut self, now_ms: u64) {
         let ttl = self.limits.finished_ttl_ms;
-        let by_id = &mut self.by_id;
+        let (by_id, counts) = (&mut self.by_id, &self.counts);
         self.order.retain(|id| {
             let expired = by_id
                 .get(id)
                 .and_then(|p| p.finished_ms())
                 .is_some_and(|done| now_ms.saturating_sub(done) >= ttl);
             if expired {
-                by_id.remove(id);
+                if let Some(p) = by_id.remove(id) {
+                    counts.forget(p.kept_bytes());
+                }
             }
             !expired && by_id.contains_key(id)
         });
         self.evict_excess();
     }
 
-    /// Past `max_finished`, forget the oldest finished records. Live ones met on
-    /// the way go to the back (amortised O(1) per launch).
+    /// Past `max_finished` or `max_finished_bytes`, forget the oldest
+    /// finished records. Live ones met on the way go to the back (amortised
+    /// O(1) per launch).
     fn evict_excess(&mut self) {
         let mut passes = self.order.len();
-        while self.finished() > self.limits.max_finished && passes > 0 {
+        while self.over_budget() && passes > 0 {
             passes -= 1;
             let Some(id) = self.order.pop_front() else {
                 break;
@@ -86,10 +94,17 @@ impl ProcessTable {
             match self.by_id.get(&id) {
                 Some(p) if !p.state().is_final() => self.order.push_back(id),
                 _ => {
-                    self.by_id.remove(&id);
+                    if let Some(p) = self.by_id.remove(&id) {
+                        self.counts.forget(p.kept_bytes());
+                    }
                 }
             }
         }
+    }
+
+    fn over_budget(&self) -> bool {
+        self.finished() > self.limits.max_finished
+            || self.counts.finished_bytes() > self.limits.max_finished_bytes
     }
 }
 
@@ -113,8 +128,39 @@ mod tests {
         let limits = RecordLimits {
             max_finished,
             finished_ttl_ms,
+            max_finished_bytes: usize::MAX,
+            max_record_bytes: usize::MAX,
         };
         ProcessTable::new(limits, Arc::default())
+    }
+
+    /// Finished records past `max_finished_bytes` go oldest first, and their
+    /// bytes stop counting.
+    #[test]
+    fn finished_records_are_kept_within_their_byte_budget() {
+        let limits = RecordLimits {
+            max_finished: 100,
+            finished_ttl_ms: u64::MAX,
+            max_finished_bytes: 3_000,
+            max_record_bytes: usize::MAX,
+        };
+        let counts = Arc::<StateCounts>::default();
+        let mut table = ProcessTable::new(limits, counts.clone());
+        for i in 0..5 {
+            let p = process(i, &counts);
+            p.push_emitted("x".repeat(1_000));
+            p.finish(ProcState::Finished, Some("stop"), None);
+            table.insert(p);
+        }
+        assert!(
+            counts.finished_bytes() <= 3_000,
+            "{}",
+            counts.finished_bytes()
+        );
+        assert_eq!(table.finished(), 2, "each keeps 1,000 bytes + its overhead");
+        assert!(table.get("proc-2").is_none() && table.get("proc-3").is_some());
+        table.sweep(u64::MAX);
+        assert_eq!(table.finished(), 2);
     }
 
     #[test]

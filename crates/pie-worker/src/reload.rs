@@ -99,6 +99,14 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
             old.server.finished_ttl_ms != new.server.finished_ttl_ms,
         ),
         (
+            "server.max_finished_bytes",
+            old.server.max_finished_bytes != new.server.max_finished_bytes,
+        ),
+        (
+            "server.max_record_bytes",
+            old.server.max_record_bytes != new.server.max_record_bytes,
+        ),
+        (
             "server.trace_file",
             old.server.trace_file != new.server.trace_file,
         ),

@@ -99,7 +99,8 @@ pub struct RuntimeSettings {
     pub stall_ms: u64,
     /// `[server] max_sessions`: chat sessions kept (least recently used go).
     pub max_sessions: usize,
-    /// `[server] max_finished_processes` and `finished_ttl_ms`.
+    /// `[server] max_finished_processes`, `finished_ttl_ms`,
+    /// `max_finished_bytes` and `max_record_bytes`.
     pub records: RecordLimits,
     /// `[server] step_log`: taken by the engine thread at start.
     pub step_log: Option<StepLog>,
@@ -209,7 +210,9 @@ impl Runtime {
             .name("pie-engine".into())
             .spawn(move || thread.run(engine, rx, publisher, step_log))
             .expect("spawning the engine thread");
-        let state_counts = Arc::<StateCounts>::default();
+        let state_counts = Arc::new(StateCounts::with_record_cap(
+            settings.records.max_record_bytes,
+        ));
         let rt = Arc::new(Self {
             model,
             shape,

@@ -15,6 +15,7 @@ use crate::config::Config;
 use crate::engine::{Engine, EngineConfig};
 use crate::fetch;
 use crate::inferlets::Inferlets;
+use crate::memory_bound::{machine_memory, MemoryBound};
 use crate::metrics::Metrics;
 use crate::register::{deregister, heartbeat, Registration};
 use crate::reload::{reload_on_sighup, Reloader};
@@ -188,6 +189,20 @@ fn model_name_of(path: &std::path::Path) -> String {
     }
 }
 
+/// Say the worker's memory bound, warning when it passes the machine's.
+fn say_memory_bound(config: &Config, model: &std::path::Path, kv_bytes: u64) {
+    let model_bytes = std::fs::metadata(model).map_or(0, |m| m.len());
+    let bound = MemoryBound::of(config, model_bytes, kv_bytes);
+    match machine_memory() {
+        Some(machine) if bound.total() > machine => tracing::warn!(
+            "memory bound {bound}, past this machine's {} MiB: lower \
+             [runtime.inferlets] max_instances or max_memory (docs/tenancy-and-limits.md)",
+            machine >> 20
+        ),
+        _ => tracing::info!("memory bound {bound}"),
+    }
+}
+
 /// Load the model and start the runtime over it (`pie serve`, `pie run`).
 pub fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
     let path: PathBuf = match &config.model.path {
@@ -240,6 +255,7 @@ pub fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
         max_batch_tokens: rt.max_batch_tokens,
         max_running: rt.max_running,
     };
+    say_memory_bound(config, &path, (engine_config.kv_pages * page_bytes) as u64);
     let policies = WorkerPolicies::build(rt).map_err(anyhow::Error::msg)?;
     let model_name = (config.model.name.clone()).unwrap_or_else(|| model_name_of(&path));
     let engine = Engine::new(model, engine_config, Box::new(pie_policy::Fcfs));
@@ -265,6 +281,8 @@ pub fn start_runtime(config: &Config) -> Result<Arc<Runtime>> {
         records: crate::records::RecordLimits {
             max_finished: config.server.max_finished_processes,
             finished_ttl_ms: config.server.finished_ttl_ms,
+            max_finished_bytes: config.server.max_finished_bytes.0 as usize,
+            max_record_bytes: config.server.max_record_bytes.0 as usize,
         },
         step_log: config
             .server

@@ -8,49 +8,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::guests::{config, error_of, launch, message, store_dir, upload, upload_as};
 use common::Server;
 use pie_testkit::inferlet_wasm;
 use reqwest::Method;
 use serde_json::{json, Value};
-
-/// A fresh directory for one server's installed inferlets.
-fn store_dir() -> String {
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "inferlets-{}-{}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    dir.display().to_string()
-}
-
-/// A config with the inferlets stored in `dir`, and `extra` TOML after.
-fn config(dir: &str, runtime: &str, inferlets: &str) -> String {
-    format!("[runtime]\n{runtime}\n[runtime.inferlets]\ndir = {dir:?}\n{inferlets}\n")
-}
-
-async fn upload_as(s: &Server, key: Option<&str>, name: &str, guest: &str) -> (u16, Value) {
-    let wasm = std::fs::read(inferlet_wasm(guest)).unwrap();
-    // A fresh connection: a pooled one the server just closed fails the
-    // body's write (a broken pipe, seen once in CI).
-    let mut req = reqwest::Client::new()
-        .post(s.url(&format!("/v1/inferlets?name={name}")))
-        .body(wasm);
-    if let Some(key) = key {
-        req = req.bearer_auth(key);
-    }
-    let r = req.send().await.unwrap();
-    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-}
-
-async fn upload(s: &Server, name: &str, guest: &str) {
-    let (status, body) = upload_as(s, None, name, guest).await;
-    assert_eq!(status, 201, "{body}");
-}
-
-async fn launch(s: &Server, inferlet: &str, args: Value, props: Value) -> String {
-    s.launch(json!({"inferlet": inferlet, "args": args, "props": props}))
-        .await
-}
 
 /// Launch and wait for the end; returns the record.
 async fn run(s: &Server, inferlet: &str, args: Value) -> Value {
@@ -122,22 +84,10 @@ async fn slow_steps(s: &Server, key: Option<&str>, ms: u64) {
     assert_eq!(req.send().await.unwrap().status(), 200);
 }
 
-async fn message(s: &Server, id: &str, text: &str) -> (u16, Value) {
-    s.post(
-        &format!("/v1/processes/{id}/messages"),
-        json!({ "message": text }),
-    )
-    .await
-}
-
 /// The worker still runs a process of `inferlet` to its end.
 async fn assert_serves(s: &Server, inferlet: &str) {
     let after = run(s, inferlet, json!({"prompt": "hi", "max_tokens": 4})).await;
     assert_eq!(after["state"], "finished", "{after}");
-}
-
-fn error_of(record: &Value) -> &str {
-    record["error"].as_str().unwrap_or("")
 }
 
 #[tokio::test]

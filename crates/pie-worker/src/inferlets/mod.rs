@@ -180,7 +180,8 @@ impl Inferlets {
             logs_dropped: false,
         };
         let max_wall = Duration::from_millis(max_wall);
-        self.guests.spawn(self.clone().run(installed, host, max_wall));
+        self.guests
+            .spawn(self.clone().run(installed, host, max_wall));
         Ok(process)
     }
 

@@ -136,7 +136,9 @@ mod tests {
     use std::time::Duration;
 
     async fn within<T>(ms: u64, f: impl std::future::Future<Output = T>) -> Option<T> {
-        tokio::time::timeout(Duration::from_millis(ms), f).await.ok()
+        tokio::time::timeout(Duration::from_millis(ms), f)
+            .await
+            .ok()
     }
 
     #[tokio::test]
@@ -150,18 +152,26 @@ mod tests {
         let bob = within(50, slots.acquire("bob", Shares::of)).await;
         assert!(bob.is_some(), "bob is admitted at once");
         assert!(
-            within(50, slots.acquire("alice", Shares::of)).await.is_none(),
+            within(50, slots.acquire("alice", Shares::of))
+                .await
+                .is_none(),
             "alice, past her share, waits"
         );
         alice.truncate(3);
         assert!(
-            within(50, slots.acquire("alice", Shares::of)).await.is_some(),
+            within(50, slots.acquire("alice", Shares::of))
+                .await
+                .is_some(),
             "under her share again, alice gets one"
         );
         assert_eq!(slots.held_by("bob"), 1);
         drop(bob);
         assert_eq!(slots.held_by("bob"), 0);
-        assert_eq!(slots.lock().waiting.len(), 0, "dropped waits leave no count");
+        assert_eq!(
+            slots.lock().waiting.len(),
+            0,
+            "dropped waits leave no count"
+        );
     }
 
     #[tokio::test]

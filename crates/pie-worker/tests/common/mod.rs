@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod guests;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
