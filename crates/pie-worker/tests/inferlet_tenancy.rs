@@ -152,3 +152,53 @@ async fn one_tenant_using_its_whole_share_never_locks_another_out() {
         .await;
     assert_eq!(status, 200, "{body}");
 }
+
+/// The heavy host calls take inputs up to a bound tied to the model (its
+/// context window x 16 bytes: 16,384 on the test model's 1,024), refuse
+/// larger ones naming the bound, and the CPU time of large ones, run off
+/// the guest's thread, is charged to the process's `max_cpu_ms`.
+#[tokio::test]
+async fn host_call_inputs_are_bounded_by_the_model_and_charged_to_the_guest() {
+    let s = Server::start(&config(&store_dir(), "", "max_cpu_ms = 300"), &[]).await;
+    upload(&s, "bigcalls", "bigcalls").await;
+    let results = async |bytes: usize| {
+        let id = launch(
+            &s,
+            "bigcalls",
+            json!({"bytes": bytes, "rounds": 1}),
+            json!({}),
+        )
+        .await;
+        s.wait_done(&id).await;
+        common::guests::json_events(&s, &id).await
+    };
+    let largest = results(16_384).await;
+    assert_eq!(largest.len(), 3, "{largest:?}");
+    for call in &largest {
+        assert_eq!(call["ok"], true, "{call}");
+    }
+    let over = results(16_385).await;
+    let by_call = |name: &str| over.iter().find(|c| c["call"] == name).unwrap().clone();
+    for name in ["encode", "apply-chat-template"] {
+        let error = by_call(name)["error"].as_str().unwrap_or("").to_string();
+        assert!(error.contains("at most 16384"), "{name}: {error}");
+    }
+    let error = by_call("decode")["error"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(error.contains("context of 1024"), "decode: {error}");
+    let looping = launch(
+        &s,
+        "bigcalls",
+        json!({"bytes": 16_384, "rounds": 100_000}),
+        json!({}),
+    )
+    .await;
+    let done = s.wait_done(&looping).await;
+    assert_eq!(done["state"], "failed", "{done}");
+    assert!(
+        common::guests::error_of(&done).contains("max_cpu_ms"),
+        "{done}"
+    );
+}

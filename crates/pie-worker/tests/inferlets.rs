@@ -8,7 +8,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::guests::{config, error_of, launch, message, store_dir, upload, upload_as};
+use common::guests::{
+    config, error_of, json_events, launch, message, store_dir, upload, upload_as,
+};
 use common::Server;
 use pie_testkit::inferlet_wasm;
 use reqwest::Method;
@@ -18,32 +20,6 @@ use serde_json::{json, Value};
 async fn run(s: &Server, inferlet: &str, args: Value) -> Value {
     let id = launch(s, inferlet, args, json!({})).await;
     s.wait_done(&id).await
-}
-
-/// The process's JSON events, until its end.
-async fn json_events(s: &Server, id: &str) -> Vec<Value> {
-    let r = s
-        .client
-        .get(s.url(&format!("/v1/processes/{id}/events")))
-        .send()
-        .await
-        .unwrap();
-    let mut events = Vec::new();
-    let mut blocks = pie_client::sse::SseBlocks::default();
-    let mut r = r;
-    while let Some(chunk) = r.chunk().await.unwrap() {
-        for block in blocks.push(&chunk).unwrap() {
-            let block = String::from_utf8_lossy(&block).to_string();
-            if block.contains("event: json") {
-                let data = block
-                    .lines()
-                    .find_map(|l| l.strip_prefix("data: "))
-                    .unwrap();
-                events.push(serde_json::from_str(data).unwrap());
-            }
-        }
-    }
-    events
 }
 
 /// The `step` of each JSON event the process emits, as it comes.

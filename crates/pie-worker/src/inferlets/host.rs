@@ -23,8 +23,10 @@ use wasmtime_wasi::p2::bindings::{cli, clocks, random};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::contexts::Contexts;
+use super::host_work::HostWork;
 use super::limits::{
-    bounded, MemoryCap, TokenBucket, EVENT_OVERHEAD_BYTES, MAX_ARG_BYTES, MAX_PARALLEL,
+    bounded, bounded_to, max_text_bytes, CpuMeter, MemoryCap, TokenBucket, EVENT_OVERHEAD_BYTES,
+    MAX_GRAMMAR_BYTES, MAX_PARALLEL, TEXT_BYTES_PER_TOKEN,
 };
 use super::world::inference::{FinishReason, GenerateOptions, Generation, Sampling, TokenLogprob};
 use super::world::shaping::LogitShaping;
@@ -60,6 +62,9 @@ pub struct ProcessHost {
     pub key: Option<(String, KeyLimits)>,
     pub cache_salt: Option<String>,
     pub inbox: InboxReceiver,
+    /// The guest's CPU time, and the pool its heavy host calls run on.
+    pub meter: Arc<CpuMeter>,
+    pub work: Arc<HostWork>,
     /// How long one `receive` or `sleep` may wait with nothing arriving
     /// (`max_idle_ms`, the key's or the worker's).
     pub max_idle: Duration,
@@ -127,40 +132,59 @@ impl model::Host for GuestState {
         self.host.rt.model.config.vocab as u32
     }
 
-    fn encode(&mut self, text: String) -> Result<Vec<u32>, String> {
-        let text = bounded("the text", &text)?;
-        let tokenizer = &self.host.rt.model.tokenizer;
-        tokenizer
-            .encode_continuation(text)
-            .map_err(|e| e.to_string())
+    async fn encode(&mut self, text: String) -> Result<Vec<u32>, String> {
+        self.host.check_text("the text", &text)?;
+        let model = self.host.rt.model.clone();
+        let size = text.len();
+        self.host
+            .work(size, move || {
+                (model.tokenizer.encode_continuation(&text)).map_err(|e| e.to_string())
+            })
+            .await
     }
 
-    fn decode(&mut self, tokens: Vec<u32>) -> Result<String, String> {
+    async fn decode(&mut self, tokens: Vec<u32>) -> Result<String, String> {
         self.host.check_tokens("decode", &tokens)?;
-        (self.host.rt.model.tokenizer.decode(&tokens)).map_err(|e| e.to_string())
+        let context = self.host.rt.model.config.context_length;
+        if tokens.len() > context {
+            return Err(format!(
+                "decode has {} tokens; it takes at most the model's context of {context}",
+                tokens.len()
+            ));
+        }
+        let model = self.host.rt.model.clone();
+        let size = tokens.len() * TEXT_BYTES_PER_TOKEN;
+        self.host
+            .work(size, move || {
+                (model.tokenizer.decode(&tokens)).map_err(|e| e.to_string())
+            })
+            .await
     }
 
-    fn apply_chat_template(&mut self, messages: Vec<model::Message>) -> Result<String, String> {
+    async fn apply_chat_template(
+        &mut self,
+        messages: Vec<model::Message>,
+    ) -> Result<String, String> {
         let size: usize = messages
             .iter()
             .map(|m| m.role.len() + m.content.len())
             .sum();
-        if size > MAX_ARG_BYTES {
+        let max = self.host.max_text_bytes();
+        if size > max {
             return Err(format!(
-                "the messages have {size} bytes; a host call takes at most {MAX_ARG_BYTES}"
+                "the messages have {size} bytes; apply-chat-template takes at most {max}"
             ));
         }
         let messages: Vec<pie_model::ChatMessage> = messages
             .into_iter()
             .map(|m| pie_model::ChatMessage::text(&m.role, m.content))
             .collect();
-        (self
-            .host
-            .rt
-            .model
-            .tokenizer
-            .apply_chat_template(&messages, None))
-        .map_err(|e| e.to_string())
+        let model = self.host.rt.model.clone();
+        self.host
+            .work(size, move || {
+                (model.tokenizer.apply_chat_template(&messages, None)).map_err(|e| e.to_string())
+            })
+            .await
     }
 
     fn stop_tokens(&mut self) -> Vec<u32> {
@@ -189,15 +213,23 @@ impl inference::Host for GuestState {
     }
 
     async fn append_text(&mut self, ctx: u32, text: String) -> Result<u32, String> {
-        let text = bounded("the text", &text)?;
-        let tokenizer = &self.host.rt.model.tokenizer;
+        self.host.check_text("the text", &text)?;
         // The model's BOS begins a context, never the middle of one.
-        let tokens = if self.host.contexts.get(ctx)?.tokens.is_empty() {
-            tokenizer.encode(text)
-        } else {
-            tokenizer.encode_continuation(text)
-        }
-        .map_err(|e| e.to_string())?;
+        let first = self.host.contexts.get(ctx)?.tokens.is_empty();
+        let model = self.host.rt.model.clone();
+        let size = text.len();
+        let tokens = self
+            .host
+            .work(size, move || {
+                let tokenizer = &model.tokenizer;
+                if first {
+                    tokenizer.encode(&text)
+                } else {
+                    tokenizer.encode_continuation(&text)
+                }
+                .map_err(|e| e.to_string())
+            })
+            .await?;
         self.host.append(ctx, &tokens)?;
         Ok(tokens.len() as u32)
     }
@@ -277,7 +309,7 @@ impl structured::Host for GuestState {
         format: OutputFormat,
     ) -> Result<Generation, String> {
         let mut call = self.host.generation(ctx, &options)?;
-        call.grammar = Some(self.host.compile(format)?);
+        call.grammar = Some(self.host.compile(format).await?);
         let done = self.host.run(call).await?;
         self.host.finish_generation(ctx, done)
     }
@@ -415,23 +447,50 @@ impl ProcessHost {
         self.rt.clone().generate(&self.process, call).await
     }
 
-    /// `format` compiled for the model; an `err` names what the library
-    /// could not use.
-    fn compile(&self, format: OutputFormat) -> Result<Grammar, String> {
-        let spec = match format {
-            OutputFormat::JsonSchema(text) => {
-                bounded("a JSON schema", &text)?;
-                let schema = serde_json::from_str(&text)
-                    .map_err(|e| format!("the JSON schema is not JSON: {e}"))?;
-                GrammarSpec::JsonSchema(schema)
-            }
-            OutputFormat::JsonObject => GrammarSpec::JsonObject,
-            OutputFormat::Regex(rx) => GrammarSpec::Regex(bounded("a regex", &rx)?.to_string()),
-            OutputFormat::Grammar(lark) => {
-                GrammarSpec::Lark(bounded("a grammar", &lark)?.to_string())
-            }
+    /// Heavy work for this process, off its guest's thread when large
+    /// (see [`HostWork`]), charged to its `max_cpu_ms`.
+    async fn work<T: Send + 'static>(
+        &self,
+        size: usize,
+        work: impl FnOnce() -> Result<T, String> + Send + 'static,
+    ) -> Result<T, String> {
+        self.work.run(size, &self.meter, work).await
+    }
+
+    /// The most text one call tokenizes or templates, for this model.
+    fn max_text_bytes(&self) -> usize {
+        max_text_bytes(self.rt.model.config.context_length)
+    }
+
+    fn check_text(&self, what: &str, text: &str) -> Result<(), String> {
+        bounded_to(what, text, self.max_text_bytes()).map(|_| ())
+    }
+
+    /// `format` compiled for the model, always on the host-work pool (a
+    /// compile's cost is not its text's length); an `err` names what the
+    /// library could not use.
+    async fn compile(&self, format: OutputFormat) -> Result<Grammar, String> {
+        let (what, text) = match &format {
+            OutputFormat::JsonSchema(text) => ("a JSON schema", text.as_str()),
+            OutputFormat::JsonObject => ("", ""),
+            OutputFormat::Regex(rx) => ("a regex", rx.as_str()),
+            OutputFormat::Grammar(lark) => ("a grammar", lark.as_str()),
         };
-        self.rt.model.grammars()?.compile(&spec)
+        bounded_to(what, text, MAX_GRAMMAR_BYTES)?;
+        let model = self.rt.model.clone();
+        self.work(usize::MAX, move || {
+            let spec = match format {
+                OutputFormat::JsonSchema(text) => GrammarSpec::JsonSchema(
+                    serde_json::from_str(&text)
+                        .map_err(|e| format!("the JSON schema is not JSON: {e}"))?,
+                ),
+                OutputFormat::JsonObject => GrammarSpec::JsonObject,
+                OutputFormat::Regex(rx) => GrammarSpec::Regex(rx),
+                OutputFormat::Grammar(lark) => GrammarSpec::Lark(lark),
+            };
+            model.grammars()?.compile(&spec)
+        })
+        .await
     }
 
     /// Every id below the vocabulary size.

@@ -21,6 +21,19 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(5);
 /// The most bytes one string argument of a host call may have.
 pub const MAX_ARG_BYTES: usize = 1 << 20;
 
+/// Bytes of text a host call may tokenize or template, per token of the
+/// model's context window (a token of real text is rarely over 16 bytes).
+pub const TEXT_BYTES_PER_TOKEN: usize = 16;
+
+/// The most bytes of a grammar, a regex or a JSON schema.
+pub const MAX_GRAMMAR_BYTES: usize = 64 << 10;
+
+/// The most bytes of text a host call may tokenize or template for a model
+/// of `context_length` tokens (never more than [`MAX_ARG_BYTES`]).
+pub fn max_text_bytes(context_length: usize) -> usize {
+    (context_length * TEXT_BYTES_PER_TOKEN).min(MAX_ARG_BYTES)
+}
+
 /// The most contexts one process may hold at once.
 pub const MAX_CONTEXTS: usize = 1024;
 
@@ -94,6 +107,12 @@ impl CpuMeter {
         Duration::from_nanos(self.used_ns.load(Ordering::Relaxed) + running)
     }
 
+    /// Add CPU time spent for the guest elsewhere (host work on the pool).
+    pub fn charge(&self, time: Duration) {
+        self.used_ns
+            .fetch_add(time.as_nanos() as u64, Ordering::Relaxed);
+    }
+
     fn enter(&self) {
         *self
             .poll_started_ns
@@ -116,7 +135,7 @@ impl CpuMeter {
 
 /// The calling thread's CPU time (ns): time it ran, not time it waited for
 /// a core (guest threads run below the engine's priority).
-fn thread_cpu_ns() -> u64 {
+pub fn thread_cpu_ns() -> u64 {
     let mut t = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -194,9 +213,14 @@ impl wasmtime::ResourceLimiter for MemoryCap {
 
 /// A string argument within [`MAX_ARG_BYTES`], or the error naming it.
 pub fn bounded<'a>(what: &str, text: &'a str) -> Result<&'a str, String> {
-    if text.len() > MAX_ARG_BYTES {
+    bounded_to(what, text, MAX_ARG_BYTES)
+}
+
+/// A string argument within `max` bytes, or the error naming it.
+pub fn bounded_to<'a>(what: &str, text: &'a str, max: usize) -> Result<&'a str, String> {
+    if text.len() > max {
         return Err(format!(
-            "{what} has {} bytes; a host call takes at most {MAX_ARG_BYTES}",
+            "{what} has {} bytes; this host call takes at most {max}",
             text.len()
         ));
     }

@@ -16,6 +16,7 @@
 
 pub mod contexts;
 pub mod host;
+pub mod host_work;
 pub mod limits;
 pub mod registry;
 pub mod slots;
@@ -37,9 +38,10 @@ use crate::process::Process;
 use crate::runtime::{LaunchError, Runtime};
 use contexts::Contexts;
 use host::{complete, fail, GuestState, ProcessHost};
+use host_work::HostWork;
 use limits::{
-    CpuMeter, MemoryCap, Metered, TokenBucket, ALL_LOG_LINES_BURST, ALL_LOG_LINES_PER_S,
-    EPOCH_TICK, LOG_LINES_BURST, LOG_LINES_PER_S,
+    MemoryCap, Metered, TokenBucket, ALL_LOG_LINES_BURST, ALL_LOG_LINES_PER_S, EPOCH_TICK,
+    LOG_LINES_BURST, LOG_LINES_PER_S,
 };
 pub use registry::RegistryError;
 use registry::{Installed, Registry};
@@ -87,6 +89,8 @@ pub struct Inferlets {
     guests: tokio::runtime::Handle,
     /// All processes' log rate.
     all_logs: Arc<std::sync::Mutex<TokenBucket>>,
+    /// Where heavy host calls run.
+    work: Arc<HostWork>,
 }
 
 impl Inferlets {
@@ -128,6 +132,7 @@ impl Inferlets {
                 ALL_LOG_LINES_PER_S,
                 ALL_LOG_LINES_BURST,
             ))),
+            work: Arc::default(),
         }))
     }
 
@@ -172,6 +177,8 @@ impl Inferlets {
             key: launch.key,
             cache_salt: launch.cache_salt,
             inbox,
+            meter: Arc::default(),
+            work: self.work.clone(),
             max_idle: Duration::from_millis(max_idle),
             output_bytes: 0,
             max_output_bytes: self.config.max_output_bytes.0 as usize,
@@ -206,7 +213,7 @@ impl Inferlets {
         self.live.fetch_add(1, Ordering::Relaxed);
         let stderr = MemoryOutputPipe::new(STDERR_TAIL);
         let mut store = self.store(host, stderr.clone());
-        let meter = Arc::new(CpuMeter::default());
+        let meter = store.data().host.meter.clone();
         let max_cpu = Duration::from_millis(self.config.max_cpu_ms);
         let m = meter.clone();
         store.epoch_deadline_callback(move |_| {

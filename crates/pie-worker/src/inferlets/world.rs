@@ -18,6 +18,9 @@ wasmtime::component::bindgen!({
         "pie:inferlet/structured": async,
         "pie:inferlet/process.receive": async,
         "pie:inferlet/process.sleep": async,
+        "pie:inferlet/model.encode": async,
+        "pie:inferlet/model.decode": async,
+        "pie:inferlet/model.apply-chat-template": async,
     },
     exports: { default: async },
 });

@@ -56,3 +56,29 @@ pub async fn message(s: &Server, id: &str, text: &str) -> (u16, Value) {
 pub fn error_of(record: &Value) -> &str {
     record["error"].as_str().unwrap_or("")
 }
+
+/// The process's JSON events, until its end.
+pub async fn json_events(s: &Server, id: &str) -> Vec<Value> {
+    let r = s
+        .client
+        .get(s.url(&format!("/v1/processes/{id}/events")))
+        .send()
+        .await
+        .unwrap();
+    let mut events = Vec::new();
+    let mut blocks = pie_client::sse::SseBlocks::default();
+    let mut r = r;
+    while let Some(chunk) = r.chunk().await.unwrap() {
+        for block in blocks.push(&chunk).unwrap() {
+            let block = String::from_utf8_lossy(&block).to_string();
+            if block.contains("event: json") {
+                let data = block
+                    .lines()
+                    .find_map(|l| l.strip_prefix("data: "))
+                    .unwrap();
+                events.push(serde_json::from_str(data).unwrap());
+            }
+        }
+    }
+    events
+}
