@@ -2,7 +2,9 @@
 //! and who the controller acts for when it calls a worker ([`Acting`]: the
 //! `x-pie-client` headers a worker trusts from the controller's worker key).
 
-use pie_core::auth::{KeyLimits, Role, ACT_AS_CACHE_SALT, ACT_AS_CLIENT, ACT_AS_ROLE};
+use pie_core::auth::{
+    KeyLimits, Role, ACT_AS_CACHE_SALT, ACT_AS_CLIENT, ACT_AS_LIMITS, ACT_AS_ROLE,
+};
 
 /// The client key that authenticated a request (absent when the controller
 /// has no keys: then every caller may do everything).
@@ -20,6 +22,8 @@ pub struct Acting {
     pub client: String,
     pub role: Role,
     pub cache_salt: Option<String>,
+    /// A client key's limits, as JSON (see [`ACT_AS_LIMITS`]).
+    pub limits: Option<String>,
 }
 
 impl Acting {
@@ -28,6 +32,10 @@ impl Acting {
         let req = req
             .header(ACT_AS_CLIENT, &self.client)
             .header(ACT_AS_ROLE, self.role.as_str());
+        let req = match &self.limits {
+            Some(limits) => req.header(ACT_AS_LIMITS, limits),
+            None => req,
+        };
         match &self.cache_salt {
             Some(salt) => req.header(ACT_AS_CACHE_SALT, salt),
             None => req,
@@ -42,11 +50,23 @@ pub fn acting_as(key: Option<&ClientKey>) -> Acting {
             client: k.name.clone(),
             role: k.role,
             cache_salt: k.limits.cache_salt.clone(),
+            limits: (k.role == Role::Client).then(|| forwarded_limits(&k.limits)),
         },
         None => Acting {
             client: "anonymous".to_string(),
             role: Role::Admin,
             cache_salt: None,
+            limits: None,
         },
     }
+}
+
+/// A client key's limits as the worker gets them: JSON without the cache
+/// salt (which has its own header and may not be header-safe text).
+fn forwarded_limits(limits: &KeyLimits) -> String {
+    let limits = KeyLimits {
+        cache_salt: None,
+        ..limits.clone()
+    };
+    serde_json::to_string(&limits).unwrap_or_default()
 }

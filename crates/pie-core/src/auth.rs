@@ -178,11 +178,13 @@ impl KeyLimits {
     }
 }
 
-/// Do `keys` name two or more tenants (client or admin keys, whose
-/// requests run as their own client)? Then a worker shares its queue and
-/// inferlet instances per key.
+/// May `keys` bring a worker two or more tenants: two client or admin keys
+/// (whose requests run as their own client), or a worker key (a controller
+/// acting for its clients)? Then a worker shares its queue and inferlet
+/// instances per client.
 pub fn several_tenants(keys: &[ApiKey]) -> bool {
-    keys.iter().filter(|k| k.role != Role::Worker).count() >= 2
+    let tenants = keys.iter().filter(|k| k.role != Role::Worker).count();
+    tenants >= 2 || keys.iter().any(|k| k.role == Role::Worker)
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -346,10 +348,25 @@ pub const ACT_AS_CLIENT: &str = "x-pie-client";
 pub const ACT_AS_ROLE: &str = "x-pie-client-role";
 /// The forwarded client's cache salt (its key's `limits.cache_salt`).
 pub const ACT_AS_CACHE_SALT: &str = "x-pie-cache-salt";
+/// The forwarded client key's limits as JSON (its cache salt left out: it
+/// has its own header), so that its inferlets' props changes and time
+/// limits on the worker are what its key allows.
+pub const ACT_AS_LIMITS: &str = "x-pie-client-limits";
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Shares bind with two tenant keys, or a controller's worker key, and
+    /// never with one tenant alone.
+    #[test]
+    fn several_tenants_are_two_tenant_keys_or_a_controller() {
+        let keys = |text: &str| parse_key_file(text).unwrap();
+        assert!(!several_tenants(&[]));
+        assert!(!several_tenants(&keys("alice sk-a\n")));
+        assert!(several_tenants(&keys("alice sk-a\nroot sk-r admin\n")));
+        assert!(several_tenants(&keys("ctl sk-c worker\n")));
+    }
 
     #[test]
     fn key_files_and_bearer_tokens() {

@@ -7,10 +7,12 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, StatusCode};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Router};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+use pie_core::auth::Role;
+use pie_core::Props;
 use serde_json::{json, Value};
 
 use crate::caller::{acting_as, Acting, ClientKey};
@@ -60,8 +62,34 @@ async fn on_process(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if method == Method::PATCH {
+        if let Some(refused) = key.as_deref().and_then(|k| outside_limits(k, &body)) {
+            return refused;
+        }
+    }
     let acting = acting_as(key.as_deref());
     to_owner(&ctl, method, &id, "", &headers, &acting, body).await
+}
+
+/// A client key's PATCH is bounded by its limits here, as its launch is:
+/// the worker gets it with the controller's worker key, whose requests it
+/// trusts. A body that is not a props patch is left for the worker to
+/// refuse.
+fn outside_limits(key: &ClientKey, body: &Bytes) -> Option<Response> {
+    if key.role != Role::Client {
+        return None;
+    }
+    let patch: Value = serde_json::from_slice(body).ok()?;
+    let refusal = |e: pie_core::PropError| {
+        let param = format!("props.{}", e.key);
+        let body = pie_core::api_error::error_body(400, &e.to_string(), Some(&param));
+        (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
+    };
+    let mut props = match Props::from_json(&patch["props"]) {
+        Ok(props) => props,
+        Err(e) => return Some(refusal(e)),
+    };
+    key.limits.apply(&key.name, &mut props).err().map(refusal)
 }
 
 async fn on_process_events(

@@ -10,7 +10,10 @@
 use std::path::PathBuf;
 
 use crate::common::{actions, bin, model, spawn, wait_for, worker};
-use crate::harness::{drain_or_kill, post_json, slow_steps, Cluster, Spec, MOVE_STEP_MS};
+use crate::harness::{
+    call_as, drain_or_kill, post_json, slow_steps, worker_config_trusting_the_controller, Cluster,
+    Spec, MOVE_STEP_MS,
+};
 use serde_json::{json, Value};
 
 /// A fresh directory for one controller's installed set.
@@ -315,4 +318,47 @@ async fn an_inferlets_process_stays_on_a_drain_and_fails_naming_its_dead_worker(
         message.contains(&format!("its worker `{worker}` failed")),
         "{message}"
     );
+}
+
+/// A client key's limits hold on the worker for an inferlet launched
+/// through the controller (the worker gets them with the launch): its guest
+/// cannot raise its `priority` past the key's `max_priority`.
+#[tokio::test]
+async fn a_controller_launched_guest_is_bounded_by_its_clients_key() {
+    let worker_cfg = worker_config_trusting_the_controller("acting-limits");
+    let c = installing_cluster(
+        "acting-limits",
+        Spec {
+            workers: 1,
+            worker_args: &["--config", worker_cfg.to_str().unwrap()],
+            cluster_config: "worker_key = \"sk-ctl\"\n[server]\napi_keys = [\
+                { name = \"bob\", key = \"sk-bob\", limits = { max_priority = 5 } },\
+                { name = \"root\", key = \"sk-root\", role = \"admin\" }]",
+            client_key: Some("sk-root"),
+            ..Spec::new("least-loaded")
+        },
+    )
+    .await;
+    let url = format!("{}/v1/inferlets?name=priority-ctl", c.controller.url);
+    let r = reqwest::Client::new()
+        .post(url)
+        .bearer_auth("sk-root")
+        .body(guest("priority"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let launch = json!({"inferlet": "priority-ctl", "args":
+        {"priority": 1, "bad_priority": 1_000_000, "prompt": "hi", "max_tokens": 2}});
+    let post = reqwest::Method::POST;
+    let (status, v) = call_as(&c, post, "/v1/processes", "sk-bob", Some(launch)).await;
+    assert_eq!(status, 201, "{v}");
+    let events = c
+        .get_text(&format!(
+            "/v1/processes/{}/events",
+            v["id"].as_str().unwrap()
+        ))
+        .await;
+    assert!(events.contains("bad_priority_error"), "{events}");
+    assert!(events.contains("limit of 5"), "{events}");
 }

@@ -175,4 +175,34 @@ async fn ownership_and_limits_hold_through_the_controller() {
     .await;
     assert_eq!(status, 400, "{r}");
     assert!(error_message(&r).contains("limit of 5"), "{r}");
+
+    // And so do they on a PATCH of bob's running process.
+    let long = json!({"inferlet": "text-completion",
+        "args": {"prompt": "hi", "max_tokens": 100000}});
+    let (status, r) = call_as(
+        &c,
+        reqwest::Method::POST,
+        "/v1/processes",
+        "sk-bob",
+        Some(long),
+    )
+    .await;
+    assert_eq!(status, 201, "{r}");
+    let path = format!("/v1/processes/{}", r["id"].as_str().unwrap());
+    let patch = |priority: i64| Some(json!({"props": {"priority": priority}}));
+    let (status, r) = call_as(
+        &c,
+        reqwest::Method::PATCH,
+        &path,
+        "sk-bob",
+        patch(1_000_000),
+    )
+    .await;
+    assert_eq!(status, 400, "{r}");
+    assert!(error_message(&r).contains("limit of 5"), "{r}");
+    assert_eq!(r["error"]["param"], "props.priority", "{r}");
+    let (status, r) = call_as(&c, reqwest::Method::PATCH, &path, "sk-bob", patch(5)).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["props"]["priority"], 5, "{r}");
+    call_as(&c, reqwest::Method::DELETE, &path, "sk-bob", None).await;
 }

@@ -8,7 +8,9 @@ use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use pie_core::auth::{Caller, KeyLimits, Role, ACT_AS_CACHE_SALT, ACT_AS_CLIENT, ACT_AS_ROLE};
+use pie_core::auth::{
+    Caller, KeyLimits, Role, ACT_AS_CACHE_SALT, ACT_AS_CLIENT, ACT_AS_LIMITS, ACT_AS_ROLE,
+};
 use pie_core::{PropValue, Props};
 
 use super::state::{ApiError, AppState};
@@ -23,6 +25,9 @@ pub struct Authed {
     /// A worker key's request made for a client (a controller forwarding):
     /// that client's name and role, from the `x-pie-client` headers.
     pub acting_for: Option<(String, Role)>,
+    /// The limits of the client key a controller acts for (its
+    /// `x-pie-client-limits`), when that key is a client key.
+    pub acting_limits: Option<KeyLimits>,
     /// Whose cached KV the request may share: a client key's own salt, or
     /// the one a controller forwards for its client.
     pub cache_salt: Option<String>,
@@ -72,6 +77,11 @@ fn authenticate_request(state: &AppState, req: &Request) -> Result<Option<Authed
     let acting_for = (key.role == Role::Worker)
         .then(|| acting_for(req.headers()))
         .flatten();
+    let acting_limits = acting_for
+        .as_ref()
+        .filter(|(_, role)| *role == Role::Client)
+        .and_then(|_| header_text(req.headers(), ACT_AS_LIMITS))
+        .and_then(|json| serde_json::from_str(&json).ok());
     let cache_salt = match key.role {
         Role::Client => key.limits.cache_salt.clone(),
         Role::Worker => header_text(req.headers(), ACT_AS_CACHE_SALT),
@@ -82,6 +92,7 @@ fn authenticate_request(state: &AppState, req: &Request) -> Result<Option<Authed
         role: key.role,
         limits: key.limits.clone(),
         acting_for,
+        acting_limits,
         cache_salt,
     }))
 }
@@ -99,6 +110,18 @@ fn acting_for(headers: &axum::http::HeaderMap) -> Option<(String, Role)> {
 
 fn header_text(headers: &axum::http::HeaderMap, name: &str) -> Option<String> {
     Some(headers.get(name)?.to_str().ok()?.to_string())
+}
+
+/// The client key whose limits bound what a request sets: the caller's own
+/// client key, or the client key a controller acts for; None for admin and
+/// worker keys (and without keys).
+pub fn client_limits(auth: &Option<Extension<Authed>>) -> Option<(String, KeyLimits)> {
+    let Extension(a) = auth.as_ref()?;
+    match (&a.acting_for, &a.acting_limits) {
+        (Some((client, _)), Some(limits)) => Some((client.clone(), limits.clone())),
+        (None, _) if a.role == Role::Client => Some((a.name.clone(), a.limits.clone())),
+        _ => None,
+    }
 }
 
 /// The cache salt a request's pages chain from (see [`Authed::cache_salt`]).

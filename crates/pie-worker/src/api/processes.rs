@@ -16,8 +16,8 @@ use serde_json::{json, Value};
 
 use super::args::{props_of, GenArgs, PromptArg, GEN_FIELDS};
 use super::auth::{
-    cache_salt_of, caller_of, client_of, trusted_prefill_from, trusted_prompt_tokens,
-    trusted_resume, trusted_stream_ids, Authed,
+    cache_salt_of, caller_of, client_limits, client_of, trusted_prefill_from,
+    trusted_prompt_tokens, trusted_resume, trusted_stream_ids, Authed,
 };
 use super::response_format::checked_options;
 use super::state::{ApiError, ApiJson, AppState};
@@ -153,10 +153,7 @@ fn launch_installed(
         .param("pie_resume"));
     }
     let client = client_of(&auth, &mut props)?;
-    let key = auth
-        .as_ref()
-        .filter(|a| a.role == pie_core::auth::Role::Client)
-        .map(|a| (a.name.clone(), a.limits.clone()));
+    let key = client_limits(&auth);
     let launch = InferletLaunch {
         reference: body.inferlet,
         args: body.args,
@@ -324,12 +321,8 @@ pub(super) async fn patch_process(
     let rt = state.runtime()?;
     let p = find(&rt, &id, &auth)?;
     // A client key's own limits bound what it patches, as at launch.
-    let limits = match &auth {
-        Some(Extension(a)) if a.role == pie_core::auth::Role::Client => {
-            Some((a.name.as_str(), &a.limits))
-        }
-        _ => None,
-    };
+    let limits = client_limits(&auth);
+    let limits = limits.as_ref().map(|(who, limits)| (who.as_str(), limits));
     let props = rt.patch_props(&p, &body.props, limits)?;
     Ok(Json(json!({"id": p.id, "props": props})))
 }
