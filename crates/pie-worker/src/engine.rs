@@ -25,7 +25,8 @@ use pie_core::{Props, SeqId};
 use pie_kv::{KvPool, PageTable, PoolStats};
 use pie_model::{check_token_ids, Model, Sampler, SamplingParams, SeqInput, TokenLogprobs};
 use pie_policy::{
-    scheduler::prefill_share, Candidate, KeepSession, Planned, Scheduler, StepLimits, WorkerPolicy,
+    keep_session::session_of, scheduler::prefill_share, Candidate, KeepSession, Planned, Scheduler,
+    StepLimits, WorkerPolicy,
 };
 use pie_workload::StepShape;
 
@@ -252,8 +253,8 @@ impl Engine {
             reload_pending: false,
             logprobs: req.logprobs,
             constraint,
-            resume_from: match req.props.str("session") {
-                Some(session) if req.resume_from.is_empty() => vec![session.to_string()],
+            resume_from: match session_of(&req.client, &req.props) {
+                Some(session) if req.resume_from.is_empty() => vec![session],
                 _ => req.resume_from,
             },
         };

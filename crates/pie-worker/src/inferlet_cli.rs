@@ -310,7 +310,7 @@ async fn print_events(process: &Arc<crate::process::Process>) -> Result<()> {
                 stdout.flush()?;
             }
             ProcEvent::Json(json) => eprintln!("event: {json}"),
-            ProcEvent::Props(props) => eprintln!("props: {}", serde_json::json!(props)),
+            ProcEvent::Props(props) => eprintln!("props: {props}"),
             ProcEvent::Done {
                 state: ProcState::Finished,
                 ..

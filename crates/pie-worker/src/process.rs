@@ -104,8 +104,10 @@ pub enum ProcEvent {
     /// A JSON event an inferlet emitted, as compact JSON text (kept as
     /// text, so what it costs to keep is its length).
     Json(Arc<str>),
-    /// The process's props after an inferlet changed its own.
-    Props(Props),
+    /// The process's props after an inferlet changed its own, as compact
+    /// JSON text (kept as text: a map of props would take several times
+    /// the bytes it is charged).
+    Props(Arc<str>),
     /// The final state; no event follows.
     Done {
         state: ProcState,
@@ -150,7 +152,8 @@ enum Piece {
         logprobs: Option<Arc<TokenLogprobs>>,
     },
     Json(Arc<str>),
-    Props(Props),
+    /// The props as compact JSON text.
+    Props(Arc<str>),
 }
 
 impl Piece {
@@ -162,8 +165,7 @@ impl Piece {
                     std::mem::size_of::<TokenLogprobs>()
                         + l.top.len() * std::mem::size_of::<(u32, f32)>()
                 }),
-                Piece::Json(json) => json.len(),
-                Piece::Props(props) => serde_json::to_string(props).map_or(0, |s| s.len()),
+                Piece::Json(json) | Piece::Props(json) => json.len(),
             }
     }
 }
@@ -221,7 +223,7 @@ impl ProcData {
                     logprobs: logprobs.clone(),
                 },
                 Piece::Json(value) => ProcEvent::Json(value.clone()),
-                Piece::Props(props) => ProcEvent::Props(props.clone()),
+                Piece::Props(json) => ProcEvent::Props(json.clone()),
             });
         }
         // A reader past the end of a record cut at its finish gets `Done`.
@@ -617,7 +619,8 @@ impl Process {
         f: impl FnOnce(&mut Props) -> Result<(), E>,
     ) -> Result<Props, E> {
         let props = self.update_props(f)?;
-        self.push_piece(Piece::Props(props.clone()));
+        let json = serde_json::to_string(&props).unwrap_or_default();
+        self.push_piece(Piece::Props(json.into()));
         Ok(props)
     }
 

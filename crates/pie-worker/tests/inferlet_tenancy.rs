@@ -123,7 +123,19 @@ async fn one_tenant_using_its_whole_share_never_locks_another_out() {
         upload_as(&s, Some("sk-root"), "sleeper", "sleeper").await.0,
         201
     );
-    let mut accepted = 0;
+    // Alice's first 3 take the instances her share allows (one is kept back).
+    for _ in 0..3 {
+        let (status, body) = launch_as(&s, "sk-alice", "sleeper", json!({"ms": 60_000})).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    s.eventually("3 instances live", async || {
+        s.call(Method::GET, "/v1/inferlets", "sk-root", None, &[])
+            .await
+            .1["live_instances"]
+            == 3
+    })
+    .await;
+    let mut accepted = 3;
     let refusal = loop {
         let (status, body) = launch_as(&s, "sk-alice", "sleeper", json!({"ms": 60_000})).await;
         if status != 201 {

@@ -479,3 +479,37 @@ async fn sighup_switches_policy_under_load_and_refuses_broken_files() {
         (200, json!(["fair"]))
     );
 }
+
+/// Two tenants naming the same session never touch each other's retained
+/// pages: bob's turn of "chat-7" that keeps nothing leaves alice's "chat-7"
+/// retained, shown under her name.
+#[tokio::test]
+async fn two_tenants_naming_one_session_keep_their_own_retained_pages() {
+    let keys = "[server]\napi_keys = [\
+        { name = \"alice\", key = \"sk-alice\" }, { name = \"bob\", key = \"sk-bob\" },\
+        { name = \"root\", key = \"sk-root\", role = \"admin\" }]\n";
+    let s = Server::start(&format!("{keys}{KEEP_SESSION}"), &SMALL_POOL).await;
+    let prompt: Vec<u32> = (0..60).map(|i| 32 + (i * 7) % 90).collect();
+    for (key, keep_ms) in [("sk-alice", 60_000), ("sk-bob", 0)] {
+        let body = json!({"inferlet": "text-completion",
+            "args": {"prompt": prompt, "max_tokens": 2, "ignore_eos": true},
+            "props": {"session": "chat-7", "keep-ms": keep_ms}});
+        let (status, r) = s
+            .call(reqwest::Method::POST, "/v1/processes", key, Some(body), &[])
+            .await;
+        assert_eq!(status, 201, "{r}");
+        let path = format!("/v1/processes/{}", r["id"].as_str().unwrap());
+        s.eventually("the turn ends", async || {
+            let (_, p) = s.call(reqwest::Method::GET, &path, key, None, &[]).await;
+            p["state"] == "finished"
+        })
+        .await;
+    }
+    let (_, policies) = s
+        .call(reqwest::Method::GET, "/v1/policies", "sk-root", None, &[])
+        .await;
+    let retained = &policies["state"]["retained_sessions"];
+    assert_eq!(retained.as_array().map(Vec::len), Some(1), "{policies}");
+    assert_eq!(retained[0]["session"], "chat-7", "{policies}");
+    assert_eq!(retained[0]["client"], "alice", "{policies}");
+}

@@ -3,15 +3,19 @@
 //! Rule: a request with a `session` prop goes to the worker that served the session
 //! last, while that worker is healthy; otherwise the rest of the pipeline picks one
 //! and the new mapping is kept. Mappings expire after `ttl_ms` without a request.
-//! Props read: `session` (string). Config keys: `[cluster.session-affinity] ttl_ms`
-//! (default 600000). Invariant (tested): consecutive turns share a worker until it
-//! leaves the candidates; then the session moves and stays moved.
+//! A session is its client's (`keep_session::tenant_session`): two tenants
+//! naming the same session are mapped apart.
+//! Props read: `session` (string), `client`. Config keys:
+//! `[cluster.session-affinity] ttl_ms` (default 600000). Invariant (tested):
+//! consecutive turns share a worker until it leaves the candidates; then the
+//! session moves and stays moved; another client's same session never moves it.
 
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
 use super::{ClusterPolicy, Reject, RouteRequest, WorkerView};
+use crate::keep_session::tenant_session;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -68,20 +72,21 @@ impl ClusterPolicy for SessionAffinity {
         candidates: &mut Vec<usize>,
     ) -> Result<Option<String>, Reject> {
         self.sweep(now_ms);
-        let Some(session) = req.props.str("session") else {
+        let Some(session) = tenant_session(req.props) else {
             return Ok(None);
         };
         let ttl = self.config.ttl_ms;
         let Some((worker, _)) = self
             .sessions
-            .get(session)
+            .get(&session)
             .filter(|(_, last)| now_ms.saturating_sub(*last) <= ttl)
         else {
             return Ok(None);
         };
         match candidates.iter().position(|&i| workers[i].name == *worker) {
             Some(pos) => {
-                let reason = format!("session {session} stays on {worker}");
+                let named = req.props.str("session").unwrap_or_default();
+                let reason = format!("session {named} stays on {worker}");
                 *candidates = vec![candidates[pos]];
                 Ok(Some(reason))
             }
@@ -90,7 +95,7 @@ impl ClusterPolicy for SessionAffinity {
     }
 
     fn named_worker<'a>(&'a self, now_ms: u64, req: &RouteRequest<'a>) -> Option<&'a str> {
-        let (worker, last) = self.sessions.get(req.props.str("session")?)?;
+        let (worker, last) = self.sessions.get(&tenant_session(req.props)?)?;
         (now_ms.saturating_sub(*last) <= self.config.ttl_ms).then_some(worker.as_str())
     }
 
@@ -99,9 +104,8 @@ impl ClusterPolicy for SessionAffinity {
     }
 
     fn routed(&mut self, now_ms: u64, req: &RouteRequest, worker: &str) {
-        if let Some(session) = req.props.str("session") {
-            self.sessions
-                .insert(session.to_string(), (worker.to_string(), now_ms));
+        if let Some(session) = tenant_session(req.props) {
+            self.sessions.insert(session, (worker.to_string(), now_ms));
         }
     }
 }
@@ -155,5 +159,32 @@ mod tests {
         // After the TTL without requests, the mapping is gone.
         let (after, why) = place(1000, &req, &views(&[0, 9, 0], &[0, 0, 0])).unwrap();
         assert_eq!((after, why.starts_with("least-loaded")), (0, true));
+    }
+
+    /// Alice's session "s" stays on w0 although bob's "s" was routed to w1
+    /// since: two tenants' sessions are mapped apart.
+    #[test]
+    fn another_clients_same_session_never_moves_it() {
+        let props_of = |client: &str| {
+            let mut p = Props::new();
+            p.set("session", PropValue::Str("s".into())).unwrap();
+            p.set("client", PropValue::Str(client.into())).unwrap();
+            p
+        };
+        let (alice, bob) = (props_of("alice"), props_of("bob"));
+        let mut pipeline: Vec<Box<dyn ClusterPolicy>> =
+            vec![Box::new(SessionAffinity::default()), Box::new(LeastLoaded)];
+        let mut place = |now: u64, props: &Props, w: &[WorkerView]| {
+            let req = RouteRequest {
+                props,
+                prompt_tokens: 1,
+            };
+            let (i, _) = route(&mut pipeline, now, &req, w).unwrap();
+            record(&mut pipeline, now, &req, &w[i].name);
+            i
+        };
+        assert_eq!(place(0, &alice, &views(&[0, 5], &[0, 0])), 0);
+        assert_eq!(place(1, &bob, &views(&[5, 0], &[0, 0])), 1);
+        assert_eq!(place(2, &alice, &views(&[9, 0], &[0, 0])), 0, "alice stays");
     }
 }

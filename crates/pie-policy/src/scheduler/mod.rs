@@ -39,6 +39,7 @@ pub use kv::KvAccounting;
 
 use pie_core::{Props, SeqId};
 
+use crate::keep_session::session_of;
 use crate::{Candidate, KeepSession, WorkerPolicy};
 use retention::Retained;
 
@@ -273,13 +274,13 @@ impl Scheduler {
         let seqs: Vec<SeqId> = indices.iter().map(|&i| self.cands[i].seq).collect();
         for &i in indices {
             let keep = self.keep.as_ref().filter(|_| may_retain);
-            let props = &self.cands[i].props;
-            if let Some(session) = keep.and_then(|_| props.str("session")) {
-                if self.retained.remove(session) {
-                    kv.drop_retained(session);
+            let (client, props) = (&self.cands[i].client, &self.cands[i].props);
+            if let Some(session) = keep.and_then(|_| session_of(client, props)) {
+                if self.retained.remove(&session) {
+                    kv.drop_retained(&session);
                 }
             }
-            match keep.and_then(|k| k.retention(props, self.plan_ms)) {
+            match keep.and_then(|k| k.retention(client, props, self.plan_ms)) {
                 Some(r) => {
                     kv.retain(self.cands[i].seq, &r.session);
                     self.retained.insert(r.session, r.expires_ms);

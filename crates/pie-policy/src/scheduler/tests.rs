@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 
+use crate::keep_session::retention_key;
 use pie_core::{PropValue, Props, SeqId};
 use proptest::prelude::*;
 
@@ -293,18 +294,16 @@ fn a_retained_session_needed_early_is_evicted_with_its_expiry() {
     let (mut scheduler, mut kv) = keep_session_setup(Default::default());
     add_session_seq(&mut kv, &mut scheduler, 1, (8, 2), ("a", 1_000));
     run_until_done(&mut kv, &mut scheduler, 10);
-    assert_eq!(
-        scheduler.retained_sessions(),
-        vec![("a".to_string(), 1_010)]
-    );
+    let a = retention_key("c", "a");
+    assert_eq!(scheduler.retained_sessions(), vec![(a.clone(), 1_010)]);
     add_session_seq(&mut kv, &mut scheduler, 2, (24, 2), ("b", 1_000));
     run_until_done(&mut kv, &mut scheduler, 20);
     assert_eq!(
         kv.evicted_early,
-        vec![("a".to_string(), 1_010)],
+        vec![(a.clone(), 1_010)],
         "evicted before 1,010, with it"
     );
-    assert!(!kv.retained.contains_key("a"));
+    assert!(!kv.retained.contains_key(&a));
     kv.evicted_early.clear();
     scheduler.expire_retained(&mut kv, 2_000);
     assert!(
@@ -348,6 +347,25 @@ fn add_session_seq(
     (prompt, max_tokens): (usize, usize),
     (session, keep_ms): (&str, i64),
 ) {
+    add_client_session_seq(
+        kv,
+        scheduler,
+        id,
+        "c",
+        (prompt, max_tokens),
+        (session, keep_ms),
+    );
+}
+
+/// [`add_session_seq`] for `client`.
+fn add_client_session_seq(
+    kv: &mut ToyKv,
+    scheduler: &mut Scheduler,
+    id: u64,
+    client: &str,
+    (prompt, max_tokens): (usize, usize),
+    (session, keep_ms): (&str, i64),
+) {
     let seq = SeqId(id);
     kv.seqs.insert(seq, ToySeq::new(prompt, max_tokens));
     let mut props = Props::new();
@@ -360,10 +378,27 @@ fn add_session_seq(
         arrival_ms: 0,
         running: false,
         prefill_tokens: 0,
-        client: "c".into(),
+        client: client.into(),
         props,
     };
     scheduler.add(kv, cand);
+}
+
+/// Two clients naming the same session keep their own retentions: a turn
+/// of one that keeps nothing does not end the other's.
+#[test]
+fn two_clients_naming_one_session_keep_their_own_retention() {
+    let (mut scheduler, mut kv) = keep_session_setup(Default::default());
+    add_client_session_seq(&mut kv, &mut scheduler, 1, "alice", (8, 2), ("s", 1_000));
+    run_until_done(&mut kv, &mut scheduler, 0);
+    add_client_session_seq(&mut kv, &mut scheduler, 2, "bob", (8, 2), ("s", 0));
+    run_until_done(&mut kv, &mut scheduler, 0);
+    assert_eq!(
+        scheduler.retained_sessions(),
+        vec![(retention_key("alice", "s"), 1_000)],
+        "bob's last turn ended nothing of alice's"
+    );
+    assert_eq!(kv.retained.len(), 1);
 }
 
 /// A turn of a retained session replaces its retention; a turn of it that
@@ -376,8 +411,9 @@ fn a_turn_that_keeps_nothing_ends_its_sessions_retention() {
         run_until_done(kv, &mut scheduler, 0);
         scheduler.retained_sessions()
     };
-    assert_eq!(turn(&mut kv, 1, 1_000), vec![("a".to_string(), 1_000)]);
-    assert_eq!(turn(&mut kv, 2, 2_000), vec![("a".to_string(), 2_000)]);
+    let a = retention_key("c", "a");
+    assert_eq!(turn(&mut kv, 1, 1_000), vec![(a.clone(), 1_000)]);
+    assert_eq!(turn(&mut kv, 2, 2_000), vec![(a, 2_000)]);
     assert_eq!(
         kv.retained.len(),
         1,

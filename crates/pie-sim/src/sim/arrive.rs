@@ -3,6 +3,7 @@
 //! rejections, follow-up turns and the router's prefix index live here too.
 
 use pie_core::{block_hash, block_hashes, BlockHash, SeqId};
+use pie_policy::keep_session::session_of;
 use pie_policy::{Candidate, Planned, Scheduler};
 
 use crate::events::Event;
@@ -53,7 +54,7 @@ impl Sim<'_> {
             window_tokens: 0,
             last_token_us: 0,
             handoff: routed.prefill.map(|_| decode as u32),
-            resume: req.props.str("session").map(str::to_string),
+            resume: session_of(&req.client, &req.props),
         };
         self.records[r].worker = decode as u32;
         self.records[r].prompt_tokens = prompt_len as u32;

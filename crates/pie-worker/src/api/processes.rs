@@ -375,7 +375,7 @@ fn native_event(e: ProcEvent, ids: bool) -> Result<Event, Infallible> {
         ProcEvent::Json(json) => Event::default().event("json").data(&*json),
         ProcEvent::Props(props) => Event::default()
             .event("props")
-            .data(json!({ "props": props }).to_string()),
+            .data(format!("{{\"props\":{props}}}")),
         ProcEvent::Done {
             state,
             finish_reason,

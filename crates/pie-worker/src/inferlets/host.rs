@@ -203,7 +203,9 @@ impl inference::Host for GuestState {
 
     async fn drop_context(&mut self, ctx: u32) -> Result<(), String> {
         let key = self.host.contexts.remove(ctx)?;
-        self.host.rt.release_retained(key);
+        self.host
+            .rt
+            .release_retained(&self.host.process.client, &key);
         Ok(())
     }
 

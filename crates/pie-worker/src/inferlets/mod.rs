@@ -251,7 +251,7 @@ impl Inferlets {
         // The instance's memory goes before it stops counting as live.
         drop(store);
         for key in contexts {
-            rt.release_retained(key);
+            rt.release_retained(&process.client, &key);
         }
         self.live.fetch_sub(1, Ordering::Relaxed);
     }

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use pie_core::SeqId;
+use pie_policy::keep_session::split_retention_key;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -206,7 +207,10 @@ fn apply(
             let _ = reply.send(kv.snapshot(engine));
         }
         Command::Summary(reply) => {
-            let retained: Vec<Value> = engine.retained_sessions().into_iter().map(|(session, pages, expires_ms)| json!({"session": session, "pages": pages, "expires_ms": expires_ms})).collect();
+            let retained: Vec<Value> = engine.retained_sessions().into_iter().map(|(key, pages, expires_ms)| {
+                let (client, session) = split_retention_key(&key).unwrap_or(("", &key));
+                json!({"client": client, "session": session, "pages": pages, "expires_ms": expires_ms})
+            }).collect();
             let _ = reply.send(json!({"ordering": engine.policy_name(), "sequences": engine.len(), "ordering_state": engine.policy_summary(), "retained_sessions": retained}));
         }
         Command::CachedPages { chain, reply } => {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use pie_core::{PropValue, SeqId};
 use pie_model::TokenLogprobs;
+use pie_policy::keep_session::retention_key;
 
 use super::command::Command;
 use super::request::{Generate, Generated};
@@ -101,7 +102,9 @@ impl Runtime {
         req.cache_salt = call.cache_salt;
         req.logprobs = call.logprobs;
         req.grammar = call.grammar;
-        req.resume_from = call.resume_from;
+        req.resume_from = (call.resume_from.iter())
+            .map(|key| retention_key(&process.client, key))
+            .collect();
         let mut text = TextStream::new(&self.model.tokenizer, &call.stop);
         let mut gatherer = Gatherer {
             process,
@@ -130,10 +133,10 @@ impl Runtime {
         Ok(std::mem::take(&mut gatherer.out))
     }
 
-    /// End the retention of a context's pages (it was dropped, or its
-    /// process ended): they fall back to the prefix cache.
-    pub fn release_retained(&self, key: String) {
-        self.send(Command::ReleaseSession(key));
+    /// End the retention of `client`'s context `key`'s pages (it was
+    /// dropped, or its process ended): they fall back to the prefix cache.
+    pub fn release_retained(&self, client: &str, key: &str) {
+        self.send(Command::ReleaseSession(retention_key(client, key)));
     }
 
     /// The tokens fit the vocabulary and a sequence; it asks for a token.

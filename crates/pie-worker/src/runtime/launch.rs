@@ -272,5 +272,5 @@ fn process_id(number: u64) -> String {
 /// Where a client's chat session is kept: length-prefixed, so no pair of client
 /// and session names can spell another pair's key.
 fn session_key(client: &str, session: &str) -> String {
-    format!("{}:{client}{session}", client.len())
+    pie_policy::keep_session::retention_key(client, session)
 }

@@ -106,8 +106,8 @@ pub enum LaunchError {
     /// The client holds its share of the queue while others want places
     /// (`pie_policy::shares`).
     #[error(
-        "client `{client}` has {queued} queued processes, its share of [server] max_queued \
-         while other keys queue too; retry later"
+        "client `{client}` has {queued} queued processes, at or past its share of [server] \
+         max_queued, and the places left are kept for other keys (per-key shares); retry later"
     )]
     OverShare { client: String, queued: usize },
     #[error("{0}")]
