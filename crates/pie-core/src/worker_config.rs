@@ -39,6 +39,13 @@ pub struct InferletsConfig {
     /// How long a process may stay blocked in `receive` or `sleep` with
     /// nothing arriving.
     pub max_idle_ms: u64,
+    /// Guest log lines one process may write a second, sustained, and at
+    /// once; past either, lines are dropped and counted.
+    pub log_lines_per_s: u64,
+    pub log_lines_burst: u64,
+    /// The same for all processes of the worker together.
+    pub all_log_lines_per_s: u64,
+    pub all_log_lines_burst: u64,
     /// The largest component an upload may send.
     pub max_upload: ByteSize,
     /// Threads that run guest code (host calls and generation run elsewhere).
@@ -57,6 +64,10 @@ impl Default for InferletsConfig {
             max_pending_bytes: ByteSize(1 << 20),
             max_wall_ms: 30 * 60_000,
             max_idle_ms: 5 * 60_000,
+            log_lines_per_s: 20,
+            log_lines_burst: 200,
+            all_log_lines_per_s: 200,
+            all_log_lines_burst: 1000,
             max_upload: ByteSize(32 << 20),
             threads: 1,
         }
@@ -133,6 +144,11 @@ impl InferletsConfig {
             ),
             ("runtime.inferlets.max_wall_ms", self.max_wall_ms),
             ("runtime.inferlets.max_idle_ms", self.max_idle_ms),
+            ("runtime.inferlets.log_lines_burst", self.log_lines_burst),
+            (
+                "runtime.inferlets.all_log_lines_burst",
+                self.all_log_lines_burst,
+            ),
             ("runtime.inferlets.threads", self.threads as u64),
         ])
     }

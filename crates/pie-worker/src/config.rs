@@ -250,6 +250,10 @@ max_pending_messages = 64          # messages waiting for a process; beyond: 429
 max_pending_bytes = "1MiB"         # bytes of messages waiting for a process; beyond: 429
 max_wall_ms = 1800000              # a process's whole life from its instance's start; past it, it fails
 max_idle_ms = 300000               # blocked in receive or sleep with nothing arriving; past it, it fails
+log_lines_per_s = 20               # guest log lines per process a second; beyond: dropped and counted
+log_lines_burst = 200              # ... at once
+all_log_lines_per_s = 200          # guest log lines of all processes a second
+all_log_lines_burst = 1000         # ... at once
 max_upload = "32MiB"               # the largest component an upload may send
 threads = 1                        # threads guest code runs on
 "#;

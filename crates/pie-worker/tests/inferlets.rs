@@ -118,15 +118,13 @@ async fn forks_share_the_prompts_pages_and_decode_in_the_same_steps() {
 /// Every event, props change and log line a guest makes is charged with
 /// its overhead against `max_output_bytes`, so floods of empty events stop
 /// at a bound the config states (64 KiB here: at most 1,024 events of
-/// 64 bytes) with an error naming it; log lines past the rates are dropped,
-/// counted, and the guest goes on.
+/// 64 bytes) with an error naming it; log lines past the configured rates
+/// (here a burst of 10, then none) are dropped, counted, and the guest goes
+/// on.
 #[tokio::test]
 async fn floods_of_empty_events_and_props_stop_at_the_output_budget() {
-    let s = Server::start(
-        &config(&store_dir(), "", "max_output_bytes = \"64KiB\""),
-        &[],
-    )
-    .await;
+    let limits = "max_output_bytes = \"64KiB\"\nlog_lines_per_s = 0\nlog_lines_burst = 10";
+    let s = Server::start(&config(&store_dir(), "", limits), &[]).await;
     upload(&s, "flood", "flood").await;
     for kind in ["emit", "json", "props"] {
         let done = run(&s, "flood", json!({"kind": kind, "count": 1_000_000})).await;
@@ -139,7 +137,10 @@ async fn floods_of_empty_events_and_props_stop_at_the_output_budget() {
     let logs = run(&s, "flood", json!({"kind": "log", "count": 20_000})).await;
     assert_eq!(logs["state"], "finished", "{logs}");
     let dropped = s.metric("pie_inferlet_log_lines_dropped_total").await;
-    assert!(dropped >= 19_000.0, "{dropped} of 20,000 lines dropped");
+    assert_eq!(
+        dropped, 19_990.0,
+        "all but the burst of 20,000 lines dropped"
+    );
 }
 
 /// `pie run text-completion` is the built-in `pie serve` runs (one launch,

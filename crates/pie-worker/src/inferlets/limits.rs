@@ -45,15 +45,6 @@ pub const MAX_PARALLEL: usize = 64;
 /// `max_output_bytes` with the bytes, so an empty event is not free.
 pub const EVENT_OVERHEAD_BYTES: usize = 64;
 
-/// Log lines one process may write: a second, sustained, and at once.
-pub const LOG_LINES_PER_S: f64 = 20.0;
-pub const LOG_LINES_BURST: f64 = 200.0;
-
-/// Log lines all processes of a worker together may write: a second,
-/// sustained, and at once (one process's burst leaves room for others).
-pub const ALL_LOG_LINES_PER_S: f64 = 200.0;
-pub const ALL_LOG_LINES_BURST: f64 = 1000.0;
-
 /// A token bucket: `rate` tokens a second up to `capacity`, full at first.
 #[derive(Debug)]
 pub struct TokenBucket {

@@ -39,10 +39,7 @@ use crate::runtime::{LaunchError, Runtime};
 use contexts::Contexts;
 use host::{complete, fail, GuestState, ProcessHost};
 use host_work::HostWork;
-use limits::{
-    MemoryCap, Metered, TokenBucket, ALL_LOG_LINES_BURST, ALL_LOG_LINES_PER_S, EPOCH_TICK,
-    LOG_LINES_BURST, LOG_LINES_PER_S,
-};
+use limits::{MemoryCap, Metered, TokenBucket, EPOCH_TICK};
 pub use registry::RegistryError;
 use registry::{Installed, Registry};
 use slots::InstanceSlots;
@@ -129,8 +126,8 @@ impl Inferlets {
             live: Arc::default(),
             guests: handle,
             all_logs: Arc::new(std::sync::Mutex::new(TokenBucket::new(
-                ALL_LOG_LINES_PER_S,
-                ALL_LOG_LINES_BURST,
+                config.all_log_lines_per_s as f64,
+                config.all_log_lines_burst as f64,
             ))),
             work: Arc::default(),
         }))
@@ -182,7 +179,10 @@ impl Inferlets {
             max_idle: Duration::from_millis(max_idle),
             output_bytes: 0,
             max_output_bytes: self.config.max_output_bytes.0 as usize,
-            logs: TokenBucket::new(LOG_LINES_PER_S, LOG_LINES_BURST),
+            logs: TokenBucket::new(
+                self.config.log_lines_per_s as f64,
+                self.config.log_lines_burst as f64,
+            ),
             all_logs: self.all_logs.clone(),
             logs_dropped: false,
         };
