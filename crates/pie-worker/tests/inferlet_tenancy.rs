@@ -25,16 +25,6 @@ async fn launch_as(s: &Server, key: &str, inferlet: &str, args: Value) -> (u16, 
         .await
 }
 
-async fn wait_done_as(s: &Server, key: &str, id: &str) -> Value {
-    let path = format!("/v1/processes/{id}");
-    s.eventually("process end", async || {
-        let state = s.call(Method::GET, &path, key, None, &[]).await.1["state"].clone();
-        ["finished", "failed", "killed"].contains(&state.as_str().unwrap_or(""))
-    })
-    .await;
-    s.call(Method::GET, &path, key, None, &[]).await.1
-}
-
 /// Guests blocked in `receive` or `sleep` with nothing arriving fail past
 /// `max_idle_ms`, naming it, and their instance serves the next launch.
 #[tokio::test]
@@ -74,10 +64,12 @@ async fn max_wall_ms_bounds_a_life_and_a_key_may_have_its_own() {
     );
     let (_, bob) = launch_as(&s, "sk-bob", "sleeper", json!({"ms": 3000})).await;
     let (_, alice) = launch_as(&s, "sk-alice", "sleeper", json!({"ms": 1500})).await;
-    let bob = wait_done_as(&s, "sk-bob", bob["id"].as_str().unwrap()).await;
+    let bob = s.wait_done_as("sk-bob", bob["id"].as_str().unwrap()).await;
     assert_eq!(bob["state"], "failed", "{bob}");
     assert!(error_of(&bob).contains("max_wall_ms"), "{bob}");
-    let alice = wait_done_as(&s, "sk-alice", alice["id"].as_str().unwrap()).await;
+    let alice = s
+        .wait_done_as("sk-alice", alice["id"].as_str().unwrap())
+        .await;
     assert_eq!(alice["output"], "woke", "alice's key allows 60 s: {alice}");
 }
 
@@ -150,7 +142,7 @@ async fn one_tenant_using_its_whole_share_never_locks_another_out() {
     assert_eq!(accepted, 10, "alice got all but the reserves");
     let (status, bob) = launch_as(&s, "sk-bob", "sleeper", json!({"ms": 10})).await;
     assert_eq!(status, 201, "{bob}");
-    let bob = wait_done_as(&s, "sk-bob", bob["id"].as_str().unwrap()).await;
+    let bob = s.wait_done_as("sk-bob", bob["id"].as_str().unwrap()).await;
     assert_eq!(bob["output"], "woke", "bob's inferlet ran: {bob}");
     let completion = json!({"prompt": "hello", "max_tokens": 2});
     let (status, body) = s

@@ -191,13 +191,28 @@ impl Server {
 
     /// Wait for a process to reach a final state; returns its record.
     pub async fn wait_done(&self, id: &str) -> Value {
+        self.wait_done_with(id, async |path| self.get(path).await.1)
+            .await
+    }
+
+    /// [`Self::wait_done`] asking with API key `key`.
+    pub async fn wait_done_as(&self, key: &str, id: &str) -> Value {
+        let get = async |path: &str| {
+            self.call(reqwest::Method::GET, path, key, None, &[])
+                .await
+                .1
+        };
+        self.wait_done_with(id, get).await
+    }
+
+    async fn wait_done_with(&self, id: &str, get: impl AsyncFn(&str) -> Value) -> Value {
         let path = format!("/v1/processes/{id}");
         let final_states = ["finished", "failed", "killed"];
         self.eventually("process end", async || {
-            final_states.contains(&self.get(&path).await.1["state"].as_str().unwrap_or(""))
+            final_states.contains(&get(&path).await["state"].as_str().unwrap_or(""))
         })
         .await;
-        self.get(&path).await.1
+        get(&path).await
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
