@@ -35,4 +35,4 @@ pub use sampling::{
     check_token_ids, logprobs, BadSampling, OutOfVocab, Sampler, SamplingParams, SamplingRequest,
     TokenLogprobs, MAX_TOP_LOGPROBS,
 };
-pub use tokenizer::{ChatMessage, IncrementalDecoder, Tokenizer, TokenizerSpec};
+pub use tokenizer::{ChatEnding, ChatMessage, IncrementalDecoder, Tokenizer, TokenizerSpec};

@@ -245,6 +245,7 @@ impl Engine {
             max_tokens: req.max_tokens.min(limit - req.prompt.len()),
             tokens: req.prompt,
             stop_tokens,
+            min_tokens: req.min_tokens,
             sampler,
             table: PageTable::with_root(chain_root),
             chain_root,
@@ -298,6 +299,7 @@ impl Engine {
             prompt_len: p.tokens.len(),
             max_tokens: max_tokens.min(limit.saturating_sub(p.tokens.len())),
             stop_tokens: p.stop_tokens.clone(),
+            min_tokens: 0,
             sampler: Sampler::new(sampling, &p.tokens),
             table,
             chain_root: p.chain_root,
@@ -554,13 +556,23 @@ fn sample_next(
     row: &[f32],
     out: &mut StepOutput,
 ) -> std::result::Result<(usize, Option<FinishReason>), String> {
-    let token = match &seq.constraint {
-        Some(c) => {
+    let too_early = seq.generated() < seq.min_tokens && !seq.stop_tokens.is_empty();
+    let token = match (&seq.constraint, too_early) {
+        (None, false) => seq.sampler.sample(row),
+        (constraint, _) => {
             let mut masked = row.to_vec();
-            c.apply(&mut masked);
+            if let Some(c) = constraint {
+                c.apply(&mut masked);
+            }
+            if too_early {
+                for &t in &seq.stop_tokens {
+                    if let Some(logit) = masked.get_mut(t as usize) {
+                        *logit = f32::NEG_INFINITY;
+                    }
+                }
+            }
             seq.sampler.sample(&masked)
         }
-        None => seq.sampler.sample(row),
     };
     if let Some(top) = seq.logprobs {
         out.logprobs

@@ -278,6 +278,7 @@ pub fn run_builtin(
             messages: vec![pie_model::ChatMessage::text("user", prompt)],
             resume_session: false,
             tools: None,
+            ending: pie_model::ChatEnding::GenerationPrompt,
         },
         other => bail!("`{other}` is not a built-in inferlet"),
     };

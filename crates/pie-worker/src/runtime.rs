@@ -68,7 +68,7 @@ use engine_thread::{EngineThread, Load};
 use kv_events::KvPublisher;
 pub use pie_kv::stream::PullRequest;
 pub use request::{
-    GenOptions, Generate, Generated, Inferlet, LaunchError, Prompt, PromptTokens, Resume,
+    GenOptions, Generate, Generated, Inferlet, LaunchError, Prompt, PromptTokens, Resume, TextRules,
 };
 pub use transfer_errors::{PullError, ServeError};
 

@@ -28,6 +28,7 @@ use pie_core::openai_fields::{self, Endpoint};
 use pie_core::tools::ToolRequest;
 use pie_core::wire::{PREFILL_FROM_FIELD, PROMPT_TOKENS_FIELD, RESUME_FIELD, STREAM_IDS_FIELD};
 use pie_core::{PropValue, Props};
+use pie_model::ChatEnding;
 use pie_policy::cluster::{record, RouteRequest, Stage, WorkerView};
 use pie_workload::TraceInput;
 use serde_json::{json, Value};
@@ -616,8 +617,16 @@ fn route_inputs(ctl: &Controller, path: &str, body: &Value) -> Result<RouteInput
             Some(fields) if !native => ToolRequest::from_body(fields).map_err(|e| e.message)?,
             _ => None,
         };
+        let ending = match native {
+            true => ChatEnding::GenerationPrompt,
+            false => ChatEnding::of(
+                args["add_generation_prompt"].as_bool(),
+                args["continue_final_message"].as_bool(),
+                &messages,
+            )?,
+        };
         let tokens = tk
-            .apply_chat_template(&messages, tools.as_ref())
+            .apply_chat_template_ending(&messages, tools.as_ref(), ending)
             .and_then(|t| tk.encode(&t))
             .unwrap_or_default();
         // The native chat inferlet prepends a session's earlier turns.

@@ -240,8 +240,14 @@ impl Tokenizer {
 
     /// Text of `ids`, special tokens left out.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.decode_with(ids, false)
+    }
+
+    /// Text of `ids`, special tokens' own text included where
+    /// `keep_special` (an OpenAI server's `skip_special_tokens: false`).
+    pub fn decode_with(&self, ids: &[u32], keep_special: bool) -> Result<String> {
         self.inner
-            .decode(ids, true)
+            .decode(ids, !keep_special)
             .map_err(|e| anyhow!("detokenizing: {e}"))
     }
 
@@ -298,6 +304,16 @@ impl Tokenizer {
         messages: &[ChatMessage],
         tools: Option<&ToolRequest>,
     ) -> Result<String> {
+        self.apply_chat_template_ending(messages, tools, ChatEnding::GenerationPrompt)
+    }
+
+    /// [`Tokenizer::apply_chat_template`], ending as `ending` says.
+    pub fn apply_chat_template_ending(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&ToolRequest>,
+        ending: ChatEnding,
+    ) -> Result<String> {
         let env = match &self.chat_template {
             None => bail!("this model has no chat template (tokenizer.chat_template)"),
             Some(Err(e)) => bail!("chat template: {e}"),
@@ -311,7 +327,7 @@ impl Tokenizer {
             let ctx = minijinja::context! {
                 messages => messages,
                 tools => tools,
-                add_generation_prompt => true,
+                add_generation_prompt => ending == ChatEnding::GenerationPrompt,
                 bos_token => self.bos_text,
                 eos_token => self.eos_text,
             };
@@ -325,6 +341,10 @@ impl Tokenizer {
                 None => Err(e),
             })
             .map_err(|e| anyhow!("chat template: {e}"))?;
+        let text = match ending {
+            ChatEnding::ContinueFinal => continued_final(text, &messages)?,
+            _ => text,
+        };
         Ok(self.without_leading_bos(text))
     }
 
@@ -365,6 +385,56 @@ fn encoded(tokenizer: &tokenizers::Tokenizer, text: &str) -> Result<Vec<u32>> {
     Ok(enc.get_ids().to_vec())
 }
 
+/// How a chat prompt ends (OpenAI servers' `add_generation_prompt` and
+/// `continue_final_message`, as vLLM and SGLang define them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChatEnding {
+    /// The assistant's generation prompt: a new turn (the default).
+    GenerationPrompt,
+    /// The last message's end: the template's text and nothing more.
+    LastMessage,
+    /// Inside the last message, an assistant's: the answer continues its
+    /// text (the template's end of turn after it is cut off).
+    ContinueFinal,
+}
+
+impl ChatEnding {
+    /// The ending a request's two switches ask for: an error names the
+    /// contradiction (both true) or the last message that cannot be
+    /// continued.
+    pub fn of(
+        add_generation_prompt: Option<bool>,
+        continue_final_message: Option<bool>,
+        messages: &[ChatMessage],
+    ) -> std::result::Result<Self, String> {
+        match (add_generation_prompt, continue_final_message) {
+            (Some(true), Some(true)) => Err("continue_final_message and \
+                 add_generation_prompt cannot both be true"
+                .into()),
+            (_, Some(true)) => match messages.last() {
+                Some(m) if m.role == "assistant" => Ok(ChatEnding::ContinueFinal),
+                _ => Err("continue_final_message needs the last message to be the \
+                     assistant's"
+                    .into()),
+            },
+            (Some(false), _) => Ok(ChatEnding::LastMessage),
+            _ => Ok(ChatEnding::GenerationPrompt),
+        }
+    }
+}
+
+/// `text` cut right after the last message's content, which the template
+/// rendered last (vLLM cuts the same way): the answer goes on from there.
+fn continued_final(text: String, messages: &[ChatMessage]) -> Result<String> {
+    let content = messages.last().map(|m| m.content.trim()).unwrap_or("");
+    match text.rfind(content) {
+        Some(at) if !content.is_empty() => Ok(text[..at + content.len()].to_string()),
+        _ => bail!(
+            "continue_final_message: the chat template does not write the last message's text"
+        ),
+    }
+}
+
 /// Turns a stream of token ids into text deltas, holding back bytes of a
 /// character that is not complete yet.
 #[derive(Default)]
@@ -372,13 +442,24 @@ pub struct IncrementalDecoder {
     ids: Vec<u32>,
     prefix_offset: usize,
     read_offset: usize,
+    keep_special: bool,
 }
 
 impl IncrementalDecoder {
+    /// A decoder that writes special tokens' text too where `keep_special`.
+    pub fn keeping_special(keep_special: bool) -> Self {
+        Self {
+            keep_special,
+            ..Self::default()
+        }
+    }
+
     pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<String> {
         self.ids.push(id);
-        let before = tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset])?;
-        let now = tokenizer.decode(&self.ids[self.prefix_offset..])?;
+        let keep = self.keep_special;
+        let before =
+            tokenizer.decode_with(&self.ids[self.prefix_offset..self.read_offset], keep)?;
+        let now = tokenizer.decode_with(&self.ids[self.prefix_offset..], keep)?;
         if now.len() > before.len()
             && now.is_char_boundary(before.len())
             && !now.ends_with('\u{FFFD}')
@@ -438,6 +519,40 @@ mod tests {
             assert_eq!(ids[0], 256, "{add_bos}");
             assert_eq!(ids.len(), 3, "{add_bos}: BOS, h, i");
         }
+    }
+
+    /// The three endings of a chat prompt: a new assistant turn, the last
+    /// message's end, or inside the last (assistant) message.
+    #[test]
+    fn a_chat_prompt_ends_as_asked() {
+        let mut spec = test_spec("endings");
+        spec.chat_template = Some(crate::synth::CHATML_TEMPLATE.into());
+        let tk = Tokenizer::from_spec(spec).expect("builds");
+        let messages = [
+            ChatMessage::text("user", "Name a city.".into()),
+            ChatMessage::text("assistant", "The city is".into()),
+        ];
+        let ending = |e| tk.apply_chat_template_ending(&messages, None, e).unwrap();
+        assert!(
+            ending(ChatEnding::GenerationPrompt).ends_with("<|im_end|>\n<|im_start|>assistant\n")
+        );
+        assert!(ending(ChatEnding::LastMessage).ends_with("The city is<|im_end|>\n"));
+        assert!(ending(ChatEnding::ContinueFinal).ends_with("<|im_start|>assistant\nThe city is"));
+        let of = |add, cont, m: &[ChatMessage]| ChatEnding::of(add, cont, m);
+        assert_eq!(of(None, None, &messages), Ok(ChatEnding::GenerationPrompt));
+        assert_eq!(
+            of(Some(false), Some(false), &messages),
+            Ok(ChatEnding::LastMessage)
+        );
+        assert_eq!(
+            of(Some(false), Some(true), &messages),
+            Ok(ChatEnding::ContinueFinal)
+        );
+        assert!(of(Some(true), Some(true), &messages)
+            .unwrap_err()
+            .contains("both"));
+        let e = of(None, Some(true), &messages[..1]).unwrap_err();
+        assert!(e.contains("assistant"), "{e}");
     }
 
     /// Templates written for Python's Jinja call str methods; they render.

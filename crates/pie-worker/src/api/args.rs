@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::state::ApiError;
-use crate::runtime::{GenOptions, Prompt};
+use crate::runtime::{GenOptions, Prompt, TextRules};
 
 /// The fields [`GenArgs`] reads: with its input (`prompt` or `messages`),
 /// all a native process's `args` may hold.
@@ -27,7 +27,15 @@ pub const GEN_FIELDS: &[&str] = &[
     "repetition_penalty",
     "logit_bias",
     "response_format",
+    "min_tokens",
+    "stop_token_ids",
+    "skip_special_tokens",
+    "no_stop_trim",
+    "include_stop_str_in_output",
 ];
+
+/// The most `stop_token_ids` a request may name.
+const MAX_STOP_TOKEN_IDS: usize = 64;
 
 /// Sampling and length arguments shared by every way of starting generation.
 #[derive(Debug, Default, Deserialize)]
@@ -48,6 +56,19 @@ pub struct GenArgs {
     pub logit_bias: Option<BTreeMap<String, f32>>,
     /// Constrained output (see `api::response_format`).
     pub response_format: Option<Value>,
+    /// vLLM's and SGLang's: no stop token or string ends the output before
+    /// this many tokens.
+    pub min_tokens: Option<usize>,
+    /// Tokens that end the output (not output themselves).
+    pub stop_token_ids: Option<Vec<u32>>,
+    /// False: special tokens' text is output.
+    pub skip_special_tokens: Option<bool>,
+    /// SGLang's name for `include_stop_str_in_output`.
+    #[serde(default)]
+    pub no_stop_trim: bool,
+    /// The stop string found is output too.
+    #[serde(default)]
+    pub include_stop_str_in_output: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -72,6 +93,25 @@ impl GenArgs {
         if stop.len() > 4 {
             return Err(ApiError::bad_request("at most 4 stop sequences").param("stop"));
         }
+        let min_tokens = self.min_tokens.unwrap_or(0);
+        if min_tokens > self.max_tokens.unwrap_or(usize::MAX) {
+            return Err(ApiError::bad_request(format!(
+                "min_tokens ({min_tokens}) must not exceed max_tokens ({})",
+                self.max_tokens.unwrap_or(0)
+            ))
+            .param("min_tokens"));
+        }
+        let stop_token_ids = self.stop_token_ids.clone().unwrap_or_default();
+        if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+            return Err(ApiError::bad_request(format!(
+                "at most {MAX_STOP_TOKEN_IDS} stop_token_ids, got {}",
+                stop_token_ids.len()
+            ))
+            .param("stop_token_ids"));
+        }
+        pie_model::check_token_ids(&stop_token_ids, vocab).map_err(|e| {
+            ApiError::bad_request(format!("stop_token_ids: {e}")).param("stop_token_ids")
+        })?;
         let sampling = SamplingRequest {
             temperature: Some(self.temperature.unwrap_or(default_temperature)),
             top_p: self.top_p,
@@ -88,7 +128,13 @@ impl GenArgs {
         Ok(GenOptions {
             max_tokens: self.max_tokens,
             sampling,
-            stop,
+            text: TextRules {
+                stop,
+                keep_stop: self.no_stop_trim || self.include_stop_str_in_output,
+                keep_special: self.skip_special_tokens == Some(false),
+                min_tokens,
+            },
+            stop_token_ids,
             ignore_eos: self.ignore_eos,
             prefill_from: None,
             cache_salt: None,
@@ -152,7 +198,9 @@ mod gen_fields_tests {
         let all = serde_json::json!({"max_tokens": 3, "temperature": 0.5, "top_p": 0.9,
             "top_k": 4, "min_p": 0.1, "seed": 1, "stop": "x", "ignore_eos": true,
             "frequency_penalty": 1, "presence_penalty": 1, "repetition_penalty": 1.1,
-            "logit_bias": {"5": -100}, "response_format": {"type": "text"}});
+            "logit_bias": {"5": -100}, "response_format": {"type": "text"}, "min_tokens": 2,
+            "stop_token_ids": [7], "skip_special_tokens": false, "no_stop_trim": true,
+            "include_stop_str_in_output": true});
         assert_eq!(all.as_object().unwrap().len(), GEN_FIELDS.len());
         assert!(GEN_FIELDS.iter().all(|f| all.get(f).is_some()));
         let a: GenArgs = serde_json::from_value(all).unwrap();
@@ -160,6 +208,8 @@ mod gen_fields_tests {
         assert!(a.top_k.is_some() && a.seed.is_some() && a.stop.is_some() && a.ignore_eos);
         assert!(a.min_p.is_some() && a.frequency_penalty.is_some() && a.presence_penalty.is_some());
         assert!(a.repetition_penalty.is_some() && a.logit_bias.is_some());
-        assert!(a.response_format.is_some());
+        assert!(a.response_format.is_some() && a.min_tokens.is_some());
+        assert!(a.stop_token_ids.is_some() && a.skip_special_tokens.is_some());
+        assert!(a.no_stop_trim && a.include_stop_str_in_output);
     }
 }

@@ -20,6 +20,7 @@ use pie_core::openai_fields::{self, Endpoint};
 use pie_core::tools::{ToolFormat, ToolOutput, ToolRequest};
 use pie_core::wire::{HANDOFF_COMMENT, PROCESS_COMMENT, TOKEN_IDS_KEY};
 use pie_core::{PropValue, Props};
+use pie_model::ChatEnding;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -104,6 +105,9 @@ pub struct ChatRequest {
     tool_choice: Value,
     #[serde(default)]
     parallel_tool_calls: Value,
+    /// vLLM's and SGLang's: how the prompt ends (`pie_model::ChatEnding`).
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<bool>,
     #[serde(flatten)]
     common: Common,
 }
@@ -226,6 +230,12 @@ pub async fn chat_completions(
         .map(OpenAiMessage::into_chat)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| ApiError::bad_request(e).param("messages"))?;
+    let ending = ChatEnding::of(
+        req.add_generation_prompt,
+        req.continue_final_message,
+        &messages,
+    )
+    .map_err(|e| ApiError::bad_request(e).param("continue_final_message"))?;
     let mut common = req.common;
     common.gen.max_tokens = common.gen.max_tokens.or(req.max_completion_tokens);
     let scores = match (req.logprobs, req.top_logprobs) {
@@ -245,6 +255,7 @@ pub async fn chat_completions(
             messages,
             resume_session: false,
             tools: tools.clone(),
+            ending,
         },
         common,
         (Kind::Chat, scores, CompletionExtras::default()),

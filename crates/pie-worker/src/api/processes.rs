@@ -11,6 +11,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::stream::{Stream, StreamExt};
+use pie_model::ChatEnding;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -112,6 +113,7 @@ pub(super) async fn launch_process(
                     messages: a.messages,
                     resume_session: true,
                     tools: None,
+                    ending: ChatEnding::GenerationPrompt,
                 },
                 checked_options(&rt, &a.gen, 0.0).await?,
             )

@@ -25,6 +25,8 @@ pub(super) struct Sequence {
     pub prompt_len: usize,
     pub max_tokens: usize,
     pub stop_tokens: Vec<u32>,
+    /// Stop tokens are masked until it generated this many.
+    pub min_tokens: usize,
     pub sampler: Sampler,
     pub table: PageTable,
     /// Where its block-hash chain starts (the model's root, or salted).

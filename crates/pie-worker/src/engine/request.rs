@@ -17,6 +17,8 @@ pub struct Request {
     pub stop_tokens: Vec<u32>,
     /// Generate to `max_tokens` even past the model's end-of-turn tokens.
     pub ignore_eos: bool,
+    /// No stop token is sampled before this many tokens (`min_tokens`).
+    pub min_tokens: usize,
     pub arrival_ms: u64,
     /// Who is served (fair share is per client).
     pub client: String,
@@ -64,6 +66,7 @@ impl Request {
             sampling: SamplingParams::default(),
             stop_tokens: Vec::new(),
             ignore_eos: false,
+            min_tokens: 0,
             arrival_ms,
             client,
             props,

@@ -34,7 +34,7 @@ use super::world::structured::OutputFormat;
 use super::world::{inference, model, process, reporting, shaping, structured, Inferlet};
 use crate::inbox::InboxReceiver;
 use crate::process::{ProcState, Process};
-use crate::runtime::{Generate, Generated, Runtime};
+use crate::runtime::{Generate, Generated, Runtime, TextRules};
 use pie_core::clock::now_ms;
 
 /// The longest one `sleep` waits.
@@ -524,7 +524,7 @@ impl ProcessHost {
             tokens: context.tokens.clone(),
             max_tokens: 1,
             sampling: SamplingParams::default(),
-            stop: Vec::new(),
+            text: TextRules::default(),
             ignore_eos: true,
             logprobs: top,
             retain_as: context.retain_as.clone(),
@@ -557,7 +557,10 @@ impl ProcessHost {
                 &context.shaping,
                 self.rt.model.config.vocab,
             )?,
-            stop: options.stop.clone(),
+            text: TextRules {
+                stop: options.stop.clone(),
+                ..TextRules::default()
+            },
             ignore_eos: options.ignore_eos,
             logprobs: context.logprobs.then_some(0),
             retain_as: context.retain_as.clone(),

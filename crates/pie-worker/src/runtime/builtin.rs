@@ -15,6 +15,7 @@ use pie_workload::TraceInput;
 
 use super::command::Command;
 use super::offload::PageSource;
+use super::request::TextRules;
 use super::sequence::{SeqEnd, SeqSink, TextStream};
 use super::Runtime;
 use crate::engine::{FinishReason, Request};
@@ -29,7 +30,7 @@ pub(super) type SessionTurn = (String, Vec<ChatMessage>);
 pub(super) struct Driver {
     pub(super) rt: Arc<Runtime>,
     pub(super) process: Arc<Process>,
-    pub(super) stop: Vec<String>,
+    pub(super) text: TextRules,
     /// For a resumed chat session: its id and the messages of this turn's prompt.
     pub(super) session_messages: Option<SessionTurn>,
     /// Set when the server records a trace.
@@ -91,7 +92,7 @@ impl Driver {
     pub(super) async fn run(self, mut req: Request) {
         let max_tokens = req.max_tokens;
         let chain = self.gather_pages(&mut req).await;
-        let mut text = TextStream::new(&self.rt.model.tokenizer, &self.stop);
+        let mut text = TextStream::new(&self.rt.model.tokenizer, &self.text);
         self.resume_text(&mut text);
         if req.max_tokens == 0 {
             let tail = text.flush();

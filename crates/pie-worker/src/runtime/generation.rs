@@ -105,7 +105,7 @@ impl Runtime {
         req.resume_from = (call.resume_from.iter())
             .map(|key| retention_key(&process.client, key))
             .collect();
-        let mut text = TextStream::new(&self.model.tokenizer, &call.stop);
+        let mut text = TextStream::new(&self.model.tokenizer, &call.text);
         let mut gatherer = Gatherer {
             process,
             retain_as: call.retain_as,

@@ -73,6 +73,8 @@ impl Runtime {
         let mut req = Request::new(prompt, max_tokens, process.client.clone(), props, now_ms());
         req.sampling = opts.sampling;
         req.ignore_eos = opts.ignore_eos;
+        req.stop_tokens = opts.stop_token_ids;
+        req.min_tokens = (opts.text.min_tokens).saturating_sub(resume.tokens.len());
         req.cache_salt = opts.cache_salt;
         req.sampled_before = resume.tokens.len();
         req.logprobs = opts.logprobs;
@@ -85,7 +87,7 @@ impl Runtime {
         let driver = Driver {
             rt: self.clone(),
             process: process.clone(),
-            stop: opts.stop,
+            text: opts.text,
             session_messages,
             trace_input,
             pages_from: match (opts.prefill_from, resume.from) {
@@ -199,6 +201,7 @@ impl Runtime {
                 messages,
                 resume_session,
                 tools,
+                ending,
             } => {
                 let session = props
                     .str("session")
@@ -218,7 +221,7 @@ impl Runtime {
                     let text = self
                         .model
                         .tokenizer
-                        .apply_chat_template(&all, tools.as_ref())
+                        .apply_chat_template_ending(&all, tools.as_ref(), *ending)
                         .map_err(bad)?;
                     self.model.tokenizer.encode(&text).map_err(bad)
                 };

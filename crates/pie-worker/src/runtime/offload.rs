@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use pie_core::SeqId;
 
+use super::request::TextRules;
 use super::sequence::{SeqEnd, SeqSink, TextStream};
 use super::transfer::Pull;
 use super::Runtime;
@@ -37,7 +38,8 @@ impl Runtime {
         req.cache_salt = cache_salt;
         // A puller that gave up (timeout, gone) drops this future: the
         // prefill stops instead of computing for no one.
-        let mut text = TextStream::new(&self.model.tokenizer, &[]);
+        let rules = TextRules::default();
+        let mut text = TextStream::new(&self.model.tokenizer, &rules);
         match self.run_sequence(req, &[], &mut text, &mut Prefill).await {
             SeqEnd::Finished { .. } | SeqEnd::StopString | SeqEnd::Refused => Ok(()),
             SeqEnd::Failed(why) => Err(why),

@@ -4,7 +4,7 @@
 //! [`Runtime`](super::Runtime) that checks and runs it.
 
 use pie_core::tools::ToolRequest;
-use pie_model::{ChatMessage, SamplingParams};
+use pie_model::{ChatEnding, ChatMessage, SamplingParams};
 
 /// A prompt as text or as token ids.
 #[derive(Clone, Debug)]
@@ -65,6 +65,8 @@ pub enum Inferlet {
         resume_session: bool,
         /// The tools the template offers (an OpenAI chat's `tools`).
         tools: Option<ToolRequest>,
+        /// How the prompt ends (a new assistant turn unless the request says).
+        ending: ChatEnding,
     },
 }
 
@@ -77,12 +79,30 @@ impl Inferlet {
     }
 }
 
+/// How a sequence's tokens become its output text, and where a stop string
+/// ends it.
+#[derive(Clone, Debug, Default)]
+pub struct TextRules {
+    /// Strings that end the output.
+    pub stop: Vec<String>,
+    /// The stop string found is output too (vLLM's
+    /// `include_stop_str_in_output`, SGLang's `no_stop_trim`).
+    pub keep_stop: bool,
+    /// Special tokens' text is output (`skip_special_tokens: false`).
+    pub keep_special: bool,
+    /// No stop token or stop string ends the output before this many
+    /// tokens (`min_tokens`).
+    pub min_tokens: usize,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct GenOptions {
     /// None: as many as fit.
     pub max_tokens: Option<usize>,
     pub sampling: SamplingParams,
-    pub stop: Vec<String>,
+    pub text: TextRules,
+    /// Tokens that end the output besides the model's end-of-turn tokens.
+    pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     /// The tenant's cache salt: its KV is shared only with the same salt.
     pub cache_salt: Option<String>,
@@ -126,7 +146,7 @@ pub struct Generate {
     pub tokens: Vec<u32>,
     pub max_tokens: usize,
     pub sampling: SamplingParams,
-    pub stop: Vec<String>,
+    pub text: TextRules,
     pub ignore_eos: bool,
     /// Each sample's log-probability, with this many alternatives (`forward`
     /// asks for its k with the first); None: none (`report-logprobs` off).

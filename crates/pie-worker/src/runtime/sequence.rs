@@ -18,6 +18,7 @@ use pie_core::{BlockHash, SeqId};
 use pie_model::{IncrementalDecoder, TokenLogprobs, Tokenizer};
 
 use super::command::{Command, SeqEvent};
+use super::request::TextRules;
 use super::stop::StopScanner;
 use super::Runtime;
 use crate::engine::{FinishReason, Request, SeqInfo};
@@ -68,11 +69,11 @@ pub(super) struct TextStream<'a> {
 }
 
 impl<'a> TextStream<'a> {
-    pub(super) fn new(tokenizer: &'a Tokenizer, stop: &'a [String]) -> Self {
+    pub(super) fn new(tokenizer: &'a Tokenizer, rules: &'a TextRules) -> Self {
         Self {
             tokenizer,
-            scanner: StopScanner::new(stop),
-            decoder: IncrementalDecoder::default(),
+            scanner: StopScanner::new(rules),
+            decoder: IncrementalDecoder::keeping_special(rules.keep_special),
         }
     }
 
