@@ -20,6 +20,6 @@ mod read;
 
 pub use inferlets::inferlet_wasm;
 pub use model::test_model;
-pub use process::{spawn, workspace_bin, Proc};
-pub use python::{openai_sdk_available, python_report};
+pub use process::{spawn, spawn_unannounced, workspace_bin, Proc};
+pub use python::{openai_sdk_available, python_module_available, python_report};
 pub use read::{metric_value, sse_data, wait_for};

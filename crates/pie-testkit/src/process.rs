@@ -59,6 +59,25 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     path
 }
 
+/// Start a program that announces no URL (another project's server),
+/// its output dropped unless `PIE_TEST_LOGS` is set; `url` is empty.
+pub fn spawn_unannounced(program: &str, args: &[&str]) -> Proc {
+    let output = || match std::env::var_os("PIE_TEST_LOGS") {
+        Some(_) => Stdio::inherit(),
+        None => Stdio::null(),
+    };
+    let child = Command::new(program)
+        .args(args)
+        .stdout(output())
+        .stderr(output())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
+    Proc {
+        child,
+        url: String::new(),
+    }
+}
+
 /// Start `program` with `args` and wait for its first line of stdout,
 /// `prefix` followed by its URL; stdout is drained after that so the child
 /// never blocks on a full pipe. stderr is inherited when `PIE_TEST_LOGS` is
