@@ -23,7 +23,7 @@
 # streaming-read bandwidth; the summary gives single-stream decode's weight
 # traffic as a share of it.
 #
-# See BENCHMARKS.md for how to build llama.cpp's tools.
+# See docs/benchmarks/engine.md for how to build llama.cpp's tools.
 set -euo pipefail
 
 MODEL=${MODEL:-$HOME/.cache/pie/models/SmolLM2-135M-Instruct.Q4_1.gguf}

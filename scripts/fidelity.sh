@@ -44,7 +44,7 @@ cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release}
 # 160 requests (about 5 minutes a run at 0.5/s): this VM has slow spells of
 # 10-20 s, and in an 80-request run one spell is enough of the requests to move
-# the real p90 by a quarter (BENCHMARKS.md, issue 19).
+# the real p90 by a quarter (docs/benchmarks/simulator.md, issue 19).
 REQUESTS=${REQUESTS:-160}
 RATE=${RATE:-0.5}
 SEED=${SEED:-1}

@@ -19,7 +19,7 @@
 # requests finishes in one engine step, max_running new ones reach the worker
 # before its next step admits them; a smaller worker queue refuses (429, with
 # Retry-After, relayed by the controller) requests the controller admitted
-# (WORKER_MAX_QUEUED=4 shows it; see BENCHMARKS.md).
+# (WORKER_MAX_QUEUED=4 shows it; see docs/benchmarks/serving.md).
 # Exits non-zero naming every failed check. The processes it starts are killed
 # on exit, whatever happens.
 #

@@ -1,7 +1,7 @@
 //! The page codec's throughput on SmolLM2-135M's page shape (30 layers, 16
 //! tokens, KV width 192: 737 KB per page in f32): exporting a page, checking
 //! it as a receiver does (checksum and chain), importing it. Together they
-//! bound what one core moves per second (BENCHMARKS.md compares it with
+//! bound what one core moves per second (docs/benchmarks/kv-transfer.md compares it with
 //! recomputing the prefix).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};

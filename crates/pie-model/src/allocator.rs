@@ -8,7 +8,7 @@
 //! The next layer then takes a page fault per 4 KiB and the kernel zeroes
 //! each page, work the matmul does not need (the kernel writes every value).
 //! On the Qwen3-0.6B-shaped file a 512-token prefill ran 1.08-1.37x faster
-//! (six pairs of runs) with the memory kept; see BENCHMARKS.
+//! (six pairs of runs) with the memory kept; see docs/benchmarks/models.md.
 
 /// Tells glibc to keep freed memory for reuse: no chunk is served by its own
 /// mapping (a thread arena still maps one it cannot hold), and a heap's free

@@ -1,6 +1,6 @@
 //! Per-step ordering cost of each ordering policy at 10, 1,000 and 10,000
 //! runnable processes. Compare with the engine's step time on the default model
-//! (`pie engine-bench`; BENCHMARKS.md gives the ratio).
+//! (`pie engine-bench`; docs/benchmarks/controller.md gives the ratio).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use pie_core::{PropValue, Props, SeqId};

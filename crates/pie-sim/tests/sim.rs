@@ -406,7 +406,8 @@ fn actors_tick_on_simulated_time_and_only_observe() {
     assert!(dry.actions.iter().all(|a| a.dry_run));
 }
 
-/// A calibrated profile of the default model on two cores (BENCHMARKS.md).
+/// A calibrated profile of the default model on two cores
+/// (docs/benchmarks/simulator.md).
 fn calibrated(step_cv: f64) -> CostProfile {
     CostProfile {
         a_ms: 13.78,

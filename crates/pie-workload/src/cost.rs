@@ -161,7 +161,7 @@ impl CostProfile {
 
     /// UNCALIBRATED placeholder for `pie serve` with SmolLM2-135M on two CPU cores:
     /// the coefficients are of the order `pie bench --calibrate` measured on this
-    /// 2-core machine (BENCHMARKS.md), rounded; calibrate your own. The limits are
+    /// 2-core machine (docs/benchmarks/simulator.md), rounded; calibrate your own. The limits are
     /// `pie-worker`'s `EngineConfig` defaults. Transfers: the loopback placeholder.
     pub fn cpu_placeholder() -> Self {
         Self {

@@ -73,7 +73,7 @@ pub(super) fn refused() -> bool {
 /// process the tile state (it does only on request, once per process; a tile
 /// instruction without it faults). Asked once: every kernel call checks it,
 /// and in a VM `cpuid` traps to the hypervisor (1.7 us on the host of
-/// BENCHMARKS' AMX figures; at about 1,100 calls a token it cost Qwen3-0.6B's
+/// the AMX figures in docs/benchmarks/models.md; at about 1,100 calls a token it cost Qwen3-0.6B's
 /// single-sequence decode 12%).
 fn support() -> (bool, bool) {
     static SUPPORT: OnceLock<(bool, bool)> = OnceLock::new();

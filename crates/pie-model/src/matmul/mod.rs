@@ -277,7 +277,7 @@ impl Kernel {
     /// weights, has whole groups of blocks) the AMX kernel prefilled 6-34%
     /// slower than the AVX-512 one in five runs, though that projection
     /// alone ran 1.4-1.5x faster on it (`kernel_throughput`); the rest of
-    /// the step ran slower beside it (BENCHMARKS, "Prefill on AMX").
+    /// the step ran slower beside it (docs/benchmarks/models.md).
     pub(crate) fn for_layers<'a>(
         self,
         layers: impl IntoIterator<Item = &'a Linear>,
