@@ -125,15 +125,61 @@ pub fn new_crate(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// `pie inferlet build [DIR]`: `cargo build --release` for `wasm32-wasip2`;
-/// prints each component's path.
+/// The target inferlets are built for.
+const WASM_TARGET: &str = "wasm32-wasip2";
+
+/// Makes sure the toolchain that builds in `dir` has [`WASM_TARGET`]:
+/// rustup adds it where it is missing (a toolchain installed before
+/// without it does not get it on its own), saying so; without rustup, an
+/// error says what to install.
+fn ensure_wasm_target(dir: &Path) -> Result<()> {
+    let sysroot = Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .current_dir(dir)
+        .output()
+        .context("running rustc (is a Rust toolchain installed?)")?;
+    let sysroot = String::from_utf8_lossy(&sysroot.stdout).trim().to_string();
+    if Path::new(&sysroot)
+        .join("lib/rustlib")
+        .join(WASM_TARGET)
+        .is_dir()
+    {
+        return Ok(());
+    }
+    let has_rustup = Command::new("rustup").arg("--version").output().is_ok();
+    if !has_rustup {
+        bail!(
+            "the Rust toolchain at {sysroot} has no {WASM_TARGET} target, and rustup is not \
+             installed to add it: install rustup and run `rustup target add {WASM_TARGET}`, \
+             or install your distribution's {WASM_TARGET} standard library"
+        );
+    }
+    eprintln!("pie: installing the {WASM_TARGET} target (rustup target add {WASM_TARGET})");
+    let added = Command::new("rustup")
+        .args(["target", "add", WASM_TARGET])
+        .current_dir(dir)
+        .status()
+        .context("running rustup")?;
+    if !added.success() {
+        bail!(
+            "`rustup target add {WASM_TARGET}` failed in {}",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// `pie inferlet build [DIR]`: `cargo build --release` for `wasm32-wasip2`
+/// (the target added first where it is missing); prints each component's
+/// path.
 pub fn build(dir: &Path) -> Result<()> {
+    ensure_wasm_target(dir)?;
     let output = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
         .args([
             "build",
             "--release",
             "--target",
-            "wasm32-wasip2",
+            WASM_TARGET,
             "--message-format",
             "json-render-diagnostics",
         ])
