@@ -562,6 +562,20 @@ impl Process {
         }
     }
 
+    /// An inferlet's prompt tokens, `cached` of them found cached, join the
+    /// usage.
+    pub fn count_prompt(&self, prompt: usize, cached: usize) {
+        let mut d = self.lock();
+        if !d.state.is_final() {
+            let u = d.usage;
+            d.usage = Usage::new(
+                u.prompt_tokens + prompt,
+                u.completion_tokens,
+                u.prompt_tokens_details.cached_tokens + cached,
+            );
+        }
+    }
+
     /// A token generated without output (an inferlet's unstreamed generation).
     pub fn count_generated(&self) {
         let mut d = self.lock();

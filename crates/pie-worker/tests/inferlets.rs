@@ -79,6 +79,16 @@ async fn reference_components_give_the_built_ins_greedy_output_token_for_token()
         assert_eq!(wasm["state"], "finished", "{wasm}");
         assert_eq!(wasm["output_tokens"], native["output_tokens"], "{prompt}");
         assert_eq!(wasm["output"], native["output"]);
+        // Usage counts the prompt the guest appended as a built-in's does;
+        // the native run left its full pages cached for the guest's.
+        let usage = |record: &Value, field: &str| record["usage"][field].as_u64().unwrap();
+        for field in ["prompt_tokens", "completion_tokens"] {
+            assert_eq!(usage(&wasm, field), usage(&native, field), "{field}");
+        }
+        let cached = wasm["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+        // The last prompt token is always computed.
+        let full_pages = (usage(&native, "prompt_tokens") - 1) / 16 * 16;
+        assert!(cached.unwrap() >= full_pages, "{prompt}: {wasm}");
         let sampler = run(&s, "custom-sampler", args).await;
         assert_eq!(sampler["state"], "finished", "{sampler}");
         assert_eq!(
@@ -92,6 +102,14 @@ async fn reference_components_give_the_built_ins_greedy_output_token_for_token()
     let wasm = run(&s, "chat-wasm", chat).await;
     assert_eq!(wasm["output_tokens"], native["output_tokens"]);
     assert_eq!(wasm["output"], native["output"]);
+    assert_eq!(
+        wasm["usage"]["prompt_tokens"],
+        native["usage"]["prompt_tokens"]
+    );
+    assert_eq!(
+        wasm["usage"]["total_tokens"],
+        native["usage"]["total_tokens"]
+    );
 }
 
 /// Forking a 1,000-token context takes no page; the forks' generations

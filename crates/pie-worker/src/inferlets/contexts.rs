@@ -31,6 +31,10 @@ pub struct Context {
     /// The penalties and biases its generations apply, checked
     /// (`shaping.set-shaping`; a fork takes its parent's).
     pub shaping: SamplingRequest,
+    /// Its leading tokens already in the process's usage (as prompt or
+    /// completion tokens): the rest are new prompt tokens at its next
+    /// generation.
+    pub counted: usize,
     /// The context it was forked from.
     parent: Option<u32>,
 }
@@ -67,9 +71,15 @@ impl Contexts {
         let handle = self.next;
         self.next += 1;
         let retain_as = format!("{}/context-{handle}", self.owner);
-        let (resume_from, logprobs, shaping) = match parent.and_then(|p| self.live.get(&p)) {
-            Some(p) => (p.resume_from.clone(), p.logprobs, p.shaping.clone()),
-            None => (vec![retain_as.clone()], true, SamplingRequest::default()),
+        let (resume_from, logprobs, shaping, counted) = match parent.and_then(|p| self.live.get(&p))
+        {
+            Some(p) => (
+                p.resume_from.clone(),
+                p.logprobs,
+                p.shaping.clone(),
+                p.counted,
+            ),
+            None => (vec![retain_as.clone()], true, SamplingRequest::default(), 0),
         };
         let context = Context {
             tokens,
@@ -77,6 +87,7 @@ impl Contexts {
             resume_from,
             logprobs,
             shaping,
+            counted,
             parent,
         };
         self.live.insert(handle, context);
@@ -89,11 +100,13 @@ impl Contexts {
     }
 
     /// A generation over the context ended: its pages are retained under
-    /// its own key now, and its parent's next generation looks there first.
+    /// its own key now, its parent's next generation looks there first, and
+    /// all its tokens are in the usage.
     pub fn generated(&mut self, handle: u32) {
         let Some(c) = self.live.get_mut(&handle) else {
             return;
         };
+        c.counted = c.tokens.len();
         c.resume_from = vec![c.retain_as.clone()];
         let (key, parent) = (c.retain_as.clone(), c.parent);
         if let Some(p) = parent.and_then(|p| self.live.get_mut(&p)) {

@@ -522,6 +522,7 @@ impl ProcessHost {
         let context = self.contexts.get(ctx)?;
         Ok(Generate {
             tokens: context.tokens.clone(),
+            counted: context.counted,
             max_tokens: 1,
             sampling: SamplingParams::default(),
             text: TextRules::default(),
@@ -551,6 +552,7 @@ impl ProcessHost {
         }
         Ok(Generate {
             tokens: context.tokens.clone(),
+            counted: context.counted,
             max_tokens: options.max_tokens as usize,
             sampling: sampling(
                 &options.sampling,

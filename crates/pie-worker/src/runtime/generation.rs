@@ -27,6 +27,9 @@ use pie_core::clock::now_ms;
 /// generation ended, or its caller went away).
 struct Gatherer<'a> {
     process: &'a Process,
+    /// The sequence's prompt length, and how much of it the usage counts.
+    prompt: usize,
+    counted: usize,
     retain_as: String,
     stream: bool,
     seq: Option<SeqId>,
@@ -38,6 +41,15 @@ impl SeqSink for Gatherer<'_> {
         self.process.add_context_seq(seq, self.retain_as.clone());
         self.seq = Some(seq);
         true
+    }
+
+    /// Its prompt's new tokens (past what the usage counts) join the
+    /// usage's prompt tokens, those of them found cached its cached tokens,
+    /// as a built-in's prompt does.
+    fn started(&mut self, cached_tokens: usize) {
+        let new = self.prompt.saturating_sub(self.counted);
+        let cached = cached_tokens.saturating_sub(self.counted).min(new);
+        self.process.count_prompt(new, cached);
     }
 
     fn token(&mut self, token: u32, text: String, logprobs: Option<TokenLogprobs>) {
@@ -86,6 +98,7 @@ impl Runtime {
         call: Generate,
     ) -> Result<Generated, String> {
         self.check_generation(&call)?;
+        let prompt = call.tokens.len();
         let mut props = process.props();
         props
             .set("session", PropValue::Str(call.retain_as.clone()))
@@ -108,6 +121,8 @@ impl Runtime {
         let mut text = TextStream::new(&self.model.tokenizer, &call.text);
         let mut gatherer = Gatherer {
             process,
+            prompt,
+            counted: call.counted,
             retain_as: call.retain_as,
             stream: call.stream,
             seq: None,

@@ -144,6 +144,9 @@ pub enum LaunchError {
 pub struct Generate {
     /// The context's tokens: the prompt of this sequence.
     pub tokens: Vec<u32>,
+    /// How many of `tokens` the process's usage already counts (an earlier
+    /// generation's prompt and output): the rest are its prompt tokens.
+    pub counted: usize,
     pub max_tokens: usize,
     pub sampling: SamplingParams,
     pub text: TextRules,
