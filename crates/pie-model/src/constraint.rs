@@ -21,6 +21,13 @@
 //!
 //! JSON output is compact (no free whitespace, as OpenAI's is): free
 //! whitespace lets a model pad forever, which a length stop then cuts.
+//! For the same reason a schema's unbounded values get default bounds
+//! ([`with_default_bounds`]), a documented deviation from JSON Schema: an
+//! `integer` or `number` without `maximum` / `minimum` stays within
+//! +-[`MAX_MAGNITUDE`] (15 digits), a `number` without `multipleOf` has at
+//! most [`MAX_FRACTION_DIGITS`] decimals, and a `string` without `maxLength`
+//! at most [`MAX_STRING_CHARS`] characters. A schema that sets its own bound
+//! keeps it, however large.
 
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -167,8 +174,78 @@ impl Grammars {
     }
 }
 
-/// `schema` with llguidance's option for compact JSON, unless it sets its own.
+/// The largest magnitude an unbounded `integer` or `number` may take:
+/// 15 digits, exact in a double.
+pub const MAX_MAGNITUDE: i64 = 999_999_999_999_999;
+/// The most decimals an unbounded `number` may write.
+pub const MAX_FRACTION_DIGITS: i32 = 6;
+/// The most characters a `string` without `maxLength` may hold.
+pub const MAX_STRING_CHARS: u64 = 1024;
+
+/// The keywords whose subschemas describe values the output holds (not
+/// conditions on them: `not`, `if`, `contains` are left as written).
+const VALUE_SUBSCHEMAS: &[&str] = &[
+    "items",
+    "additionalProperties",
+    "additionalItems",
+    "then",
+    "else",
+];
+const VALUE_SUBSCHEMA_LISTS: &[&str] = &["prefixItems", "anyOf", "oneOf", "allOf"];
+const VALUE_SUBSCHEMA_MAPS: &[&str] = &["properties", "patternProperties", "$defs", "definitions"];
+
+/// `schema` with the default bounds (module doc) on every value it
+/// describes that has none.
+pub fn with_default_bounds(schema: &mut Value) {
+    let Some(node) = schema.as_object_mut() else {
+        return;
+    };
+    let types: Vec<&str> = match node.get("type") {
+        Some(Value::String(t)) => vec![t.as_str()],
+        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    };
+    let literal = node.contains_key("enum") || node.contains_key("const");
+    let (numeric, fractional, string) = (
+        types.iter().any(|t| *t == "integer" || *t == "number"),
+        types.contains(&"number"),
+        types.contains(&"string"),
+    );
+    if numeric && !literal {
+        if !node.contains_key("maximum") && !node.contains_key("exclusiveMaximum") {
+            node.insert("maximum".into(), json!(MAX_MAGNITUDE));
+        }
+        if !node.contains_key("minimum") && !node.contains_key("exclusiveMinimum") {
+            node.insert("minimum".into(), json!(-MAX_MAGNITUDE));
+        }
+    }
+    if fractional && !literal && !node.contains_key("multipleOf") {
+        node.insert("multipleOf".into(), json!(10f64.powi(-MAX_FRACTION_DIGITS)));
+    }
+    if string && !literal && !node.contains_key("maxLength") {
+        node.insert("maxLength".into(), json!(MAX_STRING_CHARS));
+    }
+    for key in VALUE_SUBSCHEMAS {
+        if let Some(sub) = node.get_mut(*key) {
+            with_default_bounds(sub);
+        }
+    }
+    for key in VALUE_SUBSCHEMA_LISTS {
+        if let Some(Value::Array(subs)) = node.get_mut(*key) {
+            subs.iter_mut().for_each(with_default_bounds);
+        }
+    }
+    for key in VALUE_SUBSCHEMA_MAPS {
+        if let Some(Value::Object(subs)) = node.get_mut(*key) {
+            subs.values_mut().for_each(with_default_bounds);
+        }
+    }
+}
+
+/// `schema` with llguidance's option for compact JSON, unless it sets its
+/// own, and the default bounds.
 fn compact(mut schema: Value) -> Result<Value, String> {
+    with_default_bounds(&mut schema);
     let object = schema
         .as_object_mut()
         .ok_or("a JSON schema must be an object")?;
@@ -293,6 +370,80 @@ mod tests {
             constraint.advance(&[token]).unwrap();
         }
         tokenizer.decode(&out).unwrap()
+    }
+
+    /// Unbounded values get the default bounds, wherever they sit; a
+    /// schema's own bounds, literals and conditions stay as written.
+    #[test]
+    fn unbounded_values_get_default_bounds_and_bounded_ones_keep_theirs() {
+        let mut schema = json!({"type": "object", "properties": {
+            "n": {"type": "integer"},
+            "x": {"type": ["number", "null"], "maximum": 5},
+            "s": {"type": "string"},
+            "t": {"type": "string", "maxLength": 100000},
+            "e": {"type": "string", "enum": ["a", "b"]},
+            "list": {"type": "array", "items": {"anyOf": [{"type": "integer"}]}},
+            "ref": {"$ref": "#/$defs/d"}},
+            "$defs": {"d": {"type": "string"}},
+            "not": {"type": "integer"}});
+        with_default_bounds(&mut schema);
+        let p = &schema["properties"];
+        assert_eq!(p["n"]["maximum"], MAX_MAGNITUDE);
+        assert_eq!(p["n"]["minimum"], -MAX_MAGNITUDE);
+        assert!(p["n"].get("multipleOf").is_none(), "integers are whole");
+        assert_eq!(p["x"]["maximum"], 5);
+        assert_eq!(p["x"]["minimum"], -MAX_MAGNITUDE);
+        assert_eq!(p["x"]["multipleOf"], 1e-6);
+        assert_eq!(p["s"]["maxLength"], MAX_STRING_CHARS);
+        assert_eq!(p["t"]["maxLength"], 100000);
+        assert!(p["e"].get("maxLength").is_none());
+        assert_eq!(p["list"]["items"]["anyOf"][0]["maximum"], MAX_MAGNITUDE);
+        assert_eq!(schema["$defs"]["d"]["maxLength"], MAX_STRING_CHARS);
+        assert!(
+            schema["not"].get("maximum").is_none(),
+            "a condition is left alone"
+        );
+    }
+
+    /// Under the default bounds logits that favour digits cannot make a
+    /// number run on: an integer ends within 15 digits, a number within 6
+    /// decimals.
+    #[test]
+    fn logits_that_favour_digits_do_not_make_a_number_run_on() {
+        let (model, grammars) = grammars();
+        let tk = &model.tokenizer;
+        let id = |s: &str| tk.encode_continuation(s).unwrap()[0] as usize;
+        let mut logits = vec![0.0f32; model.config.vocab];
+        for digit in ["1", "2", "3", "4", "5", "6", "7", "8", "9"] {
+            logits[id(digit)] = 10.0;
+        }
+        logits[id(".")] = 5.0;
+        for (schema, what) in [
+            (json!({"type": "integer"}), "integer"),
+            (json!({"type": "number"}), "number"),
+        ] {
+            let grammar = grammars.compile(&GrammarSpec::JsonSchema(schema)).unwrap();
+            let mut constraint = grammar.start();
+            let mut out = Vec::new();
+            while !constraint.is_stopped() && out.len() < 100 {
+                constraint.compute_mask().unwrap();
+                let mut masked = logits.clone();
+                constraint.apply(&mut masked);
+                let token = crate::sampling::argmax(&masked);
+                if tk.stop_tokens().contains(&token) {
+                    break;
+                }
+                out.push(token);
+                constraint.advance(&[token]).unwrap();
+            }
+            let text = tk.decode(&out).unwrap();
+            let value: f64 = text
+                .parse()
+                .unwrap_or_else(|e| panic!("{what} {text:?}: {e}"));
+            assert!(value.abs() <= MAX_MAGNITUDE as f64, "{what} {text}");
+            let decimals = text.split_once('.').map_or(0, |(_, f)| f.len());
+            assert!(decimals <= MAX_FRACTION_DIGITS as usize, "{what} {text}");
+        }
     }
 
     #[test]

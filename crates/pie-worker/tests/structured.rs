@@ -220,3 +220,35 @@ async fn on_the_default_model_a_schema_answer_validates() {
         validate(r["choices"][0]["message"]["content"].as_str().unwrap());
     }
 }
+
+/// On the default model, 50 sampled answers to a schema whose integer has no
+/// `maximum` and whose string has no `maxLength` all parse and validate
+/// (the default bounds keep a number from running to `max_tokens`).
+#[tokio::test]
+async fn on_the_default_model_unbounded_values_end_and_validate() {
+    let Some(model) = common::cached_default_model() else {
+        return;
+    };
+    let s = Server::start_model(&model, "", &[]).await;
+    let schema = json!({"type": "object", "additionalProperties": false,
+        "required": ["city", "population"],
+        "properties": {"city": {"type": "string"}, "population": {"type": "integer"}}});
+    let format = json!({"type": "json_schema", "json_schema": {"name": "city", "schema": schema}});
+    let answers = futures_util::future::join_all((0..50).map(|seed| {
+        let body = json!({"messages": [{"role": "user",
+            "content": "Name a large city and its population, as JSON."}],
+            "max_tokens": 160, "temperature": 0.7, "seed": seed, "response_format": format});
+        s.post("/v1/chat/completions", body)
+    }))
+    .await;
+    for (seed, (status, r)) in answers.into_iter().enumerate() {
+        assert_eq!(status, 200, "{r}");
+        let text = r["choices"][0]["message"]["content"].as_str().unwrap();
+        let answer: Value = serde_json::from_str(text)
+            .unwrap_or_else(|e| panic!("seed {seed}: {text:?} does not parse: {e}"));
+        let object = answer.as_object().expect("an object");
+        assert_eq!(object.len(), 2, "seed {seed}: {text}");
+        assert!(answer["city"].is_string(), "seed {seed}: {text}");
+        assert!(answer["population"].is_i64(), "seed {seed}: {text}");
+    }
+}
