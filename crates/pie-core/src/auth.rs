@@ -93,7 +93,17 @@ pub struct KeyLimits {
     pub max_wall_ms: Option<u64>,
     /// The key's inferlets' `max_idle_ms`, in place of the worker's.
     pub max_idle_ms: Option<u64>,
+    /// The most inferlet versions a client key may have installed (its own
+    /// uploads; admin keys have no such limit).
+    pub max_inferlets: usize,
+    /// The most bytes of components a client key may have installed.
+    pub max_inferlet_bytes: u64,
 }
+
+/// [`KeyLimits::max_inferlets`]' default.
+pub const DEFAULT_MAX_INFERLETS: usize = 16;
+/// [`KeyLimits::max_inferlet_bytes`]' default: 256 MiB.
+pub const DEFAULT_MAX_INFERLET_BYTES: u64 = 256 << 20;
 
 impl Default for KeyLimits {
     fn default() -> Self {
@@ -108,6 +118,8 @@ impl Default for KeyLimits {
             cache_salt: None,
             max_wall_ms: None,
             max_idle_ms: None,
+            max_inferlets: DEFAULT_MAX_INFERLETS,
+            max_inferlet_bytes: DEFAULT_MAX_INFERLET_BYTES,
         }
     }
 }

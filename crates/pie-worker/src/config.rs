@@ -173,7 +173,8 @@ port = 8080
 # limits (client keys): weight (default 1), max_priority, max_keep_ms,
 # min_deadline_ms, pin (default true), persist (default false), cache_salt,
 # upload_inferlets (default false: only admin keys install inferlets),
-# max_wall_ms and max_idle_ms (in place of [runtime.inferlets]'s).
+# max_wall_ms and max_idle_ms (in place of [runtime.inferlets]'s),
+# max_inferlets (default 16) and max_inferlet_bytes (default 256 MiB).
 # api_keys = [{ name = "alice", key = "sk-alice-secret" },
 #             { name = "ctl", key = "sk-ctl", role = "worker" },
 #             { name = "bob", key = "sk-bob", limits = { max_priority = 5 } }]

@@ -274,7 +274,7 @@ pub fn run(reference: &str, args: &str, mut config: Config) -> Result<()> {
         let inferlets = Inferlets::new(&config.runtime.inferlets)?;
         if reference == "local" {
             let wasm = std::fs::read(local)?;
-            inferlets.registry.install("local", None, &wasm)?;
+            inferlets.registry.install("local", None, &wasm, None)?;
         }
         let rt =
             tokio::task::spawn_blocking(move || crate::serve::start_runtime(&config)).await??;

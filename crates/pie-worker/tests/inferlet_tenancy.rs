@@ -206,3 +206,57 @@ async fn host_call_inputs_are_bounded_by_the_model_and_charged_to_the_guest() {
         "{done}"
     );
 }
+
+const UPLOADERS: &str = r#"[server]
+api_keys = [
+  { name = "alice", key = "sk-alice", limits = { upload_inferlets = true, max_inferlets = 2 } },
+  { name = "bob", key = "sk-bob", limits = { upload_inferlets = true, max_inferlet_bytes = 1000 } },
+  { name = "root", key = "sk-root", role = "admin" },
+]
+"#;
+
+fn api_error(body: &Value) -> &str {
+    body["error"]["message"].as_str().unwrap_or("")
+}
+
+/// A client key holds at most its quota of inferlets, replaces and deletes
+/// only its own versions; an admin key may delete any.
+#[tokio::test]
+async fn upload_quotas_and_ownership_hold_per_key() {
+    let cfg = format!("{UPLOADERS}{}", config(&store_dir(), "", ""));
+    let s = Server::start(&cfg, &[]).await;
+    for version in ["1", "2"] {
+        let (status, body) = upload_as(
+            &s,
+            Some("sk-alice"),
+            &format!("a&version={version}"),
+            "echo",
+        )
+        .await;
+        assert_eq!(status, 201, "{body}");
+        assert_eq!(body["owner"], "alice", "{body}");
+    }
+    let (status, body) = upload_as(&s, Some("sk-alice"), "a&version=3", "echo").await;
+    assert_eq!(status, 403, "{body}");
+    assert!(api_error(&body).contains("max_inferlets"), "{body}");
+    // Replacing its own version is no new one.
+    let (status, body) = upload_as(&s, Some("sk-alice"), "a&version=2", "echo").await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = upload_as(&s, Some("sk-bob"), "b", "echo").await;
+    assert_eq!(status, 403, "{body}");
+    assert!(api_error(&body).contains("max_inferlet_bytes"), "{body}");
+    let delete = async |key: &str, what: &str| {
+        let path = format!("/v1/inferlets/{what}");
+        s.call(Method::DELETE, &path, key, None, &[]).await
+    };
+    let (status, body) = delete("sk-bob", "a").await;
+    assert_eq!(status, 403, "{body}");
+    assert!(api_error(&body).contains("another key"), "{body}");
+    let (status, _) = delete("sk-alice", "a@1").await;
+    assert_eq!(status, 200);
+    let (status, body) = upload_as(&s, Some("sk-alice"), "a&version=3", "echo").await;
+    assert_eq!(status, 201, "a freed place takes a new one: {body}");
+    let (status, body) = delete("sk-root", "a").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["removed"].as_array().map(Vec::len), Some(2), "{body}");
+}

@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 use super::auth::Authed;
 use super::state::{ApiError, AppState};
+use crate::inferlets::registry::{Quota, Uploader};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -39,6 +40,20 @@ fn check_may_install(auth: &Option<Extension<Authed>>) -> Result<(), ApiError> {
     }
 }
 
+/// Who changes what is installed: a key (none without keys); a client
+/// key's quota, from its limits.
+fn uploader(auth: &Option<Extension<Authed>>) -> Option<Uploader<'_>> {
+    let Extension(a) = auth.as_ref()?;
+    let quota = (a.role == pie_core::auth::Role::Client).then_some(Quota {
+        max_inferlets: a.limits.max_inferlets,
+        max_bytes: a.limits.max_inferlet_bytes,
+    });
+    Some(Uploader {
+        key: &a.name,
+        quota,
+    })
+}
+
 /// `POST /v1/inferlets?name=NAME[&version=VERSION]`, the component's bytes
 /// as the body: validated and compiled before it is stored.
 pub(super) async fn upload_inferlet(
@@ -59,10 +74,14 @@ pub(super) async fn upload_inferlet(
         status => ApiError::new(status, e.body_text()),
     })?;
     let inferlets = state.inferlets.clone();
+    let (key, quota) = match uploader(&auth) {
+        Some(u) => (Some(u.key.to_string()), u.quota),
+        None => (None, None),
+    };
     let installed = tokio::task::spawn_blocking(move || {
-        inferlets
-            .registry
-            .install(&query.name, query.version.as_deref(), &body)
+        let uploader = key.as_deref().map(|key| Uploader { key, quota });
+        let version = query.version.as_deref();
+        (inferlets.registry).install(&query.name, version, &body, uploader.as_ref())
     })
     .await
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
@@ -107,6 +126,6 @@ pub(super) async fn delete_inferlet(
             ));
         }
     }
-    let removed = state.inferlets.registry.remove(&reference)?;
+    let removed = (state.inferlets.registry).remove(&reference, uploader(&auth).as_ref())?;
     Ok(Json(json!({ "removed": removed })))
 }

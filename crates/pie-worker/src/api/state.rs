@@ -131,6 +131,8 @@ impl From<RegistryError> for ApiError {
         let status = match e {
             RegistryError::Invalid(_) => StatusCode::BAD_REQUEST,
             RegistryError::NotFound(_) => StatusCode::NOT_FOUND,
+            RegistryError::Forbidden(_) => StatusCode::FORBIDDEN,
+            RegistryError::Busy(_) => StatusCode::TOO_MANY_REQUESTS,
             RegistryError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, e.to_string())
