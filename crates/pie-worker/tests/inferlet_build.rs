@@ -3,7 +3,7 @@
 //! `rustc`, `rustup` and `cargo` on `PATH` stand in for the toolchain.
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn script(dir: &Path, name: &str, body: &str) {
@@ -35,26 +35,32 @@ fn build_with(bin: &Path, work: &Path) -> (String, bool) {
     )
 }
 
-fn temp(name: &str) -> std::path::PathBuf {
+/// A fake toolchain in a fresh directory: `rustc` names a sysroot (with
+/// the wasm32-wasip2 library where `has_target`), a `rustup` that logs its
+/// arguments where `has_rustup`, and a `cargo` that says it ran and fails.
+/// Returns the directory, its `bin` and rustup's log.
+fn toolchain(name: &str, has_target: bool, has_rustup: bool) -> (PathBuf, PathBuf, PathBuf) {
     let dir = std::env::temp_dir().join(format!("pie-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("bin")).unwrap();
-    std::fs::create_dir_all(dir.join("sysroot/lib/rustlib")).unwrap();
-    dir
-}
-
-#[test]
-fn a_missing_target_is_added_by_rustup_and_said() {
-    let dir = temp("add-target");
-    let bin = dir.join("bin");
+    let (bin, rustlib) = (dir.join("bin"), dir.join("sysroot/lib/rustlib"));
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(rustlib.join(if has_target { "wasm32-wasip2" } else { "" })).unwrap();
     script(
         &bin,
         "rustc",
         &format!("echo {}", dir.join("sysroot").display()),
     );
     let log = dir.join("rustup.log");
-    script(&bin, "rustup", &format!("echo \"$@\" >> {}", log.display()));
+    if has_rustup {
+        script(&bin, "rustup", &format!("echo \"$@\" >> {}", log.display()));
+    }
     script(&bin, "cargo", "echo cargo ran >&2; exit 1");
+    (dir, bin, log)
+}
+
+#[test]
+fn a_missing_target_is_added_by_rustup_and_said() {
+    let (dir, bin, log) = toolchain("add-target", false, true);
     let (stderr, ok) = build_with(&bin, &dir);
     assert!(!ok, "the fake cargo fails the build");
     assert!(
@@ -69,14 +75,7 @@ fn a_missing_target_is_added_by_rustup_and_said() {
 
 #[test]
 fn without_rustup_the_error_says_what_to_run() {
-    let dir = temp("no-rustup");
-    let bin = dir.join("bin");
-    script(
-        &bin,
-        "rustc",
-        &format!("echo {}", dir.join("sysroot").display()),
-    );
-    script(&bin, "cargo", "echo cargo ran >&2; exit 1");
+    let (dir, bin, _) = toolchain("no-rustup", false, false);
     let (stderr, ok) = build_with(&bin, &dir);
     assert!(!ok);
     assert!(
@@ -89,17 +88,7 @@ fn without_rustup_the_error_says_what_to_run() {
 
 #[test]
 fn a_present_target_asks_nothing_of_rustup() {
-    let dir = temp("has-target");
-    let bin = dir.join("bin");
-    std::fs::create_dir_all(dir.join("sysroot/lib/rustlib/wasm32-wasip2")).unwrap();
-    script(
-        &bin,
-        "rustc",
-        &format!("echo {}", dir.join("sysroot").display()),
-    );
-    let log = dir.join("rustup.log");
-    script(&bin, "rustup", &format!("echo \"$@\" >> {}", log.display()));
-    script(&bin, "cargo", "echo cargo ran >&2; exit 1");
+    let (dir, bin, log) = toolchain("has-target", true, true);
     let (stderr, _) = build_with(&bin, &dir);
     assert!(stderr.contains("cargo ran"), "{stderr}");
     assert!(!log.exists(), "rustup was not asked");
