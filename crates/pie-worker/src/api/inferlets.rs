@@ -42,14 +42,14 @@ fn check_may_install(auth: &Option<Extension<Authed>>) -> Result<(), ApiError> {
 
 /// Who changes what is installed: a key (none without keys); a client
 /// key's quota, from its limits.
-fn uploader(auth: &Option<Extension<Authed>>) -> Option<Uploader<'_>> {
+fn uploader(auth: &Option<Extension<Authed>>) -> Option<Uploader> {
     let Extension(a) = auth.as_ref()?;
     let quota = (a.role == pie_core::auth::Role::Client).then_some(Quota {
         max_inferlets: a.limits.max_inferlets,
         max_bytes: a.limits.max_inferlet_bytes,
     });
     Some(Uploader {
-        key: &a.name,
+        key: a.name.clone(),
         quota,
     })
 }
@@ -74,12 +74,8 @@ pub(super) async fn upload_inferlet(
         status => ApiError::new(status, e.body_text()),
     })?;
     let inferlets = state.inferlets.clone();
-    let (key, quota) = match uploader(&auth) {
-        Some(u) => (Some(u.key.to_string()), u.quota),
-        None => (None, None),
-    };
+    let uploader = uploader(&auth);
     let installed = tokio::task::spawn_blocking(move || {
-        let uploader = key.as_deref().map(|key| Uploader { key, quota });
         let version = query.version.as_deref();
         (inferlets.registry).install(&query.name, version, &body, uploader.as_ref())
     })

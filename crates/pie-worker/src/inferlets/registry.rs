@@ -47,8 +47,8 @@ pub struct Installed {
 
 /// Who installs or deletes: a key, held to its own versions and its quota
 /// where it has one (a client key's; an admin's or a controller's has none).
-pub struct Uploader<'a> {
-    pub key: &'a str,
+pub struct Uploader {
+    pub key: String,
     pub quota: Option<Quota>,
 }
 
@@ -121,13 +121,15 @@ impl Registry {
         let sha256 = hex(&Sha256::digest(wasm));
         let version = version.map_or_else(|| sha256[..12].to_string(), str::to_string);
         check_name("version", &version)?;
+        // The slot first: a key's check and write are not interleaved with
+        // another upload of its own.
+        let _compiling = match uploader.filter(|u| u.quota.is_some()) {
+            Some(u) => Some(self.begin_compile(&u.key)?),
+            None => None,
+        };
         if let Some(u) = uploader {
             self.check_quota(u, name, &version, wasm.len())?;
         }
-        let _compiling = match uploader.filter(|u| u.quota.is_some()) {
-            Some(u) => Some(self.begin_compile(u.key)?),
-            None => None,
-        };
         let component = self.compile(wasm)?;
         check_component(&self.engine, &component).map_err(RegistryError::Invalid)?;
         let base = self.dir.join("components").join(&sha256);
@@ -139,7 +141,7 @@ impl Registry {
             sha256: sha256.clone(),
             bytes: wasm.len(),
             uploaded_ms: now_ms(),
-            owner: uploader.map(|u| u.key.to_string()),
+            owner: uploader.map(|u| u.key.clone()),
         };
         let record = serde_json::to_vec(&installed).map_err(std::io::Error::other)?;
         write_atomically(&self.name_file(name, &installed.version), &record)?;
@@ -160,7 +162,7 @@ impl Registry {
         let Some(quota) = uploader.quota else {
             return Ok(());
         };
-        let key = uploader.key;
+        let key = uploader.key.as_str();
         let all = self.list();
         let same = |i: &Installed| i.name == name && i.version == version;
         if all
@@ -280,7 +282,7 @@ impl Registry {
         if gone.is_empty() {
             return Err(RegistryError::NotFound(reference.to_string()));
         }
-        if let Some(key) = uploader.filter(|u| u.quota.is_some()).map(|u| u.key) {
+        if let Some(key) = uploader.filter(|u| u.quota.is_some()).map(|u| &u.key) {
             if let Some(other) = gone.iter().find(|i| i.owner.as_deref() != Some(key)) {
                 return Err(RegistryError::Forbidden(format!(
                     "`{}@{}` was installed by another key; key `{key}` may delete only its own \
