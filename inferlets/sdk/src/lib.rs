@@ -28,7 +28,8 @@
 //!   done ([`wait_any`]). Every operation in flight is batched into the same
 //!   engine steps.
 //! - [`GenerateOptions`] / [`Sampling`]: greedy, 256 tokens, no streaming by default.
-//! - [`model`]: the served model's tokenizer and chat template.
+//! - [`model`]: the served model's tokenizer and chat template;
+//!   [`TextStream`] emits a growing token sequence's text as it grows.
 //! - Process functions at the root: [`args`], [`props`], [`set_prop`],
 //!   [`emit`], [`emit_json`], [`receive`], [`log`], [`sleep`], ...
 //! - [`bindings`]: the raw generated bindings, for what the API leaves out.
@@ -52,6 +53,7 @@ mod host;
 pub mod model;
 mod options;
 mod pending;
+mod stream;
 
 pub use bindings::pie::inferlet0_1_0::inference::{
     FinishReason, GenerateOptions, Generation, Sampling, TokenLogprob,
@@ -70,6 +72,7 @@ pub use options::{GenArgs, Stop, Turn};
 pub use pending::{Pending, start_receive, wait_all, wait_any};
 pub use serde;
 pub use serde_json;
+pub use stream::TextStream;
 
 /// Declares the inferlet's entry point: `fn run() -> Result<(), E>` with any
 /// `E: Display` (usually `String`). An `Err` fails the process with its text.
