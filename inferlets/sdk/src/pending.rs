@@ -137,11 +137,14 @@ fn ready_indices<'p, 'a: 'p, T: 'a>(
 /// Waits for the next message a client sends, started now: the
 /// [`Pending`] counterpart of [`receive`](crate::receive), to wait for a
 /// message together with operations. The message is consumed when taken;
-/// dropping the wait before one came consumes none.
-pub fn start_receive() -> Pending<'static, String> {
-    let op = passes::start_receive();
+/// dropping the wait before one came consumes none. An error when the
+/// process already has as many operations in flight as it may (64).
+/// Waiting on it alone for the worker's `max_idle_ms` with nothing arriving
+/// fails the process, as [`receive`](crate::receive) does.
+pub fn start_receive() -> Result<Pending<'static, String>, String> {
+    let op = passes::start_receive()?;
     let pollable = op.subscribe();
-    Pending::new(pollable, move || op.take().map(Ok))
+    Ok(Pending::new(pollable, move || op.take().map(Ok)))
 }
 
 /// A started generation's [`Pending`].
