@@ -1,27 +1,38 @@
 //! Test inferlet `fuzz`: calls every host function with bad input (handles
 //! that never existed or were dropped, token ids outside the vocabulary,
 //! out-of-range options, the same context twice in one `generate-all`, 2 MiB
-//! strings, invalid JSON, bad props), each of
-//! which must be an `err`, never a trap. It emits
-//! `{"calls": [{"call": name, "result": error text or "UNEXPECTED OK"}],
-//! "unexpected_ok": [name]}` with `emit_json`, then makes one small valid
-//! generation (emitting its text) to show the process still works. It
-//! fails, naming them, if any bad call succeeded. No args.
+//! strings, invalid JSON, bad props; and, of 0.3.0's `passes` and
+//! `steering` (`passes.rs`), out-of-range positions, too many tokens,
+//! `top-k` 0 and 65, truncation past the end, calls on a context with an
+//! operation in flight, a second `take`, a 65th operation in flight, empty
+//! or out-of-vocabulary token sets), each of which must be an `err`, never a
+//! trap. It emits `{"calls": [{"call": name, "result": error text or
+//! "UNEXPECTED OK"}], "unexpected_ok": [name], "checks": [{"check": name,
+//! "passed": bool, "detail": text}], "failed_checks": [name]}` with
+//! `emit_json` (a check is what must hold after a call: a taken
+//! generation's tokens join its context, a cancelled operation leaves it as
+//! it was), then makes one small valid generation (emitting its text) to
+//! show the process still works. It fails, naming them, if any bad call
+//! succeeded or any check failed. No args.
 //!
 //! Not called: `receive` (it would wait for a message); the infallible
 //! functions (`name`, `vocab-size`, `stop-tokens`, `id`, `args`, `props`,
 //! `try-receive`, `log`, `now-ms`, `sleep`) are called once each with
 //! whatever input they take, to show they do not trap.
 
+mod passes;
+
 use pie_inferlet::bindings::pie::inferlet0_1_0::{inference as inf, model, process};
 use pie_inferlet::bindings::pie::inferlet0_2_0::reporting;
 use pie_inferlet::serde_json::{Value, json};
 
-const BOGUS: u32 = 0xDEAD_BEEF;
+pub(crate) const BOGUS: u32 = 0xDEAD_BEEF;
 
 struct Report {
     calls: Vec<Value>,
     unexpected_ok: Vec<String>,
+    checks: Vec<Value>,
+    failed_checks: Vec<String>,
 }
 
 impl Report {
@@ -36,6 +47,16 @@ impl Report {
             Err(e) => e.chars().take(300).collect(),
         };
         self.calls.push(json!({ "call": call, "result": text }));
+    }
+
+    /// Records what must hold.
+    fn check(&mut self, name: &str, passed: bool, detail: &str) {
+        if !passed {
+            self.failed_checks.push(name.to_string());
+        }
+        let detail: String = detail.chars().take(300).collect();
+        self.checks
+            .push(json!({ "check": name, "passed": passed, "detail": detail }));
     }
 }
 
@@ -62,6 +83,8 @@ fn run() -> Result<(), String> {
     let mut r = Report {
         calls: Vec::new(),
         unexpected_ok: Vec::new(),
+        checks: Vec::new(),
+        failed_checks: Vec::new(),
     };
 
     // The infallible functions: they must simply not trap.
@@ -164,6 +187,9 @@ fn run() -> Result<(), String> {
         r.expect_err(&format!("generate-all(max-tokens=0)[{i}]"), res);
     }
 
+    // passes and steering (0.3.0)
+    passes::fuzz(&mut r, vocab)?;
+
     // process
     r.expect_err("emit(2 MiB)", process::emit(&big));
     r.expect_err("emit-json(2 MiB)", process::emit_json(&big_json));
@@ -201,7 +227,13 @@ fn run() -> Result<(), String> {
     r.expect_err("remove-prop(2 MiB key)", process::remove_prop(&big));
 
     let unexpected = r.unexpected_ok.clone();
-    pie_inferlet::emit_json(&json!({ "calls": r.calls, "unexpected_ok": r.unexpected_ok }))?;
+    let failed = r.failed_checks.clone();
+    pie_inferlet::emit_json(&json!({
+        "calls": r.calls,
+        "unexpected_ok": r.unexpected_ok,
+        "checks": r.checks,
+        "failed_checks": r.failed_checks,
+    }))?;
 
     // Still alive: one small valid generation.
     let mut o = opts(4);
@@ -210,14 +242,16 @@ fn run() -> Result<(), String> {
     process::emit(&g.text)?;
     inf::drop_context(ctx)?;
 
-    if unexpected.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
+    if !unexpected.is_empty() {
+        return Err(format!(
             "bad calls that succeeded: {}",
             unexpected.join(", ")
-        ))
+        ));
     }
+    if !failed.is_empty() {
+        return Err(format!("failed checks: {}", failed.join(", ")));
+    }
+    Ok(())
 }
 
 pie_inferlet::main!(run);
