@@ -145,6 +145,29 @@ impl PageTable {
         self.len = 0;
     }
 
+    /// Keep only the first `len` tokens' K and V: the pages after them are
+    /// released, last first. A shared full page that `len` cuts into goes
+    /// too (a partial page is always private); the private partial page
+    /// stays.
+    pub fn truncate(&mut self, pool: &mut KvPool, len: usize) {
+        if len >= self.len {
+            return;
+        }
+        let page_size = pool.layout().page_size;
+        let whole = len / page_size;
+        let keeps_partial = !len.is_multiple_of(page_size) && whole >= self.hashes.len();
+        let keep = whole + usize::from(keeps_partial);
+        for page in self.pages.drain(keep..).rev() {
+            pool.release(page);
+        }
+        self.hashes.truncate(whole);
+        self.len = if keeps_partial {
+            len
+        } else {
+            whole * page_size
+        };
+    }
+
     /// A new table with the same tokens: full pages shared, the partial last page copied.
     pub fn fork(&self, pool: &mut KvPool) -> Result<PageTable, OutOfPages> {
         let page_size = pool.layout().page_size;
@@ -269,6 +292,26 @@ mod tests {
         // Its next slot is its own to write: the source keeps its value.
         p.write(0, b.pages()[1], 2, &[99.0; 2], &[0.0; 2]);
         assert_eq!(p.read(0, a.pages()[1], 2).0, &[16.0, 16.0]);
+    }
+
+    /// Truncating keeps the private partial page, drops a shared full page
+    /// it cuts into, and releases every page after.
+    #[test]
+    fn truncate_releases_the_pages_past_the_new_length() {
+        let mut p = pool(8);
+        let tokens: Vec<u32> = (0..10).collect();
+        let mut t = fill(&mut p, &tokens);
+        let (head, second) = (t.pages()[0], t.pages()[1]);
+        t.truncate(&mut p, 9);
+        assert_eq!((t.len(), t.pages().len(), t.hashes().len()), (9, 3, 2));
+        t.truncate(&mut p, 6);
+        assert_eq!((t.len(), t.pages(), t.hashes().len()), (4, &[head][..], 1));
+        assert_eq!(p.refcount(second), 0);
+        assert_eq!(p.stats().used, 1);
+        t.truncate(&mut p, 7);
+        assert_eq!(t.len(), 4, "truncating never grows a table");
+        t.truncate(&mut p, 0);
+        assert_eq!((t.len(), p.stats().used), (0, 0));
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! - [`tokenizer`]: the GGUF's byte-level BPE tokenizer and chat template.
 //! - [`constraint`]: constrained generation (JSON schema, regex, grammar) via llguidance.
 //! - [`sampling`]: greedy, temperature, top-k and top-p sampling with a seed.
+//! - [`token_sets`]: the tokens a generation may sample (allowed, banned).
 //! - [`synth`]: a tiny random-weights model of each architecture written as GGUF, for tests.
 
 pub mod allocator;
@@ -24,6 +25,7 @@ pub mod model;
 mod ops;
 pub mod sampling;
 pub mod synth;
+pub mod token_sets;
 pub mod tokenizer;
 
 pub use architecture::{Activation, Architecture, RopeLayout, Window};
@@ -32,7 +34,8 @@ pub use gguf::ModelConfig;
 pub use model::{Model, SeqInput};
 pub use ops::RopeScaling;
 pub use sampling::{
-    check_token_ids, logprobs, BadSampling, OutOfVocab, Sampler, SamplingParams, SamplingRequest,
-    TokenLogprobs, MAX_TOP_LOGPROBS,
+    check_token_ids, log_sum_exp, logprobs, BadSampling, OutOfVocab, Sampler, SamplingParams,
+    SamplingRequest, TokenLogprobs, MAX_TOP_LOGPROBS,
 };
+pub use token_sets::{TokenSets, MAX_TOKEN_SET};
 pub use tokenizer::{ChatEnding, ChatMessage, IncrementalDecoder, Tokenizer, TokenizerSpec};

@@ -74,8 +74,10 @@ pub struct SeqInput<'a> {
     pub tokens: &'a [u32],
     pub start: usize,
     pub table: &'a PageTable,
-    /// Whether to return next-token logits (after the last of `tokens`).
-    pub logits: bool,
+    /// How many of `tokens`' last rows return next-token logits (0: none;
+    /// 1: after the last token; more for a pass that scores drafted
+    /// tokens). A row's logits are the same bits whatever else the step holds.
+    pub logit_rows: usize,
 }
 
 /// Layer `i`'s weights, with what its architecture adds.
@@ -362,7 +364,8 @@ impl Model {
     }
 
     /// Run one step. Writes the new tokens' K and V into `pool` and returns the
-    /// next-token logits of every sequence that asked for them, in input order.
+    /// next-token logits of every row asked for (`SeqInput::logit_rows`), in
+    /// input order.
     pub fn forward(&self, pool: &mut KvPool, batch: &[SeqInput]) -> Result<Vec<Vec<f32>>> {
         // Run the whole step on a pool thread: a parallel loop started from
         // outside the pool hands off to it and sleeps until woken, which for a
@@ -505,19 +508,18 @@ impl Model {
 
     fn logits(&self, batch: &[SeqInput], x: &[f32]) -> Result<Vec<Vec<f32>>> {
         let d = self.config.hidden;
-        let mut last_rows = Vec::new();
+        let mut asked = Vec::new();
         let mut end = 0;
         for s in batch {
             end += s.tokens.len();
-            if s.logits {
-                last_rows.extend_from_slice(&x[(end - 1) * d..end * d]);
-            }
+            let rows = s.logit_rows.min(s.tokens.len());
+            asked.extend_from_slice(&x[(end - rows) * d..end * d]);
         }
-        let n = last_rows.len() / d;
+        let n = asked.len() / d;
         if n == 0 {
             return Ok(Vec::new());
         }
-        let h = rms_norm(&last_rows, &self.norm, self.config.rms_eps);
+        let h = rms_norm(&asked, &self.norm, self.config.rms_eps);
         let mut logits = self.linear(&self.lm_head, &h, n);
         if let Some(cap) = self.config.final_softcap {
             softcap(&mut logits, cap);

@@ -13,6 +13,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::attention::sum_exp;
+use crate::token_sets::TokenSets;
 
 /// The largest `logit_bias` magnitude (OpenAI's).
 pub const MAX_LOGIT_BIAS: f32 = 100.0;
@@ -42,6 +43,8 @@ pub struct SamplingParams {
     pub repetition_penalty: f32,
     /// Added to these tokens' logits (clamped to +-`MAX_LOGIT_BIAS`).
     pub logit_bias: Vec<(u32, f32)>,
+    /// The tokens it may sample (checked by [`TokenSets::new`]).
+    pub token_sets: TokenSets,
 }
 
 impl Default for SamplingParams {
@@ -56,6 +59,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             repetition_penalty: 1.0,
             logit_bias: Vec::new(),
+            token_sets: TokenSets::default(),
         }
     }
 }
@@ -75,6 +79,7 @@ pub struct SamplingRequest {
     pub presence_penalty: Option<f32>,
     pub repetition_penalty: Option<f32>,
     pub logit_bias: Vec<(u32, f32)>,
+    pub token_sets: TokenSets,
 }
 
 /// A sampling field out of its range: the field (OpenAI's snake_case name)
@@ -160,6 +165,12 @@ impl SamplingRequest {
                 });
             }
         }
+        if let Err(e) = check_token_ids(&self.token_sets.ids().collect::<Vec<_>>(), vocab) {
+            return Err(BadSampling {
+                field: "token_sets",
+                message: format!("a token set's {e}"),
+            });
+        }
         Ok(SamplingParams {
             temperature,
             top_k: self.top_k.unwrap_or(0).min(vocab),
@@ -170,6 +181,7 @@ impl SamplingRequest {
             presence_penalty,
             repetition_penalty,
             logit_bias: self.logit_bias,
+            token_sets: self.token_sets,
         })
     }
 }
@@ -216,6 +228,7 @@ impl SamplingParams {
             || self.presence_penalty != 0.0
             || self.repetition_penalty != 1.0
             || !self.logit_bias.is_empty()
+            || !self.token_sets.is_empty()
     }
 }
 
@@ -325,6 +338,7 @@ impl Sampler {
                 *l += bias.clamp(-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS);
             }
         }
+        p.token_sets.apply(logits);
     }
 
     fn draw(&mut self, logits: &[f32]) -> u32 {
@@ -390,8 +404,7 @@ pub struct TokenLogprobs {
 /// `token`'s log-probability and the `top` most likely tokens' (at most
 /// [`MAX_TOP_LOGPROBS`]), by a log-softmax over `logits`.
 pub fn logprobs(logits: &[f32], token: u32, top: usize) -> TokenLogprobs {
-    let max = max_logit(logits);
-    let log_sum = max + sum_exp(logits, max).ln();
+    let log_sum = log_sum_exp(logits);
     let of = |t: u32| {
         logits
             .get(t as usize)
@@ -404,6 +417,12 @@ pub fn logprobs(logits: &[f32], token: u32, top: usize) -> TokenLogprobs {
             .map(|t| (t, of(t)))
             .collect(),
     }
+}
+
+/// log(sum(exp(logits))): a log-softmax subtracts it.
+pub fn log_sum_exp(logits: &[f32]) -> f32 {
+    let max = max_logit(logits);
+    max + sum_exp(logits, max).ln()
 }
 
 /// The largest logit, in 16 lanes: a reduction in one accumulator cannot

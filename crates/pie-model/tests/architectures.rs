@@ -340,7 +340,7 @@ fn engine(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
             tokens: std::slice::from_ref(t),
             start: pos,
             table: &table,
-            logits: true,
+            logit_rows: 1,
         };
         out.extend(model.forward(&mut pool, &[input]).unwrap());
     }
@@ -530,5 +530,56 @@ fn every_architecture_computes_what_its_definition_says() {
             wrong > 10.0 * right.max(0.01),
             "{case}: the other pairing is off by only {wrong}"
         );
+    }
+}
+
+/// The engine's logits after each of `tokens[split - 1..]`: the first
+/// `split` tokens in one chunk, the rest in one pass that returns every row.
+fn pass(model: &Model, tokens: &[u32], split: usize) -> Vec<Vec<f32>> {
+    let layout = KvLayout {
+        layers: model.config.layers,
+        page_size: 4,
+        kv_dim: model.config.kv_dim(),
+    };
+    let mut pool = KvPool::new(layout, tokens.len().div_ceil(4) + 1, model.fingerprint);
+    let mut table = PageTable::new();
+    table.reserve(&mut pool, tokens.len()).unwrap();
+    let chunk = |range: std::ops::Range<usize>, logit_rows| SeqInput {
+        tokens: &tokens[range.clone()],
+        start: range.start,
+        table: &table,
+        logit_rows,
+    };
+    let mut out = model.forward(&mut pool, &[chunk(0..split, 1)]).unwrap();
+    let rest = tokens.len() - split;
+    out.extend(
+        model
+            .forward(&mut pool, &[chunk(split..tokens.len(), rest)])
+            .unwrap(),
+    );
+    out
+}
+
+/// A pass over several tokens gives, after each of them, the same logits
+/// bits as decoding them one a step, with the quantised activations the
+/// server runs: what makes greedy speculative decoding exactly greedy
+/// decoding.
+#[test]
+fn a_pass_over_several_tokens_gives_the_bits_of_decoding_them_one_by_one() {
+    for (case, spec) in cases() {
+        let path =
+            std::env::temp_dir().join(format!("pie-pass-{case}-{}.gguf", std::process::id()));
+        write_test_model(&path, &spec).unwrap();
+        let model = Model::load(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let tokens = model.tokenizer.encode("Tiny models, 42 tokens!").unwrap();
+        let split = tokens.len() / 2;
+        let one_by_one = engine(&model, &tokens);
+        let passed = pass(&model, &tokens, split);
+        assert_eq!(passed.len(), tokens.len() - split + 1, "{case}");
+        for (row, (a, b)) in one_by_one[split - 1..].iter().zip(&passed).enumerate() {
+            let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{case}: row {row} of the pass differs from decoding");
+        }
     }
 }

@@ -47,7 +47,7 @@ fn logits_per_position(
                 tokens: &tokens[pos..pos + 1],
                 start: pos,
                 table: &table,
-                logits: true,
+                logit_rows: 1,
             };
             model.forward(&mut pool, &[input]).unwrap().remove(0)
         })
