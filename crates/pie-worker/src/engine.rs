@@ -14,6 +14,7 @@
 mod constrained;
 mod kv;
 mod request;
+mod score;
 mod state;
 mod transfer;
 
@@ -33,6 +34,7 @@ use pie_workload::StepShape;
 use kv::{EngineKv, Sequence};
 pub use kv::{SeqInfo, Spill};
 pub use request::Request;
+pub use score::{Score, Scored};
 pub use state::{Engine, EngineConfig, EngineCounters};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +83,9 @@ pub struct StepOutput {
     /// For sequences that asked ([`Request::logprobs`]): each sample's
     /// log-probabilities, a stop token's included, before its token.
     pub logprobs: Vec<(SeqId, TokenLogprobs)>,
+    /// For passes ([`Request::score`]): the distributions after their
+    /// positions computed this step (again after a preemption).
+    pub scored: Vec<(SeqId, Scored)>,
     /// How long each constrained sequence's mask took this step.
     pub mask_times: Vec<std::time::Duration>,
 }
@@ -258,6 +263,7 @@ impl Engine {
                 Some(session) if req.resume_from.is_empty() => vec![session],
                 _ => req.resume_from,
             },
+            score: req.score,
         };
         Ok(self.insert(seq, req.arrival_ms, req.client, req.props))
     }
@@ -309,6 +315,7 @@ impl Engine {
             logprobs: p.logprobs,
             constraint: None,
             resume_from: Vec::new(),
+            score: None,
         };
         Ok(self.insert(seq, arrival_ms, client, props))
     }
@@ -327,6 +334,15 @@ impl Engine {
     /// Free the pages retained for `session` now (its owner is gone).
     pub fn release_session(&mut self, session: &str) {
         self.scheduler.release_session(&mut self.kv, session);
+    }
+
+    /// Keep only the first `len` tokens of the pages retained for
+    /// `session` (its context was truncated): the pages past them go.
+    pub fn truncate_session(&mut self, session: &str, len: usize) {
+        if let Some(retained) = self.kv.retained.get_mut(session) {
+            retained.table.truncate(&mut self.kv.pool, len);
+            retained.tokens.truncate(len);
+        }
     }
 
     /// The runtime loaded what it could of a preempted sequence's pages from
@@ -388,9 +404,12 @@ impl Engine {
             self.counters.prefill_tokens += prefill as u64;
             self.counters.decode_tokens += (p.tokens - prefill) as u64;
             seq.table.commit(&mut self.kv.pool, &seq.tokens, new_len);
+            let wanted = seq.logit_rows(len, p.tokens);
+            let mut rows: Vec<Vec<f32>> = (&mut logits).take(wanted).collect();
+            report_scored(seq, p.seq, new_len, &rows, &mut out);
             let mut generated = 0;
             if new_len == seq.tokens.len() {
-                let row = logits.next().expect("logits for every finished chunk");
+                let row = rows.pop().expect("logits for every finished chunk");
                 let sampled = match mask_failed.remove(&p.seq) {
                     Some(e) => Err(e),
                     None => sample_next(seq, p.seq, &row, &mut out),
@@ -490,8 +509,9 @@ impl Engine {
         out.failed.extend(rejected);
     }
 
-    /// One batched forward over the planned chunks; logits of the chunks that
-    /// end their sequence's tokens, in plan order.
+    /// One batched forward over the planned chunks; the logits of each
+    /// chunk's rows that sample or report ([`Sequence::logit_rows`]), in
+    /// plan order.
     fn forward(&mut self, plan: &[Planned]) -> Result<Vec<Vec<f32>>> {
         let inputs: Vec<SeqInput> = plan
             .iter()
@@ -502,7 +522,7 @@ impl Engine {
                     tokens: &s.tokens[start..start + p.tokens],
                     start,
                     table: &s.table,
-                    logits: start + p.tokens == s.tokens.len(),
+                    logit_rows: s.logit_rows(start, p.tokens),
                 }
             })
             .collect();
@@ -544,6 +564,19 @@ impl Engine {
             .values()
             .map(|s| s.prompt_len.saturating_sub(s.table.len()))
             .sum()
+    }
+}
+
+/// What a pass asked of the `rows` that end at `end` (see [`Score`]).
+fn report_scored(seq: &Sequence, id: SeqId, end: usize, rows: &[Vec<f32>], out: &mut StepOutput) {
+    let Some(score) = &seq.score else {
+        return;
+    };
+    let first = end - rows.len();
+    for (i, row) in rows.iter().enumerate() {
+        if let Some(scored) = score.report(first + i, row) {
+            out.scored.push((id, scored));
+        }
     }
 }
 

@@ -538,3 +538,83 @@ fn amx_prefill_gives_the_pages_and_tokens_of_small_steps() {
     assert_eq!((whole.0.len(), whole.1.len()), (8, 16));
     assert!(whole == small, "one 64-token step and 4-token steps differ");
 }
+
+/// A pass reports, after each position asked, the token greedy decoding
+/// sampled there, though the prefix cache holds those positions and the
+/// pass is split over several steps; positions not asked are not reported.
+#[test]
+fn a_pass_reports_what_greedy_decoding_chose_even_over_cached_pages() {
+    use pie_worker::engine::Score;
+    let p = prompt(41, 10);
+    let mut e = engine(64, 3);
+    let (decoded, _) = run_one(&mut e, request(&p, 6));
+    let mut all = p.clone();
+    all.extend_from_slice(&decoded[..5]);
+    let positions: Vec<usize> = (p.len() - 1..all.len()).step_by(2).collect();
+    let mut pass = request(&all, 1);
+    pass.score = Some(Score {
+        positions: positions.clone(),
+        top: 3,
+        full: true,
+    });
+    let id = e.add(pass).unwrap();
+    let mut scored = Vec::new();
+    while e.has_work() {
+        let out = e.step(0).unwrap();
+        scored.extend(out.scored.into_iter().filter(|s| s.0 == id).map(|s| s.1));
+    }
+    let got: Vec<(usize, u32)> = scored.iter().map(|s| (s.position, s.greedy.0)).collect();
+    let want: Vec<(usize, u32)> = (positions.iter())
+        .map(|&at| (at, decoded[at + 1 - p.len()]))
+        .collect();
+    assert_eq!(got, want);
+    for s in &scored {
+        assert_eq!((s.top.len(), s.top[0].0), (3, s.greedy.0));
+        assert_eq!(s.full[s.greedy.0 as usize], s.greedy.1);
+    }
+    assert_eq!(e.pool_stats().used, 0, "no page leaked");
+}
+
+/// Truncating a retained session keeps its pages up to the new length and
+/// releases the rest.
+#[test]
+fn truncating_a_retained_session_releases_the_pages_past_its_length() {
+    use pie_core::{PropValue, Props};
+    use pie_policy::KeepSession;
+    let mut e = engine(32, 512);
+    e.set_keep_session(Some(KeepSession::new(Default::default())));
+    let mut props = Props::new();
+    props.set("session", PropValue::Str("s".into())).unwrap();
+    props.set("keep-ms", PropValue::Int(60_000)).unwrap();
+    let mut kept = request(&prompt(35, 20), 8);
+    kept.props = props;
+    e.add(kept).unwrap();
+    drain(&mut e);
+    // 27 tokens computed: 6 full pages and 3 slots of a seventh.
+    assert_eq!(e.retained_sessions()[0].1, 7);
+    let key = pie_policy::keep_session::retention_key("", "s");
+    e.truncate_session(&key, 26);
+    assert_eq!(
+        e.retained_sessions()[0].1,
+        7,
+        "the private partial page stays"
+    );
+    e.truncate_session(&key, 10);
+    assert_eq!(
+        e.retained_sessions()[0].1,
+        2,
+        "a shared page it cuts into goes"
+    );
+    assert_eq!(e.pool_stats().used, 2);
+    e.release_session(&key);
+    assert_eq!(e.pool_stats().used, 0);
+}
+
+/// A generation under token sets samples only allowed tokens never banned.
+#[test]
+fn token_sets_bound_what_greedy_samples() {
+    let sets = pie_model::TokenSets::new(Some(vec![5, 6, 7]), vec![6]).unwrap();
+    let tokens = greedy_with(|s| s.token_sets = sets);
+    assert_eq!(tokens.len(), 200);
+    assert!(tokens.iter().all(|t| [5, 7].contains(t)), "{tokens:?}");
+}

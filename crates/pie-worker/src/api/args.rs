@@ -122,6 +122,7 @@ impl GenArgs {
             presence_penalty: self.presence_penalty,
             repetition_penalty: self.repetition_penalty,
             logit_bias: self.logit_bias()?,
+            token_sets: Default::default(),
         }
         .check(vocab)
         .map_err(|e| ApiError::bad_request(e.message).param(e.field))?;

@@ -11,6 +11,8 @@ use pie_kv::{KvPool, PageTable};
 use pie_model::{Constraint, Sampler};
 use pie_policy::KvAccounting;
 
+use super::score::Score;
+
 /// Per-sequence facts a caller may report (e.g. OpenAI `usage`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SeqInfo {
@@ -43,11 +45,28 @@ pub(super) struct Sequence {
     pub constraint: Option<Box<Constraint>>,
     /// See [`crate::engine::Request::resume_from`].
     pub resume_from: Vec<String>,
+    /// See [`crate::engine::Request::score`].
+    pub score: Option<Score>,
 }
 
 impl Sequence {
     pub fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
+    }
+
+    /// The first position whose row the forward must return: the last
+    /// token's, or the first a pass reports (until it sampled).
+    pub fn first_logit_row(&self) -> usize {
+        let last = self.tokens.len() - 1;
+        match (&self.score, self.generated()) {
+            (Some(score), 0) => score.first().map_or(last, |p| p.min(last)),
+            _ => last,
+        }
+    }
+
+    /// Rows of the chunk of `tokens` tokens from `start` that return logits.
+    pub fn logit_rows(&self, start: usize, tokens: usize) -> usize {
+        (start + tokens).saturating_sub(start.max(self.first_logit_row()))
     }
 
     pub fn info(&self) -> SeqInfo {
@@ -169,7 +188,7 @@ impl KvAccounting for EngineKv {
         let s = seqs
             .get_mut(&seq)
             .expect("the scheduler names live sequences");
-        let usable = &s.tokens[..s.tokens.len() - 1];
+        let usable = &s.tokens[..s.first_logit_row()];
         let hashes = chain_from(s.chain_root, usable, *page_size);
         let hit = s.table.attach_prefix(pool, &hashes);
         if pool.available() < s.tokens.len().div_ceil(*page_size) - hit / *page_size {
@@ -196,7 +215,7 @@ impl KvAccounting for EngineKv {
     fn prefix_in_flight(&self, seq: SeqId) -> bool {
         let ps = self.page_size;
         let s = self.seq(seq);
-        let chain = chain_from(s.chain_root, &s.tokens[..s.tokens.len() - 1], ps);
+        let chain = chain_from(s.chain_root, &s.tokens[..s.first_logit_row()], ps);
         let cached = self.pool.longest_prefix(&chain).len();
         let Some(&next) = chain.get(cached) else {
             return false;

@@ -7,6 +7,8 @@
 use pie_core::Props;
 use pie_model::{Grammar, SamplingParams};
 
+use super::score::Score;
+
 /// What to generate.
 #[derive(Clone, Debug)]
 pub struct Request {
@@ -47,6 +49,9 @@ pub struct Request {
     /// sequence's next tokens are copied, not computed (an inferlet's fork
     /// continues its parent's context).
     pub resume_from: Vec<String>,
+    /// Report the distribution after these prompt positions (a pass);
+    /// their rows are computed even where the prefix cache holds them.
+    pub score: Option<Score>,
 }
 
 impl Request {
@@ -76,6 +81,7 @@ impl Request {
             logprobs: None,
             grammar: None,
             resume_from: Vec::new(),
+            score: None,
         }
     }
 

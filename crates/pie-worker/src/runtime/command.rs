@@ -14,7 +14,7 @@ use pie_policy::{KeepSession, WorkerPolicy};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine::{FinishReason, Request, SeqInfo};
+use crate::engine::{FinishReason, Request, Scored, SeqInfo};
 
 /// What the engine thread reports to one sequence's driver.
 #[derive(Debug)]
@@ -28,6 +28,8 @@ pub(super) enum SeqEvent {
     /// The log-probabilities of the sample that follows (a `Token`, or the
     /// stop token that ends it); only for a request that asked.
     Logprobs(pie_model::TokenLogprobs),
+    /// A distribution a pass asked for (`Request::score`).
+    Scored(Scored),
     Token(u32),
     Finished(FinishReason, SeqInfo),
     Failed(String),
@@ -43,6 +45,12 @@ pub(super) enum Command {
     Abort(SeqId),
     /// End a retained session's retention (its owner, a context, is gone).
     ReleaseSession(String),
+    /// Keep only the first `len` tokens of a retained session's pages (its
+    /// context was truncated).
+    TruncateSession {
+        session: String,
+        len: usize,
+    },
     /// A preempted sequence's pages are loaded from disk again (or given up on).
     Reloaded(SeqId),
     /// Finish the sequence after its next token (a hand-off).

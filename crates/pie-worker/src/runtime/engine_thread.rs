@@ -189,6 +189,7 @@ fn apply(
             subs.remove(&id);
         }
         Command::ReleaseSession(session) => engine.release_session(&session),
+        Command::TruncateSession { session, len } => engine.truncate_session(&session, len),
         Command::Reloaded(id) => engine.reloaded(id),
         Command::StopAfterNext(id) => {
             engine.stop_after_next(id);
@@ -280,6 +281,9 @@ fn step(
     }
     for id in out.to_reload {
         notify(subs, id, SeqEvent::Reload, &mut gone);
+    }
+    for (id, scored) in out.scored {
+        notify(subs, id, SeqEvent::Scored(scored), &mut gone);
     }
     for (id, logprobs) in out.logprobs {
         notify(subs, id, SeqEvent::Logprobs(logprobs), &mut gone);

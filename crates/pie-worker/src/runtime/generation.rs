@@ -17,7 +17,7 @@ use super::command::Command;
 use super::request::{Generate, Generated};
 use super::sequence::{SeqEnd, SeqSink, TextStream};
 use super::Runtime;
-use crate::engine::{FinishReason, Request};
+use crate::engine::{FinishReason, Request, Scored};
 use crate::process::Process;
 use pie_core::clock::now_ms;
 
@@ -59,6 +59,10 @@ impl SeqSink for Gatherer<'_> {
         }
         self.out.tokens.push(token);
         self.emit(text, Some(token));
+    }
+
+    fn scored(&mut self, scored: Scored) {
+        self.out.scored.insert(scored.position, scored);
     }
 }
 
@@ -115,6 +119,7 @@ impl Runtime {
         req.cache_salt = call.cache_salt;
         req.logprobs = call.logprobs;
         req.grammar = call.grammar;
+        req.score = call.score;
         req.resume_from = (call.resume_from.iter())
             .map(|key| retention_key(&process.client, key))
             .collect();
@@ -152,6 +157,15 @@ impl Runtime {
     /// dropped, or its process ended): they fall back to the prefix cache.
     pub fn release_retained(&self, client: &str, key: &str) {
         self.send(Command::ReleaseSession(retention_key(client, key)));
+    }
+
+    /// Keep only the first `len` tokens of `client`'s context `key`'s
+    /// retained pages (the context was truncated).
+    pub fn truncate_retained(&self, client: &str, key: &str, len: usize) {
+        self.send(Command::TruncateSession {
+            session: retention_key(client, key),
+            len,
+        });
     }
 
     /// The tokens fit the vocabulary and a sequence; it asks for a token.

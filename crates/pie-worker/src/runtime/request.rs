@@ -164,6 +164,8 @@ pub struct Generate {
     pub stream: bool,
     /// The output's constraint (`structured.generate-constrained`).
     pub grammar: Option<pie_model::Grammar>,
+    /// The prompt positions a pass reports (`passes.start-pass`).
+    pub score: Option<crate::engine::Score>,
 }
 
 /// What a generation made.
@@ -177,4 +179,7 @@ pub struct Generated {
     pub first_top: Vec<(u32, f32)>,
     /// An end-of-turn token or a stop string ended it (else its length).
     pub stopped: bool,
+    /// What its pass reported, by position (a preempted pass's rows come
+    /// again, the same bits: the last is kept).
+    pub scored: std::collections::BTreeMap<usize, crate::engine::Scored>,
 }

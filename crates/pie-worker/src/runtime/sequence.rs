@@ -21,7 +21,7 @@ use super::command::{Command, SeqEvent};
 use super::request::TextRules;
 use super::stop::StopScanner;
 use super::Runtime;
-use crate::engine::{FinishReason, Request, SeqInfo};
+use crate::engine::{FinishReason, Request, Scored, SeqInfo};
 
 /// The longest a preempted sequence waits for its pages from disk.
 const RELOAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -38,6 +38,8 @@ pub(super) trait SeqSink {
     /// A token, the text it completes (stop strings held back: possibly
     /// empty), and its log-probabilities where the request asked.
     fn token(&mut self, token: u32, text: String, logprobs: Option<TokenLogprobs>);
+    /// A distribution its pass asked for (again, after a preemption).
+    fn scored(&mut self, _scored: Scored) {}
 }
 
 /// How a sequence ended.
@@ -132,6 +134,7 @@ impl Runtime {
                     self.send(Command::Reloaded(seq));
                 }
                 SeqEvent::Logprobs(lp) => logprobs = Some(lp),
+                SeqEvent::Scored(scored) => sink.scored(scored),
                 SeqEvent::Token(t) => match text.push(t) {
                     Err(why) => return SeqEnd::Failed(why),
                     Ok((emit, stopped)) => {
