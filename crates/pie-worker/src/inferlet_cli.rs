@@ -15,11 +15,55 @@ use crate::config::Config;
 use crate::inferlets::{InferletLaunch, Inferlets};
 use crate::process::{ProcEvent, ProcState};
 
-/// The guest SDK's source and the world it binds (0.2.0, over 0.1.0's
-/// interfaces), as this binary was built.
-const SDK_LIB: &str = include_str!("../../../inferlets/sdk/src/lib.rs");
-const WIT: &str = include_str!("../../../wit/0.2.0/inferlet.wit");
-const WIT_0_1_0: &str = include_str!("../../../wit/0.1.0/inferlet.wit");
+/// The guest SDK's source and the world it binds (0.3.0, over 0.2.0's and
+/// 0.1.0's interfaces and WASI's `io`), as this binary was built, by path
+/// in the new crate.
+const SDK_FILES: &[(&str, &str)] = &[
+    (
+        "pie-inferlet/src/lib.rs",
+        include_str!("../../../inferlets/sdk/src/lib.rs"),
+    ),
+    (
+        "pie-inferlet/src/context.rs",
+        include_str!("../../../inferlets/sdk/src/context.rs"),
+    ),
+    (
+        "pie-inferlet/src/host.rs",
+        include_str!("../../../inferlets/sdk/src/host.rs"),
+    ),
+    (
+        "pie-inferlet/src/model.rs",
+        include_str!("../../../inferlets/sdk/src/model.rs"),
+    ),
+    (
+        "pie-inferlet/src/options.rs",
+        include_str!("../../../inferlets/sdk/src/options.rs"),
+    ),
+    (
+        "pie-inferlet/src/pending.rs",
+        include_str!("../../../inferlets/sdk/src/pending.rs"),
+    ),
+    (
+        "pie-inferlet/src/stream.rs",
+        include_str!("../../../inferlets/sdk/src/stream.rs"),
+    ),
+    (
+        "pie-inferlet/wit/inferlet.wit",
+        include_str!("../../../wit/0.3.0/inferlet.wit"),
+    ),
+    (
+        "pie-inferlet/wit/deps/inferlet-0.2.0/inferlet.wit",
+        include_str!("../../../wit/0.2.0/inferlet.wit"),
+    ),
+    (
+        "pie-inferlet/wit/deps/inferlet-0.1.0/inferlet.wit",
+        include_str!("../../../wit/0.1.0/inferlet.wit"),
+    ),
+    (
+        "pie-inferlet/wit/deps/io/io.wit",
+        include_str!("../../../wit/0.3.0/deps/io/io.wit"),
+    ),
+];
 
 const SDK_MANIFEST: &str = r#"[package]
 name = "pie-inferlet"
@@ -107,14 +151,11 @@ pub fn new_crate(name: &str) -> Result<()> {
         ("rust-toolchain.toml", TOOLCHAIN.to_string()),
         (".cargo/config.toml", CARGO_CONFIG.to_string()),
         ("pie-inferlet/Cargo.toml", SDK_MANIFEST.to_string()),
-        ("pie-inferlet/src/lib.rs", SDK_LIB.to_string()),
-        ("pie-inferlet/wit/inferlet.wit", WIT.to_string()),
-        (
-            "pie-inferlet/wit/deps/inferlet-0.1.0/inferlet.wit",
-            WIT_0_1_0.to_string(),
-        ),
     ];
-    for (path, text) in files {
+    let sdk = SDK_FILES
+        .iter()
+        .map(|(path, text)| (*path, text.to_string()));
+    for (path, text) in files.into_iter().chain(sdk) {
         let path = dir.join(path);
         std::fs::create_dir_all(path.parent().unwrap_or(&dir))?;
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
@@ -375,4 +416,32 @@ async fn print_events(process: &Arc<crate::process::Process>) -> Result<()> {
         }
     }
     bail!("the process ended without a final state")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A new crate gets every file of the SDK and of the world it binds.
+    #[test]
+    fn every_sdk_and_wit_file_travels_with_a_new_crate() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let sources = std::fs::read_dir(root.join("inferlets/sdk/src")).unwrap();
+        for entry in sources {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            let path = format!("pie-inferlet/src/{name}");
+            assert!(
+                SDK_FILES.iter().any(|(p, _)| *p == path),
+                "{path} is not written by `pie inferlet new`"
+            );
+        }
+        let deps = std::fs::read_dir(root.join("wit/0.3.0/deps"))
+            .unwrap()
+            .count();
+        let wit_files = SDK_FILES
+            .iter()
+            .filter(|(p, _)| p.ends_with(".wit"))
+            .count();
+        assert_eq!(wit_files, deps + 1, "the world and each of its deps");
+    }
 }

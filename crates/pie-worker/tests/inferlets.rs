@@ -476,11 +476,24 @@ async fn every_bad_host_call_gets_an_error_and_the_worker_keeps_serving() {
     let record = s.wait_done(&id).await;
     assert_eq!(record["state"], "finished", "{record}");
     let calls = events[0]["calls"].as_array().expect("the fuzzer's report");
-    assert!(calls.len() >= 30, "{} calls", calls.len());
+    assert!(calls.len() >= 70, "{} calls", calls.len());
     for call in calls {
         let result = call["result"].as_str().unwrap();
         assert!(!result.contains("UNEXPECTED OK"), "{call}");
     }
+    // 0.3.0's calls: each bad one an err, and the context as it was after.
+    let called = |name: &str| calls.iter().any(|c| c["call"].as_str() == Some(name));
+    for name in [
+        "start-pass(129 tokens)",
+        "start-pass(top-k 65)",
+        "truncate(len + 1)",
+        "set-token-sets(allowed [])",
+        "generation-op: second take",
+        "65th operation in flight: start-pass",
+    ] {
+        assert!(called(name), "the fuzzer calls {name}");
+    }
+    assert_eq!(events[0]["failed_checks"], json!([]), "{}", events[0]);
     assert_serves(&s, "text-completion").await;
 }
 

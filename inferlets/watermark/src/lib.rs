@@ -29,7 +29,8 @@
 //! generate: `{"prompt": string, "max_tokens"?: int (default 64, at least
 //! 1), "chat"?: bool (default false: true applies the chat template to one
 //! user message), "key"?: int (default 0), "seed"?: int (default: from the
-//! clock), "plain"?: bool (default false)}`; detect: `{"mode": "detect",
+//! clock), "plain"?: bool (default false), "ignore_eos"?: bool (default
+//! false: true never samples a stop token)}`; detect: `{"mode": "detect",
 //! "tokens": [ids], "key"?: int (default 0)}`.
 
 use pie_inferlet::serde_json::{Value, json};
@@ -52,6 +53,7 @@ struct Args {
     key: Option<u64>,
     seed: Option<u64>,
     plain: Option<bool>,
+    ignore_eos: Option<bool>,
     tokens: Option<Vec<u32>>,
 }
 
@@ -147,6 +149,7 @@ struct Generate {
     key: u64,
     seed: u64,
     delta: f64,
+    ignore_eos: bool,
 }
 
 /// The model's full distribution after `ctx` with `tokens` appended.
@@ -176,12 +179,20 @@ fn generate(g: &Generate) -> Result<Value, String> {
     let mut nll = 0.0;
     let mut last: Vec<u32> = Vec::new();
     for _ in 0..g.max_tokens {
-        let full = full_pass(&ctx, &last, vocab)?;
+        let mut full = full_pass(&ctx, &last, vocab)?;
+        let model_logprobs = full.clone();
+        if g.ignore_eos {
+            for &t in &stop_tokens {
+                if let Some(l) = full.get_mut(t as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
         let token = sample(&full, |t| is_green(g.key, prev, t), g.delta, &mut rng);
         if stop_tokens.contains(&token) {
             break;
         }
-        nll -= full[token as usize] as f64;
+        nll -= model_logprobs[token as usize] as f64;
         text.push(&[token])?;
         prev = token;
         last = vec![token];
@@ -213,6 +224,7 @@ fn generate_args(args: Args) -> Result<Generate, String> {
         key: args.key.unwrap_or(0),
         seed: args.seed.unwrap_or_else(|| now_ms() ^ 0x5EED),
         delta: if plain { 0.0 } else { DELTA },
+        ignore_eos: args.ignore_eos.unwrap_or(false),
     })
 }
 
@@ -225,6 +237,7 @@ fn detect_args(args: &Args) -> Result<&[u32], String> {
         ("chat", args.chat.is_some()),
         ("seed", args.seed.is_some()),
         ("plain", args.plain.is_some()),
+        ("ignore_eos", args.ignore_eos.is_some()),
     ];
     if let Some((name, _)) = generate_only.iter().find(|(_, set)| *set) {
         return Err(format!("{name} is for \"mode\": \"generate\""));

@@ -7,13 +7,14 @@
 //!
 //! Invariant: a handle names one context until it is dropped; handles are
 //! never reused within a process, so a stale one is an error, not another
-//! context.
+//! context. A context with an operation in flight (`passes`) changes only
+//! when that operation's result is taken.
 
 use std::collections::HashMap;
 
-use pie_model::SamplingRequest;
+use pie_model::{SamplingRequest, TokenSets};
 
-use super::limits::MAX_CONTEXTS;
+use super::limits::{MAX_CONTEXTS, MAX_TOKEN_SET_BYTES};
 
 pub struct Context {
     pub tokens: Vec<u32>,
@@ -37,6 +38,8 @@ pub struct Context {
     pub counted: usize,
     /// The context it was forked from.
     parent: Option<u32>,
+    /// An operation over it is in flight (`passes`).
+    busy: bool,
 }
 
 /// Retentions a context's generation looks at for a partial page.
@@ -46,6 +49,8 @@ pub struct Contexts {
     owner: String,
     next: u32,
     live: HashMap<u32, Context>,
+    /// Bytes of token sets its contexts keep (a fork's count again).
+    token_set_bytes: usize,
 }
 
 impl Contexts {
@@ -55,6 +60,7 @@ impl Contexts {
             owner: owner.to_string(),
             next: 1,
             live: HashMap::new(),
+            token_set_bytes: 0,
         }
     }
 
@@ -81,6 +87,7 @@ impl Contexts {
             ),
             None => (vec![retain_as.clone()], true, SamplingRequest::default(), 0),
         };
+        self.charge_token_sets(0, shaping.token_sets.bytes())?;
         let context = Context {
             tokens,
             retain_as,
@@ -89,6 +96,7 @@ impl Contexts {
             shaping,
             counted,
             parent,
+            busy: false,
         };
         self.live.insert(handle, context);
         Ok(handle)
@@ -118,24 +126,85 @@ impl Contexts {
 
     /// Forget the context; returns its retention key, to release its pages.
     pub fn remove(&mut self, handle: u32) -> Result<String, String> {
-        self.live
+        self.get_mut(handle)?;
+        let context = self
+            .live
             .remove(&handle)
-            .map(|c| c.retain_as)
-            .ok_or_else(|| no_context(handle))
+            .ok_or_else(|| no_context(handle))?;
+        self.token_set_bytes -= context.shaping.token_sets.bytes();
+        Ok(context.retain_as)
     }
 
+    /// The context, to read (even with an operation in flight).
     pub fn get(&self, handle: u32) -> Result<&Context, String> {
         self.live.get(&handle).ok_or_else(|| no_context(handle))
     }
 
+    /// The context, to run over: not while an operation over it is in
+    /// flight.
+    pub fn idle(&self, handle: u32) -> Result<&Context, String> {
+        let context = self.get(handle)?;
+        match context.busy {
+            true => Err(in_flight(handle)),
+            false => Ok(context),
+        }
+    }
+
+    /// The context, to change: not while an operation over it is in flight.
     pub fn get_mut(&mut self, handle: u32) -> Result<&mut Context, String> {
-        self.live.get_mut(&handle).ok_or_else(|| no_context(handle))
+        let context = self
+            .live
+            .get_mut(&handle)
+            .ok_or_else(|| no_context(handle))?;
+        match context.busy {
+            true => Err(in_flight(handle)),
+            false => Ok(context),
+        }
+    }
+
+    /// An operation over the context started (it must be idle) ...
+    pub fn start_op(&mut self, handle: u32) -> Result<(), String> {
+        self.get_mut(handle)?.busy = true;
+        Ok(())
+    }
+
+    /// ... and ended (its result taken, or the operation dropped): the
+    /// context, if the guest has not dropped it meanwhile.
+    pub fn end_op(&mut self, handle: u32) -> Option<&mut Context> {
+        let context = self.live.get_mut(&handle)?;
+        context.busy = false;
+        Some(context)
+    }
+
+    /// Its later generations sample within `sets`, within the process's
+    /// bound on the bytes all its contexts' sets keep.
+    pub fn set_token_sets(&mut self, handle: u32, sets: TokenSets) -> Result<(), String> {
+        let old = self.get_mut(handle)?.shaping.token_sets.bytes();
+        self.charge_token_sets(old, sets.bytes())?;
+        self.get_mut(handle)?.shaping.token_sets = sets;
+        Ok(())
+    }
+
+    fn charge_token_sets(&mut self, freed: usize, added: usize) -> Result<(), String> {
+        let total = self.token_set_bytes - freed + added;
+        if total > MAX_TOKEN_SET_BYTES {
+            return Err(format!(
+                "the process's contexts would keep {total} bytes of token sets; \
+                 at most {MAX_TOKEN_SET_BYTES}"
+            ));
+        }
+        self.token_set_bytes = total;
+        Ok(())
     }
 
     /// Every live context's retention key (to release them all at the end).
     pub fn drain(&mut self) -> Vec<String> {
         self.live.drain().map(|(_, c)| c.retain_as).collect()
     }
+}
+
+fn in_flight(handle: u32) -> String {
+    format!("context {handle} has an operation in flight: take or drop it first")
 }
 
 fn no_context(handle: u32) -> String {
@@ -145,6 +214,7 @@ fn no_context(handle: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pie_model::MAX_TOKEN_SET;
 
     #[test]
     fn handles_are_never_reused_and_forks_copy_tokens() {
@@ -168,6 +238,37 @@ mod tests {
         let d = c.create(Vec::new()).unwrap();
         assert!(d != a && d != b);
         assert_eq!(c.drain().len(), 2);
+    }
+
+    #[test]
+    fn a_context_with_an_operation_in_flight_changes_only_when_it_ends() {
+        let mut c = Contexts::new("p");
+        let a = c.create(vec![1]).unwrap();
+        c.start_op(a).unwrap();
+        assert!(c.get_mut(a).err().unwrap().contains("in flight"));
+        assert!(c.remove(a).is_err());
+        assert!(c.start_op(a).is_err());
+        assert_eq!(c.get(a).unwrap().tokens, [1]);
+        c.end_op(a).unwrap().tokens.push(2);
+        assert_eq!(c.get_mut(a).unwrap().tokens, [1, 2]);
+    }
+
+    #[test]
+    fn token_sets_are_bounded_across_contexts_and_forks() {
+        let mut c = Contexts::new("p");
+        let a = c.create(Vec::new()).unwrap();
+        let ids: Vec<u32> = (0..MAX_TOKEN_SET as u32).collect();
+        let full = TokenSets::new(Some(ids.clone()), ids).unwrap();
+        let per_context = full.bytes();
+        c.set_token_sets(a, full).unwrap();
+        let forks = MAX_TOKEN_SET_BYTES / per_context - 1;
+        let mut last = a;
+        for _ in 0..forks {
+            last = c.fork(a).unwrap();
+        }
+        assert!(c.fork(a).unwrap_err().contains("token sets"));
+        c.remove(last).unwrap();
+        c.fork(a).unwrap();
     }
 
     #[test]

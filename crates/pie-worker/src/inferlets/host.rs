@@ -1,4 +1,5 @@
-//! The host side of `pie:inferlet@0.2.0` (and so of 0.1.0): what each import does for the
+//! The host side of `pie:inferlet@0.2.0` (and so of 0.1.0; 0.3.0's additions
+//! are `host_passes.rs`): what each import does for the
 //! calling process, with every argument checked (a bad handle, an id
 //! outside the vocabulary, an oversized string, a prop beyond the key's
 //! limits: an `err` naming it, never a trap), and the linker that offers
@@ -23,6 +24,7 @@ use wasmtime_wasi::p2::bindings::{cli, clocks, random};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::contexts::Contexts;
+use super::end::fail;
 use super::host_work::HostWork;
 use super::limits::{
     bounded, bounded_to, max_text_bytes, CpuMeter, MemoryCap, TokenBucket, EVENT_OVERHEAD_BYTES,
@@ -31,9 +33,9 @@ use super::limits::{
 use super::world::inference::{FinishReason, GenerateOptions, Generation, Sampling, TokenLogprob};
 use super::world::shaping::LogitShaping;
 use super::world::structured::OutputFormat;
-use super::world::{inference, model, process, reporting, shaping, structured, Inferlet};
+use super::world::{inference, model, passes, process, reporting, shaping, steering, structured};
 use crate::inbox::InboxReceiver;
-use crate::process::{ProcState, Process};
+use crate::process::Process;
 use crate::runtime::{Generate, Generated, Runtime, TextRules};
 use pie_core::clock::now_ms;
 
@@ -61,7 +63,12 @@ pub struct ProcessHost {
     /// The launching key's name and limits (props it sets are bounded by them).
     pub key: Option<(String, KeyLimits)>,
     pub cache_salt: Option<String>,
-    pub inbox: InboxReceiver,
+    /// Shared with its `message-op`s: each message goes to one waiter.
+    pub inbox: Arc<tokio::sync::Mutex<InboxReceiver>>,
+    /// Operations (`passes`) it holds, and the bytes of full distributions
+    /// they may return.
+    pub ops_held: usize,
+    pub full_bytes_held: usize,
     /// The guest's CPU time, and the pool its heavy host calls run on.
     pub meter: Arc<CpuMeter>,
     pub work: Arc<HostWork>,
@@ -101,7 +108,16 @@ pub fn linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker<GuestState>>
     use wasmtime_wasi::random::{WasiRandom, WasiRandomView};
     use wasmtime_wasi_io::bindings::wasi::io;
     let mut l = Linker::new(engine);
-    Inferlet::add_to_linker::<_, HasSelf<GuestState>>(&mut l, |s| s)?;
+    // Interface by interface: the world's own would want WASI's poll served
+    // by `GuestState`; the table serves it below.
+    model::add_to_linker::<_, HasSelf<GuestState>>(&mut l, |s| s)?;
+    inference::add_to_linker::<_, HasSelf<GuestState>>(&mut l, |s| s)?;
+    process::add_to_linker::<_, HasSelf<GuestState>>(&mut l, |s| s)?;
+    structured::add_to_linker::<_, HasSelf<GuestState>>(&mut l, |s| s)?;
+    reporting::add_to_linker::<_, HasSelf<GuestState>>(&mut l, |s| s)?;
+    shaping::add_to_linker::<_, HasSelf<GuestState>>(&mut l, |s| s)?;
+    passes::add_to_linker::<_, HasSelf<GuestState>>(&mut l, |s| s)?;
+    steering::add_to_linker::<_, HasSelf<GuestState>>(&mut l, |s| s)?;
     io::error::add_to_linker::<_, HasTable>(&mut l, |s| &mut s.table)?;
     io::poll::add_to_linker::<_, HasTable>(&mut l, |s| &mut s.table)?;
     io::streams::add_to_linker::<_, HasTable>(&mut l, |s| &mut s.table)?;
@@ -331,6 +347,7 @@ impl shaping::Host for GuestState {
             presence_penalty: Some(shaping.presence_penalty),
             repetition_penalty: Some(shaping.repetition_penalty),
             logit_bias: shaping.logit_bias,
+            token_sets: self.host.contexts.get(ctx)?.shaping.token_sets.clone(),
             ..SamplingRequest::default()
         };
         (request.clone().check(self.host.rt.model.config.vocab))
@@ -389,7 +406,9 @@ impl process::Host for GuestState {
 
     async fn receive(&mut self) -> String {
         let idle = self.host.max_idle;
-        match tokio::time::timeout(idle, self.host.inbox.recv()).await {
+        let inbox = self.host.inbox.clone();
+        let next = async move { inbox.lock().await.recv().await };
+        match tokio::time::timeout(idle, next).await {
             Ok(Some(message)) => message,
             // The inbox lives as long as the process: never reached.
             Ok(None) => std::future::pending().await,
@@ -397,8 +416,9 @@ impl process::Host for GuestState {
         }
     }
 
+    /// None too while a `message-op` waits for the next one.
     fn try_receive(&mut self) -> Option<String> {
-        self.host.inbox.try_recv()
+        self.host.inbox.try_lock().ok()?.try_recv()
     }
 
     fn log(&mut self, level: process::Level, message: String) {
@@ -431,7 +451,7 @@ impl process::Host for GuestState {
 impl ProcessHost {
     /// The process fails naming `max_idle_ms`; its task then drops the
     /// guest (it waits on the process's end), so this never returns.
-    async fn idle_past_limit(&self, call: &str) -> ! {
+    pub(super) async fn idle_past_limit(&self, call: &str) -> ! {
         fail(
             &self.rt,
             &self.process,
@@ -496,12 +516,12 @@ impl ProcessHost {
     }
 
     /// Every id below the vocabulary size.
-    fn check_tokens(&self, what: &str, tokens: &[u32]) -> Result<(), String> {
+    pub(super) fn check_tokens(&self, what: &str, tokens: &[u32]) -> Result<(), String> {
         check_token_ids(tokens, self.rt.model.config.vocab).map_err(|e| format!("{what}: {e}"))
     }
 
     /// Append to a context, keeping it within what one sequence holds.
-    fn append(&mut self, ctx: u32, tokens: &[u32]) -> Result<(), String> {
+    pub(super) fn append(&mut self, ctx: u32, tokens: &[u32]) -> Result<(), String> {
         let limit = self.rt.max_seq_tokens;
         let context = self.contexts.get_mut(ctx)?;
         if context.tokens.len() + tokens.len() >= limit {
@@ -518,8 +538,8 @@ impl ProcessHost {
     /// A one-token greedy step over the context that reports the `top` most
     /// likely next tokens, if asked; its sample is not kept (`prefill`,
     /// `forward`).
-    fn probe(&self, ctx: u32, top: Option<usize>) -> Result<Generate, String> {
-        let context = self.contexts.get(ctx)?;
+    pub(super) fn probe(&self, ctx: u32, top: Option<usize>) -> Result<Generate, String> {
+        let context = self.contexts.idle(ctx)?;
         Ok(Generate {
             tokens: context.tokens.clone(),
             counted: context.counted,
@@ -533,11 +553,19 @@ impl ProcessHost {
             cache_salt: self.cache_salt.clone(),
             stream: false,
             grammar: None,
+            score: None,
         })
     }
 
-    fn generation(&self, ctx: u32, options: &GenerateOptions) -> Result<Generate, String> {
-        let context = self.contexts.get(ctx)?;
+    pub(super) fn generation(
+        &self,
+        ctx: u32,
+        options: &GenerateOptions,
+    ) -> Result<Generate, String> {
+        let context = self.contexts.idle(ctx)?;
+        if context.tokens.is_empty() {
+            return Err("the context is empty: append tokens or text first".into());
+        }
         if options.max_tokens == 0 {
             return Err("max-tokens must be at least 1".into());
         }
@@ -570,12 +598,17 @@ impl ProcessHost {
             cache_salt: self.cache_salt.clone(),
             stream: options.stream,
             grammar: None,
+            score: None,
         })
     }
 
     /// A generation's tokens join its context (if the guest has not
     /// dropped it meanwhile), and come back as the WIT's record.
-    fn finish_generation(&mut self, ctx: u32, done: Generated) -> Result<Generation, String> {
+    pub(super) fn finish_generation(
+        &mut self,
+        ctx: u32,
+        done: Generated,
+    ) -> Result<Generation, String> {
         if let Ok(context) = self.contexts.get_mut(ctx) {
             context.tokens.extend_from_slice(&done.tokens);
         }
@@ -676,18 +709,4 @@ fn sampling(
     }
     .check(vocab)
     .map_err(|e| e.message.replace('_', "-"))
-}
-
-/// The process ends finished (its guest returned Ok).
-pub fn complete(rt: &Runtime, process: &Process) {
-    if process.finish(ProcState::Finished, Some("stop"), None) {
-        rt.metrics.count_request("finished");
-    }
-}
-
-/// The process ends failed, saying `why`.
-pub fn fail(rt: &Runtime, process: &Process, why: String) {
-    if process.finish(ProcState::Failed, None, Some(why)) {
-        rt.metrics.count_request("failed");
-    }
 }

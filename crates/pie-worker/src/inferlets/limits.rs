@@ -34,6 +34,26 @@ pub fn max_text_bytes(context_length: usize) -> usize {
     (context_length * TEXT_BYTES_PER_TOKEN).min(MAX_ARG_BYTES)
 }
 
+/// The most operations (`passes`) a process holds at once.
+pub const MAX_OPS: usize = 64;
+
+/// The most tokens one pass appends (and so at most one more position).
+pub const MAX_PASS_TOKENS: usize = 128;
+
+/// The most bytes of full distributions one pass returns (about 1 MiB a
+/// position at a 262,144-token vocabulary) ...
+pub const MAX_FULL_BYTES: usize = 4 << 20;
+
+/// ... and all the operations a process holds.
+pub const MAX_FULL_BYTES_HELD: usize = 16 << 20;
+
+/// The most bytes of token sets (`steering`) a process's contexts keep.
+pub const MAX_TOKEN_SET_BYTES: usize = 4 << 20;
+
+/// The most host resources (operations, pollables, WASI streams) an
+/// instance holds at once.
+pub const MAX_HOST_RESOURCES: usize = 4096;
+
 /// The most contexts one process may hold at once.
 pub const MAX_CONTEXTS: usize = 1024;
 

@@ -15,9 +15,12 @@
 //! and its instance slot.
 
 pub mod contexts;
+pub mod end;
 pub mod host;
+pub mod host_passes;
 pub mod host_work;
 pub mod limits;
+pub mod ops;
 pub mod registry;
 pub mod slots;
 pub mod world;
@@ -37,7 +40,8 @@ use wasmtime_wasi::WasiCtxBuilder;
 use crate::process::Process;
 use crate::runtime::{LaunchError, Runtime};
 use contexts::Contexts;
-use host::{complete, fail, GuestState, ProcessHost};
+use end::{complete, fail};
+use host::{GuestState, ProcessHost};
 use host_work::HostWork;
 use limits::{MemoryCap, Metered, TokenBucket, EPOCH_TICK};
 pub use registry::RegistryError;
@@ -173,7 +177,9 @@ impl Inferlets {
             args: launch.args.to_string(),
             key: launch.key,
             cache_salt: launch.cache_salt,
-            inbox,
+            inbox: Arc::new(tokio::sync::Mutex::new(inbox)),
+            ops_held: 0,
+            full_bytes_held: 0,
             meter: Arc::default(),
             work: self.work.clone(),
             max_idle: Duration::from_millis(max_idle),
@@ -257,9 +263,11 @@ impl Inferlets {
     }
 
     fn store(&self, host: ProcessHost, stderr: MemoryOutputPipe) -> Store<GuestState> {
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(limits::MAX_HOST_RESOURCES);
         let state = GuestState {
             wasi: WasiCtxBuilder::new().stderr(stderr).build(),
-            table: ResourceTable::new(),
+            table,
             memory: MemoryCap {
                 max_bytes: self.config.max_memory.0 as usize,
                 refused: None,

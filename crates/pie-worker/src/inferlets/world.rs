@@ -1,6 +1,7 @@
-//! The `pie:inferlet@0.2.0` world (`wit/0.2.0/inferlet.wit`: the 0.1.0
-//! interfaces unchanged, `structured`, `reporting` and `shaping`) as host bindings, so components
-//! built for either version load, and what else a component may import: the WASI interfaces a
+//! The `pie:inferlet@0.3.0` world (`wit/0.3.0/inferlet.wit`: the 0.2.0
+//! world unchanged, which keeps 0.1.0's interfaces, and `passes` and
+//! `steering`) as host bindings, so components built for any of the three
+//! versions load, and what else a component may import: the WASI interfaces a
 //! Rust `std` guest links (stdio, clocks, random, exit, environment), served
 //! with nothing behind them (no directory, no variable, no socket). A leaf.
 //!
@@ -11,22 +12,32 @@ use wasmtime::component::Component;
 use wasmtime::Engine;
 
 wasmtime::component::bindgen!({
-    path: "../../wit/0.2.0",
+    path: "../../wit/0.3.0",
     world: "inferlet",
     imports: {
         "pie:inferlet/inference": async,
         "pie:inferlet/structured": async,
         "pie:inferlet/process.receive": async,
         "pie:inferlet/process.sleep": async,
+        "pie:inferlet/passes.[method]generation-op.subscribe": trappable,
+        "pie:inferlet/passes.[method]pass-op.subscribe": trappable,
+        "pie:inferlet/passes.[method]message-op.subscribe": trappable,
         "pie:inferlet/model.encode": async,
         "pie:inferlet/model.decode": async,
         "pie:inferlet/model.apply-chat-template": async,
+    },
+    with: {
+        "wasi:io/poll": wasmtime_wasi_io::bindings::wasi::io::poll,
+        "pie:inferlet/passes.generation-op": super::ops::GenerationOp,
+        "pie:inferlet/passes.pass-op": super::ops::PassOp,
+        "pie:inferlet/passes.message-op": super::ops::MessageOp,
     },
     exports: { default: async },
 });
 
 pub use pie::inferlet0_1_0::{inference, model, process};
 pub use pie::inferlet0_2_0::{reporting, shaping, structured};
+pub use pie::inferlet0_3_0::{passes, steering};
 
 /// Interfaces a component may import: this world's, and WASI's harmless
 /// ones (matched without their `@version`).
@@ -37,6 +48,8 @@ pub const ALLOWED_IMPORTS: &[&str] = &[
     "pie:inferlet/structured",
     "pie:inferlet/reporting",
     "pie:inferlet/shaping",
+    "pie:inferlet/passes",
+    "pie:inferlet/steering",
     "wasi:io/error",
     "wasi:io/poll",
     "wasi:io/streams",
