@@ -265,7 +265,11 @@ impl Engine {
             },
             score: req.score,
         };
-        Ok(self.insert(seq, req.arrival_ms, req.client, req.props))
+        let id = self.insert(seq, req.arrival_ms, req.client, req.props);
+        if let Some(ms) = req.hold_ms {
+            self.scheduler.hold(id, ms);
+        }
+        Ok(id)
     }
 
     fn insert(&mut self, seq: Sequence, arrival_ms: u64, client: String, props: Props) -> SeqId {

@@ -39,7 +39,9 @@ pub use kv::KvAccounting;
 
 use pie_core::{Props, SeqId};
 
-use crate::keep_session::session_of;
+use std::collections::HashMap;
+
+use crate::keep_session::{session_of, Retention};
 use crate::{Candidate, KeepSession, WorkerPolicy};
 use retention::Retained;
 
@@ -75,6 +77,9 @@ pub struct Scheduler {
     /// Every sequence on the worker, in the policy's last order (then arrivals).
     cands: Vec<Candidate>,
     retained: Retained,
+    /// Sequences whose owner holds their pages after they finish, for this
+    /// long, whether or not keep-session is on ([`Scheduler::hold`]).
+    held: HashMap<SeqId, u64>,
     /// The time of the last plan: a step's effects (retention expiry) take it.
     plan_ms: u64,
     preemptions: u64,
@@ -89,6 +94,7 @@ impl Scheduler {
             limits,
             cands: Vec::new(),
             retained: Retained::default(),
+            held: HashMap::new(),
             plan_ms: 0,
             preemptions: 0,
         }
@@ -109,6 +115,14 @@ impl Scheduler {
     /// Turn keep-session on or off; retained sessions stay until they expire.
     pub fn set_keep_session(&mut self, keep: Option<KeepSession>) {
         self.keep = keep;
+    }
+
+    /// When `seq` finishes, its pages are retained for its session for
+    /// `keep_ms` (replacing what keep-session would do): an inferlet's
+    /// context holds its pages between its calls, evictable as any
+    /// retention (soonest expiry first, before a running sequence).
+    pub fn hold(&mut self, seq: SeqId, keep_ms: u64) {
+        self.held.insert(seq, keep_ms);
     }
 
     pub fn len(&self) -> usize {
@@ -273,14 +287,7 @@ impl Scheduler {
     ) -> Vec<SeqId> {
         let seqs: Vec<SeqId> = indices.iter().map(|&i| self.cands[i].seq).collect();
         for &i in indices {
-            let keep = self.keep.as_ref().filter(|_| may_retain);
-            let (client, props) = (&self.cands[i].client, &self.cands[i].props);
-            if let Some(session) = keep.and_then(|_| session_of(client, props)) {
-                if self.retained.remove(&session) {
-                    kv.drop_retained(&session);
-                }
-            }
-            match keep.and_then(|k| k.retention(client, props, self.plan_ms)) {
+            match self.retention(i, may_retain, kv) {
                 Some(r) => {
                     kv.retain(self.cands[i].seq, &r.session);
                     self.retained.insert(r.session, r.expires_ms);
@@ -294,6 +301,35 @@ impl Scheduler {
             self.cands.swap_remove(i);
         }
         seqs
+    }
+
+    /// Whether the candidate at `i`, finishing, keeps its pages: held by its
+    /// owner, or by keep-session; either way its session's earlier
+    /// retention ends (a turn that keeps nothing ends it).
+    fn retention(
+        &mut self,
+        i: usize,
+        may_retain: bool,
+        kv: &mut impl KvAccounting,
+    ) -> Option<Retention> {
+        let (seq, client, props) = (
+            self.cands[i].seq,
+            &self.cands[i].client,
+            &self.cands[i].props,
+        );
+        let held = self.held.remove(&seq).filter(|_| may_retain);
+        let keep = self.keep.as_ref().filter(|_| may_retain);
+        let session = session_of(client, props).filter(|_| held.is_some() || keep.is_some())?;
+        if self.retained.remove(&session) {
+            kv.drop_retained(&session);
+        }
+        match held {
+            Some(ms) => Some(Retention {
+                session,
+                expires_ms: self.plan_ms.saturating_add(ms),
+            }),
+            None => keep.and_then(|k| k.retention(client, props, self.plan_ms)),
+        }
     }
 
     /// Reserve pages for up to `budget` of the next tokens of the candidate at

@@ -384,6 +384,37 @@ fn add_client_session_seq(
     scheduler.add(kv, cand);
 }
 
+/// A held sequence keeps its pages for its owner's time without
+/// keep-session, and replaces its session's earlier retention; an aborted
+/// one keeps nothing.
+#[test]
+fn a_held_sequence_keeps_its_pages_without_keep_session() {
+    let limits = StepLimits {
+        max_batch_tokens: 64,
+        max_running: 4,
+    };
+    let mut scheduler = Scheduler::new(Box::new(Fcfs), limits);
+    let mut kv = ToyKv::new(4, 8);
+    let a = retention_key("c", "a");
+    for (id, keep_ms) in [(1, 500), (2, 700)] {
+        add_session_seq(&mut kv, &mut scheduler, id, (8, 2), ("a", 0));
+        scheduler.hold(SeqId(id), keep_ms);
+        run_until_done(&mut kv, &mut scheduler, 10);
+        assert_eq!(
+            scheduler.retained_sessions(),
+            vec![(a.clone(), 10 + keep_ms)]
+        );
+        assert_eq!(kv.retained.len(), 1);
+    }
+    add_session_seq(&mut kv, &mut scheduler, 3, (8, 2), ("b", 0));
+    scheduler.hold(SeqId(3), 500);
+    let aborted = scheduler.finish(&mut kv, &[0], false);
+    kv.seqs.remove(&aborted[0]);
+    assert_eq!(scheduler.retained_sessions(), vec![(a, 710)]);
+    run_until_done(&mut kv, &mut scheduler, 20);
+    assert_eq!(kv.retained.len(), 1, "the aborted sequence kept nothing");
+}
+
 /// Two clients naming the same session keep their own retentions: a turn
 /// of one that keeps nothing does not end the other's.
 #[test]

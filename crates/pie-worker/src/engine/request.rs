@@ -52,6 +52,10 @@ pub struct Request {
     /// Report the distribution after these prompt positions (a pass);
     /// their rows are computed even where the prefix cache holds them.
     pub score: Option<Score>,
+    /// Its pages are retained for its session this long after it
+    /// finishes, whether or not keep-session is on (an inferlet's context
+    /// holds its pages between its calls; `Scheduler::hold`).
+    pub hold_ms: Option<u64>,
 }
 
 impl Request {
@@ -82,6 +86,7 @@ impl Request {
             grammar: None,
             resume_from: Vec::new(),
             score: None,
+            hold_ms: None,
         }
     }
 

@@ -1,9 +1,11 @@
 //! A process's contexts: the token sequences its handles name. A context's
 //! KV lives in the engine: each generation over it is a sequence whose
 //! prompt is the context's tokens; when the sequence ends, its pages are
-//! retained under the context's key (keep-session, for the process's
-//! `keep-ms`) or fall to the prefix cache, where the next generation, or a
-//! fork's, finds the full ones again. So a fork copies tokens, never pages.
+//! retained under the context's key for `max_idle_ms` (whatever the worker
+//! policy; evictable under pressure like keep-session's retentions), so its
+//! next call computes only its new tokens; the full ones also stay in the
+//! prefix cache, where a fork's generation finds them. So a fork copies
+//! tokens, never pages.
 //!
 //! Invariant: a handle names one context until it is dropped; handles are
 //! never reused within a process, so a stale one is an error, not another

@@ -554,6 +554,7 @@ impl ProcessHost {
             stream: false,
             grammar: None,
             score: None,
+            hold_ms: self.max_idle.as_millis() as u64,
         })
     }
 
@@ -599,6 +600,7 @@ impl ProcessHost {
             stream: options.stream,
             grammar: None,
             score: None,
+            hold_ms: self.max_idle.as_millis() as u64,
         })
     }
 

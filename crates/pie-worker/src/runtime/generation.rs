@@ -120,6 +120,7 @@ impl Runtime {
         req.logprobs = call.logprobs;
         req.grammar = call.grammar;
         req.score = call.score;
+        req.hold_ms = Some(call.hold_ms);
         req.resume_from = (call.resume_from.iter())
             .map(|key| retention_key(&process.client, key))
             .collect();

@@ -166,6 +166,9 @@ pub struct Generate {
     pub grammar: Option<pie_model::Grammar>,
     /// The prompt positions a pass reports (`passes.start-pass`).
     pub score: Option<crate::engine::Score>,
+    /// How long its pages stay retained after it, for the context's next
+    /// call (`max_idle_ms`).
+    pub hold_ms: u64,
 }
 
 /// What a generation made.
