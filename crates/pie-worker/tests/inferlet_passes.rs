@@ -192,3 +192,53 @@ async fn a_component_built_for_0_2_0_still_runs() {
         s.wait_done(&id).await["output_tokens"]
     );
 }
+
+/// End to end on the real default model: speculative decoding of a code
+/// edit equals plain greedy decoding and accepts drafts; the watermark's
+/// z passes 4 on 200 tokens, plain text stays under 2, and its perplexity
+/// stays within 1.5x the plain text's.
+#[tokio::test]
+async fn on_the_default_model_spec_decode_is_greedy_and_the_watermark_holds() {
+    let Some(model) = common::cached_default_model() else {
+        return;
+    };
+    let s = Server::start_model(&model, &config(&store_dir(), "", ""), &[]).await;
+    upload(&s, "spec-decode", "spec-decode").await;
+    upload(&s, "watermark", "watermark").await;
+    let code = "def area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n    return 2 * (width + height)\n";
+    let prompt = format!("{code}\nRename `width` to `w` in this code and return the whole file.");
+    let args =
+        |plain: bool| json!({"prompt": prompt, "chat": true, "max_tokens": 96, "plain": plain});
+    let plain = report(&s, "spec-decode", args(true)).await;
+    let spec = report(&s, "spec-decode", args(false)).await;
+    assert_eq!(tokens(&spec), tokens(&plain), "{spec}");
+    assert!(spec["accepted"].as_u64().unwrap() > 10, "{spec}");
+
+    // Four seeds at temperature 0.7: the perplexity of one 200-token sample
+    // varies by 2x from seed to seed (1.35x on average over six).
+    let (mut marked_nll, mut plain_nll) = (0.0, 0.0);
+    for seed in 1..=4 {
+        let generate = |plain: bool| {
+            json!({"prompt": "Write a short story about a lighthouse.", "chat": true,
+                   "max_tokens": 200, "seed": seed, "key": 9, "plain": plain,
+                   "ignore_eos": true, "temperature": 0.7})
+        };
+        let marked = report(&s, "watermark", generate(false)).await;
+        let unmarked = report(&s, "watermark", generate(true)).await;
+        let z = async |of: &Value| {
+            let args = json!({"mode": "detect", "tokens": of["tokens"], "key": 9});
+            report(&s, "watermark", args).await["z"].as_f64().unwrap()
+        };
+        let (z_marked, z_plain) = (z(&marked).await, z(&unmarked).await);
+        eprintln!("default model, seed {seed}: z {z_marked} marked, {z_plain} plain");
+        assert!(
+            z_marked > 4.0 && z_plain < 2.0,
+            "z {z_marked}, plain {z_plain}"
+        );
+        marked_nll += marked["nll"].as_f64().unwrap() / 4.0;
+        plain_nll += unmarked["nll"].as_f64().unwrap() / 4.0;
+    }
+    let ratio = (marked_nll - plain_nll).exp();
+    eprintln!("default model: perplexity {ratio}x the plain text's");
+    assert!(ratio < 1.5, "perplexity {ratio}x the plain text's");
+}

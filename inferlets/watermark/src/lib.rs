@@ -30,7 +30,9 @@
 //! 1), "chat"?: bool (default false: true applies the chat template to one
 //! user message), "key"?: int (default 0), "seed"?: int (default: from the
 //! clock), "plain"?: bool (default false), "ignore_eos"?: bool (default
-//! false: true never samples a stop token)}`; detect: `{"mode": "detect",
+//! false: true never samples a stop token), "temperature"?: number (default
+//! 1, above 0 and at most 2: the shaped log-probabilities are divided by
+//! it)}`; detect: `{"mode": "detect",
 //! "tokens": [ids], "key"?: int (default 0)}`.
 
 use pie_inferlet::serde_json::{Value, json};
@@ -54,6 +56,7 @@ struct Args {
     seed: Option<u64>,
     plain: Option<bool>,
     ignore_eos: Option<bool>,
+    temperature: Option<f64>,
     tokens: Option<Vec<u32>>,
 }
 
@@ -92,9 +95,14 @@ impl SplitMix64 {
 
 /// A token drawn at temperature 1 from `logprobs` (by id) with `delta`
 /// added to the green ones.
-fn sample(logprobs: &[f32], green: impl Fn(u32) -> bool, delta: f64, rng: &mut SplitMix64) -> u32 {
+fn sample(
+    logprobs: &[f32],
+    green: impl Fn(u32) -> bool,
+    (delta, temperature): (f64, f64),
+    rng: &mut SplitMix64,
+) -> u32 {
     let shaped: Vec<f64> = (logprobs.iter().enumerate())
-        .map(|(t, &lp)| lp as f64 + if green(t as u32) { delta } else { 0.0 })
+        .map(|(t, &lp)| (lp as f64 + if green(t as u32) { delta } else { 0.0 }) / temperature)
         .collect();
     let top = shaped.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let weights: Vec<f64> = shaped.iter().map(|s| (s - top).exp()).collect();
@@ -150,6 +158,7 @@ struct Generate {
     seed: u64,
     delta: f64,
     ignore_eos: bool,
+    temperature: f64,
 }
 
 /// The model's full distribution after `ctx` with `tokens` appended.
@@ -188,7 +197,8 @@ fn generate(g: &Generate) -> Result<Value, String> {
                 }
             }
         }
-        let token = sample(&full, |t| is_green(g.key, prev, t), g.delta, &mut rng);
+        let shape = (g.delta, g.temperature);
+        let token = sample(&full, |t| is_green(g.key, prev, t), shape, &mut rng);
         if stop_tokens.contains(&token) {
             break;
         }
@@ -217,6 +227,12 @@ fn generate_args(args: Args) -> Result<Generate, String> {
         return Err("max_tokens must be at least 1".into());
     }
     let plain = args.plain.unwrap_or(false);
+    let temperature = args.temperature.unwrap_or(1.0);
+    if !(temperature > 0.0 && temperature <= 2.0) {
+        return Err(format!(
+            "temperature must be above 0 and at most 2, got {temperature}"
+        ));
+    }
     Ok(Generate {
         prompt,
         max_tokens,
@@ -225,6 +241,7 @@ fn generate_args(args: Args) -> Result<Generate, String> {
         seed: args.seed.unwrap_or_else(|| now_ms() ^ 0x5EED),
         delta: if plain { 0.0 } else { DELTA },
         ignore_eos: args.ignore_eos.unwrap_or(false),
+        temperature,
     })
 }
 
@@ -238,6 +255,7 @@ fn detect_args(args: &Args) -> Result<&[u32], String> {
         ("seed", args.seed.is_some()),
         ("plain", args.plain.is_some()),
         ("ignore_eos", args.ignore_eos.is_some()),
+        ("temperature", args.temperature.is_some()),
     ];
     if let Some((name, _)) = generate_only.iter().find(|(_, set)| *set) {
         return Err(format!("{name} is for \"mode\": \"generate\""));
@@ -304,14 +322,14 @@ mod tests {
         let green = |t: u32| is_green(9, 4, t);
         let mut rng = SplitMix64(1);
         let draws: Vec<u32> = (0..2000)
-            .map(|_| sample(&logprobs, green, DELTA, &mut rng))
+            .map(|_| sample(&logprobs, green, (DELTA, 1.0), &mut rng))
             .collect();
         let share = draws.iter().filter(|&&t| green(t)).count() as f64 / 2000.0;
         // e^2 / (e^2 + 3) = 0.711
         assert!((share - 0.711).abs() < 0.05, "{share}");
         let mut rng = SplitMix64(1);
         let plain = (0..2000)
-            .filter(|_| green(sample(&logprobs, green, 0.0, &mut rng)))
+            .filter(|_| green(sample(&logprobs, green, (0.0, 1.0), &mut rng)))
             .count() as f64
             / 2000.0;
         assert!((plain - 0.25).abs() < 0.05, "{plain}");
