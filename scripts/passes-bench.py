@@ -24,7 +24,7 @@ rounds and reporting each figure against its baseline of the same run
    sequence taken while `spec-decode` ran alone (task 3's runs, from each
    process's first token to its end, so no prefill), 1 token against k
    tokens for k in 2..=9, k / 1 per round.
-3. speculative decoding: `spec-decode` defaults (draft 8, ngram 3) against
+3. speculative decoding: `spec-decode` defaults (adaptive drafts up to 16, ngram 3) against
    `"plain": true` on scripts/data/code-edit-prompts.jsonl (a source file and
    a small edit; chat template; 256 tokens) and on five chat questions that
    copy nothing (128 tokens), one process at a time: decode tokens / s
@@ -85,7 +85,7 @@ CHAT_QUESTIONS = [
 SAMPLER_K = 20
 SAMPLER_PROCESSES = (1, 8)
 WORLD_PROCESSES = 32
-PASS_SIZES = range(2, 10)  # a pass of `next` and up to 8 drafts
+PASS_SIZES = range(2, 18)  # a pass of `next` and up to 16 drafts
 WAIT_S = 900  # the longest one process may take
 
 

@@ -3,13 +3,19 @@
 //! context itself, with no draft model.
 //!
 //! It keeps `next`, the token chosen but not yet appended (the first from a
-//! pass with no tokens at position 0). Each step drafts up to `draft`
-//! tokens: it finds the most recent earlier occurrence of the sequence's
+//! pass with no tokens at position 0). Each step drafts up to its current
+//! draft length (below): it finds the most recent earlier occurrence of the sequence's
 //! last `ngram` tokens (falling back to shorter n-grams, down to 1) and
 //! copies what followed it. One pass appends `[next, drafts...]` and reports
 //! the greedy choice after each of them; the drafts that match those choices
 //! in order are accepted, the greedy choice after the last accepted token is
 //! the new `next`, and the rejected drafts are truncated off the context.
+//! The draft length starts at 4 (or `draft`, if less), doubles up to `draft`
+//! while drafts are accepted whole, and halves when one is rejected; at 0 it
+//! drafts nothing, and tries one token again every 8 passes. A rejected
+//! draft costs its row of the pass, so text that copies little (a chat
+//! answer) soon stops paying for drafts, and text that copies (a code edit)
+//! drafts long runs.
 //! A pass's logits are those of decoding its tokens one by one, so the
 //! output is token for token plain greedy `generate`'s: it stops before a
 //! stop token of the model or after `max_tokens`.
@@ -20,7 +26,7 @@
 //!
 //! Args (any other key is an error): `{"prompt": string, "max_tokens"?: int
 //! (default 128, at least 1), "ngram"?: int (default 3, 1 to 16), "draft"?:
-//! int (default 8, 0 to 64; 0 drafts nothing), "chat"?: bool (default false:
+//! int (default 16, 0 to 64: the longest draft; 0 drafts nothing), "chat"?: bool (default false:
 //! true applies the chat template to one user message), "plain"?: bool
 //! (default false)}`.
 //!
@@ -73,7 +79,7 @@ fn settings(args: &Args) -> Result<Settings, String> {
     if !(1..=16).contains(&ngram) {
         return Err(format!("ngram must be between 1 and 16, got {ngram}"));
     }
-    let draft = args.draft.unwrap_or(8);
+    let draft = args.draft.unwrap_or(16);
     if draft > 64 {
         return Err(format!("draft must be at most 64, got {draft}"));
     }
@@ -150,6 +156,42 @@ fn accepted_prefix(drafts: &[u32], choices: &[u32]) -> usize {
         .count()
 }
 
+/// Passes without a draft before a draft length of 0 tries one token again.
+const RETRY_AFTER: usize = 8;
+
+/// How many tokens to draft next (see the module doc).
+struct DraftLength {
+    now: usize,
+    max: usize,
+    passes_at_zero: usize,
+}
+
+impl DraftLength {
+    fn new(max: usize) -> Self {
+        Self {
+            now: max.min(4),
+            max,
+            passes_at_zero: 0,
+        }
+    }
+
+    /// After a pass that drafted `drafted` tokens and accepted `accepted`.
+    fn update(&mut self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            if self.now == 0 && self.max > 0 {
+                self.passes_at_zero += 1;
+                if self.passes_at_zero >= RETRY_AFTER {
+                    (self.now, self.passes_at_zero) = (1, 0);
+                }
+            }
+        } else if accepted == drafted {
+            self.now = (self.now * 2).clamp(1, self.max);
+        } else {
+            self.now /= 2;
+        }
+    }
+}
+
 /// Greedy decoding, verified by passes over prompt-lookup drafts.
 fn speculate(ctx: &Context, s: &Settings) -> Result<Outcome, String> {
     let mut history = ctx.tokens()?;
@@ -157,6 +199,7 @@ fn speculate(ctx: &Context, s: &Settings) -> Result<Outcome, String> {
     let mut out = Outcome::default();
     let mut text = TextStream::new();
     let mut next = greedy_choices(ctx, &[])?[0];
+    let mut length = DraftLength::new(s.draft);
     out.passes = 1;
     while !s.stop_tokens.contains(&next) && out.tokens.len() < s.max_tokens {
         out.tokens.push(next);
@@ -165,7 +208,7 @@ fn speculate(ctx: &Context, s: &Settings) -> Result<Outcome, String> {
         if out.tokens.len() == s.max_tokens {
             break;
         }
-        let budget = s.draft.min(s.max_tokens - out.tokens.len());
+        let budget = length.now.min(s.max_tokens - out.tokens.len());
         // A draft ends before a stop token: were it chosen, it would be
         // `next` and end the output, never an accepted draft.
         let drafts: Vec<u32> = lookup(&history, s.ngram, budget)
@@ -187,6 +230,7 @@ fn speculate(ctx: &Context, s: &Settings) -> Result<Outcome, String> {
         history.extend_from_slice(&drafts[..accepted]);
         text.push(&drafts[..accepted])?;
         next = choices[accepted];
+        length.update(drafts.len(), accepted);
         out.passes += 1;
         out.drafted += drafts.len() as u32;
         out.accepted += accepted as u32;
@@ -264,6 +308,29 @@ mod tests {
         assert_eq!(lookup(&[7], 3, 8), &[] as &[u32]);
         // Overlapping: "7 7 7" after "7 7 7 7" is followed by one 7.
         assert_eq!(lookup(&[7, 7, 7, 7], 3, 8), &[7]);
+    }
+
+    #[test]
+    fn the_draft_length_grows_on_whole_acceptance_and_backs_off_to_zero() {
+        let mut length = DraftLength::new(16);
+        assert_eq!(length.now, 4);
+        length.update(4, 4);
+        length.update(8, 8);
+        length.update(16, 16);
+        assert_eq!(length.now, 16);
+        for _ in 0..5 {
+            length.update(length.now, 0);
+        }
+        assert_eq!(length.now, 0);
+        for _ in 0..RETRY_AFTER {
+            length.update(0, 0);
+        }
+        assert_eq!(length.now, 1, "tries again after a while");
+        let mut never = DraftLength::new(0);
+        for _ in 0..2 * RETRY_AFTER {
+            never.update(0, 0);
+        }
+        assert_eq!(never.now, 0);
     }
 
     #[test]
