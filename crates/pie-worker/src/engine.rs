@@ -86,6 +86,9 @@ pub struct StepOutput {
     /// For passes ([`Request::score`]): the distributions after their
     /// positions computed this step (again after a preemption).
     pub scored: Vec<(SeqId, Scored)>,
+    /// Sequences that finished in this step whose owner holds their pages
+    /// (an inferlet's context, likely back with its next call at once).
+    pub held_finished: usize,
     /// How long each constrained sequence's mask took this step.
     pub mask_times: Vec<std::time::Duration>,
 }
@@ -432,6 +435,9 @@ impl Engine {
             self.counters.generated_tokens += generated as u64;
             self.scheduler.charge(&self.kv, p.index, prefill, generated);
         }
+        out.held_finished = (done.iter())
+            .filter(|&&i| self.scheduler.is_held(self.scheduler.candidates()[i].seq))
+            .count();
         for id in self.scheduler.finish(&mut self.kv, &done, true) {
             self.kv.seqs.remove(&id);
         }

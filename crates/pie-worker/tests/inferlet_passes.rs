@@ -2,7 +2,8 @@
 //! speculative decoding by prompt lookup gives plain greedy decoding's
 //! tokens; beam search with one pass per beam in flight at once equals a
 //! reference over full distributions, in a quarter of the engine steps; a
-//! greenlist watermark is detected and unwatermarked text is not;
+//! tree-of-thought level's siblings share engine steps; a greenlist
+//! watermark is detected and unwatermarked text is not;
 //! contrastive decoding at alpha 0 is greedy; and a component built by the
 //! 0.2.0 SDK still loads and runs.
 
@@ -113,6 +114,31 @@ async fn beam_search_over_concurrent_passes_equals_a_full_distribution_reference
         one_by_one >= 3 * together,
         "{one_by_one} against {together}"
     );
+}
+
+/// A tree-of-thought level's sibling thoughts generate in the same engine
+/// steps: all eight of the second level share a step.
+#[tokio::test]
+async fn tree_of_thought_expands_a_levels_siblings_in_the_same_steps() {
+    let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("tot-steps-{}.jsonl", rand::random::<u32>()));
+    let server = format!("[server]\nstep_log = {:?}\n", log.display().to_string());
+    let s = Server::start(&(server + &config(&store_dir(), "", "")), &[]).await;
+    upload(&s, "tree-of-thought", "tree-of-thought").await;
+    let args = json!({"prompt": "Plan a trip:", "depth": 2, "branches": 4, "keep": 2, "thought_tokens": 12});
+    let found = report(&s, "tree-of-thought", args).await;
+    assert_eq!(found["thoughts"].as_array().unwrap().len(), 2, "{found}");
+    assert_eq!(
+        (found["expanded"].as_u64(), found["generations"].as_u64()),
+        (Some(3), Some(12))
+    );
+    let widest = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|r| r["sequences"].as_u64())
+        .max();
+    assert_eq!(widest, Some(8), "the second level's 8 siblings in one step");
 }
 
 #[tokio::test]

@@ -125,6 +125,11 @@ impl Scheduler {
         self.held.insert(seq, keep_ms);
     }
 
+    /// Whether `seq`'s owner holds its pages ([`Scheduler::hold`]).
+    pub fn is_held(&self, seq: SeqId) -> bool {
+        self.held.contains_key(&seq)
+    }
+
     pub fn len(&self) -> usize {
         self.cands.len()
     }

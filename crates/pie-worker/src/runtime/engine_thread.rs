@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pie_core::SeqId;
 use pie_policy::keep_session::split_retention_key;
@@ -45,6 +45,13 @@ pub(super) struct EngineThread {
 }
 
 type Subscribers = HashMap<SeqId, mpsc::UnboundedSender<SeqEvent>>;
+
+/// The longest the engine waits, before a step, for the sequences of
+/// inferlets whose context's call ended in the step before: a guest that
+/// samples its own tokens comes back at once with its next call, and eight
+/// guests stepping apart (each missing every other step) made half the
+/// tokens eight in lockstep do.
+const GATHER_WINDOW: Duration = Duration::from_millis(3);
 
 impl EngineThread {
     /// The engine loop under supervision: a panic fails every sequence it was
@@ -81,6 +88,7 @@ fn engine_loop(
     let mut prefill_rate = RateWindow::default();
     let mut reported = engine.counters();
     let mut leases = Leases::default();
+    let mut expected: usize = 0;
     loop {
         engine.unpin(&leases.expire(Instant::now()));
         metrics.transfer_leased_pages.set(leases.pinned() as i64);
@@ -106,6 +114,7 @@ fn engine_loop(
             match received {
                 Ok(cmd) => {
                     supervision.progress();
+                    expected = expected.saturating_sub(usize::from(is_add(&cmd)));
                     apply(&mut engine, subs, &mut kv, &mut leases, cmd)
                 }
                 Err(std_mpsc::RecvTimeoutError::Timeout) => continue,
@@ -118,13 +127,12 @@ fn engine_loop(
             continue;
         }
         supervision.progress();
-        while let Ok(cmd) = commands.try_recv() {
-            apply(&mut engine, subs, &mut kv, &mut leases, cmd);
-        }
+        let mut apply = |cmd| apply(&mut engine, subs, &mut kv, &mut leases, cmd);
+        gather(commands, expected, &mut apply);
         if engine.has_work() {
             #[cfg(feature = "fault-injection")]
             std::thread::sleep(supervision.step_delay());
-            step(&mut engine, subs, step_log.as_mut(), metrics);
+            expected = step(&mut engine, subs, step_log.as_mut(), metrics);
         }
         for spill in engine.take_spills() {
             let _ = shared.spills.send(spill);
@@ -251,12 +259,43 @@ fn apply(
     }
 }
 
+/// Every command waiting; then, while fewer than `expected` new sequences
+/// came (since the last step), the next ones, for up to [`GATHER_WINDOW`].
+fn gather(
+    commands: &std_mpsc::Receiver<Command>,
+    expected: usize,
+    apply: &mut impl FnMut(Command),
+) {
+    let deadline = Instant::now() + GATHER_WINDOW;
+    let mut added = 0;
+    loop {
+        let cmd = match commands.try_recv() {
+            Ok(cmd) => cmd,
+            Err(_) if added >= expected => return,
+            Err(_) => {
+                match commands.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                    Ok(cmd) => cmd,
+                    Err(_) => return,
+                }
+            }
+        };
+        added += usize::from(is_add(&cmd));
+        apply(cmd);
+    }
+}
+
+fn is_add(cmd: &Command) -> bool {
+    matches!(cmd, Command::Add { .. })
+}
+
+/// One engine step, its events sent; how many of its finished sequences'
+/// owners are likely back at once (see [`GATHER_WINDOW`]).
 fn step(
     engine: &mut Engine,
     subs: &mut Subscribers,
     step_log: Option<&mut StepLog>,
     metrics: &Metrics,
-) {
+) -> usize {
     let started = Instant::now();
     let out = match engine.step(now_ms()) {
         Ok(out) => out,
@@ -266,9 +305,10 @@ fn step(
                 let _ = tx.send(SeqEvent::Failed(format!("engine step failed: {e}")));
                 engine.abort(id);
             }
-            return;
+            return 0;
         }
     };
+    let held_finished = out.held_finished;
     if let Some(log) = step_log {
         log.record(started, &out.shape);
     }
@@ -304,6 +344,7 @@ fn step(
         engine.abort(id);
         subs.remove(&id);
     }
+    held_finished
 }
 
 fn notify(subs: &Subscribers, id: SeqId, event: SeqEvent, gone: &mut Vec<SeqId>) {
