@@ -345,7 +345,7 @@ def spec_bench(url, a, workload, prompts, max_tokens, windows):
 
 
 def print_spec(s, a):
-    print(f"\n3. spec-decode (draft 8, ngram 3) vs plain greedy, {s['workload']}, chat template, "
+    print(f"\n3. spec-decode (adaptive drafts up to 16, ngram 3) vs plain greedy, {s['workload']}, chat template, "
           f"{s['max_tokens']} tokens, one process at a time, median of {a.rounds} round(s)")
     print(f"  {'prompt':<26} {'tokens':>6} {'decode tok/s plain':>18} {'spec':>7} {'spec/plain':>10}"
           f" {'wall tok/s plain':>16} {'spec':>7} {'spec/plain':>10} {'accept':>7} {'passes':>6}"
