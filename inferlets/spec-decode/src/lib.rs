@@ -15,7 +15,9 @@
 //! drafts nothing, and tries one token again every 8 passes. A rejected
 //! draft costs its row of the pass, so text that copies little (a chat
 //! answer) soon stops paying for drafts, and text that copies (a code edit)
-//! drafts long runs.
+//! drafts long runs. With no draft to verify, it decodes up to 8 tokens in
+//! the engine (`generate`, no call into the guest per token) and holds the
+//! last back as the next `next`.
 //! A pass's logits are those of decoding its tokens one by one, so the
 //! output is token for token plain greedy `generate`'s: it stops before a
 //! stop token of the model or after `max_tokens`.
@@ -33,11 +35,13 @@
 //! Emits the text as it comes, then one JSON event `{"tokens": [ids],
 //! "text": string, "passes": n, "drafted": n, "accepted": n, "acceptance":
 //! accepted / drafted (null when nothing was drafted)}`. `passes` counts
-//! every pass, the first included; plain mode reports `passes` = the number
+//! every pass and stretch, the first included; plain mode reports `passes` = the number
 //! of tokens, `drafted` = `accepted` = 0.
 
 use pie_inferlet::serde_json::{Value, json};
-use pie_inferlet::{Context, GenerateOptions, Message, Report, TextStream, emit_json, model};
+use pie_inferlet::{
+    Context, FinishReason, GenerateOptions, Message, Report, TextStream, emit_json, model,
+};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -192,8 +196,40 @@ impl DraftLength {
     }
 }
 
+/// The most tokens decoded in the engine at once when there is no draft.
+const STRETCH: usize = 8;
+
+/// What a stretch of plain decoding made.
+enum Stretch {
+    /// Tokens that end the output (a stop token came after them).
+    Ended(Vec<u32>),
+    /// Tokens to output, and the next chosen token, held back.
+    Goes(Vec<u32>, u32),
+}
+
+/// With nothing to verify, up to [`STRETCH`] tokens after `next` decoded in
+/// the engine (`generate`: no call into the guest per token, the same
+/// greedy tokens); the last is taken off the context again, to go first in
+/// the next pass. `remaining` tokens may still be output after `next`.
+fn stretch(ctx: &Context, next: u32, remaining: usize, len: &mut u32) -> Result<Stretch, String> {
+    ctx.append_tokens(&[next])?;
+    let want = (remaining + 1).min(STRETCH) as u32;
+    let made = ctx.generate(&GenerateOptions::new().max_tokens(want))?;
+    *len += 1 + made.tokens.len() as u32;
+    match (made.finish_reason, made.tokens.split_last()) {
+        (FinishReason::Length, Some((&held, rest))) => {
+            *len -= 1;
+            ctx.truncate(*len)?;
+            Ok(Stretch::Goes(rest.to_vec(), held))
+        }
+        _ => Ok(Stretch::Ended(made.tokens)),
+    }
+}
+
 /// Greedy decoding, verified by passes over prompt-lookup drafts.
 fn speculate(ctx: &Context, s: &Settings) -> Result<Outcome, String> {
+    // It reads no log-probabilities: spare the engine their log-softmax.
+    ctx.report_logprobs(false)?;
     let mut history = ctx.tokens()?;
     let mut len = history.len() as u32;
     let mut out = Outcome::default();
@@ -216,6 +252,25 @@ fn speculate(ctx: &Context, s: &Settings) -> Result<Outcome, String> {
             .take_while(|t| !s.stop_tokens.contains(t))
             .copied()
             .collect();
+        if drafts.is_empty() {
+            match stretch(ctx, next, s.max_tokens - out.tokens.len(), &mut len)? {
+                Stretch::Ended(tail) => {
+                    out.tokens.extend_from_slice(&tail);
+                    text.push(&tail)?;
+                    out.passes += 1;
+                    break;
+                }
+                Stretch::Goes(made, held) => {
+                    out.tokens.extend_from_slice(&made);
+                    history.extend_from_slice(&made);
+                    text.push(&made)?;
+                    next = held;
+                }
+            }
+            length.update(0, 0);
+            out.passes += 1;
+            continue;
+        }
         let mut pass = Vec::with_capacity(drafts.len() + 1);
         pass.push(next);
         pass.extend_from_slice(&drafts);
