@@ -15,9 +15,9 @@
 //! drafts nothing, and tries one token again every 8 passes. A rejected
 //! draft costs its row of the pass, so text that copies little (a chat
 //! answer) soon stops paying for drafts, and text that copies (a code edit)
-//! drafts long runs. With no draft to verify, it decodes up to 8 tokens in
-//! the engine (`generate`, no call into the guest per token) and holds the
-//! last back as the next `next`.
+//! drafts long runs. While the draft length is 0 it decodes up to 8 tokens
+//! at a time in the engine (`generate`, no call into the guest per token)
+//! and holds the last back as the next `next`.
 //! A pass's logits are those of decoding its tokens one by one, so the
 //! output is token for token plain greedy `generate`'s: it stops before a
 //! stop token of the model or after `max_tokens`.
@@ -196,7 +196,7 @@ impl DraftLength {
     }
 }
 
-/// The most tokens decoded in the engine at once when there is no draft.
+/// The most tokens decoded in the engine at once while nothing is drafted.
 const STRETCH: usize = 8;
 
 /// What a stretch of plain decoding made.
@@ -252,7 +252,7 @@ fn speculate(ctx: &Context, s: &Settings) -> Result<Outcome, String> {
             .take_while(|t| !s.stop_tokens.contains(t))
             .copied()
             .collect();
-        if drafts.is_empty() {
+        if drafts.is_empty() && length.now == 0 {
             match stretch(ctx, next, s.max_tokens - out.tokens.len(), &mut len)? {
                 Stretch::Ended(tail) => {
                     out.tokens.extend_from_slice(&tail);
