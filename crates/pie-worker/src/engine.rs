@@ -87,8 +87,9 @@ pub struct StepOutput {
     /// positions computed this step (again after a preemption).
     pub scored: Vec<(SeqId, Scored)>,
     /// Sequences that finished in this step whose owner holds their pages
-    /// (an inferlet's context, likely back with its next call at once).
-    pub held_finished: usize,
+    /// (an inferlet's context, likely back with its next call at once),
+    /// with the session they are retained under.
+    pub held: Vec<(SeqId, String)>,
     /// How long each constrained sequence's mask took this step.
     pub mask_times: Vec<std::time::Duration>,
 }
@@ -435,9 +436,11 @@ impl Engine {
             self.counters.generated_tokens += generated as u64;
             self.scheduler.charge(&self.kv, p.index, prefill, generated);
         }
-        out.held_finished = (done.iter())
-            .filter(|&&i| self.scheduler.is_held(self.scheduler.candidates()[i].seq))
-            .count();
+        out.held = (done.iter())
+            .map(|&i| &self.scheduler.candidates()[i])
+            .filter(|c| self.scheduler.is_held(c.seq))
+            .filter_map(|c| Some((c.seq, session_of(&c.client, &c.props)?)))
+            .collect();
         for id in self.scheduler.finish(&mut self.kv, &done, true) {
             self.kv.seqs.remove(&id);
         }

@@ -256,6 +256,10 @@ impl Inferlets {
         let contexts = store.data_mut().host.contexts.drain();
         // The instance's memory goes before it stops counting as live.
         drop(store);
+        // Its operations' tasks end on their own threads: their sequences
+        // are aborted before the contexts are released, so none is retained
+        // after.
+        wait_for_sequences(&process).await;
         for key in contexts {
             rt.release_retained(&process.client, &key);
         }
@@ -278,6 +282,19 @@ impl Inferlets {
         store.limiter(|s| &mut s.memory);
         store
     }
+}
+
+/// The longest a process's end waits for its operations' sequences.
+const SEQUENCES_GONE: Duration = Duration::from_secs(1);
+
+/// Until no sequence of `process` runs (bounded by [`SEQUENCES_GONE`]).
+async fn wait_for_sequences(process: &Process) {
+    let gone = async {
+        while !process.seqs().is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    let _ = tokio::time::timeout(SEQUENCES_GONE, gone).await;
 }
 
 /// Instantiate the component and call its `run`.

@@ -308,7 +308,7 @@ fn step(
             return 0;
         }
     };
-    let held_finished = out.held_finished;
+    let held_finished = out.held.len();
     if let Some(log) = step_log {
         log.record(started, &out.shape);
     }
@@ -339,10 +339,14 @@ fn step(
         notify(subs, id, SeqEvent::Failed(error), &mut gone);
         subs.remove(&id);
     }
-    // A driver that went away (its process was killed) no longer needs its sequence.
+    // A driver that went away (its process was killed) no longer needs its
+    // sequence, nor the pages it held for its owner's next call.
     for id in gone {
         engine.abort(id);
         subs.remove(&id);
+        if let Some((_, session)) = out.held.iter().find(|h| h.0 == id) {
+            engine.release_session(session);
+        }
     }
     held_finished
 }
