@@ -31,7 +31,7 @@ use std::cmp::Ordering;
 
 use pie_inferlet::serde_json::{Value, json};
 use pie_inferlet::{
-    Context, Distribution, Message, Pending, Report, TokenLogprob, emit_json, model, wait_all,
+    Context, Distribution, Pending, Report, TokenLogprob, emit_json, model, wait_all,
 };
 use serde::Deserialize;
 
@@ -242,20 +242,6 @@ fn search(
     Ok((Vec::new(), passes))
 }
 
-/// A context holding the prompt (in the chat template if `chat`).
-fn prompt_context(prompt: &str, chat: bool) -> Result<Context, String> {
-    let ctx = Context::new()?;
-    let text = if chat {
-        model::apply_chat_template(&[Message::user(prompt)])?
-    } else {
-        prompt.to_string()
-    };
-    if ctx.append_text(&text)? == 0 {
-        return Err("the prompt must not be empty".into());
-    }
-    Ok(ctx)
-}
-
 fn report(beams: &[Sequence], passes: u32) -> Result<Value, String> {
     let beams = beams
         .iter()
@@ -277,7 +263,7 @@ fn run() -> Result<(), String> {
     if !(1..=512).contains(&length) {
         return Err(format!("length must be between 1 and 512, got {length}"));
     }
-    let prompt = prompt_context(&args.prompt, args.chat)?;
+    let prompt = Context::with_prompt(&args.prompt, args.chat)?;
     let (beams, passes) = search(prompt, width as usize, length, args.mode)?;
     emit_json(&report(&beams, passes)?)
 }

@@ -21,6 +21,20 @@ impl Context {
         inference::create().map(|handle| Self { handle })
     }
 
+    /// A context holding `prompt`, in the model's chat template as one user
+    /// message when `chat`; an empty prompt is an error.
+    pub fn with_prompt(prompt: &str, chat: bool) -> Result<Self, String> {
+        let ctx = Self::new()?;
+        let text = match chat {
+            true => crate::model::apply_chat_template(&[crate::Message::user(prompt)])?,
+            false => prompt.to_string(),
+        };
+        if ctx.append_text(&text)? == 0 {
+            return Err("the prompt must not be empty".into());
+        }
+        Ok(ctx)
+    }
+
     /// The raw handle, for the [`bindings`](crate::bindings); still owned by `self`.
     pub fn handle(&self) -> u32 {
         self.handle

@@ -39,9 +39,7 @@
 //! of tokens, `drafted` = `accepted` = 0.
 
 use pie_inferlet::serde_json::{Value, json};
-use pie_inferlet::{
-    Context, FinishReason, GenerateOptions, Message, Report, TextStream, emit_json, model,
-};
+use pie_inferlet::{Context, FinishReason, GenerateOptions, Report, TextStream, emit_json, model};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -93,20 +91,6 @@ fn settings(args: &Args) -> Result<Settings, String> {
         draft: draft as usize,
         stop_tokens: model::stop_tokens(),
     })
-}
-
-/// A context holding the prompt (in the chat template if `chat`).
-fn prompt_context(prompt: &str, chat: bool) -> Result<Context, String> {
-    let ctx = Context::new()?;
-    let text = if chat {
-        model::apply_chat_template(&[Message::user(prompt)])?
-    } else {
-        prompt.to_string()
-    };
-    if ctx.append_text(&text)? == 0 {
-        return Err("the prompt must not be empty".into());
-    }
-    Ok(ctx)
 }
 
 /// Up to `max` tokens that followed the most recent earlier occurrence of
@@ -328,7 +312,7 @@ fn report(out: &Outcome) -> Result<Value, String> {
 fn run() -> Result<(), String> {
     let args: Args = pie_inferlet::args()?;
     let s = settings(&args)?;
-    let ctx = prompt_context(&args.prompt, args.chat)?;
+    let ctx = Context::with_prompt(&args.prompt, args.chat)?;
     let out = if args.plain {
         plain(&ctx, &s)?
     } else {

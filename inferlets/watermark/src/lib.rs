@@ -36,7 +36,7 @@
 //! "tokens": [ids], "key"?: int (default 0)}`.
 
 use pie_inferlet::serde_json::{Value, json};
-use pie_inferlet::{Context, Message, Report, TextStream, emit_json, model, now_ms};
+use pie_inferlet::{Context, Report, TextStream, emit_json, model, now_ms};
 use serde::Deserialize;
 
 /// The green lists' share of the vocabulary.
@@ -135,20 +135,6 @@ fn detect(tokens: &[u32], key: u64) -> Value {
     json!({"green": green, "scored": scored, "z": z})
 }
 
-/// A context holding the prompt (in the chat template if `chat`).
-fn prompt_context(prompt: &str, chat: bool) -> Result<Context, String> {
-    let ctx = Context::new()?;
-    let text = if chat {
-        model::apply_chat_template(&[Message::user(prompt)])?
-    } else {
-        prompt.to_string()
-    };
-    if ctx.append_text(&text)? == 0 {
-        return Err("the prompt must not be empty".into());
-    }
-    Ok(ctx)
-}
-
 /// What a generation needs, checked.
 struct Generate {
     prompt: String,
@@ -179,7 +165,7 @@ fn full_pass(ctx: &Context, tokens: &[u32], vocab: usize) -> Result<Vec<f32>, St
 
 /// Generates with the watermark (or none at `delta` 0).
 fn generate(g: &Generate) -> Result<Value, String> {
-    let ctx = prompt_context(&g.prompt, g.chat)?;
+    let ctx = Context::with_prompt(&g.prompt, g.chat)?;
     let vocab = model::vocab_size() as usize;
     let stop_tokens = model::stop_tokens();
     let mut prev = ctx.tokens()?.last().copied().unwrap_or(0);
