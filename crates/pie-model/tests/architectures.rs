@@ -324,14 +324,19 @@ fn reference(
         .collect()
 }
 
-/// The engine's logits after each of `tokens`, one token a step over f32 pages.
-fn engine(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
+/// An f32 page pool of 4-token pages with room for `tokens`.
+fn pool_for(model: &Model, tokens: usize) -> KvPool {
     let layout = KvLayout {
         layers: model.config.layers,
         page_size: 4,
         kv_dim: model.config.kv_dim(),
     };
-    let mut pool = KvPool::new(layout, tokens.len().div_ceil(4) + 1, model.fingerprint);
+    KvPool::new(layout, tokens.div_ceil(4) + 1, model.fingerprint)
+}
+
+/// The engine's logits after each of `tokens`, one token a step over f32 pages.
+fn engine(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let mut pool = pool_for(model, tokens.len());
     let mut table = PageTable::new();
     let mut out = Vec::new();
     for (pos, t) in tokens.iter().enumerate() {
@@ -536,12 +541,7 @@ fn every_architecture_computes_what_its_definition_says() {
 /// The engine's logits after each of `tokens[split - 1..]`: the first
 /// `split` tokens in one chunk, the rest in one pass that returns every row.
 fn pass(model: &Model, tokens: &[u32], split: usize) -> Vec<Vec<f32>> {
-    let layout = KvLayout {
-        layers: model.config.layers,
-        page_size: 4,
-        kv_dim: model.config.kv_dim(),
-    };
-    let mut pool = KvPool::new(layout, tokens.len().div_ceil(4) + 1, model.fingerprint);
+    let mut pool = pool_for(model, tokens.len());
     let mut table = PageTable::new();
     table.reserve(&mut pool, tokens.len()).unwrap();
     let chunk = |range: std::ops::Range<usize>, logit_rows| SeqInput {

@@ -239,27 +239,32 @@ fn imported_prefix_pages_give_same_tokens() {
     assert_eq!(got, expected);
 }
 
+/// With keep-session on, 8 tokens after `prompt` for session `s` (kept for
+/// a minute), run to the end: its pages are retained.
+fn retain_session(e: &mut Engine, prompt: &[u32]) {
+    use pie_core::PropValue;
+    e.set_keep_session(Some(pie_policy::KeepSession::new(Default::default())));
+    let mut kept = request(prompt, 8);
+    kept.props
+        .set("session", PropValue::Str("s".into()))
+        .unwrap();
+    kept.props.set("keep-ms", PropValue::Int(60_000)).unwrap();
+    e.add(kept).unwrap();
+    drain(e);
+}
+
 /// Pages imported for an arriving prompt take the room a retained session
 /// holds (soonest expiry first): the session is evicted, spilled whole when
 /// spilling is on (`retain-all`), and every page is imported.
 #[test]
 fn imported_pages_evict_a_retained_session_which_spills() {
-    use pie_core::{PropValue, Props};
-    use pie_policy::KeepSession;
     let p = prompt(31, 48);
     let (_, pages) = served_pages(&p, 4);
     assert_eq!(pages.len(), 12);
     for spill in [false, true] {
         let mut b = engine(16, 512);
-        b.set_keep_session(Some(KeepSession::new(Default::default())));
         b.set_spill(spill);
-        let mut props = Props::new();
-        props.set("session", PropValue::Str("s".into())).unwrap();
-        props.set("keep-ms", PropValue::Int(60_000)).unwrap();
-        let mut kept = request(&prompt(32, 20), 8);
-        kept.props = props;
-        b.add(kept).unwrap();
-        drain(&mut b);
+        retain_session(&mut b, &prompt(32, 20));
         assert_eq!(b.retained_sessions().len(), 1, "7 pages retained");
         assert!(b.pool_stats().free + b.pool_stats().cached < pages.len());
         assert_eq!(
@@ -579,17 +584,8 @@ fn a_pass_reports_what_greedy_decoding_chose_even_over_cached_pages() {
 /// releases the rest.
 #[test]
 fn truncating_a_retained_session_releases_the_pages_past_its_length() {
-    use pie_core::{PropValue, Props};
-    use pie_policy::KeepSession;
     let mut e = engine(32, 512);
-    e.set_keep_session(Some(KeepSession::new(Default::default())));
-    let mut props = Props::new();
-    props.set("session", PropValue::Str("s".into())).unwrap();
-    props.set("keep-ms", PropValue::Int(60_000)).unwrap();
-    let mut kept = request(&prompt(35, 20), 8);
-    kept.props = props;
-    e.add(kept).unwrap();
-    drain(&mut e);
+    retain_session(&mut e, &prompt(35, 20));
     // 27 tokens computed: 6 full pages and 3 slots of a seventh.
     assert_eq!(e.retained_sessions()[0].1, 7);
     let key = pie_policy::keep_session::retention_key("", "s");

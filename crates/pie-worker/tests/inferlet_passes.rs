@@ -67,6 +67,16 @@ async fn speculative_decoding_by_prompt_lookup_is_exactly_greedy_decoding() {
     .await;
 }
 
+/// A server with a step log (its path), with `guest` installed.
+async fn logged_server(guest: &str) -> (Server, std::path::PathBuf) {
+    let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{guest}-steps-{}.jsonl", rand::random::<u32>()));
+    let server = format!("[server]\nstep_log = {:?}\n", log.display().to_string());
+    let s = Server::start(&(server + &config(&store_dir(), "", "")), &[]).await;
+    upload(&s, guest, guest).await;
+    (s, log)
+}
+
 /// Lines of the step log so far.
 fn steps_logged(log: &std::path::Path) -> usize {
     std::fs::read_to_string(log).map_or(0, |l| l.lines().count())
@@ -74,11 +84,7 @@ fn steps_logged(log: &std::path::Path) -> usize {
 
 #[tokio::test]
 async fn beam_search_over_concurrent_passes_equals_a_full_distribution_reference() {
-    let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("beam-steps-{}.jsonl", rand::random::<u32>()));
-    let server = format!("[server]\nstep_log = {:?}\n", log.display().to_string());
-    let s = Server::start(&(server + &config(&store_dir(), "", "")), &[]).await;
-    upload(&s, "beam-search", "beam-search").await;
+    let (s, log) = logged_server("beam-search").await;
     let (width, length) = (4, 12);
     let mut runs = Vec::new();
     for mode in ["concurrent", "reference"] {
@@ -116,11 +122,7 @@ async fn beam_search_over_concurrent_passes_equals_a_full_distribution_reference
 /// steps: all eight of the second level share a step.
 #[tokio::test]
 async fn tree_of_thought_expands_a_levels_siblings_in_the_same_steps() {
-    let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("tot-steps-{}.jsonl", rand::random::<u32>()));
-    let server = format!("[server]\nstep_log = {:?}\n", log.display().to_string());
-    let s = Server::start(&(server + &config(&store_dir(), "", "")), &[]).await;
-    upload(&s, "tree-of-thought", "tree-of-thought").await;
+    let (s, log) = logged_server("tree-of-thought").await;
     let args = json!({"prompt": "Plan a trip:", "depth": 2, "branches": 4, "keep": 2, "thought_tokens": 12});
     let found = report(&s, "tree-of-thought", args).await;
     assert_eq!(found["thoughts"].as_array().unwrap().len(), 2, "{found}");
